@@ -1,0 +1,1 @@
+"""Benchmarks that compare implementations side by side in one run (`diskflow bench ...`)."""

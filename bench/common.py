@@ -1,0 +1,77 @@
+"""Shared plumbing for `diskflow bench ...`: tables, JSON figures, the disk's physical floor."""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..operators.files import atomic_path
+
+
+def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """Print rows as an aligned text table under a title."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def write_figures(path: str | os.PathLike[str] | None, figures: dict[str, Any]) -> None:
+    """With `--json PATH`, write the benchmark's figures (atomically)."""
+    if not path:
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(figures, indent=2, sort_keys=True, default=float) + "\n")
+    print(f"figures written to {path}")
+
+
+def drop_page_cache(path: str | os.PathLike[str]) -> None:
+    """Evict one file's pages from the page cache (so a read measures the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def sequential_read_bw(path: str | os.PathLike[str], block: int = 4 << 20, max_bytes: int | None = None) -> float:
+    """Sequential read bandwidth (bytes/s) of the disk holding `path`, read with O_DIRECT.
+
+    Falls back to buffered reads after evicting the file from the page cache where the
+    filesystem refuses O_DIRECT (tmpfs).
+    """
+    size = Path(path).stat().st_size
+    limit = size if max_bytes is None else min(size, max_bytes)
+    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT requires
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        drop_page_cache(path)
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        t0 = time.perf_counter()
+        while done < limit:
+            n = os.preadv(fd, [buf], done)
+            if n <= 0:
+                break
+            done += n
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        buf.close()
+    return done / dt if dt > 0 else float("nan")

@@ -1,0 +1,47 @@
+"""The Dask cluster a command runs on: an embedded LocalCluster, or a remote scheduler."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Iterator
+
+from ..operators.errors import ConfigError, DiskflowError
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, n_workers: int | None = None,
+                threads_per_worker: int = 1, memory_limit: str | int = "auto",
+                quiet: bool = False, processes: bool = True) -> Iterator[object]:
+    """A `distributed.Client` for the duration of a command; prints the dashboard address.
+
+    Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
+    process per core by default); with it, connects to `tcp://HOST:PORT` and fails
+    with a clear error (not a hang) when the scheduler cannot be reached.
+    """
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="15s")
+        except (OSError, TimeoutError) as e:
+            raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
+        cluster = None
+    else:
+        n = n_workers or max(1, os.cpu_count() or 1)
+        if n < 1:
+            raise ConfigError("--workers", f"must be >= 1, got {n}")
+        cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=processes,
+                               memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.ERROR)
+        client = Client(cluster)
+    try:
+        if not quiet:
+            link = client.dashboard_link or "(no dashboard: install bokeh)"
+            print(f"Dask dashboard: {link}", file=sys.stderr, flush=True)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()

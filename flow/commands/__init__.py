@@ -1,0 +1,1 @@
+"""One module per `diskflow` subcommand; each exposes `register(subparsers)`."""

@@ -1,0 +1,34 @@
+"""`diskflow bench NAME`: side-by-side benchmarks; every one prints a table and takes `--json PATH`.
+
+Each benchmark is a module `diskflow.bench.NAME` with `add_arguments(parser)` and
+`run(args) -> dict` (its figures); this command prints nothing of its own beyond them.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from ...bench.common import write_figures
+
+BENCHES = {
+    "sampler": "native neighbor sampler vs a vectorised numpy reference (edges/s)",
+    "ingest": "ingest throughput next to the disk's sequential read bandwidth",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (prints a table; --json PATH writes its figures)",
+                       description="Benchmarks compare implementations side by side in one run.")
+    bsub = p.add_subparsers(dest="bench", metavar="NAME")
+    bsub.required = True
+    for name, text in BENCHES.items():
+        bp = bsub.add_parser(name, help=text, description=text)
+        bp.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+        importlib.import_module(f"diskflow.bench.{name}").add_arguments(bp)
+        bp.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    figures = importlib.import_module(f"diskflow.bench.{args.bench}").run(args)
+    write_figures(args.json, figures)
+    return 0

@@ -1,0 +1,52 @@
+"""Progress bars for Dask graphs and long loops."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+
+def bar(total: int | None = None, desc: str = "", unit: str = "it", disable: bool | None = None) -> tqdm:
+    """A tqdm bar on stderr; hidden when stderr is not a terminal unless forced on."""
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                disable=(not sys.stderr.isatty()) if disable is None else disable, leave=True)
+
+
+def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> list[Any]:
+    """Compute dask collections/delayed objects with one progress bar over their tasks.
+
+    Uses the active `distributed.Client` when there is one (futures, as they finish),
+    else the local scheduler with a per-task callback.
+    """
+    import dask
+    from dask.callbacks import Callback
+
+    tasks = list(tasks)
+    if not tasks:
+        return []
+    try:
+        from distributed import as_completed, default_client
+        client = default_client()
+    except ValueError:
+        client = None
+    if client is not None:
+        futures = client.compute(tasks)
+        with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
+            for _ in as_completed(futures):
+                b.update(1)
+        return client.gather(futures)
+
+    class _Bar(Callback):
+        def _start_state(self, dsk, state):  # noqa: ANN001
+            self.b = bar(total=sum(len(v) for k, v in state.items() if k in ("ready", "waiting")),
+                         desc=desc, unit="task", disable=disable)
+
+        def _posttask(self, key, result, dsk, state, worker_id):  # noqa: ANN001
+            self.b.update(1)
+
+        def _finish(self, dsk, state, errored):  # noqa: ANN001
+            self.b.close()
+
+    with _Bar():
+        return list(dask.compute(*tasks))

@@ -1,0 +1,14 @@
+// Python binding of the native kernels (pybind11). Each kernel lives in its own file;
+// this file only registers them.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, gathers, Belady";
+#ifdef DISKFLOW_HAVE_LIBURING
+    m.attr("have_liburing") = true;
+#else
+    m.attr("have_liburing") = false;
+#endif
+}

@@ -1,0 +1,1 @@
+"""Stages as plain functions over files and arrays; testable without Dask (never imports `flow`)."""

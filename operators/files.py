@@ -1,0 +1,213 @@
+"""On-disk discipline shared by every stage: temp name -> rename -> manifest last.
+
+A directory is valid only when its `manifest.json` exists; everything else is written
+under a temporary name first and renamed into place, so a crash never leaves a
+half-written file that looks valid. Feature arrays are `.npy` files whose data starts
+at a 4096-byte boundary (O_DIRECT-friendly, and still loadable with `np.load`).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import ConfigError, InputError
+
+ALIGN = 4096
+MANIFEST = "manifest.json"
+_FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
+
+
+def tmp_name(path: str | os.PathLike[str]) -> Path:
+    """A unique temporary sibling of `path` (same filesystem, so rename is atomic)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it is fsynced and renamed onto `path`."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(final)
+    try:
+        yield tmp
+        if tmp.is_file():
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.is_dir():
+                shutil.rmtree(tmp)
+            else:
+                tmp.unlink()
+        raise
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON atomically (sorted keys, so identical content gives identical bytes)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The directory's manifest, or None when it has none (i.e. it is not a finished output)."""
+    p = Path(directory) / MANIFEST
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(p, f"unreadable manifest ({e})") from e
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """Write `manifest.json` last: from this moment the directory is a valid output."""
+    write_json(Path(directory) / MANIFEST, manifest)
+
+
+@contextlib.contextmanager
+def staging_dir(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a whole output directory under a temporary sibling, then swap it into place.
+
+    The caller writes everything (manifest last) into the yielded directory. On success
+    the old `final` (if any) is moved aside and removed; on failure the staging
+    directory is deleted and `final` is left untouched.
+    """
+    final_p = Path(final)
+    final_p.parent.mkdir(parents=True, exist_ok=True)
+    stage = tmp_name(final_p)
+    stage.mkdir()
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    trash = None
+    if final_p.exists():
+        trash = tmp_name(final_p)
+        os.replace(final_p, trash)
+    os.replace(stage, final_p)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def fingerprint(path: str | os.PathLike[str]) -> str:
+    """A cheap content fingerprint: size, mtime and a hash of the first and last MiB.
+
+    Hashing hundreds of GB on every re-run would cost as much as the work it saves;
+    size + mtime + both ends catches rewrites, truncation and appends.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(_FINGERPRINT_EDGE))
+            if st.st_size > 2 * _FINGERPRINT_EDGE:
+                f.seek(-_FINGERPRINT_EDGE, os.SEEK_END)
+                h.update(f.read(_FINGERPRINT_EDGE))
+    except OSError as e:
+        raise InputError(p, f"unreadable file ({e.strerror or e})") from e
+    return h.hexdigest()
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable hash of a JSON-able config dict."""
+    blob = json.dumps(config, sort_keys=True, default=_json_default).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+# ---------------------------------------------------------------------------- aligned .npy
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A version-1.0 .npy header padded so the array data starts at ALIGN bytes."""
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    text = repr(d).encode("latin1")
+    prefix = b"\x93NUMPY\x01\x00"
+    body_len = ALIGN - len(prefix) - 2
+    if len(text) + 1 > body_len:
+        raise ValueError("npy header too long")
+    text = text + b" " * (body_len - len(text) - 1) + b"\n"
+    return prefix + body_len.to_bytes(2, "little") + text
+
+
+def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shape: tuple[int, ...]) -> np.memmap:
+    """Create (sparse, zero-filled) an .npy file with data at offset 4096; return a writable memmap."""
+    dt = np.dtype(dtype)
+    header = _npy_header(dt, shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(ALIGN + nbytes)
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dt)  # type: ignore[return-value]
+    return np.memmap(path, dtype=dt, mode="r+", offset=ALIGN, shape=shape)
+
+
+def save_aligned_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
+    """Atomically write `array` as an .npy whose data starts at offset 4096."""
+    arr = np.ascontiguousarray(array)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(_npy_header(arr.dtype, arr.shape))
+            f.write(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
+
+
+def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
+    """Atomically write a plain .npy file."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(array))
+
+
+# ---------------------------------------------------------------------------- byte sizes
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_bytes(value: str | int | float, option: str = "size") -> int:
+    """Parse a byte size such as `512MiB`, `2GiB`, `1.5GB` or `4096`; errors name the option."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(option, f"must be >= 0, got {value}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(option, f"not a byte size: {value!r} (use e.g. 512MiB, 2GiB, 1.5GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable binary size."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

@@ -1,0 +1,149 @@
+"""Read access to an ingested store (the output of `ingest`).
+
+Layout (DESIGN.md §3)::
+
+    STORE/manifest.json         written last; describes everything below
+    STORE/indptr.npy            int64 [N+1], CSC by destination
+    STORE/indices.npy           int32 (int64 when N >= 2**31) [E], source of each in-edge
+    STORE/features/part-PPPPP.npy   row-range shard p: rows [p*R, min((p+1)*R, N)),
+                                    row-major, data at byte 4096 (an .npy with a padded header)
+    STORE/labels.npy            int64 [N] (-1 = unlabeled)
+    STORE/splits.npy            uint8 [N] (0 train, 1 val, 2 test, 3 none)
+
+Manifest keys: ``format`` ("diskflow-store"), ``version``, ``num_nodes``, ``num_edges``,
+``num_classes``, ``topology`` {``indptr``, ``indices``, ``indices_dtype``},
+``features`` {``dtype``, ``dim``, ``row_bytes``, ``shard_rows``, ``arrow_type``,
+``shards``: [{``path``, ``row_start``, ``rows``, ``offset``, ``nbytes``}]},
+``labels``, ``splits``, ``split_counts``, ``inputs`` (fingerprints), ``config``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .files import read_manifest
+
+STORE_FORMAT = "diskflow-store"
+STORE_VERSION = 1
+SPLITS = ("train", "val", "test", "none")
+SPLIT_CODE = {name: i for i, name in enumerate(SPLITS)}
+
+
+@dataclass(frozen=True)
+class FeatureShard:
+    """One row-range feature shard: rows [row_start, row_start + rows) at byte `offset` of `path`."""
+
+    index: int
+    path: Path
+    row_start: int
+    rows: int
+    offset: int
+    nbytes: int
+
+    @property
+    def row_stop(self) -> int:
+        return self.row_start + self.rows
+
+
+class Store:
+    """An ingested dataset: memory-mapped topology, feature shards, labels and splits."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        manifest = read_manifest(self.path)
+        if manifest is None:
+            raise InputError(self.path, "not a diskflow store (no manifest.json; run `diskflow ingest` first)")
+        if manifest.get("format") != STORE_FORMAT:
+            raise InputError(self.path / "manifest.json", f"format is {manifest.get('format')!r}, expected {STORE_FORMAT!r}")
+        self.manifest: dict[str, Any] = manifest
+        self.num_nodes: int = int(manifest["num_nodes"])
+        self.num_edges: int = int(manifest["num_edges"])
+        self.num_classes: int = int(manifest["num_classes"])
+        feats = manifest["features"]
+        self.feature_dtype = np.dtype(feats["dtype"])
+        self.feature_dim: int = int(feats["dim"])
+        self.row_bytes: int = int(feats["row_bytes"])
+        self.shard_rows: int = int(feats["shard_rows"])
+        self.shards = [
+            FeatureShard(i, self.path / s["path"], int(s["row_start"]), int(s["rows"]), int(s["offset"]), int(s["nbytes"]))
+            for i, s in enumerate(feats["shards"])
+        ]
+
+    def __repr__(self) -> str:
+        return (f"Store({str(self.path)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"dim={self.feature_dim}, dtype={self.feature_dtype}, shards={len(self.shards)})")
+
+    # ------------------------------------------------------------------ topology
+    def _load(self, rel: str, mmap: bool = True) -> np.ndarray:
+        p = self.path / rel
+        try:
+            return np.load(p, mmap_mode="r" if mmap else None)
+        except (OSError, ValueError) as e:
+            raise InputError(p, f"unreadable array ({e})") from e
+
+    @cached_property
+    def indptr(self) -> np.ndarray:
+        """CSC column pointer (int64, N+1), memory-mapped."""
+        return self._load(self.manifest["topology"]["indptr"])
+
+    @cached_property
+    def indices(self) -> np.ndarray:
+        """CSC row indices: the source node of every in-edge, grouped by destination; memory-mapped."""
+        return self._load(self.manifest["topology"]["indices"])
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        return self._load(self.manifest["labels"], mmap=False)
+
+    @cached_property
+    def splits(self) -> np.ndarray:
+        return self._load(self.manifest["splits"], mmap=False)
+
+    def split_ids(self, name: str) -> np.ndarray:
+        """Node ids of a split ('train', 'val', 'test'), ascending, int64."""
+        if name not in SPLIT_CODE:
+            raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
+        return np.flatnonzero(self.splits == SPLIT_CODE[name]).astype(np.int64)
+
+    # ------------------------------------------------------------------ features
+    @property
+    def feature_bytes(self) -> int:
+        return self.num_nodes * self.row_bytes
+
+    def shard_of(self, node_ids: np.ndarray) -> np.ndarray:
+        """Shard index of each node id (vectorised)."""
+        return np.asarray(node_ids, dtype=np.int64) // self.shard_rows
+
+    def shard_array(self, p: int) -> np.ndarray:
+        """Shard p as a read-only memmap of shape (rows, dim)."""
+        s = self.shards[p]
+        if s.rows == 0:
+            return np.zeros((0, self.feature_dim), dtype=self.feature_dtype)
+        return np.memmap(s.path, dtype=self.feature_dtype, mode="r", offset=s.offset, shape=(s.rows, self.feature_dim))
+
+    def read_features(self) -> np.ndarray:
+        """All features in RAM as one (N, dim) array (the in-memory baseline)."""
+        out = np.empty((self.num_nodes, self.feature_dim), dtype=self.feature_dtype)
+        for s in self.shards:
+            out[s.row_start:s.row_stop] = self.shard_array(s.index)
+        return out
+
+    def gather(self, node_ids: np.ndarray) -> np.ndarray:
+        """features[node_ids] read through the shards' memmaps (page cache), vectorised per shard."""
+        ids = np.asarray(node_ids, dtype=np.int64)
+        out = np.empty((ids.shape[0], self.feature_dim), dtype=self.feature_dtype)
+        if ids.size == 0:
+            return out
+        shard = ids // self.shard_rows
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
+        for p in np.flatnonzero(np.diff(bounds)):
+            pos = order[bounds[p]:bounds[p + 1]]
+            out[pos] = self.shard_array(int(p))[ids[pos] - self.shards[p].row_start]
+        return out

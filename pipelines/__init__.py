@@ -1,0 +1,1 @@
+"""Pipeline definitions, one module each (see `diskflow.flow.pipeline`)."""
