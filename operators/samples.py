@@ -1,0 +1,112 @@
+"""Offline samples on disk: one Arrow IPC file per (epoch, superbatch), one record batch per minibatch.
+
+Each record batch has a single row with the fields PyG's NeighborLoader puts on a batch
+(ids only, no features): ``batch`` (index within the epoch), ``batch_size``, ``n_id``
+(seeds first), ``row``/``col`` (the local ``edge_index``, source -> target),
+``num_sampled_nodes`` and ``num_sampled_edges``. List columns keep every minibatch one
+record batch, and reading back is zero-copy (``.values`` of each list column).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import InputError
+from .files import atomic_path
+
+SCHEMA = pa.schema([
+    ("batch", pa.int64()),
+    ("batch_size", pa.int64()),
+    ("n_id", pa.large_list(pa.int64())),
+    ("row", pa.large_list(pa.int32())),
+    ("col", pa.large_list(pa.int32())),
+    ("num_sampled_nodes", pa.list_(pa.int64())),
+    ("num_sampled_edges", pa.list_(pa.int64())),
+])
+
+
+@dataclass
+class SampleRecord:
+    """One minibatch's sample, as read back from disk."""
+
+    batch: int
+    batch_size: int
+    n_id: np.ndarray            # int64 [n], seeds first
+    edge_index: np.ndarray      # int64 [2, e], local, source -> target
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+
+
+def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    offsets = np.array([0, len(values)], dtype=np.int64 if pa.types.is_large_list(typ) else np.int32)
+    return type(pa.array([], type=typ)).from_arrays(pa.array(offsets), pa.array(values, type=typ.value_type))
+
+
+def record_batch(batch: int, sampled: object) -> pa.RecordBatch:
+    """A one-row record batch from a `SampledBatch` (fields n_id, edge_index, num_sampled_*, batch_size)."""
+    n_id = np.asarray(sampled.n_id, dtype=np.int64)  # type: ignore[attr-defined]
+    ei = np.asarray(sampled.edge_index)  # type: ignore[attr-defined]
+    if n_id.shape[0] >= 2**31:
+        raise ValueError("a minibatch with >= 2**31 nodes cannot use int32 local indices")
+    cols = [
+        pa.array([batch], type=pa.int64()),
+        pa.array([int(sampled.batch_size)], type=pa.int64()),  # type: ignore[attr-defined]
+        _list_array(n_id, SCHEMA.field("n_id").type),
+        _list_array(ei[0].astype(np.int32), SCHEMA.field("row").type),
+        _list_array(ei[1].astype(np.int32), SCHEMA.field("col").type),
+        _list_array(np.asarray(sampled.num_sampled_nodes, dtype=np.int64), SCHEMA.field("num_sampled_nodes").type),  # type: ignore[attr-defined]
+        _list_array(np.asarray(sampled.num_sampled_edges, dtype=np.int64), SCHEMA.field("num_sampled_edges").type),  # type: ignore[attr-defined]
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
+
+
+def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
+                  metadata: dict[str, str] | None = None) -> None:
+    """Write record batches to an Arrow IPC file atomically."""
+    schema = SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+    with atomic_path(path) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for rb in batches:
+                writer.write_batch(rb)
+
+
+def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
+    return rb.column(name).values.to_numpy(zero_copy_only=False)
+
+
+def read_samples(path: str | os.PathLike[str]) -> Iterator[SampleRecord]:
+    """Iterate the minibatch samples of one superbatch file, in order (memory-mapped)."""
+    p = Path(path)
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(p, f"unreadable samples file ({e})") from e
+    if not reader.schema.remove_metadata().equals(SCHEMA):
+        raise InputError(p, f"unexpected samples schema: {reader.schema}")
+    for i in range(reader.num_record_batches):
+        rb = reader.get_batch(i)
+        row = _values(rb, "row").astype(np.int64)
+        col = _values(rb, "col").astype(np.int64)
+        yield SampleRecord(
+            batch=int(rb.column("batch")[0].as_py()),
+            batch_size=int(rb.column("batch_size")[0].as_py()),
+            n_id=_values(rb, "n_id"),
+            edge_index=np.stack([row, col]),
+            num_sampled_nodes=_values(rb, "num_sampled_nodes").tolist(),
+            num_sampled_edges=_values(rb, "num_sampled_edges").tolist(),
+        )
+
+
+def read_n_ids(path: str | os.PathLike[str]) -> list[np.ndarray]:
+    """Only the `n_id` arrays of a superbatch file (what counting and planning need)."""
+    p = Path(path)
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
+        return [_values(reader.get_batch(i), "n_id") for i in range(reader.num_record_batches)]
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(p, f"unreadable samples file ({e})") from e
