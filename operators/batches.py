@@ -8,7 +8,8 @@ assembly (`to_data`), as in PyG, where a sampler returns ids and the loader adds
 from __future__ import annotations
 
 import time
-from typing import Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -117,7 +118,7 @@ class InMemoryLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return -(-self.seeds.shape[0] // self.batch_size)
+        return (int(self.seeds.shape[0]) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}

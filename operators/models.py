@@ -58,16 +58,14 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
         raise ConfigError("--num-layers", f"expected an integer >= 1, got {num_layers}")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError("--dropout", f"expected a probability in [0, 1), got {dropout}")
-    common = dict(in_channels=in_channels, hidden_channels=hidden_channels, out_channels=out_channels,
-                  num_layers=num_layers, dropout=dropout)
     if name == "sage":
-        return GraphSAGE(**common)
+        return GraphSAGE(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout)
     if name == "gcn":
         # Sampled subgraphs are directed (neighbour -> seed); GCN's self-loops keep each node's own row.
-        return GCN(**common)
+        return GCN(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout)
     if name == "gat":
         if heads < 1 or hidden_channels % heads:
             raise ConfigError("--hidden", f"GAT needs a hidden size divisible by its {heads} heads, "
                                           f"got {hidden_channels}")
-        return GAT(**common, heads=heads)
-    return EdgeFreeMLP(**common)
+        return GAT(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout, heads=heads)
+    return EdgeFreeMLP(in_channels, hidden_channels, out_channels, num_layers, dropout=dropout)

@@ -11,8 +11,9 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,16 +78,16 @@ def deterministic(enabled: bool = True) -> Iterator[None]:
 
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    was_fill = tud.fill_uninitialized_memory
+    was_fill = tud.fill_uninitialized_memory  # type: ignore[attr-defined]
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(enabled)
-    tud.fill_uninitialized_memory = False
+    tud.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
-        tud.fill_uninitialized_memory = was_fill
+        tud.fill_uninitialized_memory = was_fill  # type: ignore[attr-defined]
 
 
 def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:

@@ -11,8 +11,15 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
     warnings.simplefilter("ignore", DeprecationWarning)
     import torch_geometric.nn  # noqa: F401
 
-from diskflow.operators.batches import (TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader, batch_seed,
-                                        seed_batches, to_data)
+from diskflow.operators.batches import (
+    TEST_STREAM,
+    TRAIN_STREAM,
+    VAL_STREAM,
+    InMemoryLoader,
+    batch_seed,
+    seed_batches,
+    to_data,
+)
 from diskflow.operators.errors import ConfigError
 from diskflow.operators.models import MODELS, build_model
 from diskflow.operators.sample import NeighborSampler

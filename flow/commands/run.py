@@ -1,0 +1,145 @@
+"""`diskflow run PIPELINE --dataset STORE`: train with a pipeline, print each epoch, write a run directory.
+
+Only the options given on the command line are passed to the pipeline's `run()`, so each
+pipeline's own defaults apply to the rest, and an option a pipeline does not take is an
+error rather than silently ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ...operators.errors import ConfigError
+from ..pipeline import available_pipelines, load_pipeline
+from ..rundir import new_run_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="train a GNN with a pipeline (e.g. inmemory) and write report.json",
+        description="Train with PIPELINE (a built-in name such as "
+        f"{', '.join(available_pipelines()) or 'inmemory'}, or a .py file defining run(store, run_dir, ...)) "
+        "on an ingested store; prints each epoch and writes RUNS_DIR/<time>-<pipeline>-<model>/report.json.")
+    p.add_argument("pipeline", metavar="PIPELINE", help="pipeline name or path of a pipeline .py file")
+    p.add_argument("--dataset", required=True, metavar="STORE", help="ingested store directory")
+    p.add_argument("--model", metavar="NAME", help="sage (default), gcn, gat or mlp (features only)")
+    p.add_argument("--epochs", metavar="N", help="training epochs (default 3)")
+    p.add_argument("--fanouts", metavar="K,K,..", help="neighbours per hop, -1 for all (default 10,10,10)")
+    p.add_argument("--batch-size", metavar="N", help="seed nodes per batch (default 1024)")
+    p.add_argument("--hidden", metavar="N", help="hidden channels (default 128)")
+    p.add_argument("--num-layers", metavar="N", help="model layers (default: number of hops)")
+    p.add_argument("--dropout", metavar="P", help="dropout probability")
+    p.add_argument("--lr", metavar="LR", help="Adam learning rate (default 3e-3)")
+    p.add_argument("--seed", metavar="N", help="seed of model init, batch order and sampling (default 0)")
+    p.add_argument("--eval-every", metavar="N", help="evaluate val/test every N epochs (default 1)")
+    p.add_argument("--device", metavar="DEV", help="cpu (default) or cuda[:N]")
+    p.add_argument("--threads", metavar="N", help="torch and sampler threads")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=_run)
+
+
+def parse_int(option: str, text: str, minimum: int) -> int:
+    """An integer option >= minimum, or a ConfigError naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def parse_float(option: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(option, f"expected a number, got {text!r}") from None
+
+
+def parse_fanouts(text: str) -> list[int]:
+    """'10,10,-1' -> [10, 10, -1]; each an integer >= -1 (-1: all neighbours)."""
+    fault = f"expected comma-separated integers >= -1, got {text!r}"
+    try:
+        fanouts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError("--fanouts", fault) from None
+    if any(f < -1 for f in fanouts):
+        raise ConfigError("--fanouts", fault)
+    return fanouts
+
+
+# option attribute -> (flag, parser)
+_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "model": ("--model", str),
+    "epochs": ("--epochs", lambda s: parse_int("--epochs", s, 1)),
+    "fanouts": ("--fanouts", parse_fanouts),
+    "batch_size": ("--batch-size", lambda s: parse_int("--batch-size", s, 1)),
+    "hidden": ("--hidden", lambda s: parse_int("--hidden", s, 1)),
+    "num_layers": ("--num-layers", lambda s: parse_int("--num-layers", s, 1)),
+    "dropout": ("--dropout", lambda s: parse_float("--dropout", s)),
+    "lr": ("--lr", lambda s: parse_float("--lr", s)),
+    "seed": ("--seed", lambda s: parse_int("--seed", s, 0)),
+    "eval_every": ("--eval-every", lambda s: parse_int("--eval-every", s, 1)),
+    "device": ("--device", str),
+    "threads": ("--threads", lambda s: parse_int("--threads", s, 1)),
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
+               if getattr(args, name) is not None}
+    pipeline = load_pipeline(args.pipeline)
+    params = inspect.signature(pipeline.run).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for name in options:
+        if not takes_any and name not in params:
+            raise ConfigError(_OPTIONS[name][0], f"pipeline {args.pipeline!r} does not take this option")
+    extras = {"progress": not args.no_progress, "on_epoch": _print_epoch}
+    options.update({k: v for k, v in extras.items() if takes_any or k in params})
+
+    label = getattr(pipeline, "NAME", None) or args.pipeline.rsplit("/", 1)[-1].removesuffix(".py")
+    run_dir = new_run_dir(args.runs_dir, f"{label}-{options.get('model', 'sage')}")
+    print(f"run directory: {run_dir}")
+    try:
+        report = pipeline.run(args.dataset, run_dir, **options)
+    except BaseException:
+        if not any(run_dir.iterdir()):  # failed before writing anything: leave no empty run behind
+            run_dir.rmdir()
+        raise
+    if "on_epoch" not in options:
+        for record in report.get("epochs", []):
+            _print_epoch(record)
+    _print_summary(report)
+    print(f"report: {run_dir / 'report.json'}")
+    return 0
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_epoch(record: dict[str, Any]) -> None:
+    print(f"epoch {record['epoch']:>3}  loss {_fmt(record.get('loss'))}  "
+          f"train {_fmt(record.get('train_acc'))}  val {_fmt(record.get('val_acc'))}  "
+          f"test {_fmt(record.get('test_acc'))}  {_fmt(record.get('epoch_s'), '.2f')} s", flush=True)
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    epochs = report.get("epochs") or []
+    final = report.get("final") or {}
+    stages = sorted({k for r in epochs for k in r.get("stage_s", {})},
+                    key=lambda k: (["sample", "gather", "train", "eval"] + [k]).index(k))
+    if stages:
+        total = {k: sum(r["stage_s"].get(k, 0.0) for r in epochs) for k in stages}
+        width = max(len(k) for k in stages)
+        print("stage times (all epochs):")
+        for k in stages:
+            print(f"  {k:<{width}}  {total[k]:9.3f} s")
+    if final:
+        print(f"final test acc {_fmt(final.get('test_acc'))}  best val {_fmt(final.get('best_val_acc'))}  "
+              f"test at best val {_fmt(final.get('test_acc_at_best_val'))}")
+    if report.get("peak_rss_bytes"):
+        print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {_fmt(report.get('wall_s'), '.1f')} s")

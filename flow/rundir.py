@@ -1,0 +1,105 @@
+"""Run directories: one folder per run, holding its `report.json` (written last) and plots.
+
+A run directory is finished when `report.json` exists; like a manifest, it is written
+atomically, so a crashed run never leaves a report that looks complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ..operators.errors import InputError
+from ..operators.files import atomic_path, write_json
+
+REPORT = "report.json"
+CURVES = "curves.png"
+
+
+def new_run_dir(root: str | os.PathLike[str] = "runs", name: str = "run") -> Path:
+    """Create and return a fresh directory `root/YYYYmmdd-HHMMSS-name` (with `-2`, `-3`... if taken)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
+    base = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise InputError(base.parent, f"could not create a unique run directory for {safe!r}")
+
+
+def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+    """Write `run_dir/report.json` atomically and return its path."""
+    path = Path(run_dir) / REPORT
+    write_json(path, report)
+    return path
+
+
+def read_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a report, given the run directory or the `report.json` itself."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / REPORT
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise InputError(p, "no report (the run did not finish)") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(p, f"unreadable report ({e})") from e
+
+
+def plot_curves(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> Path | None:
+    """Plot the per-epoch curves of a report to `run_dir/curves.png`; None when it has no epochs.
+
+    Left: `loss` per epoch, and the per-batch `losses` when present. Right: every
+    `*_acc` series (missing values, e.g. epochs without evaluation, are skipped).
+    """
+    epochs = report.get("epochs") or []
+    if not epochs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    try:
+        per_batch = [(e["epoch"], e.get("losses") or []) for e in epochs]
+        if any(losses for _, losses in per_batch):
+            xs: list[float] = []
+            ys: list[float] = []
+            for epoch, losses in per_batch:
+                xs += [epoch - 1 + (i + 1) / len(losses) for i in range(len(losses))]
+                ys += losses
+            ax_loss.plot(xs, ys, lw=0.8, alpha=0.5, label="per batch")
+        ax_loss.plot([e["epoch"] for e in epochs], [e["loss"] for e in epochs], "o-", label="epoch mean")
+        ax_loss.set_xlabel("epoch")
+        ax_loss.set_ylabel("loss")
+        ax_loss.legend()
+        keys = sorted({k for e in epochs for k in e if k.endswith("_acc")})
+        for key in keys:
+            pts = [(e["epoch"], e[key]) for e in epochs if isinstance(e.get(key), (int, float))]
+            if pts:
+                ax_acc.plot(*zip(*pts), "o-", label=key)
+        ax_acc.set_xlabel("epoch")
+        for ax in (ax_loss, ax_acc):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_acc.set_ylabel("accuracy")
+        if keys:
+            ax_acc.legend()
+        title = report.get("title") or report.get("config", {}).get("pipeline")
+        if title:
+            fig.suptitle(str(title))
+        fig.tight_layout()
+        path = Path(run_dir) / CURVES
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    return path
