@@ -1,0 +1,296 @@
+"""Ingest as a Dask graph: a raw Arrow/Parquet dataset becomes a store (DESIGN.md §3).
+
+Two phases, each one `progress.compute` call on the active scheduler:
+
+* **scan** — ``ingest-nodes`` (labels, splits), ``ingest-scan-features-i`` (schema and
+  node-id ranges per feature file) and ``ingest-scan-edges-i`` (validate, spill edges
+  grouped by destination bucket) all run side by side; N comes from the node files'
+  footers, so nothing waits for anything.
+* **build** — with the scans' counts known, ``ingest-alloc-*`` preallocates the CSC
+  arrays, ``ingest-csc-g`` sorts each run of buckets into its slice (plus
+  ``ingest-compact-g`` when to_undirected deduplicates), ``ingest-features-p`` writes
+  feature shard p, and ``ingest-manifest`` removes the spills and writes the manifest.
+
+Everything is built inside a staging directory swapped into place at the end, so a
+failure leaves no output that looks valid and an earlier store untouched. A re-run
+whose inputs (fingerprints) and options are unchanged returns at once.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+
+from ..operators.errors import ConfigError, InputError
+from ..operators.files import fingerprint, read_manifest, staging_dir
+from ..operators.ingest import (
+    SPILL_DIR,
+    RawFiles,
+    check_memory_budget,
+    csc_edge_cap,
+    edge_chunk_rows,
+    feature_batch_rows,
+    find_raw_files,
+    fine_bucket_width,
+    finish_store,
+    group_buckets,
+    shard_rows_for,
+    store_manifest,
+    table_num_rows,
+)
+from ..operators.ingest_edges import (
+    EdgeSpill,
+    allocate_npy,
+    compact_group,
+    csc_group,
+    indices_dtype,
+    is_packed,
+    scan_edges,
+)
+from ..operators.ingest_features import (
+    FeatureFile,
+    check_same_schema,
+    scan_features,
+    units_overlapping,
+    write_feature_shard,
+)
+from ..operators.ingest_nodes import ingest_nodes
+from ..operators.store import STORE_FORMAT
+from .progress import compute
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What `run_ingest` did.
+
+    Attributes:
+        path: the store directory.
+        skipped: True when the store was already up to date (nothing was done).
+        num_nodes, num_edges: the store's sizes (edges after to_undirected).
+        input_bytes: total size of the raw input files.
+        seconds: wall time of the call.
+        feature_bytes: bytes of node features in the store.
+        num_shards: feature shards written.
+    """
+
+    path: Path
+    skipped: bool
+    num_nodes: int
+    num_edges: int
+    input_bytes: int
+    seconds: float
+    feature_bytes: int = 0
+    num_shards: int = 0
+
+
+def ingest_config(*, memory_budget: int, shard_rows: int | None, to_undirected: bool,
+                  allow_nonfinite: bool) -> dict[str, Any]:
+    """The options that change the output (recorded in the manifest; a change redoes the ingest).
+
+    The memory budget only matters through the shard size it implies, so it is recorded
+    only when `shard_rows` is not given.
+    """
+    return {
+        "to_undirected": bool(to_undirected),
+        "allow_nonfinite": bool(allow_nonfinite),
+        "shard_rows": None if shard_rows is None else int(shard_rows),
+        "memory_budget": int(memory_budget) if shard_rows is None else None,
+    }
+
+
+def _up_to_date(out: Path, inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any] | None:
+    """The existing store's manifest when it was built from the same inputs and options."""
+    try:
+        manifest = read_manifest(out)
+    except InputError:
+        return None  # unreadable: rebuild it
+    if (manifest is None or manifest.get("format") != STORE_FORMAT or manifest.get("inputs") != inputs
+            or manifest.get("config") != config):
+        return None
+    return manifest
+
+
+def _check_out(raw: RawFiles, out: Path) -> None:
+    if out == raw.root or raw.root.is_relative_to(out) or out.is_relative_to(raw.root / "edges") \
+            or out.is_relative_to(raw.root / "features") or out.is_relative_to(raw.root / "nodes"):
+        raise ConfigError("OUT", f"{out} overlaps the raw dataset {raw.root}; choose a separate directory")
+
+
+def _count_rows(files: Sequence[Path], what: str) -> int:
+    total = sum(table_num_rows(p) for p in files)
+    if total == 0:
+        raise InputError(files[0].parent, f"empty dataset: the {what} files hold zero rows")
+    return total
+
+
+def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memory_budget: str | int = "1GiB",
+               shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
+               force: bool = False) -> IngestResult:
+    """Ingest the raw dataset `raw` into the store `out`, as Dask tasks on the active scheduler.
+
+    Args:
+        raw: directory with edges/, features/, nodes/ (DESIGN.md §3).
+        out: the store directory to create (or replace).
+        memory_budget: bytes one task may use (e.g. "1GiB"); sets the feature shard size,
+            the edge buckets and the read batch sizes.
+        shard_rows: rows per feature shard (default: from the memory budget).
+        to_undirected: add every edge reversed and drop repeated edges (PyG's to_undirected).
+        allow_nonfinite: accept NaN/inf feature values.
+        force: rebuild even when `out` is up to date.
+
+    Raises:
+        InputError: bad or missing input, naming the file and the fault.
+        ConfigError: a bad option.
+    """
+    t0 = time.perf_counter()
+    budget = check_memory_budget(memory_budget)
+    if shard_rows is not None and int(shard_rows) < 1:
+        raise ConfigError("--shard-rows", f"must be >= 1, got {shard_rows}")
+    files = find_raw_files(raw)
+    out_p = Path(out).absolute()
+    _check_out(files, out_p)
+    inputs = {files.relative(p): fingerprint(p) for p in files.all()}
+    input_bytes = sum(p.stat().st_size for p in files.all())
+    config = ingest_config(memory_budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
+                           allow_nonfinite=allow_nonfinite)
+    previous = None if force else _up_to_date(out_p, inputs, config)
+    if previous is not None:
+        feats = previous["features"]
+        return IngestResult(out_p, True, int(previous["num_nodes"]), int(previous["num_edges"]), input_bytes,
+                            time.perf_counter() - t0, int(previous["num_nodes"]) * int(feats["row_bytes"]),
+                            len(feats["shards"]))
+
+    num_nodes = _count_rows(files.nodes, "nodes")
+    est_edges = _count_rows(files.edges, "edges") * (2 if to_undirected else 1)
+    with staging_dir(out_p) as stage:
+        (stage / "features").mkdir()
+        (stage / SPILL_DIR).mkdir()
+        plan = _Plan(files, stage, num_nodes, budget, uuid.uuid4().hex[:8], to_undirected, allow_nonfinite)
+        nodes, feature_files, spills = plan.scan(est_edges)
+        manifest = plan.build(nodes, feature_files, spills, shard_rows, inputs, config)
+    feats = manifest["features"]
+    return IngestResult(out_p, False, num_nodes, int(manifest["num_edges"]), input_bytes, time.perf_counter() - t0,
+                        num_nodes * int(feats["row_bytes"]), len(feats["shards"]))
+
+
+@dataclass
+class _Plan:
+    """The graph of one ingest run: which tasks, with which arguments and keys."""
+
+    files: RawFiles
+    stage: Path
+    num_nodes: int
+    budget: int
+    token: str  # makes keys unique per run, so two ingests can share a cluster
+    to_undirected: bool
+    allow_nonfinite: bool
+
+    def key(self, name: str, i: int | None = None) -> str:
+        return f"ingest-{name}-{self.token}" if i is None else f"ingest-{name}-{i}-{self.token}"
+
+    # ------------------------------------------------------------------ phase 1
+    def scan(self, est_edges: int) -> tuple[dict[str, Any], list[FeatureFile], list[EdgeSpill]]:
+        """Run the node build and the feature and edge scans; check the feature schemas agree."""
+        n = self.num_nodes
+        self.packed = is_packed(n)
+        self.bucket_width = fine_bucket_width(n, est_edges, self.budget)
+        self.num_buckets = math.ceil(n / self.bucket_width)
+        d = dask.delayed
+        nodes = d(ingest_nodes, pure=False)(list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
+                                            dask_key_name=self.key("nodes"))
+        feats = [d(scan_features, pure=False)(p, n, dask_key_name=self.key("scan-features", i))
+                 for i, p in enumerate(self.files.features)]
+        edges = [d(scan_edges, pure=False)(p, self.stage / SPILL_DIR / f"edges-{i:05d}.bin", num_nodes=n,
+                                           bucket_width=self.bucket_width, num_buckets=self.num_buckets,
+                                           chunk_rows=edge_chunk_rows(self.budget), to_undirected=self.to_undirected,
+                                           packed=self.packed, dask_key_name=self.key("scan-edges", i))
+                 for i, p in enumerate(self.files.edges)]
+        results = compute([nodes, *feats, *edges], desc="ingest: scan")
+        feature_files = results[1:1 + len(feats)]
+        check_same_schema(feature_files)
+        return results[0], feature_files, results[1 + len(feats):]
+
+    # ------------------------------------------------------------------ phase 2
+    def build(self, nodes: dict[str, Any], feature_files: list[FeatureFile], spills: list[EdgeSpill],
+              shard_rows: int | None, inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
+        """Build topology and feature shards, then the manifest; return the manifest."""
+        d = dask.delayed
+        n = self.num_nodes
+        dtype, dim = check_same_schema(feature_files)
+        row_bytes = dim * dtype.itemsize
+        rows = int(shard_rows) if shard_rows is not None else shard_rows_for(self.budget, row_bytes, n)
+        index_dtype = indices_dtype(n)
+
+        # topology: runs of spill buckets that fit the budget, each placed at its scan offset
+        counts = np.sum([s.bucket_counts() for s in spills], axis=0)
+        groups = group_buckets(counts, csc_edge_cap(self.budget))
+        scanned = int(counts.sum())
+        dedupe = self.to_undirected
+        indptr = d(allocate_npy, pure=False)(self.stage / "indptr.npy", np.int64, n + 1,
+                                             dask_key_name=self.key("alloc-indptr"))
+        target = self.stage / (f"{SPILL_DIR}/indices-scratch.npy" if dedupe else "indices.npy")
+        indices = d(allocate_npy, pure=False)(target, index_dtype, scanned, dask_key_name=self.key("alloc-indices"))
+        bases = np.concatenate([[0], np.cumsum([counts[a:b].sum() for a, b in groups])]).astype(np.int64)
+        ranges = [(a * self.bucket_width, min(b * self.bucket_width, n)) for a, b in groups]
+        topo = []
+        for g, (a, b) in enumerate(groups):
+            runs = [(s.path, s.offsets[:, a], s.offsets[:, b]) for s in spills
+                    if len(s.offsets) and (s.offsets[:, b] > s.offsets[:, a]).any()]
+            topo.append(d(csc_group, pure=False)(runs, lo=ranges[g][0], hi=ranges[g][1], base=int(bases[g]),
+                                                 indptr_path=indptr, indices_path=indices, index_dtype=index_dtype,
+                                                 packed=self.packed, dedupe=dedupe, dask_key_name=self.key("csc", g)))
+        if dedupe:
+            final = d(_allocate_total, pure=False)(self.stage / "indices.npy", index_dtype, topo,
+                                                   dask_key_name=self.key("alloc-indices-final"))
+            topo = [d(_compact, pure=False)(g, topo, scratch_path=indices, scratch_base=int(bases[g]),
+                                            indices_path=final, indptr_path=indptr, lo=ranges[g][0], hi=ranges[g][1],
+                                            index_dtype=index_dtype, dask_key_name=self.key("compact", g))
+                    for g in range(len(groups))]
+
+        # features: one task per row-range shard, reading only the units that overlap it
+        shards = []
+        for p in range(math.ceil(n / rows)):
+            lo, hi = p * rows, min(n, (p + 1) * rows)
+            shards.append(d(write_feature_shard, pure=False)(
+                units_overlapping(feature_files, lo, hi), self.stage / "features" / f"part-{p:05d}.npy",
+                lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
+                allow_nonfinite=self.allow_nonfinite, batch_rows=feature_batch_rows(self.budget, row_bytes),
+                dask_key_name=self.key("features", p)))
+
+        features = {"dtype": dtype.name, "dim": dim, "row_bytes": row_bytes, "shard_rows": rows,
+                    "arrow_type": feature_files[0].arrow_type}
+        static = {"num_nodes": n, "indices_dtype": index_dtype.name, "nodes": nodes, "features": features,
+                  "inputs": inputs, "config": config}
+        manifest = d(_write_manifest, pure=False)(self.stage, topo, shards, static,
+                                                  dask_key_name=self.key("manifest"))
+        return compute([*topo, *shards, manifest], desc="ingest: build")[-1]
+
+
+def _allocate_total(path: Path, dtype: np.dtype, kept: list[int]) -> str:
+    """Allocate the final indices array once the deduplicating CSC tasks have counted their edges."""
+    return allocate_npy(path, dtype, int(sum(kept)))
+
+
+def _compact(g: int, kept: list[int], **kwargs: Any) -> int:
+    """Move group g's deduplicated indices to their final offset (the sum of earlier groups' counts)."""
+    compact_group(kept=kept[g], final_base=int(sum(kept[:g])), **kwargs)
+    return kept[g]
+
+
+def _write_manifest(stage: Path, kept: list[int], shards: list[dict[str, Any]], static: dict[str, Any]) -> dict:
+    """Assemble the manifest from the tasks' results and write it last."""
+    features = dict(static["features"])
+    features["shards"] = [{"path": f"features/part-{p:05d}.npy", **s} for p, s in enumerate(shards)]
+    manifest = store_manifest(num_nodes=static["num_nodes"], num_edges=int(sum(kept)),
+                              indices_dtype=static["indices_dtype"], nodes=static["nodes"], features=features,
+                              inputs=static["inputs"], config=static["config"])
+    finish_store(stage, manifest)
+    return manifest
