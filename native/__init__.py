@@ -1,6 +1,10 @@
-"""Thin Python binding over the C++ kernels in `_native` (built by `pip install`)."""
+"""Thin Python binding over the C++ kernels in `_native` (built by `pip install`).
+
+Kernels: `NativeNeighborSampler` (sampler.cpp; use it through `diskflow.operators.sample`).
+"""
 from __future__ import annotations
 
 from . import _native
 
 HAVE_LIBURING: bool = bool(_native.have_liburing)
+NativeNeighborSampler = _native.NeighborSampler

@@ -1,0 +1,538 @@
+// Multi-hop uniform neighbor sampling over a CSC graph, with the output of PyG's NeighborLoader
+// for a homogeneous graph (disjoint=False):
+//
+//   n_id        seeds first, then the nodes discovered at hop 1, hop 2, ... (discovery order)
+//   edge_index  [2, E] local ids, row 0 = sampled neighbour u (message source),
+//               row 1 = the frontier node v it was sampled for; ordered by hop, frontier
+//               position, sampled order
+//   counts      num_sampled_nodes [B, n_1..n_L], num_sampled_edges [e_1..e_L]
+//
+// At hop h the frontier is the set of nodes added at hop h-1 (hop 0: the seeds). A frontier
+// node with deg <= fanout (or fanout -1) takes all its in-neighbours in CSC order; otherwise
+// `fanout` distinct edge positions are drawn uniformly without replacement (Floyd's algorithm).
+//
+// Determinism: every frontier node draws from its own counter-based generator keyed by
+// (seed, hop, global node id), so the output is a pure function of (graph, seeds, fanouts, seed),
+// whatever the thread count. Each hop samples contiguous frontier chunks in parallel into
+// per-chunk buffers, then merges them serially in chunk order (the dedup that assigns local ids
+// must see edges in order). The dedup uses a scratch array of N entries owned by the sampler,
+// reset through the batch's own node list, and a mutex makes concurrent calls on one object safe.
+#include "sampler.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace diskflow {
+namespace {
+
+// Frontier nodes per work chunk at least: below this, a thread costs more than it saves.
+constexpr int64_t kMinChunkNodes = 256;
+// Chunks per thread at most: several, taken dynamically, so that uneven degrees balance out.
+constexpr int64_t kChunksPerThread = 4;
+// Up to this fanout Floyd's algorithm checks its picks by a linear scan (they sit in L1);
+// above it, by a per-thread mark array indexed by edge offset.
+constexpr int64_t kLinearScanMaxFanout = 32;
+// Marks a node that is not (yet) in the batch, in the global -> local scratch array.
+constexpr int32_t kAbsent = -1;
+// Software prefetch distances (in frontier nodes, and in merged edges): the loops are bound by
+// the latency of random reads of indptr, indices and the scratch array, so fetch ahead.
+constexpr int64_t kPrefetchNodes = 8;
+constexpr int64_t kPrefetchEdges = 16;
+// Cache lines of a node's CSC range to prefetch at most.
+constexpr int64_t kPrefetchLines = 4;
+constexpr int64_t kCacheLine = 64;
+// Batch nodes per thread at least when resetting the scratch array in parallel.
+constexpr int64_t kMinResetNodes = 1 << 16;
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;  // 2^64 / phi, the splitmix64 increment
+
+// The splitmix64 finaliser: a bijective 64-bit mixer.
+inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// splitmix64: small, fast, passes BigCrush; one instance per (seed, hop, node).
+class SplitMix64 {
+ public:
+    explicit SplitMix64(uint64_t state) : state_(state) {}
+
+    uint64_t next() {
+        state_ += kGolden;
+        return mix64(state_);
+    }
+
+    // Uniform integer in [0, n) for n > 0, exactly (Lemire's multiply-then-reject method).
+    uint64_t below(uint64_t n) {
+        __uint128_t m = static_cast<__uint128_t>(next()) * n;
+        uint64_t low = static_cast<uint64_t>(m);
+        if (low < n) {
+            const uint64_t threshold = (0 - n) % n;  // 2^64 mod n
+            while (low < threshold) {
+                m = static_cast<__uint128_t>(next()) * n;
+                low = static_cast<uint64_t>(m);
+            }
+        }
+        return static_cast<uint64_t>(m >> 64);
+    }
+
+ private:
+    uint64_t state_;
+};
+
+inline uint64_t hop_key(uint64_t seed, size_t hop) { return mix64(mix64(seed) + kGolden * (hop + 1)); }
+
+// The generator of node v at the hop keyed `hkey`: independent of threads and batch contents.
+inline SplitMix64 node_rng(uint64_t hkey, int64_t v) {
+    return SplitMix64(mix64(hkey ^ mix64(static_cast<uint64_t>(v) + kGolden)));
+}
+
+// What one chunk of the frontier sampled: per frontier node the number of edges, and the global
+// ids of the sampled neighbours in output order.
+struct ChunkOut {
+    int64_t begin = 0, end = 0;  // frontier positions [begin, end)
+    std::vector<int64_t> counts;
+    std::vector<int64_t> nbrs;
+    int64_t bad_pos = -1;  // first edge position whose source id is out of range, or -1
+};
+
+// Per-thread scratch for Floyd's algorithm.
+struct Scratch {
+    std::vector<int64_t> picks;  // edge offsets picked for the current node
+    std::vector<uint8_t> marks;  // marks[offset] = 1 while picked (large fanouts only)
+};
+
+// Draws k distinct offsets uniformly from [0, deg) into s.picks (Floyd's algorithm: for
+// j = deg-k .. deg-1 draw t in [0, j]; take t unless already taken, else take j).
+inline void floyd_sample(SplitMix64& rng, int64_t deg, int64_t k, Scratch& s) {
+    s.picks.clear();
+    if (k <= kLinearScanMaxFanout) {
+        for (int64_t j = deg - k; j < deg; ++j) {
+            const int64_t t = static_cast<int64_t>(rng.below(static_cast<uint64_t>(j) + 1));
+            const bool taken = std::find(s.picks.begin(), s.picks.end(), t) != s.picks.end();
+            s.picks.push_back(taken ? j : t);
+        }
+        return;
+    }
+    if (s.marks.size() < static_cast<size_t>(deg)) s.marks.resize(static_cast<size_t>(deg), 0);
+    for (int64_t j = deg - k; j < deg; ++j) {
+        const int64_t t = static_cast<int64_t>(rng.below(static_cast<uint64_t>(j) + 1));
+        const int64_t pick = s.marks[t] ? j : t;
+        s.marks[pick] = 1;
+        s.picks.push_back(pick);
+    }
+    for (int64_t p : s.picks) s.marks[p] = 0;
+}
+
+// Samples the in-neighbours of frontier[out.begin .. out.end) into `out`.
+template <typename Idx>
+void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, const int64_t* frontier,
+                  int64_t fanout, uint64_t hkey, ChunkOut& out, Scratch& s) {
+    out.counts.clear();
+    out.nbrs.clear();
+    out.bad_pos = -1;
+    const uint64_t n = static_cast<uint64_t>(num_nodes);
+    bool bad = false;
+    for (int64_t i = out.begin; i < out.end; ++i) {
+        // Two-stage prefetch: indptr of the node 2D ahead, then the CSC range of the node D ahead.
+        if (i + 2 * kPrefetchNodes < out.end) __builtin_prefetch(indptr + frontier[i + 2 * kPrefetchNodes]);
+        if (i + kPrefetchNodes < out.end) {
+            const int64_t w = frontier[i + kPrefetchNodes];
+            const char* first = reinterpret_cast<const char*>(indices + indptr[w]);
+            const int64_t bytes = (indptr[w + 1] - indptr[w]) * static_cast<int64_t>(sizeof(Idx));
+            for (int64_t b = 0; b < std::min(bytes, kPrefetchLines * kCacheLine); b += kCacheLine) {
+                __builtin_prefetch(first + b);
+            }
+        }
+        const int64_t v = frontier[i];
+        const int64_t lo = indptr[v];
+        const int64_t deg = indptr[v + 1] - lo;
+        if (fanout < 0 || deg <= fanout) {
+            for (int64_t p = lo; p < lo + deg; ++p) {
+                const int64_t u = static_cast<int64_t>(indices[p]);
+                bad |= static_cast<uint64_t>(u) >= n;
+                out.nbrs.push_back(u);
+            }
+            out.counts.push_back(deg);
+        } else {
+            SplitMix64 rng = node_rng(hkey, v);
+            floyd_sample(rng, deg, fanout, s);
+            for (int64_t off : s.picks) {
+                const int64_t u = static_cast<int64_t>(indices[lo + off]);
+                bad |= static_cast<uint64_t>(u) >= n;
+                out.nbrs.push_back(u);
+            }
+            out.counts.push_back(fanout);
+        }
+        if (bad && out.bad_pos < 0) {  // locate the faulty edge (rare: only on corrupt graphs)
+            for (int64_t p = lo; p < lo + deg; ++p) {
+                if (static_cast<uint64_t>(static_cast<int64_t>(indices[p])) >= n) {
+                    out.bad_pos = p;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+// Runs fn(task, worker) for task in [0, n_tasks) on up to n_threads threads (the caller's
+// included); tasks are taken in order from a shared counter. Rethrows a worker's exception.
+template <typename F>
+void run_parallel(int64_t n_tasks, int n_threads, F&& fn) {
+    if (n_threads <= 1 || n_tasks <= 1) {
+        for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mu;
+    auto worker = [&](int w) {
+        try {
+            for (int64_t t; (t = next.fetch_add(1)) < n_tasks;) fn(t, w);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mu);
+            if (!error) error = std::current_exception();
+            next.store(n_tasks);
+        }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(n_threads - 1));
+    for (int w = 1; w < n_threads; ++w) pool.emplace_back(worker, w);
+    worker(0);
+    for (auto& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+}
+
+std::string dtype_str(const py::array& a) { return py::str(py::object(a.dtype())).cast<std::string>(); }
+
+void require_1d_contiguous(const py::array& a, const char* name) {
+    if (a.ndim() != 1) {
+        throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + " dimensions");
+    }
+    if (!(a.flags() & py::array::c_style)) {
+        throw py::value_error(std::string(name) + " must be C-contiguous (pass np.ascontiguousarray(...))");
+    }
+}
+
+template <typename T>
+bool has_dtype(const py::array& a) {
+    return py::isinstance<py::array_t<T>>(a);
+}
+
+// A growable array of a trivially copyable T that, unlike std::vector, does not zero what it
+// grows into (the sampler overwrites every slot it uses).
+template <typename T>
+class PodBuffer {
+ public:
+    size_t size() const { return size_; }
+    T* data() { return data_.get(); }
+    const T* data() const { return data_.get(); }
+    void clear() { size_ = 0; }
+    void resize(size_t n) {
+        if (n > capacity_) {
+            const size_t capacity = std::max(n, 2 * capacity_);
+            std::unique_ptr<T[]> grown(new T[capacity]);  // default-initialised: not zeroed
+            if (size_) std::memcpy(grown.get(), data_.get(), size_ * sizeof(T));
+            data_ = std::move(grown);
+            capacity_ = capacity;
+        }
+        size_ = n;
+    }
+    // Hands the storage over to the caller (the buffer is left empty).
+    std::unique_ptr<T[]> release() {
+        size_ = capacity_ = 0;
+        return std::move(data_);
+    }
+
+ private:
+    std::unique_ptr<T[]> data_;
+    size_t size_ = 0, capacity_ = 0;
+};
+
+// Wraps a buffer into a numpy array without copying (the array owns the buffer).
+py::array_t<int64_t> to_numpy(std::unique_ptr<int64_t[]> data, std::vector<py::ssize_t> shape) {
+    if (!data) return py::array_t<int64_t>(std::move(shape));  // empty
+    int64_t* raw = data.release();
+    py::capsule owner(raw, [](void* p) { delete[] static_cast<int64_t*>(p); });
+    return py::array_t<int64_t>(std::move(shape), raw, owner);
+}
+
+// The sampled subgraph before it becomes numpy arrays.
+struct Sample {
+    PodBuffer<int64_t> n_id;
+    PodBuffer<int64_t> edge_index;  // [2, E] row-major
+    std::vector<int64_t> num_sampled_nodes;
+    std::vector<int64_t> num_sampled_edges;
+};
+
+class NeighborSampler {
+ public:
+    NeighborSampler(py::array indptr, py::array indices, std::vector<int64_t> fanouts, int num_threads)
+        : indptr_(std::move(indptr)), indices_(std::move(indices)), fanouts_(std::move(fanouts)),
+          num_threads_(num_threads) {
+        if (!has_dtype<int64_t>(indptr_)) throw py::value_error("indptr must be int64, got " + dtype_str(indptr_));
+        require_1d_contiguous(indptr_, "indptr");
+        if (indptr_.size() < 1) throw py::value_error("indptr must have N+1 >= 1 entries, got 0");
+        if (has_dtype<int64_t>(indices_)) {
+            indices64_ = true;
+        } else if (!has_dtype<int32_t>(indices_)) {
+            throw py::value_error("indices must be int32 or int64, got " + dtype_str(indices_));
+        }
+        require_1d_contiguous(indices_, "indices");
+        if (fanouts_.empty()) throw py::value_error("fanouts must name at least one hop, got []");
+        for (size_t h = 0; h < fanouts_.size(); ++h) {
+            if (fanouts_[h] < -1) {
+                throw py::value_error("fanouts[" + std::to_string(h) + "] = " + std::to_string(fanouts_[h]) +
+                                      " must be >= 0, or -1 for all neighbours");
+            }
+        }
+        if (num_threads_ < 1) throw py::value_error("num_threads must be >= 1, got " + std::to_string(num_threads_));
+        indptr_ptr_ = static_cast<const int64_t*>(indptr_.data());
+        indices_ptr_ = indices_.data();
+        num_nodes_ = static_cast<int64_t>(indptr_.size()) - 1;
+        num_edges_ = static_cast<int64_t>(indices_.size());
+        check_indptr();
+    }
+
+    py::tuple sample(const py::array& seeds, uint64_t seed) {
+        if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds must be int64, got " + dtype_str(seeds));
+        require_1d_contiguous(seeds, "seeds");
+        const int64_t* seed_ptr = static_cast<const int64_t*>(seeds.data());
+        const int64_t batch = static_cast<int64_t>(seeds.size());
+        Sample out;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            if (indices64_) {
+                run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
+            } else {
+                run(static_cast<const int32_t*>(indices_ptr_), seed_ptr, batch, seed, out);
+            }
+        }
+        const auto n = static_cast<py::ssize_t>(out.n_id.size());
+        const auto e = static_cast<py::ssize_t>(out.edge_index.size() / 2);
+        return py::make_tuple(to_numpy(out.n_id.release(), {n}), to_numpy(out.edge_index.release(), {2, e}),
+                              py::cast(out.num_sampled_nodes), py::cast(out.num_sampled_edges));
+    }
+
+    int64_t num_nodes() const { return num_nodes_; }
+    int64_t num_edges() const { return num_edges_; }
+    const std::vector<int64_t>& fanouts() const { return fanouts_; }
+    int num_threads() const { return num_threads_; }
+
+ private:
+    // indptr[0] == 0, non-decreasing, indptr[N] == len(indices): one pass, GIL released.
+    void check_indptr() const {
+        const int64_t* p = indptr_ptr_;
+        if (p[0] != 0) throw py::value_error("indptr[0] must be 0, got " + std::to_string(p[0]));
+        int64_t bad = -1;
+        {
+            py::gil_scoped_release nogil;
+            for (int64_t i = 0; i < num_nodes_; ++i) {
+                if (p[i + 1] < p[i]) {
+                    bad = i;
+                    break;
+                }
+            }
+        }
+        if (bad >= 0) {
+            throw py::value_error("indptr is not non-decreasing: indptr[" + std::to_string(bad + 1) + "] = " +
+                                  std::to_string(p[bad + 1]) + " < indptr[" + std::to_string(bad) + "] = " +
+                                  std::to_string(p[bad]));
+        }
+        if (p[num_nodes_] != num_edges_) {
+            throw py::value_error("indptr[-1] = " + std::to_string(p[num_nodes_]) +
+                                  " does not match len(indices) = " + std::to_string(num_edges_));
+        }
+    }
+
+    // Resets the scratch entries of every node placed in the batch, however `run` exits
+    // (in parallel on success, serially when unwinding from an error).
+    struct ScratchReset {
+        std::vector<int32_t>& local;
+        const PodBuffer<int64_t>& n_id;
+        int num_threads;
+        bool done = false;
+        void now() {
+            const int64_t n = static_cast<int64_t>(n_id.size());
+            const int64_t n_tasks = std::max<int64_t>(1, std::min<int64_t>(num_threads, n / kMinResetNodes));
+            run_parallel(n_tasks, num_threads, [&](int64_t t, int) {
+                for (int64_t i = n * t / n_tasks; i < n * (t + 1) / n_tasks; ++i) local[n_id.data()[i]] = kAbsent;
+            });
+            done = true;
+        }
+        ~ScratchReset() {
+            if (done) return;
+            for (size_t i = 0; i < n_id.size(); ++i) local[n_id.data()[i]] = kAbsent;
+        }
+    };
+
+    template <typename Idx>
+    void run(const Idx* indices, const int64_t* seeds, int64_t batch, uint64_t seed, Sample& out) {
+        if (local_.size() != static_cast<size_t>(num_nodes_)) local_.assign(num_nodes_, kAbsent);
+        if (scratch_.size() < static_cast<size_t>(num_threads_)) scratch_.resize(num_threads_);
+        PodBuffer<int64_t>& n_id = n_id_;  // reused across calls; the output gets an exact copy
+        n_id.clear();
+        ScratchReset reset{local_, n_id, num_threads_};
+        for (int64_t b = 0; b < batch; ++b) {
+            const int64_t s = seeds[b];
+            if (s < 0 || s >= num_nodes_) {
+                throw py::value_error("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
+                                      " is out of range [0, " + std::to_string(num_nodes_) + ")");
+            }
+            if (local_[s] != kAbsent) {
+                throw py::value_error("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
+                                      " duplicates seeds[" + std::to_string(local_[s]) + "]; seeds must be unique");
+            }
+            if (b >= std::numeric_limits<int32_t>::max()) throw py::value_error("batch of more than 2^31-1 seeds");
+            local_[s] = static_cast<int32_t>(b);
+            n_id.resize(b + 1);
+            n_id.data()[b] = s;
+        }
+        out.num_sampled_nodes.push_back(batch);
+        rows_.clear();
+        int64_t fs = 0, fe = batch;  // the frontier: n_id[fs, fe)
+        for (size_t h = 0; h < fanouts_.size(); ++h) {
+            const int64_t edges_before = static_cast<int64_t>(rows_.size());
+            out_count_.resize(fe);  // edges sampled for each frontier node, by local id
+            if (fe > fs && fanouts_[h] != 0) {
+                sample_hop(indices, h, fanouts_[h], hop_key(seed, h), fs, fe, n_id);
+            } else {
+                std::fill(out_count_.data() + fs, out_count_.data() + fe, 0);
+            }
+            out.num_sampled_nodes.push_back(static_cast<int64_t>(n_id.size()) - fe);
+            out.num_sampled_edges.push_back(static_cast<int64_t>(rows_.size()) - edges_before);
+            fs = fe;
+            fe = static_cast<int64_t>(n_id.size());
+        }
+        // edge_index = [rows; cols], cols being each frontier node's local id repeated per edge
+        // (frontiers are consecutive ranges of local ids, hop after hop).
+        const size_t n_edges = rows_.size();
+        out.edge_index.resize(2 * n_edges);
+        std::memcpy(out.edge_index.data(), rows_.data(), n_edges * sizeof(int64_t));
+        int64_t* col = out.edge_index.data() + n_edges;
+        for (int64_t i = 0; i < fs; ++i) {
+            col = std::fill_n(col, out_count_.data()[i], i);
+        }
+        out.n_id.resize(n_id.size());
+        std::memcpy(out.n_id.data(), n_id.data(), n_id.size() * sizeof(int64_t));
+        reset.now();
+    }
+
+    template <typename Idx>
+    void sample_hop(const Idx* indices, size_t hop, int64_t fanout, uint64_t hkey, int64_t fs, int64_t fe,
+                    PodBuffer<int64_t>& n_id) {
+        const int64_t width = fe - fs;
+        const int64_t max_chunks = static_cast<int64_t>(num_threads_) * kChunksPerThread;
+        const int64_t n_chunks = std::max<int64_t>(1, std::min(max_chunks, width / kMinChunkNodes));
+        if (chunks_.size() < static_cast<size_t>(n_chunks)) chunks_.resize(n_chunks);
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            chunks_[c].begin = fs + width * c / n_chunks;
+            chunks_[c].end = fs + width * (c + 1) / n_chunks;
+        }
+        const int64_t* frontier = n_id.data();  // n_id does not grow until the merge below
+        const int n_threads = static_cast<int>(std::min<int64_t>(num_threads_, n_chunks));
+        run_parallel(n_chunks, n_threads, [&](int64_t c, int w) {
+            sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, chunks_[c], scratch_[w]);
+        });
+        // Serial merge in frontier order: assign local ids in discovery order, emit edges.
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            const ChunkOut& ch = chunks_[c];
+            if (ch.bad_pos >= 0) {
+                throw py::value_error("indices[" + std::to_string(ch.bad_pos) + "] = " +
+                                      std::to_string(static_cast<int64_t>(indices[ch.bad_pos])) +
+                                      " is out of range [0, " + std::to_string(num_nodes_) + ") (hop " +
+                                      std::to_string(hop) + ")");
+            }
+        }
+        size_t total = rows_.size();
+        for (int64_t c = 0; c < n_chunks; ++c) total += chunks_[c].nbrs.size();
+        // Each edge adds at most one node: refuse a batch whose local ids could overflow int32.
+        if (n_id.size() + (total - rows_.size()) >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+            throw py::value_error("a batch could reach 2^31-1 nodes; use smaller batches or fanouts");
+        }
+        size_t e = rows_.size();
+        rows_.resize(total);
+        // n_id grows by at most one node per edge: size it once, trim after the merge.
+        size_t n = n_id.size();
+        n_id.resize(n + (total - e));
+        int64_t* rows = rows_.data();
+        int64_t* ids = n_id.data();
+        int32_t* local = local_.data();
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            const ChunkOut& ch = chunks_[c];
+            std::copy(ch.counts.begin(), ch.counts.end(), out_count_.data() + ch.begin);
+            const int64_t* nbr = ch.nbrs.data();
+            const int64_t n_nbrs = static_cast<int64_t>(ch.nbrs.size());
+            for (int64_t j = 0; j < n_nbrs; ++j, ++e) {
+                if (j + kPrefetchEdges < n_nbrs) __builtin_prefetch(local + nbr[j + kPrefetchEdges]);
+                const int64_t u = nbr[j];
+                if (local[u] == kAbsent) {
+                    local[u] = static_cast<int32_t>(n);
+                    ids[n++] = u;
+                }
+                rows[e] = local[u];
+            }
+        }
+        n_id.resize(n);
+    }
+
+    py::array indptr_, indices_;  // the caller's buffers, referenced (not copied) and kept alive
+    const int64_t* indptr_ptr_ = nullptr;
+    const void* indices_ptr_ = nullptr;
+    bool indices64_ = false;
+    int64_t num_nodes_ = 0, num_edges_ = 0;
+    std::vector<int64_t> fanouts_;
+    int num_threads_ = 1;
+
+    std::mutex mu_;  // guards everything below: one sample() at a time per object
+    std::vector<int32_t> local_;  // global id -> local id in the current batch, kAbsent otherwise
+    std::vector<ChunkOut> chunks_;
+    std::vector<Scratch> scratch_;
+    PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
+    PodBuffer<int64_t> rows_;       // row 0 of edge_index (local ids of sampled neighbours)
+    PodBuffer<int64_t> out_count_;  // edges sampled for each frontier node, by local id
+};
+
+}  // namespace
+
+void register_sampler(py::module_& m) {
+    py::class_<NeighborSampler>(m, "NeighborSampler", R"doc(
+Uniform multi-hop neighbor sampler over a CSC graph (PyG NeighborLoader semantics).
+
+Args:
+    indptr: int64 [N+1], C-contiguous; referenced, not copied.
+    indices: int32 or int64 [E], C-contiguous; source node of every in-edge, grouped by destination.
+    fanouts: per hop, neighbours to sample per frontier node (-1 = all).
+    num_threads: worker threads per hop (the output does not depend on it).
+)doc")
+        .def(py::init<py::array, py::array, std::vector<int64_t>, int>(), py::arg("indptr"), py::arg("indices"),
+             py::arg("fanouts"), py::arg("num_threads") = 1)
+        .def("sample", &NeighborSampler::sample, py::arg("seeds"), py::arg("seed"), R"doc(
+Sample the subgraph around unique int64 `seeds`; deterministic in `seed`.
+
+Returns:
+    (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)
+)doc")
+        .def_property_readonly("num_nodes", &NeighborSampler::num_nodes)
+        .def_property_readonly("num_edges", &NeighborSampler::num_edges)
+        .def_property_readonly("fanouts", &NeighborSampler::fanouts)
+        .def_property_readonly("num_threads", &NeighborSampler::num_threads);
+}
+
+}  // namespace diskflow
