@@ -2,6 +2,8 @@
 // this file only registers them.
 #include <pybind11/pybind11.h>
 
+#include "sampler.h"
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(_native, m) {
@@ -11,4 +13,5 @@ PYBIND11_MODULE(_native, m) {
 #else
     m.attr("have_liburing") = false;
 #endif
+    diskflow::register_sampler(m);
 }
