@@ -34,6 +34,17 @@ class EdgeFreeMLP(torch.nn.Module):
         self.mlp.reset_parameters()
 
 
+def supports_trim(model: torch.nn.Module) -> bool:
+    """Whether `model` may skip, at layer k, the nodes and edges that cannot reach the seeds.
+
+    PyG's `trim_to_layer` (the `num_sampled_*_per_hop` arguments) leaves the seeds' outputs
+    of GraphSAGE and GAT bit-identical (their layers only read a target's in-edges) at about
+    half the cost. GCN is not trimmed: its symmetric normalisation reads the *source*
+    node's degree, which trimming changes.
+    """
+    return isinstance(model, (GraphSAGE, GAT))
+
+
 def build_model(name: str, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
                 dropout: float = 0.0, heads: int = 4) -> torch.nn.Module:
     """Build one of the models in `MODELS`, called uniformly as `model(x, edge_index)`.

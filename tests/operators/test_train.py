@@ -23,7 +23,7 @@ from diskflow.operators.batches import (
 from diskflow.operators.errors import ConfigError
 from diskflow.operators.models import MODELS, build_model
 from diskflow.operators.sample import NeighborSampler
-from diskflow.operators.train import TrainConfig, deterministic, evaluate, train_epoch
+from diskflow.operators.train import TrainConfig, deterministic, evaluate, forward, train_epoch
 
 NEIGHBORLOADER_FIELDS = {"x", "edge_index", "y", "n_id", "batch_size", "num_sampled_nodes", "num_sampled_edges"}
 
@@ -50,6 +50,15 @@ def homophilous_graph(n: int = 1203, classes: int = 4, dim: int = 13, deg: int =
 @pytest.fixture(scope="module")
 def graph():
     return homophilous_graph()
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small graphs train fastest on one thread (and the test machine is shared)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 # ------------------------------------------------------------------ seed batches and sampling seeds
@@ -195,3 +204,14 @@ def test_training_is_deterministic_for_a_seed(graph) -> None:
     assert [r["losses"] for r in a] == [r["losses"] for r in b] and acc_a == acc_b
     assert [r["losses"] for r in a] != [r["losses"] for r in c]
     assert not torch.are_deterministic_algorithms_enabled()  # the context restored the global setting
+
+
+@pytest.mark.parametrize("name", ["sage", "gat"])
+def test_trimmed_forward_gives_the_same_seed_logits(graph, name: str) -> None:
+    indptr, indices, x, y = graph
+    sample = NeighborSampler(indptr, indices, [4, 3, 2], num_threads=1).sample(np.arange(0, 600, 7), seed=3)
+    batch = to_data(sample, x, y)
+    torch.manual_seed(0)
+    model = build_model(name, x.size(1), 16, 4, num_layers=3).eval()
+    with torch.no_grad():
+        assert torch.equal(forward(model, batch), model(batch.x, batch.edge_index)[:batch.batch_size])
