@@ -1,0 +1,533 @@
+"""The packed dataset: its index files and a reader that replays the plan.
+
+A packed dataset (``PACKED/``, see DESIGN.md §3) holds everything a training machine needs
+and no graph topology: the GPU tier rows, the CPU tier at round start, per shard p one
+``round-0/part-PPPPP.bin`` of 4096-aligned packed segments in batch order, the segmented
+disk caches ``round-0/dcache-GGGGG.bin``, and per superbatch an index
+``round-0/index/{key}.arrow`` with one single-row record batch per minibatch:
+
+=============== ================= ==========================================================
+column          type              meaning
+=============== ================= ==========================================================
+batch           int64             global batch index in the round (epoch-major)
+epoch           int64             epoch of the batch
+src             large_list<uint8> per n_id position: 0 GPU slot, 1 CPU slot, 2 packed row,
+                                  3 disk-cache row
+idx             large_list<int64> GPU slot / CPU slot / packed row r / row in the dcache file
+insert_pos      large_list<int64> CPU inserts applied AFTER the batch: slot <- assembled
+insert_slot     large_list<int64> row at n_id position ``insert_pos``
+seg_offset      list<int64> [P]   byte offset of the batch's segment in part-p.bin
+seg_rows        list<int64> [P]   rows of that segment (packed row order is shard-major)
+seg_crc         list<uint32> [P]  zlib.crc32 of the segment's row bytes (padding excluded)
+dcache          int64             disk-cache segment g the batch reads, -1 none
+=============== ================= ==========================================================
+
+`PackedDataset` reads it back with plain numpy reads; `replay` executes the plan (GPU
+tier, a CPU tier held in RAM that starts at ``cpu_init`` and takes every batch's inserts,
+packed rows, disk-cache rows) and yields every batch's features in order. It is the
+reference the verifier and the CPU training loader use.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import InputError
+from .files import ALIGN, atomic_path, read_manifest
+from .samples import SampleRecord, read_samples
+
+PACKED_FORMAT = "diskflow-packed"
+PACKED_VERSION = 1
+
+# Where a row of an assembled batch comes from (the `src` column of the index).
+SRC_GPU, SRC_CPU, SRC_PACKED, SRC_DCACHE = 0, 1, 2, 3
+
+ROUND_DIR = "round-0"
+_CRC_CHUNK = 64 << 20
+_KEY = re.compile(r"e(\d+)-s(\d+)")
+
+INDEX_SCHEMA = pa.schema([
+    ("batch", pa.int64()),
+    ("epoch", pa.int64()),
+    ("src", pa.large_list(pa.uint8())),
+    ("idx", pa.large_list(pa.int64())),
+    ("insert_pos", pa.large_list(pa.int64())),
+    ("insert_slot", pa.large_list(pa.int64())),
+    ("seg_offset", pa.list_(pa.int64())),
+    ("seg_rows", pa.list_(pa.int64())),
+    ("seg_crc", pa.list_(pa.uint32())),
+    ("dcache", pa.int64()),
+])
+
+
+# ---------------------------------------------------------------------------- file names
+
+def part_name(p: int) -> str:
+    """File name of shard p's packed segments (inside the round directory)."""
+    return f"part-{p:05d}.bin"
+
+
+def dcache_name(g: int) -> str:
+    """File name of disk-cache segment g's rows (inside the round directory)."""
+    return f"dcache-{g:05d}.bin"
+
+
+def dcache_ids_name(g: int) -> str:
+    """File name of the node ids of disk-cache segment g (inside the round directory)."""
+    return f"dcache-{g:05d}.ids.npy"
+
+
+def index_name(key: str) -> str:
+    """Index file of superbatch `key`, relative to the round directory."""
+    return f"index/{key}.arrow"
+
+
+def samples_name(key: str) -> str:
+    """Samples file of superbatch `key`, relative to the round directory."""
+    return f"samples/{key}.arrow"
+
+
+def epoch_of_key(key: str) -> int:
+    """The epoch encoded in a superbatch key ``e{e}-s{k:05d}``."""
+    m = _KEY.fullmatch(key)
+    if m is None:
+        raise ValueError(f"not a superbatch key: {key!r} (expected e{{epoch}}-s{{index:05d}})")
+    return int(m.group(1))
+
+
+def padded(nbytes: int | np.ndarray) -> Any:
+    """`nbytes` rounded up to a multiple of ALIGN (4096)."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def file_crc(path: str | os.PathLike[str], offset: int, nbytes: int) -> int:
+    """zlib.crc32 of bytes [offset, offset + nbytes) of a file, read in large chunks.
+
+    Raises:
+        InputError: the file is missing or shorter than offset + nbytes.
+    """
+    crc = 0
+    done = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            while done < nbytes:
+                chunk = f.read(min(_CRC_CHUNK, nbytes - done))
+                if not chunk:
+                    raise InputError(path, f"truncated: expected {offset + nbytes} bytes, file ends at "
+                                           f"{offset + done}")
+                crc = zlib.crc32(chunk, crc)
+                done += len(chunk)
+    except OSError as e:
+        raise InputError(path, f"unreadable file ({e.strerror or e})") from e
+    return crc
+
+
+def create_row_file(path: str | os.PathLike[str], rows: int, row_bytes: int) -> None:
+    """Preallocate (sparse, zero-filled) a rows file of ``padded(rows * row_bytes)`` bytes.
+
+    Disk-cache files take rows from every shard's pack task, so they must exist, at their
+    full size, before packing starts.
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.truncate(int(padded(rows * row_bytes)))
+
+
+# ---------------------------------------------------------------------------- index records
+
+@dataclass
+class IndexRecord:
+    """The precomputed address translation of one minibatch (a row of an index file)."""
+
+    batch: int
+    epoch: int
+    src: np.ndarray          # uint8 [n]
+    idx: np.ndarray          # int64 [n]
+    insert_pos: np.ndarray   # int64 [k]
+    insert_slot: np.ndarray  # int64 [k]
+    seg_offset: np.ndarray   # int64 [P]
+    seg_rows: np.ndarray     # int64 [P]
+    seg_crc: np.ndarray      # uint32 [P]
+    dcache: int
+
+    @property
+    def packed_rows(self) -> int:
+        return int(self.seg_rows.sum())
+
+
+def _list(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    large = pa.types.is_large_list(typ)
+    offsets = pa.array(np.array([0, len(values)], dtype=np.int64 if large else np.int32))
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(offsets, pa.array(np.ascontiguousarray(values), type=typ.value_type))
+
+
+def index_record_batch(r: IndexRecord) -> pa.RecordBatch:
+    """One index record as a single-row Arrow record batch (schema `INDEX_SCHEMA`)."""
+    f = INDEX_SCHEMA.field
+    cols = [
+        pa.array([r.batch], type=pa.int64()),
+        pa.array([r.epoch], type=pa.int64()),
+        _list(np.asarray(r.src, np.uint8), f("src").type),
+        _list(np.asarray(r.idx, np.int64), f("idx").type),
+        _list(np.asarray(r.insert_pos, np.int64), f("insert_pos").type),
+        _list(np.asarray(r.insert_slot, np.int64), f("insert_slot").type),
+        _list(np.asarray(r.seg_offset, np.int64), f("seg_offset").type),
+        _list(np.asarray(r.seg_rows, np.int64), f("seg_rows").type),
+        _list(np.asarray(r.seg_crc, np.uint32), f("seg_crc").type),
+        pa.array([r.dcache], type=pa.int64()),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=INDEX_SCHEMA)
+
+
+def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord],
+                     metadata: dict[str, Any] | None = None) -> None:
+    """Write a superbatch's index records as an Arrow IPC file (temp name -> rename)."""
+    schema = INDEX_SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for r in records:
+            writer.write_batch(index_record_batch(r))
+
+
+def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
+    return rb.column(name).values.to_numpy(zero_copy_only=False)
+
+
+def read_index_file(path: str | os.PathLike[str]) -> list[IndexRecord]:
+    """All index records of one superbatch file, in batch order.
+
+    Raises:
+        InputError: the file is missing, truncated or not an index file.
+    """
+    p = Path(path)
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
+        if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
+            raise InputError(p, f"unexpected index schema: {reader.schema}")
+        out = []
+        for i in range(reader.num_record_batches):
+            rb = reader.get_batch(i)
+            if rb.num_rows != 1:
+                raise InputError(p, f"record batch {i} has {rb.num_rows} rows, expected 1")
+            out.append(IndexRecord(
+                batch=int(rb.column("batch")[0].as_py()),
+                epoch=int(rb.column("epoch")[0].as_py()),
+                src=_values(rb, "src"),
+                idx=_values(rb, "idx"),
+                insert_pos=_values(rb, "insert_pos"),
+                insert_slot=_values(rb, "insert_slot"),
+                seg_offset=_values(rb, "seg_offset"),
+                seg_rows=_values(rb, "seg_rows"),
+                seg_crc=_values(rb, "seg_crc"),
+                dcache=int(rb.column("dcache")[0].as_py()),
+            ))
+        return out
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(p, f"unreadable index file ({e})") from e
+
+
+# ---------------------------------------------------------------------------- assembly
+
+def assemble(record: IndexRecord, gpu: np.ndarray, cpu: np.ndarray, packed: np.ndarray,
+             dcache: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+    """The features of one batch, gathered from the four tiers as the index says.
+
+    Args:
+        record: the batch's index record.
+        gpu: GPU tier rows [G, dim].
+        cpu: CPU tier rows [C, dim] as they stand before this batch.
+        packed: the batch's packed rows [sum(seg_rows), dim] in packed (shard-major) order.
+        dcache: rows [rows, dim] of disk-cache segment ``record.dcache`` (None when -1).
+        out: optional output buffer [n, dim].
+    """
+    n = record.src.shape[0]
+    if out is None:
+        out = np.empty((n, gpu.shape[1]), dtype=gpu.dtype)
+    tiers: tuple[np.ndarray | None, ...] = (gpu, cpu, packed, dcache)
+    for code, tier in enumerate(tiers):
+        pos = np.flatnonzero(record.src == code)
+        if pos.size:
+            if tier is None:
+                raise ValueError(f"batch {record.batch}: {pos.size} rows from the disk cache but dcache is -1")
+            out[pos] = tier[record.idx[pos]]
+    return out
+
+
+def apply_inserts(record: IndexRecord, cpu: np.ndarray, features: np.ndarray) -> None:
+    """Apply the batch's planned CPU-tier inserts (after the batch): cpu[slot] <- features[pos]."""
+    if record.insert_pos.size:
+        cpu[record.insert_slot] = features[record.insert_pos]
+
+
+# ---------------------------------------------------------------------------- the reader
+
+@dataclass(frozen=True)
+class SuperbatchEntry:
+    """A superbatch of the round as the manifest lists it."""
+
+    key: str
+    epoch: int
+    index: int
+    batches: int
+    first_batch: int
+
+
+class PackedDataset:
+    """Read access to a finished packed dataset (its manifest must exist).
+
+    Attributes come from the manifest: ``dtype``, ``dim``, ``row_bytes``, ``num_nodes``,
+    ``num_shards``, ``num_batches``, ``superbatches``; the tiers are memory-mapped
+    (``gpu_ids``/``gpu_cache``, ``cpu_ids``/``cpu_init``). Part files are read with
+    ``os.preadv`` at the segment offsets; every read segment's crc is checked.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        manifest = read_manifest(self.path)
+        if manifest is None:
+            raise InputError(self.path, "not a finished packed dataset (no manifest.json; run `diskflow prepare`)")
+        if manifest.get("format") != PACKED_FORMAT:
+            raise InputError(self.path / "manifest.json",
+                             f"format is {manifest.get('format')!r}, expected {PACKED_FORMAT!r}")
+        self.manifest: dict[str, Any] = manifest
+        try:
+            self.dtype = np.dtype(manifest["dtype"])
+            self.dim = int(manifest["dim"])
+            self.row_bytes = int(manifest["row_bytes"])
+            self.num_nodes = int(manifest["num_nodes"])
+            self.num_shards = int(manifest["num_shards"])
+            rnd = manifest["round"]
+            self.superbatches = [SuperbatchEntry(str(s["key"]), int(s["epoch"]), int(s["index"]), int(s["batches"]),
+                                                 int(s["first_batch"])) for s in rnd["superbatches"]]
+            self.num_batches = int(rnd["batches"])
+            files = manifest["files"]
+            self.part_paths = [self.path / f["path"] for f in files["parts"]]
+            self.part_bytes = [int(f["bytes"]) for f in files["parts"]]
+            self.dcache_files: list[dict[str, Any]] = list(files.get("dcache", []))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(self.path / "manifest.json", f"malformed packed manifest ({type(e).__name__}: {e})") from e
+        if self.row_bytes != self.dim * self.dtype.itemsize:
+            raise InputError(self.path / "manifest.json", f"row_bytes {self.row_bytes} != dim x itemsize")
+        if len(self.part_paths) != self.num_shards:
+            raise InputError(self.path / "manifest.json",
+                             f"lists {len(self.part_paths)} part files for {self.num_shards} shards")
+        self._fds: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return (f"PackedDataset({str(self.path)!r}, batches={self.num_batches}, shards={self.num_shards}, "
+                f"dim={self.dim}, dtype={self.dtype}, gpu_rows={self.gpu_ids.shape[0]}, "
+                f"cpu_rows={self.cpu_ids.shape[0]}, dcache_segments={len(self.dcache_files)})")
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the part files opened by `read_packed_rows`."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    @property
+    def round_dir(self) -> Path:
+        return self.path / ROUND_DIR
+
+    # ------------------------------------------------------------------ tiers
+    def _rows_npy(self, name: str, ids: np.ndarray) -> np.ndarray:
+        p = self.path / name
+        try:
+            arr = np.load(p, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise InputError(p, f"unreadable array ({e})") from e
+        if arr.dtype != self.dtype or arr.shape != (ids.shape[0], self.dim):
+            raise InputError(p, f"holds {arr.dtype}{list(arr.shape)}, expected {self.dtype}[{ids.shape[0]}, {self.dim}]")
+        return arr
+
+    def _ids_npy(self, p: Path) -> np.ndarray:
+        try:
+            arr = np.load(p, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise InputError(p, f"unreadable array ({e})") from e
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise InputError(p, f"expected a 1-d integer array, found {arr.dtype}{list(arr.shape)}")
+        return np.asarray(arr, dtype=np.int64)
+
+    @cached_property
+    def gpu_ids(self) -> np.ndarray:
+        """Node id of every GPU-tier slot (int64 [G])."""
+        return self._ids_npy(self.path / "gpu_ids.npy")
+
+    @cached_property
+    def gpu_cache(self) -> np.ndarray:
+        """GPU-tier rows [G, dim] (memory-mapped)."""
+        return self._rows_npy("gpu_cache.npy", self.gpu_ids)
+
+    @cached_property
+    def cpu_ids(self) -> np.ndarray:
+        """Node id of every CPU-tier slot at round start (int64 [C], -1 = empty)."""
+        return self._ids_npy(self.path / "cpu_ids.npy")
+
+    @cached_property
+    def cpu_init(self) -> np.ndarray:
+        """CPU-tier rows at round start [C, dim] (memory-mapped; zeros in empty slots)."""
+        return self._rows_npy("cpu_init.npy", self.cpu_ids)
+
+    # ------------------------------------------------------------------ per superbatch
+    def index(self, key: str) -> list[IndexRecord]:
+        """The index records of superbatch `key`, checked against the manifest."""
+        entry = self._entry(key)
+        path = self.round_dir / index_name(key)
+        records = read_index_file(path)
+        if len(records) != entry.batches:
+            raise InputError(path, f"holds {len(records)} batches, the manifest says {entry.batches}")
+        for j, r in enumerate(records):
+            if r.batch != entry.first_batch + j:
+                raise InputError(path, f"record {j} is batch {r.batch}, expected {entry.first_batch + j}")
+            if r.seg_rows.shape[0] != self.num_shards or r.seg_offset.shape[0] != self.num_shards \
+                    or r.seg_crc.shape[0] != self.num_shards:
+                raise InputError(path, f"batch {r.batch}: segment columns do not have {self.num_shards} entries")
+            if r.src.shape != r.idx.shape:
+                raise InputError(path, f"batch {r.batch}: src and idx lengths differ")
+        return records
+
+    def samples(self, key: str) -> Iterator[SampleRecord]:
+        """The graph samples of superbatch `key` (ids and local edges, in batch order)."""
+        self._entry(key)
+        return read_samples(self.round_dir / samples_name(key))
+
+    def _entry(self, key: str) -> SuperbatchEntry:
+        for s in self.superbatches:
+            if s.key == key:
+                return s
+        raise KeyError(f"no superbatch {key!r} in {self.path}")
+
+    def batches(self) -> Iterator[tuple[SuperbatchEntry, IndexRecord]]:
+        """Every batch's index record in round order, with the superbatch it belongs to."""
+        for sb in self.superbatches:
+            for r in self.index(sb.key):
+                yield sb, r
+
+    # ------------------------------------------------------------------ reads
+    def _fd(self, p: int) -> int:
+        fd = self._fds.get(p)
+        if fd is None:
+            try:
+                fd = os.open(self.part_paths[p], os.O_RDONLY)
+            except OSError as e:
+                raise InputError(self.part_paths[p], f"cannot open part file ({e.strerror or e})") from e
+            self._fds[p] = fd
+        return fd
+
+    def read_packed_rows(self, record: IndexRecord, check_crc: bool = True) -> np.ndarray:
+        """The batch's packed rows [sum(seg_rows), dim] in packed order, read from the part files.
+
+        Raises:
+            InputError: a segment lies beyond the end of its part file, or its crc does not match
+                (the message names the file, the batch and the shard).
+        """
+        rows = record.seg_rows.astype(np.int64)
+        out = np.empty((int(rows.sum()), self.dim), dtype=self.dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        start = 0
+        for p in np.flatnonzero(rows):
+            nbytes = int(rows[p]) * self.row_bytes
+            off = int(record.seg_offset[p])
+            view = flat[start:start + nbytes]
+            try:
+                got = os.preadv(self._fd(int(p)), [view.data], off)
+            except OSError as e:
+                raise InputError(self.part_paths[p], f"batch {record.batch}, shard {p}: read failed at byte {off} "
+                                                     f"({e.strerror or e})") from e
+            if got != nbytes:
+                raise InputError(self.part_paths[p], f"truncated: batch {record.batch}, shard {p} needs bytes "
+                                                     f"[{off}, {off + nbytes}), file ends at {off + got}")
+            if check_crc and zlib.crc32(view.data) != int(record.seg_crc[p]):
+                raise InputError(self.part_paths[p], f"checksum mismatch in batch {record.batch}, shard {p} "
+                                                     f"(segment at byte {off}, {int(rows[p])} rows)")
+            start += nbytes
+        return out
+
+    def dcache_path(self, g: int) -> Path:
+        return self.path / self.dcache_files[g]["path"]
+
+    def dcache_rows(self, g: int) -> np.ndarray:
+        """Rows of disk-cache segment g [rows, dim] (memory-mapped, crc not checked here)."""
+        if not 0 <= g < len(self.dcache_files):
+            raise InputError(self.path / "manifest.json", f"no disk-cache segment {g} "
+                                                          f"({len(self.dcache_files)} listed)")
+        rows = int(self.dcache_files[g]["rows"])
+        p = self.dcache_path(g)
+        if rows == 0:
+            return np.zeros((0, self.dim), dtype=self.dtype)
+        try:
+            size = p.stat().st_size
+        except OSError as e:
+            raise InputError(p, f"missing disk-cache file ({e.strerror or e})") from e
+        if size < rows * self.row_bytes:
+            raise InputError(p, f"truncated: {rows} rows need {rows * self.row_bytes} bytes, file has {size}")
+        return np.memmap(p, dtype=self.dtype, mode="r", shape=(rows, self.dim))
+
+    def dcache_ids(self, g: int) -> np.ndarray:
+        """Node id of every row of disk-cache segment g."""
+        return self._ids_npy(self.round_dir / dcache_ids_name(g))
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, check_crc: bool = True) -> Iterator[tuple[int, np.ndarray]]:
+        """Execute the plan over the whole round: yield (global batch, features of n_id) in order.
+
+        The CPU tier is held in RAM, starts as ``cpu_init`` and takes every batch's inserts
+        after the batch, exactly as the trainer does, so batch i's rows depend on every
+        earlier batch. The yielded array is the caller's (a fresh array per batch).
+        """
+        for r, feats in self.replay_records(check_crc):
+            yield r.batch, feats
+
+    def replay_records(self, check_crc: bool = True) -> Iterator[tuple[IndexRecord, np.ndarray]]:
+        """As `replay`, yielding each batch's index record with its features."""
+        gpu = self.gpu_cache
+        cpu = np.array(self.cpu_init)
+        dcache: dict[int, np.ndarray] = {}
+        for _, r in self.batches():
+            packed = self.read_packed_rows(r, check_crc=check_crc)
+            dc = None
+            if r.dcache >= 0:
+                if r.dcache not in dcache:
+                    dcache.clear()  # batches of one segment are consecutive: keep one segment mapped
+                    dcache[r.dcache] = self.dcache_rows(r.dcache)
+                dc = dcache[r.dcache]
+            self._check_bounds(r, gpu.shape[0], cpu.shape[0], packed.shape[0], None if dc is None else dc.shape[0])
+            feats = assemble(r, gpu, cpu, packed, dc)
+            apply_inserts(r, cpu, feats)
+            yield r, feats
+
+    def _check_bounds(self, r: IndexRecord, g: int, c: int, k: int, d: int | None) -> None:
+        """Reject an index whose addresses fall outside their tier (a clear error, not an IndexError)."""
+        where = self.round_dir / "index"
+        for code, size, name in ((SRC_GPU, g, "GPU tier"), (SRC_CPU, c, "CPU tier"), (SRC_PACKED, k, "packed rows"),
+                                 (SRC_DCACHE, -1 if d is None else d, "disk cache")):
+            sel = r.idx[r.src == code]
+            if sel.size and (size < 0 or sel.min() < 0 or sel.max() >= size):
+                raise InputError(where, f"batch {r.batch}: {name} address out of range "
+                                        f"(max {int(sel.max())}, size {max(size, 0)})")
+        if r.src.size and r.src.max() > SRC_DCACHE:
+            raise InputError(where, f"batch {r.batch}: unknown source code {int(r.src.max())}")
+        if r.insert_pos.size and (r.insert_slot.min() < 0 or r.insert_slot.max() >= c
+                                  or r.insert_pos.min() < 0 or r.insert_pos.max() >= r.src.shape[0]):
+            raise InputError(where, f"batch {r.batch}: CPU insert out of range")

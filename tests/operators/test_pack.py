@@ -1,0 +1,255 @@
+"""Routing, batched packing and plan replay: read-once, bit-exact, and the naive baseline agrees."""
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401
+
+from diskflow.operators.count import count_superbatch, dense_counts, merge_counts
+from diskflow.operators.diskcache import build_layout
+from diskflow.operators.errors import InputError
+from diskflow.operators.files import ALIGN, write_manifest
+from diskflow.operators.pack import RowTarget, pack_naive, pack_round, pack_shard
+from diskflow.operators.packed import (
+    ROUND_DIR,
+    SRC_CPU,
+    SRC_DCACHE,
+    SRC_GPU,
+    SRC_PACKED,
+    PackedDataset,
+    part_name,
+    samples_name,
+)
+from diskflow.operators.plan import SRC_MISS, BatchPlan, initial_fill, plan_belady
+from diskflow.operators.route import RouteFile, route_superbatch, segment_offsets
+from diskflow.operators.samples import read_n_ids
+from diskflow.operators.store import Store
+from diskflow.operators.superbatch import round_layout, sample_superbatch
+from diskflow.operators.tiers import hottest
+
+BATCH, SUPERBATCH, EPOCHS, FANOUTS, SEED = 200, 4, 2, (5, 5), 3
+GPU_ROWS, CPU_ROWS = 150, 300
+
+
+# ---------------------------------------------------------------------------- a round, as prepare builds it
+
+@dataclass
+class Round:
+    store: Path
+    samples: Path                       # a round directory holding samples/{key}.arrow
+    refs: list                          # SuperbatchRef per superbatch
+    n_ids: list[list[np.ndarray]]       # per superbatch, per batch
+    plans: list[list[BatchPlan]]        # per superbatch, per batch (real Belady planner)
+    gpu_ids: np.ndarray                 # sorted (the planner's GPU slot = position)
+    cpu_ids: np.ndarray                 # CPU tier at round start
+
+    def misses(self) -> list[np.ndarray]:
+        return [n[p.src == SRC_MISS] for ns, ps in zip(self.n_ids, self.plans) for n, p in zip(ns, ps)]
+
+
+def sample_round(store: Path, out: Path) -> Round:
+    """Sample a 2-epoch round of tiny_store and plan it with static GPU + Belady CPU tiers."""
+    refs = round_layout(Store(store).split_ids("train").shape[0], BATCH, SUPERBATCH, EPOCHS)
+    paths = [out / ROUND_DIR / samples_name(r.key) for r in refs]
+    for ref, path in zip(refs, paths):
+        sample_superbatch(store, path, ref, BATCH, FANOUTS, SEED, num_threads=1)
+    n_ids = [read_n_ids(p) for p in paths]
+    freq = dense_counts(merge_counts(*(count_superbatch(p) for p in paths)), Store(store).num_nodes)
+    gpu = np.sort(hottest(freq, GPU_ROWS))
+    cache = initial_fill(n_ids[0] + (n_ids[1] if len(n_ids) > 1 else []), CPU_ROWS, freq, gpu)
+    cpu_ids, plans = cache.copy(), []
+    for k, batches in enumerate(n_ids):
+        sp = plan_belady(batches, n_ids[k + 1] if k + 1 < len(n_ids) else [], CPU_ROWS, cache, gpu, freq)
+        plans.append(sp.batches)
+        cache = sp.final_cache
+    return Round(store, out, refs, n_ids, plans, gpu, cpu_ids)
+
+
+def build_packed(rnd: Round, out: Path, layout) -> dict:
+    """Pack `rnd` into `out` (a copy of its samples + everything packing writes + a manifest)."""
+    shutil.copytree(rnd.samples / ROUND_DIR / "samples", out / ROUND_DIR / "samples")
+    sbs = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    res = pack_round(rnd.store, out, sbs, layout, rnd.gpu_ids, rnd.cpu_ids)
+    store = Store(rnd.store)
+    write_manifest(out, {
+        "format": "diskflow-packed", "version": 1, "dtype": str(store.feature_dtype), "dim": store.feature_dim,
+        "row_bytes": store.row_bytes, "num_nodes": store.num_nodes, "num_shards": len(store.shards),
+        "store": {"path": str(rnd.store)},
+        "round": {"epochs": EPOCHS, "batches": sum(r.num_batches for r in rnd.refs),
+                  "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
+                                    "first_batch": r.round_first_batch} for r in rnd.refs]},
+        "files": res["files"],
+    })
+    return res
+
+
+def tight_layout(rnd: Round, row_bytes: int, num_shards: int):
+    """A disk-cache layout: a budget between 'one segment' and 'everything packed'."""
+    misses = rnd.misses()
+    pad = num_shards * (ALIGN - 1)
+    packed_only = build_layout(misses, row_bytes, 1 << 40, pad).search.packed_only_bytes
+    distinct = np.unique(np.concatenate(misses)).shape[0] * row_bytes + len(misses) * pad + ALIGN
+    return build_layout(misses, row_bytes, (packed_only + distinct) // 2, pad)
+
+
+@pytest.fixture(scope="module")
+def rnd(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Round:
+    return sample_round(tiny_store, tmp_path_factory.mktemp("round"))
+
+
+@pytest.fixture(scope="module", params=["packed-only", "disk-cache"])
+def packed(request: pytest.FixtureRequest, rnd: Round, tmp_path_factory: pytest.TempPathFactory):
+    store = Store(rnd.store)
+    if request.param == "packed-only":
+        layout = build_layout(rnd.misses(), store.row_bytes, 1 << 40, len(store.shards) * (ALIGN - 1))
+        assert layout.segment_size is None
+    else:
+        layout = tight_layout(rnd, store.row_bytes, len(store.shards))
+        assert layout.segment_size is not None and sum(len(c) for c in layout.cache_nodes) > 0
+    out = tmp_path_factory.mktemp(request.param)
+    return out, layout, build_packed(rnd, out, layout)
+
+
+# ---------------------------------------------------------------------------- unit tests
+
+def test_segment_offsets_are_aligned_and_contiguous() -> None:
+    rows = np.array([[3, 0], [0, 50], [22, 1], [0, 0]], dtype=np.int64)
+    off, size = segment_offsets(rows, row_bytes=188)
+    assert np.array_equal(off[:, 0], [0, 4096, 4096, 12288])      # 3 rows -> 1 page; 22 rows (4136 B) -> 2 pages
+    assert np.array_equal(off[:, 1], [0, 0, 12288, 16384])        # 50 rows = 9400 B -> 3 pages
+    assert np.array_equal(size, [12288, 16384])
+    assert (off % ALIGN == 0).all()
+
+
+def test_route_translates_misses_to_shard_major_packed_rows(tmp_path: Path) -> None:
+    # shard_rows 10: node 25 in shard 2, 3 in shard 0, 17 in shard 1, 4 in shard 0, 40 in shard 4.
+    n_id = np.array([7, 25, 3, 17, 9, 4, 40], dtype=np.int64)
+    src = np.array([SRC_GPU, SRC_MISS, SRC_MISS, SRC_MISS, SRC_CPU, SRC_MISS, SRC_MISS], dtype=np.uint8)
+    idx = np.array([0, 0, 1, 2, 5, 3, 4], dtype=np.int64)
+    plan = BatchPlan(src, idx, np.array([1], np.int64), np.array([2], np.int64))
+    all_miss = BatchPlan(np.full(2, SRC_MISS, np.uint8), np.arange(2, dtype=np.int64), np.zeros(0, np.int64),
+                         np.zeros(0, np.int64))
+    out = route_superbatch("e0-s00003", [n_id, np.array([41, 1])], [plan, all_miss], None, 12, 10, 5,
+                           tmp_path / "r.npz")
+    assert out["seg_rows"].tolist() == [[2, 1, 1, 0, 1], [1, 0, 0, 0, 1]]
+    route = RouteFile(out["path"])
+    assert (route.key, route.epoch, route.first_batch) == ("e0-s00003", 0, 12)
+    assert [route.shard_ids(p).tolist() for p in range(5)] == [[3, 4, 1], [17], [25], [], [40, 41]]
+    r0, r1 = route.records(np.zeros((2, 5), np.int64), np.zeros((2, 5), np.int64))
+    packed_order = np.array([3, 4, 17, 25, 40])                    # shard-major, miss order within a shard
+    assert np.array_equal(r0.src, [SRC_GPU, SRC_PACKED, SRC_PACKED, SRC_PACKED, SRC_CPU, SRC_PACKED, SRC_PACKED])
+    assert np.array_equal(packed_order[r0.idx[r0.src == SRC_PACKED]], n_id[src == SRC_MISS])
+    assert r0.idx[0] == 0 and r0.idx[4] == 5
+    assert (r0.insert_pos.tolist(), r0.insert_slot.tolist()) == ([1], [2])
+    assert np.array_equal(np.array([1, 41])[r1.idx], [41, 1]) and r1.batch == 13 and r1.dcache == -1
+    route.close()
+
+
+def test_route_rejects_a_plan_that_does_not_cover_the_sample(tmp_path: Path) -> None:
+    plan = BatchPlan(np.zeros(3, np.uint8), np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="batch 0"):
+        route_superbatch("e0-s00000", [np.arange(4)], [plan], None, 0, 10, 1, tmp_path / "r.npz")
+    assert not (tmp_path / "r.npz").exists()
+
+
+# ---------------------------------------------------------------------------- a real round
+
+def test_pack_reads_each_shard_once_and_writes_each_packed_byte_once(packed, rnd: Round) -> None:
+    out, layout, res = packed
+    store = Store(rnd.store)
+    rows_per_shard = res["seg_rows"].sum(axis=0)
+    for p, r in enumerate(res["pack"]):
+        assert r["bytes_read"] == store.shards[p].rows * store.row_bytes          # the shard, once
+        assert r["bytes_written"] == rows_per_shard[p] * store.row_bytes          # its packed rows, once
+        assert r["file_bytes"] == res["files"]["parts"][p]["bytes"] == os.path.getsize(out / ROUND_DIR / part_name(p))
+    # every GPU, live CPU and disk-cache row is written by exactly one shard's task
+    live = rnd.gpu_ids.shape[0] + int((rnd.cpu_ids >= 0).sum()) + sum(len(c) for c in (layout.cache_nodes or []))
+    assert sum(r["target_bytes_written"] for r in res["pack"]) == live * store.row_bytes
+    assert int(res["seg_rows"].sum()) == sum(int((layout.in_cache[i] == 0).sum()) for i in range(len(layout.in_cache)))
+    assert not list(out.rglob(".*.tmp-*"))
+
+
+def test_replay_is_bit_exact_on_every_batch(packed, rnd: Round) -> None:
+    out, layout, _ = packed
+    store = Store(rnd.store)
+    ds = PackedDataset(out)
+    n_ids = [n for ns in rnd.n_ids for n in ns]
+    seen = np.zeros(4, dtype=np.int64)
+    count = 0
+    for (b, feats), (_, r) in zip(ds.replay(), ds.batches()):
+        assert b == count
+        assert feats.tobytes() == store.gather(n_ids[b]).tobytes()
+        seen += np.bincount(r.src, minlength=4)
+        count += 1
+    assert count == ds.num_batches == len(n_ids)
+    assert seen[SRC_GPU] > 0 and seen[SRC_CPU] > 0 and seen[SRC_PACKED] > 0       # every tier is exercised
+    assert (seen[SRC_DCACHE] > 0) == (layout.segment_size is not None)
+    # the CPU tier really changes over the round (inserts) and is read after being changed
+    assert sum(p.insert_pos.shape[0] for ps in rnd.plans for p in ps) > 0
+    ds.close()
+
+
+def test_naive_packing_writes_identical_part_files(packed, rnd: Round, tmp_path: Path) -> None:
+    out, layout, res = packed
+    store = Store(rnd.store)
+    sbs = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    routes = [route_superbatch(k, n, p, layout, f, store.shard_rows, len(store.shards), tmp_path / f"{k}.npz")
+              for k, f, n, p in sbs]
+    offsets, _ = segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)
+    naive = pack_naive(rnd.store, [r["path"] for r in routes], offsets, tmp_path / "naive")
+    for p in range(len(store.shards)):
+        a = (out / ROUND_DIR / part_name(p)).read_bytes()
+        b = (tmp_path / "naive" / part_name(p)).read_bytes()
+        assert a == b, f"part {p} differs"
+        assert np.array_equal(naive["crc"][:, p], res["pack"][p]["crc"])
+    assert naive["rows"] == int(res["seg_rows"].sum())
+
+
+def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(rnd.store)
+    sb = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    routes = [route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / f"{k}.npz")
+              for k, f, n, p in sb]
+    offsets, _ = segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)
+    import diskflow.operators.pack as pack_mod
+
+    calls = {"n": 0}
+    real = pack_mod._write_all
+
+    def dying(fd, view, path):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("worker killed")
+        real(fd, view, path)
+
+    monkeypatch.setattr(pack_mod, "_write_all", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "part-00001.bin", write_buffer=8192)
+    assert calls["n"] == 2
+    assert not (tmp_path / "part-00001.bin").exists() and not list(tmp_path.glob(".part-*"))
+
+
+def test_pack_errors_name_the_file(rnd: Round, tmp_path: Path) -> None:
+    store = Store(rnd.store)
+    k, f, n, p = rnd.refs[0].key, 0, rnd.n_ids[0], rnd.plans[0]
+    route = route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / "r.npz")
+    offsets, _ = segment_offsets(route["seg_rows"], store.row_bytes)
+    with pytest.raises(InputError, match="missing.npz"):
+        pack_shard(rnd.store, 0, [tmp_path / "missing.npz"], offsets, tmp_path / "part.bin")
+    Path(route["path"]).write_bytes(Path(route["path"]).read_bytes()[:100])
+    with pytest.raises(InputError, match="r.npz"):
+        pack_shard(rnd.store, 0, [route["path"]], offsets, tmp_path / "part.bin")
+    target = RowTarget(tmp_path / "absent.bin", np.array([0, 1]), 0)
+    route = route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / "r2.npz")
+    with pytest.raises(InputError, match="absent.bin"):
+        pack_shard(rnd.store, 0, [route["path"]], offsets, tmp_path / "part.bin", tier_targets=[target])
+    assert not list(tmp_path.glob(".*.tmp-*"))
