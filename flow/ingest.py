@@ -2,14 +2,19 @@
 
 Two phases, each one `progress.compute` call on the active scheduler:
 
-* **scan** — ``ingest-nodes`` (labels, splits), ``ingest-scan-features-i`` (schema and
+* **scan** — ``ingest-nodes`` (labels, splits), ``ingest-scan-feature-i`` (schema and
   node-id ranges per feature file) and ``ingest-scan-edges-i`` (validate, spill edges
   grouped by destination bucket) all run side by side; N comes from the node files'
   footers, so nothing waits for anything.
 * **build** — with the scans' counts known, ``ingest-alloc-*`` preallocates the CSC
   arrays, ``ingest-csc-g`` sorts each run of buckets into its slice (plus
-  ``ingest-compact-g`` when to_undirected deduplicates), ``ingest-features-p`` writes
+  ``ingest-compact-g`` when to_undirected deduplicates), ``ingest-feature-shard-p`` writes
   feature shard p, and ``ingest-manifest`` removes the spills and writes the manifest.
+
+Keys end in a per-run token (``ingest-csc-3-1f0c9a2b``) so that two runs can share a
+cluster; the dashboard groups them by the words before the index. (No key word may be
+an 8-letter word starting with a-f, such as "features": `dask.utils.key_split` takes
+those for hex tokens and drops them from the group name.)
 
 Everything is built inside a staging directory swapped into place at the end, so a
 failure leaves no output that looks valid and an earlier store untouched. A re-run
@@ -206,7 +211,7 @@ class _Plan:
         d = dask.delayed
         nodes = d(ingest_nodes, pure=False)(list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
                                             dask_key_name=self.key("nodes"))
-        feats = [d(scan_features, pure=False)(p, n, dask_key_name=self.key("scan-features", i))
+        feats = [d(scan_features, pure=False)(p, n, dask_key_name=self.key("scan-feature", i))
                  for i, p in enumerate(self.files.features)]
         edges = [d(scan_edges, pure=False)(p, self.stage / SPILL_DIR / f"edges-{i:05d}.bin", num_nodes=n,
                                            bucket_width=self.bucket_width, num_buckets=self.num_buckets,
@@ -263,7 +268,7 @@ class _Plan:
                 units_overlapping(feature_files, lo, hi), self.stage / "features" / f"part-{p:05d}.npy",
                 lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
                 allow_nonfinite=self.allow_nonfinite, batch_rows=feature_batch_rows(self.budget, row_bytes),
-                dask_key_name=self.key("features", p)))
+                dask_key_name=self.key("feature-shard", p)))
 
         features = {"dtype": dtype.name, "dim": dim, "row_bytes": row_bytes, "shard_rows": rows,
                     "arrow_type": feature_files[0].arrow_type}

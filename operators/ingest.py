@@ -34,7 +34,9 @@ TABLE_SUFFIXES = PARQUET_SUFFIXES + IPC_SUFFIXES
 # Working-set estimates, in bytes, that turn the memory budget into task sizes.
 EDGE_SCAN_BYTES = 64      # per edge in a scan chunk: src, dst, key, bucket id, sort order, sorted key
 EDGE_CSC_BYTES = 16       # per edge in a CSC task: the 8-byte sort key plus the sort's and writes' slack
-FINE_BUCKETS_PER_TASK = 4  # spill buckets per CSC task, so CSC tasks can be regrouped around skew
+FINE_BUCKETS_PER_TASK = 64  # spill buckets per CSC task, so CSC tasks can be regrouped around skew
+MIN_FINE_BUCKETS = 1024
+MAX_FINE_BUCKETS = 1 << 16  # bucket ids stay 16-bit (a radix sort in the scans)
 MAX_SHARD_BYTES = 256 << 20  # bigger shards buy no sequential-read speed, only fewer parallel tasks
 MIN_MEMORY_BUDGET = 4096
 SPILL_DIR = "_spill"
@@ -282,14 +284,16 @@ def csc_edge_cap(budget: int) -> int:
 
 
 def fine_bucket_width(num_nodes: int, est_edges: int, budget: int) -> int:
-    """Destination-range width of a spill bucket, so that a CSC task gets ~FINE_BUCKETS_PER_TASK buckets.
+    """Destination-range width of a spill bucket.
 
-    Buckets are finer than tasks so that, after the scans have counted every bucket,
-    CSC tasks can be formed from runs of buckets that fit the budget even when the
-    in-degrees are skewed.
+    Buckets are much finer than CSC tasks (at least FINE_BUCKETS_PER_TASK per task and
+    MIN_FINE_BUCKETS in all) so that, once the scans have counted every bucket, CSC
+    tasks can be formed from runs of buckets that fit the budget even when in-degrees
+    are skewed. Fine buckets are cheap: a task still reads one contiguous run per spill
+    chunk, and the scans only keep a per-chunk offset table.
     """
     tasks = max(1, math.ceil(est_edges / csc_edge_cap(budget)))
-    buckets = int(min(num_nodes, tasks * FINE_BUCKETS_PER_TASK, 1 << 24))
+    buckets = int(min(num_nodes, max(tasks * FINE_BUCKETS_PER_TASK, MIN_FINE_BUCKETS), MAX_FINE_BUCKETS))
     return max(1, math.ceil(num_nodes / max(1, buckets)))
 
 
