@@ -57,8 +57,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
-        (per epoch: loss, per-batch losses, accuracies, `epoch_s` and `stage_s`), `final`,
-        `peak_rss_bytes`, `wall_s`.
+        (per epoch: loss, per-batch losses, accuracies, `epoch_s` and `stage_s`), `final`
+        (last and best-validation accuracies, training seconds), `stage_s` (summed over
+        epochs), `load_s`, `peak_rss_bytes` (of this process, lifetime), `wall_s`.
     """
     wall0 = time.perf_counter()
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -144,6 +145,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
         "load_s": load_s,
         "epochs": records,
         "final": _final(records),
+        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in ("sample", "gather", "train", "eval")},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "run_dir": str(run_dir),
     }
@@ -207,5 +209,4 @@ def _final(records: list[dict[str, Any]]) -> dict[str, Any]:
         "test_acc_at_best_val": best["test_acc"] if best else None,
         "train_s": sum(r["epoch_s"] for r in records),
         "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
-        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in ("sample", "gather", "train", "eval")},
     }

@@ -69,6 +69,7 @@ def test_report_has_config_dataset_epochs_final(reports: dict[str, dict], tiny_s
     best = max(report["epochs"], key=lambda e: e["val_acc"])
     assert final["best_val_acc"] == best["val_acc"] and final["test_acc_at_best_val"] == best["test_acc"]
     assert final["test_acc"] == report["epochs"][-1]["test_acc"]
+    assert report["stage_s"]["train"] == pytest.approx(sum(e["stage_s"]["train"] for e in report["epochs"]))
     assert report["peak_rss_bytes"] > ds["feature_bytes"] and report["wall_s"] > 0
 
 
@@ -170,6 +171,7 @@ def test_cli_bad_flag_exits_2_naming_it(tiny_store: Path, tmp_path: Path, capsys
     rc = main(["run", "inmemory", "--dataset", str(tiny_store), "--runs-dir", str(tmp_path), *flags])
     err = capsys.readouterr().err
     assert rc == 2 and f"diskflow run: error: {message}" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # no run directory left behind
 
 
 def test_cli_unknown_pipeline_or_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
