@@ -313,6 +313,14 @@ def _drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+def _evict(maps: Sequence[mmap.mmap], shards: Sequence[FeatureShard]) -> None:
+    """Evict the shards from the page cache, including the pages our own maps hold."""
+    for m in maps:
+        m.madvise(mmap.MADV_DONTNEED)   # unmap our pages first: the page cache cannot drop mapped pages
+    for s in shards:
+        _drop_cache(s.path)
+
+
 def pack_naive(store_path: str | os.PathLike[str], route_paths: Sequence[str | os.PathLike[str]],
                seg_offsets: np.ndarray, part_dir: str | os.PathLike[str], *, drop_cache: bool = True,
                drop_every_batch: bool = False) -> dict[str, Any]:
@@ -371,8 +379,7 @@ def pack_naive(store_path: str | os.PathLike[str], route_paths: Sequence[str | o
                     for j in range(route.num_batches):
                         i = route.first_batch + j
                         if drop_every_batch:
-                            for s in store.shards:
-                                _drop_cache(s.path)
+                            _evict(maps, store.shards)
                         for p in range(P):
                             rows = local[p][bounds[j, p]:bounds[j + 1, p]]
                             end[p] = offsets[i, p] + padded(rows.size * rb)

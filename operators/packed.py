@@ -322,6 +322,8 @@ class PackedDataset:
             raise InputError(self.path / "manifest.json",
                              f"lists {len(self.part_paths)} part files for {self.num_shards} shards")
         self._fds: dict[int, int] = {}
+        self._dcache_key = -1
+        self._dcache_map: np.ndarray | None = None
 
     def __repr__(self) -> str:
         return (f"PackedDataset({str(self.path)!r}, batches={self.num_batches}, shards={self.num_shards}, "
@@ -334,6 +336,7 @@ class PackedDataset:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._dcache_key, self._dcache_map = -1, None
 
     def __enter__(self) -> PackedDataset:
         return self
@@ -501,21 +504,29 @@ class PackedDataset:
 
     def replay_records(self, check_crc: bool = True) -> Iterator[tuple[IndexRecord, np.ndarray]]:
         """As `replay`, yielding each batch's index record with its features."""
-        gpu = self.gpu_cache
         cpu = np.array(self.cpu_init)
-        dcache: dict[int, np.ndarray] = {}
         for _, r in self.batches():
-            packed = self.read_packed_rows(r, check_crc=check_crc)
-            dc = None
-            if r.dcache >= 0:
-                if r.dcache not in dcache:
-                    dcache.clear()  # batches of one segment are consecutive: keep one segment mapped
-                    dcache[r.dcache] = self.dcache_rows(r.dcache)
-                dc = dcache[r.dcache]
-            self._check_bounds(r, gpu.shape[0], cpu.shape[0], packed.shape[0], None if dc is None else dc.shape[0])
-            feats = assemble(r, gpu, cpu, packed, dc)
+            feats = self.assemble(r, cpu, check_crc=check_crc)
             apply_inserts(r, cpu, feats)
             yield r, feats
+
+    def assemble(self, record: IndexRecord, cpu: np.ndarray, check_crc: bool = True) -> np.ndarray:
+        """One batch's features [n, dim], given the CPU tier's rows as they stand before the batch.
+
+        Reads the batch's packed segments (crc-checked) and disk-cache rows, checks every
+        address against its tier, and gathers. The caller applies `apply_inserts` afterwards
+        (`replay` does both, in order, for the whole round).
+        """
+        packed = self.read_packed_rows(record, check_crc=check_crc)
+        dc = None
+        if record.dcache >= 0:
+            if self._dcache_key != record.dcache:   # a segment's batches are consecutive: keep one mapped
+                self._dcache_map = self.dcache_rows(record.dcache)
+                self._dcache_key = record.dcache
+            dc = self._dcache_map
+        gpu = self.gpu_cache
+        self._check_bounds(record, gpu.shape[0], cpu.shape[0], packed.shape[0], None if dc is None else dc.shape[0])
+        return assemble(record, gpu, cpu, packed, dc)
 
     def _check_bounds(self, r: IndexRecord, g: int, c: int, k: int, d: int | None) -> None:
         """Reject an index whose addresses fall outside their tier (a clear error, not an IndexError)."""

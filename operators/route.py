@@ -47,8 +47,8 @@ def ids_member(p: int) -> str:
 
 def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.ndarray | None,
                row: np.ndarray | None, shard_rows: int, num_shards: int, where: str
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    """One batch: (src, idx) in index form, its per-shard packed row counts, per-shard packed ids."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One batch: (src, idx) in index form, its per-shard packed row counts, its packed ids in packed order."""
     miss_pos = np.flatnonzero(src == SRC_MISS)
     if miss_pos.size and not np.array_equal(idx[miss_pos], np.arange(miss_pos.size)):
         raise ValueError(f"{where}: the plan's miss numbers are not 0..k-1 in n_id order")
@@ -80,9 +80,7 @@ def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.
     out_src[cached_pos] = SRC_DCACHE
     out_idx[cached_pos] = row[in_cache]
     counts = np.bincount(shard, minlength=num_shards).astype(np.int64)
-    bounds = np.r_[0, np.cumsum(counts)]
-    sorted_ids = ids[order]
-    return out_src, out_idx, counts, [sorted_ids[bounds[p]:bounds[p + 1]] for p in range(num_shards)]
+    return out_src, out_idx, counts, ids[order]
 
 
 def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any], layout: Any, first_batch: int,
@@ -111,7 +109,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     ep = epoch_of_key(key) if epoch is None else epoch
     segmented = layout is not None and getattr(layout, "segment_size", None) is not None
     srcs, idxs, ins_pos, ins_slot, seg_rows = [], [], [], [], np.zeros((b, num_shards), dtype=np.int64)
-    shard_ids: list[list[np.ndarray]] = [[] for _ in range(num_shards)]
+    packed_ids: list[np.ndarray] = []
     dcache = np.full(b, -1, dtype=np.int64)
     for j in range(b):
         i = first_batch + j
@@ -125,7 +123,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         if layout is not None:
             in_cache = np.asarray(layout.in_cache[i], dtype=bool)
             row = np.asarray(layout.row[i], dtype=np.int64)
-        s, x, counts, per_shard = _translate(n_id, src, idx, in_cache, row, shard_rows, num_shards, where)
+        s, x, counts, ids = _translate(n_id, src, idx, in_cache, row, shard_rows, num_shards, where)
         if segmented and (s == SRC_DCACHE).any():
             dcache[j] = int(layout.segment_of_batch[i])
         srcs.append(s)
@@ -133,8 +131,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         ins_pos.append(np.asarray(plan.insert_pos, dtype=np.int64))
         ins_slot.append(np.asarray(plan.insert_slot, dtype=np.int64))
         seg_rows[j] = counts
-        for p in range(num_shards):
-            shard_ids[p].append(per_shard[p])
+        packed_ids.append(ids)
 
     offsets = np.r_[0, np.cumsum([s.shape[0] for s in srcs])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([s.shape[0] for s in ins_pos])].astype(np.int64)
@@ -149,8 +146,12 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         "insert_slot": np.concatenate(ins_slot) if ins_slot else np.zeros(0, np.int64),
         "dcache": dcache,
     }
+    # Group every batch's packed ids by shard (stable: batch-major, packed order within a batch).
+    flat = np.concatenate(packed_ids) if packed_ids else np.zeros(0, np.int64)
+    by_shard = flat[np.argsort(flat // shard_rows, kind="stable")]
+    bounds = np.r_[0, np.cumsum(seg_rows.sum(axis=0))]
     for p in range(num_shards):
-        members[ids_member(p)] = np.concatenate(shard_ids[p]) if b else np.zeros(0, np.int64)
+        members[ids_member(p)] = by_shard[bounds[p]:bounds[p + 1]]
     with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **members)  # type: ignore[arg-type]
     return {

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .files import config_hash
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
 from .store import Store
 
@@ -46,6 +47,10 @@ def open_store(ds: PackedDataset, store_path: str | os.PathLike[str] | None = No
     if store.feature_dim != ds.dim or store.feature_dtype != ds.dtype or store.num_nodes != ds.num_nodes:
         raise InputError(path, f"store holds {store.num_nodes} x {store.feature_dim} {store.feature_dtype}, the "
                                f"packed dataset {ds.num_nodes} x {ds.dim} {ds.dtype}")
+    want = rec.get("manifest_hash")
+    if want is not None and want != config_hash(store.manifest):
+        raise InputError(path, "the store changed since this dataset was packed (its manifest hash differs); "
+                               "re-run `diskflow prepare`")
     if len(store.shards) != ds.num_shards:
         raise InputError(path, f"store has {len(store.shards)} shards, the packed dataset {ds.num_shards}")
     return store

@@ -17,7 +17,7 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
 from diskflow.operators.count import count_superbatch, dense_counts, merge_counts
 from diskflow.operators.diskcache import build_layout
 from diskflow.operators.errors import InputError
-from diskflow.operators.files import ALIGN, write_manifest
+from diskflow.operators.files import ALIGN, config_hash, write_manifest
 from diskflow.operators.pack import RowTarget, pack_naive, pack_round, pack_shard
 from diskflow.operators.packed import (
     ROUND_DIR,
@@ -83,7 +83,7 @@ def build_packed(rnd: Round, out: Path, layout) -> dict:
     write_manifest(out, {
         "format": "diskflow-packed", "version": 1, "dtype": str(store.feature_dtype), "dim": store.feature_dim,
         "row_bytes": store.row_bytes, "num_nodes": store.num_nodes, "num_shards": len(store.shards),
-        "store": {"path": str(rnd.store)},
+        "store": {"path": str(rnd.store), "manifest_hash": config_hash(store.manifest)},
         "round": {"epochs": EPOCHS, "batches": sum(r.num_batches for r in rnd.refs),
                   "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
                                     "first_batch": r.round_first_batch} for r in rnd.refs]},
@@ -253,3 +253,18 @@ def test_pack_errors_name_the_file(rnd: Round, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="absent.bin"):
         pack_shard(rnd.store, 0, [route["path"]], offsets, tmp_path / "part.bin", tier_targets=[target])
     assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_all_miss_round_without_tiers_replays_exactly(rnd: Round, tmp_path: Path) -> None:
+    # hand-made all-miss plans, no GPU or CPU tier, packed only: every row comes from a part file
+    plans = [[BatchPlan(np.full(n.shape[0], SRC_MISS, np.uint8), np.arange(n.shape[0], dtype=np.int64),
+                        np.zeros(0, np.int64), np.zeros(0, np.int64)) for n in ns] for ns in rnd.n_ids]
+    bare = Round(rnd.store, rnd.samples, rnd.refs, rnd.n_ids, plans, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    res = build_packed(bare, tmp_path / "p", None)
+    store = Store(rnd.store)
+    n_ids = [n for ns in rnd.n_ids for n in ns]
+    assert int(res["seg_rows"].sum()) == sum(n.shape[0] for n in n_ids)
+    with PackedDataset(tmp_path / "p") as ds:
+        assert ds.gpu_cache.shape == (0, store.feature_dim) and ds.cpu_init.shape == (0, store.feature_dim)
+        for b, feats in ds.replay():
+            assert feats.tobytes() == store.gather(n_ids[b]).tobytes()

@@ -140,6 +140,10 @@ def test_unfinished_or_foreign_directories_are_refused(copy: Path, tmp_path: Pat
     with pytest.raises(InputError, match="no manifest.json"):
         verify(tmp_path / "nothing")
     manifest = read_manifest(copy)
+    manifest["store"]["manifest_hash"] = "0" * 32
+    write_manifest(copy, manifest)
+    with pytest.raises(InputError, match="store changed since this dataset was packed"):
+        verify(copy)
     manifest["files"]["parts"].pop()
     write_manifest(copy, manifest)
     with pytest.raises(InputError, match="part files for 5 shards"):
@@ -158,3 +162,14 @@ def test_cli_verify(good: Path, copy: Path, capsys: pytest.CaptureFixture[str]) 
         args.func(args)
     with pytest.raises(SystemExit):
         parser.parse_args(["verify", str(good), "--batches", "0"])
+
+
+@pytest.mark.parametrize("victim", ["round-0/index/e0-s00001.arrow", "cpu_init.npy", "gpu_ids.npy",
+                                    "round-0/dcache-00001.bin", "round-0/samples/e1-s00000.arrow"])
+def test_truncated_files_are_named(copy: Path, victim: str) -> None:
+    path = copy / victim
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(InputError) as e:
+        verify(copy, full=True)
+    assert e.value.path == str(path)
