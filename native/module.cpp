@@ -6,6 +6,10 @@
 
 namespace py = pybind11;
 
+namespace diskflow {
+void register_belady(pybind11::module_& m);  // belady.cpp: Belady CPU-cache planner
+}  // namespace diskflow
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, gathers, Belady";
 #ifdef DISKFLOW_HAVE_LIBURING
@@ -14,4 +18,5 @@ PYBIND11_MODULE(_native, m) {
     m.attr("have_liburing") = false;
 #endif
     diskflow::register_sampler(m);
+    diskflow::register_belady(m);
 }
