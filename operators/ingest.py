@@ -37,7 +37,8 @@ EDGE_CSC_BYTES = 16       # per edge in a CSC task: the 8-byte sort key plus the
 FINE_BUCKETS_PER_TASK = 64  # spill buckets per CSC task, so CSC tasks can be regrouped around skew
 MIN_FINE_BUCKETS = 1024
 MAX_FINE_BUCKETS = 1 << 16  # bucket ids stay 16-bit (a radix sort in the scans)
-MAX_SHARD_BYTES = 256 << 20  # bigger shards buy no sequential-read speed, only fewer parallel tasks
+MAX_CSC_EDGES = 1 << 22    # 32 MiB of sort keys: bigger CSC tasks only serialise the sorting
+MAX_SHARD_BYTES = 64 << 20  # bigger shards buy no sequential-read speed, only fewer parallel tasks
 MIN_MEMORY_BUDGET = 4096
 SPILL_DIR = "_spill"
 
@@ -173,50 +174,77 @@ def _slices(batch: pa.RecordBatch, row0: int, batch_rows: int) -> Iterator[tuple
         yield row0 + off, batch.slice(off, batch_rows)
 
 
-def _raw_unit_batches(unit: TableUnit, columns: Sequence[str], batch_rows: int
-                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    path = unit.path
-    if unit.kind == "row_group":
+def _runs(units: Sequence[TableUnit]) -> Iterator[list[TableUnit]]:
+    """Group units into runs of consecutive units of one file (each run opens its file once)."""
+    run: list[TableUnit] = []
+    for u in units:
+        if run and (u.path != run[-1].path or u.kind != run[-1].kind or u.index != run[-1].index + 1):
+            yield run
+            run = []
+        run.append(u)
+    if run:
+        yield run
+
+
+def _raw_run_batches(run: list[TableUnit], columns: list[str], batch_rows: int
+                     ) -> Iterator[tuple[TableUnit, int, pa.RecordBatch]]:
+    path, kind = run[0].path, run[0].kind
+    if kind == "row_group":
         with pq.ParquetFile(path) as pf:
-            row = unit.row_start
-            for b in pf.iter_batches(batch_size=batch_rows, row_groups=[unit.index], columns=list(columns)):
-                yield row, b
-                row += b.num_rows
+            for u in run:
+                row = u.row_start
+                for b in pf.iter_batches(batch_size=batch_rows, row_groups=[u.index], columns=columns):
+                    yield u, row, b
+                    row += b.num_rows
         return
     reader = _open_ipc(path)
-    if unit.kind == "batch":
+    if kind == "batch":
         assert isinstance(reader, ipc.RecordBatchFileReader)
-        yield from _slices(reader.get_batch(unit.index).select(list(columns)), unit.row_start, batch_rows)
+        for u in run:
+            for row, b in _slices(reader.get_batch(u.index).select(columns), u.row_start, batch_rows):
+                yield u, row, b
         return
     row = 0
     for b in reader:
-        yield from _slices(b.select(list(columns)), row, batch_rows)
+        for r, piece in _slices(b.select(columns), row, batch_rows):
+            yield run[0], r, piece
         row += b.num_rows
+
+
+def iter_units_batches(units: Sequence[TableUnit], columns: Sequence[str], batch_rows: int
+                       ) -> Iterator[tuple[TableUnit, int, pa.RecordBatch]]:
+    """Yield (unit, first row within the file, record batch of at most `batch_rows` rows) over `units`.
+
+    Consecutive units of one file are read with a single open (a Parquet footer is parsed
+    once per run, not once per row group).
+
+    Raises:
+        InputError: a file cannot be decoded (corrupt, truncated), naming it.
+    """
+    for run in _runs(units):
+        it = _raw_run_batches(run, list(columns), max(1, batch_rows))
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as e:
+                raise _unreadable(run[0].path, e) from e
+            yield item
 
 
 def iter_unit_batches(unit: TableUnit, columns: Sequence[str], batch_rows: int
                       ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Yield (first row within the file, record batch of at most `batch_rows` rows) of one unit.
-
-    Raises:
-        InputError: the file cannot be decoded (corrupt, truncated).
-    """
-    it = _raw_unit_batches(unit, columns, max(1, batch_rows))
-    while True:
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        except (pa.ArrowException, OSError) as e:
-            raise _unreadable(unit.path, e) from e
-        yield item
+    """Yield (first row within the file, record batch of at most `batch_rows` rows) of one unit."""
+    for _, row, batch in iter_units_batches([unit], columns, batch_rows):
+        yield row, batch
 
 
 def iter_file_batches(path: Path, columns: Sequence[str], batch_rows: int
                       ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Yield (first row within the file, record batch) over a whole file, `batch_rows` rows at most each."""
-    for unit in table_units(path):
-        yield from iter_unit_batches(unit, columns, batch_rows)
+    for _, row, batch in iter_units_batches(table_units(path), columns, batch_rows):
+        yield row, batch
 
 
 def require_columns(schema: pa.Schema, names: Sequence[str], path: Path) -> None:
@@ -279,8 +307,9 @@ def edge_chunk_rows(budget: int) -> int:
 
 
 def csc_edge_cap(budget: int) -> int:
-    """Edges one CSC task may hold in memory."""
-    return int(max(1, budget // EDGE_CSC_BYTES))
+    """Edges per CSC task: what its budget holds, and at most MAX_CSC_EDGES so that the
+    sorting spreads over the workers."""
+    return int(max(1, min(budget // EDGE_CSC_BYTES, MAX_CSC_EDGES)))
 
 
 def fine_bucket_width(num_nodes: int, est_edges: int, budget: int) -> int:
@@ -294,7 +323,8 @@ def fine_bucket_width(num_nodes: int, est_edges: int, budget: int) -> int:
     """
     tasks = max(1, math.ceil(est_edges / csc_edge_cap(budget)))
     buckets = int(min(num_nodes, max(tasks * FINE_BUCKETS_PER_TASK, MIN_FINE_BUCKETS), MAX_FINE_BUCKETS))
-    return max(1, math.ceil(num_nodes / max(1, buckets)))
+    width = math.ceil(num_nodes / max(1, buckets))
+    return 1 << (width - 1).bit_length()  # a power of two: the scans bucket with a shift
 
 
 def group_buckets(counts: np.ndarray, cap: int) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ at the scan offsets and `compact_group` then moves it to its final place.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,7 +106,8 @@ def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str],
         path: the input edge file (``src``, ``dst`` int64).
         spill_path: the spill file to create.
         num_nodes: N; ids must lie in 0..N-1.
-        bucket_width: destination ids per bucket (bucket of v = v // bucket_width).
+        bucket_width: destination ids per bucket (bucket of v = v // bucket_width; a power of
+            two makes that a shift).
         num_buckets: ceil(N / bucket_width).
         chunk_rows: edges read, bucket-sorted and written at a time (bounds memory).
         to_undirected: also spill every edge reversed.
@@ -118,13 +120,14 @@ def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str],
     source = Path(path)
     packed = is_packed(num_nodes) if packed is None else packed
     bucket_type = np.uint16 if num_buckets <= 1 << 16 else np.uint32
+    shift = bucket_width.bit_length() - 1 if bucket_width & (bucket_width - 1) == 0 else -1
     offsets: list[np.ndarray] = []
     written = 0
     with open(spill_path, "wb") as out:
         for src, dst in _edge_chunks(source, num_nodes, chunk_rows):
             if to_undirected:
                 src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-            bucket = (dst // bucket_width).astype(bucket_type)
+            bucket = ((dst >> shift) if shift >= 0 else (dst // bucket_width)).astype(bucket_type)
             order = np.argsort(bucket, kind="stable")  # a radix sort for 16-bit buckets
             if packed:
                 key = dst.view(np.uint64) << np.uint64(32)
@@ -165,6 +168,16 @@ def allocate_npy(path: str | os.PathLike[str], dtype: np.dtype | str, length: in
     """Create a zero-filled 1-D aligned .npy of `length` elements (sparse) for tasks to fill in place."""
     create_aligned_npy(path, dtype, (int(length),))
     return str(path)
+
+
+def _sources(records: np.ndarray, packed: bool) -> np.ndarray:
+    """The source ids of sorted records: a key's low 32 bits (a strided view on little-endian
+    machines), or a pair's second column."""
+    if not packed:
+        return records[:, 1]
+    if sys.byteorder == "little":
+        return records.view(np.uint32)[0::2]
+    return records & _LOW32
 
 
 def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi: int, base: int,
@@ -228,8 +241,7 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
     try:
         step = _IO_BLOCK // 8
         for a in range(0, kept, step):  # per block: bounded temporaries
-            src = (buf[a:a + step] & _LOW32) if packed else buf[a:a + step, 1]
-            _pwrite_all(fd, src.astype(dt), ALIGN + (base + a) * dt.itemsize)
+            _pwrite_all(fd, _sources(buf[a:a + step], packed).astype(dt), ALIGN + (base + a) * dt.itemsize)
         os.fdatasync(fd)
     finally:
         os.close(fd)

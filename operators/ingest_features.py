@@ -32,7 +32,7 @@ from .ingest import (
     TableUnit,
     check_id_range,
     int_column,
-    iter_unit_batches,
+    iter_units_batches,
     require_columns,
     table_schema,
     table_units,
@@ -93,16 +93,16 @@ def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int 
     """
     p = Path(path)
     dtype, dim = feature_type(table_schema(p), p)
-    units: list[FeatureUnit] = []
-    for unit in table_units(p):
-        lo, hi = np.iinfo(np.int64).max, -1
-        for row0, batch in iter_unit_batches(unit, ("node_id",), batch_rows):
-            ids = int_column(batch, "node_id", p, row0)
-            check_id_range(ids, num_nodes, p, row0, "node_id")
-            if len(ids):
-                lo, hi = min(lo, int(ids.min())), max(hi, int(ids.max()))
-        if hi >= 0:
-            units.append(FeatureUnit(unit, lo, hi))
+    all_units = table_units(p)
+    lo = np.full(len(all_units), np.iinfo(np.int64).max)
+    hi = np.full(len(all_units), -1)
+    for unit, row0, batch in iter_units_batches(all_units, ("node_id",), batch_rows):
+        ids = int_column(batch, "node_id", p, row0)
+        check_id_range(ids, num_nodes, p, row0, "node_id")
+        if len(ids):
+            lo[unit.index] = min(lo[unit.index], int(ids.min()))
+            hi[unit.index] = max(hi[unit.index], int(ids.max()))
+    units = [FeatureUnit(u, int(lo[u.index]), int(hi[u.index])) for u in all_units if hi[u.index] >= 0]
     return FeatureFile(str(p), dtype.name, dim, tuple(units), sum(u.unit.rows for u in units))
 
 
@@ -134,6 +134,11 @@ def _features(batch: pa.RecordBatch, dim: int, path: Path, row0: int) -> np.ndar
     return flat.to_numpy().reshape(-1, dim)
 
 
+def _is_run(ids: np.ndarray) -> bool:
+    """Whether `ids` are consecutive ascending integers (checked without a Python loop)."""
+    return int(ids[-1]) - int(ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all())
+
+
 def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[str], *, lo: int, hi: int,
                         dtype: np.dtype | str, dim: int, features_dir: str | os.PathLike[str],
                         allow_nonfinite: bool = False, batch_rows: int = 1 << 16) -> dict[str, Any]:
@@ -162,41 +167,49 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
     batch_starts: list[int] = []          # running number of each batch's first row ...
     batch_paths: list[Path] = []          # ... and its file, to name the earlier file of a repeat
     seen = 0
-    for unit in units:
+    for unit, row0, batch in iter_units_batches(units, FEATURE_COLUMNS, batch_rows):
         path = unit.path
-        for row0, batch in iter_unit_batches(unit, FEATURE_COLUMNS, batch_rows):
-            ids = int_column(batch, "node_id", path, row0)
-            x = _features(batch, dim, path, row0)
-            pos = np.arange(len(ids))
-            if len(ids) and (ids.min() < lo or ids.max() >= hi):
-                pos = np.flatnonzero((ids >= lo) & (ids < hi))
-                ids, x = ids[pos], x[pos]
-            if not len(ids):
+        ids = int_column(batch, "node_id", path, row0)
+        x = _features(batch, dim, path, row0)
+        if not len(ids):
+            continue
+        if _is_run(ids):  # ascending consecutive ids (the usual layout): slices, no gathers
+            a, b = max(lo - int(ids[0]), 0), min(hi - int(ids[0]), len(ids))
+            if b <= a:
                 continue
-            if not allow_nonfinite and not np.isfinite(x).all():
-                i = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
-                raise InputError(path, f"non-finite feature value (NaN or inf) for node {int(ids[i])} at row "
-                                       f"{row0 + int(pos[i])} (pass --allow-nonfinite to accept it)")
+            pos: np.ndarray = np.arange(a, b)
+            ids, x = ids[a:b], x[a:b]
+            slot: slice | np.ndarray = slice(int(ids[0]) - lo, int(ids[0]) - lo + len(ids))
+        else:
+            pos = np.flatnonzero((ids >= lo) & (ids < hi))
+            if not len(pos):
+                continue
+            if len(pos) < len(ids):
+                ids, x = ids[pos], x[pos]
             slot = ids - lo
-            number = seen + np.arange(len(ids), dtype=np.int64)
-            earlier = stamp[slot]
-            if (earlier >= 0).any():
-                i = int(np.flatnonzero(earlier >= 0)[0])
-                first = batch_paths[int(np.searchsorted(batch_starts, earlier[i], side="right")) - 1]
-                where = "an earlier row of this file" if first == path else f"a row of {first}"
-                raise InputError(path, f"duplicate feature row for node {int(ids[i])} at row {row0 + int(pos[i])} "
-                                       f"({where} already gave it)")
-            stamp[slot] = number
-            clash = stamp[slot] != number
-            if clash.any():
-                i = int(np.flatnonzero(clash)[0])
-                rows_of = row0 + pos[ids == ids[i]][:2]
-                raise InputError(path, f"duplicate feature row for node {int(ids[i])} at rows "
-                                       f"{int(rows_of[0])} and {int(rows_of[1])}")
-            buf[slot] = x
-            batch_starts.append(seen)
-            batch_paths.append(path)
-            seen += len(ids)
+        if not allow_nonfinite and not np.isfinite(x).all():
+            i = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise InputError(path, f"non-finite feature value (NaN or inf) for node {int(ids[i])} at row "
+                                   f"{row0 + int(pos[i])} (pass --allow-nonfinite to accept it)")
+        number = seen + np.arange(len(ids), dtype=np.int64)
+        earlier = stamp[slot]
+        if (earlier >= 0).any():
+            i = int(np.flatnonzero(earlier >= 0)[0])
+            first = batch_paths[int(np.searchsorted(batch_starts, earlier[i], side="right")) - 1]
+            where = "an earlier row of this file" if first == path else f"a row of {first}"
+            raise InputError(path, f"duplicate feature row for node {int(ids[i])} at row {row0 + int(pos[i])} "
+                                   f"({where} already gave it)")
+        stamp[slot] = number
+        clash = stamp[slot] != number if isinstance(slot, np.ndarray) else np.zeros(0, bool)
+        if clash.any():
+            i = int(np.flatnonzero(clash)[0])
+            rows_of = row0 + pos[ids == ids[i]][:2]
+            raise InputError(path, f"duplicate feature row for node {int(ids[i])} at rows "
+                                   f"{int(rows_of[0])} and {int(rows_of[1])}")
+        buf[slot] = x
+        batch_starts.append(seen)
+        batch_paths.append(path)
+        seen += len(ids)
     missing = stamp < 0
     if missing.any():
         v = lo + int(np.flatnonzero(missing)[0])

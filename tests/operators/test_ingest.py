@@ -102,7 +102,7 @@ def test_budget_and_sizing_helpers() -> None:
     with pytest.raises(ConfigError, match="at least"):
         check_memory_budget(100)
     assert shard_rows_for(1 << 20, 100, 10**9) == (1 << 19) // 108
-    assert shard_rows_for(1 << 40, 512, 10**9) == (256 << 20) // 512  # capped at 256 MiB per shard
+    assert shard_rows_for(1 << 40, 512, 10**9) == (64 << 20) // 512  # capped at 64 MiB per shard
     assert shard_rows_for(1 << 30, 4, 7) == 7
     assert group_buckets(np.array([3, 3, 3, 10, 1, 1]), 6) == [(0, 2), (2, 3), (3, 4), (4, 6)]
     assert group_buckets(np.array([0, 0]), 1) == [(0, 2)]
@@ -318,6 +318,9 @@ def test_feature_shard_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"duplicate feature row for node 1 at row 1 \(a row of .*a.parquet") as e:
         _one_shard(tmp_path, [a, b], 5)
     assert e.value.path == str(b)
+    a2 = _features_file(tmp_path / "a2.parquet", [1, 2, 3], z)  # consecutive ids: the slice path
+    with pytest.raises(InputError, match=r"duplicate feature row for node 1 at row 0 \(a row of .*a.parquet") as e:
+        _one_shard(tmp_path, [a, a2], 5)
     c = _features_file(tmp_path / "c.parquet", [3, 4, 3], z)
     with pytest.raises(InputError, match="duplicate feature row for node 3 at rows 0 and 2"):
         _one_shard(tmp_path, [a, c], 5)
