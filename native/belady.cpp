@@ -288,9 +288,9 @@ struct PlanOut {
 void simulate(const Trace& tr, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
               int64_t capacity, const View<int64_t>& init_cache, const Ranker& rank, uint8_t* src, int64_t* idx,
               PlanOut& out) {
-    struct State { int32_t slot; int32_t gpu; uint64_t bad; };  // per local id, one cache line touch
+    struct State { int32_t slot; int32_t gpu; };  // per local id: CPU slot (-1: not resident), GPU slot
     std::vector<State> st(tr.ids.size());
-    for (int32_t u = 0; u < tr.ids.size(); ++u) st[u] = {-1, tr.gpu_slot[u], kNever};
+    for (int32_t u = 0; u < tr.ids.size(); ++u) st[u] = {-1, tr.gpu_slot[u]};
     std::vector<int32_t> cache(capacity, -1);  // slot -> local id
     Residents residents(offsets.size - 1);
     std::vector<int64_t> free_slots;  // popped from the back: lowest slot first
@@ -302,9 +302,8 @@ void simulate(const Trace& tr, const View<int64_t>& nodes, const View<int64_t>& 
     for (int64_t s = 0; s < capacity; ++s) {
         if (init_cache[s] < 0) continue;
         st[u].slot = static_cast<int32_t>(s);
-        st[u].bad = rank(tr.first_use[u], init_cache[s]);
         cache[s] = u;
-        residents.push({st[u].bad, init_cache[s], u, static_cast<int32_t>(s)});
+        residents.push({rank(tr.first_use[u], init_cache[s]), init_cache[s], u, static_cast<int32_t>(s)});
         ++u;
     }
 
@@ -333,7 +332,6 @@ void simulate(const Trace& tr, const View<int64_t>& nodes, const View<int64_t>& 
                 src[t] = 1;
                 idx[t] = x.slot;
                 ++out.hits;
-                x.bad = bad;
                 residents.push({bad, nodes[t], tr.local[t], x.slot});
             } else {
                 src[t] = 2;
@@ -366,7 +364,6 @@ void simulate(const Trace& tr, const View<int64_t>& nodes, const View<int64_t>& 
                 residents.pop_worst();
             }
             st[m.u].slot = static_cast<int32_t>(s);
-            st[m.u].bad = m.bad;
             cache[s] = m.u;
             residents.push({m.bad, m.node, m.u, static_cast<int32_t>(s)});
             out.ins_pos.push_back(m.pos);

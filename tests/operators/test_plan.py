@@ -99,6 +99,28 @@ def test_belady_full_lookahead_equals_exhaustive_optimum(seed: int) -> None:
         assert cold.misses == min_misses(trace, capacity, frozenset())
 
 
+def reference_belady_misses(trace: list[np.ndarray], capacity: int) -> int:
+    """Textbook Belady from an empty cache, with sets (slow, obviously right)."""
+    sets = [{int(v) for v in batch} for batch in trace]
+    never = len(sets)
+    cache: set[int] = set()
+    misses = 0
+    for i, rows in enumerate(sets):
+        misses += len(rows - cache)
+        ranked = sorted((next((j for j in range(i + 1, never) if v in sets[j]), never), v) for v in cache | rows)
+        cache = {v for j, v in ranked[:capacity] if j < never}
+    return misses
+
+
+@pytest.mark.parametrize("capacity", [1, 17, 60])
+def test_belady_matches_textbook_simulation_on_larger_traces(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    trace = random_trace(rng, 40, 300, 45, skew=0.8)
+    plan = plan_belady(trace, [], capacity, None, NO_GPU, frequency_of(trace, 300))
+    replay(plan, trace, None, NO_GPU)
+    assert plan.misses == reference_belady_misses(trace, capacity)
+
+
 def test_bruteforce_reference_is_not_trivial() -> None:
     """The exhaustive search itself: a hand-checked case where a smarter choice saves a miss."""
     trace = [ids(0, 1), ids(2), ids(0), ids(1)]
