@@ -355,3 +355,20 @@ def test_native_binding_checks_arrays_without_copying() -> None:
         _native.belady_plan(nodes, offsets, 2, 0, empty, empty, None)
     with pytest.raises(ValueError, match="frequency: expected a numpy array"):
         _native.belady_plan(nodes, offsets, 1, 0, empty, empty, [1, 2, 3])
+
+
+def test_plan_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from diskflow.bench import plan as bench_plan
+
+    parser = argparse.ArgumentParser()
+    bench_plan.add_arguments(parser)
+    figures = bench_plan.run(parser.parse_args(
+        ["--batches", "9", "--batch-size", "70", "--nodes", "500", "--superbatch", "2", "--gpu", "0.01"]))
+    assert figures["accesses"] == 9 * 70 and figures["capacity"] == 50 and figures["gpu_nodes"] == 5
+    assert figures["belady_full_misses"] <= figures["belady_misses"] <= figures["static_misses"]
+    assert figures["belady_accesses_per_s"] > 0
+    assert "CPU-cache planners at the same capacity" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--superbatch"):
+        bench_plan.run(parser.parse_args(["--superbatch", "0"]))
