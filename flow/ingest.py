@@ -27,7 +27,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,9 @@ class _Plan:
     token: str  # makes keys unique per run, so two ingests can share a cluster
     to_undirected: bool
     allow_nonfinite: bool
+    packed: bool = field(init=False, default=True)  # the spill layout, set by `scan`
+    bucket_width: int = field(init=False, default=1)
+    num_buckets: int = field(init=False, default=1)
 
     def key(self, name: str, i: int | None = None) -> str:
         return f"ingest-{name}-{self.token}" if i is None else f"ingest-{name}-{i}-{self.token}"
