@@ -303,6 +303,19 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
 
 
+def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequence[RowTarget],
+                    read_chunk: int = READ_CHUNK) -> dict[str, Any]:
+    """Fill the tier/disk-cache rows that live in shard p, with no packed segments (the Ginex layout).
+
+    Reads shard p once, sequentially, like `pack_shard`.
+    """
+    store = Store(store_path)
+    shard = store.shards[p]
+    feats, bytes_read = _read_shard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    written = _write_targets(list(targets), feats, shard, store.row_bytes)
+    return {"shard": p, "bytes_read": bytes_read, "target_bytes_written": written}
+
+
 # ---------------------------------------------------------------------------- naive baseline
 
 def _drop_cache(path: Path) -> None:

@@ -12,8 +12,9 @@ column          type              meaning
 batch           int64             global batch index in the round (epoch-major)
 epoch           int64             epoch of the batch
 src             large_list<uint8> per n_id position: 0 GPU slot, 1 CPU slot, 2 packed row,
-                                  3 disk-cache row
-idx             large_list<int64> GPU slot / CPU slot / packed row r / row in the dcache file
+                                  3 disk-cache row, 4 store row (no packing: Ginex)
+idx             large_list<int64> GPU slot / CPU slot / packed row r / row in the dcache file /
+                                  node id (src 4)
 insert_pos      large_list<int64> CPU inserts applied AFTER the batch: slot <- assembled
 insert_slot     large_list<int64> row at n_id position ``insert_pos``
 seg_offset      list<int64> [P]   byte offset of the batch's segment in part-p.bin
@@ -51,6 +52,8 @@ PACKED_VERSION = 1
 
 # Where a row of an assembled batch comes from (the `src` column of the index).
 SRC_GPU, SRC_CPU, SRC_PACKED, SRC_DCACHE = 0, 1, 2, 3
+# Ginex layout (no packing): the row is read from the store itself, idx = node id.
+SRC_STORE = 4
 
 ROUND_DIR = "round-0"
 _CRC_CHUNK = 64 << 20
@@ -239,7 +242,8 @@ def read_index_file(path: str | os.PathLike[str]) -> list[IndexRecord]:
 # ---------------------------------------------------------------------------- assembly
 
 def assemble(record: IndexRecord, gpu: np.ndarray, cpu: np.ndarray, packed: np.ndarray,
-             dcache: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+             dcache: np.ndarray | None, out: np.ndarray | None = None,
+             store_rows: np.ndarray | None = None) -> np.ndarray:
     """The features of one batch, gathered from the four tiers as the index says.
 
     Args:
@@ -249,6 +253,7 @@ def assemble(record: IndexRecord, gpu: np.ndarray, cpu: np.ndarray, packed: np.n
         packed: the batch's packed rows [sum(seg_rows), dim] in packed (shard-major) order.
         dcache: rows [rows, dim] of disk-cache segment ``record.dcache`` (None when -1).
         out: optional output buffer [n, dim].
+        store_rows: the rows of the batch's `SRC_STORE` positions, in position order (Ginex layout).
     """
     n = record.src.shape[0]
     if out is None:
@@ -260,6 +265,11 @@ def assemble(record: IndexRecord, gpu: np.ndarray, cpu: np.ndarray, packed: np.n
             if tier is None:
                 raise ValueError(f"batch {record.batch}: {pos.size} rows from the disk cache but dcache is -1")
             out[pos] = tier[record.idx[pos]]
+    pos = np.flatnonzero(record.src == SRC_STORE)
+    if pos.size:
+        if store_rows is None or store_rows.shape[0] != pos.size:
+            raise ValueError(f"batch {record.batch}: {pos.size} rows come from the store but were not read")
+        out[pos] = store_rows
     return out
 
 
@@ -526,7 +536,16 @@ class PackedDataset:
             dc = self._dcache_map
         gpu = self.gpu_cache
         self._check_bounds(record, gpu.shape[0], cpu.shape[0], packed.shape[0], None if dc is None else dc.shape[0])
-        return assemble(record, gpu, cpu, packed, dc)
+        store_ids = record.idx[record.src == SRC_STORE]
+        store_rows = self.store.gather(store_ids) if store_ids.size else None
+        return assemble(record, gpu, cpu, packed, dc, store_rows=store_rows)
+
+    @cached_property
+    def store(self) -> Any:
+        """The store the dataset was prepared from (the Ginex layout reads its misses there)."""
+        from .store import Store
+
+        return Store(self.manifest["store"]["path"])
 
     def _check_bounds(self, r: IndexRecord, g: int, c: int, k: int, d: int | None) -> None:
         """Reject an index whose addresses fall outside their tier (a clear error, not an IndexError)."""
@@ -537,7 +556,11 @@ class PackedDataset:
             if sel.size and (size < 0 or sel.min() < 0 or sel.max() >= size):
                 raise InputError(where, f"batch {r.batch}: {name} address out of range "
                                         f"(max {int(sel.max())}, size {max(size, 0)})")
-        if r.src.size and r.src.max() > SRC_DCACHE:
+        sel = r.idx[r.src == SRC_STORE]
+        if sel.size and (sel.min() < 0 or sel.max() >= self.num_nodes):
+            raise InputError(where, f"batch {r.batch}: store row out of range (max {int(sel.max())}, "
+                                    f"{self.num_nodes} nodes)")
+        if r.src.size and r.src.max() > SRC_STORE:
             raise InputError(where, f"batch {r.batch}: unknown source code {int(r.src.max())}")
         if r.insert_pos.size and (r.insert_slot.min() < 0 or r.insert_slot.max() >= c
                                   or r.insert_pos.min() < 0 or r.insert_pos.max() >= r.src.shape[0]):

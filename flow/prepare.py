@@ -1,0 +1,427 @@
+"""Offline preprocessing as Dask task graphs: store -> packed dataset (DESIGN.md §3-§5).
+
+Phases, each a Dask graph with named task groups (so the dashboard tells the story):
+
+    sample-e{e}-s{k}   one per superbatch: sample its minibatches with the native sampler
+    count-…            access counts per superbatch, tree-reduced (count-merge-…) to round totals
+    tiers              GPU tier (hottest rows), CPU tier at round start
+    plan-e{e}-s{k}     chained: plan k starts from plan k-1's cache state, looks ahead into k+1
+    search             the segmented disk-cache layout when packing alone exceeds the disk budget
+    route-e{e}-s{k}    final address translation + which rows each shard task packs
+    pack-r0-p{p}       one per feature shard: read the shard once, write every batch's segment
+    index-e{e}-s{k}    the per-superbatch index with segment offsets and checksums
+
+Intermediate results are cached next to the output (``OUT.work/``) under the hash of
+the config they depend on, so re-running does no work and changing a budget redoes only
+what depends on it (a new disk budget re-lays and re-packs, but does not re-sample or
+re-plan). The packed dataset is built in a staging directory and swapped into place with
+its manifest written last.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import dask
+import numpy as np
+
+from ..operators import packed as packed_fmt
+from ..operators.count import count_superbatch, dense_counts, merge_counts
+from ..operators.diskcache import build_layout
+from ..operators.errors import ConfigError, InputError
+from ..operators.files import (config_hash, read_manifest, save_npy, staging_dir, write_json,
+                               write_manifest)
+from ..operators.pack import pack_shard, prepare_targets, write_tier_rows
+from ..operators.packed import (PACKED_FORMAT, PACKED_VERSION, ROUND_DIR, IndexRecord, SRC_STORE,
+                                dcache_name, file_crc, index_name, part_name, samples_name, write_index_file)
+from ..operators.plan import SRC_MISS, initial_fill, plan_belady, plan_static, static_tier
+from ..operators.planfile import load_plan, save_plan
+from ..operators.route import route_superbatch, segment_offsets, write_index
+from ..operators.samples import read_n_ids
+from ..operators.store import Store
+from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch
+from ..operators.tiers import tier_sizes
+from .progress import compute
+
+CPU_POLICIES = ("belady", "static")
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Everything that shapes a packed dataset (budgets in bytes)."""
+
+    pipeline: str = "belady"
+    cpu_policy: str = "belady"          # "belady" (dynamic, planned) or "static" (most frequent rows)
+    packing: bool = True                # False: misses are read row by row from the store (Ginex)
+    fanouts: tuple[int, ...] = (10, 10, 10)
+    batch_size: int = 1024
+    superbatch_size: int = 64
+    epochs: int = 1
+    seed: int = 0
+    gpu_memory: int = 0
+    cpu_memory: int = 0
+    disk_budget: int | None = None      # None: no limit on packed bytes
+    device: str = "cpu"
+    staging_batches: int = 3
+    minhash_k: int = 2
+    sampler_threads: int = 1
+
+    def validate(self) -> None:
+        check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
+        if self.cpu_policy not in CPU_POLICIES:
+            raise ConfigError("cpu_policy", f"expected one of {CPU_POLICIES}, got {self.cpu_policy!r}")
+        if self.disk_budget is not None and self.disk_budget <= 0:
+            raise ConfigError("--disk-budget", f"must be > 0, got {self.disk_budget}")
+        if self.minhash_k < 1:
+            raise ConfigError("--minhash-k", f"must be >= 1, got {self.minhash_k}")
+        if self.sampler_threads < 1:
+            raise ConfigError("--sampler-threads", f"must be >= 1, got {self.sampler_threads}")
+
+    # The config subsets each cached stage depends on.
+    def sample_key(self, store_hash: str) -> str:
+        return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
+                            "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed})
+
+    def plan_key(self, sample_key: str) -> str:
+        return config_hash({"samples": sample_key, "cpu_policy": self.cpu_policy, "gpu": self.gpu_memory,
+                            "cpu": self.cpu_memory, "device": self.device, "staging": self.staging_batches})
+
+    def pack_key(self, plan_key: str) -> str:
+        return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
+                            "k": self.minhash_k, "version": PACKED_VERSION})
+
+
+@dataclass
+class PrepareResult:
+    """What `prepare` did and the headline figures of the packed dataset."""
+
+    path: Path
+    skipped: bool
+    seconds: float
+    figures: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def _stage_dir(work: Path, name: str, key: str) -> Path:
+    return work / f"{name}-{key[:16]}"
+
+
+def _drop_stale(work: Path, name: str, keep: Path) -> None:
+    """Remove cached results of a stage computed for another config."""
+    for d in work.glob(f"{name}-*"):
+        if d != keep and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- tasks (thin wrappers)
+
+def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[str], tiers_path: str,
+               counts_path: str, cpu_policy: str, out_path: str) -> tuple[np.ndarray, dict]:
+    """Plan superbatch i from the previous plan's final cache state (chained)."""
+    batches = read_n_ids(sample_paths[i])
+    lookahead = read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else []
+    with np.load(tiers_path) as z:
+        gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
+    if cpu_policy == "static":
+        plan = plan_static(batches, cpu_init, gpu_ids)
+    else:
+        freq = np.load(counts_path, mmap_mode="r")
+        init = cpu_init if prev is None else prev[0]
+        plan = plan_belady(batches, lookahead, cpu_init.shape[0], init, gpu_ids, freq)
+    save_plan(out_path, plan)
+    misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
+    return plan.final_cache, {"path": out_path, "hits": plan.hits, "misses": plan.misses,
+                              "gpu_hits": plan.gpu_hits, "inserts": plan.inserts, "batch_misses": misses}
+
+
+def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_bytes: int, max_rows: int,
+                cfg: PrepareConfig, out_path: str) -> dict:
+    """Choose the GPU tier (hottest rows) and the CPU tier's rows at round start."""
+    freq = np.load(counts_path, mmap_mode="r")
+    sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, num_nodes, cfg.device, max_rows,
+                       cfg.staging_batches)
+    gpu_ids = np.sort(static_tier(freq, sizes.gpu_rows, np.zeros(0, np.int64)))
+    if cfg.cpu_policy == "static":
+        cpu_ids = static_tier(freq, sizes.cpu_rows, gpu_ids)
+        cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
+    else:
+        first = [b for p in first_paths for b in read_n_ids(p)]
+        cpu_ids = initial_fill(first, sizes.cpu_rows, freq, gpu_ids)
+    with open(out_path + ".tmp", "wb") as f:
+        np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
+    os.replace(out_path + ".tmp", out_path)
+    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
+
+
+def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
+    plan = load_plan(plan_path)
+    return [n[b.src == SRC_MISS] for n, b in zip(read_n_ids(sample_path), plan.batches)]
+
+
+def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int, disk_budget: int,
+                 pad_per_batch: int, k: int, seed: int, out_path: str) -> dict:
+    """The segmented disk-cache layout (DiskGNN §5.1) for the whole round."""
+    import pickle
+
+    misses = [m for s, p in zip(sample_paths, plan_paths) for m in _misses_of(s, p)]
+    layout = build_layout(misses, row_bytes, disk_budget, pad_bytes_per_batch=pad_per_batch, k=k, seed=seed)
+    with open(out_path + ".tmp", "wb") as f:
+        pickle.dump(layout, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(out_path + ".tmp", out_path)
+    return {"segment_size": layout.segment_size, "disk_bytes": int(layout.disk_bytes),
+            "segments": len(layout.cache_nodes)}
+
+
+def _route_task(ref: SuperbatchRef, sample_path: str, plan_path: str, layout_path: str | None,
+                shard_rows: int, num_shards: int, out_path: str) -> dict:
+    import pickle
+
+    layout = None
+    if layout_path is not None:
+        with open(layout_path, "rb") as f:
+            layout = pickle.load(f)
+    plan = load_plan(plan_path)
+    return route_superbatch(ref.key, read_n_ids(sample_path), plan.batches, layout, ref.round_first_batch,
+                            shard_rows, num_shards, out_path, epoch=ref.epoch)
+
+
+def _store_index_task(ref: SuperbatchRef, sample_path: str, plan_path: str, num_shards: int, out_path: str) -> dict:
+    """Ginex-style index: every miss is read from the store row by row (src STORE, idx = node id)."""
+    plan = load_plan(plan_path)
+    records = []
+    zeros = np.zeros(num_shards, np.int64)
+    for j, (n_id, b) in enumerate(zip(read_n_ids(sample_path), plan.batches)):
+        src = b.src.astype(np.uint8).copy()
+        idx = b.idx.astype(np.int64).copy()
+        miss = src == SRC_MISS
+        src[miss] = SRC_STORE
+        idx[miss] = n_id[miss]
+        records.append(IndexRecord(ref.round_first_batch + j, ref.epoch, src, idx, b.insert_pos, b.insert_slot,
+                                   zeros, zeros, zeros.astype(np.uint32), -1))
+    write_index_file(out_path, records, {"key": ref.key})
+    return {"key": ref.key, "store_rows": int(sum(int((r.src == SRC_STORE).sum()) for r in records))}
+
+
+def _index_task(key: str, route_path: str, offsets: np.ndarray, crc: np.ndarray, out_path: str) -> str:
+    write_index(key, route_path, offsets, crc, out_path)
+    return out_path
+
+
+def _tree_merge(parts: list[Any], name: str) -> Any:
+    """Pairwise tree reduction of sparse counts (no task holds more than two inputs)."""
+    level = 0
+    while len(parts) > 1:
+        parts = [dask.delayed(merge_counts)(*parts[i:i + 2], dask_key_name=f"count-merge-{level}-{i // 2}")
+                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+        level += 1
+    return parts[0]
+
+
+# ---------------------------------------------------------------------------- the driver
+
+def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg: PrepareConfig, *,
+            force: bool = False, quiet: bool = False) -> PrepareResult:
+    """Turn a store into a packed dataset for `cfg`, running each phase as a Dask graph.
+
+    Runs on whatever scheduler is active (the CLI opens a LocalCluster or connects to
+    `--scheduler`; tests use the synchronous scheduler). Re-running with the same inputs
+    and config does no work.
+    """
+    t_start = time.perf_counter()
+    cfg.validate()
+    store = Store(store_path)
+    out = Path(out)
+    store_hash = config_hash(store.manifest)
+    s_key = cfg.sample_key(store_hash)
+    p_key = cfg.plan_key(s_key)
+    k_key = cfg.pack_key(p_key)
+    existing = read_manifest(out) if out.is_dir() else None
+    if existing is not None and not force and existing.get("format") == PACKED_FORMAT \
+            and existing.get("config_hash") == k_key:
+        return PrepareResult(out, True, time.perf_counter() - t_start, dict(existing.get("figures", {})))
+
+    work = Path(str(out) + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    phases: dict[str, float] = {}
+    refs = round_layout(store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
+
+    # -- sample + count ------------------------------------------------------------------
+    t = time.perf_counter()
+    sdir = _stage_dir(work, "samples", s_key)
+    s_manifest = read_manifest(sdir)
+    if s_manifest is None or s_manifest.get("key") != s_key:
+        shutil.rmtree(sdir, ignore_errors=True)
+        sdir.mkdir(parents=True)
+        tasks = [dask.delayed(sample_superbatch)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
+                                                 list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
+                                                 dask_key_name=f"sample-{r.key}") for r in refs]
+        summaries = compute(tasks, desc="sample", disable=quiet or None)
+        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), dask_key_name=f"count-{r.key}")
+                   for r in refs]
+        total = _tree_merge(counted, "count")
+        (ids_counts,) = compute([total], desc="count", disable=quiet or None)
+        save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
+        write_manifest(sdir, {"key": s_key, "summaries": summaries})
+        s_manifest = read_manifest(sdir)
+        _drop_stale(work, "samples", sdir)
+    assert s_manifest is not None
+    summaries = s_manifest["summaries"]
+    sample_paths = [str(sdir / r.filename) for r in refs]
+    phases["sample"] = time.perf_counter() - t
+
+    # -- tiers + plans -------------------------------------------------------------------------
+    t = time.perf_counter()
+    pdir = _stage_dir(work, "plans", p_key)
+    p_manifest = read_manifest(pdir)
+    if p_manifest is None or p_manifest.get("key") != p_key:
+        shutil.rmtree(pdir, ignore_errors=True)
+        pdir.mkdir(parents=True)
+        max_rows = max(int(s["max_nodes"]) for s in summaries)
+        tiers_path = str(pdir / "tiers.npz")
+        (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
+                                                      store.row_bytes, max_rows, cfg, tiers_path,
+                                                      dask_key_name="tiers")], desc="tiers", disable=True)
+        prev: Any = None
+        plan_tasks = []
+        for i, r in enumerate(refs):
+            prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
+                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-{r.key}")
+            plan_tasks.append(prev)
+        plans = compute(plan_tasks, desc="plan", disable=quiet or None)
+        stats = [p[1] for p in plans]
+        write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
+        p_manifest = read_manifest(pdir)
+        _drop_stale(work, "plans", pdir)
+    assert p_manifest is not None
+    plan_stats = p_manifest["plans"]
+    plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
+    tiers = p_manifest["tiers"]
+    phases["plan"] = time.perf_counter() - t
+
+    # -- layout, route, pack, index: built in a staging dir, swapped into place --------------------
+    t = time.perf_counter()
+    P = len(store.shards)
+    rb = store.row_bytes
+    num_batches = sum(r.num_batches for r in refs)
+    batch_misses = np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats])
+    miss_rows = int(batch_misses.sum())
+    pad_per_batch = P * (packed_fmt.ALIGN - 1)
+    figures: dict[str, Any] = {
+        "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
+        "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
+        "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
+        "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
+        "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
+        "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
+        "disk_budget_bytes": cfg.disk_budget,
+    }
+    with staging_dir(out) as stage:
+        rnd = stage / ROUND_DIR
+        (rnd / "index").mkdir(parents=True)
+        (rnd / "samples").mkdir(parents=True)
+        for r, path in zip(refs, sample_paths):
+            os.link(path, rnd / samples_name(r.key))
+        with np.load(pdir / "tiers.npz") as z:
+            gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
+        parts: list[dict[str, Any]] = []
+        dcache: list[dict[str, Any]] = []
+        layout_path: str | None = None
+        if not cfg.packing:
+            tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
+                                                     dask_key_name=f"index-{r.key}")
+                     for r, sp, pp in zip(refs, sample_paths, plan_paths)]
+            compute(tasks, desc="index", disable=quiet or None)
+            tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
+            compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}")
+                     for p in range(P)], desc="tiers", disable=quiet or None)
+            for p in range(P):     # no packed segments: empty part files keep the layout uniform
+                (rnd / part_name(p)).touch()
+            parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)]
+            figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
+        else:
+            if cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
+                layout_path = str(work / "layout.pkl")
+                (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
+                                                                pad_per_batch, cfg.minhash_k, cfg.seed, layout_path,
+                                                                dask_key_name="search")], desc="search", disable=True)
+                figures["segment_size"] = search["segment_size"]
+            routes = compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
+                                                        str(work / "route" / f"{r.key}.npz"),
+                                                        dask_key_name=f"route-{r.key}")
+                              for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
+            seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
+            offsets, part_bytes = segment_offsets(seg_rows, rb)
+            cache_nodes: list[np.ndarray] = []
+            if layout_path is not None:
+                import pickle
+                with open(layout_path, "rb") as f:
+                    layout = pickle.load(f)
+                cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
+            tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype,
+                                              store.feature_dim)
+            route_paths = [x["path"] for x in routes]
+            packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p],
+                                                      str(rnd / part_name(p)), dcache_targets=cache_t,
+                                                      tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}")
+                             for p in range(P)], desc="pack", disable=quiet or None)
+            crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
+            compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                               crc[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                               str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}")
+                     for x in routes], desc="index", disable=quiet or None)
+            parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
+            dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
+                       "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
+            packed_bytes = int(sum(p["bytes"] for p in parts))
+            dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
+            figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,
+                           packed_rows=int(seg_rows.sum()), dcache_rows=int(sum(int(x["dcache_rows"]) for x in routes)),
+                           raw_bytes_read=int(sum(int(x["bytes_read"]) for x in packs)),
+                           packed_bytes_written=int(sum(int(x["bytes_written"]) for x in packs)))
+            figures["disk_used_bytes"] = packed_bytes + dcache_bytes
+            figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
+            shutil.rmtree(work / "route", ignore_errors=True)
+        manifest = {
+            "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
+            "config": {**asdict(cfg), "fanouts": list(cfg.fanouts)}, "config_hash": k_key,
+            "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
+            "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
+            "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
+            "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
+                      "cpu_policy": cfg.cpu_policy},
+            "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows":
+                      max(int(s["max_nodes"]) for s in summaries),
+                      "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
+                                        "first_batch": r.round_first_batch} for r in refs]},
+            "files": {"parts": parts, "dcache": dcache},
+            "figures": figures,
+        }
+        write_manifest(stage, manifest)
+    if layout_path is not None:
+        Path(layout_path).unlink(missing_ok=True)
+    phases["pack"] = time.perf_counter() - t
+    return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
+
+
+def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray, seg_rows: np.ndarray,
+                        row_bytes: int) -> float:
+    """Pages a loader reads over useful bytes: padded packed segments + page-merged disk-cache rows."""
+    from ..operators.packed import read_index_file
+    from ..operators.reorder import pages_touched
+
+    useful = int(seg_rows.sum()) * row_bytes
+    pages = int(packed_fmt.padded(seg_rows * row_bytes).sum())
+    dc_batches: list[np.ndarray] = []
+    for x in routes:
+        for rec in read_index_file(stage / ROUND_DIR / index_name(x["key"])):
+            rows = rec.idx[rec.src == packed_fmt.SRC_DCACHE]
+            if rows.size:
+                useful += rows.size * row_bytes
+                dc_batches.append(rows)
+    if dc_batches:
+        pages += pages_touched(dc_batches, row_bytes) * packed_fmt.ALIGN
+    return pages / useful if useful else 1.0
