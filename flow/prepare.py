@@ -24,7 +24,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import dask
 import numpy as np
@@ -74,6 +74,8 @@ class PrepareConfig:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
         if self.cpu_policy not in CPU_POLICIES:
             raise ConfigError("cpu_policy", f"expected one of {CPU_POLICIES}, got {self.cpu_policy!r}")
+        if not self.packing and self.disk_budget is not None:
+            raise ConfigError("--disk-budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
             raise ConfigError("--disk-budget", f"must be > 0, got {self.disk_budget}")
         if self.minhash_k < 1:
@@ -425,3 +427,20 @@ def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray
     if dc_batches:
         pages += pages_touched(dc_batches, row_bytes) * packed_fmt.ALIGN
     return pages / useful if useful else 1.0
+
+
+def preparer(pipeline: str, **policy: Any) -> Callable[..., PrepareResult]:
+    """A pipeline's `prepare(store, out, **options)`: `prepare` with the pipeline's fixed policy.
+
+    `policy` fixes some `PrepareConfig` fields (e.g. ``cpu_policy="static"``); `options`
+    are the remaining fields (budgets, fanouts, ...).
+    """
+    def prepare_pipeline(store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
+                         quiet: bool = False, **options: Any) -> PrepareResult:
+        clash = sorted(set(options) & set(policy))
+        if clash:
+            raise ConfigError(clash[0], f"fixed by the {pipeline} pipeline ({clash[0]}={policy[clash[0]]!r})")
+        return prepare(store, out, PrepareConfig(pipeline=pipeline, **policy, **options), force=force, quiet=quiet)
+
+    prepare_pipeline.__doc__ = f"Prepare a packed dataset with the {pipeline} pipeline ({policy})."
+    return prepare_pipeline

@@ -32,10 +32,15 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
         client = None
     if client is not None:
         futures = client.compute(tasks)
-        with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
-            for _ in as_completed(futures):
-                b.update(1)
-        return client.gather(futures)
+        try:
+            with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
+                for _ in as_completed(futures):
+                    b.update(1)
+            return client.gather(futures)
+        except BaseException:
+            # a failed or interrupted phase must not leave tasks writing behind our back
+            client.cancel(futures, force=True)
+            raise
 
     class _Bar(Callback):
         def _start_state(self, dsk, state):  # noqa: ANN001

@@ -173,7 +173,7 @@ def save_aligned_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(_npy_header(arr.dtype, arr.shape))
-            f.write(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
+            f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
 
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:

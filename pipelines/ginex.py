@@ -1,0 +1,13 @@
+"""Ginex: a Belady CPU tier planned per superbatch, no packing — misses are read row by row at train time.
+
+The packed dataset holds the plan (index files with src STORE, idx = node id) and the tier
+blocks; the trainer reads every miss from the store's feature shards.
+
+    diskflow prepare ginex --dataset STORE --out PACKED --cpu-memory 10%
+"""
+from __future__ import annotations
+
+from ..flow.prepare import preparer
+
+NAME = "ginex"
+prepare = preparer(NAME, cpu_policy="belady", packing=False)
