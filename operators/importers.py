@@ -20,14 +20,15 @@ from __future__ import annotations
 import gzip
 import os
 import zipfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+from pyarrow import ipc
 
 from .errors import ConfigError, InputError
 from .files import atomic_path, fingerprint, read_manifest, staging_dir, write_manifest
@@ -510,7 +511,7 @@ def _split_codes(arr: np.ndarray, num_nodes: int, name: str | os.PathLike[str]) 
         pos = np.minimum(pos, len(SPLITS) - 1)
         ok = lookup[order][pos] == names
         if not ok.all():
-            raise InputError(name, f"unknown split name {names[np.argmin(ok)]!r} (use train, val, test, none)")
+            raise InputError(name, f"unknown split name {str(names[np.argmin(ok)])!r} (use train, val, test, none)")
         return order[pos].astype(np.uint8)
     if not np.issubdtype(arr.dtype, np.integer):
         raise InputError(name, f"split must be integer codes (0 train, 1 val, 2 test, 3 none) or names, got {arr.dtype}")
@@ -545,8 +546,7 @@ def _csv_batches(path: Path, columns: Sequence[str], dtype: pa.DataType,
             str(path),
             read_options=pacsv.ReadOptions(column_names=list(columns), block_size=max(1 << 16, chunk_bytes)),
             convert_options=pacsv.ConvertOptions(column_types={c: dtype for c in columns}))
-        for batch in reader:
-            yield batch
+        yield from reader
     except (pa.ArrowInvalid, OSError, EOFError) as e:
         raise InputError(path, f"malformed CSV ({e})") from e
 

@@ -7,17 +7,16 @@ from pathlib import Path
 import dask
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
-
 from diskflow.flow import synth as flow_synth
 from diskflow.flow.cli import main
 from diskflow.flow.synth import run_synth
 from diskflow.operators.errors import ConfigError, InputError
 from diskflow.operators.synth import Layout, SynthConfig, centroids, labels_of, synth_part
+from pyarrow import ipc
 
-SMALL = dict(num_nodes=3001, feature_dim=13, num_classes=4, part_nodes=700)  # 5 parts, the last one short
+SMALL = {"num_nodes": 3001, "feature_dim": 13, "num_classes": 4, "part_nodes": 700}  # 5 parts, the last one short
 
 
 def synth(out: Path, **kw) -> Path:
@@ -174,7 +173,7 @@ def test_split_fractions(tmp_path: Path) -> None:
 
 
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail_on_part_3(cfg, out_dir, part):  # noqa: ANN001
+    def fail_on_part_3(cfg, out_dir, part):
         if part == 3:
             raise RuntimeError("worker died")
         return synth_part(cfg, out_dir, part)
@@ -190,7 +189,7 @@ def test_rerun_skips_unless_forced_or_changed(tmp_path: Path, monkeypatch: pytes
     stamp = (out / "manifest.json").stat().st_mtime_ns
     calls: list[int] = []
 
-    def counting(cfg, out_dir, part):  # noqa: ANN001
+    def counting(cfg, out_dir, part):
         calls.append(part)
         return synth_part(cfg, out_dir, part)
 
@@ -214,19 +213,19 @@ def test_refuses_to_replace_a_foreign_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kw, option", [
-    (dict(num_nodes=1), "--nodes"),
-    (dict(num_nodes=10.5), "--nodes"),
-    (dict(feature_dim=0), "--dim"),
-    (dict(num_classes=1), "--classes"),
-    (dict(homophily=1.5), "--homophily"),
-    (dict(avg_degree=0), "--avg-degree"),
-    (dict(signal=float("nan")), "--signal"),
-    (dict(degree_exponent=2.0), "--degree-exponent"),
-    (dict(dtype="float64"), "--dtype"),
-    (dict(seed=-1), "--seed"),
-    (dict(train_frac=0.7, val_frac=0.2, test_frac=0.2), "--test"),
-    (dict(part_nodes=0), "--part-nodes"),
-    (dict(feature_format="csv"), "--format"),
+    ({"num_nodes": 1}, "--nodes"),
+    ({"num_nodes": 10.5}, "--nodes"),
+    ({"feature_dim": 0}, "--dim"),
+    ({"num_classes": 1}, "--classes"),
+    ({"homophily": 1.5}, "--homophily"),
+    ({"avg_degree": 0}, "--avg-degree"),
+    ({"signal": float("nan")}, "--signal"),
+    ({"degree_exponent": 2.0}, "--degree-exponent"),
+    ({"dtype": "float64"}, "--dtype"),
+    ({"seed": -1}, "--seed"),
+    ({"train_frac": 0.7, "val_frac": 0.2, "test_frac": 0.2}, "--test"),
+    ({"part_nodes": 0}, "--part-nodes"),
+    ({"feature_format": "csv"}, "--format"),
 ])
 def test_bad_config_names_the_option(kw: dict, option: str) -> None:
     with pytest.raises(ConfigError, match=option):
