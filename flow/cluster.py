@@ -34,7 +34,7 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
         if n < 1:
             raise ConfigError("--workers", f"must be >= 1, got {n}")
         cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=processes,
-                               memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.ERROR)
+                               memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.CRITICAL)
         client = Client(cluster)
     try:
         if not quiet:

@@ -74,6 +74,13 @@ class PrepareConfig:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
         if self.cpu_policy not in CPU_POLICIES:
             raise ConfigError("cpu_policy", f"expected one of {CPU_POLICIES}, got {self.cpu_policy!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError("--device", f"expected cpu or cuda, got {self.device!r}")
+        if self.device == "cpu" and self.gpu_memory > 0:
+            raise ConfigError("--gpu-memory", f"a GPU tier of {self.gpu_memory:,} bytes was asked for on a CPU-only "
+                                              "run (--device cpu); use --gpu-memory 0 or train with --device cuda")
+        if self.gpu_memory < 0 or self.cpu_memory < 0:
+            raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
         if not self.packing and self.disk_budget is not None:
             raise ConfigError("--disk-budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
@@ -443,4 +450,5 @@ def preparer(pipeline: str, **policy: Any) -> Callable[..., PrepareResult]:
         return prepare(store, out, PrepareConfig(pipeline=pipeline, **policy, **options), force=force, quiet=quiet)
 
     prepare_pipeline.__doc__ = f"Prepare a packed dataset with the {pipeline} pipeline ({policy})."
+    prepare_pipeline.config = lambda **options: PrepareConfig(pipeline=pipeline, **policy, **options)  # type: ignore[attr-defined]
     return prepare_pipeline

@@ -1,0 +1,108 @@
+"""`diskflow prepare PIPELINE --dataset STORE --out PACKED`: offline preprocessing on a Dask cluster."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from ...operators.errors import ConfigError
+from ...operators.files import format_bytes, parse_bytes
+from ..options import fanouts_option, positive_int
+
+PIPELINES = ("belady", "diskgnn", "ginex")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare", help="sample, plan and pack a store into a packed dataset (Dask graph)",
+        description="Offline preprocessing: sample every minibatch of the round, count accesses, choose the GPU "
+                    "tier, plan the CPU tier per superbatch (Belady or static), lay out a segmented disk cache when "
+                    "packing exceeds --disk-budget, and pack every remaining read into page-aligned per-batch "
+                    "segments with one sequential pass over the features. Re-running with the same inputs and "
+                    "options does nothing; changing an option redoes only what depends on it.")
+    p.add_argument("pipeline", choices=PIPELINES, metavar="PIPELINE",
+                   help="belady (default policy: Belady CPU tier + packing + disk cache), diskgnn (static tiers + "
+                        "packing + disk cache) or ginex (Belady CPU tier, no packing)")
+    p.add_argument("--dataset", required=True, metavar="STORE", help="an ingested store (from `diskflow ingest`)")
+    p.add_argument("--out", required=True, metavar="PACKED", help="packed dataset directory to create")
+    p.add_argument("--gpu-memory", default="0", metavar="SIZE",
+                   help="bytes for the static GPU tier, e.g. 2GiB (default 0; needs --device cuda)")
+    p.add_argument("--cpu-memory", default="10%", metavar="SIZE",
+                   help="host memory for features on the training machine (CPU tier + staging of in-flight "
+                        "batches), as bytes (4GiB) or a share of the feature bytes (10%%; default %(default)s)")
+    p.add_argument("--disk-budget", default=None, metavar="SIZE",
+                   help="most disk space for packed data (e.g. 20GiB); beyond it the segmented disk cache is used "
+                        "(default: no limit)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the training device (default: cpu)")
+    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=(10, 10, 10),
+                   help="neighbours sampled per hop (default: 10,10,10)")
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1024, help="seeds per minibatch (default 1024)")
+    p.add_argument("--superbatch-size", type=int, default=64, metavar="S",
+                   help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default 64)")
+    p.add_argument("--epochs", type=positive_int("--epochs"), default=1, help="epochs in the round (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of batch order and sampling (default 0)")
+    p.add_argument("--staging-batches", type=positive_int("--staging-batches"), default=3,
+                   help="batches staged at once on the training machine, reserved out of --cpu-memory (default 3)")
+    p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
+    p.add_argument("--force", action="store_true", help="redo even when PACKED is up to date")
+    p.add_argument("--workers", type=positive_int("--workers"), default=None, help="embedded cluster workers")
+    p.add_argument("--scheduler", default=None, metavar="ADDR", help="use a running Dask scheduler (tcp://host:8786)")
+    p.set_defaults(func=_run)
+
+
+def _size(text: str | None, option: str, whole: int) -> int | None:
+    """Bytes from `2GiB` or a share of `whole` from `10%`."""
+    if text is None or str(text).lower() in ("none", ""):
+        return None
+    t = str(text).strip()
+    if t.endswith("%"):
+        try:
+            share = float(t[:-1]) / 100
+        except ValueError:
+            raise ConfigError(option, f"not a percentage: {text!r}") from None
+        if share < 0:
+            raise ConfigError(option, f"must be >= 0, got {text!r}")
+        return int(whole * share)
+    return parse_bytes(t, option)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ...operators.store import Store
+    from ..cluster import dask_client
+
+    store = Store(args.dataset)   # a bad store fails before a cluster starts
+    pipeline = importlib.import_module(f"diskflow.pipelines.{args.pipeline}")
+    options = dict(
+        gpu_memory=_size(args.gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
+        cpu_memory=_size(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0,
+        disk_budget=_size(args.disk_budget, "--disk-budget", store.feature_bytes),
+        device=args.device, fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+        superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed,
+        staging_batches=args.staging_batches, minhash_k=args.minhash_k)
+    pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
+    with dask_client(scheduler=args.scheduler, n_workers=args.workers):
+        r = pipeline.prepare(store.path, args.out, force=args.force, **options)
+    f = r.figures
+    if r.skipped:
+        print(f"{r.path}: up to date (same store and options; --force redoes it)")
+        return 0
+    print(f"prepared {args.pipeline}: {store.path} -> {r.path} in {r.seconds:.1f}s "
+          f"({', '.join(f'{k} {v:.1f}s' for k, v in r.phases.items())})")
+    acc = max(1, int(f["accesses"]))
+    rows = [
+        ("batches", f"{f['batches']:,}"),
+        ("feature accesses", f"{f['accesses']:,}"),
+        ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
+        ("CPU tier", f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
+                     f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts"),
+        ("staging reserve", format_bytes(f["staging_bytes"])),
+        ("disk reads (misses)", f"{f['misses']:,} rows = {format_bytes(f['plan_miss_bytes'])} ({f['misses'] / acc:.1%})"),
+        ("disk used", format_bytes(f.get("disk_used_bytes", 0)) + (
+            f" of {format_bytes(f['disk_budget_bytes'])} budget" if f.get("disk_budget_bytes") else "")),
+    ]
+    if f.get("segment_size"):
+        rows.append(("disk cache", f"segments of {f['segment_size']} batches, {f.get('dcache_rows', 0):,} row reads"))
+    if f.get("read_amplification") is not None:
+        rows.append(("read amplification", f"{f['read_amplification']:.3f}"))
+    for k, v in rows:
+        print(f"  {k:<22}{v}")
+    return 0
