@@ -81,6 +81,8 @@ class PrepareConfig:
                                               "run (--device cpu); use --gpu-memory 0 or train with --device cuda")
         if self.gpu_memory < 0 or self.cpu_memory < 0:
             raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+        if self.staging_batches < 1:
+            raise ConfigError("--staging-batches", f"must be >= 1, got {self.staging_batches}")
         if not self.packing and self.disk_budget is not None:
             raise ConfigError("--disk-budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
@@ -334,6 +336,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         (rnd / "samples").mkdir(parents=True)
         for r, path in zip(refs, sample_paths):
             os.link(path, rnd / samples_name(r.key))
+        save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
         with np.load(pdir / "tiers.npz") as z:
             gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
         parts: list[dict[str, Any]] = []
@@ -400,6 +403,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
             "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
             "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
+            "num_classes": store.num_classes, "labels": "labels.npy",
             "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
                       "cpu_policy": cfg.cpu_policy},
             "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows":
