@@ -103,7 +103,7 @@ class PrepareConfig:
 
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
-                            "k": self.minhash_k, "version": PACKED_VERSION})
+                            "k": self.minhash_k, "version": PACKED_VERSION, "layout": 2})
 
 
 @dataclass
