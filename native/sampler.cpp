@@ -55,8 +55,8 @@ constexpr int64_t kPrefetchEdges = 16;
 // Cache lines of a node's CSC range to prefetch at most.
 constexpr int64_t kPrefetchLines = 4;
 constexpr int64_t kCacheLine = 64;
-// Batch nodes per thread at least when resetting the scratch array in parallel.
-constexpr int64_t kMinResetNodes = 1 << 16;
+// Output items (nodes + edges) per thread at least when writing the outputs in parallel.
+constexpr int64_t kMinFinishItems = 1 << 16;
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;  // 2^64 / phi, the splitmix64 increment
 
@@ -102,12 +102,42 @@ inline SplitMix64 node_rng(uint64_t hkey, int64_t v) {
     return SplitMix64(mix64(hkey ^ mix64(static_cast<uint64_t>(v) + kGolden)));
 }
 
+// A growable array of a trivially copyable T that, unlike std::vector, does not zero what it
+// grows into (the sampler overwrites every slot it uses).
+template <typename T>
+class PodBuffer {
+ public:
+    size_t size() const { return size_; }
+    T* data() { return data_.get(); }
+    const T* data() const { return data_.get(); }
+    void clear() { size_ = 0; }
+    void resize(size_t n) {
+        if (n > capacity_) {
+            const size_t capacity = std::max(n, 2 * capacity_);
+            std::unique_ptr<T[]> grown(new T[capacity]);  // default-initialised: not zeroed
+            if (size_) std::memcpy(grown.get(), data_.get(), size_ * sizeof(T));
+            data_ = std::move(grown);
+            capacity_ = capacity;
+        }
+        size_ = n;
+    }
+    // Hands the storage over to the caller (the buffer is left empty).
+    std::unique_ptr<T[]> release() {
+        size_ = capacity_ = 0;
+        return std::move(data_);
+    }
+
+ private:
+    std::unique_ptr<T[]> data_;
+    size_t size_ = 0, capacity_ = 0;
+};
+
 // What one chunk of the frontier sampled: per frontier node the number of edges, and the global
 // ids of the sampled neighbours in output order.
 struct ChunkOut {
     int64_t begin = 0, end = 0;  // frontier positions [begin, end)
-    std::vector<int64_t> counts;
-    std::vector<int64_t> nbrs;
+    PodBuffer<int64_t> counts;  // [end - begin]
+    PodBuffer<int64_t> nbrs;
     int64_t bad_pos = -1;  // first edge position whose source id is out of range, or -1
 };
 
@@ -143,9 +173,11 @@ inline void floyd_sample(SplitMix64& rng, int64_t deg, int64_t k, Scratch& s) {
 template <typename Idx>
 void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, const int64_t* frontier,
                   int64_t fanout, uint64_t hkey, ChunkOut& out, Scratch& s) {
-    out.counts.clear();
+    out.counts.resize(static_cast<size_t>(out.end - out.begin));
     out.nbrs.clear();
     out.bad_pos = -1;
+    int64_t* counts = out.counts.data() - out.begin;
+    size_t e = 0;  // == out.nbrs.size()
     const uint64_t n = static_cast<uint64_t>(num_nodes);
     bool bad = false;
     for (int64_t i = out.begin; i < out.end; ++i) {
@@ -163,21 +195,25 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
         const int64_t lo = indptr[v];
         const int64_t deg = indptr[v + 1] - lo;
         if (fanout < 0 || deg <= fanout) {
+            out.nbrs.resize(e + static_cast<size_t>(deg));
+            int64_t* nbrs = out.nbrs.data();
             for (int64_t p = lo; p < lo + deg; ++p) {
                 const int64_t u = static_cast<int64_t>(indices[p]);
                 bad |= static_cast<uint64_t>(u) >= n;
-                out.nbrs.push_back(u);
+                nbrs[e++] = u;
             }
-            out.counts.push_back(deg);
+            counts[i] = deg;
         } else {
             SplitMix64 rng = node_rng(hkey, v);
             floyd_sample(rng, deg, fanout, s);
+            out.nbrs.resize(e + static_cast<size_t>(fanout));
+            int64_t* nbrs = out.nbrs.data();
             for (int64_t off : s.picks) {
                 const int64_t u = static_cast<int64_t>(indices[lo + off]);
                 bad |= static_cast<uint64_t>(u) >= n;
-                out.nbrs.push_back(u);
+                nbrs[e++] = u;
             }
-            out.counts.push_back(fanout);
+            counts[i] = fanout;
         }
         if (bad && out.bad_pos < 0) {  // locate the faulty edge (rare: only on corrupt graphs)
             for (int64_t p = lo; p < lo + deg; ++p) {
@@ -218,6 +254,64 @@ void run_parallel(int64_t n_tasks, int n_threads, F&& fn) {
     if (error) std::rethrow_exception(error);
 }
 
+// Runs produce(task, worker) for task in [0, n_tasks) on up to n_threads threads (the caller's
+// included) and consume(task) on the calling thread in task order, each as soon as its task is
+// produced, so the serial, ordered consumer overlaps with the parallel producers (the caller
+// produces too while it waits). Rethrows the first exception, after joining the threads.
+template <typename Produce, typename Consume>
+void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& consume) {
+    if (n_threads <= 1 || n_tasks <= 1) {
+        for (int64_t t = 0; t < n_tasks; ++t) {
+            produce(t, 0);
+            consume(t);
+        }
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};
+    std::unique_ptr<std::atomic<bool>[]> ready(new std::atomic<bool>[n_tasks]);
+    for (int64_t t = 0; t < n_tasks; ++t) ready[t].store(false, std::memory_order_relaxed);
+    std::exception_ptr error;
+    std::mutex error_mu;
+    auto fail = [&] {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        failed.store(true);
+        next.store(n_tasks);
+    };
+    auto produce_next = [&](int w) {  // false when no task is left to take
+        const int64_t t = next.fetch_add(1);
+        if (t >= n_tasks) return false;
+        produce(t, w);
+        ready[t].store(true, std::memory_order_release);
+        return true;
+    };
+    auto worker = [&](int w) {
+        try {
+            while (produce_next(w)) {
+            }
+        } catch (...) {
+            fail();
+        }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(n_threads - 1));
+    for (int w = 1; w < n_threads; ++w) pool.emplace_back(worker, w);
+    try {
+        for (int64_t t = 0; t < n_tasks && !failed.load(); ++t) {
+            while (!ready[t].load(std::memory_order_acquire) && !failed.load()) {
+                if (!produce_next(0)) std::this_thread::yield();
+            }
+            if (failed.load()) break;
+            consume(t);
+        }
+    } catch (...) {
+        fail();
+    }
+    for (auto& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+}
+
 std::string dtype_str(const py::array& a) { return py::str(py::object(a.dtype())).cast<std::string>(); }
 
 void require_1d_contiguous(const py::array& a, const char* name) {
@@ -233,36 +327,6 @@ template <typename T>
 bool has_dtype(const py::array& a) {
     return py::isinstance<py::array_t<T>>(a);
 }
-
-// A growable array of a trivially copyable T that, unlike std::vector, does not zero what it
-// grows into (the sampler overwrites every slot it uses).
-template <typename T>
-class PodBuffer {
- public:
-    size_t size() const { return size_; }
-    T* data() { return data_.get(); }
-    const T* data() const { return data_.get(); }
-    void clear() { size_ = 0; }
-    void resize(size_t n) {
-        if (n > capacity_) {
-            const size_t capacity = std::max(n, 2 * capacity_);
-            std::unique_ptr<T[]> grown(new T[capacity]);  // default-initialised: not zeroed
-            if (size_) std::memcpy(grown.get(), data_.get(), size_ * sizeof(T));
-            data_ = std::move(grown);
-            capacity_ = capacity;
-        }
-        size_ = n;
-    }
-    // Hands the storage over to the caller (the buffer is left empty).
-    std::unique_ptr<T[]> release() {
-        size_ = capacity_ = 0;
-        return std::move(data_);
-    }
-
- private:
-    std::unique_ptr<T[]> data_;
-    size_t size_ = 0, capacity_ = 0;
-};
 
 // Wraps a buffer into a numpy array without copying (the array owns the buffer).
 py::array_t<int64_t> to_numpy(std::unique_ptr<int64_t[]> data, std::vector<py::ssize_t> shape) {
@@ -361,21 +425,12 @@ class NeighborSampler {
         }
     }
 
-    // Resets the scratch entries of every node placed in the batch, however `run` exits
-    // (in parallel on success, serially when unwinding from an error).
+    // Resets the scratch entries of every node placed in the batch when `run` fails (on success
+    // `finish` resets them, in parallel).
     struct ScratchReset {
         std::vector<int32_t>& local;
         const PodBuffer<int64_t>& n_id;
-        int num_threads;
         bool done = false;
-        void now() {
-            const int64_t n = static_cast<int64_t>(n_id.size());
-            const int64_t n_tasks = std::max<int64_t>(1, std::min<int64_t>(num_threads, n / kMinResetNodes));
-            run_parallel(n_tasks, num_threads, [&](int64_t t, int) {
-                for (int64_t i = n * t / n_tasks; i < n * (t + 1) / n_tasks; ++i) local[n_id.data()[i]] = kAbsent;
-            });
-            done = true;
-        }
         ~ScratchReset() {
             if (done) return;
             for (size_t i = 0; i < n_id.size(); ++i) local[n_id.data()[i]] = kAbsent;
@@ -388,7 +443,7 @@ class NeighborSampler {
         if (scratch_.size() < static_cast<size_t>(num_threads_)) scratch_.resize(num_threads_);
         PodBuffer<int64_t>& n_id = n_id_;  // reused across calls; the output gets an exact copy
         n_id.clear();
-        ScratchReset reset{local_, n_id, num_threads_};
+        ScratchReset reset{local_, n_id};
         for (int64_t b = 0; b < batch; ++b) {
             const int64_t s = seeds[b];
             if (s < 0 || s >= num_nodes_) {
@@ -420,20 +475,42 @@ class NeighborSampler {
             fs = fe;
             fe = static_cast<int64_t>(n_id.size());
         }
-        // edge_index = [rows; cols], cols being each frontier node's local id repeated per edge
-        // (frontiers are consecutive ranges of local ids, hop after hop).
-        const size_t n_edges = rows_.size();
-        out.edge_index.resize(2 * n_edges);
-        std::memcpy(out.edge_index.data(), rows_.data(), n_edges * sizeof(int64_t));
-        int64_t* col = out.edge_index.data() + n_edges;
-        for (int64_t i = 0; i < fs; ++i) {
-            col = std::fill_n(col, out_count_.data()[i], i);
-        }
-        out.n_id.resize(n_id.size());
-        std::memcpy(out.n_id.data(), n_id.data(), n_id.size() * sizeof(int64_t));
-        reset.now();
+        finish(fs, out);
+        reset.done = true;
     }
 
+    // Writes the outputs and resets the scratch array, in parallel slices: n_id (a copy),
+    // edge_index = [rows; cols], cols being each expanded node's local id repeated once per edge
+    // (frontiers are consecutive ranges of local ids, hop after hop, so nodes [0, expanded)).
+    void finish(int64_t expanded, Sample& out) {
+        const int64_t n_nodes = static_cast<int64_t>(n_id_.size());
+        const int64_t n_edges = static_cast<int64_t>(rows_.size());
+        out.n_id.resize(static_cast<size_t>(n_nodes));
+        out.edge_index.resize(static_cast<size_t>(2 * n_edges));
+        const int64_t n_tasks =
+            std::max<int64_t>(1, std::min<int64_t>(num_threads_, (n_nodes + n_edges) / kMinFinishItems));
+        std::vector<int64_t> col_start(static_cast<size_t>(n_tasks) + 1, 0);  // first edge of each slice
+        for (int64_t t = 0, i = 0, e = 0; t < n_tasks; ++t) {
+            for (const int64_t stop = expanded * (t + 1) / n_tasks; i < stop; ++i) e += out_count_.data()[i];
+            col_start[t + 1] = e;
+        }
+        int64_t* rows = out.edge_index.data();
+        int64_t* cols = rows + n_edges;
+        run_parallel(n_tasks, num_threads_, [&](int64_t t, int) {
+            const int64_t e0 = n_edges * t / n_tasks, e1 = n_edges * (t + 1) / n_tasks;
+            std::memcpy(rows + e0, rows_.data() + e0, static_cast<size_t>(e1 - e0) * sizeof(int64_t));
+            int64_t* col = cols + col_start[t];
+            for (int64_t i = expanded * t / n_tasks; i < expanded * (t + 1) / n_tasks; ++i) {
+                col = std::fill_n(col, out_count_.data()[i], i);
+            }
+            const int64_t v0 = n_nodes * t / n_tasks, v1 = n_nodes * (t + 1) / n_tasks;
+            std::memcpy(out.n_id.data() + v0, n_id_.data() + v0, static_cast<size_t>(v1 - v0) * sizeof(int64_t));
+            for (int64_t i = v0; i < v1; ++i) local_[n_id_.data()[i]] = kAbsent;
+        });
+    }
+
+    // One hop: the frontier's chunks are sampled in parallel and merged serially, in order, as
+    // they complete (the merge overlaps with the sampling of later chunks).
     template <typename Idx>
     void sample_hop(const Idx* indices, size_t hop, int64_t fanout, uint64_t hkey, int64_t fs, int64_t fe,
                     PodBuffer<int64_t>& n_id) {
@@ -445,49 +522,53 @@ class NeighborSampler {
             chunks_[c].begin = fs + width * c / n_chunks;
             chunks_[c].end = fs + width * (c + 1) / n_chunks;
         }
-        const int64_t* frontier = n_id.data();  // n_id does not grow until the merge below
+        // The samplers read the frontier while the merge grows n_id: give them their own copy.
+        frontier_.resize(static_cast<size_t>(width));
+        std::memcpy(frontier_.data(), n_id.data() + fs, static_cast<size_t>(width) * sizeof(int64_t));
+        const int64_t* frontier = frontier_.data() - fs;  // indexed by local id
         const int n_threads = static_cast<int>(std::min<int64_t>(num_threads_, n_chunks));
-        run_parallel(n_chunks, n_threads, [&](int64_t c, int w) {
-            sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, chunks_[c], scratch_[w]);
-        });
-        // Serial merge in frontier order: assign local ids in discovery order, emit edges.
-        for (int64_t c = 0; c < n_chunks; ++c) {
-            const ChunkOut& ch = chunks_[c];
-            if (ch.bad_pos >= 0) {
-                throw py::value_error("indices[" + std::to_string(ch.bad_pos) + "] = " +
-                                      std::to_string(static_cast<int64_t>(indices[ch.bad_pos])) +
-                                      " is out of range [0, " + std::to_string(num_nodes_) + ") (hop " +
-                                      std::to_string(hop) + ")");
-            }
+        run_ordered(
+            n_chunks, n_threads,
+            [&](int64_t c, int w) {
+                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, chunks_[c], scratch_[w]);
+            },
+            [&](int64_t c) { merge_chunk(indices, hop, chunks_[c], n_id); });
+    }
+
+    // Assigns local ids to a chunk's new neighbours (discovery order) and appends its edges' rows.
+    template <typename Idx>
+    void merge_chunk(const Idx* indices, size_t hop, const ChunkOut& ch, PodBuffer<int64_t>& n_id) {
+        if (ch.bad_pos >= 0) {
+            throw py::value_error("indices[" + std::to_string(ch.bad_pos) + "] = " +
+                                  std::to_string(static_cast<int64_t>(indices[ch.bad_pos])) + " is out of range [0, " +
+                                  std::to_string(num_nodes_) + ") (hop " + std::to_string(hop) + ")");
         }
-        size_t total = rows_.size();
-        for (int64_t c = 0; c < n_chunks; ++c) total += chunks_[c].nbrs.size();
+        std::copy_n(ch.counts.data(), ch.counts.size(), out_count_.data() + ch.begin);
+        const int64_t n_nbrs = static_cast<int64_t>(ch.nbrs.size());
         // Each edge adds at most one node: refuse a batch whose local ids could overflow int32.
-        if (n_id.size() + (total - rows_.size()) >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        size_t n = n_id.size();
+        if (n + static_cast<size_t>(n_nbrs) >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
             throw py::value_error("a batch could reach 2^31-1 nodes; use smaller batches or fanouts");
         }
         size_t e = rows_.size();
-        rows_.resize(total);
-        // n_id grows by at most one node per edge: size it once, trim after the merge.
-        size_t n = n_id.size();
-        n_id.resize(n + (total - e));
+        rows_.resize(e + static_cast<size_t>(n_nbrs));
+        n_id.resize(n + static_cast<size_t>(n_nbrs));  // an upper bound, trimmed below
         int64_t* rows = rows_.data();
         int64_t* ids = n_id.data();
         int32_t* local = local_.data();
-        for (int64_t c = 0; c < n_chunks; ++c) {
-            const ChunkOut& ch = chunks_[c];
-            std::copy(ch.counts.begin(), ch.counts.end(), out_count_.data() + ch.begin);
-            const int64_t* nbr = ch.nbrs.data();
-            const int64_t n_nbrs = static_cast<int64_t>(ch.nbrs.size());
-            for (int64_t j = 0; j < n_nbrs; ++j, ++e) {
-                if (j + kPrefetchEdges < n_nbrs) __builtin_prefetch(local + nbr[j + kPrefetchEdges]);
-                const int64_t u = nbr[j];
-                if (local[u] == kAbsent) {
-                    local[u] = static_cast<int32_t>(n);
-                    ids[n++] = u;
-                }
-                rows[e] = local[u];
-            }
+        const int64_t* nbr = ch.nbrs.data();
+        for (int64_t j = 0; j < n_nbrs; ++j, ++e) {
+            if (j + kPrefetchEdges < n_nbrs) __builtin_prefetch(local + nbr[j + kPrefetchEdges]);
+            // Branch-free (new or known is unpredictable): always write the next id slot; it only
+            // counts, and survives, when u is new.
+            const int64_t u = nbr[j];
+            const int32_t known = local[u];
+            const bool fresh = known == kAbsent;
+            const int32_t id = fresh ? static_cast<int32_t>(n) : known;
+            local[u] = id;
+            ids[n] = u;
+            n += fresh;
+            rows[e] = id;
         }
         n_id.resize(n);
     }
@@ -505,6 +586,7 @@ class NeighborSampler {
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
     PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
+    PodBuffer<int64_t> frontier_;   // the current hop's frontier (global ids)
     PodBuffer<int64_t> rows_;       // row 0 of edge_index (local ids of sampled neighbours)
     PodBuffer<int64_t> out_count_;  // edges sampled for each frontier node, by local id
 };

@@ -147,25 +147,38 @@ def _check_seeds_numpy(seeds: np.ndarray, num_nodes: int) -> None:
         raise ValueError("seeds must be unique (duplicates found)")
 
 
+NUMPY_DEDUP = ("unique", "minimum-at")
+
+
 def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
-                 rng: np.random.Generator) -> SampledBatch:
+                 rng: np.random.Generator, *, dedup: str = "unique") -> SampledBatch:
     """The same semantics as `NeighborSampler.sample`, vectorised in numpy (different draws).
 
     Per hop: all candidate edge positions of the frontier nodes that must be subsampled get a
-    random key; a lexsort by (node, key) and a rank-within-node cut keep `fanout` of them, which
-    is uniform without replacement. Nodes that take all their neighbours are expanded as ranges.
-    New nodes get local ids in first-occurrence order (`np.unique` with `return_index`).
+    random key; sorting by (node, key) and cutting at rank `fanout` within each node keeps a
+    uniform sample without replacement. The sort is one stable argsort of the composite integer
+    ``node << b | key`` (as a lexsort, but far faster: the nodes are already in runs), where the
+    key takes all ``b = 63 - bits(nodes)`` remaining bits, so ties (broken by position) have
+    probability about ``deg**2 / 2**(b+1)``, under 1e-9 for any real frontier.
+    Nodes that take all their neighbours are expanded as ranges. New nodes get local ids in
+    first-occurrence order.
 
     Args:
         indptr: int64 [N+1]; indices: integer [E]; seeds: unique ids in [0, N).
         fanouts: per hop (-1 = all).
         rng: the numpy generator drawing the keys.
+        dedup: how new nodes are found in first-occurrence order: "unique" (`np.unique` with
+            `return_index`, then an argsort of the first indices) or "minimum-at" (the first
+            position of every node by `np.minimum.at` into an N-sized scratch array: no sort,
+            about 10x faster on large hops). Same output either way.
 
     Raises:
-        ConfigError: bad fanouts.
+        ConfigError: bad fanouts or dedup.
         ValueError: seeds out of range or duplicated.
     """
     hops = check_fanouts(fanouts)
+    if dedup not in NUMPY_DEDUP:
+        raise ConfigError("dedup", f"{dedup!r} is not one of {NUMPY_DEDUP}")
     indptr = _as_numpy(indptr).astype(np.int64, copy=False)
     indices = _as_numpy(indices)
     seeds = _as_seeds(seeds)
@@ -174,9 +187,9 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
 
     local = np.full(num_nodes, -1, dtype=np.int64)  # global -> local id
     local[seeds] = np.arange(seeds.shape[0])
+    first_pos = np.empty(num_nodes, dtype=np.int64) if dedup == "minimum-at" else None
     n_id_parts = [seeds.astype(np.int64)]
-    rows_parts: list[np.ndarray] = []
-    cols_parts: list[np.ndarray] = []
+    edge_parts: list[tuple[np.ndarray, np.ndarray]] = []
     num_nodes_out = [int(seeds.shape[0])]
     num_edges_out: list[int] = []
     frontier, frontier_start = n_id_parts[0], 0
@@ -193,8 +206,10 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
         part = np.flatnonzero(sub)
         if part.size:
             cand = _ranges(starts[part], deg[part])
-            seg = np.repeat(np.arange(part.size), deg[part])
-            order = np.lexsort((rng.random(cand.size), seg))
+            key_bits = 63 - int(part.size).bit_length()
+            seg = np.repeat(np.arange(part.size, dtype=np.int64), deg[part])
+            keys = rng.integers(0, 1 << key_bits, size=cand.size, dtype=np.int64)
+            order = np.argsort((seg << key_bits) | keys, kind="stable")
             rank = np.arange(cand.size) - np.repeat(np.cumsum(deg[part]) - deg[part], deg[part])
             keep = rank < fanout  # rank of the sorted element within its node (seg is sorted already)
             slots = np.repeat(out_off[part], fanout) + np.tile(np.arange(fanout), part.size)
@@ -203,16 +218,23 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
         cols = np.repeat(np.arange(frontier_start, frontier_start + frontier.size), take)
         # New nodes in order of first occurrence get the next local ids.
         fresh = nbrs[local[nbrs] < 0]
-        uniq, first = np.unique(fresh, return_index=True)
-        new_nodes = uniq[np.argsort(first, kind="stable")]
+        if first_pos is None:
+            uniq, first = np.unique(fresh, return_index=True)
+            new_nodes = uniq[np.argsort(first, kind="stable")]
+        else:
+            pos = np.arange(fresh.size)
+            first_pos[fresh] = fresh.size
+            np.minimum.at(first_pos, fresh, pos)
+            new_nodes = fresh[first_pos[fresh] == pos]
         next_id = sum(num_nodes_out)
         local[new_nodes] = np.arange(next_id, next_id + new_nodes.size)
-        rows_parts.append(local[nbrs])
-        cols_parts.append(cols)
+        edge_parts.append((local[nbrs], cols))
         n_id_parts.append(new_nodes)
         num_nodes_out.append(int(new_nodes.size))
         num_edges_out.append(int(nbrs.size))
         frontier, frontier_start = new_nodes, next_id
     n_id = np.concatenate(n_id_parts)
-    edge_index = np.stack([np.concatenate(rows_parts), np.concatenate(cols_parts)]).astype(np.int64, copy=False)
+    edge_index = np.empty((2, sum(num_edges_out)), dtype=np.int64)
+    np.concatenate([r for r, _ in edge_parts], out=edge_index[0])
+    np.concatenate([c for _, c in edge_parts], out=edge_index[1])
     return SampledBatch(n_id, edge_index, num_nodes_out, num_edges_out, int(seeds.shape[0]))

@@ -88,7 +88,13 @@ def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout
     return numpy_sample(indptr, indices, seeds, fanouts, np.random.default_rng(7))
 
 
-SAMPLERS = [pytest.param(native(), id="native"), pytest.param(reference, id="numpy")]
+def reference_minimum_at(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray,
+                         fanouts: list[int]) -> SampledBatch:
+    return numpy_sample(indptr, indices, seeds, fanouts, np.random.default_rng(7), dedup="minimum-at")
+
+
+SAMPLERS = [pytest.param(native(), id="native"), pytest.param(reference, id="numpy"),
+            pytest.param(reference_minimum_at, id="numpy-minimum-at")]
 
 
 @pytest.mark.parametrize("sample", SAMPLERS)
@@ -125,6 +131,14 @@ def test_native_equals_numpy_when_nothing_is_random() -> None:
     np.testing.assert_array_equal(a.n_id, b.n_id)
     np.testing.assert_array_equal(a.edge_index, b.edge_index)
     assert (a.num_sampled_nodes, a.num_sampled_edges) == (b.num_sampled_nodes, b.num_sampled_edges)
+
+
+def test_numpy_dedup_modes_agree() -> None:
+    indptr, indices = random_csc(3001, 40000, seed=12)
+    seeds = np.random.default_rng(13).choice(3001, 150, replace=False)
+    a = reference(indptr, indices, seeds, [6, 5, 4])
+    b = reference_minimum_at(indptr, indices, seeds, [6, 5, 4])
+    assert a.num_sampled_nodes[3] > 100 and _sample_equal(a, b)
 
 
 def test_frontier_not_reexpanded() -> None:
@@ -282,6 +296,21 @@ def test_corrupt_indices_named() -> None:
     assert sampler.sample(np.array([0]), 0).n_id.tolist() == [0, 1, 2]
 
 
+def test_corrupt_indices_while_threads_run() -> None:
+    # The fault surfaces in the ordered merge of the last chunk while other threads sample: all
+    # are joined, the error names the edge, and the sampler is left clean for the next batch.
+    indptr, indices = random_csc(5003, 80000, seed=14, dtype=np.int64)
+    bad = indices.copy()
+    bad[-1] = -7  # an in-edge of node 5002 (the last node has in-edges in this graph)
+    assert indptr[-2] < indptr[-1]
+    broken = NeighborSampler(indptr, bad, [-1], 4)
+    seeds = np.arange(5003)
+    with pytest.raises(ValueError, match=rf"indices\[{indices.size - 1}\] = -7 is out of range"):
+        broken.sample(seeds, 0)
+    clean = NeighborSampler(indptr, indices, [-1], 4)
+    assert _sample_equal(broken.sample(seeds[:-1], 1), clean.sample(seeds[:-1], 1))
+
+
 @pytest.mark.parametrize(("fanouts", "match"), [
     ([], "fanouts: needs at least one hop"),
     ([3, -2], "fanouts: hop 1: -2 must be >= 0, or -1"),
@@ -292,6 +321,11 @@ def test_bad_fanouts(fanouts: list, match: str) -> None:
         NeighborSampler(GOOD_INDPTR, GOOD_INDICES, fanouts)
     with pytest.raises(ConfigError, match=match):
         numpy_sample(GOOD_INDPTR, GOOD_INDICES, np.array([0]), fanouts, np.random.default_rng(0))
+
+
+def test_bad_numpy_dedup() -> None:
+    with pytest.raises(ConfigError, match="dedup: 'hash' is not one of"):
+        numpy_sample(GOOD_INDPTR, GOOD_INDICES, np.array([0]), [1], np.random.default_rng(0), dedup="hash")
 
 
 def test_empty_batch_and_zero_degree_seeds() -> None:
