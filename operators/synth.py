@@ -14,8 +14,9 @@ The generator is built so that any task can produce its node range without a glo
   law. Edges are written in both directions (the graph is undirected), with self-loops and
   duplicates inside a task removed, so the average stored degree is about ``avg_degree``.
 * **Labels** follow communities (label = community; a ``label_noise`` fraction gets a
-  random class, decided by a hash of the node id so every task agrees), hence the edge
-  homophily is about ``homophily * (1 - label_noise)`` plus chance agreement of the noise.
+  random class, decided by a hash of the node id so every task agrees). Inter-community
+  edges always change community, so the edge homophily (same label at both ends) is about
+  ``homophily`` when label_noise is 0; label noise lowers it.
 * **Features** are a weak class signal plus Gaussian noise, ``signal * mu[c] + noise * z``
   with random unit-norm class centroids mu: an MLP on one node's features does poorly,
   while averaging a few neighbours (GraphSAGE) cancels the noise.
@@ -177,7 +178,7 @@ class Layout:
 
     @classmethod
     def of(cls, cfg: SynthConfig) -> Layout:
-        """The layout for `cfg`: a multiplier near N/phi coprime with N, a random offset."""
+        """The layout for `cfg`: a seeded multiplier around 0.6*N coprime with N, and a seeded offset."""
         n = cfg.num_nodes
         rng = np.random.default_rng([cfg.seed, _TAG_LAYOUT])
         a = max(1, int(n * rng.uniform(0.55, 0.65))) | 1
