@@ -128,6 +128,15 @@ def _drop_stale(work: Path, name: str, keep: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _remove_orphans(root: Path) -> None:
+    """Delete temp files of tasks killed mid-write (their retries wrote the real files under other names)."""
+    for p in list(root.rglob(".*.tmp-*")):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------- tasks (thin wrappers)
 
 def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[str], tiers_path: str,
@@ -174,11 +183,20 @@ def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
 
 
 def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int, disk_budget: int,
-                 pad_per_batch: int, k: int, seed: int, out_path: str) -> dict:
-    """The segmented disk-cache layout (DiskGNN §5.1) for the whole round."""
+                 pad_per_batch: int, k: int, seed: int, shard_rows: int, out_path: str) -> dict:
+    """The segmented disk-cache layout (DiskGNN §5.1) for the whole round.
+
+    Only needed when packing every miss exceeds the budget. The caller decides that from a
+    padding bound; the exact packed bytes (each (batch, shard) segment padded to 4096) are
+    checked here first, so a round whose packed rows fit is not segmented (segment_size None,
+    no layout file written).
+    """
     import pickle
 
     misses = [m for s, p in zip(sample_paths, plan_paths) for m in _misses_of(s, p)]
+    exact = sum(int(packed_fmt.padded(np.bincount(m // shard_rows) * row_bytes).sum()) for m in misses)
+    if exact <= disk_budget:
+        return {"segment_size": None, "disk_bytes": exact, "segments": 0}
     layout = build_layout(misses, row_bytes, disk_budget, pad_bytes_per_batch=pad_per_batch, k=k, seed=seed)
     with open(out_path + ".tmp", "wb") as f:
         pickle.dump(layout, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -358,9 +376,13 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             if cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
                 layout_path = str(work / "layout.pkl")
                 (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
-                                                                pad_per_batch, cfg.minhash_k, cfg.seed, layout_path,
+                                                                pad_per_batch, cfg.minhash_k, cfg.seed,
+                                                                store.shard_rows, layout_path,
                                                                 dask_key_name="search")], desc="search", disable=True)
-                figures["segment_size"] = search["segment_size"]
+                if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
+                    layout_path = None
+                else:
+                    figures["segment_size"] = search["segment_size"]
             routes = compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
                                                         str(work / "route" / f"{r.key}.npz"),
                                                         dask_key_name=f"route-{r.key}")
@@ -413,6 +435,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             "files": {"parts": parts, "dcache": dcache},
             "figures": figures,
         }
+        _remove_orphans(stage)
         write_manifest(stage, manifest)
     if layout_path is not None:
         Path(layout_path).unlink(missing_ok=True)

@@ -1,0 +1,155 @@
+"""`prepare` on a process LocalCluster: the same bytes as the sync scheduler, and a worker killed
+in the middle of packing never leaves a published dataset that is incomplete or corrupt."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
+from diskflow.operators.store import Store
+from diskflow.operators.verify import verify
+
+distributed = pytest.importorskip("distributed")
+
+BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 5,
+        "disk_budget": 3 << 20, "device": "cuda"}   # segmented disk cache + GPU tier: every target file is shared
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def config(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> PrepareConfig:
+    rb = Store(tiny_store).row_bytes
+    with dask.config.set(scheduler="sync"):
+        r = prepare(tiny_store, tmp_path_factory.mktemp("staging") / "out",
+                    PrepareConfig(**{**BASE, "disk_budget": None}, cpu_memory=1 << 30, gpu_memory=rb), quiet=True)
+    return PrepareConfig(**BASE, cpu_memory=int(r.figures["staging_bytes"]) + 500 * rb, gpu_memory=200 * rb)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_store: Path, config: PrepareConfig, tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[PrepareResult, dict[str, bytes]]:
+    """The packed dataset made with the synchronous scheduler (before any Client exists)."""
+    with pytest.raises(ValueError):
+        distributed.default_client()
+    with dask.config.set(scheduler="sync"):
+        r = prepare(tiny_store, tmp_path_factory.mktemp("sync") / "out", config, quiet=True)
+    assert r.figures["dcache_rows"] > 0 and r.figures["gpu_hits"] > 0
+    return r, _files(r.path)
+
+
+@pytest.fixture(scope="module")
+def client(reference: Any) -> Any:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+            distributed.Client(c) as cl:
+        yield cl
+
+
+def test_cluster_run_gives_the_same_bytes_as_the_sync_scheduler(tiny_store: Path, config: PrepareConfig,
+                                                                 reference: Any, client: Any, tmp_path: Path) -> None:
+    ref, ref_files = reference
+    with distributed.get_task_stream(client) as stream:
+        r = prepare(tiny_store, tmp_path / "out", config, quiet=True)
+    assert not r.skipped
+    pack_workers = {t["worker"] for t in stream.data if str(t["key"]).startswith("pack-r0-p")}
+    assert len({str(t["key"]) for t in stream.data if str(t["key"]).startswith("pack-r0-p")}) == 5
+    assert len({t["worker"] for t in stream.data}) == 2 and pack_workers
+    got = _files(r.path)
+    assert sorted(got) == sorted(ref_files)
+    assert [k for k in got if got[k] != ref_files[k]] == [], "index, part, tier and manifest bytes all equal"
+    assert r.figures == ref.figures
+    verify(r.path, full=True)
+
+
+def _set_allowed_failures(dask_scheduler: Any, n: int) -> int:
+    old, dask_scheduler.allowed_failures = dask_scheduler.allowed_failures, n
+    return old
+
+
+@pytest.mark.parametrize("allowed_failures", [3, 0], ids=["task-retried", "run-fails"])
+def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, config: PrepareConfig, reference: Any,
+                                     client: Any, tmp_path: Path) -> None:
+    """SIGKILL the worker that is half-way through writing a part file.
+
+    Each worker's part-file writes are slowed once (the first one writes half its bytes, leaves a
+    marker naming the process, and sleeps), so the kill lands mid-write. With the scheduler's
+    default retries the run finishes with the reference bytes; with none it fails with a clear
+    error, leaves no manifest, and a re-run gives the reference bytes.
+    """
+    _, ref_files = reference
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    out = tmp_path / "out"
+    client.wait_for_workers(2, timeout=30)
+    pids = set(client.run(os.getpid).values())
+
+    def slow_first_part_write(marker_dir: str) -> None:   # runs in each worker process
+        from diskflow.operators import pack
+
+        real = getattr(pack, "_real_write_all", pack._write_all)
+        pack._real_write_all = real
+
+        def write_all(fd, view, path):
+            if not os.listdir(marker_dir):
+                flat = view.reshape(-1)
+                half = flat.shape[0] // 2
+                real(fd, flat[:half], path)
+                os.fsync(fd)
+                Path(marker_dir, str(os.getpid())).touch()
+                time.sleep(4)
+                return real(fd, flat[half:], path)
+            return real(fd, view, path)
+
+        pack._write_all = write_all
+
+    client.run(slow_first_part_write, str(marks))
+    old = client.run_on_scheduler(_set_allowed_failures, n=allowed_failures)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = prepare(tiny_store, out, config, quiet=True)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            outcome["error"] = e
+
+    try:
+        t0 = time.monotonic()
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        while not any(marks.iterdir()):
+            assert th.is_alive(), f"prepare ended before packing was interrupted: {outcome}"
+            assert time.monotonic() - t0 < 30, "no pack task started writing"
+            time.sleep(0.02)
+        victim = int(next(marks.iterdir()).name)
+        assert victim in pids, "only a worker of this test's cluster is killed"
+        assert list(tmp_path.glob(".out.tmp-*/round-0/.part-*.tmp-*")), "the kill lands mid-write"
+        os.kill(victim, signal.SIGKILL)
+        th.join(timeout=60)
+        assert not th.is_alive(), "prepare hangs after a worker died"
+    finally:
+        client.run_on_scheduler(_set_allowed_failures, n=old)
+
+    if allowed_failures:
+        assert "result" in outcome, f"the pack task is retried on another worker: {outcome}"
+        assert not outcome["result"].skipped
+    else:
+        e = outcome.get("error")
+        assert isinstance(e, distributed.KilledWorker) and "pack-r0-p" in str(e), repr(e)
+        assert not out.exists(), "a failed run publishes nothing"
+        with distributed.get_task_stream(client) as stream:
+            assert not prepare(tiny_store, out, config, quiet=True).skipped
+        assert not {str(t["key"]) for t in stream.data if str(t["key"]).startswith(("sample-", "plan-"))}, \
+            "the re-run reuses the finished samples and plans"
+    got = _files(out)
+    assert sorted(got) == sorted(ref_files), "no stray files (half-written parts) in the published dataset"
+    assert [k for k in got if got[k] != ref_files[k]] == []
+    verify(out, full=True)
+    assert not list(tmp_path.glob(".out.tmp-*")), "no staging directory left behind"
