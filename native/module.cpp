@@ -8,6 +8,7 @@ namespace py = pybind11;
 
 namespace diskflow {
 void register_belady(pybind11::module_& m);  // belady.cpp: Belady CPU-cache planner
+void register_reader(pybind11::module_& m);  // reader.cpp: direct-I/O reader (O_DIRECT, io_uring / pread)
 }  // namespace diskflow
 
 PYBIND11_MODULE(_native, m) {
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_native, m) {
 #endif
     diskflow::register_sampler(m);
     diskflow::register_belady(m);
+    diskflow::register_reader(m);
 }

@@ -1,0 +1,187 @@
+"""Direct-I/O reader: the thin Python binding of `reader.cpp`.
+
+Reads lists of (file, offset, length) requests straight from disk into caller-provided buffers,
+with many requests in flight and the GIL released, so a loader thread can stream packed segments
+and disk-cache pages into pinned host memory while Python keeps training (DESIGN.md §6, §7).
+
+* Files are opened with ``O_DIRECT`` (the page cache is bypassed: no double buffering, no memory
+  contention with the sampler, true disk traffic). Where the file system refuses it (tmpfs) the
+  file is opened buffered and a ``RuntimeWarning`` names it.
+* In direct mode every offset, length and buffer address must be a multiple of ``ALIGN`` (4096);
+  a misaligned request raises ``ValueError`` before anything is read. Allocate buffers with
+  :func:`aligned_empty` (or use pinned torch tensors via ``.numpy()``, which are page-aligned).
+* Backends: ``"uring"`` (io_uring via liburing, when compiled in and usable at run time) keeps
+  ``queue_depth`` requests in flight from one thread; ``"pread"`` runs ``threads`` blocking
+  ``pread`` threads. ``"auto"`` takes io_uring when it can, else pread (with a ``RuntimeWarning``
+  when io_uring is compiled in but refused at run time).
+* :meth:`DirectReader.read_rows` reads fixed-size rows at arbitrary byte offsets by reading each
+  distinct 4 KiB page once (adjacent pages merged into one request) and copying the rows out.
+* Errors are Python exceptions naming the file and the offset: ``OSError`` (``FileNotFoundError``
+  etc.), :class:`ShortReadError` (an ``OSError``: the file ended before the requested bytes) and
+  ``ValueError`` (misaligned or out-of-bounds request, bad handle).
+
+Example::
+
+    with DirectReader(queue_depth=64) as r:
+        h = r.open("part-00000.bin")
+        buf = aligned_empty(8 << 20)
+        r.read(np.array([h, h]), np.array([0, 4 << 20]), np.array([4 << 20] * 2), buf,
+               np.array([0, 4 << 20]))
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from . import _native
+
+HAVE_URING: bool = bool(_native.have_liburing)
+"""True when the extension was compiled with liburing (io_uring may still be refused at run time)."""
+ALIGN: int = int(_native.ALIGN)
+"""O_DIRECT granularity: offsets, lengths and buffer addresses are multiples of it."""
+ShortReadError: type[OSError] = _native.ShortReadError
+BACKENDS = ("auto", "uring", "pread")
+# read_rows defaults: the longest run of adjacent pages read as one request, and the staging buffer.
+DEFAULT_MERGE_BYTES = 1 << 20
+DEFAULT_BOUNCE_BYTES = 32 << 20
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A 1-D uint8 array of `nbytes` whose data address is a multiple of 4096 (zero-filled).
+
+    It is an anonymous memory mapping owned by the array (unmapped when the array is freed), so
+    it can be the destination of O_DIRECT reads.
+    """
+    return _native.aligned_empty(int(nbytes))
+
+
+def _as_int64(values: Any, name: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(f"{name}: expected integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+
+
+def _as_out(out: Any) -> Any:
+    """numpy arrays pass through; torch tensors (e.g. pinned host buffers) as their numpy view."""
+    if not isinstance(out, np.ndarray) and hasattr(out, "numpy"):
+        return out.numpy()
+    return out
+
+
+class DirectReader:
+    """Reads many requests in flight from files opened with O_DIRECT (see the module docstring).
+
+    Args:
+        queue_depth: requests in flight with io_uring (the ring size).
+        threads: pread threads (requests in flight with the pread backend).
+        backend: "auto" (io_uring when usable, else pread), "uring" (io_uring or an error), "pread".
+        direct: open files with O_DIRECT (False: buffered, no alignment rules).
+        merge_bytes: read_rows merges adjacent pages into requests of at most this many bytes.
+        bounce_bytes: read_rows' staging buffer; larger page sets are read in several rounds.
+
+    Attributes:
+        backend: the backend in use, "uring" or "pread".
+
+    One reader serialises its own calls (a lock); use one reader per loader thread for parallel
+    streams. Usable as a context manager (closes its files).
+    """
+
+    def __init__(self, queue_depth: int = 64, threads: int = 4, backend: str = "auto", direct: bool = True,
+                 *, merge_bytes: int = DEFAULT_MERGE_BYTES, bounce_bytes: int = DEFAULT_BOUNCE_BYTES) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct))
+        self._impl.set_merge_bytes(int(merge_bytes), int(bounce_bytes))
+        self.backend: str = self._impl.backend
+        if self._impl.fallback_reason:
+            warnings.warn(f"io_uring unavailable ({self._impl.fallback_reason}); reading with "
+                          f"{threads} pread threads instead", RuntimeWarning, stacklevel=2)
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests in flight with io_uring."""
+        return int(self._impl.queue_depth)
+
+    def open(self, path: str | os.PathLike[str]) -> int:
+        """Open a file for reading; returns its handle.
+
+        Raises:
+            FileNotFoundError (or another OSError) naming the path.
+        Warns:
+            RuntimeWarning naming the file when its file system refuses O_DIRECT (it is then read
+            through the page cache, and alignment is not required).
+        """
+        p = os.fspath(path)
+        handle, _, refused = self._impl.open(p)
+        if refused:
+            warnings.warn(f"{p}: {refused}; reading it through the page cache", RuntimeWarning, stacklevel=2)
+        return int(handle)
+
+    def is_direct(self, handle: int) -> bool:
+        """Whether the file of `handle` is read with O_DIRECT."""
+        return bool(self._impl.is_direct(int(handle)))
+
+    def path(self, handle: int) -> str:
+        """The path the file of `handle` was opened with."""
+        return str(self._impl.path_of(int(handle)))
+
+    def close_file(self, handle: int) -> None:
+        """Close one file (its handle becomes invalid)."""
+        self._impl.close_file(int(handle))
+
+    def read(self, handles: np.ndarray | int, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray,
+             out_offsets: np.ndarray) -> None:
+        """Read request i: bytes [offsets[i], offsets[i] + lengths[i]) of file handles[i] into
+        out[out_offsets[i] : out_offsets[i] + lengths[i]].
+
+        Args:
+            handles: file handle per request (or one handle for all).
+            offsets, lengths, out_offsets: int arrays, one entry per request.
+            out: writable C-contiguous uint8 buffer (numpy array, or a torch tensor's ``.numpy()``).
+
+        Raises:
+            ValueError: misaligned request in direct mode, request outside `out`, bad handle.
+            ShortReadError: a file ended before a request's last byte (names file and offset).
+            OSError: any other I/O error (names file and offset). Requests in flight are drained
+                before it is raised.
+        """
+        offs = _as_int64(offsets, "offsets")
+        hs = _as_int64(np.broadcast_to(np.asarray(handles), offs.shape) if np.ndim(handles) == 0 else handles,
+                       "handles")
+        self._impl.read(hs, offs, _as_int64(lengths, "lengths"), _as_out(out), _as_int64(out_offsets, "out_offsets"))
+
+    def read_rows(self, handle: int, row_offsets: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
+        """Read rows of `row_bytes` bytes at byte offsets `row_offsets` into out [n, row_bytes] (uint8).
+
+        Each distinct 4 KiB page the rows touch is read once (rows may straddle pages or repeat;
+        adjacent pages are merged into one request), so the counters show
+        bytes_read = distinct pages x 4096 and bytes_requested = n x row_bytes. No alignment is
+        required of the rows or of `out`. A row's last page may extend past the end of the file.
+        """
+        self._impl.read_rows(int(handle), _as_int64(row_offsets, "row_offsets"), int(row_bytes), _as_out(out))
+
+    def counters(self) -> dict[str, float]:
+        """bytes_requested, bytes_read (from disk), requests (issued to the kernel, after
+        splitting at 4 MiB and merging pages), seconds (time spent in read calls)."""
+        return dict(self._impl.counters())
+
+    def reset_counters(self) -> None:
+        """Zero the counters."""
+        self._impl.reset_counters()
+
+    def close(self) -> None:
+        """Close every file and free the reader's buffers; the reader cannot be used afterwards."""
+        self._impl.close()
+
+    def __enter__(self) -> DirectReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DirectReader(backend={self.backend!r}, queue_depth={self.queue_depth})"
