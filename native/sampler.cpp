@@ -14,9 +14,11 @@
 // Determinism: every frontier node draws from its own counter-based generator keyed by
 // (seed, hop, global node id), so the output is a pure function of (graph, seeds, fanouts, seed),
 // whatever the thread count. Each hop samples contiguous frontier chunks in parallel into
-// per-chunk buffers, then merges them serially in chunk order (the dedup that assigns local ids
-// must see edges in order). The dedup uses a scratch array of N entries owned by the sampler,
-// reset through the batch's own node list, and a mutex makes concurrent calls on one object safe.
+// per-chunk buffers and merges them serially in chunk order (the dedup that assigns local ids
+// must see edges in order); the merge of chunk c overlaps with the sampling of later chunks.
+// The dedup uses a scratch array of N entries owned by the sampler, reset through the batch's
+// own node list, and a mutex makes concurrent calls on one object safe. The GIL is released
+// during all of it; the graph arrays are read in place.
 #include "sampler.h"
 
 #include <pybind11/numpy.h>
@@ -31,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -226,6 +229,20 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
     }
 }
 
+// Starts workers 1 .. n_threads-1 (the caller is worker 0); if the system refuses a thread, the
+// work goes on with those started (every task is taken from a shared counter).
+template <typename Worker>
+void spawn_workers(std::vector<std::thread>& pool, int n_threads, Worker& worker) {
+    pool.reserve(static_cast<size_t>(n_threads - 1));
+    for (int w = 1; w < n_threads; ++w) {
+        try {
+            pool.emplace_back(worker, w);
+        } catch (const std::system_error&) {
+            break;
+        }
+    }
+}
+
 // Runs fn(task, worker) for task in [0, n_tasks) on up to n_threads threads (the caller's
 // included); tasks are taken in order from a shared counter. Rethrows a worker's exception.
 template <typename F>
@@ -247,8 +264,7 @@ void run_parallel(int64_t n_tasks, int n_threads, F&& fn) {
         }
     };
     std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(n_threads - 1));
-    for (int w = 1; w < n_threads; ++w) pool.emplace_back(worker, w);
+    spawn_workers(pool, n_threads, worker);
     worker(0);
     for (auto& t : pool) t.join();
     if (error) std::rethrow_exception(error);
@@ -295,8 +311,7 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
         }
     };
     std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(n_threads - 1));
-    for (int w = 1; w < n_threads; ++w) pool.emplace_back(worker, w);
+    spawn_workers(pool, n_threads, worker);
     try {
         for (int64_t t = 0; t < n_tasks && !failed.load(); ++t) {
             while (!ready[t].load(std::memory_order_acquire) && !failed.load()) {

@@ -37,6 +37,11 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (ends - counts), counts) + np.arange(int(counts.sum()))
 
 
+def sample_equal(a: SampledBatch, b: SampledBatch) -> bool:
+    return (np.array_equal(a.n_id, b.n_id) and np.array_equal(a.edge_index, b.edge_index)
+            and a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges)
+
+
 def check_batch(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanouts: list[int],
                 b: SampledBatch) -> None:
     """Every structural property of a sampled batch, checked vectorised."""
@@ -138,7 +143,7 @@ def test_numpy_dedup_modes_agree() -> None:
     seeds = np.random.default_rng(13).choice(3001, 150, replace=False)
     a = reference(indptr, indices, seeds, [6, 5, 4])
     b = reference_minimum_at(indptr, indices, seeds, [6, 5, 4])
-    assert a.num_sampled_nodes[3] > 100 and _sample_equal(a, b)
+    assert a.num_sampled_nodes[3] > 100 and sample_equal(a, b)
 
 
 def test_frontier_not_reexpanded() -> None:
@@ -151,24 +156,19 @@ def test_frontier_not_reexpanded() -> None:
     assert b.num_sampled_edges == [1, 2, 0] and b.num_sampled_nodes == [1, 1, 0, 0]
 
 
-def _sample_equal(a: SampledBatch, b: SampledBatch) -> bool:
-    return (np.array_equal(a.n_id, b.n_id) and np.array_equal(a.edge_index, b.edge_index)
-            and a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges)
-
-
 def test_deterministic_across_threads_and_seeds() -> None:
     indptr, indices = random_csc(6007, 60000, seed=4)
     seeds = np.random.default_rng(5).choice(6007, 900, replace=False)
     fanouts = [5, 4, 3]
     runs = {t: NeighborSampler(indptr, indices, fanouts, t).sample(seeds, 11) for t in (1, 2, 7)}
     assert runs[1].num_sampled_nodes[1] > 1000  # frontiers wide enough to be split into chunks
-    assert _sample_equal(runs[1], runs[2]) and _sample_equal(runs[1], runs[7])
+    assert sample_equal(runs[1], runs[2]) and sample_equal(runs[1], runs[7])
     sampler = NeighborSampler(indptr, indices, fanouts, 2)
-    assert _sample_equal(sampler.sample(seeds, 11), runs[1])
-    assert not _sample_equal(sampler.sample(seeds, 12), runs[1])
+    assert sample_equal(sampler.sample(seeds, 11), runs[1])
+    assert not sample_equal(sampler.sample(seeds, 12), runs[1])
     # int32 and int64 indices draw the same edge positions.
     wide = NeighborSampler(indptr, indices.astype(np.int64), fanouts, 2).sample(seeds, 11)
-    assert _sample_equal(wide, runs[1])
+    assert sample_equal(wide, runs[1])
 
 
 def test_concurrent_calls_on_one_object() -> None:
@@ -187,7 +187,7 @@ def test_concurrent_calls_on_one_object() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert all(g is not None and _sample_equal(g, e) for g, e in zip(got, expected))
+    assert all(g is not None and sample_equal(g, e) for g, e in zip(got, expected))
 
 
 def hub_graph(num_hubs: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
@@ -215,6 +215,17 @@ def test_uniform_marginals(sample: Sampler, degree: int, fanout: int) -> None:
     assert scipy.stats.chisquare(counts).pvalue > 1e-3
 
 
+def test_uniform_over_seeds() -> None:
+    # One node of degree 40, fanout 8, sampled under 2000 different seeds: the seed mixing alone
+    # must give uniform draws.
+    indptr, indices = hub_graph(1, 40)
+    sampler = NeighborSampler(indptr, indices, [8], 1)
+    draws = np.stack([sampler.sample(np.array([0]), seed).n_id[1:] - 1 for seed in range(2000)])
+    counts = np.bincount(draws.ravel(), minlength=40)
+    assert counts.sum() == 16000
+    assert scipy.stats.chisquare(counts).pvalue > 1e-3
+
+
 @pytest.mark.parametrize("sample", SAMPLERS)
 def test_uniform_subsets(sample: Sampler) -> None:
     # 2 of 6: each of the 15 unordered pairs must be equally likely (joint, not just marginal).
@@ -232,7 +243,7 @@ def test_torch_tensors_zero_copy() -> None:
     assert np.shares_memory(sampler.indices, indices) and np.shares_memory(sampler.indptr, indptr)
     seeds = torch.arange(0, 777, 13)
     got = sampler.sample(seeds, 3)
-    assert _sample_equal(got, NeighborSampler(indptr, indices, [4, 3], 1).sample(seeds.numpy(), 3))
+    assert sample_equal(got, NeighborSampler(indptr, indices, [4, 3], 1).sample(seeds.numpy(), 3))
     check_batch(indptr, indices, seeds.numpy(), [4, 3], got)
     check_batch(indptr, indices, seeds.numpy(), [4, 3], numpy_sample(t_indptr, t_indices, seeds, [4, 3],
                                                                     np.random.default_rng(0)))
@@ -245,7 +256,7 @@ def test_memmapped_graph(tmp_path) -> None:
     mm = NeighborSampler(np.load(tmp_path / "indptr.npy", mmap_mode="r"),
                          np.load(tmp_path / "indices.npy", mmap_mode="r"), [3, 3], 2)
     seeds = np.arange(0, 501, 10, dtype=np.int32)  # narrower integer seeds are accepted
-    assert _sample_equal(mm.sample(seeds, 1), NeighborSampler(indptr, indices, [3, 3], 2).sample(seeds, 1))
+    assert sample_equal(mm.sample(seeds, 1), NeighborSampler(indptr, indices, [3, 3], 2).sample(seeds, 1))
 
 
 GOOD_INDPTR = np.array([0, 2, 3, 5, 5], dtype=np.int64)
@@ -277,7 +288,7 @@ def test_bad_seeds(seeds: np.ndarray, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         sampler.sample(seeds, 0)
     # The failed call left no trace: the next batch is sampled as if it were the first.
-    assert _sample_equal(sampler.sample(np.array([2, 0]), 5),
+    assert sample_equal(sampler.sample(np.array([2, 0]), 5),
                          NeighborSampler(GOOD_INDPTR, GOOD_INDICES, [2, 2], 1).sample(np.array([2, 0]), 5))
 
 
@@ -308,7 +319,7 @@ def test_corrupt_indices_while_threads_run() -> None:
     with pytest.raises(ValueError, match=rf"indices\[{indices.size - 1}\] = -7 is out of range"):
         broken.sample(seeds, 0)
     clean = NeighborSampler(indptr, indices, [-1], 4)
-    assert _sample_equal(broken.sample(seeds[:-1], 1), clean.sample(seeds[:-1], 1))
+    assert sample_equal(broken.sample(seeds[:-1], 1), clean.sample(seeds[:-1], 1))
 
 
 @pytest.mark.parametrize(("fanouts", "match"), [
