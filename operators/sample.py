@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,8 @@ def _as_numpy(x: Any) -> np.ndarray:
     """A numpy view of `x`; a CPU torch tensor is viewed without a copy (`.numpy()`)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
+        view: np.ndarray = x.detach().cpu().numpy()
+        return view
     return np.asarray(x)
 
 

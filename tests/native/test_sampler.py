@@ -4,13 +4,12 @@ mean distinct neighbours), and include nodes of in-degree 0."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import scipy.stats
 import torch
-
 from diskflow.operators.errors import ConfigError
 from diskflow.operators.sample import NeighborSampler, SampledBatch, numpy_sample
 
