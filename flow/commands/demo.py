@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="neighbours sampled per hop, comma-separated (default: 10,10)")
     p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1024, help="seeds per batch (default: %(default)s)")
     p.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage", help="GNN model (default: %(default)s)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=64, help="hidden channels (default: %(default)s)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="Dask worker processes (default: one per core)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.set_defaults(func=_run)
@@ -54,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"      synth {synth_s:.1f}s, ingest {ingest_s:.1f}s "
           f"({ingested.num_nodes:,} nodes, {ingested.num_edges:,} edges, {format_bytes(ingested.input_bytes)} read)")
 
-    common = dict(fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=args.epochs, seed=args.seed)
+    common = dict(fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+                  hidden=args.hidden)
     print(f"[3/3] train in memory: {args.model} vs MLP, {args.epochs} epochs, fanouts {','.join(map(str, args.fanouts))}")
     gnn_dir = new_run_dir(work / "runs", f"inmemory-{args.model}")
     gnn = inmemory.run(ingested.path, gnn_dir, model=args.model, **common)
