@@ -44,8 +44,9 @@ namespace {
 
 // Frontier nodes per work chunk at least: below this, a thread costs more than it saves.
 constexpr int64_t kMinChunkNodes = 256;
-// Chunks per thread at most: several, taken dynamically, so that uneven degrees balance out.
-constexpr int64_t kChunksPerThread = 4;
+// Chunks per thread at most: many, taken dynamically, so that uneven degrees balance out and the
+// ordered merge starts early and finishes soon after the last chunk is sampled.
+constexpr int64_t kChunksPerThread = 16;
 // Up to this fanout Floyd's algorithm checks its picks by a linear scan (they sit in L1);
 // above it, by a per-thread mark array indexed by edge offset.
 constexpr int64_t kLinearScanMaxFanout = 32;
