@@ -60,7 +60,10 @@ def _parse_fanouts(text: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ConfigError("--fanouts", f"{text!r} is not a comma-separated list of integers") from None
-    return check_fanouts(values)
+    try:
+        return check_fanouts(values)
+    except ConfigError as e:
+        raise ConfigError("--fanouts", e.fault) from None
 
 
 def _check_positive(option: str, value: int) -> None:
