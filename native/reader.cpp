@@ -275,10 +275,17 @@ class Uring {
 
     bool ok() const { return ok_; }
 
-    // Returns 0 or a negative errno.
+    // Returns 0 or a negative errno. Completions are only reaped when this thread enters the
+    // kernel to wait for them, so ask the kernel not to interrupt it for each one (COOP_TASKRUN,
+    // Linux >= 5.19); older kernels refuse the flag and get a plain ring.
     int init(unsigned depth) {
         depth_ = depth;
-        int rc = io_uring_queue_init(depth, &ring_, 0);
+        struct io_uring_params params {};
+#ifdef IORING_SETUP_COOP_TASKRUN
+        params.flags = IORING_SETUP_COOP_TASKRUN;
+#endif
+        int rc = io_uring_queue_init_params(depth, &ring_, &params);
+        if (rc == -EINVAL && params.flags != 0) rc = io_uring_queue_init(depth, &ring_, 0);
         ok_ = rc == 0;
         return rc;
     }

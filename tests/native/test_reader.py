@@ -427,3 +427,25 @@ def test_uring_backend_rejected_without_liburing() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert DirectReader(backend="auto").backend == "pread"  # compiled out: no warning
+
+
+def test_benchmark_runs_small(disk_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from diskflow.bench import reader as bench_reader
+
+    parser = argparse.ArgumentParser()
+    bench_reader.add_arguments(parser)
+    before = set(disk_dir.iterdir())
+    figures = bench_reader.run(parser.parse_args([
+        "--dir", str(disk_dir), "--size", "8MiB", "--seq-block", "1MiB", "--seq-depths", "2,3", "--rand-depth", "4",
+        "--seconds", "0.05", "--repeat", "2", "--row-bytes", "188"]))
+    assert set(disk_dir.iterdir()) == before  # the test file is gone
+    assert figures["file_bytes"] == 8 * MiB and "pread" in figures["backends"]
+    for b in figures["backends"]:
+        assert figures[f"seq_bw_{b}_qd3"] > 0 and len(figures[f"seq_bw_{b}_qd3_runs"]) == 2
+        assert figures[f"rand4k_iops_{b}"] > 0
+        assert figures[f"rows_per_s_{b}"] > 0 and 0 < figures[f"rows_amplification_{b}"] <= 2 * ALIGN / 188
+    if figures["fio"]:
+        assert figures["seq_bw_fio_qd2"] > 0 and figures["rand4k_iops_fio_psync"] > 0
+    assert "random 4 KiB" in capsys.readouterr().out
