@@ -22,9 +22,11 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import dask
 import numpy as np
@@ -32,12 +34,22 @@ import numpy as np
 from ..operators import packed as packed_fmt
 from ..operators.count import count_superbatch, dense_counts, merge_counts
 from ..operators.diskcache import build_layout
-from ..operators.errors import ConfigError, InputError
-from ..operators.files import (config_hash, read_manifest, save_npy, staging_dir, write_json,
-                               write_manifest)
+from ..operators.errors import ConfigError
+from ..operators.files import config_hash, read_manifest, save_npy, staging_dir, write_manifest
 from ..operators.pack import pack_shard, prepare_targets, write_tier_rows
-from ..operators.packed import (PACKED_FORMAT, PACKED_VERSION, ROUND_DIR, IndexRecord, SRC_STORE,
-                                dcache_name, file_crc, index_name, part_name, samples_name, write_index_file)
+from ..operators.packed import (
+    PACKED_FORMAT,
+    PACKED_VERSION,
+    ROUND_DIR,
+    SRC_STORE,
+    IndexRecord,
+    dcache_name,
+    file_crc,
+    index_name,
+    part_name,
+    samples_name,
+    write_index_file,
+)
 from ..operators.plan import SRC_MISS, initial_fill, plan_belady, plan_static, static_tier
 from ..operators.planfile import load_plan, save_plan
 from ..operators.route import route_superbatch, segment_offsets, write_index
@@ -240,11 +252,11 @@ def _index_task(key: str, route_path: str, offsets: np.ndarray, crc: np.ndarray,
     return out_path
 
 
-def _tree_merge(parts: list[Any], name: str) -> Any:
+def _tree_merge(parts: list[Any], tok: str) -> Any:
     """Pairwise tree reduction of sparse counts (no task holds more than two inputs)."""
     level = 0
     while len(parts) > 1:
-        parts = [dask.delayed(merge_counts)(*parts[i:i + 2], dask_key_name=f"count-merge-{level}-{i // 2}")
+        parts = [dask.delayed(merge_counts)(*parts[i:i + 2], dask_key_name=f"count-merge-{level}-{i // 2}-{tok}")
                  if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
         level += 1
     return parts[0]
@@ -273,6 +285,10 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             and existing.get("config_hash") == k_key:
         return PrepareResult(out, True, time.perf_counter() - t_start, dict(existing.get("figures", {})))
 
+    # A per-run token ends every task key: a re-run on the same client never meets a cancelled
+    # task of an earlier run under the same name (dashboard groups are unchanged: key_split
+    # stops at the numeric token).
+    tok = f"{uuid.uuid4().int % 10**8:08d}"
     work = Path(str(out) + ".work")
     work.mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}
@@ -287,11 +303,11 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         sdir.mkdir(parents=True)
         tasks = [dask.delayed(sample_superbatch)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
                                                  list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
-                                                 dask_key_name=f"sample-{r.key}") for r in refs]
+                                                 dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
         summaries = compute(tasks, desc="sample", disable=quiet or None)
-        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), dask_key_name=f"count-{r.key}")
+        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), dask_key_name=f"count-{r.key}-{tok}")
                    for r in refs]
-        total = _tree_merge(counted, "count")
+        total = _tree_merge(counted, tok)
         (ids_counts,) = compute([total], desc="count", disable=quiet or None)
         save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
         write_manifest(sdir, {"key": s_key, "summaries": summaries})
@@ -313,12 +329,12 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         tiers_path = str(pdir / "tiers.npz")
         (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
                                                       store.row_bytes, max_rows, cfg, tiers_path,
-                                                      dask_key_name="tiers")], desc="tiers", disable=True)
+                                                      dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
         prev: Any = None
         plan_tasks = []
         for i, r in enumerate(refs):
             prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-{r.key}")
+                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-{r.key}-{tok}")
             plan_tasks.append(prev)
         plans = compute(plan_tasks, desc="plan", disable=quiet or None)
         stats = [p[1] for p in plans]
@@ -362,11 +378,11 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         layout_path: str | None = None
         if not cfg.packing:
             tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
-                                                     dask_key_name=f"index-{r.key}")
+                                                     dask_key_name=f"index-{r.key}-{tok}")
                      for r, sp, pp in zip(refs, sample_paths, plan_paths)]
             compute(tasks, desc="index", disable=quiet or None)
             tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-            compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}")
+            compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
                      for p in range(P)], desc="tiers", disable=quiet or None)
             for p in range(P):     # no packed segments: empty part files keep the layout uniform
                 (rnd / part_name(p)).touch()
@@ -378,14 +394,14 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                 (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
                                                                 pad_per_batch, cfg.minhash_k, cfg.seed,
                                                                 store.shard_rows, layout_path,
-                                                                dask_key_name="search")], desc="search", disable=True)
+                                                                dask_key_name=f"search-{tok}")], desc="search", disable=True)
                 if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
                     layout_path = None
                 else:
                     figures["segment_size"] = search["segment_size"]
             routes = compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
                                                         str(work / "route" / f"{r.key}.npz"),
-                                                        dask_key_name=f"route-{r.key}")
+                                                        dask_key_name=f"route-{r.key}-{tok}")
                               for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
             seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
             offsets, part_bytes = segment_offsets(seg_rows, rb)
@@ -400,12 +416,12 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             route_paths = [x["path"] for x in routes]
             packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p],
                                                       str(rnd / part_name(p)), dcache_targets=cache_t,
-                                                      tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}")
+                                                      tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
                              for p in range(P)], desc="pack", disable=quiet or None)
             crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
             compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
                                                crc[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                               str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}")
+                                               str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
                      for x in routes], desc="index", disable=quiet or None)
             parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
             dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),

@@ -9,15 +9,13 @@ Sampling memory-maps the topology and never touches the feature shards.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
-
-from .batches import TRAIN_STREAM, batch_seed, seed_batches
 from .errors import ConfigError
 from .samples import record_batch, write_samples
+from .seeds import TRAIN_STREAM, batch_seed, seed_batches
 from .store import Store
 
 

@@ -49,7 +49,9 @@ class _Keys(Callback):
         self.keys.append(str(key))
 
     def groups(self) -> set[str]:
-        return {re.sub(r"-(e\d+-s\d+|r0-p\d+|\d+-\d+)$", "", k) for k in self.keys}
+        from dask.utils import key_split
+
+        return {key_split(k) for k in self.keys}
 
 
 @pytest.fixture(scope="module")
