@@ -6,10 +6,13 @@ kicks in only when packing would exceed `--disk-budget`. Neither paper has all t
 DiskGNN's CPU tier is static, Ginex reads its misses row by row.
 
     diskflow prepare belady --dataset STORE --out PACKED --cpu-memory 10% [--disk-budget 20GiB]
+    diskflow run belady --dataset STORE   (prepare into the run directory, then train)
 """
 from __future__ import annotations
 
 from ..flow.prepare import preparer
+from ._packed import runner
 
 NAME = "belady"
 prepare = preparer(NAME, cpu_policy="belady", packing=True)
+run = runner(NAME, prepare)

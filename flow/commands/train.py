@@ -1,0 +1,155 @@
+"""`diskflow train PACKED`: train on a packed dataset with the four-stage pipelined trainer.
+
+Prints a line per epoch (loss, accuracies, time, throughput, bytes read) and a table of
+stage busy times, queue waits, I/O and tier hit rates; writes ``report.json`` and
+``curves.png`` into a fresh run directory (or ``--run-dir``). ``--resume`` continues the
+newest unfinished run of the same PACKED under ``--runs-dir`` from its last checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ...operators.errors import ConfigError, DiskflowError, InputError
+from ...operators.files import format_bytes, read_manifest, write_json
+from ...operators.models import MODELS
+from ...operators.trainer import CHECKPOINTS
+from ..options import positive_int
+from ..rundir import REPORT, new_run_dir
+
+RUN_INFO = "train.json"     # in the run directory: which PACKED it trains (for --resume)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a GNN on a packed dataset (pipelined: load, assemble, graph, train)",
+        description="Train on PACKED (from `diskflow prepare`) with four pipelined stages: direct-I/O load of the "
+                    "packed segments, assembly from the GPU/CPU tiers, graph loading, and training. The round in "
+                    "PACKED fixes the epochs, batches and samples. Budgets are checked before training starts; a "
+                    "checkpoint is saved after every epoch (and on Ctrl-C); --resume continues from it.")
+    p.add_argument("packed", metavar="PACKED", help="packed dataset directory")
+    p.add_argument("--model", default="sage", choices=(*MODELS, "none"),
+                   help="sage (default), gcn, gat, mlp, or none (the data path only, for timing)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=128, help="hidden channels (default 128)")
+    p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
+                   help="model layers (default: number of hops)")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    p.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
+    p.add_argument("--heads", type=positive_int("--heads"), default=4, help="GAT attention heads (default 4)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="model-initialisation seed (default: the round's sampling seed)")
+    p.add_argument("--eval-every", type=positive_int("--eval-every"), default=1,
+                   help="evaluate val/test every N epochs (default 1)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--cpu-memory", default=None, metavar="SIZE",
+                   help="host memory for features (CPU tier + in-flight batches + I/O buffers), as bytes (4GiB) "
+                        "or a share of the feature bytes (10%%); checked before training (default: unchecked)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="GPU memory for the GPU tier (default: unchecked)")
+    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=2,
+                   help="capacity of each queue between stages (default 2)")
+    p.add_argument("--sequential", action="store_true", help="run the stages one after another (no overlap)")
+    p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of PACKED")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
+    p.add_argument("--run-dir", default=None, metavar="DIR", help="use this run directory (created if missing)")
+    p.add_argument("--store", default=None, metavar="STORE",
+                   help="the store (evaluation, Ginex rows; default: the path PACKED records)")
+    p.add_argument("--no-crc", action="store_true", help="skip the crc32 check of packed segments")
+    p.add_argument("--threads", type=positive_int("--threads"), default=None, help="torch threads")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=_run)
+
+
+def _packed_manifest(path: str) -> dict[str, Any]:
+    m = read_manifest(path) if Path(path).is_dir() else None
+    if m is None:
+        raise InputError(path, "not a packed dataset (no manifest.json; run `diskflow prepare`)")
+    return m
+
+
+def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
+    """The newest run directory under `runs_dir` that trains `packed` and has no report yet."""
+    if not runs_dir.is_dir():
+        return None
+    for d in sorted((d for d in runs_dir.iterdir() if d.is_dir()), key=lambda d: d.name, reverse=True):
+        info = d / RUN_INFO
+        if info.is_file() and not (d / REPORT).exists():
+            try:
+                if json.loads(info.read_text()).get("packed") == str(packed):
+                    return d
+            except (OSError, json.JSONDecodeError):
+                continue
+    return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ...pipelines._packed import budget, train_and_report
+
+    manifest = _packed_manifest(args.packed)
+    packed = Path(args.packed).resolve()
+    feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+    cpu = budget(args.cpu_memory, "--cpu-memory", feature_bytes)
+    gpu = budget(args.gpu_memory, "--gpu-memory", feature_bytes)
+    label = f"train-{manifest.get('pipeline', 'packed')}-{args.model}"
+    if args.run_dir is not None:
+        run_dir = Path(args.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    elif args.resume:
+        found = _unfinished_run(Path(args.runs_dir), packed)
+        if found is None:
+            raise ConfigError("--resume", f"no unfinished run of {packed} under {args.runs_dir}/ "
+                                          "(give its --run-dir, or start without --resume)")
+        run_dir = found
+    else:
+        run_dir = new_run_dir(args.runs_dir, label)
+    fresh = not any(run_dir.iterdir())
+    write_json(run_dir / RUN_INFO, {"packed": str(packed), "model": args.model})
+    print(f"run directory: {run_dir}")
+    try:
+        report = train_and_report(
+            packed, run_dir, progress=not args.no_progress, on_epoch=_print_epoch, model=args.model,
+            hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, dropout=args.dropout, heads=args.heads,
+            seed=args.seed, device=args.device, eval_every=args.eval_every, cpu_memory=cpu, gpu_memory=gpu,
+            queue_depth=args.queue_depth, sequential=args.sequential, check_crc=not args.no_crc,
+            resume=args.resume, store=args.store, threads=args.threads)
+    except DiskflowError:
+        if fresh and not (run_dir / CHECKPOINTS).exists():   # failed before training: leave no run behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    print_summary(report)
+    print(f"report: {run_dir / REPORT}")
+    return 0
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_epoch(r: dict[str, Any]) -> None:
+    print(f"epoch {r['epoch']:>3}  loss {_fmt(r.get('loss'))}  train {_fmt(r.get('train_acc'))}  "
+          f"val {_fmt(r.get('val_acc'))}  test {_fmt(r.get('test_acc'))}  {_fmt(r.get('epoch_s'), '.2f')} s  "
+          f"{_fmt(r.get('seeds_per_s'), ',.0f')} seeds/s  {format_bytes(r.get('bytes_read') or 0)} read", flush=True)
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """Stage busy/starved/blocked seconds, I/O, tier hit rates, memory: a short table."""
+    print("stage          busy s   starved s   blocked s")
+    for name, c in report["stages"].items():
+        print(f"  {name:<10} {c['busy_s']:9.3f}  {c['starved_s']:10.3f}  {c['blocked_s']:10.3f}")
+    io = report["io"]
+    amp = io.get("read_amplification")
+    print(f"io: {format_bytes(io.get('bytes_read', 0))} read in {int(io.get('requests', 0)):,} requests "
+          f"({io.get('backend')}), {format_bytes(io.get('useful_bytes', 0))} useful"
+          + (f", amplification {amp:.2f}" if amp else ""))
+    rates = report["tiers"]["rates"]
+    print("rows from: " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if v))
+    final = report.get("final") or {}
+    if final.get("test_acc") is not None:
+        print(f"final test acc {_fmt(final.get('test_acc'))}  best val {_fmt(final.get('best_val_acc'))}  "
+              f"test at best val {_fmt(final.get('test_acc_at_best_val'))}")
+    mem = report["memory"]
+    print(f"memory: plan {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
+          f"{mem['in_flight_batches']} batches in flight {format_bytes(mem['batch_bytes'])}), "
+          f"peak RSS {format_bytes(report['peak_rss_bytes'])}, wall {_fmt(report.get('wall_s'), '.1f')} s")

@@ -1,0 +1,143 @@
+"""What the packed pipelines (belady, diskgnn, ginex) share: prepare a packed dataset, then train on it.
+
+`runner(name, prepare)` makes a pipeline's ``run(store, run_dir, **options)`` for
+``diskflow run``: it prepares into ``run_dir/packed`` (or ``packed=``) with the pipeline's
+policy, sizing the staging reserve from the trainer's own in-flight count, and trains with
+the pipelined trainer (`operators.trainer`). `train_and_report` is the training half, also
+behind ``diskflow train PACKED``: it shows progress bars and writes ``report.json`` and
+``curves.png`` into the run directory.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..flow.progress import bar
+from ..flow.rundir import plot_curves, write_report
+from ..operators.errors import ConfigError
+from ..operators.files import format_bytes, parse_bytes
+from ..operators.load import in_flight_batches, io_buffer_bytes
+from ..operators.store import Store
+from ..operators.trainer import train_packed
+
+# Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
+DEFAULT_CPU_SHARE = 0.10
+
+
+def budget(value: int | str | None, option: str, whole: int) -> int | None:
+    """Bytes from an int, ``"2GiB"``, or a share of `whole` such as ``"10%"``; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            share = float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ConfigError(option, f"not a percentage: {value!r}") from None
+        if share < 0:
+            raise ConfigError(option, f"must be >= 0, got {value!r}")
+        return int(whole * share)
+    return parse_bytes(value, option)
+
+
+def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, progress: bool = True,
+                     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                     extra: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """`operators.trainer.train_packed` with a progress bar per epoch; writes report.json and curves.png.
+
+    Args:
+        packed: the packed dataset.
+        run_dir: an existing run directory.
+        progress: show a bar per epoch (on a terminal).
+        on_epoch: called with each epoch's record.
+        extra: more report keys (e.g. the prepare step's figures).
+        options: `train_packed`'s keyword arguments.
+    """
+    state: dict[str, Any] = {"bar": None}
+
+    def close() -> None:
+        if state["bar"] is not None:
+            state["bar"].close()
+            state["bar"] = None
+
+    def start(epoch: int, batches: int) -> None:
+        close()
+        state["bar"] = bar(total=batches, desc=f"{Path(packed).name} epoch {epoch + 1}", unit="batch",
+                           disable=None if progress else True)
+
+    def tick(n: int) -> None:
+        if state["bar"] is not None:
+            state["bar"].update(n)
+
+    def epoch_done(record: dict[str, Any]) -> None:
+        close()
+        if on_epoch is not None:
+            on_epoch(record)
+
+    try:
+        report = train_packed(packed, run_dir, on_epoch=epoch_done, on_batch=tick, on_start=start, **options)
+    finally:
+        close()
+    report.update(extra or {})
+    write_report(run_dir, report)
+    plot_curves(run_dir, report)
+    return report
+
+
+def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+    """A packed pipeline's ``run(store, run_dir, **options)``: prepare with its policy, then train."""
+
+    def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, packed: str | os.PathLike[str] | None = None,
+            model: str = "sage", hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
+            batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4,
+            seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
+            progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+            cpu_memory: int | str | None = None, gpu_memory: int | str = 0, disk_budget: int | str | None = None,
+            superbatch_size: int = 64, queue_depth: int = 2, sequential: bool = False, check_crc: bool = True,
+            resume: bool = False, force: bool = False) -> dict[str, Any]:
+        """Prepare `store` into ``run_dir/packed`` (or `packed`) and train on it; write report.json.
+
+        Budgets are bytes, ``"2GiB"`` or a share of the feature bytes (``"10%"``). `cpu_memory`
+        is the trainer's whole host budget for features: CPU tier + staging of the batches in
+        flight + I/O buffers; by default 10% of the features for the CPU tier plus the staging
+        of the worst-case batch for these fanouts (whatever the real batches leave unused
+        goes to the CPU tier).
+        Other options are the in-memory pipeline's (same seed: same batches, same samples) and
+        the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`).
+        """
+        st = Store(store)
+        rdir = Path(run_dir)
+        out = Path(packed) if packed is not None else rdir / "packed"
+        if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+            raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+        reserve = io_buffer_bytes(len(st.shards), queue_depth, sequential)
+        staging = in_flight_batches(queue_depth, sequential)
+        gpu = budget(gpu_memory, "--gpu-memory", st.feature_bytes) or 0
+        cpu = budget(cpu_memory, "--cpu-memory", st.feature_bytes)
+        dev = "cuda" if str(device).startswith("cuda") else "cpu"
+        options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
+                   "epochs": epochs, "seed": seed, "gpu_memory": gpu, "device": dev, "staging_batches": staging,
+                   "disk_budget": budget(disk_budget, "--disk-budget", st.feature_bytes)}
+        if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
+            rows = batch_size
+            for f in fanouts:
+                rows = min(st.num_nodes, rows * (1 + (st.num_nodes if f < 0 else int(f))))
+            cpu = staging * min(rows, st.num_nodes) * st.row_bytes + reserve + int(st.feature_bytes * DEFAULT_CPU_SHARE)
+        if cpu <= reserve:
+            raise ConfigError("--cpu-memory", f"{format_bytes(cpu)} does not even hold the loader's I/O buffers "
+                                              f"({format_bytes(reserve)})")
+        result = prepare(st.path, out, force=force, quiet=not progress, cpu_memory=cpu - reserve, **options)
+        report = train_and_report(
+            out, rdir, progress=progress, on_epoch=on_epoch,
+            extra={"pipeline": name, "prepare": {"path": str(out), "skipped": result.skipped,
+                                                 "seconds": result.seconds, "phases": result.phases,
+                                                 "figures": result.figures}},
+            model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads, seed=seed,
+            device=device, eval_every=eval_every, cpu_memory=cpu, gpu_memory=gpu if dev == "cuda" else None,
+            queue_depth=queue_depth, sequential=sequential, check_crc=check_crc, resume=resume, store=st.path,
+            threads=threads)
+        return report
+
+    run.__doc__ = (run.__doc__ or "").replace("Prepare `store`", f"Prepare `store` with the {name} policy")
+    return run

@@ -1,0 +1,185 @@
+"""The packed pipelines end to end: `run()` of belady, diskgnn and ginex prepares into the run directory
+and trains with the same losses as the in-memory pipeline; `diskflow train PACKED` prints epochs and
+the stage table, writes report.json, resumes an unfinished run, and fails cleanly on bad options."""
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401
+
+import dask
+from diskflow.flow import cli
+from diskflow.flow.commands import train as train_cmd
+from diskflow.flow.pipeline import load_pipeline
+from diskflow.flow.rundir import new_run_dir, read_report
+from diskflow.operators.errors import ConfigError, DiskflowError
+from diskflow.operators.load import in_flight_batches, io_buffer_bytes
+from diskflow.operators.store import Store
+from diskflow.pipelines import belady, diskgnn, ginex, inmemory
+
+SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
+                            "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "progress": False}
+
+
+@pytest.fixture(autouse=True)
+def _sync_and_one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with dask.config.set(scheduler="sync"):
+        yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return inmemory.run(tiny_store, new_run_dir(tmp_path_factory.mktemp("runs"), "ref"), **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def max_rows(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
+    """The largest batch of this round (from a throwaway prepare)."""
+    out = tmp_path_factory.mktemp("probe") / "p"
+    belady.prepare(tiny_store, out, fanouts=SETTINGS["fanouts"], batch_size=SETTINGS["batch_size"],
+                   epochs=SETTINGS["epochs"], seed=SETTINGS["seed"], cpu_memory=1 << 30, quiet=True)
+    return int(json.loads((out / "manifest.json").read_text())["round"]["max_batch_rows"])
+
+
+@pytest.fixture(scope="module")
+def budget(tiny_store: Path, max_rows: int) -> Callable[[int], int]:
+    """A trainer budget (pipelined, queue depth 2) with room for `rows` CPU-tier rows."""
+    st = Store(tiny_store)
+    return lambda rows: (in_flight_batches(2) * max_rows * st.row_bytes + io_buffer_bytes(len(st.shards), 2)
+                         + rows * st.row_bytes)
+
+
+@pytest.mark.parametrize("pipeline", [belady, diskgnn, ginex], ids=["belady", "diskgnn", "ginex"])
+def test_run_prepares_into_the_run_dir_and_matches_inmemory(pipeline: Any, tiny_store: Path, tmp_path: Path,
+                                                            reference: dict[str, Any], budget: Callable) -> None:
+    run_dir = new_run_dir(tmp_path, pipeline.NAME)
+    epochs: list[dict] = []
+    report = pipeline.run(tiny_store, run_dir, cpu_memory=budget(400), on_epoch=epochs.append,
+                          superbatch_size=4, **SETTINGS)
+    assert report["pipeline"] == pipeline.NAME and (run_dir / "packed" / "manifest.json").is_file()
+    assert read_report(run_dir) == json.loads(json.dumps(report))
+    assert (run_dir / "curves.png").stat().st_size > 1000
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
+    assert report["final"]["test_acc"] == reference["final"]["test_acc"]
+    rows = report["tiers"]["rows"]
+    assert rows["cpu"] > 0 and (rows["store"] if pipeline is ginex else rows["packed"]) > 0
+    assert report["prepare"]["figures"]["cpu_rows"] > 0 and not report["prepare"]["skipped"]
+    assert report["peak_rss_bytes"] > 0 and report["memory"]["host_bytes"] <= report["config"]["cpu_memory"]
+
+
+def test_run_is_reachable_as_diskflow_run(tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert load_pipeline("ginex").run is ginex.run
+    code = cli.main(["run", "belady", "--dataset", str(tiny_store), "--epochs", "1", "--fanouts", "5,5",
+                     "--batch-size", "256", "--hidden", "16", "--threads", "1", "--runs-dir", str(tmp_path),
+                     "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "epoch   1" in out and "report:" in out
+    (run_dir,) = tmp_path.iterdir()
+    report = read_report(run_dir)
+    assert report["pipeline"] == "belady" and len(report["epochs"]) == 1
+    assert report["memory"]["host_bytes"] <= report["config"]["cpu_memory"]   # the default budget holds
+
+
+def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget: Callable) -> None:
+    with pytest.raises(ConfigError, match="--cpu-memory"):
+        belady.run(tiny_store, tmp_path, cpu_memory="1KiB", **SETTINGS)
+    with pytest.raises(ConfigError, match="--cpu-memory"):
+        belady.run(tiny_store, tmp_path, cpu_memory="lots", **SETTINGS)
+    with pytest.raises(ConfigError, match="--disk-budget"):
+        ginex.run(tiny_store, tmp_path, cpu_memory=budget(100), disk_budget="1MiB", **SETTINGS)
+    with pytest.raises(ConfigError, match="--queue-depth"):
+        diskgnn.run(tiny_store, tmp_path, queue_depth=0, **SETTINGS)
+
+
+# ----------------------------------------------------------------------------- diskflow train
+
+@pytest.fixture(scope="module")
+def packed(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory, budget: Callable) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "belady"
+    with dask.config.set(scheduler="sync"):
+        belady.prepare(tiny_store, out, fanouts=(5, 5), batch_size=256, superbatch_size=4, epochs=2, seed=1,
+                       staging_batches=9, cpu_memory=budget(400) - io_buffer_bytes(5, 2), quiet=True)
+    return out
+
+
+def train_cli(argv: list[str]) -> int:
+    """`diskflow train ...` through the real CLI when it is registered, else through its own parser."""
+    if "train" in cli.COMMANDS:
+        return cli.main(["train", *argv])
+    parser = argparse.ArgumentParser(prog="diskflow")
+    sub = parser.add_subparsers(dest="command")
+    train_cmd.register(sub)
+    args = parser.parse_args(["train", *argv])
+    return int(args.func(args))
+
+
+def test_diskflow_train_prints_epochs_and_the_stage_table(packed: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    assert train_cli([str(packed), "--hidden", "16", "--lr", "0.01", "--threads", "1", "--runs-dir", str(tmp_path),
+                      "--cpu-memory", "700%", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch   1  loss" in out and "epoch   2  loss" in out and "seeds/s" in out
+    for word in ("load", "assemble", "graph", "train", "busy s", "starved s", "requests", "rows from: cpu",
+                 "peak RSS"):
+        assert word in out, word
+    (run_dir,) = tmp_path.iterdir()
+    report = read_report(run_dir)
+    assert {"stages", "queues", "io", "tiers", "epochs", "final"} <= set(report)
+    assert report["config"]["cpu_memory"] == int(Store(report["dataset"]["store"]).feature_bytes * 7.0)
+    assert (run_dir / "curves.png").is_file()
+
+
+def test_diskflow_train_resumes_the_unfinished_run(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="--resume: no unfinished run"):
+        train_cli([str(packed), "--resume", "--runs-dir", str(tmp_path), "--no-progress"])
+    real = train_cmd._print_epoch
+
+    def stop_after_first(record: dict) -> None:
+        real(record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_cmd, "_print_epoch", stop_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        train_cli([str(packed), "--hidden", "16", "--threads", "1", "--runs-dir", str(tmp_path), "--no-progress"])
+    monkeypatch.setattr(train_cmd, "_print_epoch", real)
+    (run_dir,) = tmp_path.iterdir()
+    assert not (run_dir / "report.json").exists()
+    capsys.readouterr()
+    assert train_cli([str(packed), "--hidden", "16", "--threads", "1", "--runs-dir", str(tmp_path), "--resume",
+                      "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"run directory: {run_dir}" in out and "epoch   2" in out and "epoch   1" not in out
+    report = read_report(run_dir)
+    assert report["resumed_from"].endswith("e0001-b000000") and len(report["epochs"]) == 2
+
+
+def test_diskflow_train_errors_leave_no_run_directory(packed: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--cpu-memory: .* need at least"):
+        train_cli([str(packed), "--cpu-memory", "1MiB", "--runs-dir", str(tmp_path), "--no-progress"])
+    with pytest.raises(ConfigError, match="--cpu-memory"):
+        train_cli([str(packed), "--cpu-memory", "much", "--runs-dir", str(tmp_path), "--no-progress"])
+    with pytest.raises(DiskflowError, match="not a packed dataset"):
+        train_cli([str(tmp_path / "nothing"), "--runs-dir", str(tmp_path), "--no-progress"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif("train" not in cli.COMMANDS, reason="`train` is not registered in flow/cli.py yet")
+def test_diskflow_train_errors_exit_2(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["train", str(packed), "--cpu-memory", "1MiB", "--runs-dir", str(tmp_path)]) == 2
+    assert "--cpu-memory" in capsys.readouterr().err
