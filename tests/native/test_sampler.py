@@ -345,3 +345,20 @@ def test_empty_batch_and_zero_degree_seeds() -> None:
     assert empty.num_sampled_nodes == [0, 0, 0] and empty.num_sampled_edges == [0, 0]
     lonely = sampler.sample(np.array([3]), 0)  # node 3 has no in-neighbours
     assert lonely.n_id.tolist() == [3] and lonely.edge_index.shape == (2, 0)
+
+
+def test_bench_sampler_small(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from diskflow.bench import sampler as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    figures = bench.run(parser.parse_args(["--nodes", "3001", "--batch-size", "64", "--batches", "3",
+                                           "--numpy-batches", "2", "--threads", "2", "--fanouts", "4,3"]))
+    assert figures["nodes"] == 3001 and figures["fanouts"] == [4, 3] and figures["threads"] == 2
+    assert figures["native_edges_per_s"] > 0 and figures["speedup"] > 0
+    assert "numpy (np.unique dedup)" in capsys.readouterr().out
+    indptr, indices = bench.generate_graph(3001, 15.0, 0)
+    assert indices.dtype == np.int32 and indptr[-1] == indices.size
+    assert abs(indices.size / 3001 - 15.0) < 1.5 and np.diff(indptr).max() > 60  # heavy-tailed in-degrees
