@@ -13,6 +13,8 @@ from ...bench.common import write_figures
 BENCHES = {
     "sampler": "native neighbor sampler vs a vectorised numpy reference (edges/s)",
     "ingest": "ingest throughput next to the disk's sequential read bandwidth",
+    "plan": "Belady CPU-cache planner: accesses/s on one core, misses vs the static tier",
+    "prepare": "offline preprocessing vs its I/O floor, batched vs naive packing, Belady vs static, disk budget",
 }
 
 

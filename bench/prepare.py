@@ -1,0 +1,550 @@
+"""`diskflow bench prepare`: offline preprocessing measured side by side in one run, on one graph.
+
+On a synthetic graph whose node features are larger than 4 GiB (by default), with a CPU tier of
+10% of the feature bytes, the benchmark measures, in one process and one run:
+
+(a) **prepare next to its I/O floor.** The disk's sequential write (O_DIRECT, then fsync) and read
+    (O_DIRECT, `common.sequential_read_bw`) bandwidths are measured on a scratch file; the floor is
+    feature bytes / read bandwidth + packed bytes / write bandwidth (DESIGN.md §5). `prepare` runs
+    in this process on Dask's threaded scheduler, so ``/proc/self/io`` counts every byte its tasks
+    really moved to and from the disk; its time includes fsyncing the packed dataset (writes left
+    in the page cache are not done yet). The store is evicted from the page cache first.
+(b) **batched vs naive packing** on the same routes, both single-threaded, page cache dropped:
+    `pack_shard` for every shard (one sequential read of each shard, large writes) against
+    `pack_naive` (DiskGNN's individual packing: a random read per row, the page cache dropped
+    before every batch, as when the features are several times the memory). Naive packing is run
+    on the first ``--naive-batches`` batches and scaled to the round. Both outputs are checked
+    against the packed index's segment checksums.
+(c) **Belady vs the static CPU tier** at the same slot count on the same samples: the planned
+    misses of the prepared dataset against `plan_static` with the round's hottest rows.
+(d) **disk space and read amplification**: the packed-only layout (headline), then `prepare` again
+    with a disk budget of ``--disk-fraction`` of the packed bytes (samples and plans reused), which
+    the segmented disk cache must meet.
+
+The dataset (``raw/``, ``store/``) is cached in ``--workdir`` and reused by later runs; the packed
+outputs are removed at the end unless ``--keep``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import resource
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..flow.options import fanouts_option
+from ..operators.errors import ConfigError
+from ..operators.files import config_hash, format_bytes
+from .common import drop_page_cache, print_table, sequential_read_bw
+
+DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
+DEFAULT_WORKDIR = Path("bench-data") / "prepare"
+VAL_FRAC = TEST_FRAC = 0.002       # unused by prepare; small so the raw nodes stay cheap
+_BW_BLOCK = 8 << 20                # bytes per O_DIRECT request of the bandwidth measurement
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `diskflow bench prepare`."""
+    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
+                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: 4.0 GiB of 128-dim float32 features)")
+    p.add_argument("--dim", type=int, default=128, help="feature dimension (default 128)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
+    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
+    p.add_argument("--train-frac", type=float, default=0.006,
+                   help="fraction of nodes that are training seeds (default 0.006, ~50 batches of 1024 at the "
+                        "default size; ogbn-papers100M trains on 1.1%%)")
+    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph and of the samples")
+    p.add_argument("--fanouts", type=fanouts_option(), default=(10, 10, 10), help="per-hop fanouts (default 10,10,10)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch (default 1024)")
+    p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs in the round (default 1)")
+    p.add_argument("--cpu-fraction", type=float, default=0.10,
+                   help="CPU tier (cache slots) as a fraction of the feature bytes (default 0.10); the staging "
+                        "buffers of the batches in flight are reserved on top")
+    p.add_argument("--disk-fraction", type=float, default=0.5,
+                   help="disk budget of the second prepare, as a fraction of the packed-only bytes "
+                        "(default 0.5; 0 skips it)")
+    p.add_argument("--naive-batches", type=int, default=2,
+                   help="batches packed naively, scaled to the round (default 2; 0 = all)")
+    p.add_argument("--threads", type=int, default=None, help="threads of the prepare scheduler (default: cores)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Dask worker processes generating the dataset (default: one per core; 0 = threads in "
+                        "this process)")
+    p.add_argument("--bw-bytes", type=int, default=2 << 30,
+                   help="bytes written and read back to measure the disk's bandwidth (default 2 GiB)")
+    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
+                   help=f"where the dataset is cached and the outputs go (default ./{DEFAULT_WORKDIR}; large)")
+    p.add_argument("--keep", action="store_true", help="keep the packed outputs (the dataset is always kept)")
+
+
+# ---------------------------------------------------------------------------- disk and process I/O
+
+def proc_io() -> dict[str, int]:
+    """This process's I/O counters from ``/proc/self/io`` (all threads; empty dict if unavailable)."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(":") for line in f)}
+    except OSError:
+        return {}
+
+
+def _io_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int | None]:
+    """Bytes that really came from / went to the block device between two `proc_io` readings."""
+    if not before or not after:
+        return {"disk_read_bytes": None, "disk_write_bytes": None}
+    written = after["write_bytes"] - before["write_bytes"]
+    written -= after.get("cancelled_write_bytes", 0) - before.get("cancelled_write_bytes", 0)
+    return {"disk_read_bytes": after["read_bytes"] - before["read_bytes"], "disk_write_bytes": written}
+
+
+def disk_bandwidth(directory: Path, nbytes: int) -> tuple[float, float]:
+    """(sequential read, sequential write) bandwidth in bytes/s of the disk holding `directory`.
+
+    Writes `nbytes` of random data with O_DIRECT (buffered + fsync where O_DIRECT is refused),
+    fsyncs, then reads the file back with `sequential_read_bw` after evicting it; the file is
+    removed afterwards.
+    """
+    path = directory / "bw-scratch.bin"
+    block = min(_BW_BLOCK, -(-max(nbytes, 1) // 4096) * 4096)
+    buf = mmap.mmap(-1, block)        # page-aligned, as O_DIRECT requires
+    buf.write(os.urandom(block))
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        try:
+            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+        except OSError:
+            fd = os.open(path, flags, 0o644)
+        try:
+            done = 0
+            t0 = time.perf_counter()
+            while done < nbytes:
+                done += os.pwritev(fd, [buf], done)
+            os.fsync(fd)
+            write_s = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        drop_page_cache(path)
+        read_bw = sequential_read_bw(path, block=block)
+    finally:
+        buf.close()
+        path.unlink(missing_ok=True)
+    return read_bw, done / write_s
+
+
+def drop_store(store: Any) -> None:
+    """Evict every file of a store (feature shards and topology) from the page cache."""
+    for path in sorted(p for p in Path(store.path).rglob("*") if p.is_file()):
+        drop_page_cache(path)
+
+
+def fsync_tree(root: Path) -> float:
+    """fsync every file under `root` (so written data is on the disk); return the seconds it took."""
+    t0 = time.perf_counter()
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return time.perf_counter() - t0
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all threads)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+@contextlib.contextmanager
+def _timed_io() -> Iterator[dict[str, Any]]:
+    """Measure wall time and /proc/self/io deltas of a block."""
+    out: dict[str, Any] = {"load_avg": os.getloadavg()[0]}
+    io0, cpu0, t0 = proc_io(), _cpu_seconds(), time.perf_counter()
+    yield out
+    out["seconds"] = time.perf_counter() - t0
+    out["cpu_s"] = _cpu_seconds() - cpu0
+    out.update(_io_delta(io0, proc_io()))
+
+
+# ---------------------------------------------------------------------------- dataset
+
+def make_dataset(args: argparse.Namespace, work: Path) -> Path:
+    """The synthetic graph's store in `work` (synthesised and ingested once, reused afterwards)."""
+    import dask
+
+    from ..flow.cluster import dask_client
+    from ..flow.ingest import run_ingest
+    from ..flow.synth import run_synth
+    from ..operators.synth import SynthConfig
+
+    cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, dtype=args.dtype, avg_degree=args.avg_degree,
+                      train_frac=args.train_frac, val_frac=VAL_FRAC, test_frac=TEST_FRAC, seed=args.seed,
+                      part_nodes=args.part_nodes)
+    cluster = (contextlib.nullcontext() if args.workers == 0 else dask_client(n_workers=args.workers, quiet=True))
+    with cluster, dask.config.set(scheduler="threads"):
+        raw = run_synth(cfg, work / "raw")
+        run_ingest(raw, work / "store")
+    return work / "store"
+
+
+def max_batch_rows(store: Any, prep_cfg: Any, work: Path) -> int:
+    """The largest minibatch's node count in the round (what prepare's staging reserve is sized by).
+
+    Sampled once with the same operator and seeds `prepare` uses, and cached in `work` under the
+    hash of the store and the sampling config, so the CPU budget can be the tier plus exactly that
+    reserve.
+    """
+    from ..operators.superbatch import round_layout, sample_superbatch
+
+    key = prep_cfg.sample_key(config_hash(store.manifest))
+    cache = work / f"max-batch-rows-{key[:16]}.json"
+    if cache.is_file():
+        return int(json.loads(cache.read_text())["max_batch_rows"])
+    refs = round_layout(store.split_ids("train").shape[0], prep_cfg.batch_size, prep_cfg.superbatch_size,
+                        prep_cfg.epochs)
+    scratch = work / "calibration.arrow"
+    best = 0
+    try:
+        for r in refs:
+            s = sample_superbatch(str(store.path), str(scratch), r, prep_cfg.batch_size, list(prep_cfg.fanouts),
+                                  prep_cfg.seed, prep_cfg.sampler_threads)
+            best = max(best, int(s["max_nodes"]))
+    finally:
+        scratch.unlink(missing_ok=True)
+    cache.write_text(json.dumps({"max_batch_rows": best}))
+    return best
+
+
+# ---------------------------------------------------------------------------- routes, static tier
+
+def routes_from_packed(packed: Path, store: Any, out_dir: Path, select: np.ndarray | None = None
+                       ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Routing files of a packed-only dataset, rebuilt from its samples and index.
+
+    The plan's misses are the index's packed rows (src 2), numbered in n_id order as the
+    planner numbers them; `route_superbatch` then yields the same packed order, which is checked
+    against the index. With `select` (sorted global batch indices), only those batches are
+    routed, renumbered 0..k-1 in one routing file (a sample of the round for naive packing).
+
+    Returns:
+        (route paths, seg_rows [n, P], segment CRCs from the index [n, P]) of the routed batches.
+    """
+    from ..operators.packed import SRC_DCACHE, SRC_PACKED, PackedDataset
+    from ..operators.plan import BatchPlan
+    from ..operators.route import RouteFile, route_superbatch
+    from ..operators.samples import read_n_ids
+
+    def route(key: str, first: int, epoch: int, n_ids: list[np.ndarray], records: list[Any]) -> str:
+        plans = []
+        for rec in records:
+            if (rec.src == SRC_DCACHE).any():
+                raise ValueError(f"{packed}: batch {rec.batch} reads a disk cache; the routes are rebuilt "
+                                 "from the packed-only layout")
+            miss = rec.src == SRC_PACKED
+            idx = rec.idx.copy()
+            idx[miss] = np.arange(int(miss.sum()))
+            plans.append(BatchPlan(rec.src, idx, rec.insert_pos, rec.insert_slot))
+        path = out_dir / f"{key}.npz"
+        route_superbatch(key, n_ids, plans, None, first, store.shard_rows, len(store.shards), path, epoch=epoch)
+        rf = RouteFile(path)
+        try:
+            same = np.array_equal(rf.get("idx"), np.concatenate([r.idx for r in records])) and \
+                np.array_equal(rf.seg_rows, np.stack([r.seg_rows for r in records]))
+        finally:
+            rf.close()
+        if not same:
+            raise AssertionError(f"rebuilt routes of {key} disagree with the packed index")
+        return str(path)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[str] = []
+    picked_ids: list[np.ndarray] = []
+    picked: list[Any] = []
+    with PackedDataset(packed) as ds:
+        for sb in ds.superbatches:
+            records = ds.index(sb.key)
+            n_ids = read_n_ids(ds.round_dir / f"samples/{sb.key}.arrow")
+            if select is None:
+                paths.append(route(sb.key, sb.first_batch, sb.epoch, n_ids, records))
+                picked.extend(records)
+                continue
+            for j in np.flatnonzero(np.isin(np.arange(sb.first_batch, sb.first_batch + sb.batches), select)):
+                picked_ids.append(n_ids[j])
+                picked.append(records[j])
+    if select is not None:
+        paths = [route("sample", 0, 0, picked_ids, picked)]
+    seg_rows = np.stack([r.seg_rows for r in picked]).astype(np.int64)
+    crcs = np.stack([r.seg_crc for r in picked]).astype(np.int64)
+    return paths, seg_rows, crcs
+
+
+def static_plan_misses(packed: Path, num_nodes: int, cpu_rows: int) -> dict[str, int]:
+    """Plan DiskGNN's static CPU tier (the round's hottest rows, `cpu_rows` slots) over a packed
+    dataset's samples, with its GPU tier; return the access counts."""
+    from ..operators.count import count_superbatch, dense_counts, merge_counts
+    from ..operators.packed import PackedDataset
+    from ..operators.plan import plan_static, static_tier
+    from ..operators.samples import read_n_ids
+
+    with PackedDataset(packed) as ds:
+        paths = [ds.round_dir / f"samples/{sb.key}.arrow" for sb in ds.superbatches]
+        gpu_ids = np.sort(np.asarray(ds.gpu_ids))
+    freq = dense_counts(merge_counts(*(count_superbatch(p) for p in paths)), num_nodes)
+    cpu = static_tier(freq, cpu_rows, gpu_ids)
+    cpu = np.concatenate([cpu, np.full(cpu_rows - cpu.shape[0], -1, np.int64)])
+    hits = misses = gpu_hits = 0
+    for p in paths:
+        plan = plan_static(read_n_ids(p), cpu, gpu_ids)
+        hits, misses, gpu_hits = hits + plan.hits, misses + plan.misses, gpu_hits + plan.gpu_hits
+    return {"cpu_hits": hits, "misses": misses, "gpu_hits": gpu_hits}
+
+
+# ---------------------------------------------------------------------------- the measurements
+
+def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool) -> dict[str, Any]:
+    """Run `prepare` in this process (threaded scheduler), store evicted first; fsync its output."""
+    import dask
+
+    from ..flow.prepare import prepare
+
+    if fresh:
+        shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    drop_store(store)
+    with _timed_io() as m, dask.config.set(scheduler="threads", num_workers=threads):
+        t0 = time.perf_counter()
+        result = prepare(store.path, out, cfg, force=True, quiet=True)
+        m["call_s"] = time.perf_counter() - t0
+        m["sync_s"] = fsync_tree(out)
+    return {"result": result, **m}
+
+
+def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
+    from ..operators.pack import pack_shard
+    from ..operators.packed import part_name
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drop_store(store)
+    with _timed_io() as m:
+        packs = [pack_shard(store.path, p, route_paths, offsets, out_dir / part_name(p)) for p in range(len(store.shards))]
+        m["sync_s"] = fsync_tree(out_dir)
+    m["crc"] = np.stack([x["crc"] for x in packs], axis=1)
+    m["bytes_read"] = int(sum(x["bytes_read"] for x in packs))
+    m["bytes_written"] = int(sum(x["bytes_written"] for x in packs))
+    return m
+
+
+def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
+    from ..operators.pack import pack_naive
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drop_store(store)
+    with _timed_io() as m:
+        r = pack_naive(store.path, route_paths, offsets, out_dir, drop_cache=True, drop_every_batch=True)
+        m["sync_s"] = fsync_tree(out_dir)
+    m.update(crc=r["crc"], bytes_read=int(r["bytes_read"]), bytes_written=int(r["bytes_written"]))
+    return m
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
+                          ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
+                          ("--bw-bytes", args.bw_bytes)):
+        if value < 1:
+            raise ConfigError(option, f"must be >= 1, got {value}")
+    if not 0 < args.cpu_fraction < 1:
+        raise ConfigError("--cpu-fraction", f"must be in (0, 1), got {args.cpu_fraction}")
+    if not 0 <= args.disk_fraction:
+        raise ConfigError("--disk-fraction", f"must be >= 0, got {args.disk_fraction}")
+    if args.naive_batches < 0:
+        raise ConfigError("--naive-batches", f"must be >= 0, got {args.naive_batches}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build (or reuse) the dataset, then measure (a)-(d); print the tables and return the figures."""
+    from ..flow.prepare import PrepareConfig
+    from ..operators.route import segment_offsets
+    from ..operators.store import Store
+
+    _check_args(args)
+    work = Path(args.workdir).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    threads = args.threads or os.cpu_count() or 1
+    t_setup = time.perf_counter()
+    store = Store(make_dataset(args, work))
+    feature_bytes = store.num_nodes * store.row_bytes
+    base = PrepareConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                         superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
+    staging = base.staging_batches * max_batch_rows(store, base, work) * store.row_bytes
+    tier_bytes = int(args.cpu_fraction * feature_bytes)
+    cfg = replace(base, cpu_memory=tier_bytes + staging)
+    setup_s = time.perf_counter() - t_setup
+
+    read_bw, write_bw = disk_bandwidth(work, args.bw_bytes)
+    out = work / "packed"
+    scratch = work / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        # (a) prepare, packed only, next to its floor
+        head = _measure_prepare(store, out, cfg, threads, fresh=True)
+        res = head["result"]
+        fig = res.figures
+        prepare_s = head["seconds"]
+        packed_bytes = int(fig["packed_bytes"])
+        floor_read_s = feature_bytes / read_bw
+        floor_write_s = packed_bytes / write_bw
+        floor_s = floor_read_s + floor_write_s
+        io_floor_s = ((head["disk_read_bytes"] or 0) / read_bw + (head["disk_write_bytes"] or 0) / write_bw)
+
+        # (c) the static tier at the same slot count, on the same samples
+        static = static_plan_misses(out, store.num_nodes, int(fig["cpu_rows"]))
+
+        # (b) batched vs naive packing on the same routes
+        routes, seg_rows, index_crc = routes_from_packed(out, store, scratch / "routes")
+        offsets, _ = segment_offsets(seg_rows, store.row_bytes)
+        batched = _measure_batched(store, routes, offsets, scratch / "batched")
+        if not np.array_equal(batched["crc"], index_crc):
+            raise AssertionError("batched packing wrote segments whose CRCs differ from the packed index")
+        shutil.rmtree(scratch / "batched", ignore_errors=True)
+        n = seg_rows.shape[0]
+        k = n if args.naive_batches == 0 else min(args.naive_batches, n)
+        select = np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))   # spread over the round
+        kroutes, kseg, kcrc = routes_from_packed(out, store, scratch / "routes-naive", select=select)
+        koffsets, _ = segment_offsets(kseg, store.row_bytes)
+        naive = _measure_naive(store, kroutes, koffsets, scratch / "naive")
+        if not np.array_equal(naive["crc"], kcrc):
+            raise AssertionError("naive packing wrote segments whose CRCs differ from the packed index")
+        k = int(select.shape[0])
+        naive_rows = int(kseg.sum())
+        naive_round_s = naive["seconds"] * int(seg_rows.sum()) / max(1, naive_rows)   # one random read per row
+        shutil.rmtree(scratch, ignore_errors=True)
+
+        # (d) a tight disk budget: the segmented disk cache (samples and plans reused)
+        budgeted: dict[str, Any] = {}
+        if args.disk_fraction > 0:
+            budget = int(args.disk_fraction * packed_bytes)
+            try:
+                b = _measure_prepare(store, out, replace(cfg, disk_budget=budget), threads, fresh=False)
+                bf = b["result"].figures
+                budgeted = {"disk_budget_bytes": budget, "disk_used_bytes": int(bf["disk_used_bytes"]),
+                            "packed_bytes": int(bf["packed_bytes"]), "dcache_bytes": int(bf["dcache_bytes"]),
+                            "segment_size": bf.get("segment_size"), "read_amplification": bf["read_amplification"],
+                            "prepare_s": b["seconds"], "phases": b["result"].phases}
+            except ConfigError as e:
+                budgeted = {"disk_budget_bytes": budget, "error": str(e)}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
+
+    belady_miss_bytes = int(fig["plan_miss_bytes"])
+    static_miss_bytes = static["misses"] * store.row_bytes
+    figures: dict[str, Any] = {
+        "prepare_s": prepare_s, "floor_s": floor_s, "prepare_over_floor": prepare_s / floor_s,
+        "batched_over_naive": naive_round_s / batched["seconds"],
+        "belady_miss_bytes": belady_miss_bytes, "static_miss_bytes": static_miss_bytes,
+        "disk_used_bytes": budgeted.get("disk_used_bytes", int(fig["disk_used_bytes"])),
+        "disk_budget_bytes": budgeted.get("disk_budget_bytes"),
+        "read_amplification": fig["read_amplification"],
+        "seq_read_bw": read_bw, "seq_write_bw": write_bw,
+        "feature_bytes": feature_bytes, "packed_bytes": packed_bytes, "num_nodes": store.num_nodes,
+        "num_shards": len(store.shards), "batches": int(fig["batches"]), "accesses": int(fig["accesses"]),
+        "cpu_rows": int(fig["cpu_rows"]), "cpu_memory": cfg.cpu_memory, "staging_bytes": int(fig["staging_bytes"]),
+        "floor_read_s": floor_read_s, "floor_write_s": floor_write_s, "io_floor_s": io_floor_s,
+        "prepare_call_s": head["call_s"], "prepare_sync_s": head["sync_s"], "phases": dict(res.phases),
+        "prepare_cpu_s": head["cpu_s"], "load_avg": head["load_avg"], "batched_cpu_s": batched["cpu_s"],
+        "prepare_disk_read_bytes": head["disk_read_bytes"], "prepare_disk_write_bytes": head["disk_write_bytes"],
+        "raw_bytes_read": fig.get("raw_bytes_read"), "packed_only_disk_used_bytes": int(fig["disk_used_bytes"]),
+        "batched_s": batched["seconds"], "batched_disk_read_bytes": batched["disk_read_bytes"],
+        "naive_s": naive["seconds"], "naive_batches": k, "naive_batch_ids": select.tolist(),
+        "naive_rows": naive_rows, "packed_rows": int(seg_rows.sum()), "naive_round_s": naive_round_s,
+        "naive_disk_read_bytes": naive["disk_read_bytes"], "naive_rows_bytes": naive["bytes_read"],
+        "belady": {"cpu_hits": int(fig["cpu_hits"]), "misses": int(fig["misses"]), "inserts": int(fig["inserts"])},
+        "static": static, "budgeted": budgeted, "threads": threads, "setup_s": setup_s,
+    }
+    _print(figures, args, store)
+    return figures
+
+
+# ---------------------------------------------------------------------------- tables
+
+def _bytes(n: float | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
+    bw_r, bw_w = f["seq_read_bw"], f["seq_write_bw"]
+    ph = f["phases"]
+    title = (f"prepare of {f['num_nodes']:,} nodes x {args.dim} {args.dtype} ({_bytes(f['feature_bytes'])} of features, "
+             f"{f['num_shards']} shards), {f['batches']} batches of {args.batch_size}, fanouts "
+             f"{','.join(map(str, args.fanouts))}, superbatch {args.superbatch_size}, CPU tier "
+             f"{args.cpu_fraction:.0%} of the features ({f['cpu_rows']:,} rows) + {_bytes(f['staging_bytes'])} "
+             f"staging; threaded scheduler, {f['threads']} threads, in this process")
+    print_table(title + "\n(a) prepare next to its I/O floor", [
+        {"what": "disk: sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes),
+         "rate": _bytes(bw_r) + "/s", "note": "O_DIRECT, 8 MiB requests, file evicted first"},
+        {"what": "disk: sequential write", "seconds": "", "bytes": _bytes(args.bw_bytes),
+         "rate": _bytes(bw_w) + "/s", "note": "O_DIRECT + fsync"},
+        {"what": "floor", "seconds": f["floor_s"], "bytes": "", "rate": "",
+         "note": f"features {_bytes(f['feature_bytes'])} @ read bw ({f['floor_read_s']:.1f} s) + packed "
+                 f"{_bytes(f['packed_bytes'])} @ write bw ({f['floor_write_s']:.1f} s)"},
+        {"what": "prepare (incl. fsync)", "seconds": f["prepare_s"], "bytes": "", "rate": "",
+         "note": f"{f['prepare_over_floor']:.2f}x the floor (target <= 2x); {f['prepare_cpu_s']:.1f} CPU-s in "
+                 f"all threads; machine load average {f['load_avg']:.1f} at the start"},
+        *({"what": f"  phase {name}", "seconds": s, "bytes": "", "rate": "", "note": ""} for name, s in ph.items()),
+        {"what": "  fsync of the output", "seconds": f["prepare_sync_s"], "bytes": "", "rate": "", "note": ""},
+        {"what": "  /proc/self/io read", "seconds": "", "bytes": _bytes(f["prepare_disk_read_bytes"]), "rate": "",
+         "note": f"pack tasks read {_bytes(f['raw_bytes_read'])} of shards"},
+        {"what": "  /proc/self/io write", "seconds": "", "bytes": _bytes(f["prepare_disk_write_bytes"]), "rate": "",
+         "note": f"all bytes moved @ bw: {f['io_floor_s']:.1f} s (samples, plans, routes, tiers included)"},
+    ], ["what", "seconds", "bytes", "rate", "note"])
+
+    n, k = f["batches"], f["naive_batches"]
+    print_table("(b) packing the same routes, one thread each, page cache dropped (naive: before every batch)", [
+        {"packing": "batched (pack_shard per shard)", "batches run": n, "rows": f["packed_rows"],
+         "seconds": f["batched_s"], "round s": f["batched_s"], "disk read": _bytes(f["batched_disk_read_bytes"]),
+         "ratio": 1.0},
+        {"packing": "naive (pack_naive, a read per row)", "batches run": k, "rows": f["naive_rows"],
+         "seconds": f["naive_s"], "round s": f["naive_round_s"], "disk read": _bytes(f["naive_disk_read_bytes"]),
+         "ratio": f["batched_over_naive"]},
+    ], ["packing", "batches run", "rows", "seconds", "round s", "disk read", "ratio"])
+    if k < n:
+        print(f"naive packing ran on {k} of the {n} batches, spread over the round ({f['naive_batch_ids']}), "
+              f"{f['naive_rows']:,} of {f['packed_rows']:,} packed rows; its round time is scaled by packed rows "
+              "(one random read per row)")
+
+    b, s = f["belady"], f["static"]
+    print_table(f"(c) CPU tier at equal budget ({f['cpu_rows']:,} slots), same {f['accesses']:,} accesses", [
+        {"CPU tier": "Belady (chained, planned)", "CPU hits": b["cpu_hits"], "misses": b["misses"],
+         "miss bytes": _bytes(f["belady_miss_bytes"]), "vs static": f["belady_miss_bytes"] / max(1, f["static_miss_bytes"])},
+        {"CPU tier": "static (hottest rows)", "CPU hits": s["cpu_hits"], "misses": s["misses"],
+         "miss bytes": _bytes(f["static_miss_bytes"]), "vs static": 1.0},
+    ], ["CPU tier", "CPU hits", "misses", "miss bytes", "vs static"])
+
+    bud = f["budgeted"]
+    rows = [{"layout": "packed only", "disk budget": "none", "disk used": _bytes(f["packed_only_disk_used_bytes"]),
+             "segment size": "-", "read amplification": f["read_amplification"], "prepare s": f["prepare_s"]}]
+    if bud:
+        rows.append({"layout": f"disk budget {args.disk_fraction:g} x packed",
+                     "disk budget": _bytes(bud["disk_budget_bytes"]),
+                     "disk used": _bytes(bud.get("disk_used_bytes")), "segment size": bud.get("segment_size", "-"),
+                     "read amplification": bud.get("read_amplification", "-"),
+                     "prepare s": bud.get("prepare_s", "failed")})
+    print_table("(d) disk space and read amplification (pages read / useful bytes)", rows,
+                ["layout", "disk budget", "disk used", "segment size", "read amplification", "prepare s"])
+    if "error" in bud:
+        print(f"the budgeted prepare failed: {bud['error']}")
