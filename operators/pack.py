@@ -17,6 +17,7 @@ shared by several batches are read several times. Both produce byte-identical pa
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import time
@@ -128,12 +129,39 @@ def _write_all(fd: int, view: np.ndarray, path: Path) -> None:
         data = data[n:]
 
 
-class _SegmentWriter:
-    """Appends segments to a part file through one large buffer (large writes, in file order)."""
+def _open_new(path: Path) -> tuple[int, bool]:
+    """Create `path` for large aligned appends: with O_DIRECT where the filesystem takes it, else buffered.
 
-    def __init__(self, fd: int, path: Path, size: int, row_bytes: int) -> None:
-        self.fd, self.path, self.row_bytes = fd, path, row_bytes
-        self.buf = np.empty(max(size, row_bytes, ALIGN), dtype=np.uint8)
+    Part files are written once and not read back by the packing machine, so O_DIRECT skips
+    the page-cache copy and the dirty-page writeback throttling (buffered writes of a round's
+    packed bytes ran 5-9x slower than O_DIRECT on the benchmark VM) and keeps them out of memory.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        with contextlib.suppress(OSError):   # EINVAL: e.g. tmpfs refuses O_DIRECT
+            return os.open(path, flags | direct, 0o644), True
+    return os.open(path, flags, 0o644), False
+
+
+def _clear_direct(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+
+
+class _SegmentWriter:
+    """Appends segments to a part file through one large page-aligned buffer (large writes, in file order).
+
+    With ``direct`` (an O_DIRECT descriptor) only whole pages are written: a flush writes the
+    buffer up to the last multiple of ALIGN and carries the rest (< ALIGN bytes) to the front.
+    Segments are padded to ALIGN, so the last flush of a part file is whole pages too.
+    """
+
+    def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False) -> None:
+        self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
+        n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
+        raw = np.empty(n + ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        self.buf = raw[start:start + n]                         # page-aligned, as O_DIRECT requires
         self.fill = 0
         self.written = 0   # bytes handed to the file, padding included
 
@@ -142,10 +170,22 @@ class _SegmentWriter:
         return self.written + self.fill
 
     def flush(self) -> None:
-        if self.fill:
-            _write_all(self.fd, self.buf[:self.fill], self.path)
-            self.written += self.fill
-            self.fill = 0
+        n = self.fill - self.fill % ALIGN if self.direct else self.fill
+        if not n:
+            return
+        _write_all(self.fd, self.buf[:n], self.path)
+        self.written += n
+        tail = self.fill - n
+        self.buf[:tail] = self.buf[n:self.fill]
+        self.fill = tail
+
+    def finish(self) -> None:
+        """Write everything buffered (the last segment is padded, so whole pages when direct)."""
+        self.flush()
+        if self.fill:   # not page-aligned: finish with a buffered write
+            _clear_direct(self.fd)
+            self.direct = False
+            self.flush()
 
     def rows(self, feats: np.ndarray, local: np.ndarray) -> int:
         """Append feats[local] (rows already range-checked); return the crc32 of their bytes."""
@@ -278,9 +318,9 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     rows_total = 0
     part = Path(part_path)
     with atomic_path(part) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd, direct = _open_new(tmp)
         try:
-            w = _SegmentWriter(fd, part, write_buffer, rb)
+            w = _SegmentWriter(fd, part, write_buffer, rb, direct)
             for route in _routes(route_paths, n):
                 local = _local_rows(route, p, shard)
                 counts = route.seg_rows[:, p]
@@ -295,7 +335,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
                     nbytes = seg.shape[0] * rb
                     w.zeros(int(padded(nbytes)) - nbytes)
                     rows_total += seg.shape[0]
-            w.flush()
+            w.finish()
         finally:
             os.close(fd)
     target_bytes = _write_targets(list(tier_targets or []) + list(dcache_targets or []), feats, shard, rb)

@@ -45,6 +45,13 @@ def ids_member(p: int) -> str:
     return f"ids_{p:05d}"
 
 
+def _stable_order(shard: np.ndarray, num_shards: int) -> np.ndarray:
+    """Stable argsort of shard numbers; as int16 when they fit, so numpy radix-sorts them in O(n)."""
+    if num_shards <= np.iinfo(np.int16).max:
+        shard = shard.astype(np.int16)
+    return np.argsort(shard, kind="stable")
+
+
 def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.ndarray | None,
                row: np.ndarray | None, shard_rows: int, num_shards: int, where: str
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -62,7 +69,7 @@ def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.
     packed_pos = miss_pos[~in_cache]                  # n_id positions of the packed rows
     k = packed_pos.size
     miss_rank = row[~in_cache]                        # index among the packed rows in miss order
-    if k and not np.array_equal(np.sort(miss_rank), np.arange(k)):
+    if k and (miss_rank.min() < 0 or miss_rank.max() >= k or np.bincount(miss_rank, minlength=k).max() != 1):
         raise ValueError(f"{where}: the layout's packed rows are not numbered 0..{k - 1}")
     by_rank = np.empty(k, dtype=np.int64)
     by_rank[miss_rank] = packed_pos                   # packed rows in miss order
@@ -70,7 +77,7 @@ def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.
     shard = ids // shard_rows
     if k and (ids.min() < 0 or shard.max() >= num_shards):
         raise ValueError(f"{where}: packed node id outside the store's {num_shards} shards")
-    order = np.argsort(shard, kind="stable")          # shard-major, miss order within a shard
+    order = _stable_order(shard, num_shards)          # shard-major, miss order within a shard
     r = np.empty(k, dtype=np.int64)
     r[order] = np.arange(k, dtype=np.int64)           # miss rank -> packed row
     out_src = src.astype(np.uint8, copy=True)
@@ -148,7 +155,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     }
     # Group every batch's packed ids by shard (stable: batch-major, packed order within a batch).
     flat = np.concatenate(packed_ids) if packed_ids else np.zeros(0, np.int64)
-    by_shard = flat[np.argsort(flat // shard_rows, kind="stable")]
+    by_shard = flat[_stable_order(flat // shard_rows, num_shards)]
     bounds = np.r_[0, np.cumsum(seg_rows.sum(axis=0))]
     for p in range(num_shards):
         members[ids_member(p)] = by_shard[bounds[p]:bounds[p + 1]]
