@@ -74,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-fraction", type=float, default=0.5,
                    help="disk budget of the second prepare, as a fraction of the packed-only bytes "
                         "(default 0.5; 0 skips it)")
-    p.add_argument("--naive-batches", type=int, default=2,
-                   help="batches packed naively, scaled to the round (default 2; 0 = all)")
+    p.add_argument("--naive-batches", type=int, default=3,
+                   help="batches packed naively, spread over the round and scaled to it by packed rows "
+                        "(default 3; 0 = all)")
     p.add_argument("--threads", type=int, default=None, help="threads of the prepare scheduler (default: cores)")
     p.add_argument("--workers", type=int, default=None,
                    help="Dask worker processes generating the dataset (default: one per core; 0 = threads in "
@@ -421,7 +422,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(scratch / "batched", ignore_errors=True)
         n = seg_rows.shape[0]
         k = n if args.naive_batches == 0 else min(args.naive_batches, n)
-        select = np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))   # spread over the round
+        select = np.unique((2 * np.arange(k) + 1) * n // (2 * k))   # the middle batch of k equal strata
         kroutes, kseg, kcrc = routes_from_packed(out, store, scratch / "routes-naive", select=select)
         koffsets, _ = segment_offsets(kseg, store.row_bytes)
         naive = _measure_naive(store, kroutes, koffsets, scratch / "naive")
@@ -472,6 +473,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batched_s": batched["seconds"], "batched_disk_read_bytes": batched["disk_read_bytes"],
         "naive_s": naive["seconds"], "naive_batches": k, "naive_batch_ids": select.tolist(),
         "naive_rows": naive_rows, "packed_rows": int(seg_rows.sum()), "naive_round_s": naive_round_s,
+        "naive_us_per_row": 1e6 * naive["seconds"] / max(1, naive_rows),
         "naive_disk_read_bytes": naive["disk_read_bytes"], "naive_rows_bytes": naive["bytes_read"],
         "belady": {"cpu_hits": int(fig["cpu_hits"]), "misses": int(fig["misses"]), "inserts": int(fig["inserts"])},
         "static": static, "budgeted": budgeted, "threads": threads, "setup_s": setup_s,
@@ -495,23 +497,28 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
              f"{args.cpu_fraction:.0%} of the features ({f['cpu_rows']:,} rows) + {_bytes(f['staging_bytes'])} "
              f"staging; threaded scheduler, {f['threads']} threads, in this process")
     print_table(title + "\n(a) prepare next to its I/O floor", [
-        {"what": "disk: sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes),
-         "rate": _bytes(bw_r) + "/s", "note": "O_DIRECT, 8 MiB requests, file evicted first"},
-        {"what": "disk: sequential write", "seconds": "", "bytes": _bytes(args.bw_bytes),
-         "rate": _bytes(bw_w) + "/s", "note": "O_DIRECT + fsync"},
-        {"what": "floor", "seconds": f["floor_s"], "bytes": "", "rate": "",
-         "note": f"features {_bytes(f['feature_bytes'])} @ read bw ({f['floor_read_s']:.1f} s) + packed "
-                 f"{_bytes(f['packed_bytes'])} @ write bw ({f['floor_write_s']:.1f} s)"},
+        {"what": "disk sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_r) + "/s",
+         "note": "O_DIRECT, 8 MiB requests"},
+        {"what": "disk sequential write", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_w) + "/s",
+         "note": "O_DIRECT, then fsync"},
+        {"what": "floor: read features", "seconds": f["floor_read_s"], "bytes": _bytes(f["feature_bytes"]),
+         "rate": _bytes(bw_r) + "/s", "note": "at the read bandwidth"},
+        {"what": "floor: write packed", "seconds": f["floor_write_s"], "bytes": _bytes(f["packed_bytes"]),
+         "rate": _bytes(bw_w) + "/s", "note": "at the write bandwidth"},
+        {"what": "floor", "seconds": f["floor_s"], "bytes": "", "rate": "", "note": ""},
         {"what": "prepare (incl. fsync)", "seconds": f["prepare_s"], "bytes": "", "rate": "",
-         "note": f"{f['prepare_over_floor']:.2f}x the floor (target <= 2x); {f['prepare_cpu_s']:.1f} CPU-s in "
-                 f"all threads; machine load average {f['load_avg']:.1f} at the start"},
-        *({"what": f"  phase {name}", "seconds": s, "bytes": "", "rate": "", "note": ""} for name, s in ph.items()),
+         "note": f"{f['prepare_over_floor']:.2f}x the floor"},
+        *({"what": f"  phase {name}", "seconds": sec, "bytes": "", "rate": "", "note": ""} for name, sec in ph.items()),
         {"what": "  fsync of the output", "seconds": f["prepare_sync_s"], "bytes": "", "rate": "", "note": ""},
-        {"what": "  /proc/self/io read", "seconds": "", "bytes": _bytes(f["prepare_disk_read_bytes"]), "rate": "",
-         "note": f"pack tasks read {_bytes(f['raw_bytes_read'])} of shards"},
-        {"what": "  /proc/self/io write", "seconds": "", "bytes": _bytes(f["prepare_disk_write_bytes"]), "rate": "",
-         "note": f"all bytes moved @ bw: {f['io_floor_s']:.1f} s (samples, plans, routes, tiers included)"},
+        {"what": "  CPU time", "seconds": f["prepare_cpu_s"], "bytes": "", "rate": "", "note": "all threads"},
+        {"what": "  disk read", "seconds": "", "bytes": _bytes(f["prepare_disk_read_bytes"]), "rate": "",
+         "note": "/proc/self/io"},
+        {"what": "  disk write", "seconds": "", "bytes": _bytes(f["prepare_disk_write_bytes"]), "rate": "",
+         "note": "/proc/self/io"},
     ], ["what", "seconds", "bytes", "rate", "note"])
+    print(f"target: prepare <= 2x the floor; machine load average {f['load_avg']:.1f} at the start (2 cores, shared). "
+          f"Pack tasks read {_bytes(f['raw_bytes_read'])} of shards; every byte /proc/self/io counted, moved at "
+          f"those bandwidths, takes {f['io_floor_s']:.1f} s (samples, plans, routes, tier rows included).")
 
     n, k = f["batches"], f["naive_batches"]
     print_table("(b) packing the same routes, one thread each, page cache dropped (naive: before every batch)", [
