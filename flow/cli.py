@@ -11,7 +11,7 @@ from .. import __version__
 from ..operators.errors import DiskflowError
 
 # Subcommand modules, in the order `diskflow --help` lists them.
-COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "bench", "info")
+COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "bench", "info")
 
 
 def build_parser() -> argparse.ArgumentParser:
