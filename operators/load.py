@@ -307,6 +307,9 @@ class PackedLoader:
         self._epoch: int | None = None
         self._start = 0
         self._stream: Any = None
+        # Assemble with the device path (pinned block + gathers on the device); always on CUDA. Tests
+        # switch it on for a CPU loader to check the same index arithmetic without a GPU.
+        self._device_path = self.device.type == "cuda"
         self._pinned: list[int] = []
         self._buffers: list[np.ndarray] = []
         self._bounce: np.ndarray | None = None
@@ -334,7 +337,12 @@ class PackedLoader:
 
     def _init_tiers(self) -> None:
         gpu = np.array(self.ds.gpu_cache)
-        self.gpu = torch.from_numpy(gpu).to(self.device) if self.device.type == "cuda" else gpu
+        self.gpu: Any
+        if self.device.type == "cuda":
+            self.gpu = torch.from_numpy(gpu).to(self.device)
+            torch.cuda.synchronize(self.device)      # the assemble stage reads it from its own stream
+        else:
+            self.gpu = gpu
         self._cpu_init_rows = self.ds.cpu_init
         c = self.ds.cpu_ids.shape[0]
         if self.device.type == "cuda":
@@ -408,9 +416,7 @@ class PackedLoader:
     def _pin(self, buf: np.ndarray) -> None:
         if self.device.type != "cuda" or buf.nbytes == 0:
             return
-        rc = torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0)
-        if int(rc) != 0:
-            raise RuntimeError(f"cudaHostRegister of a {buf.nbytes}-byte staging buffer failed ({rc})")
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0))
         self._pinned.append(buf.ctypes.data)
 
     def close(self) -> None:
@@ -585,8 +591,8 @@ class PackedLoader:
     def _assemble(self, st: _Staged) -> torch.Tensor | None:
         """Gather batch `st.batch`'s features, apply its CPU-tier inserts, free its staging buffer."""
         rec = st.record
-        if self.device.type == "cuda":
-            x_t = self._assemble_cuda(st)
+        if self._device_path:
+            x_t = self._assemble_device(st)
         else:
             x = np.empty((rec.src.shape[0], self.dim), dtype=self.dtype)
             for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
@@ -603,34 +609,40 @@ class PackedLoader:
             self.counts.useful_bytes += int(st.miss_pos.size) * self.row_bytes
         return x_t if st.yield_it else None
 
-    def _assemble_cuda(self, st: _Staged) -> torch.Tensor:
-        """Host rows (staged + CPU tier) -> one pinned block -> one async copy -> gather on the device."""
+    def _assemble_device(self, st: _Staged) -> torch.Tensor:
+        """Host rows (staged + CPU tier) -> one pinned block -> one async copy -> one gather on the device.
+
+        The device work is gathers only (`index_select`), deterministic and free of scatters:
+        ``x = cat(gpu_tier[gpu_idx], host_block)[where]``, `where` mapping each n_id position to
+        its row of that concatenation.
+        """
         rec = st.record
         n = rec.src.shape[0]
         cpos = np.flatnonzero(rec.src == SRC_CPU)
+        gpos = np.flatnonzero(rec.src == SRC_GPU)
         m = st.rows.shape[0]
         host = st.buffer[:(m + cpos.size) * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
-        host[m:] = self.cpu[rec.idx[cpos]]
+        host[m:] = self.cpu[rec.idx[cpos]]                 # CPU-tier rows join the staged rows in pinned memory
         host_pos = np.concatenate([st.miss_pos, cpos])
         host_row = np.concatenate([st.miss_row, np.arange(m, m + cpos.size)])
-        gpos = np.flatnonzero(rec.src == SRC_GPU)
-        with torch.cuda.stream(self._stream):
-            h = torch.from_numpy(host).to(self.device, non_blocking=True)
-            x = torch.empty((n, self.dim), dtype=h.dtype, device=self.device)
-            if gpos.size:
-                x[torch.from_numpy(gpos).to(self.device)] = self.gpu[torch.from_numpy(rec.idx[gpos]).to(self.device)]
-            if host_pos.size:
-                x[torch.from_numpy(host_pos).to(self.device)] = h[torch.from_numpy(host_row).to(self.device)]
-        if rec.insert_pos.size:    # inserted rows come from host memory unless the plan inserts GPU-tier rows
-            where = np.full(n, -1, np.int64)
-            where[host_pos] = host_row
-            rows = where[rec.insert_pos]
+        where = np.empty(n, np.int64)
+        where[gpos] = np.arange(gpos.size)
+        where[host_pos] = gpos.size + host_row
+        dev = self.device
+        gpu = self.gpu if isinstance(self.gpu, torch.Tensor) else torch.from_numpy(self.gpu)
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            h = torch.from_numpy(host).to(dev, non_blocking=True)
+            g = gpu.index_select(0, torch.from_numpy(rec.idx[gpos]).to(dev, non_blocking=True))
+            x = torch.cat([g, h]).index_select(0, torch.from_numpy(where).to(dev, non_blocking=True))
+        if self._stream is not None:
+            self._stream.synchronize()    # x is complete, and the staging buffer may be reused
+        if rec.insert_pos.size:       # inserted rows come from host memory unless the plan inserts GPU-tier rows
+            rows = where[rec.insert_pos] - gpos.size
             on_host = rows >= 0
             self.cpu[rec.insert_slot[on_host]] = host[rows[on_host]]
             if not on_host.all():
-                sel = torch.from_numpy(rec.insert_pos[~on_host]).to(self.device)
-                self.cpu[rec.insert_slot[~on_host]] = x[sel].cpu().numpy()
-        self._stream.synchronize()   # the staging buffer is reused once this returns
+                sel = torch.from_numpy(rec.insert_pos[~on_host]).to(dev)
+                self.cpu[rec.insert_slot[~on_host]] = x.index_select(0, sel).cpu().numpy()
         return x
 
     # ------------------------------------------------------------------ stage 3: graph

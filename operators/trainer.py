@@ -330,7 +330,7 @@ class _Run:
                 self._save(epoch + 1, 0, net, opt, records, None, "none" if epoch + 1 == cfg.epochs else "current")
             if self.on_epoch is not None:
                 self.on_epoch(record)
-            if self.interrupt.is_set():
+            if self.interrupt.is_set() and epoch + 1 < cfg.epochs:   # after the last epoch: just finish
                 raise KeyboardInterrupt
         return self._report(records, load_s, stats0)
 

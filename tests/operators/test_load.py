@@ -107,6 +107,16 @@ def test_every_batch_is_the_store_gather_of_its_n_id(name: str, pipelined: bool,
     assert stage_threads() == []
 
 
+@pytest.mark.parametrize("name", ["belady", "ginex", "dcache", "gpu-tier"])
+def test_the_device_assembly_path_is_exact_too(name: str, layouts: dict[str, Path], store: Store) -> None:
+    """The CUDA path's arithmetic (pinned block of staged + CPU rows, one gather after the GPU rows), run on
+    the CPU: same rows, same CPU-tier inserts (the whole round is checked, so inserts must be right)."""
+    with PackedLoader(layouts[name]) as loader:
+        loader._device_path = True
+        for batch in loader:
+            assert batch.x.numpy().tobytes() == store.gather(batch.n_id.numpy()).tobytes()
+
+
 def test_batches_are_the_in_memory_loaders_batches(layouts: dict[str, Path], store: Store) -> None:
     """Same n_id, edges, per-hop counts and seeds as InMemoryLoader at the round's seed, epoch by epoch."""
     x = torch.from_numpy(store.read_features())
