@@ -18,9 +18,7 @@ from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.errors import ConfigError
 from ..operators.files import format_bytes, parse_bytes
-from ..operators.load import in_flight_batches, io_buffer_bytes
 from ..operators.store import Store
-from ..operators.trainer import train_packed
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
 DEFAULT_CPU_SHARE = 0.10
@@ -54,6 +52,8 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
         extra: more report keys (e.g. the prepare step's figures).
         options: `train_packed`'s keyword arguments.
     """
+    from ..operators.trainer import train_packed  # torch: imported only when training (not by `prepare`)
+
     state: dict[str, Any] = {"bar": None}
 
     def close() -> None:
@@ -106,6 +106,8 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
         Other options are the in-memory pipeline's (same seed: same batches, same samples) and
         the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`).
         """
+        from ..operators.load import in_flight_batches, io_buffer_bytes
+
         st = Store(store)
         rdir = Path(run_dir)
         out = Path(packed) if packed is not None else rdir / "packed"
