@@ -34,6 +34,14 @@ CPU_ROWS, GPU_ROWS = 600, 250
 FIELDS = {"x", "edge_index", "y", "n_id", "batch_size", "num_sampled_nodes", "num_sampled_edges"}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def prepared(store: Path, out: Path, staging: int, **kw: object) -> Path:
     """A packed dataset of tiny_store: the round of BASE, a CPU tier of CPU_ROWS rows."""
     row_bytes = Store(store).row_bytes
