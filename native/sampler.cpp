@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -274,7 +275,8 @@ void run_parallel(int64_t n_tasks, int n_threads, F&& fn) {
 // Runs produce(task, worker) for task in [0, n_tasks) on up to n_threads threads (the caller's
 // included) and consume(task) on the calling thread in task order, each as soon as its task is
 // produced, so the serial, ordered consumer overlaps with the parallel producers (the caller
-// produces too while it waits). Rethrows the first exception, after joining the threads.
+// produces too while it waits, and sleeps when nothing is left to take, so that a busy machine's
+// cores go to the producers). Rethrows the first exception, after joining the threads.
 template <typename Produce, typename Consume>
 void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& consume) {
     if (n_threads <= 1 || n_tasks <= 1) {
@@ -290,17 +292,27 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
     for (int64_t t = 0; t < n_tasks; ++t) ready[t].store(false, std::memory_order_relaxed);
     std::exception_ptr error;
     std::mutex error_mu;
+    std::mutex wake_mu;  // with `wake`: the caller sleeps until the task it consumes next is ready
+    std::condition_variable wake;
+    auto notify = [&] {
+        { std::lock_guard<std::mutex> lock(wake_mu); }  // orders the store before a sleeping check
+        wake.notify_one();
+    };
     auto fail = [&] {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!error) error = std::current_exception();
-        failed.store(true);
-        next.store(n_tasks);
+        {
+            std::lock_guard<std::mutex> lock(error_mu);
+            if (!error) error = std::current_exception();
+            failed.store(true);
+            next.store(n_tasks);
+        }
+        notify();
     };
     auto produce_next = [&](int w) {  // false when no task is left to take
         const int64_t t = next.fetch_add(1);
         if (t >= n_tasks) return false;
         produce(t, w);
         ready[t].store(true, std::memory_order_release);
+        if (w != 0) notify();
         return true;
     };
     auto worker = [&](int w) {
@@ -316,7 +328,9 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
     try {
         for (int64_t t = 0; t < n_tasks && !failed.load(); ++t) {
             while (!ready[t].load(std::memory_order_acquire) && !failed.load()) {
-                if (!produce_next(0)) std::this_thread::yield();
+                if (produce_next(0)) continue;
+                std::unique_lock<std::mutex> lock(wake_mu);
+                wake.wait(lock, [&] { return ready[t].load(std::memory_order_acquire) || failed.load(); });
             }
             if (failed.load()) break;
             consume(t);
