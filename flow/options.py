@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
+from ..operators.errors import ConfigError
 from ..operators.files import parse_bytes
 
 
@@ -39,6 +40,21 @@ def byte_size(option: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             return parse_bytes(text, option)
-        except Exception as e:  # ConfigError -> argparse message
+        except ConfigError as e:  # -> argparse's own message format
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse
+
+
+def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
+    """Bytes from an int, ``"2GiB"``, or a share of `whole` such as ``"10%"``; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            share = float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ConfigError(option, f"not a percentage: {value!r}") from None
+        if share < 0:
+            raise ConfigError(option, f"must be >= 0, got {value!r}")
+        return int(whole * share)
+    return parse_bytes(value, option)

@@ -14,29 +14,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..flow.options import byte_budget as budget
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.errors import ConfigError
-from ..operators.files import format_bytes, parse_bytes
+from ..operators.files import format_bytes
 from ..operators.store import Store
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
 DEFAULT_CPU_SHARE = 0.10
-
-
-def budget(value: int | str | None, option: str, whole: int) -> int | None:
-    """Bytes from an int, ``"2GiB"``, or a share of `whole` such as ``"10%"``; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            share = float(value.strip()[:-1]) / 100
-        except ValueError:
-            raise ConfigError(option, f"not a percentage: {value!r}") from None
-        if share < 0:
-            raise ConfigError(option, f"must be >= 0, got {value!r}")
-        return int(whole * share)
-    return parse_bytes(value, option)
 
 
 def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, progress: bool = True,
@@ -85,6 +71,39 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
     return report
 
 
+def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int | str | None,
+                   disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int, queue_depth: int = 2,
+                   sequential: bool = False) -> dict[str, Any]:
+    """What `prepare` must be given so the trainer later fits `cpu_memory` with this queue depth.
+
+    `cpu_memory` is the trainer's whole host budget for features (bytes, ``"2GiB"`` or
+    ``"10%"`` of the feature bytes): CPU tier + staging of the batches in flight + the
+    loader's I/O buffers. `prepare` reserves the staging itself (it knows the largest batch)
+    and is given the rest. Without `cpu_memory`: 10% of the features for the CPU tier plus
+    the staging of the worst-case batch for these fanouts.
+
+    Returns:
+        ``cpu_total`` (the trainer's budget), ``cpu_memory`` (prepare's), ``staging_batches``,
+        ``gpu_memory`` and ``disk_budget`` in bytes.
+    """
+    from ..operators.load import in_flight_batches, io_buffer_bytes
+
+    reserve = io_buffer_bytes(len(store.shards), queue_depth, sequential)
+    staging = in_flight_batches(queue_depth, sequential)
+    cpu = budget(cpu_memory, "--cpu-memory", store.feature_bytes)
+    if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
+        rows = batch_size
+        for f in fanouts:
+            rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
+        cpu = staging * min(rows, store.num_nodes) * store.row_bytes + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE)
+    if cpu <= reserve:
+        raise ConfigError("--cpu-memory", f"{format_bytes(cpu)} does not even hold the loader's I/O buffers "
+                                          f"({format_bytes(reserve)})")
+    return {"cpu_total": cpu, "cpu_memory": cpu - reserve, "staging_batches": staging,
+            "gpu_memory": budget(gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
+            "disk_budget": budget(disk_budget, "--disk-budget", store.feature_bytes)}
+
+
 def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
     """A packed pipeline's ``run(store, run_dir, **options)``: prepare with its policy, then train."""
 
@@ -106,30 +125,18 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
         Other options are the in-memory pipeline's (same seed: same batches, same samples) and
         the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`).
         """
-        from ..operators.load import in_flight_batches, io_buffer_bytes
-
         st = Store(store)
         rdir = Path(run_dir)
         out = Path(packed) if packed is not None else rdir / "packed"
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
             raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
-        reserve = io_buffer_bytes(len(st.shards), queue_depth, sequential)
-        staging = in_flight_batches(queue_depth, sequential)
-        gpu = budget(gpu_memory, "--gpu-memory", st.feature_bytes) or 0
-        cpu = budget(cpu_memory, "--cpu-memory", st.feature_bytes)
         dev = "cuda" if str(device).startswith("cuda") else "cpu"
+        budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential)
+        cpu, gpu = budgets["cpu_total"], budgets["gpu_memory"]
         options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
-                   "epochs": epochs, "seed": seed, "gpu_memory": gpu, "device": dev, "staging_batches": staging,
-                   "disk_budget": budget(disk_budget, "--disk-budget", st.feature_bytes)}
-        if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
-            rows = batch_size
-            for f in fanouts:
-                rows = min(st.num_nodes, rows * (1 + (st.num_nodes if f < 0 else int(f))))
-            cpu = staging * min(rows, st.num_nodes) * st.row_bytes + reserve + int(st.feature_bytes * DEFAULT_CPU_SHARE)
-        if cpu <= reserve:
-            raise ConfigError("--cpu-memory", f"{format_bytes(cpu)} does not even hold the loader's I/O buffers "
-                                              f"({format_bytes(reserve)})")
-        result = prepare(st.path, out, force=force, quiet=not progress, cpu_memory=cpu - reserve, **options)
+                   "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
+                   "staging_batches": budgets["staging_batches"], "disk_budget": budgets["disk_budget"]}
+        result = prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"], **options)
         report = train_and_report(
             out, rdir, progress=progress, on_epoch=on_epoch,
             extra={"pipeline": name, "prepare": {"path": str(out), "skipped": result.skipped,

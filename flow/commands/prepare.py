@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ...operators.errors import ConfigError
-from ...operators.files import format_bytes, parse_bytes
+from ...operators.files import format_bytes
 from ..options import fanouts_option, positive_int
 
 PIPELINES = ("belady", "diskgnn", "ginex")
@@ -40,29 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default 64)")
     p.add_argument("--epochs", type=positive_int("--epochs"), default=1, help="epochs in the round (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of batch order and sampling (default 0)")
-    p.add_argument("--staging-batches", type=positive_int("--staging-batches"), default=3,
-                   help="batches staged at once on the training machine, reserved out of --cpu-memory (default 3)")
+    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=2,
+                   help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
+                        "reserved out of --cpu-memory (default 2, as `diskflow train`)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
     p.add_argument("--force", action="store_true", help="redo even when PACKED is up to date")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="embedded cluster workers")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="use a running Dask scheduler (tcp://host:8786)")
     p.set_defaults(func=_run)
-
-
-def _size(text: str | None, option: str, whole: int) -> int | None:
-    """Bytes from `2GiB` or a share of `whole` from `10%`."""
-    if text is None or str(text).lower() in ("none", ""):
-        return None
-    t = str(text).strip()
-    if t.endswith("%"):
-        try:
-            share = float(t[:-1]) / 100
-        except ValueError:
-            raise ConfigError(option, f"not a percentage: {text!r}") from None
-        if share < 0:
-            raise ConfigError(option, f"must be >= 0, got {text!r}")
-        return int(whole * share)
-    return parse_bytes(t, option)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -71,13 +55,16 @@ def _run(args: argparse.Namespace) -> int:
 
     store = Store(args.dataset)   # a bad store fails before a cluster starts
     pipeline = importlib.import_module(f"diskflow.pipelines.{args.pipeline}")
-    options = dict(
-        gpu_memory=_size(args.gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
-        cpu_memory=_size(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0,
-        disk_budget=_size(args.disk_budget, "--disk-budget", store.feature_bytes),
-        device=args.device, fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-        superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed,
-        staging_batches=args.staging_batches, minhash_k=args.minhash_k)
+    from ...pipelines._packed import packed_budgets
+
+    disk = None if str(args.disk_budget).lower() in ("none", "") else args.disk_budget
+    budgets = packed_budgets(store, args.cpu_memory, args.gpu_memory, disk, args.fanouts, args.batch_size,
+                             args.queue_depth)
+    options = {
+        "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
+        "device": args.device, "fanouts": tuple(args.fanouts), "batch_size": args.batch_size,
+        "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
+        "staging_batches": budgets["staging_batches"], "minhash_k": args.minhash_k}
     pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)
@@ -92,8 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         ("batches", f"{f['batches']:,}"),
         ("feature accesses", f"{f['accesses']:,}"),
         ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
-        ("CPU tier", f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
-                     f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts"),
+        ("CPU tier", (f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
+                      f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts")),
         ("staging reserve", format_bytes(f["staging_bytes"])),
         ("disk reads (misses)", f"{f['misses']:,} rows = {format_bytes(f['plan_miss_bytes'])} ({f['misses'] / acc:.1%})"),
         ("disk used", format_bytes(f.get("disk_used_bytes", 0)) + (

@@ -85,7 +85,8 @@ def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...pipelines._packed import budget, train_and_report
+    from ...pipelines._packed import train_and_report
+    from ..options import byte_budget as budget
 
     manifest = _packed_manifest(args.packed)
     packed = Path(args.packed).resolve()
