@@ -305,7 +305,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                                                  list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
                                                  dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
         summaries = compute(tasks, desc="sample", disable=quiet or None)
-        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), dask_key_name=f"count-{r.key}-{tok}")
+        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), store.num_nodes, dask_key_name=f"count-{r.key}-{tok}")
                    for r in refs]
         total = _tree_merge(counted, tok)
         (ids_counts,) = compute([total], desc="count", disable=quiet or None)
