@@ -6,6 +6,13 @@ train the same model with the same loop (`operators.train`) on the same batches
 batch's rows come from. Evaluation is minibatch inference with the training fanouts over
 the validation and test seeds, on the same samples every epoch.
 
+With ``samples=PACKED`` the training batches are instead the stored samples of a packed
+dataset's round (`StoredSamplesLoader`), the very samples the packed pipelines train on,
+so a benchmark compares every pipeline on one set of samples with sampling out of the
+data path. ``model="none"`` runs the data path only (batches built, nothing trained), as
+the packed trainer does. `gathered_run` is the loop itself; ``pipelines.mmap`` reuses it
+with features gathered from the store's memory-mapped shards instead of RAM.
+
     diskflow run inmemory --dataset STORE [--model sage|gcn|gat|mlp] ...
 """
 from __future__ import annotations
@@ -25,35 +32,47 @@ from torch_geometric.data import Data
 
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
-from ..operators.batches import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader
+from ..operators.batches import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader, to_data
 from ..operators.errors import ConfigError, InputError
+from ..operators.files import config_hash
 from ..operators.models import build_model
+from ..operators.packed import PackedDataset
 from ..operators.sample import NeighborSampler
 from ..operators.store import Store
 from ..operators.train import TrainConfig, deterministic, evaluate, train_epoch
+from ..operators.trainer import DATA_ONLY, StoreFeatures
 
 NAME = "inmemory"
+EpochHook = Callable[[dict[str, Any]], None]
 
 
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = "sage",
         hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
         batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4,
         seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
-        progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        samples: str | os.PathLike[str] | None = None, progress: bool = True,
+        on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
+        on_start: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
         store: an ingested store directory.
         run_dir: an existing directory for this run's outputs (see `flow.rundir.new_run_dir`).
-        model: "sage", "gcn", "gat" or "mlp" (the same features, no graph).
+        model: "sage", "gcn", "gat", "mlp" (the same features, no graph), or "none" (the data
+            path only: batches are built and dropped, for timing).
         hidden, num_layers, dropout, heads: model shape (`num_layers` defaults to `len(fanouts)`).
         fanouts: neighbours sampled per hop (-1: all).
         batch_size, epochs, lr, seed: training; with the same seed two runs give the same losses.
         device: "cpu" or a CUDA device; features stay in host RAM, batches are copied over.
         eval_every: evaluate val/test every this many epochs (and always after the last one).
         threads: torch and sampler threads (default: torch's own setting).
+        samples: a packed dataset whose stored round samples are the training batches (its
+            fanouts, batch size and seed must be these; it must hold `epochs` epochs), instead
+            of sampling each batch here. Evaluation samples online either way.
         progress: show a progress bar per epoch (on a terminal).
         on_epoch: called with each epoch's record as soon as it is complete.
+        on_batch: called with 1 after each trained batch (as `operators.trainer.train_packed`).
+        on_start: called with (epoch index, batches in it) before each epoch.
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -61,10 +80,26 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         (last and best-validation accuracies, training seconds), `stage_s` (summed over
         epochs), `load_s`, `peak_rss_bytes` (of this process, lifetime), `wall_s`.
     """
+    options = dict(locals())    # exactly the arguments above
+    return gathered_run(NAME, in_ram=True, **options)
+
+
+def gathered_run(name: str, *, in_ram: bool, store: str | os.PathLike[str], run_dir: str | os.PathLike[str],
+                 model: str, hidden: int, num_layers: int | None, fanouts: Sequence[int], batch_size: int,
+                 epochs: int, lr: float, dropout: float, heads: int, seed: int, device: str, eval_every: int,
+                 threads: int | None, samples: str | os.PathLike[str] | None, progress: bool,
+                 on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
+                 on_start: Callable[[int, int], Any] | None) -> dict[str, Any]:
+    """The loop behind `run`: batches gathered from features in RAM (`in_ram`) or from the store's
+    memory-mapped shards through the page cache (`Store.gather`, the topology memory-mapped too).
+
+    `name` labels the report and progress bars; the other arguments are `run`'s.
+    """
     wall0 = time.perf_counter()
-    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
-                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
-                      eval_every=eval_every)
+    data_only = model == DATA_ONLY
+    cfg = TrainConfig(model="sage" if data_only else model, hidden=hidden, num_layers=num_layers,
+                      fanouts=tuple(fanouts), batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout,
+                      heads=heads, seed=seed, eval_every=eval_every)
     dev = _device(device)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError("--threads", f"expected an integer >= 1, got {threads!r}")
@@ -77,45 +112,134 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         torch.set_num_threads(threads)
     try:
         with deterministic():
-            report = _train(Store(store), run_dir, cfg, dev, threads, progress, on_epoch)
+            report = _train(Store(store), run_dir, cfg, dev, threads, progress, on_epoch,
+                            _Run(name, model, in_ram, samples, on_batch, on_start))
     finally:
         torch.set_num_threads(old_threads)
     report["wall_s"] = time.perf_counter() - wall0
     write_report(run_dir, report)
-    plot_curves(run_dir, report)
+    if not data_only:       # a data-only run has no losses or accuracies to plot
+        plot_curves(run_dir, report)
     return report
 
 
+class _Run:
+    """What varies between the pipelines built on `gathered_run`, and the caller's hooks."""
+
+    def __init__(self, name: str, model: str, in_ram: bool, samples: str | os.PathLike[str] | None,
+                 on_batch: Callable[[int], Any] | None, on_start: Callable[[int, int], Any] | None) -> None:
+        self.name, self.model, self.in_ram, self.samples = name, model, in_ram, samples
+        self.on_batch, self.on_start = on_batch, on_start
+
+
+class StoredSamplesLoader:
+    """The training batches of a packed dataset's round: its stored samples, features joined by `to_data`.
+
+    Takes `InMemoryLoader`'s place for training, with the same `set_epoch`, `len` and `stage_s`
+    (``sample``: reading the stored sample, ``gather``: features, labels and `Data`). The
+    dataset must have been prepared from `store` with `cfg`'s fanouts, batch size and seed,
+    so its batches are the ones `InMemoryLoader` would sample, and hold `cfg.epochs` epochs.
+
+    Raises:
+        InputError: not a packed dataset, or prepared from another store.
+        ConfigError: sampled with other fanouts, batch size or seed (``--samples``), or too few
+            epochs (``--epochs``).
+    """
+
+    def __init__(self, features: Any, labels: torch.Tensor, packed: str | os.PathLike[str], store: Store,
+                 cfg: TrainConfig) -> None:
+        self.features, self.labels = features, labels
+        self.ds = PackedDataset(packed)
+        man = self.ds.manifest
+        if man.get("store", {}).get("manifest_hash") != config_hash(store.manifest):
+            raise InputError(self.ds.path / "manifest.json", f"prepared from another store than {store.path}")
+        rc = man.get("config", {})
+        theirs = (list(rc.get("fanouts", [])), rc.get("batch_size"), rc.get("seed"))
+        ours = (list(cfg.fanouts), cfg.batch_size, cfg.seed)
+        if theirs != ours:
+            raise ConfigError("--samples", f"{self.ds.path} was sampled with fanouts {theirs[0]}, batch "
+                                           f"size {theirs[1]}, seed {theirs[2]}; this run has fanouts "
+                                           f"{ours[0]}, batch size {ours[1]}, seed {ours[2]}")
+        held = int(man["round"]["epochs"])
+        if cfg.epochs > held:
+            raise ConfigError("--epochs", f"{cfg.epochs} epochs asked for, the samples in {self.ds.path} "
+                                          f"hold {held}")
+        self.epoch = 0
+        self.stage_s: dict[str, float] = {"sample": 0.0, "gather": 0.0}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose stored batches the next iteration yields."""
+        self.epoch = epoch
+
+    def _superbatches(self) -> list[Any]:
+        return sorted((s for s in self.ds.superbatches if s.epoch == self.epoch), key=lambda s: s.first_batch)
+
+    def __len__(self) -> int:
+        return sum(s.batches for s in self._superbatches())
+
+    def __iter__(self) -> Iterator[Data]:
+        self.stage_s = {"sample": 0.0, "gather": 0.0}
+        for sb in self._superbatches():
+            stored = self.ds.samples(sb.key)
+            while True:
+                t0 = time.perf_counter()
+                sample = next(stored, None)
+                if sample is None:
+                    break
+                sample.n_id = np.array(sample.n_id)    # mapped from the samples file; torch wants its own
+                t1 = time.perf_counter()
+                data = to_data(sample, self.features, self.labels)
+                t2 = time.perf_counter()
+                self.stage_s["sample"] += t1 - t0
+                self.stage_s["gather"] += t2 - t1
+                yield data
+
+
 def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, threads: int | None, progress: bool,
-           on_epoch: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+           on_epoch: EpochHook | None, how: _Run) -> dict[str, Any]:
     t0 = time.perf_counter()
-    features = torch.from_numpy(st.read_features())
+    features: Any
+    if how.in_ram:
+        features = torch.from_numpy(st.read_features())
+        indptr, indices = np.array(st.indptr), np.array(st.indices)  # RAM copies of the CSC
+    else:
+        features = StoreFeatures(st)          # Store.gather: memory-mapped shards, through the page cache
+        indptr, indices = st.indptr, st.indices
     labels = torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
-    indptr, indices = np.array(st.indptr), np.array(st.indices)  # RAM copies of the CSC
     load_s = time.perf_counter() - t0
     splits = {name: st.split_ids(name) for name in ("train", "val", "test")}
     _check_labels(st, labels, splits)
 
     sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=threads)
-    loaders = {
-        "train": InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,
-                                TRAIN_STREAM),
+    loaders: dict[str, Any] = {
+        "train": (InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,
+                                 TRAIN_STREAM) if how.samples is None
+                  else StoredSamplesLoader(features, labels, how.samples, st, cfg)),
         "val": InMemoryLoader(features, labels, sampler, splits["val"], cfg.batch_size, False, cfg.seed,
                               VAL_STREAM),
         "test": InMemoryLoader(features, labels, sampler, splits["test"], cfg.batch_size, False, cfg.seed,
                                TEST_STREAM),
     }
     torch.manual_seed(cfg.seed)
-    net = build_model(cfg.model, st.feature_dim, cfg.hidden, st.num_classes, int(cfg.num_layers or 1),
-                      dropout=cfg.dropout, heads=cfg.heads).to(dev)
-    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    net: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    if how.model != DATA_ONLY:
+        net = build_model(cfg.model, st.feature_dim, cfg.hidden, st.num_classes, int(cfg.num_layers or 1),
+                          dropout=cfg.dropout, heads=cfg.heads).to(dev)
+        optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
 
     records: list[dict[str, Any]] = []
     for epoch in range(cfg.epochs):
         loaders["train"].set_epoch(epoch)
-        with bar(total=len(loaders["train"]), desc=f"{NAME} {cfg.model} epoch {epoch + 1}/{cfg.epochs}",
+        if how.on_start is not None:
+            how.on_start(epoch, len(loaders["train"]))
+        with bar(total=len(loaders["train"]), desc=f"{how.name} {how.model} epoch {epoch + 1}/{cfg.epochs}",
                  unit="batch", disable=None if progress else True) as b:
-            result = train_epoch(net, _Ticking(loaders["train"], b.update), optimizer, dev)
+            feed = _Ticking(loaders["train"], b.update, how.on_batch)
+            if net is None or optimizer is None:
+                result = _data_epoch(feed)
+            else:
+                result = train_epoch(net, feed, optimizer, dev)
         record: dict[str, Any] = {
             "epoch": epoch + 1, "loss": _num(result["loss"]), "losses": result["losses"],
             "train_acc": _num(result["train_acc"]), "val_acc": None, "test_acc": None,
@@ -124,7 +248,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
                         "gather": result["stage_s"].get("gather", 0.0),
                         "train": result["stage_s"]["train"], "eval": 0.0},
         }
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        if net is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             t_eval = time.perf_counter()
             record["val_acc"] = _num(evaluate(net, loaders["val"], dev))
             record["test_acc"] = _num(evaluate(net, loaders["test"], dev))
@@ -134,10 +258,11 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
             on_epoch(record)
 
     return {
-        "pipeline": NAME,
-        "title": f"{NAME}: {cfg.model}, fanouts {list(cfg.fanouts)}",
-        "config": {**asdict(cfg), "fanouts": list(cfg.fanouts), "device": str(dev),
-                   "threads": threads, "torch_threads": torch.get_num_threads()},
+        "pipeline": how.name,
+        "title": f"{how.name}: {how.model}, fanouts {list(cfg.fanouts)}",
+        "config": {**asdict(cfg), "model": how.model, "fanouts": list(cfg.fanouts), "device": str(dev),
+                   "threads": threads, "torch_threads": torch.get_num_threads(),
+                   "samples": None if how.samples is None else str(how.samples)},
         "dataset": {"store": str(st.path), "nodes": st.num_nodes, "edges": st.num_edges,
                     "dim": st.feature_dim, "dtype": str(st.feature_dtype), "feature_bytes": st.feature_bytes,
                     "num_classes": st.num_classes,
@@ -152,11 +277,13 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
 
 
 class _Ticking:
-    """A loader that calls `tick(1)` after each batch it yields, keeping the loader's `stage_s`."""
+    """A loader that calls `tick(1)`, then `on_batch(1)`, after each batch it yields; keeps its `stage_s`."""
 
-    def __init__(self, loader: InMemoryLoader, tick: Callable[[int], Any]) -> None:
+    def __init__(self, loader: InMemoryLoader | StoredSamplesLoader, tick: Callable[[int], Any],
+                 on_batch: Callable[[int], Any] | None = None) -> None:
         self.loader = loader
         self.tick = tick
+        self.on_batch = on_batch
 
     @property
     def stage_s(self) -> dict[str, float]:
@@ -166,6 +293,19 @@ class _Ticking:
         for batch in self.loader:
             yield batch
             self.tick(1)
+            if self.on_batch is not None:
+                self.on_batch(1)
+
+
+def _data_epoch(feed: _Ticking) -> dict[str, Any]:
+    """One epoch of the data path only (model "none"): every batch built, nothing trained."""
+    start = time.perf_counter()
+    seen = batches = 0
+    for batch in feed:
+        seen += int(batch.batch_size)
+        batches += 1
+    return {"loss": math.nan, "losses": [], "train_acc": math.nan, "seeds": seen, "batches": batches,
+            "seconds": time.perf_counter() - start, "stage_s": {**feed.stage_s, "train": 0.0}}
 
 
 def _device(device: str | torch.device) -> torch.device:
