@@ -11,7 +11,7 @@ dataset's round (`StoredSamplesLoader`), the very samples the packed pipelines t
 so a benchmark compares every pipeline on one set of samples with sampling out of the
 data path. ``model="none"`` runs the data path only (batches built, nothing trained), as
 the packed trainer does. `gathered_run` is the loop itself; ``pipelines.mmap`` reuses it
-with features gathered from the store's memory-mapped shards instead of RAM.
+with features gathered from memory-mapped store shards instead of RAM.
 
     diskflow run inmemory --dataset STORE [--model sage|gcn|gat|mlp] ...
 """
@@ -40,7 +40,7 @@ from ..operators.packed import PackedDataset
 from ..operators.sample import NeighborSampler
 from ..operators.store import Store
 from ..operators.train import TrainConfig, deterministic, evaluate, train_epoch
-from ..operators.trainer import DATA_ONLY, StoreFeatures
+from ..operators.trainer import DATA_ONLY
 
 NAME = "inmemory"
 EpochHook = Callable[[dict[str, Any]], None]
@@ -81,19 +81,24 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         epochs), `load_s`, `peak_rss_bytes` (of this process, lifetime), `wall_s`.
     """
     options = dict(locals())    # exactly the arguments above
-    return gathered_run(NAME, in_ram=True, **options)
+    return gathered_run(NAME, features=None, **options)
 
 
-def gathered_run(name: str, *, in_ram: bool, store: str | os.PathLike[str], run_dir: str | os.PathLike[str],
+def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: str | os.PathLike[str],
+                 run_dir: str | os.PathLike[str],
                  model: str, hidden: int, num_layers: int | None, fanouts: Sequence[int], batch_size: int,
                  epochs: int, lr: float, dropout: float, heads: int, seed: int, device: str, eval_every: int,
                  threads: int | None, samples: str | os.PathLike[str] | None, progress: bool,
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
                  on_start: Callable[[int, int], Any] | None) -> dict[str, Any]:
-    """The loop behind `run`: batches gathered from features in RAM (`in_ram`) or from the store's
-    memory-mapped shards through the page cache (`Store.gather`, the topology memory-mapped too).
+    """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
-    `name` labels the report and progress bars; the other arguments are `run`'s.
+    Args:
+        name: labels the report and the progress bars.
+        features: None to read every feature into RAM (and copy the topology there); else a
+            function of the store returning an object with ``index_select(0, n_id)`` and
+            ``device`` (as a tensor), e.g. memory-mapped shards; the topology stays mapped.
+        The other arguments are `run`'s.
     """
     wall0 = time.perf_counter()
     data_only = model == DATA_ONLY
@@ -113,7 +118,7 @@ def gathered_run(name: str, *, in_ram: bool, store: str | os.PathLike[str], run_
     try:
         with deterministic():
             report = _train(Store(store), run_dir, cfg, dev, threads, progress, on_epoch,
-                            _Run(name, model, in_ram, samples, on_batch, on_start))
+                            _Run(name, model, features, samples, on_batch, on_start))
     finally:
         torch.set_num_threads(old_threads)
     report["wall_s"] = time.perf_counter() - wall0
@@ -126,9 +131,10 @@ def gathered_run(name: str, *, in_ram: bool, store: str | os.PathLike[str], run_
 class _Run:
     """What varies between the pipelines built on `gathered_run`, and the caller's hooks."""
 
-    def __init__(self, name: str, model: str, in_ram: bool, samples: str | os.PathLike[str] | None,
-                 on_batch: Callable[[int], Any] | None, on_start: Callable[[int, int], Any] | None) -> None:
-        self.name, self.model, self.in_ram, self.samples = name, model, in_ram, samples
+    def __init__(self, name: str, model: str, features: Callable[[Store], Any] | None,
+                 samples: str | os.PathLike[str] | None, on_batch: Callable[[int], Any] | None,
+                 on_start: Callable[[int, int], Any] | None) -> None:
+        self.name, self.model, self.features, self.samples = name, model, features, samples
         self.on_batch, self.on_start = on_batch, on_start
 
 
@@ -199,11 +205,11 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
            on_epoch: EpochHook | None, how: _Run) -> dict[str, Any]:
     t0 = time.perf_counter()
     features: Any
-    if how.in_ram:
+    if how.features is None:
         features = torch.from_numpy(st.read_features())
         indptr, indices = np.array(st.indptr), np.array(st.indices)  # RAM copies of the CSC
     else:
-        features = StoreFeatures(st)          # Store.gather: memory-mapped shards, through the page cache
+        features = how.features(st)
         indptr, indices = st.indptr, st.indices
     labels = torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
     load_s = time.perf_counter() - t0
@@ -262,7 +268,8 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
         "title": f"{how.name}: {how.model}, fanouts {list(cfg.fanouts)}",
         "config": {**asdict(cfg), "model": how.model, "fanouts": list(cfg.fanouts), "device": str(dev),
                    "threads": threads, "torch_threads": torch.get_num_threads(),
-                   "samples": None if how.samples is None else str(how.samples)},
+                   "samples": None if how.samples is None else str(how.samples),
+                   "features": "ram" if how.features is None else str(features)},
         "dataset": {"store": str(st.path), "nodes": st.num_nodes, "edges": st.num_edges,
                     "dim": st.feature_dim, "dtype": str(st.feature_dtype), "feature_bytes": st.feature_bytes,
                     "num_classes": st.num_classes,

@@ -2,6 +2,7 @@
 inmemory (online or on a packed dataset's samples), features never loaded, data-only runs, hooks, errors."""
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.errors import ConfigError, InputError
 from diskflow.operators.store import Store
 from diskflow.operators.train import TrainConfig
-from diskflow.operators.trainer import StoreFeatures
 from diskflow.pipelines import belady, inmemory, mmap
 from diskflow.pipelines.inmemory import StoredSamplesLoader
+from diskflow.pipelines.mmap import MappedFeatures
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "progress": False}
@@ -58,12 +59,21 @@ def test_mmap_never_loads_the_features_and_matches_inmemory(tiny_store: Path, tm
 
     monkeypatch.setattr(Store, "read_features", refuse)
     report = mmap.run(tiny_store, new_run_dir(tmp_path, "mmap"), **SETTINGS)
-    assert report["pipeline"] == "mmap" and read_report(report["run_dir"])["pipeline"] == "mmap"
+    assert report["pipeline"] == "mmap" and report["config"]["features"] == "mmap (random)"
+    assert read_report(report["run_dir"]) == json.loads(json.dumps(report))
     assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
     assert report["final"]["test_acc"] == reference["final"]["test_acc"]
     assert all(e["stage_s"]["gather"] > 0 for e in report["epochs"])
     with pytest.raises(AssertionError, match="loaded every feature"):   # and inmemory does load them
         inmemory.run(tiny_store, new_run_dir(tmp_path, "inmemory"), **SETTINGS)
+
+
+def test_plain_mmap_advice_gives_the_same_losses(tiny_store: Path, tmp_path: Path, reference: dict) -> None:
+    report = mmap.run(tiny_store, new_run_dir(tmp_path, "normal"), advice="normal", **dict(SETTINGS, epochs=1))
+    assert report["config"]["features"] == "mmap (normal)"
+    assert report["epochs"][0]["losses"] == reference["epochs"][0]["losses"]
+    with pytest.raises(ConfigError, match="--advice: expected one of random, normal, got 'willneed'"):
+        mmap.run(tiny_store, tmp_path, advice="willneed")
 
 
 @pytest.mark.parametrize("pipeline", [inmemory, mmap], ids=["inmemory", "mmap"])
@@ -81,7 +91,7 @@ def test_stored_samples_loader_gathers_features_of_n_id(tiny_store: Path, packed
     labels = torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
     cfg = TrainConfig(fanouts=SETTINGS["fanouts"], batch_size=SETTINGS["batch_size"], seed=SETTINGS["seed"],
                       epochs=2)
-    loader = StoredSamplesLoader(StoreFeatures(st), labels, packed, st, cfg)
+    loader = StoredSamplesLoader(MappedFeatures(st), labels, packed, st, cfg)
     train = st.split_ids("train")
     for epoch in (0, 1):
         loader.set_epoch(epoch)
