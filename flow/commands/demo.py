@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "train GraphSAGE in memory and an MLP baseline on the same features, and print "
                                    "accuracy, timings and where the report is.")
     p.add_argument("--workdir", default="diskflow-demo", help="where the dataset, store and runs go (default: %(default)s)")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=60_000, help="synthetic graph size (default: %(default)s)")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=100_000, help="synthetic graph size (default: %(default)s)")
     p.add_argument("--dim", type=positive_int("--dim"), default=64, help="feature dimension (default: %(default)s)")
     p.add_argument("--classes", type=positive_int("--classes"), default=8, help="number of classes (default: %(default)s)")
     p.add_argument("--epochs", type=positive_int("--epochs"), default=3, help="training epochs (default: %(default)s)")
