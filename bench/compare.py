@@ -1,0 +1,767 @@
+"""`diskflow bench compare`: every pipeline on one dataset and one set of samples, side by side, in one run.
+
+The pipelines (``--pipelines``, default all): ``inmemory`` (every feature in RAM, the speed and
+accuracy reference), ``mmap`` (PyG+: features gathered through memory maps and the page cache),
+``ginex`` (Belady CPU tier, misses read row by row with O_DIRECT), ``diskgnn`` (static tiers +
+packed segments) and ``belady`` (Belady CPU tier + packed segments). How they are measured
+(DESIGN.md §9):
+
+* **One dataset, one set of samples.** belady, diskgnn and ginex are prepared (cached in
+  ``--workdir``) from the same store with the same fanouts, batch size and seed, so their stored
+  samples are identical (checked); inmemory and mmap train on belady's stored samples
+  (``samples=PACKED``). Sampling is therefore out of every pipeline's data path, and the losses
+  of the exact pipelines must equal inmemory's batch for batch.
+* **Out of core.** Every run is its own process (``python -m diskflow.bench.compare --child``).
+  Each out-of-core pipeline runs in its own memory cgroup (`bench.cgroup`, page cache counted)
+  with the SAME limit: a fixed allowance for the process itself plus the feature budget
+  (``--feature-budget``, 10% of the feature bytes). The allowance is measured: the peak RSS of a
+  process that imports torch and PyG, loads the labels and every stored sample, and runs the
+  model forward and backward on the largest batch, plus 25%. The packed pipelines get the feature
+  budget as their ``--cpu-memory`` (CPU tier + staging of the batches in flight + I/O buffers);
+  mmap may fill it with page cache. inmemory runs without a limit.
+* **Cold start.** Before every run the store's and the packed datasets' files are evicted from the
+  page cache (``posix_fadvise(DONTNEED)`` per file, `common.drop_page_cache`; not the global
+  ``drop_caches``, which would disturb the other users of this machine). At the start of each
+  epoch the child reads that epoch's sample files once, before its clock and disk counter start.
+* **True disk traffic** is ``read_bytes`` of ``/proc/self/io`` in the child, read at the start and
+  the end of each training epoch; read amplification is that over the useful bytes: the rows the
+  pipeline's plan sends to disk (belady's plan for mmap: the fewest any reader with this budget
+  must fetch). Evaluation (test accuracy) follows the last epoch, after the child has left its
+  cgroup: it is not part of any figure but the accuracy.
+* **Data path and model.** Each pipeline runs twice: ``--model none`` (the batches are built and
+  dropped: the data path alone) and GraphSAGE; belady a third time with ``--sequential`` (no
+  overlap between load, assemble and train). ``--baseline-batches K`` measures the pipelines of
+  ``--cut-short`` (default mmap and ginex) on K batches of the first epoch only, scaled to the
+  round (the table says so), after ``--baseline-warmup`` unmeasured batches (default two
+  superbatches: Belady's CPU tier starts filled with the rows of the first two, so the first
+  batches of a round are not typical, and mmap's page cache starts cold).
+* **Floors.** The disk's sequential read bandwidth (O_DIRECT over the store's shards) and the
+  loader's read bandwidth while reading packed segments (bytes read / busy time of the load
+  stage in belady's data-path run), in the same run.
+
+Ratios printed, with the issue's targets: belady data path vs inmemory (<= 1.5x), ginex / belady
+and mmap / belady data path (>= 5x, >= 10x), belady model epoch vs inmemory (<= 1.2x), pipelined
+vs sequential (>= 1.5x where I/O bound), loader / sequential bandwidth (>= 0.8), and whether the
+losses of belady and inmemory are identical epoch by epoch.
+
+The default dataset is bench prepare's (8.4M nodes x 128 float32 = 4.0 GiB of features), reused
+from ``bench-data/prepare`` when that cache holds the same synthetic config, else synthesised into
+``--workdir``. With fanouts 10,10,10 and batches of 1024 a batch touches about 7% of that graph,
+so the staging of the 9 batches a pipelined trainer holds in flight alone exceeds a 10% budget:
+the benchmark then stops with the exact figures before running anything (pass smaller
+``--fanouts``, a larger ``--feature-budget`` or ``--queue-depth 1``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..flow.options import fanouts_option
+from ..operators.errors import ConfigError, InputError
+from ..operators.files import format_bytes, read_manifest
+from .common import drop_page_cache, print_table, sequential_read_bw
+
+PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady")
+PACKED = ("belady", "diskgnn", "ginex")
+BASELINES = ("mmap", "ginex")        # the ones --baseline-batches cuts short by default
+RUN_ORDER = ("belady", "diskgnn", "ginex", "mmap", "inmemory")
+DEFAULT_WORKDIR = Path("bench-data") / "compare"
+ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
+_ROUND = 16 << 20                    # the allowance is rounded up to this
+_CHUNK = 8 << 20                     # read size when warming sample files
+TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5.0),
+           "mmap_over_belady": (">=", 10.0), "belady_model_vs_inmemory": ("<=", 1.2),
+           "pipelined_speedup": (">=", 1.5), "loader_over_seq_bw": (">=", 0.8)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `diskflow bench compare`."""
+    from .prepare import DEFAULT_NODES
+
+    p.add_argument("--pipelines", default=",".join(PIPELINES),
+                   help=f"comma-separated pipelines to compare (default all: {','.join(PIPELINES)}); belady is "
+                        "always prepared, its samples feed inmemory and mmap")
+    p.add_argument("--dataset", metavar="STORE", help="an ingested store to use instead of the synthetic graph")
+    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
+                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: 4.0 GiB of 128-dim float32 features)")
+    p.add_argument("--dim", type=int, default=128, help="synthetic graph: feature dimension (default 128)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="synthetic graph: dtype")
+    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
+    p.add_argument("--train-frac", type=float, default=0.006,
+                   help="synthetic graph: share of training nodes (default 0.006: ~50 batches of 1024)")
+    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Dask worker processes generating the dataset (default one per core; 0 = threads)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph, the samples and the model")
+    p.add_argument("--fanouts", type=fanouts_option(), default=(10, 10, 10), help="per-hop fanouts (default 10,10,10)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch (default 1024)")
+    p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
+    p.add_argument("--hidden", type=int, default=128, help="GraphSAGE hidden channels (default 128)")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    p.add_argument("--feature-budget", default="10%",
+                   help="host memory for features, bytes or a share of the feature bytes (default 10%%): the "
+                        "packed pipelines' --cpu-memory, and with the allowance the cgroup limit of every "
+                        "out-of-core pipeline")
+    p.add_argument("--allowance", default=None,
+                   help="memory for the process itself inside the cgroup (default: measured, see the table)")
+    p.add_argument("--queue-depth", type=int, default=2, help="trainer queue depth (default 2)")
+    p.add_argument("--baseline-batches", type=int, default=0,
+                   help="measure the --cut-short pipelines on K batches of the first epoch only, scaled to the "
+                        "round (default 0: whole epochs)")
+    p.add_argument("--baseline-warmup", type=int, default=None,
+                   help="unmeasured batches before those K (default two superbatches)")
+    p.add_argument("--cut-short", default=",".join(BASELINES),
+                   help=f"pipelines --baseline-batches applies to (default {','.join(BASELINES)})")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of each run (default: torch's)")
+    p.add_argument("--bw-bytes", type=int, default=1 << 30,
+                   help="bytes of store shards read to measure the sequential read bandwidth (default 1 GiB)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
+    p.add_argument("--no-cgroup", action="store_true",
+                   help="run without memory cgroups (no limits: out-of-core figures are then not out of core; "
+                        "the table says so)")
+    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
+                   help=f"where packed datasets and runs go (default ./{DEFAULT_WORKDIR}; large)")
+    p.add_argument("--keep", action="store_true", help="keep the run directories (packed datasets are always kept)")
+
+
+def _check_args(args: argparse.Namespace) -> list[str]:
+    names = [n.strip() for n in str(args.pipelines).split(",") if n.strip()]
+    unknown = [n for n in names if n not in PIPELINES]
+    if not names or unknown:
+        raise ConfigError("--pipelines", f"expected names from {', '.join(PIPELINES)}, got {args.pipelines!r}")
+    for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
+                          ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
+                          ("--hidden", args.hidden), ("--queue-depth", args.queue_depth),
+                          ("--bw-bytes", args.bw_bytes)):
+        if value < 1:
+            raise ConfigError(option, f"must be >= 1, got {value}")
+    if args.baseline_batches < 0:
+        raise ConfigError("--baseline-batches", f"must be >= 0, got {args.baseline_batches}")
+    if args.baseline_warmup is not None and args.baseline_warmup < 0:
+        raise ConfigError("--baseline-warmup", f"must be >= 0, got {args.baseline_warmup}")
+    cut = [n.strip() for n in str(args.cut_short).split(",") if n.strip()]
+    if any(n not in PIPELINES for n in cut):
+        raise ConfigError("--cut-short", f"expected names from {', '.join(PIPELINES)}, got {args.cut_short!r}")
+    args.cut_short = cut
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
+    if not args.timeout > 0:
+        raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout}")
+    return [n for n in RUN_ORDER if n in names]
+
+
+# ---------------------------------------------------------------------------- the dataset and its samples
+
+def _dataset(args: argparse.Namespace, work: Path) -> Any:
+    """The store: --dataset, bench prepare's cached synthetic graph when its config matches, else a new one."""
+    from ..operators.store import Store
+    from ..operators.synth import SynthConfig
+    from .prepare import DEFAULT_WORKDIR as PREPARE_WORKDIR
+    from .prepare import TEST_FRAC, VAL_FRAC, make_dataset
+
+    if args.dataset:
+        return Store(args.dataset)
+    cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, dtype=args.dtype, avg_degree=args.avg_degree,
+                      train_frac=args.train_frac, val_frac=VAL_FRAC, test_frac=TEST_FRAC, seed=args.seed,
+                      part_nodes=args.part_nodes)
+    shared = PREPARE_WORKDIR.absolute()
+    raw = read_manifest(shared / "raw") if (shared / "raw").is_dir() else None
+    if raw is not None and raw.get("config") == cfg.as_dict() and read_manifest(shared / "store") is not None:
+        return Store(shared / "store")
+    return Store(make_dataset(args, work))
+
+
+def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: argparse.Namespace) -> dict[str, int]:
+    """The feature budget split into staging, I/O buffers and CPU tier, or the exact reason it cannot be."""
+    from ..operators.load import in_flight_batches, io_buffer_bytes
+
+    in_flight = in_flight_batches(queue_depth)
+    io = io_buffer_bytes(len(store.shards), queue_depth)
+    staging = in_flight * max_rows * store.row_bytes
+    tier = budget - staging - io
+    if tier <= 0:
+        share = budget / store.feature_bytes
+        raise ConfigError("--feature-budget", (
+            f"{format_bytes(budget)} ({share:.1%} of the {format_bytes(store.feature_bytes)} of features) cannot hold "
+            f"the trainer's staging: {in_flight} batches in flight at queue depth {queue_depth} x up to {max_rows:,} "
+            f"rows (fanouts {','.join(map(str, args.fanouts))}, batch size {args.batch_size}; "
+            f"{max_rows / store.num_nodes:.1%} of the graph) x {store.row_bytes} bytes = {format_bytes(staging)}, "
+            f"plus {format_bytes(io)} of I/O buffers, before any CPU tier. Give more than "
+            f"{format_bytes(staging + io)}, or lower --fanouts, --batch-size or --queue-depth"))
+    return {"in_flight_batches": in_flight, "staging_bytes": staging, "io_buffer_bytes": io, "cpu_tier_bytes": tier}
+
+
+def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dict[str, int],
+                 args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Prepare belady (always) and the other packed pipelines asked for, cached under `work`/packed."""
+    import dask
+
+    from ..pipelines import belady, diskgnn, ginex
+
+    modules = {"belady": belady, "diskgnn": diskgnn, "ginex": ginex}
+    out: dict[str, dict[str, Any]] = {}
+    for name in PACKED:
+        if name != "belady" and name not in names:
+            continue
+        path = work / "packed" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with dask.config.set(scheduler="threads"):
+            r = modules[name].prepare(store.path, path, cpu_memory=budget - fit["io_buffer_bytes"],
+                                      staging_batches=fit["in_flight_batches"], fanouts=tuple(args.fanouts),
+                                      batch_size=args.batch_size, superbatch_size=args.superbatch_size,
+                                      epochs=args.epochs, seed=args.seed, quiet=True)
+        out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
+    return out
+
+
+def _samples_files(packed: Path) -> dict[int, list[Path]]:
+    """The stored sample files of a packed dataset, per epoch, in training order."""
+    from ..operators.packed import PackedDataset, samples_name
+
+    with PackedDataset(packed) as ds:
+        files: dict[int, list[Path]] = {}
+        for sb in sorted(ds.superbatches, key=lambda s: s.first_batch):
+            files.setdefault(sb.epoch, []).append(ds.round_dir / samples_name(sb.key))
+    return files
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _same_samples(prepared: dict[str, dict[str, Any]]) -> bool:
+    """Whether every prepared dataset holds byte-identical sample files (the same batches, the same subgraphs)."""
+    crcs = {name: [_file_crc(p) for files in _samples_files(info["path"]).values() for p in files]
+            for name, info in prepared.items()}
+    first = next(iter(crcs.values()))
+    return all(c == first for c in crcs.values())
+
+
+def _useful_bytes(packed: Path) -> np.ndarray:
+    """Per batch of the round (global order), the bytes its plan reads from disk: packed, disk-cache, store rows."""
+    from ..operators.packed import SRC_PACKED, PackedDataset
+
+    with PackedDataset(packed) as ds:
+        useful = np.zeros(ds.num_batches, np.int64)
+        for _, rec in ds.batches():
+            useful[rec.batch] = int(np.count_nonzero(rec.src >= SRC_PACKED)) * ds.row_bytes
+    return useful
+
+
+# ---------------------------------------------------------------------------- the machine
+
+def _drop(paths: list[Path]) -> None:
+    """Evict every file under `paths` from the page cache."""
+    for root in paths:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                drop_page_cache(p)
+
+
+def _seq_read_bw(store: Any, nbytes: int) -> tuple[float, int]:
+    """O_DIRECT sequential read bandwidth over the store's shard files, up to `nbytes` in all."""
+    done, seconds = 0, 0.0
+    for s in store.shards:
+        if done >= nbytes:
+            break
+        size = min(s.path.stat().st_size, nbytes - done)
+        drop_page_cache(s.path)
+        bw = sequential_read_bw(s.path, max_bytes=size)
+        done += size
+        seconds += size / bw
+    return (done / seconds if seconds > 0 else float("nan")), done
+
+
+def _read_ahead_kb(path: Path) -> int | None:
+    """The read-ahead window of the block device holding `path` (what a page fault may read around)."""
+    try:
+        dev = os.stat(path).st_dev
+        sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+        for q in (sysfs / "queue" / "read_ahead_kb", sysfs / ".." / "queue" / "read_ahead_kb"):
+            if q.is_file():
+                return int(q.read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------- runs in child processes
+
+def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float) -> dict[str, Any]:
+    """Run one child (`_child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures.
+
+    The child writes its figures after every run it finishes, so the runs done before a failure
+    (an OOM kill, a timeout) are kept; the failure is the ``error`` of the runs it did not finish.
+    """
+    from .cgroup import run_limited
+
+    name = spec["pipeline"]
+    spec_path = work / "runs" / f"{name}.spec.json"
+    out_path = work / "runs" / f"{name}.out.json"
+    out_path.unlink(missing_ok=True)
+    spec = {**spec, "out": str(out_path)}
+    spec_path.write_text(json.dumps(spec))
+    r = run_limited([sys.executable, "-m", "diskflow.bench.compare", "--child", str(spec_path)], name=name,
+                    limit_bytes=limit, timeout_s=timeout)
+    result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.is_file() else {"runs": {}}
+    result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
+                  cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=r.limit_bytes,
+                  cgroup=r.cgroup)
+    if r.returncode != 0:
+        why = [f"exit status {r.returncode}"]
+        if r.oom_kills:
+            why.append(f"killed by the OOM killer of its cgroup ({format_bytes(limit or 0)} limit)")
+        if r.timed_out:
+            why.append(f"timed out after {timeout:.0f} s (--timeout)")
+        result["error"] = ", ".join(why)
+        for run in spec.get("runs", []):
+            result["runs"].setdefault(run["kind"], {"error": result["error"]})
+    return result
+
+
+def _child_main(argv: list[str]) -> int:
+    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``."""
+    if len(argv) != 2 or argv[0] != "--child":
+        print("usage: python -m diskflow.bench.compare --child SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[1]).read_text())
+    if spec["pipeline"] == "probe":
+        _write_out(spec, _probe(spec))
+        return 0
+    from .cgroup import current_procs, find_hierarchy
+
+    hierarchy = find_hierarchy() if spec.get("home_procs") else None
+    mine = current_procs(hierarchy) if hierarchy is not None else None     # this child's cgroup, to come back to
+    result: dict[str, Any] = {"runs": {}}
+    for run in spec["runs"]:
+        if mine is not None:
+            mine.write_text(str(os.getpid()))
+        _drop([Path(p) for p in spec["drop"]])
+        result["runs"][run["kind"]] = _train(spec, run)
+        _write_out(spec, result)
+    return 0
+
+
+def _write_out(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    tmp = Path(spec["out"] + ".tmp")
+    tmp.write_text(json.dumps(result, default=float))
+    tmp.replace(spec["out"])
+
+
+def _hwm() -> int:
+    """This process's peak RSS (``VmHWM``), in bytes.
+
+    Not ``ru_maxrss``: that keeps the peak of the image before ``exec``, i.e. of the forking
+    parent. `_reset_hwm` lowers it to the current RSS, so each run reports its own peak.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_hwm() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the process itself needs: torch and PyG imported, labels and every stored sample loaded, and a
+    forward and backward pass of the model on the largest batch (features zero)."""
+    import torch
+
+    from ..operators.batches import batch_data
+    from ..operators.models import build_model
+    from ..operators.packed import PackedDataset
+    from ..operators.train import deterministic, forward
+    from ..operators.trainer import train_packed  # noqa: F401  (what a run imports)
+    from ..pipelines import inmemory, mmap  # noqa: F401
+
+    ds = PackedDataset(spec["samples"])
+    labels = np.load(ds.path / str(ds.manifest["labels"]))
+    held: list[Any] = []
+    largest: Any = None
+    for sb in ds.superbatches:
+        for s in ds.samples(sb.key):
+            s.n_id = np.array(s.n_id)
+            held.append(s)
+            if largest is None or s.n_id.shape[0] > largest.n_id.shape[0]:
+                largest = s
+    torch.manual_seed(0)
+    net = build_model("sage", ds.dim, spec["hidden"], int(ds.manifest["num_classes"]), len(spec["fanouts"]))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    n = int(largest.n_id.shape[0])
+    data = batch_data(largest, torch.zeros((n, ds.dim)), torch.from_numpy(labels[largest.n_id]))
+    with deterministic():
+        for _ in range(2):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(forward(net, data), data.y[:data.batch_size])
+            loss.backward()
+            opt.step()
+    return {"peak_rss_bytes": _hwm(), "largest_batch_rows": n, "samples_held": len(held)}
+
+
+class _Enough(Exception):
+    """Raised from the batch hook once the batches to measure are done (a cut-short baseline)."""
+
+
+def _warm(paths: list[str]) -> int:
+    """Read files once (into the page cache, charged to this process's cgroup); the bytes read."""
+    total = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                total += len(chunk)
+    return total
+
+
+def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """One training (or data-path) run, timing each epoch and its /proc/self/io from inside.
+
+    After the last batch of a model run the process goes back to its parent's cgroup (when it
+    has one) before the trainer evaluates: evaluation is no part of the measured epochs.
+    """
+    from .prepare import proc_io
+
+    warmup, measure = spec.get("measure") or (0, 0)     # cut short: batches [warmup, warmup + measure) only
+    st: dict[str, Any] = {"epochs": [], "partial": None, "count": 0, "n": 0, "epoch": 0, "train_peak_rss_bytes": None}
+
+    def on_start(epoch: int, batches: int) -> None:
+        _warm(spec["warm"][str(epoch)])
+        st.update(epoch=epoch, n=batches, count=0, io0=proc_io(), t0=time.perf_counter())
+
+    def snapshot() -> dict[str, Any]:
+        io = proc_io()
+        return {"epoch": st["epoch"], "batches": st["count"], "seconds": time.perf_counter() - st["t0"],
+                "read_bytes": io["read_bytes"] - st["io0"]["read_bytes"], "rchar": io["rchar"] - st["io0"]["rchar"]}
+
+    def on_batch(_: int) -> None:
+        st["count"] += 1
+        if measure and st["count"] == warmup and st["epoch"] == 0:
+            st.update(io0=proc_io(), t0=time.perf_counter())
+        if measure and st["count"] == warmup + measure < st["n"]:
+            st["partial"] = {**snapshot(), "batches": measure, "first": warmup, "of": st["n"]}
+            st["train_peak_rss_bytes"] = _hwm()
+            raise _Enough
+        if st["count"] == st["n"]:
+            st["epochs"].append(snapshot())
+            if st["epoch"] == spec["epochs"] - 1:
+                st["train_peak_rss_bytes"] = _hwm()
+                if spec.get("home_procs") and run["model"] != "none":    # evaluate outside the cgroup
+                    Path(spec["home_procs"]).write_text(str(os.getpid()))
+
+    run_dir = Path(run["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _reset_hwm()
+    common = {"model": run["model"], "hidden": spec["hidden"], "lr": spec["lr"], "seed": spec["seed"],
+              "eval_every": spec["epochs"], "threads": spec["threads"], "on_batch": on_batch, "on_start": on_start}
+    report: dict[str, Any] | None = None
+    try:
+        if spec["pipeline"] in PACKED:
+            from ..operators.trainer import train_packed
+
+            report = train_packed(spec["packed"], run_dir, cpu_memory=spec["cpu_memory"],
+                                  queue_depth=spec["queue_depth"], sequential=run["sequential"],
+                                  store=spec["store"], **common)
+        else:
+            from ..pipelines import inmemory, mmap
+
+            module = inmemory if spec["pipeline"] == "inmemory" else mmap
+            report = module.run(spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
+                                epochs=spec["epochs"], samples=spec["samples"], progress=False, **common)
+    except _Enough:
+        report = None
+    return {"epochs": st["epochs"], "partial": st["partial"], "train_peak_rss_bytes": st["train_peak_rss_bytes"],
+            "report": report}
+
+
+# ---------------------------------------------------------------------------- figures
+
+def _scaled(run: dict[str, Any], batches: int, epochs: int) -> dict[str, Any] | None:
+    """Per-epoch seconds and round disk bytes of a run, scaled from its first batches when cut short."""
+    if "error" in run:
+        return None
+    if run.get("partial"):
+        p = run["partial"]
+        k, n, w = int(p["batches"]), int(p["of"]), int(p["first"])
+        return {"epoch_s": p["seconds"] * n / k, "disk_read_bytes": int(p["read_bytes"] * batches / k),
+                "measured_read_bytes": int(p["read_bytes"]), "measured_batches": list(range(w, w + k)),
+                "cut": f"batches {w + 1}-{w + k} of {n}, scaled"}
+    eps = run["epochs"]
+    if len(eps) != epochs:
+        return None
+    return {"epoch_s": sum(e["seconds"] for e in eps) / len(eps), "disk_read_bytes": int(sum(e["read_bytes"] for e in eps)),
+            "measured_read_bytes": int(sum(e["read_bytes"] for e in eps)), "measured_batches": list(range(batches)),
+            "cut": None}
+
+
+def _summary(child: dict[str, Any], batches: int, epochs: int, useful: np.ndarray | None,
+             plan_miss: int | None) -> dict[str, Any]:
+    """One pipeline's figures from its child: data-path and model runs, scaled when cut short."""
+    runs = child["runs"]
+    data, model = runs.get("data", {}), runs.get("model", {})
+    d, m = _scaled(data, batches, epochs), _scaled(model, batches, epochs)
+    rep = model.get("report") or {}
+    amp = None
+    if d is not None and useful is not None:
+        u = int(useful[d["measured_batches"]].sum())
+        amp = d["measured_read_bytes"] / u if u else None
+    peaks = [r["train_peak_rss_bytes"] for r in runs.values() if r.get("train_peak_rss_bytes")]
+    errors = {k: r["error"] for k, r in runs.items() if "error" in r}
+    return {
+        "data_epoch_s": None if d is None else d["epoch_s"],
+        "epoch_s": None if m is None else m["epoch_s"],
+        "disk_read_bytes": None if d is None else d["disk_read_bytes"],
+        "model_disk_read_bytes": None if m is None else m["disk_read_bytes"],
+        "plan_miss_bytes": plan_miss,
+        "useful_bytes": None if useful is None else int(useful.sum()),
+        "read_amplification": amp,
+        "peak_rss_bytes": max(peaks) if peaks else None,
+        "cgroup_peak_bytes": child.get("cgroup_peak_bytes"),
+        "cgroup_limit_bytes": child.get("limit_bytes"),
+        "test_acc": (rep.get("final") or {}).get("test_acc"),
+        "losses": [e["losses"] for e in rep["epochs"]] if rep.get("epochs") else None,
+        "cut_short": (d or {}).get("cut") or (m or {}).get("cut"),
+        "process_read_bytes": child.get("process_read_bytes"),
+        "wall_s": child.get("wall_s"),
+        "errors": errors or None,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Prepare, measure every pipeline in its own (limited) process, print the tables, return the figures."""
+    from ..pipelines._packed import budget as parse_budget
+    from .cgroup import current_procs, find_hierarchy, unavailable_reason
+    from .prepare import max_batch_rows
+
+    names = _check_args(args)
+    hierarchy = None
+    if not args.no_cgroup:
+        hierarchy = find_hierarchy()
+        why = unavailable_reason(hierarchy)
+        if why is not None:
+            raise ConfigError("--no-cgroup", f"memory cgroups are unavailable: {why}; pass --no-cgroup to run "
+                                             "without memory limits (the table then says so)")
+    work = Path(args.workdir).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()[0]
+    t_setup = time.perf_counter()
+    store = _dataset(args, work)
+    fb = store.feature_bytes
+    budget = parse_budget(args.feature_budget, "--feature-budget", fb)
+    if budget is None or budget <= 0:
+        raise ConfigError("--feature-budget", f"must be > 0, got {args.feature_budget!r}")
+    from ..flow.prepare import PrepareConfig
+
+    base = PrepareConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                         superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
+    max_rows = max_batch_rows(store, base, work)
+    fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
+    prepared = _prepare_all(store, names, work, budget, fit, args)
+    setup_s = time.perf_counter() - t_setup
+    samples_identical = _same_samples(prepared)
+    if not samples_identical:
+        raise InputError(work / "packed", "the prepared datasets hold different samples; remove them and re-run")
+    ref = prepared["belady"]["path"]
+    warm = {str(e): [str(p) for p in files] for e, files in _samples_files(ref).items()}
+    sample_bytes = sum(Path(p).stat().st_size for files in warm.values() for p in files)
+    batches = int(read_manifest(ref)["round"]["batches"]) // args.epochs     # per epoch
+
+    seq_bw, bw_bytes = _seq_read_bw(store, args.bw_bytes)
+    droppable = [store.path, work / "packed"]
+    runs_dir = work / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    shared = {"store": str(store.path), "samples": str(ref), "hidden": args.hidden, "lr": args.lr, "seed": args.seed,
+              "epochs": args.epochs, "fanouts": list(args.fanouts), "batch_size": args.batch_size,
+              "threads": args.threads, "warm": warm, "queue_depth": args.queue_depth, "cpu_memory": budget,
+              "sequential": False, "measure": None,
+              "home_procs": str(current_procs(hierarchy)) if hierarchy is not None else None}
+
+    if args.allowance is None:
+        probe = _launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
+        if "error" in probe:
+            raise InputError(runs_dir, f"the allowance probe failed ({probe['error']})")
+        probe_rss = int(probe["peak_rss_bytes"])
+        allowance = -(-int(probe_rss * (1 + ALLOWANCE_MARGIN)) // _ROUND) * _ROUND
+    else:
+        from ..operators.files import parse_bytes
+
+        probe_rss = None
+        allowance = parse_bytes(args.allowance, "--allowance")
+    limit = None if args.no_cgroup else allowance + budget
+    warmup = 2 * args.superbatch_size if args.baseline_warmup is None else args.baseline_warmup
+    if args.baseline_batches and warmup + args.baseline_batches >= batches:
+        raise ConfigError("--baseline-batches", f"{warmup} warm-up + {args.baseline_batches} measured batches do not "
+                                                f"fit in an epoch of {batches} batches; lower them")
+
+    children: dict[str, dict[str, Any]] = {}
+    for name in names:
+        runs: list[dict[str, Any]] = [{"kind": "data", "model": "none", "sequential": False},
+                {"kind": "model", "model": "sage", "sequential": False}]
+        if name == "belady":
+            runs.append({"kind": "sequential", "model": "sage", "sequential": True})
+        spec = {**shared, "pipeline": name, "drop": [str(p) for p in droppable],
+                "packed": str(prepared[name]["path"]) if name in prepared else None,
+                "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
+                else None,
+                "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
+        print(f"running {name}: {', '.join(r['kind'] for r in runs)} ...", flush=True)
+        children[name] = _launch(spec, work, None if name == "inmemory" else limit, args.timeout)
+        if "error" in children[name]:
+            print(f"  {name} failed: {children[name]['error']}", flush=True)
+    _drop(droppable)
+
+    belady_useful = _useful_bytes(ref)
+    pipelines: dict[str, Any] = {}
+    for name in names:
+        useful = None if name == "inmemory" else belady_useful if name == "mmap" else _useful_bytes(prepared[name]["path"])
+        plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
+        pipelines[name] = _summary(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
+    if "belady" in names:
+        seq = _scaled(children["belady"]["runs"].get("sequential", {}), batches * args.epochs, args.epochs)
+        pipelines["belady"]["sequential_epoch_s"] = None if seq is None else seq["epoch_s"]
+    loader_bw = None
+    bel_data = (children.get("belady", {}).get("runs", {}).get("data") or {}).get("report")
+    if bel_data:
+        busy = bel_data["stages"]["load"]["busy_s"]
+        loader_bw = bel_data["io"]["bytes_read"] / busy if busy > 0 else None
+
+    def get(name: str, key: str) -> float | None:
+        return pipelines.get(name, {}).get(key)
+
+    ratios = {
+        "belady_data_vs_inmemory": _ratio(get("belady", "data_epoch_s"), get("inmemory", "data_epoch_s")),
+        "ginex_over_belady": _ratio(get("ginex", "data_epoch_s"), get("belady", "data_epoch_s")),
+        "mmap_over_belady": _ratio(get("mmap", "data_epoch_s"), get("belady", "data_epoch_s")),
+        "belady_model_vs_inmemory": _ratio(get("belady", "epoch_s"), get("inmemory", "epoch_s")),
+        "pipelined_speedup": _ratio(get("belady", "sequential_epoch_s"), get("belady", "epoch_s")),
+        "loader_over_seq_bw": _ratio(loader_bw, seq_bw),
+    }
+    bl, il = get("belady", "losses"), get("inmemory", "losses")
+    identical = None if bl is None or il is None else bl == il
+    figures: dict[str, Any] = {
+        "pipelines": pipelines, "ratios": ratios, "losses_identical": identical,
+        "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
+        "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allowance,
+        "allowance_probe_rss_bytes": probe_rss, "allowance_margin": ALLOWANCE_MARGIN if probe_rss else None,
+        "cgroup_limit_bytes": limit, "cgroup": None if hierarchy is None else f"v{hierarchy.version} {hierarchy.root}",
+        "no_cgroup": bool(args.no_cgroup), "page_cache_drop": "posix_fadvise(POSIX_FADV_DONTNEED) on every file of "
+        "the store and the packed datasets before each run", "read_ahead_kb": _read_ahead_kb(store.shards[0].path),
+        "budget_split": fit, "max_batch_rows": max_rows, "samples_identical": samples_identical,
+        "sample_bytes": sample_bytes, "batches_per_epoch": batches, "epochs": args.epochs,
+        "config": {"fanouts": list(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
+                   "hidden": args.hidden, "lr": args.lr, "seed": args.seed, "queue_depth": args.queue_depth,
+                   "threads": args.threads, "baseline_batches": args.baseline_batches, "baseline_warmup": warmup,
+                   "cut_short": args.cut_short, "pipelines": names},
+        "dataset": {"store": str(store.path), "nodes": store.num_nodes, "edges": store.num_edges,
+                    "dim": store.feature_dim, "dtype": str(store.feature_dtype), "shards": len(store.shards),
+                    "train": int(store.split_ids("train").shape[0])},
+        "prepare": {k: {"path": str(v["path"]), "skipped": v["skipped"], "seconds": v["seconds"],
+                        "cpu_rows": v["figures"].get("cpu_rows"), "misses": v["figures"].get("misses"),
+                        "packed_bytes": v["figures"].get("packed_bytes")} for k, v in prepared.items()},
+        "setup_s": setup_s, "load_avg": [load0, os.getloadavg()[0]], "cores": os.cpu_count(),
+    }
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(runs_dir, ignore_errors=True)
+    _print(figures)
+    return figures
+
+
+# ---------------------------------------------------------------------------- tables
+
+def _b(n: float | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _s(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print(f: dict[str, Any]) -> None:
+    c, ds = f["config"], f["dataset"]
+    cg = ("NO memory limits (--no-cgroup): the out-of-core figures are not out of core" if f["no_cgroup"] else
+          f"each out-of-core pipeline in its own memory cgroup ({f['cgroup']}) limited to "
+          f"{_b(f['cgroup_limit_bytes'])} = allowance {_b(f['allowance_bytes'])} + feature budget "
+          f"{_b(f['feature_budget_bytes'])}; page cache counted")
+    allowance = ("given with --allowance" if f["allowance_probe_rss_bytes"] is None else
+                 f"measured: peak RSS {_b(f['allowance_probe_rss_bytes'])} of a process importing torch/PyG, "
+                 f"holding labels and all samples, training the largest batch; + {f['allowance_margin']:.0%}")
+    split = f["budget_split"]
+    title = (f"compare on {ds['nodes']:,} nodes x {ds['dim']} {ds['dtype']} ({_b(f['feature_bytes'])} of features, "
+             f"{ds['shards']} shards), {ds['train']:,} training nodes: {f['epochs']} epochs x "
+             f"{f['batches_per_epoch']} batches of {c['batch_size']}, fanouts {','.join(map(str, c['fanouts']))}, "
+             f"GraphSAGE hidden {c['hidden']}, same stored samples for every pipeline\n"
+             f"{cg}\nallowance: {allowance}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} + staging of "
+             f"{split['in_flight_batches']} batches in flight x {f['max_batch_rows']:,} rows "
+             f"{_b(split['staging_bytes'])} + I/O buffers {_b(split['io_buffer_bytes'])}; inmemory unlimited")
+    rows = []
+    for name, p in f["pipelines"].items():
+        note = []
+        if p["cut_short"]:
+            note.append(p["cut_short"])
+        if name == "inmemory":
+            note.append("no limit")
+        if name == "mmap":
+            note.append("amp vs belady's misses")
+        if p["errors"]:
+            note.append("; ".join(f"{k}: {v}" for k, v in p["errors"].items()))
+        rows.append({"pipeline": name, "data epoch s": _s(p["data_epoch_s"]), "sage epoch s": _s(p["epoch_s"]),
+                     "disk read": _b(p["disk_read_bytes"]), "plan misses": _b(p["plan_miss_bytes"]),
+                     "read amp": _s(p["read_amplification"], ".3g"), "peak RSS": _b(p["peak_rss_bytes"]),
+                     "cgroup peak": _b(p["cgroup_peak_bytes"]), "test acc": _s(p["test_acc"], ".4f"),
+                     "note": ", ".join(note)})
+    print_table(title, rows, ["pipeline", "data epoch s", "sage epoch s", "disk read", "plan misses", "read amp",
+                              "peak RSS", "cgroup peak", "test acc", "note"])
+    print(f"disk read: /proc/self/io read_bytes of the run's training epochs (data-path run, whole round); "
+          f"sample files ({_b(f['sample_bytes'])}) read before each epoch's clock; page cache dropped before every "
+          f"run ({f['page_cache_drop'].split(' on ')[0]}); device read_ahead_kb {f['read_ahead_kb']}")
+    r = f["ratios"]
+    bel = f["pipelines"].get("belady", {})
+    lines = [
+        ("belady data path / inmemory data path", r["belady_data_vs_inmemory"]),
+        ("ginex / belady data path", r["ginex_over_belady"]),
+        ("mmap / belady data path", r["mmap_over_belady"]),
+        ("belady sage epoch / inmemory sage epoch", r["belady_model_vs_inmemory"]),
+        ((f"belady sequential / pipelined sage epoch ({_s(bel.get('sequential_epoch_s'))} s / "
+          f"{_s(bel.get('epoch_s'))} s)"), r["pipelined_speedup"]),
+        (f"loader read bw {_b(f['loader_read_bw'])}/s / disk sequential {_b(f['seq_read_bw'])}/s",
+         r["loader_over_seq_bw"]),
+    ]
+    rows = []
+    for (text, value), (key, (op, target)) in zip(lines, TARGETS.items()):
+        ok = None if value is None else (value <= target if op == "<=" else value >= target)
+        rows.append({"ratio": text, "value": _s(value, ".3g"), "target": f"{op} {target:g}",
+                     "met": "-" if ok is None else ("yes" if ok else "NO")})
+    print_table("ratios (one run, same samples; this machine is shared and noisy)", rows,
+                ["ratio", "value", "target", "met"])
+    ident = f["losses_identical"]
+    print(f"losses of belady and inmemory identical epoch by epoch: "
+          f"{'-' if ident is None else ('yes' if ident else 'NO')}; samples identical across prepared datasets: "
+          f"{'yes' if f['samples_identical'] else 'NO'}; machine load average {f['load_avg'][0]:.1f} -> "
+          f"{f['load_avg'][1]:.1f} on {f['cores']} cores")
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

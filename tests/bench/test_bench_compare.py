@@ -1,0 +1,178 @@
+"""Smoke test of `diskflow bench compare` on a tiny store (every pipeline, real memory cgroups where the
+machine has them), and of the cgroup helper: limits, OOM kills, true disk reads, timeouts, clean-up."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from diskflow.bench import cgroup
+from diskflow.bench.common import drop_page_cache
+from diskflow.flow.cli import main
+from diskflow.operators.errors import ConfigError
+
+CGROUPS = cgroup.unavailable_reason() is None
+TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
+        "--feature-budget", "5MiB", "--threads", "1", "--bw-bytes", str(1 << 20)]
+KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_amplification", "peak_rss_bytes",
+        "test_acc", "losses")
+
+
+def _leftovers() -> list[str]:
+    h = cgroup.find_hierarchy()
+    return [] if h is None else sorted(p.name for p in h.root.glob(f"{cgroup.PREFIX}*-{os.getpid()}"))
+
+
+@pytest.fixture(scope="module")
+def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
+    work = tmp_path_factory.mktemp("bench-compare")
+    out = work / "figures.json"
+    printed = StringIO()
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out)]
+    with redirect_stdout(printed):
+        rc = main(argv + ([] if CGROUPS else ["--no-cgroup"]))
+    assert rc == 0
+    return json.loads(out.read_text()), printed.getvalue(), work / "w"
+
+
+def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> None:
+    f, printed, _ = compared
+    assert sorted(f["pipelines"]) == ["belady", "diskgnn", "ginex", "inmemory", "mmap"]
+    for name, p in f["pipelines"].items():
+        for key in KEYS:
+            assert key in p, (name, key)
+        assert p["data_epoch_s"] > 0 and p["epoch_s"] > 0 and p["peak_rss_bytes"] > 0, name
+        assert p["errors"] is None and p["cut_short"] is None, name
+        assert [len(e) for e in p["losses"]] == [f["batches_per_epoch"]] * 2, name
+    assert f["seq_read_bw"] > 0 and f["loader_read_bw"] > 0 and f["pipelines"]["belady"]["sequential_epoch_s"] > 0
+    assert set(f["ratios"]) == {"belady_data_vs_inmemory", "ginex_over_belady", "mmap_over_belady",
+                                "belady_model_vs_inmemory", "pipelined_speedup", "loader_over_seq_bw"}
+    assert all(v > 0 for v in f["ratios"].values())
+    for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
+                 "belady sequential / pipelined sage epoch", "loader read bw"):
+        assert line in printed
+
+
+def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
+    f, printed, _ = compared
+    p = f["pipelines"]
+    assert f["samples_identical"] and f["losses_identical"] is True
+    assert "identical epoch by epoch: yes" in printed
+    for name in ("diskgnn", "ginex", "mmap"):        # every pipeline is exact: the very same training
+        assert p[name]["losses"] == p["inmemory"]["losses"], name
+        assert p[name]["test_acc"] == p["inmemory"]["test_acc"], name
+
+
+def test_disk_traffic_and_amplification(compared: tuple[dict, str, Path]) -> None:
+    f, _, _ = compared
+    p = f["pipelines"]
+    assert p["inmemory"]["disk_read_bytes"] == 0 and p["inmemory"]["read_amplification"] is None
+    for name in ("belady", "diskgnn", "ginex"):
+        assert p[name]["plan_miss_bytes"] > 0 and p[name]["disk_read_bytes"] >= p[name]["plan_miss_bytes"], name
+    assert p["belady"]["plan_miss_bytes"] == p["ginex"]["plan_miss_bytes"]      # the same Belady plan
+    # ginex reads a 4 KiB page per 188-byte row; belady reads packed segments
+    assert p["ginex"]["read_amplification"] > 4 * p["belady"]["read_amplification"] >= 4
+
+
+def test_memory_limits(compared: tuple[dict, str, Path]) -> None:
+    f, printed, _ = compared
+    if not CGROUPS:
+        assert f["no_cgroup"] and f["cgroup_limit_bytes"] is None and "NO memory limits" in printed
+        return
+    assert f["cgroup"].startswith(("v1 ", "v2 ")) and not f["no_cgroup"]
+    assert f["cgroup_limit_bytes"] == f["allowance_bytes"] + f["feature_budget_bytes"] == f["allowance_bytes"] + (5 << 20)
+    assert f["allowance_bytes"] >= 1.25 * f["allowance_probe_rss_bytes"]
+    for name, p in f["pipelines"].items():
+        if name == "inmemory":
+            assert p["cgroup_limit_bytes"] is None and p["cgroup_peak_bytes"] is None
+        else:
+            assert p["cgroup_limit_bytes"] == f["cgroup_limit_bytes"] >= p["cgroup_peak_bytes"] > 0, name
+    assert _leftovers() == []
+
+
+def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
+    _, _, work = compared
+    assert sorted(p.name for p in (work / "packed").iterdir()) == ["belady", "belady.work", "diskgnn", "diskgnn.work",
+                                                                  "ginex", "ginex.work"]
+    assert not (work / "runs").exists()        # run directories removed without --keep
+
+
+def test_a_budget_that_cannot_hold_the_staging_is_one_clear_error(tiny_store: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(tmp_path)]
+    rc = main([*argv, "--feature-budget", "10%", "--no-cgroup"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--feature-budget: 75.47 KiB (10.0% of the 754.75 KiB of features) cannot hold the trainer's staging: 9 " \
+           "batches in flight at queue depth 2" in err
+    assert not (tmp_path / "packed").exists()
+    assert main([*argv, "--pipelines", "belady,pyg"]) == 2
+    assert "--pipelines" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the cgroup helper
+
+def test_hierarchy_from_the_mount_table(tmp_path: Path) -> None:
+    v1 = "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+    assert cgroup.find_hierarchy(v1) == cgroup.Hierarchy(1, Path("/sys/fs/cgroup/memory"))
+    (tmp_path / "cgroup.controllers").write_text("cpu io memory pids\n")
+    assert cgroup.find_hierarchy(f"cgroup2 {tmp_path} cgroup2 rw 0 0\n") == cgroup.Hierarchy(2, tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("cpu io\n")
+    assert cgroup.find_hierarchy(f"cgroup2 {tmp_path} cgroup2 rw 0 0\n") is None
+    assert cgroup.find_hierarchy("proc /proc proc rw 0 0\n") is None
+    assert "no memory cgroup hierarchy" in str(cgroup.unavailable_reason(cgroup.Hierarchy(2, tmp_path / "none"))) \
+        or not (tmp_path / "none").exists()
+
+
+def test_current_cgroup_of_a_process() -> None:
+    text = "4:memory:/a/b\n3:cpuset:/\n0::/u/v\n"
+    assert cgroup.current_procs(cgroup.Hierarchy(1, Path("/m")), text) == Path("/m/a/b/cgroup.procs")
+    assert cgroup.current_procs(cgroup.Hierarchy(2, Path("/u")), text) == Path("/u/u/v/cgroup.procs")
+    assert cgroup.current_procs(cgroup.Hierarchy(1, Path("/m")), "0::/x\n") is None
+
+
+def test_v2_limits_are_written(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
+    (tmp_path / "cgroup.controllers").write_text("memory\n")
+    cg = cgroup.MemoryCgroup.create("x", 123 << 20, cgroup.Hierarchy(2, tmp_path))
+    assert cg.path == tmp_path / f"diskflow-x-{os.getpid()}" and cg.version == 2
+    assert (cg.path / "memory.max").read_text() == str(123 << 20)
+    assert cg.wrap(["python", "-c", "pass"])[:2] == ["/bin/sh", "-c"]
+    assert cg.wrap(["python", "-c", "pass"])[3:] == [str(cg.path / "cgroup.procs"), "python", "-c", "pass"]
+
+
+def test_unavailable_cgroups_are_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--no-cgroup: memory cgroups are unavailable"):
+        cgroup.MemoryCgroup.create("x", 1 << 30, cgroup.Hierarchy(2, tmp_path / "missing"))
+
+
+@pytest.mark.skipif(not CGROUPS, reason=f"memory cgroups unavailable: {cgroup.unavailable_reason()}")
+def test_a_limited_child_is_killed_beyond_its_limit_and_its_cgroup_removed() -> None:
+    big = [sys.executable, "-c", "x = b'1' * (256 << 20)"]
+    r = cgroup.run_limited(big, name="oom", limit_bytes=64 << 20)
+    assert r.returncode == -9 and r.oom_kills and r.cgroup_peak_bytes is not None and r.cgroup_peak_bytes <= 64 << 20
+    assert cgroup.run_limited(big, name="ok", limit_bytes=None).returncode == 0
+    assert _leftovers() == []
+
+
+@pytest.mark.skipif(not CGROUPS, reason=f"memory cgroups unavailable: {cgroup.unavailable_reason()}")
+def test_page_cache_counts_against_the_limit(tmp_path: Path) -> None:
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(24 << 20))
+    read3 = [sys.executable, "-c", f"for _ in range(3):\n f = open({str(data)!r}, 'rb')\n while f.read(1 << 20): pass"]
+    drop_page_cache(data)
+    free = cgroup.run_limited(read3, name="free", limit_bytes=None)
+    drop_page_cache(data)
+    tight = cgroup.run_limited(read3, name="tight", limit_bytes=20 << 20)
+    assert free.returncode == tight.returncode == 0
+    assert (24 << 20) <= free.read_bytes < 2 * (24 << 20)            # read once, then from the page cache
+    assert tight.read_bytes >= 2 * (24 << 20)                          # the limit leaves no room to keep it
+
+
+def test_a_timeout_kills_the_child() -> None:
+    r = cgroup.run_limited(["sleep", "30"], name="slow", limit_bytes=None, timeout_s=0.3)
+    assert r.timed_out and r.returncode == -9 and r.wall_s < 10
