@@ -293,6 +293,7 @@ class PackedLoader:
         self.dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
         self.memory = memory_plan(self.ds, self.device, queue_depth, not self.pipelined)
         check_memory(self.memory, cpu_memory, gpu_memory)
+        self._cpu_memory = cpu_memory
         self.num_classes = int(self.ds.manifest.get("num_classes", 0))
         self.labels = self._labels()
         self._store_path = store
@@ -443,6 +444,64 @@ class PackedLoader:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+    # ------------------------------------------------------------------ streaming
+    def close_files(self) -> None:
+        """Close the reader's handles and the dataset's files (a consumed superbatch can then be deleted)."""
+        for h in self._handles.values():
+            with contextlib.suppress(Exception):
+                self.reader.close_file(h)
+        self._handles.clear()
+        self._file_sizes.clear()
+        self._shard_files = None
+        self.ds.close()
+
+    def follow(self, packed_dir: str | os.PathLike[str]) -> None:
+        """Go on with the round from another packed directory holding its next superbatch(es) (streaming).
+
+        A streamed round reaches the training machine one superbatch at a time, each staged as
+        its own packed directory with the same tiers. The loader keeps what it carries across
+        them: the CPU tier and its position, the GPU tier (on the device), the reader and the
+        staging buffers (re-allocated only when a batch is larger than any before). The new
+        directory must continue the round at `tier_position`; the memory budget is re-checked.
+
+        Raises:
+            InputError: the new directory's features or tiers differ from this loader's, or its
+                first batch is not `tier_position`.
+            ConfigError: its batches no longer fit the ``cpu_memory`` budget.
+        """
+        if self._closed:
+            raise RuntimeError("the loader is closed")
+        ds = PackedDataset(packed_dir)
+        shape = (ds.dtype, ds.dim, ds.num_shards, ds.num_nodes, ds.gpu_ids.shape[0], ds.cpu_ids.shape[0])
+        mine = (self.ds.dtype, self.dim, self.ds.num_shards, self.ds.num_nodes, self.ds.gpu_ids.shape[0],
+                self.cpu_ids.shape[0])
+        if shape != mine:
+            raise InputError(ds.path, f"(dtype, dim, shards, nodes, GPU rows, CPU rows) {shape} differ from the "
+                                      f"loader's {mine}")
+        first = min((s.first_batch for s in ds.superbatches), default=self._tier_next)
+        if first != self._tier_next:
+            raise InputError(ds.path, f"starts at batch {first}, but the CPU tier stands before batch {self._tier_next}")
+        memory = memory_plan(ds, self.device, self.queue_depth, not self.pipelined)
+        grow = memory["max_batch_rows"] > self.memory["max_batch_rows"]
+        if not grow:        # the staging buffers stay as large as they are
+            extra = (self.memory["max_batch_rows"] - memory["max_batch_rows"]) * memory["in_flight_batches"] \
+                * memory["row_bytes"]
+            memory.update(max_batch_rows=self.memory["max_batch_rows"], batch_bytes=memory["batch_bytes"] + extra,
+                          host_bytes=memory["host_bytes"] + extra)
+        check_memory(memory, self._cpu_memory, None)
+        self.close_files()
+        if grow:            # larger batches: new staging buffers
+            for ptr in self._pinned:
+                with contextlib.suppress(Exception):
+                    torch.cuda.cudart().cudaHostUnregister(ptr)
+            self._pinned.clear()
+            self._buffers.clear()
+        self.ds, self.path, self.memory = ds, ds.path, memory
+        self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
+        self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
+        self.num_batches = ds.num_batches
+        self._epoch, self._start = None, 0
 
     # ------------------------------------------------------------------ selection
     def epochs(self) -> list[int]:

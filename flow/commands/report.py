@@ -1,0 +1,41 @@
+"""`diskflow report RUN`: a streamed run's timeline as a PNG (what each machine did when) and its key numbers."""
+from __future__ import annotations
+
+import argparse
+
+from ...operators.errors import InputError
+from ...operators.files import format_bytes
+from ..rundir import read_report
+from ..timeline import TIMELINE, key_numbers, plot_timeline
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="draw a streamed run's timeline (PNG) and print its key numbers",
+                       description="Read RUN/report.json and draw RUN/timeline.png: a Gantt chart of the CPU "
+                                   "workers' sample/plan/pack tasks and the GPU worker's ship/train tasks, with the "
+                                   "stream's time, GPU idle fraction and scratch peak.")
+    p.add_argument("run", metavar="RUN", help="run directory (holding report.json)")
+    p.add_argument("--out", default=None, metavar="PNG", help=f"where to draw (default RUN/{TIMELINE})")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    report = read_report(args.run)
+    if not report.get("timeline"):
+        raise InputError(args.run, "the report has no timeline (only `diskflow run streaming` records one)")
+    path = plot_timeline(args.run, report, args.out)
+    k = key_numbers(report)
+    idle = k["gpu_idle_fraction"]
+    print(f"superbatches trained   {k['trained']} of {k['superbatches']} (window {k['window']})")
+    print(f"stream time            {k['stream_s']:.2f} s, GPU busy {k['train_busy_s']:.2f} s, "
+          f"idle {idle * 100 if idle is not None else float('nan'):.1f}%")
+    print(f"workers                GPU {k['gpu_worker']}, {k['cpu_workers']} CPU")
+    peak, quota = k["scratch_peak_bytes"], k["scratch_quota_bytes"]
+    print(f"scratch peak           {format_bytes(peak) if peak else '-'}"
+          f"{' of quota ' + format_bytes(quota) if quota else ' (no quota)'}")
+    if k["final_loss"] is not None:
+        print(f"final loss             {k['final_loss']:.4f}   test acc {k['test_acc'] if k['test_acc'] is not None else '-'}")
+    if k["reshipped"]:
+        print(f"shipped twice          {', '.join(k['reshipped'])}")
+    print(f"timeline: {path}")
+    return 0

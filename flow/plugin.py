@@ -1,0 +1,147 @@
+"""The diskflow WorkerPlugin: what a worker needs for a streamed run, set up per worker, no globals.
+
+The driver registers one `DiskflowPlugin` on the cluster (``client.register_plugin``; idempotent,
+so every run and every worker that joins later gets the same one). On each worker, `setup`
+reads the worker's own settings from its Dask config — ``diskflow.scratch``,
+``diskflow.scratch-quota``, ``diskflow.device`` — which `diskflow worker --gpu --scratch DIR
+--quota Q --device D` sets, and a worker started by hand takes from the environment
+(``DASK_DISKFLOW__SCRATCH=/nvme/x dask worker --resources GPU=1 ...``) or defaults to
+``LOCAL_DIRECTORY/diskflow-scratch``, no quota, and CUDA when the worker has it.
+
+On a worker holding the ``GPU`` resource the plugin keeps, per run: the scratch space with its
+quota (`operators.stream_ship.ScratchSpace`), the run's directory there, and the `StreamTrainer`
+(loader, model, optimizer, CPU tier) that `train-*` tasks continue. Tasks reach it with
+``get_worker().plugins["diskflow"]``. `teardown` closes every trainer and removes the scratch
+directories of its runs.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask
+from distributed import WorkerPlugin
+
+from ..operators.errors import ConfigError, DiskflowError
+from ..operators.files import parse_bytes
+
+PLUGIN_NAME = "diskflow"
+GPU = "GPU"
+CONFIG_KEYS = ("scratch", "scratch-quota", "device")
+
+
+def worker_config(scratch: str | os.PathLike[str] | None = None, quota: int | str | None = None,
+                  device: str | None = None) -> dict[str, Any]:
+    """The Dask config a diskflow worker runs with (``{"diskflow": {...}}``; None values left out)."""
+    values = {"scratch": None if scratch is None else str(Path(scratch).resolve()),
+              "scratch-quota": quota, "device": device}
+    return {"diskflow": {k: v for k, v in values.items() if v is not None}}
+
+
+def config_env(cfg: dict[str, Any]) -> dict[str, str]:
+    """`worker_config`'s values as DASK_DISKFLOW__* environment variables (inherited by child processes)."""
+    return {f"DASK_DISKFLOW__{k.upper().replace('-', '_')}": str(v) for k, v in cfg.get("diskflow", {}).items()}
+
+
+class GpuStateLost(DiskflowError):
+    """The GPU worker no longer holds a run's training state (it restarted, or another worker got the task)."""
+
+
+@dataclass
+class Job:
+    """One streamed run on the GPU worker: its scratch directory and the trainer carried between superbatches."""
+
+    run: str
+    root: Path
+    next_index: int
+    trainer: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base(self) -> Path:
+        return self.root / "base"
+
+
+class DiskflowPlugin(WorkerPlugin):
+    """Per-worker setup for streamed runs: scratch space and quota, device, and the runs' training state."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        from ..operators.stream_ship import ScratchSpace
+
+        self.address = str(worker.address)
+        self.is_gpu = float(worker.state.total_resources.get(GPU, 0)) > 0
+        cfg = dask.config.get("diskflow", default={}) or {}
+        quota = cfg.get("scratch-quota")
+        self.quota = parse_bytes(quota, "diskflow.scratch-quota") if quota not in (None, "", "none") else None
+        self.device = str(cfg.get("device") or "auto")
+        self.scratch: Path = Path(cfg.get("scratch") or Path(worker.local_directory) / "diskflow-scratch")
+        self.jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self.space = ScratchSpace(self.scratch, self.quota) if self.is_gpu else None
+
+    def teardown(self, worker: Any) -> None:
+        for run in list(getattr(self, "jobs", {})):
+            self.close_job(run)
+
+    # ------------------------------------------------------------------ queries
+    def resolved_device(self) -> str:
+        """The device this worker trains on: its setting, or CUDA when available (else the CPU)."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def describe(self) -> dict[str, Any]:
+        """What the driver prints and records about this worker (imports the trainer, so it warms up)."""
+        from ..operators import stream_train  # noqa: F401 - torch and PyG load now, not in the first train task
+
+        free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else None
+        return {"address": self.address, "gpu": self.is_gpu, "device": self.resolved_device(),
+                "scratch": str(self.scratch), "quota": self.quota, "free_bytes": free, "pid": os.getpid()}
+
+    # ------------------------------------------------------------------ runs
+    def open_job(self, run: str, start_index: int) -> Job:
+        """The run's state on this (GPU) worker, created with its scratch directory on first use."""
+        if not self.is_gpu or self.space is None:
+            raise ConfigError("resources", f"worker {self.address} has no {GPU} resource but was given a GPU task")
+        with self._lock:
+            job = self.jobs.get(run)
+            if job is None:
+                root = self.scratch / run
+                root.mkdir(parents=True, exist_ok=True)
+                job = self.jobs[run] = Job(run, root, start_index)
+            return job
+
+    def job(self, run: str) -> Job:
+        """The run's existing state; GpuStateLost when this worker does not hold it."""
+        job = self.jobs.get(run)
+        if job is None:
+            raise GpuStateLost(f"the GPU worker {self.address} holds no state of run {run} (it was restarted, or a "
+                               "second GPU worker got the task); the run cannot continue without --resume")
+        return job
+
+    def close_job(self, run: str) -> dict[str, Any]:
+        """Close the run's trainer and remove its scratch directory; its scratch figures."""
+        with self._lock:
+            job = self.jobs.pop(run, None)
+        if job is None:
+            return {}
+        with job.lock:
+            if job.trainer is not None:
+                job.trainer.close()
+                job.trainer = None
+        shutil.rmtree(job.root, ignore_errors=True)
+        if self.space is None:
+            return {}
+        for name in self.space.usage()["staged"]:
+            if name.startswith(f"{run}/"):
+                self.space.release(name)
+        return self.space.usage()

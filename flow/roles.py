@@ -1,0 +1,161 @@
+"""The processes of a split run, all plain Dask: a scheduler, CPU workers, one GPU worker.
+
+`diskflow scheduler` and `diskflow worker` are Dask's own `dask scheduler` / `dask worker`
+(the same options, signals, nanny and death timeouts); `diskflow worker --gpu` only adds the
+resource ``GPU=1`` and the worker's diskflow settings (scratch directory, quota, device) to its
+Dask config, where `flow.plugin.DiskflowPlugin` reads them. So these two are the same worker::
+
+    diskflow worker tcp://HOST:8786 --gpu --scratch /nvme/diskflow --quota 50GiB
+    DASK_DISKFLOW__SCRATCH=/nvme/diskflow DASK_DISKFLOW__SCRATCH_QUOTA=50GiB \\
+        dask worker tcp://HOST:8786 --resources GPU=1
+
+`stream_client` is the cluster a streamed run uses: a remote scheduler, or an embedded
+LocalCluster of CPU workers plus one GPU-resource worker.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import dask
+
+from ..operators.errors import ConfigError
+from .plugin import GPU, config_env, worker_config
+
+
+def scheduler_argv(host: str | None = None, port: int | None = None, dashboard_address: str | None = ":8787",
+                   scheduler_file: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """`dask scheduler`'s arguments for a diskflow scheduler (dashboard on by default)."""
+    argv: list[str] = []
+    if host:
+        argv += ["--host", host]
+    if port is not None:
+        argv += ["--port", str(port)]
+    if dashboard_address is None:
+        argv += ["--no-dashboard"]
+    else:
+        argv += ["--dashboard-address", dashboard_address]
+    if scheduler_file:
+        argv += ["--scheduler-file", scheduler_file]
+    return argv + list(extra)
+
+
+def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | None = None,
+                local_directory: str | None = None, name: str | None = None, memory_limit: str | None = None,
+                nanny: bool = True, scheduler_file: str | None = None, dashboard: bool = False,
+                extra: Sequence[str] = ()) -> list[str]:
+    """`dask worker`'s arguments for a diskflow CPU worker, or the GPU worker (``--resources GPU=1``).
+
+    The GPU worker gets 2 threads by default: one trains, the other stages the next superbatch.
+    """
+    if not scheduler and not scheduler_file:
+        raise ConfigError("SCHEDULER", "give the scheduler's address (tcp://HOST:8786) or --scheduler-file")
+    argv = [scheduler] if scheduler else []
+    if scheduler_file:
+        argv += ["--scheduler-file", scheduler_file]
+    if gpu:
+        argv += ["--resources", f"{GPU}=1"]
+    threads = nthreads if nthreads is not None else (2 if gpu else 1)
+    argv += ["--nthreads", str(threads)]
+    if local_directory:
+        argv += ["--local-directory", local_directory]
+    if name:
+        argv += ["--name", name]
+    if memory_limit:
+        argv += ["--memory-limit", memory_limit]
+    argv += ["--nanny" if nanny else "--no-nanny"]
+    argv += ["--dashboard" if dashboard else "--no-dashboard"]
+    return argv + list(extra)
+
+
+def set_worker_config(scratch: str | None, quota: str | None, device: str | None) -> dict[str, Any]:
+    """Put the diskflow worker settings into this process's Dask config and environment (children inherit)."""
+    if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ConfigError("--device", f"expected cpu or cuda[:N], got {device!r}")
+    cfg = worker_config(scratch, quota, device)
+    os.environ.update(config_env(cfg))
+    dask.config.set(cfg)
+    return cfg
+
+
+def run_dask_cli(command: str, argv: Sequence[str]) -> int:
+    """Run `dask scheduler` or `dask worker` with `argv` in this process (blocks until it stops)."""
+    if command == "scheduler":
+        from distributed.cli.dask_scheduler import main
+    elif command == "worker":
+        from distributed.cli.dask_worker import main
+    else:
+        raise ValueError(command)
+    try:
+        main.main(args=list(argv), prog_name=f"diskflow {command}", standalone_mode=False)
+    except SystemExit as e:     # dask's CLI exits with its code on errors and on signals
+        return int(e.code or 0)
+    return 0
+
+
+@contextlib.contextmanager
+def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = None, scratch: str | None = None,
+                  quota: str | int | None = None, device: str | None = None, processes: bool = True,
+                  memory_limit: str | int = "auto", quiet: bool = False, connect_timeout: str = "15s",
+                  local_directory: str | None = None) -> Iterator[Any]:
+    """A client for a streamed run: connected to `scheduler`, or to an embedded LocalCluster.
+
+    The embedded cluster has `cpu_workers` single-threaded CPU workers (default: the cores
+    but one) and one GPU-resource worker (2 threads) with the given scratch directory,
+    quota and device. A scheduler that cannot be reached is a clear error after
+    `connect_timeout`, not a hang.
+    """
+    from distributed import Client, LocalCluster
+
+    from ..operators.errors import DiskflowError
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=connect_timeout)
+        except (OSError, TimeoutError) as e:
+            raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout} ({e}); "
+                                "is `diskflow scheduler` running there, and the port open?") from e
+        try:
+            if not quiet:
+                print(f"Dask dashboard: {client.dashboard_link or '(none)'}", file=sys.stderr, flush=True)
+            yield client
+        finally:
+            client.close()
+        return
+    n = cpu_workers if cpu_workers is not None else max(1, (os.cpu_count() or 2) - 1)
+    if n < 0:
+        raise ConfigError("--workers", f"must be >= 0, got {n}")
+    settings = worker_config(scratch, quota, device)
+    kwargs: dict[str, Any] = {"local_directory": local_directory} if local_directory else {}
+    with dask.config.set(settings):   # in-process workers read their settings here; processes get them below
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=processes, memory_limit=memory_limit,
+                               dashboard_address=":0" if not quiet else None, silence_logs=logging.CRITICAL,
+                               **kwargs)
+        try:
+            spec = dict(cluster.new_spec)
+            options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
+            if processes:
+                options["config"] = settings
+            cluster.worker_spec["gpu"] = {"cls": spec["cls"], "options": options}
+            cluster.sync(cluster._correct_state)
+            client = Client(cluster)
+            try:
+                client.wait_for_workers(n + 1, timeout=120)
+                if not quiet:
+                    print(f"Dask dashboard: {client.dashboard_link or '(none)'}", file=sys.stderr, flush=True)
+                yield client
+            finally:
+                client.close()
+        finally:
+            cluster.close()
+
+
+def scratch_default(run_dir: str | os.PathLike[str]) -> str:
+    """The embedded GPU worker's scratch directory when none is given: inside the run directory."""
+    return str(Path(run_dir) / "scratch")

@@ -1,0 +1,85 @@
+"""The streamed run's timeline as a picture: what each machine did when (a Gantt chart), and the key numbers.
+
+One row per worker: the CPU workers' ``sample``/``plan``/``pack`` tasks and the GPU worker's
+``ship``/``train`` tasks, each superbatch's bars labelled with its key, on the stream's clock
+(seconds since the first submission). Gaps in the GPU worker's row are the time it waited.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..operators.files import atomic_path, format_bytes
+
+TIMELINE = "timeline.png"
+COLORS = {"sample": "#8ecae6", "plan": "#219ebc", "pack": "#023047", "ship": "#ffb703", "train": "#fb8500"}
+
+
+def key_numbers(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures a streamed run is judged by (printed by `diskflow report`, written on the chart)."""
+    s = report.get("stream") or {}
+    scratch = s.get("scratch") or {}
+    epochs = report.get("epochs") or []
+    return {
+        "superbatches": s.get("superbatches"), "window": s.get("window"), "trained": s.get("trained"),
+        "stream_s": s.get("stream_s"), "train_busy_s": s.get("train_busy_s"),
+        "gpu_idle_fraction": s.get("gpu_idle_fraction"),
+        "scratch_peak_bytes": scratch.get("peak_disk") or scratch.get("peak"), "scratch_quota_bytes": scratch.get("quota"),
+        "final_loss": epochs[-1].get("loss") if epochs else None,
+        "test_acc": (report.get("final") or {}).get("test_acc"),
+        "gpu_worker": s.get("gpu_worker"), "cpu_workers": len(s.get("cpu_workers") or []),
+        "reshipped": s.get("reshipped") or [],
+    }
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any], path: str | os.PathLike[str] | None = None
+                  ) -> Path | None:
+    """Draw the report's timeline to `run_dir/timeline.png` (or `path`); None when it has none."""
+    tl = report.get("timeline") or []
+    if not tl:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    gpu = (report.get("stream") or {}).get("gpu_worker")
+    workers: dict[str, list[tuple[str, float, float, str]]] = {}
+    for e in tl:
+        for phase, p in e["phases"].items():
+            workers.setdefault(p["worker"], []).append((phase, p["start"], p["end"], e["key"]))
+    order = sorted(workers, key=lambda w: (w == gpu, w))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(order)))
+    try:
+        for row, w in enumerate(order):
+            for phase, start, end, key in workers[w]:
+                ax.barh(row, max(end - start, 1e-3), left=start, height=0.6, color=COLORS.get(phase, "grey"),
+                        edgecolor="white", linewidth=0.4)
+                if phase in ("train", "pack") and end - start > 0.04 * max(x["trained"] for x in tl):
+                    ax.text((start + end) / 2, row, key.split("-", 1)[-1].lstrip("s0") or "0", ha="center",
+                            va="center", fontsize=6, color="white")
+        ax.set_yticks(range(len(order)))
+        ax.set_yticklabels([f"GPU {w}" if w == gpu else f"CPU {w}" for w in order], fontsize=8)
+        ax.set_xlabel("seconds since the first submission")
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper center",
+                  bbox_to_anchor=(0.5, -0.35 if len(order) < 4 else -0.15), ncol=len(COLORS), fontsize=8, frameon=False)
+        k = key_numbers(report)
+        ax.set_title(f"{report.get('title', 'streaming')}\n"
+                     f"{k['trained']} superbatches in {_fmt(k['stream_s'], '.1f')} s, GPU busy "
+                     f"{_fmt(k['train_busy_s'], '.1f')} s, idle {_fmt((k['gpu_idle_fraction'] or 0) * 100, '.0f')}%, "
+                     f"window {k['window']}, scratch peak "
+                     f"{format_bytes(k['scratch_peak_bytes']) if k['scratch_peak_bytes'] else '-'}"
+                     f"{' of ' + format_bytes(k['scratch_quota_bytes']) if k['scratch_quota_bytes'] else ''}, "
+                     f"final loss {_fmt(k['final_loss'], '.4f')}", fontsize=9)
+        fig.tight_layout()
+        out = Path(path) if path is not None else Path(run_dir) / TIMELINE
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return out

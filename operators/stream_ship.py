@@ -1,0 +1,179 @@
+"""Shipping: a bundle lands on the training machine's scratch disk, verified, within a byte quota.
+
+`stage_bundle` writes a bundle's files (from its inline content, or copied from its fsspec URL)
+into a staging directory next to the destination, reads every file back and checks its size
+and crc32 against the producer's, links the base tier files in, writes the manifest last and
+only then renames the directory into place: a superbatch directory either is complete and
+verified, or does not exist. A mismatch raises `ShipVerifyError` naming the superbatch and the
+file (the driver re-ships once, then stops).
+
+`ScratchSpace` is the scratch disk's bookkeeping: bytes staged per run, the peak, and the quota
+that staging must not exceed (exceeding it is an error, not a slowdown).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, InputError
+from .files import format_bytes, staging_dir, write_manifest
+from .packed import file_crc
+from .stream_pack import BASE_FILES, Bundle
+
+COPY_CHUNK = 16 << 20
+
+
+class ShipVerifyError(InputError):
+    """A shipped file arrived with the wrong size or checksum (names the superbatch and the file)."""
+
+
+class ScratchSpace:
+    """Bytes staged on a scratch disk, per run, against an optional quota (thread-safe).
+
+    Args:
+        root: the scratch directory (created if missing; must be writable).
+        quota: bytes that staged bundles may take at once; None: no limit.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], quota: int | None = None) -> None:
+        self.root = Path(root)
+        if quota is not None and quota <= 0:
+            raise ConfigError("--quota", f"must be > 0 bytes, got {quota}")
+        self.quota = quota
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise InputError(self.root, f"scratch directory is not writable ({e.strerror or e})") from e
+        self._lock = threading.Lock()
+        self.used = 0
+        self.peak = 0
+        self.peak_disk = 0
+        self.peak_staged = 0
+        self._held: dict[str, int] = {}
+
+    def reserve(self, name: str, nbytes: int) -> None:
+        """Account `nbytes` for `name` before writing it; over the quota is a ConfigError naming it."""
+        with self._lock:
+            if self.quota is not None and self.used + nbytes > self.quota:
+                raise ConfigError("--quota", (
+                    f"staging {name} ({format_bytes(nbytes)}) would take the scratch directory {self.root} to "
+                    f"{format_bytes(self.used + nbytes)}, above its quota of {format_bytes(self.quota)} "
+                    f"({len(self._held)} staged now); lower --window or --superbatch-size, or raise the quota"))
+            self._held[name] = self._held.get(name, 0) + nbytes
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+            self.peak_staged = max(self.peak_staged, len(self._held))
+
+    def release(self, name: str) -> None:
+        """Give back what `name` held (after its files were deleted)."""
+        with self._lock:
+            self.used -= self._held.pop(name, 0)
+
+    def observe(self, path: str | os.PathLike[str] | None = None) -> int:
+        """Bytes really on disk under `path` (default: the root); the peak of these is kept too."""
+        total = disk_bytes(path if path is not None else self.root)
+        with self._lock:
+            self.peak_disk = max(self.peak_disk, total)
+        return total
+
+    def usage(self) -> dict[str, Any]:
+        with self._lock:
+            return {"root": str(self.root), "quota": self.quota, "used": self.used, "peak": self.peak,
+                    "peak_disk": self.peak_disk, "peak_staged": self.peak_staged, "staged": sorted(self._held)}
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Sum of the sizes of the distinct files under `path` (hard links counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for n in names:
+            try:
+                st = os.lstat(os.path.join(dirpath, n))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def _write(bundle: Bundle, rel: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if bundle.data is not None:
+        with open(dest, "wb") as f:
+            f.write(bundle.data[rel].reshape(-1).view(np.uint8).data)
+        return
+    if bundle.url is None:
+        raise ValueError(f"bundle {bundle.key} carries neither data nor a url")
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(bundle.url)
+    src = f"{root.rstrip('/')}/{rel}"
+    try:
+        with fs.open(src, "rb") as fin, open(dest, "wb") as fout:
+            while chunk := fin.read(COPY_CHUNK):
+                fout.write(chunk)
+    except FileNotFoundError as e:
+        raise ShipVerifyError(f"{bundle.url}/{rel}", f"superbatch {bundle.key}: file missing at the source") from e
+
+
+def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
+                 ) -> dict[str, Any]:
+    """Write `bundle` to directory `dest`, verified, manifest last, swapped into place atomically.
+
+    Args:
+        bundle: the files (inline or at a URL) with their sizes and crc32s.
+        dest: the final directory (replaced if it exists).
+        base: a directory holding the base tier files (`BASE_FILES`) to hard-link in (copied
+            when links are not possible), so `dest` is a complete packed dataset.
+
+    Returns:
+        ``{"key", "dir", "bytes"}``.
+
+    Raises:
+        ShipVerifyError: a file's size or crc32 differs from the producer's (nothing is left at `dest`).
+    """
+    dest = Path(dest)
+    with staging_dir(dest) as stage:
+        for rel, size in bundle.sizes.items():
+            path = stage / rel
+            _write(bundle, rel, path)
+            got = path.stat().st_size
+            if got != size:
+                raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: arrived with {got} bytes, "
+                                                  f"the producer wrote {size}")
+            crc = file_crc(path, 0, size)
+            if crc != bundle.crcs[rel]:
+                raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: checksum mismatch on arrival "
+                                                  f"(crc32 {crc:#010x}, the producer's {bundle.crcs[rel]:#010x})")
+        if base is not None:
+            for name in BASE_FILES:
+                try:
+                    os.link(Path(base) / name, stage / name)
+                except OSError:
+                    shutil.copyfile(Path(base) / name, stage / name)
+        if bundle.manifest is not None:
+            write_manifest(stage, bundle.manifest)
+    return {"key": bundle.key, "dir": str(dest), "bytes": bundle.nbytes}
+
+
+def drop_source(bundle: Bundle) -> None:
+    """Delete a URL bundle's files at their source once they are staged (inline bundles: nothing to do)."""
+    if bundle.url is None:
+        return
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(bundle.url)
+    try:
+        fs.rm(root, recursive=True)
+    except FileNotFoundError:
+        pass

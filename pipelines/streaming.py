@@ -1,0 +1,98 @@
+"""Streaming: belady's data layout, prepared on CPU workers while a dedicated GPU worker trains (DiskGNN §3).
+
+The round is never packed as a whole. Superbatch by superbatch, CPU workers sample, plan
+(Belady, chained across the stream exactly as offline) and pack; the GPU worker stages each
+superbatch on its local scratch disk and trains it while the next ones are prepared, at most
+`window` superbatches ahead. Every epoch gets fresh samples without the GPU waiting for a
+whole preprocessing pass, and the model equals belady's (prepare-then-train) with the same seed.
+
+    diskflow run streaming --dataset STORE --epochs 3                      (embedded cluster)
+    diskflow run streaming --dataset STORE --scheduler tcp://HOST:8786     (split machines)
+
+The two-machine recipe, on the CPU box: ``diskflow scheduler`` and ``diskflow worker
+tcp://HOST:8786`` (one or more); on the GPU box: ``diskflow worker tcp://HOST:8786 --gpu
+--scratch /nvme/diskflow --quota 50GiB``; then ``diskflow run streaming ... --scheduler
+tcp://HOST:8786`` from anywhere that can read the store.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..flow.roles import stream_client
+from ..flow.rundir import plot_curves, write_report
+from ..flow.stream import StreamConfig, StreamRun
+from ..flow.timeline import plot_timeline
+from ..operators.errors import ConfigError
+from ..operators.store import Store
+from ._packed import packed_budgets
+
+NAME = "streaming"
+
+
+def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, scheduler: str | None = None,
+        window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
+        stage: str | None = None, model: str = "sage", hidden: int = 128, num_layers: int | None = None,
+        fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3,
+        dropout: float = 0.2, heads: int = 4, seed: int = 0, device: str | None = None, eval_every: int = 1,
+        threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        on_superbatch: Callable[[dict[str, Any]], None] | None = None,
+        cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 16,
+        tier_superbatches: int = 2, checkpoint_every: int = 1, queue_depth: int = 2, check_crc: bool = True,
+        resume: bool = False, processes: bool = True, gpu_wait: float = 60.0) -> dict[str, Any]:
+    """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
+
+    Args:
+        store: the ingested store (CPU workers read it at this path; the GPU worker evaluates
+            on it when it can read it too).
+        run_dir: the run directory (checkpoints, report.json, curves.png, timeline.png).
+        scheduler: ``tcp://HOST:PORT`` of a running Dask scheduler; None: an embedded LocalCluster
+            of `workers` CPU workers and one GPU-resource worker (scratch `scratch`, default
+            ``run_dir/scratch``).
+        window: superbatches staged on the GPU worker (and prepared ahead of training) at most.
+        workers: CPU workers of the embedded cluster (default: the cores but one).
+        scratch, quota: the embedded GPU worker's scratch directory and its byte quota.
+        stage: an fsspec URL both sides can reach (a shared filesystem): bundles go through it
+            instead of through Dask.
+        device: where the GPU worker trains (default: its own setting, CUDA when it has it).
+        superbatch_size: batches per superbatch (the unit that is packed, shipped, trained).
+        tier_superbatches: superbatches whose access counts decide the GPU tier and the planner's
+            tie-break (the first two are needed by the first plan anyway).
+        checkpoint_every: superbatches between checkpoints (and at every epoch's end).
+        resume: continue from the latest checkpoint in `run_dir`.
+        processes: embedded cluster workers as processes (False: threads of this process).
+        gpu_wait: seconds to wait for a GPU-resource worker to join.
+        Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
+    """
+    from ..operators.stream_train import StreamTrainConfig
+
+    st = Store(store)
+    rdir = Path(run_dir)
+    rdir.mkdir(parents=True, exist_ok=True)
+    if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+        raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+    budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth)
+    gpu = budgets["gpu_memory"]
+    on_gpu = device is not None and str(device).startswith("cuda")
+    train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads,
+                              seed=seed, eval_every=eval_every, epochs=epochs, fanouts=tuple(fanouts),
+                              batch_size=batch_size, cpu_memory=budgets["cpu_total"],
+                              gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
+                              threads=threads, store=str(st.path.resolve()))
+    cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
+                       epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
+                       cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
+                       tier_superbatches=tier_superbatches, window=window, stage=stage,
+                       checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait)
+    cfg.validate()
+    scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
+    with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
+                       processes=processes, quiet=not progress) as client:
+        report = StreamRun(client, st.path, rdir, cfg, resume=resume, progress=progress, on_epoch=on_epoch,
+                           on_superbatch=on_superbatch).run()
+    write_report(rdir, report)
+    plot_curves(rdir, report)
+    plot_timeline(rdir, report)
+    return report

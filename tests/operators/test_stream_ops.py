@@ -1,0 +1,175 @@
+"""Streamed packing, shipping and training as plain operators (no Dask): a superbatch packed on its own is
+a packed dataset whose replay is bit-exact; shipping verifies every file, inline or through an fsspec URL,
+and keeps to its quota; the trainer carried across staged superbatches gives the offline run's losses."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diskflow.operators.count import dense_counts, merge_counts
+from diskflow.operators.errors import ConfigError, InputError
+from diskflow.operators.packed import PackedDataset
+from diskflow.operators.plan import initial_fill, plan_belady
+from diskflow.operators.store import Store
+from diskflow.operators.stream_pack import (
+    BASE_FILES,
+    count_bytes,
+    pack_base,
+    pack_superbatch,
+    sample_bytes,
+    sample_n_ids,
+    stream_header,
+)
+from diskflow.operators.stream_ship import (
+    ScratchSpace,
+    ShipVerifyError,
+    disk_bytes,
+    drop_source,
+    stage_bundle,
+)
+from diskflow.operators.superbatch import round_layout
+
+B, SB, E, F, SEED = 256, 3, 2, (5, 5), 1
+
+
+@pytest.fixture(scope="module")
+def stream(tiny_store: Path) -> dict:
+    """The round's samples, the tiers from the first two superbatches, and every superbatch's chained plan."""
+    st = Store(tiny_store)
+    refs = round_layout(st.split_ids("train").shape[0], B, SB, E)
+    samples = [sample_bytes(tiny_store, r, B, F, SEED)[0] for r in refs]
+    freq = dense_counts(merge_counts(*[count_bytes(s, st.num_nodes) for s in samples[:2]]), st.num_nodes)
+    gpu_ids = np.sort(np.argsort(-freq, kind="stable")[:37])          # an odd-sized GPU tier
+    cpu_ids = initial_fill([b for s in samples[:2] for b in sample_n_ids(s)], 211, freq, gpu_ids)
+    plans, cache = [], cpu_ids
+    for i, s in enumerate(samples):
+        look = sample_n_ids(samples[i + 1]) if i + 1 < len(samples) else []
+        plan = plan_belady(sample_n_ids(s), look, cpu_ids.shape[0], cache, gpu_ids, freq)
+        plans.append(plan)
+        cache = plan.final_cache
+    header = stream_header(st, {"fanouts": list(F), "batch_size": B, "seed": SEED, "cpu_policy": "belady"},
+                           gpu_ids.shape[0], cpu_ids.shape[0], sum(r.num_batches for r in refs), E)
+    return {"store": st, "refs": refs, "samples": samples, "plans": plans, "gpu": gpu_ids, "cpu": cpu_ids,
+            "header": header}
+
+
+def _bundle(stream: dict, i: int, url: str | None = None):
+    return pack_superbatch(stream["store"].path, stream["refs"][i], stream["samples"][i], stream["plans"][i].batches,
+                           stream["header"], final_cache=stream["plans"][i].final_cache, stream_index=i, url=url)
+
+
+def test_samples_are_the_offline_rounds(tiny_store: Path, tmp_path: Path, stream: dict) -> None:
+    from diskflow.operators.samples import read_n_ids
+    from diskflow.operators.superbatch import sample_superbatch
+
+    r = stream["refs"][4]
+    sample_superbatch(tiny_store, tmp_path / "s.arrow", r, B, F, SEED)
+    assert all(np.array_equal(a, b) for a, b in zip(read_n_ids(tmp_path / "s.arrow"), sample_n_ids(stream["samples"][4])))
+
+
+def test_a_staged_superbatch_replays_bit_exactly(tmp_path: Path, stream: dict) -> None:
+    """Every superbatch dir (base linked in) is a packed dataset; replaying the chain gives features[n_id]."""
+    st = stream["store"]
+    base = stage_bundle(pack_base(st.path, stream["gpu"], stream["cpu"]), tmp_path / "base")
+    assert sorted(p.name for p in Path(base["dir"]).iterdir()) == sorted(BASE_FILES)
+    feats = st.read_features()
+    cpu = None
+    for i in range(len(stream["refs"])):
+        d = stage_bundle(_bundle(stream, i), tmp_path / stream["refs"][i].key, base=tmp_path / "base")["dir"]
+        with PackedDataset(d) as ds:
+            if cpu is None:
+                cpu = np.array(ds.cpu_init)
+                assert np.array_equal(ds.gpu_cache, feats[stream["gpu"]])
+            (sb,) = ds.superbatches
+            assert sb.first_batch == stream["refs"][i].round_first_batch
+            for (_, rec), n_id in zip(ds.batches(), sample_n_ids(stream["samples"][i])):
+                x = ds.assemble(rec, cpu)
+                assert np.array_equal(x, feats[n_id]), f"superbatch {i}, batch {rec.batch}"
+                cpu[rec.insert_slot] = x[rec.insert_pos]
+        shutil.rmtree(d)
+
+
+def test_shipping_verifies_every_file(tmp_path: Path, stream: dict) -> None:
+    b = _bundle(stream, 1)
+    part = next(rel for rel, n in b.sizes.items() if rel.endswith(".bin") and n)
+    b.data[part] = b.data[part].copy()
+    b.data[part][4097] ^= 1                                    # a flipped bit in transit
+    with pytest.raises(ShipVerifyError, match=r"superbatch e0-s00001: checksum mismatch on arrival"):
+        stage_bundle(b, tmp_path / "e0-s00001")
+    assert not (tmp_path / "e0-s00001").exists() and list(tmp_path.iterdir()) == [], "nothing half-written is left"
+    b = _bundle(stream, 1)
+    b.sizes[part] += 1
+    with pytest.raises(ShipVerifyError, match="the producer wrote"):
+        stage_bundle(b, tmp_path / "e0-s00001")
+
+
+def test_bundles_travel_through_an_fsspec_url(tmp_path: Path, stream: dict) -> None:
+    url = f"file://{tmp_path}/shared/e0-s00002"
+    b = _bundle(stream, 2, url=url)
+    assert b.data is None and (tmp_path / "shared/e0-s00002/round-0/index/e0-s00002.arrow").is_file()
+    inline = _bundle(stream, 2)
+    out = stage_bundle(b, tmp_path / "scratch/e0-s00002")
+    for rel in inline.sizes:
+        assert (Path(out["dir"]) / rel).read_bytes() == inline.data[rel].tobytes()
+    drop_source(b)
+    assert not (tmp_path / "shared/e0-s00002").exists()
+    (tmp_path / "shared/e0-s00003").mkdir(parents=True)
+    b = _bundle(stream, 3, url=f"file://{tmp_path}/shared/e0-s00003")
+    shutil.rmtree(tmp_path / "shared/e0-s00003/round-0/index")
+    with pytest.raises(ShipVerifyError, match="file missing at the source"):
+        stage_bundle(b, tmp_path / "scratch/e0-s00003")
+
+
+def test_scratch_quota_is_a_hard_limit(tmp_path: Path) -> None:
+    space = ScratchSpace(tmp_path / "scratch", quota=10_000)
+    space.reserve("run/base", 6_000)
+    space.reserve("run/e0-s00000", 3_000)
+    with pytest.raises(ConfigError, match=r"--quota: staging run/e0-s00001 .* above its quota"):
+        space.reserve("run/e0-s00001", 2_000)
+    space.release("run/e0-s00000")
+    space.reserve("run/e0-s00001", 2_000)
+    assert space.usage()["peak"] == 9_000 and space.usage()["peak_staged"] == 2 and space.used == 8_000
+    with pytest.raises(ConfigError, match="--quota"):
+        ScratchSpace(tmp_path / "s2", quota=0)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a/f").write_bytes(b"x" * 100)
+    (tmp_path / "a/g").hardlink_to(tmp_path / "a/f")
+    assert disk_bytes(tmp_path / "a") == 100, "hard links count once"
+
+
+def test_the_trainer_follows_the_stream_and_refuses_a_gap(tmp_path: Path, stream: dict) -> None:
+    """Two superbatches through one trainer (loader.follow); a skipped superbatch is refused by name."""
+    torch = pytest.importorskip("torch")
+    from diskflow.operators.stream_train import StreamTrainConfig, StreamTrainer
+
+    torch.set_num_threads(1)
+    st = stream["store"]
+    stage_bundle(pack_base(st.path, stream["gpu"], stream["cpu"]), tmp_path / "base")
+    cfg = StreamTrainConfig(hidden=8, fanouts=F, batch_size=B, epochs=E, seed=SEED, threads=1)
+    tr = StreamTrainer(cfg, "cpu", "fp")
+    try:
+        for i in (0, 1):
+            r = stream["refs"][i]
+            d = stage_bundle(_bundle(stream, i), tmp_path / r.key, base=tmp_path / "base")["dir"]
+            out = tr.train(d, {"key": r.key, "index": i, "epoch": r.epoch, "first_batch": r.round_first_batch,
+                               "epoch_batch": r.first_batch, "batches": r.num_batches, "epoch_end": False})
+            assert len(out["losses"]) == r.num_batches and all(np.isfinite(out["losses"]))
+            tr.release()
+            shutil.rmtree(d)
+        r = stream["refs"][3]
+        d = stage_bundle(_bundle(stream, 3), tmp_path / r.key, base=tmp_path / "base")["dir"]
+        entry = {"key": r.key, "index": 3, "epoch": r.epoch, "first_batch": r.round_first_batch,
+                 "epoch_batch": r.first_batch, "batches": r.num_batches, "epoch_end": True}
+        with pytest.raises(InputError, match="stream position 3, the trainer expects 2"):
+            tr.train(d, entry)
+        tr.next_index = 3       # force it: the loader itself refuses a superbatch that does not continue its tier
+        with pytest.raises(InputError, match=r"starts at batch 9, but the CPU tier stands before batch 6"):
+            tr.train(d, entry)
+        tr.next_index = 2
+        state, arrays = tr.checkpoint()
+        assert state["stream_index"] == 2 and (state["epoch"], state["batch"]) == (0, 6)
+        assert np.array_equal(arrays["cpu_ids.npy"], stream["plans"][1].final_cache), "the tier the plan left"
+    finally:
+        tr.close()
