@@ -48,7 +48,7 @@ def scheduler_argv(host: str | None = None, port: int | None = None, dashboard_a
 def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | None = None,
                 local_directory: str | None = None, name: str | None = None, memory_limit: str | None = None,
                 nanny: bool = True, scheduler_file: str | None = None, dashboard: bool = False,
-                extra: Sequence[str] = ()) -> list[str]:
+                host: str | None = None, extra: Sequence[str] = ()) -> list[str]:
     """`dask worker`'s arguments for a diskflow CPU worker, or the GPU worker (``--resources GPU=1``).
 
     The GPU worker gets 2 threads by default: one trains, the other stages the next superbatch.
@@ -68,6 +68,8 @@ def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | Non
         argv += ["--name", name]
     if memory_limit:
         argv += ["--memory-limit", memory_limit]
+    if host:
+        argv += ["--host", host]
     argv += ["--nanny" if nanny else "--no-nanny"]
     argv += ["--dashboard" if dashboard else "--no-dashboard"]
     return argv + list(extra)

@@ -589,7 +589,8 @@ class StreamRun:
             if time.monotonic() - last_check > self.cfg.poll_s or not done:
                 self._check_health()
                 last_check = time.monotonic()
-            for fut in done:
+            order = {kind: i for i, kind in enumerate(("tiers", "ship-base", *PHASES))}
+            for fut in sorted(done, key=lambda f: (self.watch[f][1], order[self.watch[f][0]])):   # stream order
                 kind, k = self.watch.pop(fut)
                 if fut.status == "error":
                     self._failed(kind, k, fut)

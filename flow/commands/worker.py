@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nthreads", type=int, default=None, help="threads (default 1; 2 for --gpu: train + ship)")
     p.add_argument("--local-directory", default=None, metavar="DIR", help="the worker's own local directory")
     p.add_argument("--name", default=None, help="worker name shown in the dashboard")
+    p.add_argument("--host", default=None, help="address to listen on (default: the machine's)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE", help="worker memory limit (Dask's, default auto)")
     p.add_argument("--no-nanny", action="store_true", help="run the worker in this process (no restarting nanny)")
     p.add_argument("--scheduler-file", default=None, metavar="PATH", help="read the scheduler's address from this file")
@@ -49,5 +50,5 @@ def _run(args: argparse.Namespace) -> int:
         set_worker_config(args.scratch, args.quota, args.device)
     argv = worker_argv(args.scheduler, gpu=args.gpu, nthreads=args.nthreads, local_directory=args.local_directory,
                        name=args.name, memory_limit=args.memory_limit, nanny=not args.no_nanny,
-                       scheduler_file=args.scheduler_file)
+                       scheduler_file=args.scheduler_file, host=args.host)
     return run_dask_cli("worker", argv)

@@ -1,0 +1,215 @@
+"""The streamed run on an embedded cluster (in-process workers, so a test can reach into them): the same losses
+and weights as prepare-then-train, placement by resource, a window that bounds scratch and look-ahead, a
+superbatch re-shipped once, a lost GPU worker stopping the run with a position that --resume continues, and
+clear errors for a scheduler that cannot be reached, a missing GPU worker and a quota that is too small."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401
+
+import dask
+from diskflow.flow import stream as stream_mod
+from diskflow.flow.commands import report as report_cmd
+from diskflow.flow.roles import stream_client
+from diskflow.flow.rundir import new_run_dir
+from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
+from diskflow.operators import stream_ship
+from diskflow.operators.checkpoint import latest_checkpoint, load_checkpoint
+from diskflow.operators.errors import ConfigError, DiskflowError, InputError
+from diskflow.pipelines import belady, streaming
+
+distributed = pytest.importorskip("distributed")
+
+SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
+                            "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "superbatch_size": 3}
+EMBEDDED: dict[str, Any] = {"workers": 1, "processes": False, "progress": False}
+PREP = ("sample", "plan", "pack")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _losses(report: dict[str, Any]) -> list[float]:
+    return [x for r in report["epochs"] for x in r["losses"]]
+
+
+def _model(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    ck = latest_checkpoint(Path(run_dir) / "checkpoints")
+    assert ck is not None
+    return load_checkpoint(ck).state["model"]
+
+
+def _same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The single-machine run: belady prepares the whole round, then trains it (same seed)."""
+    with dask.config.set(scheduler="sync"):
+        rep = belady.run(tiny_store, new_run_dir(tmp_path_factory.mktemp("runs"), "ref"), progress=False, **SETTINGS)
+    return {"losses": _losses(rep), "model": _model(rep["run_dir"]), "val": [r["val_acc"] for r in rep["epochs"]]}
+
+
+@pytest.fixture(scope="module")
+def streamed(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run_dir = new_run_dir(tmp_path_factory.mktemp("runs"), "stream")
+    rep = streaming.run(tiny_store, run_dir, window=2, quota="3MiB", **EMBEDDED, **SETTINGS)
+    return rep
+
+
+def test_streaming_equals_prepare_then_train(streamed: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert _losses(streamed) == reference["losses"], "every batch's loss, bit for bit"
+    assert _same_model(_model(streamed["run_dir"]), reference["model"]), "the final weights"
+    assert [r["val_acc"] for r in streamed["epochs"]] == reference["val"]
+    assert streamed["stream"]["trained"] == streamed["stream"]["superbatches"] == 8
+
+
+def test_placement_by_resource(streamed: dict[str, Any]) -> None:
+    s = streamed["stream"]
+    gpu = s["gpu_worker"]
+    for e in streamed["timeline"]:
+        assert e["phases"]["ship"]["worker"] == e["phases"]["train"]["worker"] == gpu
+        assert all(e["phases"][p]["worker"] != gpu and e["phases"][p]["worker"] in s["cpu_workers"] for p in PREP)
+
+
+def test_window_bounds_scratch_and_lookahead(streamed: dict[str, Any]) -> None:
+    s, tl, w = streamed["stream"], streamed["timeline"], streamed["stream"]["window"]
+    scratch = s["scratch"]
+    assert 0 < scratch["peak_disk"] <= scratch["quota"] == 3 << 20
+    assert scratch["peak_staged"] <= w + 1, "at most W superbatches (and the base tiers) staged at once"
+    assert scratch["used"] == 0 and not scratch["staged"], "consumed superbatches were deleted"
+    assert not [p for p in (Path(streamed["run_dir"]) / "scratch").iterdir()], "the run's scratch is gone"
+    for k in range(len(tl) - w):
+        assert tl[k + w]["phases"]["plan"]["start"] >= tl[k]["phases"]["train"]["end"], \
+            f"superbatch {k + w} was prepared before superbatch {k} had trained"
+    for a, b in itertools.pairwise(tl):
+        assert b["phases"]["train"]["start"] >= a["phases"]["train"]["end"], "training is in stream order"
+        assert a["prepared"] <= a["shipped"] <= a["phases"]["train"]["start"]
+    assert 0 <= s["gpu_idle_fraction"] < 1 and s["stream_s"] > s["train_busy_s"] > 0
+
+
+def test_report_draws_the_timeline(streamed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = Path(streamed["run_dir"])
+    assert (run_dir / "timeline.png").stat().st_size > 0 and (run_dir / "report.json").is_file()
+    (run_dir / "timeline.png").unlink()
+    assert report_cmd._run(argparse.Namespace(run=str(run_dir), out=None)) == 0
+    out = capsys.readouterr().out
+    assert "superbatches trained   8 of 8 (window 2)" in out and "of quota 3.00 MiB" in out
+    assert (run_dir / "timeline.png").stat().st_size > 0
+    with pytest.raises(InputError, match="no report"):
+        report_cmd._run(argparse.Namespace(run=str(run_dir / "scratch"), out=None))
+
+
+def test_a_superbatch_failing_verification_is_shipped_again(tiny_store: Path, tmp_path: Path, reference: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first arrival of e0-s00001 is corrupted: it is packed and shipped once more and the run is unchanged;
+    corrupted every time, the run stops naming it."""
+    write = stream_ship._write
+    hits: list[str] = []
+
+    def flaky(bundle: Any, rel: str, dest: Path) -> None:
+        write(bundle, rel, dest)
+        if bundle.key == "e0-s00001" and rel.endswith("index/e0-s00001.arrow") and (always or not hits):
+            hits.append(rel)
+            with open(dest, "r+b") as f:
+                f.seek(3)
+                b = f.read(1)
+                f.seek(3)
+                f.write(bytes([b[0] ^ 0xFF]))
+
+    monkeypatch.setattr(stream_ship, "_write", flaky)
+    always = False
+    rep = streaming.run(tiny_store, tmp_path / "once", window=2, **EMBEDDED, **SETTINGS)
+    assert hits and rep["stream"]["reshipped"] == ["e0-s00001"]
+    assert _losses(rep) == reference["losses"]
+    always = True
+    with pytest.raises(StreamStopped, match=r"superbatch e0-s00001 failed verification on arrival twice"):
+        streaming.run(tiny_store, tmp_path / "always", window=2, **EMBEDDED, **SETTINGS)
+    assert not list((tmp_path / "always" / "scratch").iterdir()), "the stopped run's scratch was cleaned up"
+
+
+def test_gpu_worker_lost_then_resume(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
+    """The GPU worker leaves after 3 superbatches: the run stops saying where; --resume finishes it exactly."""
+    run_dir = tmp_path / "run"
+    trained: list[str] = []
+
+    def lose_gpu(out: dict[str, Any]) -> None:
+        trained.append(out["key"])
+        if len(trained) == 3:
+            client = distributed.get_client()
+            gpu = [a for a, w in client.scheduler_info()["workers"].items() if w["resources"].get("GPU")]
+            client.retire_workers(gpu, close_workers=True)
+
+    with pytest.raises(StreamStopped, match=r"the GPU worker \S+ left the cluster; [3-4] of 8 superbatches are trained "
+                                            r"and the last checkpoint is .*e0000-b00000[69].*--resume"):
+        streaming.run(tiny_store, run_dir, window=2, on_superbatch=lose_gpu, **EMBEDDED, **SETTINGS)
+    rep = streaming.run(tiny_store, run_dir, window=2, resume=True, **EMBEDDED, **SETTINGS)
+    assert rep["resumed_from"] and rep["stream"]["start_index"] in (3, 4)
+    assert rep["stream"]["trained"] == 8 - rep["stream"]["start_index"]
+    assert _losses(rep) == reference["losses"]
+    assert _same_model(_model(run_dir), reference["model"])
+    with pytest.raises(ConfigError, match="--resume: the checkpoint .* was made by another run"):
+        streaming.run(tiny_store, run_dir, window=2, resume=True, **EMBEDDED, **{**SETTINGS, "lr": 0.02})
+
+
+def test_quota_too_small_stops_the_run(tiny_store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--quota: staging .* above its quota of 100.00 KiB"):
+        streaming.run(tiny_store, tmp_path / "run", window=2, quota="100KiB", **EMBEDDED, **SETTINGS)
+
+
+def test_unreachable_scheduler_is_a_clear_error() -> None:
+    t = time.monotonic()
+    with pytest.raises(DiskflowError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9 within 2s"), \
+            stream_client("tcp://127.0.0.1:9", connect_timeout="2s"):
+        pass
+    assert time.monotonic() - t < 20
+
+
+def test_no_gpu_worker_is_a_clear_error(tiny_store: Path, tmp_path: Path) -> None:
+    from diskflow.flow.stream import StreamConfig, StreamRun
+    from diskflow.operators.stream_train import StreamTrainConfig
+
+    cfg = StreamConfig(train=StreamTrainConfig(), fanouts=(5, 5), batch_size=256, superbatch_size=3, gpu_wait_s=0.5)
+    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, \
+            pytest.raises(StreamStopped, match=r"no worker with the GPU resource joined within 0 s \(1 workers"):
+        StreamRun(client, tiny_store, tmp_path, cfg, progress=False).run()
+
+
+def test_run_command_options() -> None:
+    """The flags `diskflow run` adds for split runs parse into the pipeline's keyword arguments."""
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    args = p.parse_args(["--scheduler", "tcp://h:8786", "--window", "3", "--quota", "1GiB", "--gpu-wait", "5"])
+    opts = {k: RUN_OPTIONS[k][1](v) for k, v in vars(args).items() if v is not None}
+    assert opts == {"scheduler": "tcp://h:8786", "window": 3, "quota": "1GiB", "gpu_wait": 5.0}
+    import inspect
+    assert set(RUN_OPTIONS) <= set(inspect.signature(streaming.run).parameters)
+    with pytest.raises(ConfigError, match="--window: expected an integer >= 1"):
+        RUN_OPTIONS["window"][1]("0")
+    assert resume_dir(argparse.Namespace(resume=None)) is None
+    with pytest.raises(InputError, match="no checkpoints to resume from"):
+        resume_dir(argparse.Namespace(resume="/nonexistent"))
+    from diskflow.operators.stream_train import StreamTrainConfig
+
+    base = stream_mod.StreamConfig(train=StreamTrainConfig())
+    assert base.fingerprint("s") == stream_mod.StreamConfig(train=StreamTrainConfig(), window=5).fingerprint("s")
+    assert base.fingerprint("s") != stream_mod.StreamConfig(train=StreamTrainConfig(), seed=2).fingerprint("s")
+    assert base.fingerprint("s") != stream_mod.StreamConfig(train=StreamTrainConfig(hidden=8)).fingerprint("s")
