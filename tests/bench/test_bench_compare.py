@@ -94,6 +94,23 @@ def test_memory_limits(compared: tuple[dict, str, Path]) -> None:
     assert _leftovers() == []
 
 
+def test_repeats_keep_each_runs_fastest() -> None:
+    from diskflow.bench.compare import _summary
+
+    def child(data_s: float, model_s: float, acc: float) -> dict:
+        epochs = [{"seconds": data_s, "read_bytes": 100, "batches": 3}] * 2
+        report = {"final": {"test_acc": acc}, "epochs": [{"losses": [1.0, 0.5]}] * 2}
+        return {"runs": {"data": {"epochs": epochs, "partial": None, "report": None, "train_peak_rss_bytes": 5},
+                         "model": {"epochs": [{**e, "seconds": model_s} for e in epochs], "partial": None,
+                                   "report": report, "train_peak_rss_bytes": 7}},
+                "cgroup_peak_bytes": 9, "limit_bytes": 10}
+
+    s = _summary([child(2.0, 5.0, 0.5), child(1.0, 6.0, 0.7)], 6, 2, None, None)
+    assert (s["data_epoch_s"], s["epoch_s"], s["test_acc"]) == (1.0, 5.0, 0.5)
+    assert s["data_epoch_s_repeats"] == [2.0, 1.0] and s["epoch_s_repeats"] == [5.0, 6.0]
+    assert s["disk_read_bytes"] == 200 and s["peak_rss_bytes"] == 7 and s["losses_repeatable"] is True
+
+
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     _, _, work = compared
     assert sorted(p.name for p in (work / "packed").iterdir()) == ["belady", "belady.work", "diskgnn", "diskgnn.work",
