@@ -206,7 +206,11 @@ def count_task(sample: SampleResult, num_nodes: int) -> tuple[np.ndarray, np.nda
 
 def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult], store_path: str, cfg: StreamConfig,
                device: str, round_batches: int, start_cpu_ids: np.ndarray | None) -> Tiers:
-    """GPU tier (hottest rows) and the CPU tier's first content, from the tier superbatches' counts."""
+    """GPU tier (hottest rows) and the CPU tier's first content, from the tier superbatches' counts.
+
+    `cfg` comes without its trainer options (``train=None``): unpickling those would import torch
+    on a CPU worker that never trains.
+    """
     store = Store(store_path)
     freq = np.zeros(store.num_nodes, np.int64)
     freq[counts[0]] = counts[1]
@@ -565,8 +569,9 @@ class StreamRun:
         counts = [c.submit(count_task, firsts[k], self.store.num_nodes, key=f"count-{self.refs[k].key}-{self.tok}", **kw)
                   for k in range(t)]
         total = _merge_tree(c, counts, self.tok, kw)
-        self.tiers = self._watch(c.submit(tiers_task, total, firsts, self.store_path, self.cfg, self.device,
-                                          self.round_batches, start_ids, key=f"tiers-{self.tok}", **kw), "tiers", -1)
+        self.tiers = self._watch(c.submit(tiers_task, total, firsts, self.store_path, replace(self.cfg, train=None),
+                                          self.device, self.round_batches, start_ids, key=f"tiers-{self.tok}", **kw),
+                                 "tiers", -1)
         base = c.submit(pack_base_task, self.store_path, self.tiers, self.cfg.stage, self.run_id,
                         key=f"pack-base-{self.tok}", **kw)
         self.ship_base = self._watch(c.submit(ship_task, self.run_id, base, self.start, key=f"ship-base-{self.tok}",

@@ -1,9 +1,10 @@
 """Shipping: a bundle lands on the training machine's scratch disk, verified, within a byte quota.
 
 `stage_bundle` writes a bundle's files (from its inline content, or copied from its fsspec URL)
-into a staging directory next to the destination, reads every file back and checks its size
-and crc32 against the producer's, links the base tier files in, writes the manifest last and
-only then renames the directory into place: a superbatch directory either is complete and
+into a staging directory next to the destination, checks every file's crc32 (of the bytes as
+they arrived) and size on disk against the producer's, links the base tier files in, writes the
+manifest last and only then renames the directory into place (the loader checks every packed
+segment's own crc again when it reads it from disk): a superbatch directory either is complete and
 verified, or does not exist. A mismatch raises `ShipVerifyError` naming the superbatch and the
 file (the driver re-ships once, then stops).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,6 @@ import numpy as np
 
 from .errors import ConfigError, InputError
 from .files import format_bytes, staging_dir, write_manifest
-from .packed import file_crc
 from .stream_pack import BASE_FILES, Bundle
 
 COPY_CHUNK = 16 << 20
@@ -106,24 +107,29 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def _write(bundle: Bundle, rel: str, dest: Path) -> None:
+def _write(bundle: Bundle, rel: str, dest: Path) -> int:
+    """Write one file of the bundle to `dest`; return the crc32 of the bytes as they arrived."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if bundle.data is not None:
+        data = bundle.data[rel].reshape(-1).view(np.uint8).data
         with open(dest, "wb") as f:
-            f.write(bundle.data[rel].reshape(-1).view(np.uint8).data)
-        return
+            f.write(data)
+        return zlib.crc32(data)
     if bundle.url is None:
         raise ValueError(f"bundle {bundle.key} carries neither data nor a url")
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(bundle.url)
     src = f"{root.rstrip('/')}/{rel}"
+    crc = 0
     try:
         with fs.open(src, "rb") as fin, open(dest, "wb") as fout:
             while chunk := fin.read(COPY_CHUNK):
+                crc = zlib.crc32(chunk, crc)
                 fout.write(chunk)
     except FileNotFoundError as e:
         raise ShipVerifyError(f"{bundle.url}/{rel}", f"superbatch {bundle.key}: file missing at the source") from e
+    return crc
 
 
 def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
@@ -146,12 +152,11 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
     with staging_dir(dest) as stage:
         for rel, size in bundle.sizes.items():
             path = stage / rel
-            _write(bundle, rel, path)
+            crc = _write(bundle, rel, path)
             got = path.stat().st_size
             if got != size:
                 raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: arrived with {got} bytes, "
                                                   f"the producer wrote {size}")
-            crc = file_crc(path, 0, size)
             if crc != bundle.crcs[rel]:
                 raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: checksum mismatch on arrival "
                                                   f"(crc32 {crc:#010x}, the producer's {bundle.crcs[rel]:#010x})")

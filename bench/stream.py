@@ -1,0 +1,250 @@
+"""`diskflow bench stream`: streaming vs prepare-then-train, on the same cluster and dataset, in one run.
+
+The cluster is the embedded split cluster: `--cpu-workers` single-threaded CPU workers and one
+GPU-resource worker (`--device`). Three measurements:
+
+* ``prepare_s`` — `belady.prepare` of the whole round (all `--epochs`), its tasks restricted to
+  the CPU workers (``dask.annotate(workers=...)``);
+* ``train_s`` — `train_packed` of that packed round, as one task on the GPU worker (same process,
+  threads and device as the streamed trainer);
+* ``stream_s`` — the streamed run (`flow.stream.StreamRun`): from its first submission to the end
+  of its last ``train`` task, with ``gpu_idle_fraction`` = 1 - (time in ``train`` tasks) / ``stream_s``.
+
+Workers are pinned to separate cores (CPU workers first, the GPU worker on the rest) to emulate
+two machines on one box. Where those cores are not independent (a shared VM), training slows
+down whenever the CPU workers are busy, which streaming always makes them; the diagnostic
+``train_contended_s`` measures the offline training again with the CPU workers' cores kept busy.
+
+Streaming overlaps the two machines' work, so its target is ``stream_s <= 1.15 x max(prepare_s,
+train_s)`` rather than their sum. The default dataset and model are sized so that preparing
+and training a round take comparable time on a 2-core machine (narrow features and a small
+GraphSAGE: sampling and packing cost about what training costs); both runs train the same
+batches with the same seed, and the bench checks that their losses are identical.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..flow.options import fanouts_option
+from .common import print_table
+
+TARGET = 1.15
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Dataset, round, model and cluster of the comparison."""
+    p.add_argument("--dataset", default=None, metavar="STORE", help="an ingested store (default: a synthetic graph)")
+    p.add_argument("--work", default="bench-data/stream", metavar="DIR",
+                   help="where the synthetic store is kept between runs (default bench-data/stream)")
+    p.add_argument("--nodes", type=int, default=100_000, help="synthetic graph: nodes (default 100000)")
+    p.add_argument("--dim", type=int, default=16, help="synthetic graph: feature dimension (default 16)")
+    p.add_argument("--train-frac", type=float, default=0.30, help="synthetic graph: training share (default 0.30)")
+    p.add_argument("--fanouts", type=fanouts_option(), default=(15, 10), help="per-hop fanouts (default 15,10)")
+    p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
+    p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
+    p.add_argument("--window", type=int, default=3, help="streaming window, superbatches (default 3)")
+    p.add_argument("--model", default="sage", help="model (default sage)")
+    p.add_argument("--hidden", type=int, default=8, help="hidden channels (default 8)")
+    p.add_argument("--cpu-workers", type=int, default=1, help="CPU workers (default 1)")
+    p.add_argument("--device", default="cpu", help="the GPU worker's device (default cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph, the samples and the model")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin the CPU workers and the GPU worker to separate cores (pinning emulates two "
+                        "machines on one box: CPU workers on the first cores, the GPU worker on the rest)")
+    p.add_argument("--no-contended", action="store_true",
+                   help="skip the diagnostic third training run with the CPU workers kept busy")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="keep the streamed run's directory here (report.json, timeline.png)")
+
+
+def _store(args: argparse.Namespace) -> Path:
+    if args.dataset:
+        return Path(args.dataset)
+    import dask
+
+    from ..flow.ingest import run_ingest
+    from ..flow.synth import run_synth
+    from ..operators.files import read_manifest
+    from ..operators.synth import SynthConfig
+
+    work = Path(args.work) / f"n{args.nodes}-d{args.dim}-t{args.train_frac}-s{args.seed}"
+    if read_manifest(work / "store") is None:
+        cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, train_frac=args.train_frac, val_frac=0.01,
+                          test_frac=0.01, seed=args.seed)
+        with dask.config.set(scheduler="threads"):
+            raw = run_synth(cfg, work / "raw")
+            run_ingest(raw, work / "store")
+        shutil.rmtree(work / "raw", ignore_errors=True)
+    return work / "store"
+
+
+def _pin(cores: list[int]) -> list[int]:
+    """Runs on a worker: restrict every thread of this process (and threads it starts later) to `cores`."""
+    import os
+
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:     # a thread that just ended
+            pass
+    return sorted(os.sched_getaffinity(0))
+
+
+def _spin(event: str) -> float:
+    """Runs on a CPU worker: keep its core busy (small matrix products) until `event` is set."""
+    import numpy as np
+    from distributed import Event
+
+    stop, t, a = Event(event), time.perf_counter(), np.random.default_rng(0).random((256, 256))
+    while not stop.is_set():
+        for _ in range(20):
+            a = a @ a
+            a /= np.abs(a).max()
+    return time.perf_counter() - t
+
+
+def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The offline trainer as a task on the GPU worker (its device and threads)."""
+    from ..operators.trainer import train_packed
+
+    t = time.perf_counter()
+    report = train_packed(packed, run_dir, **options)
+    return {"seconds": time.perf_counter() - t, "losses": [x for r in report["epochs"] for x in r["losses"]],
+            "train_s": report["final"]["train_s"]}
+
+
+def _pin_workers(client: Any, cpus: list[str], gpu: list[str]) -> dict[str, list[int]]:
+    """CPU workers on the first cores (one each, while there are enough), the GPU worker on the rest."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return {}
+    n = min(len(cpus), len(cores) - 1)
+    plan = {a: [cores[i % n]] for i, a in enumerate(cpus)}
+    plan.update({a: cores[n:] for a in gpu})
+    return {a: client.run(_pin, c, workers=[a])[a] for a, c in plan.items()}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import dask
+    from distributed import get_task_stream
+
+    from ..flow.plugin import GPU
+    from ..flow.prepare import PrepareConfig, prepare
+    from ..flow.roles import stream_client
+    from ..flow.stream import StreamConfig, StreamRun
+    from ..operators.store import Store
+    from ..operators.stream_train import StreamTrainConfig
+    from ..pipelines._packed import packed_budgets
+
+    store = Store(_store(args))
+    budgets = packed_budgets(store, None, 0, None, args.fanouts, args.batch_size)   # CPU tier: 10% of the features
+    tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
+    round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
+                  "epochs": args.epochs, "seed": args.seed}
+    train_opts = {"model": args.model, "hidden": args.hidden, "lr": 3e-3, "dropout": 0.2, "seed": args.seed,
+                  "threads": args.threads, "device": args.device, "eval_every": args.epochs + 1}
+    try:
+        with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
+                           quiet=True) as client:
+            table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
+                                                                    dask_scheduler.workers.items()})
+            gpu = [a for a, r in table.items() if r.get(GPU)]
+            cpus = sorted(a for a, r in table.items() if not r.get(GPU))
+            pinned = _pin_workers(client, cpus, gpu) if not args.no_pin else {}
+            # -- prepare, then train -----------------------------------------------------------------------
+            cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
+                                device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
+            t = time.perf_counter()
+            with dask.annotate(workers=cpus, allow_other_workers=False), get_task_stream(client) as ts:
+                prepare(store.path, tmp / "packed", cfg, quiet=True)
+            prepare_s = time.perf_counter() - t
+            leaked = sorted({str(x["key"]) for x in ts.data if x["worker"] in gpu})
+            if leaked:
+                raise RuntimeError(f"prepare tasks ran on the GPU worker: {leaked[:3]}")
+            (tmp / "train").mkdir()
+            offline = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"),
+                                    {**{k: v for k, v in train_opts.items() if k != "eval_every"}, "eval_every": 1,
+                                     "cpu_memory": budgets["cpu_total"]},
+                                    resources={GPU: 1}, workers=gpu, pure=False).result()
+            train_s = offline["seconds"]
+            contended_s = None
+            if not args.no_contended:     # the same training while the CPU workers' cores are busy (diagnostic)
+                from distributed import Event
+
+                stop = Event(f"diskflow-bench-stream-{tmp.name}")
+                spins = [client.submit(_spin, stop.name, workers=[a], pure=False) for a in cpus]
+                time.sleep(0.5)
+                shutil.rmtree(tmp / "train")
+                (tmp / "train").mkdir()
+                contended_s = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"),
+                                            {**{k: v for k, v in train_opts.items() if k != "eval_every"},
+                                             "eval_every": 1, "cpu_memory": budgets["cpu_total"]},
+                                            resources={GPU: 1}, workers=gpu, pure=False).result()["seconds"]
+                stop.set()
+                client.gather(spins)
+            # -- streaming ----------------------------------------------------------------------------------
+            tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
+                                     fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                                     cpu_memory=budgets["cpu_total"], threads=args.threads,
+                                     eval_every=args.epochs + 1, store=str(store.path))
+            scfg = StreamConfig(train=tcfg, cpu_memory=budgets["cpu_memory"],
+                                staging_batches=budgets["staging_batches"], window=args.window,
+                                checkpoint_every=1_000_000, device=args.device, **round_opts)
+            (tmp / "stream").mkdir()
+            rep = StreamRun(client, store.path, tmp / "stream", scfg, progress=False).run()
+            if args.keep:
+                from ..flow.rundir import write_report
+                from ..flow.timeline import plot_timeline
+
+                keep = Path(args.keep)
+                keep.mkdir(parents=True, exist_ok=True)
+                write_report(keep, rep)
+                plot_timeline(keep, rep)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+    stream_s = float(rep["stream"]["stream_s"])
+    same = [x for r in rep["epochs"] for x in r["losses"]] == offline["losses"]
+    longest = max(prepare_s, train_s)
+    figures = {
+        "stream_s": stream_s, "prepare_s": prepare_s, "train_s": train_s,
+        "gpu_idle_fraction": rep["stream"]["gpu_idle_fraction"],
+        "sum_s": prepare_s + train_s, "stream_over_max": stream_s / longest,
+        "stream_over_sum": stream_s / (prepare_s + train_s), "target": TARGET,
+        "target_met": stream_s <= TARGET * longest, "same_losses": same,
+        "superbatches": rep["stream"]["superbatches"], "window": args.window, "epochs": args.epochs,
+        "batches": rep["dataset"]["batches"], "cpu_workers": args.cpu_workers, "device": args.device,
+        "dataset": {"store": str(store.path), "nodes": store.num_nodes, "dim": store.feature_dim,
+                    "feature_bytes": store.feature_bytes},
+        "scratch_peak_bytes": rep["stream"]["scratch"].get("peak_disk"),
+        "pinned": pinned, "train_contended_s": contended_s,
+    }
+    rows = [
+        {"run": "prepare (offline, whole round)", "seconds": prepare_s, "x max": prepare_s / longest},
+        {"run": "train (offline, whole round)", "seconds": train_s, "x max": train_s / longest},
+        {"run": "prepare, then train", "seconds": prepare_s + train_s, "x max": (prepare_s + train_s) / longest},
+        {"run": f"streaming (window {args.window})", "seconds": stream_s, "x max": stream_s / longest},
+    ]
+    if contended_s is not None:
+        rows.insert(2, {"run": "train, CPU workers' cores busy (diagnostic)", "seconds": contended_s,
+                        "x max": contended_s / longest})
+    print_table(f"streaming vs prepare-then-train: {store.num_nodes:,} nodes x {store.feature_dim}, "
+                f"{figures['batches']} batches in {figures['superbatches']} superbatches, {args.cpu_workers} CPU "
+                f"worker(s) + 1 GPU worker ({args.device})", rows, ["run", "seconds", "x max"])
+    print(f"\nGPU worker idle while streaming: {figures['gpu_idle_fraction'] * 100:.1f}%   "
+          f"target stream <= {TARGET} x max(prepare, train): {'met' if figures['target_met'] else 'NOT met'} "
+          f"({figures['stream_over_max']:.2f} x)   same losses: {same}")
+    if contended_s is not None and contended_s > 1.1 * train_s:
+        print(f"note: training alone took {contended_s / train_s:.2f} x longer while the CPU workers' cores were busy: "
+              "the cores of this machine are not independent, and streaming keeps both busy")
+    return figures
