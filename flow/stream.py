@@ -579,6 +579,20 @@ class StreamRun:
         self.base_info: dict[str, Any] = {}
 
     def _loop(self) -> None:
+        """Wait for completions; a lost scheduler connection becomes a clear StreamStopped, not a traceback."""
+        from concurrent.futures import CancelledError
+
+        from distributed.comm import CommClosedError
+
+        try:
+            self._wait_all()
+        except DiskflowError:
+            raise
+        except (CancelledError, CommClosedError, OSError) as e:
+            raise StreamStopped(f"lost the connection to the Dask scheduler ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}); {self._where()}") from e
+
+    def _wait_all(self) -> None:
         from distributed import wait
 
         last_check = 0.0
@@ -597,6 +611,9 @@ class StreamRun:
             order = {kind: i for i, kind in enumerate(("tiers", "ship-base", *PHASES))}
             for fut in sorted(done, key=lambda f: (self.watch[f][1], order[self.watch[f][0]])):   # stream order
                 kind, k = self.watch.pop(fut)
+                if fut.status == "cancelled":
+                    raise StreamStopped(f"task {kind} of superbatch {k} was cancelled (the scheduler lost it, or the "
+                                        f"connection to it was lost); {self._where()}")
                 if fut.status == "error":
                     self._failed(kind, k, fut)
                 else:
@@ -701,7 +718,7 @@ class StreamRun:
         self.watch.clear()
         self.tiers = self.ship_base = None
         with contextlib.suppress(Exception):
-            if self.gpu_addr in self._workers():
+            if self.client.status == "running" and self.gpu_addr in self._workers():
                 self.client.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False,
                                    **self._gpu(self.n, 0)).result(timeout=30)
 

@@ -68,10 +68,19 @@ def reference(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     return {"losses": _losses(rep), "model": _model(rep["run_dir"]), "val": [r["val_acc"] for r in rep["epochs"]]}
 
 
+def _held(dask_scheduler: Any) -> int:
+    """Runs on the scheduler: results of sample/plan/pack tasks held in workers' memory."""
+    return sum(1 for ts in dask_scheduler.tasks.values()
+               if ts.state == "memory" and str(ts.key).split("-")[0] in ("sample", "plan", "pack"))
+
+
 @pytest.fixture(scope="module")
 def streamed(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_dir = new_run_dir(tmp_path_factory.mktemp("runs"), "stream")
-    rep = streaming.run(tiny_store, run_dir, window=2, quota="3MiB", **EMBEDDED, **SETTINGS)
+    held: list[int] = []
+    rep = streaming.run(tiny_store, run_dir, window=2, quota="3MiB", **EMBEDDED, **SETTINGS,
+                        on_superbatch=lambda out: held.append(distributed.get_client().run_on_scheduler(_held)))
+    rep["held"] = held
     return rep
 
 
@@ -104,6 +113,16 @@ def test_window_bounds_scratch_and_lookahead(streamed: dict[str, Any]) -> None:
         assert b["phases"]["train"]["start"] >= a["phases"]["train"]["end"], "training is in stream order"
         assert a["prepared"] <= a["shipped"] <= a["phases"]["train"]["start"]
     assert 0 <= s["gpu_idle_fraction"] < 1 and s["stream_s"] > s["train_busy_s"] > 0
+    assert len(streamed["held"]) == 8 and max(streamed["held"]) <= 3 * w + 3 < 3 * 8, \
+        f"preprocessing results are released as they are consumed: {streamed['held']}"
+
+
+def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
+    """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there."""
+    rep = streaming.run(tiny_store, tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared", **EMBEDDED,
+                        **SETTINGS)
+    assert _losses(rep) == reference["losses"]
+    assert (tmp_path / "shared").is_dir() and not [p for p in (tmp_path / "shared").rglob("*") if p.is_file()]
 
 
 def test_report_draws_the_timeline(streamed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

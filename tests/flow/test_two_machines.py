@@ -1,5 +1,6 @@
-"""Two machines on loopback: `diskflow scheduler`, two `diskflow worker` CPU workers and one `diskflow worker
---gpu` as separate processes, each worker with its own local directory (nothing shared but the store).
+"""Two machines on loopback: `diskflow scheduler`, two CPU workers (`diskflow worker`, and a plain `dask worker`
+started as by hand) and one `diskflow worker --gpu` as separate processes, each worker with its own local
+directory (nothing shared but the store).
 Two epochs stream end to end while one CPU worker is killed: training ran only on the GPU worker and
 preprocessing never did, the model equals the single-machine run's, and scratch stayed within its quota."""
 from __future__ import annotations
@@ -38,10 +39,11 @@ PREP = ("sample", "count", "count-merge", "tiers", "plan", "pack", "pack-base")
 GPU_TASKS = ("ship", "ship-base", "train")
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
+def _start(args: list[str], log: Path, dask_cli: bool = False) -> subprocess.Popen:
+    """`python -m diskflow ARGS`, or Dask's own `dask ARGS` (a worker started by hand)."""
+    cmd = [str(Path(sys.executable).with_name("dask"))] if dask_cli else [sys.executable, "-m", "diskflow"]
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "diskflow", *args], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> None:
@@ -62,9 +64,10 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                                      "127.0.0.1:0", "--scheduler-file", str(sf)], root / "scheduler.log")
         _wait_for(sf, list(procs.values()))
         common = ["--scheduler-file", str(sf), "--host", "127.0.0.1", "--no-nanny"]
-        for name in ("cpu-1", "cpu-2"):
-            procs[name] = _start(["worker", *common, "--name", name, "--local-directory", str(root / name)],
-                                 root / f"{name}.log")
+        procs["cpu-1"] = _start(["worker", *common, "--name", "cpu-1", "--local-directory", str(root / "cpu-1")],
+                                root / "cpu-1.log")
+        procs["cpu-2"] = _start(["worker", *common, "--nthreads", "1", "--name", "cpu-2", "--local-directory",
+                                 str(root / "cpu-2")], root / "cpu-2.log", dask_cli=True)   # plain `dask worker`
         procs["gpu"] = _start(["worker", *common, "--name", "gpu", "--local-directory", str(root / "gpu"), "--gpu",
                                "--scratch", str(root / "gpu" / "scratch"), "--quota", str(QUOTA), "--device", "cpu"],
                               root / "gpu.log")
