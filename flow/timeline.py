@@ -54,20 +54,26 @@ def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any], path:
         for phase, p in e["phases"].items():
             workers.setdefault(p["worker"], []).append((phase, p["start"], p["end"], e["key"]))
     order = sorted(workers, key=lambda w: (w == gpu, w))
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(order)))
+    end = max(x["trained"] for x in tl)
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.55 * len(order)))
     try:
         for row, w in enumerate(order):
-            for phase, start, end, key in workers[w]:
-                ax.barh(row, max(end - start, 1e-3), left=start, height=0.6, color=COLORS.get(phase, "grey"),
+            for phase, start, stop, key in workers[w]:
+                # ship runs beside train on the GPU worker: a thin lane above it, so neither hides the other
+                y, h = (row + 0.36, 0.22) if phase == "ship" else (row, 0.6)
+                ax.barh(y, max(stop - start, 1e-3), left=start, height=h, color=COLORS.get(phase, "grey"),
                         edgecolor="white", linewidth=0.4)
-                if phase in ("train", "pack") and end - start > 0.04 * max(x["trained"] for x in tl):
-                    ax.text((start + end) / 2, row, key.split("-", 1)[-1].lstrip("s0") or "0", ha="center",
-                            va="center", fontsize=6, color="white")
+                if phase in ("train", "pack") and stop - start > 0.035 * end:
+                    e, s_ = key.split("-")
+                    ax.text((start + stop) / 2, row, f"{e}.{int(s_[1:])}", ha="center", va="center", fontsize=6,
+                            color="white")
         ax.set_yticks(range(len(order)))
         ax.set_yticklabels([f"GPU {w}" if w == gpu else f"CPU {w}" for w in order], fontsize=8)
-        ax.set_xlabel("seconds since the first submission")
-        ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper center",
-                  bbox_to_anchor=(0.5, -0.35 if len(order) < 4 else -0.15), ncol=len(COLORS), fontsize=8, frameon=False)
+        ax.set_ylim(-0.6, len(order) - 0.2)
+        ax.set_xlim(0, end * 1.01)
+        ax.set_xlabel("seconds since the first submission (bars: epoch.superbatch)")
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper left",
+                  bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
         k = key_numbers(report)
         ax.set_title(f"{report.get('title', 'streaming')}\n"
                      f"{k['trained']} superbatches in {_fmt(k['stream_s'], '.1f')} s, GPU busy "
