@@ -34,7 +34,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"scratch peak           {format_bytes(peak) if peak else '-'}"
           f"{' of quota ' + format_bytes(quota) if quota else ' (no quota)'}")
     if k["final_loss"] is not None:
-        print(f"final loss             {k['final_loss']:.4f}   test acc {k['test_acc'] if k['test_acc'] is not None else '-'}")
+        print(f"final loss             {k['final_loss']:.4f}   test acc "
+              f"{format(k['test_acc'], '.4f') if k['test_acc'] is not None else '-'}")
     if k["reshipped"]:
         print(f"shipped twice          {', '.join(k['reshipped'])}")
     print(f"timeline: {path}")
