@@ -83,7 +83,7 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 p.send_signal(signal.SIGTERM)
         for p in procs.values():
             try:
-                p.wait(timeout=3)
+                p.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
