@@ -32,6 +32,17 @@ from ._packed import packed_budgets
 NAME = "streaming"
 
 
+def _local(store: str | os.PathLike[str]) -> str:
+    """The store's path: a path or a ``file://`` URL (CPU workers memory-map it, so it must be a filesystem)."""
+    text = os.fspath(store)
+    if text.startswith("file://"):
+        return text[len("file://"):]
+    if "://" in text:
+        raise ConfigError("--dataset", f"{text!r}: CPU workers memory-map the store, so give a path (or a file:// URL) "
+                                       "on a filesystem they share; --stage takes any fsspec URL for the packed data")
+    return text
+
+
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, scheduler: str | None = None,
         window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
         stage: str | None = None, model: str = "sage", hidden: int = 128, num_layers: int | None = None,
@@ -68,7 +79,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     """
     from ..operators.stream_train import StreamTrainConfig
 
-    st = Store(store)
+    st = Store(_local(store))
     rdir = Path(run_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:

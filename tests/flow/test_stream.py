@@ -119,8 +119,8 @@ def test_window_bounds_scratch_and_lookahead(streamed: dict[str, Any]) -> None:
 
 def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
     """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there."""
-    rep = streaming.run(tiny_store, tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared", **EMBEDDED,
-                        **SETTINGS)
+    rep = streaming.run(f"file://{tiny_store}", tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared",
+                        **EMBEDDED, **SETTINGS)
     assert _losses(rep) == reference["losses"]
     assert (tmp_path / "shared").is_dir() and not [p for p in (tmp_path / "shared").rglob("*") if p.is_file()]
 
@@ -192,6 +192,8 @@ def test_gpu_worker_lost_then_resume(tiny_store: Path, tmp_path: Path, reference
 def test_quota_too_small_stops_the_run(tiny_store: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--quota: staging .* above its quota of 100.00 KiB"):
         streaming.run(tiny_store, tmp_path / "run", window=2, quota="100KiB", **EMBEDDED, **SETTINGS)
+    with pytest.raises(ConfigError, match="--dataset: 's3://bucket/store': CPU workers memory-map the store"):
+        streaming.run("s3://bucket/store", tmp_path / "run", **EMBEDDED, **SETTINGS)
 
 
 def test_unreachable_scheduler_is_a_clear_error() -> None:
