@@ -5,13 +5,13 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 from ..operators.errors import DiskflowError
 
 # Subcommand modules, in the order `diskflow --help` lists them.
-COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "bench", "info")
+COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")
 
 
 def build_parser() -> argparse.ArgumentParser:

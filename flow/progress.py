@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -38,19 +39,20 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
                     b.update(1)
             return client.gather(futures)
         except BaseException:
-            # a failed or interrupted phase must not leave tasks writing behind our back
-            client.cancel(futures, force=True)
+            # a failed or interrupted phase must not leave tasks queued behind our back (not
+            # force=True: that can break the scheduler's link to the client in distributed 2026.8)
+            client.cancel(futures)
             raise
 
     class _Bar(Callback):
-        def _start_state(self, dsk, state):  # noqa: ANN001
+        def _start_state(self, dsk, state):
             self.b = bar(total=sum(len(v) for k, v in state.items() if k in ("ready", "waiting")),
                          desc=desc, unit="task", disable=disable)
 
-        def _posttask(self, key, result, dsk, state, worker_id):  # noqa: ANN001
+        def _posttask(self, key, result, dsk, state, worker_id):
             self.b.update(1)
 
-        def _finish(self, dsk, state, errored):  # noqa: ANN001
+        def _finish(self, dsk, state, errored):
             self.b.close()
 
     with _Bar():

@@ -16,6 +16,7 @@ BENCHES = {
     "plan": "Belady CPU-cache planner: accesses/s on one core, misses vs the static tier",
     "prepare": "offline preprocessing vs its I/O floor, batched vs naive packing, Belady vs static, disk budget",
     "reader": "direct-I/O reader backends next to fio: sequential MB/s, random 4 KiB IOPS, page-merged rows",
+    "stream": "streaming vs prepare-then-train on the split cluster: stream_s, prepare_s, train_s, GPU-worker idle fraction",
     "compare": "every pipeline on one dataset and the same samples, each in its own memory cgroup, side by side",
 }
 

@@ -14,6 +14,7 @@ from typing import Any
 from ...operators.errors import ConfigError
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import new_run_dir
+from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", metavar="N", help="torch and sampler threads")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_run_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -86,6 +88,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "device": ("--device", str),
     "threads": ("--threads", lambda s: parse_int("--threads", s, 1)),
 }
+_OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -101,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     options.update({k: v for k, v in extras.items() if takes_any or k in params})
 
     label = getattr(pipeline, "NAME", None) or args.pipeline.rsplit("/", 1)[-1].removesuffix(".py")
-    run_dir = new_run_dir(args.runs_dir, f"{label}-{options.get('model', 'sage')}")
+    run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{options.get('model', 'sage')}")
     print(f"run directory: {run_dir}")
     try:
         report = pipeline.run(args.dataset, run_dir, **options)

@@ -15,8 +15,6 @@ from typing import Any
 
 from ...operators.errors import ConfigError, DiskflowError, InputError
 from ...operators.files import format_bytes, read_manifest, write_json
-from ...operators.models import MODELS
-from ...operators.trainer import CHECKPOINTS
 from ..options import positive_int
 from ..rundir import REPORT, new_run_dir
 
@@ -31,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "PACKED fixes the epochs, batches and samples. Budgets are checked before training starts; a "
                     "checkpoint is saved after every epoch (and on Ctrl-C); --resume continues from it.")
     p.add_argument("packed", metavar="PACKED", help="packed dataset directory")
-    p.add_argument("--model", default="sage", choices=(*MODELS, "none"),
+    p.add_argument("--model", default="sage", choices=("sage", "gcn", "gat", "mlp", "none"),
                    help="sage (default), gcn, gat, mlp, or none (the data path only, for timing)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=128, help="hidden channels (default 128)")
     p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
@@ -85,6 +83,7 @@ def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ...operators.trainer import CHECKPOINTS
     from ...pipelines._packed import train_and_report
     from ..options import byte_budget as budget
 
