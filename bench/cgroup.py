@@ -26,7 +26,7 @@ import resource
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,7 +154,7 @@ def _read_key(path: Path, key: str) -> int | None:
 class MemoryCgroup:
     """A memory cgroup made for one command: create with a limit, wrap the command, read peaks, remove.
 
-    Use `create` (or the `memory_cgroup` context manager, which always removes it).
+    Use `create`; `remove` when done (`run_limited` does both).
     """
 
     def __init__(self, path: Path, version: int, limit_bytes: int) -> None:
@@ -248,16 +248,6 @@ class MemoryCgroup:
                 return
             except OSError:
                 time.sleep(0.1)         # killed processes leave the cgroup when the kernel has reaped them
-
-
-@contextlib.contextmanager
-def memory_cgroup(name: str, limit_bytes: int, hierarchy: Hierarchy | None = None) -> Iterator[MemoryCgroup]:
-    """`MemoryCgroup.create`, removed on exit whatever happens."""
-    cg = MemoryCgroup.create(name, limit_bytes, hierarchy)
-    try:
-        yield cg
-    finally:
-        cg.remove()
 
 
 def run_limited(argv: Sequence[str], *, name: str, limit_bytes: int | None, env: Mapping[str, str] | None = None,

@@ -68,7 +68,8 @@ class MappedFeatures:
         nbytes = s.rows * st.row_bytes
         try:
             with open(s.path, "rb") as f:
-                m = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ, offset=s.offset)  # offset: 4096-aligned
+                # the offset is 4096-aligned (store layout), as mmap requires
+                m = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ, offset=s.offset)
         except (OSError, ValueError) as e:
             raise InputError(s.path, f"cannot map {nbytes:,} feature bytes at offset {s.offset} ({e})") from e
         m.madvise(ADVICE[self.advice])

@@ -69,7 +69,8 @@ def test_mmap_never_loads_the_features_and_matches_inmemory(tiny_store: Path, tm
 
 
 def test_plain_mmap_advice_gives_the_same_losses(tiny_store: Path, tmp_path: Path, reference: dict) -> None:
-    report = mmap.run(tiny_store, new_run_dir(tmp_path, "normal"), advice="normal", **dict(SETTINGS, epochs=1))
+    report = mmap.run(tiny_store, new_run_dir(tmp_path, "normal"), advice="normal",
+                      **dict(SETTINGS, epochs=1))
     assert report["config"]["features"] == "mmap (normal)"
     assert report["epochs"][0]["losses"] == reference["epochs"][0]["losses"]
     with pytest.raises(ConfigError, match="--advice: expected one of random, normal, got 'willneed'"):
