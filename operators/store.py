@@ -19,6 +19,7 @@ Manifest keys: ``format`` ("diskflow-store"), ``version``, ``num_nodes``, ``num_
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -134,8 +135,14 @@ class Store:
             out[s.row_start:s.row_stop] = self.shard_array(s.index)
         return out
 
-    def gather(self, node_ids: np.ndarray) -> np.ndarray:
-        """features[node_ids] read through the shards' memmaps (page cache), vectorised per shard."""
+    def gather(self, node_ids: np.ndarray, shard_arrays: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """features[node_ids] read through the shards' memmaps (page cache), vectorised per shard.
+
+        Args:
+            node_ids: the rows to gather.
+            shard_arrays: the shards as (rows, dim) arrays already mapped by the caller (e.g. with
+                other madvise advice); by default each touched shard is memory-mapped afresh.
+        """
         ids = np.asarray(node_ids, dtype=np.int64)
         out = np.empty((ids.shape[0], self.feature_dim), dtype=self.feature_dtype)
         if ids.size == 0:
@@ -145,5 +152,6 @@ class Store:
         bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
         for p in np.flatnonzero(np.diff(bounds)):
             pos = order[bounds[p]:bounds[p + 1]]
-            out[pos] = self.shard_array(int(p))[ids[pos] - self.shards[p].row_start]
+            shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[p]
+            out[pos] = shard_rows[ids[pos] - self.shards[p].row_start]
         return out

@@ -76,19 +76,8 @@ class MappedFeatures:
         return np.frombuffer(m, dtype=st.feature_dtype).reshape(s.rows, st.feature_dim)
 
     def gather(self, node_ids: np.ndarray) -> np.ndarray:
-        """features[node_ids], one vectorised gather per shard touched."""
-        ids = np.asarray(node_ids, dtype=np.int64)
-        st = self.store
-        out = np.empty((ids.shape[0], st.feature_dim), dtype=st.feature_dtype)
-        if ids.size == 0:
-            return out
-        shard = ids // st.shard_rows
-        order = np.argsort(shard, kind="stable")
-        bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
-        for p in np.flatnonzero(np.diff(bounds)):
-            pos = order[bounds[p]:bounds[p + 1]]
-            out[pos] = self.shards[p][ids[pos] - st.shards[p].row_start]
-        return out
+        """features[node_ids], one vectorised gather per shard touched, through this object's maps."""
+        return self.store.gather(node_ids, self.shards)
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
         assert dim == 0
