@@ -1,6 +1,7 @@
 """`diskflow demo`: synthesise a graph, ingest it with Dask, train in memory, and print what happened.
 
-Sized to finish in about two minutes on a 2-core machine. Every step is the real one
+Sized to finish in under a minute on a quiet 2-core machine (about two with `make demo`'s
+set-up from scratch). Every step is the real one
 (the same functions `diskflow synth`, `diskflow ingest` and `diskflow run inmemory` call).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..options import fanouts_option, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="synth -> ingest -> train in memory, end to end (about two minutes)",
+    p = sub.add_parser("demo", help="synth -> ingest -> train in memory, end to end (under a minute on 2 cores)",
                        description="Make a synthetic graph, ingest it as a Dask graph (watch the dashboard link), "
                                    "train GraphSAGE in memory and an MLP baseline on the same features, and print "
                                    "accuracy, timings and where the report is.")
@@ -55,8 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"      synth {synth_s:.1f}s, ingest {ingest_s:.1f}s "
           f"({ingested.num_nodes:,} nodes, {ingested.num_edges:,} edges, {format_bytes(ingested.input_bytes)} read)")
 
-    common = dict(fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
-                  hidden=args.hidden)
+    common = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "epochs": args.epochs,
+              "seed": args.seed, "hidden": args.hidden}
     print(f"[3/3] train in memory: {args.model} vs MLP, {args.epochs} epochs, fanouts {','.join(map(str, args.fanouts))}")
     gnn_dir = new_run_dir(work / "runs", f"inmemory-{args.model}")
     gnn = inmemory.run(ingested.path, gnn_dir, model=args.model, **common)
