@@ -5,7 +5,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..operators.errors import ConfigError, DiskflowError
 

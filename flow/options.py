@@ -58,3 +58,14 @@ def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
             raise ConfigError(option, f"must be >= 0, got {value!r}")
         return int(whole * share)
     return parse_bytes(value, option)
+
+
+def parse_int(option: str, text: str, minimum: int) -> int:
+    """An integer option >= minimum, or a ConfigError naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
+    return value

@@ -63,6 +63,7 @@ from ..operators.stream_pack import (
 )
 from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.tiers import tier_sizes
+from .options import parse_int
 from .plugin import GPU, PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .progress import bar
 
@@ -779,15 +780,7 @@ class StreamRun:
 # ---------------------------------------------------------------------------- `diskflow run` options
 
 def _int_at_least(option: str, minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
-        return value
-    return parse
+    return lambda text: parse_int(option, text, minimum)
 
 
 def _float_at_least(option: str, minimum: float) -> Callable[[str], float]:

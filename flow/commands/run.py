@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...operators.errors import ConfigError
+from ..options import parse_int
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import new_run_dir
 from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
@@ -41,17 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_run_arguments(p)
     p.set_defaults(func=_run)
-
-
-def parse_int(option: str, text: str, minimum: int) -> int:
-    """An integer option >= minimum, or a ConfigError naming the option."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
-    return value
 
 
 def parse_float(option: str, text: str) -> float:
