@@ -56,7 +56,7 @@ from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
 from ..operators.store import Store
 from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch
-from ..operators.tiers import tier_sizes
+from ..operators.tiers import in_flight_batches, tier_sizes
 from .progress import compute
 
 CPU_POLICIES = ("belady", "static")
@@ -78,7 +78,7 @@ class PrepareConfig:
     cpu_memory: int = 0
     disk_budget: int | None = None      # None: no limit on packed bytes
     device: str = "cpu"
-    staging_batches: int = 3
+    staging_batches: int = in_flight_batches(2)   # what the pipelined trainer keeps in flight at queue depth 2
     minhash_k: int = 2
     sampler_threads: int = 1
 

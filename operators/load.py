@@ -60,6 +60,7 @@ from .packed import (
     padded,
 )
 from .samples import SampleRecord
+from .tiers import in_flight_batches
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
 # the loader's own for one-request-per-row reads, and the native reader's for page-merged reads.
@@ -91,18 +92,6 @@ def _open(reader: Any, path: Path) -> int:
 
 
 # ---------------------------------------------------------------------------- memory budget
-
-def in_flight_batches(queue_depth: int, sequential: bool = False) -> int:
-    """Batches whose rows can be in host memory at once, the unit of the staging reserve.
-
-    Pipelined: the staging buffers of the batch being loaded, the ``queue_depth`` loaded ones
-    queued and the one being assembled (``queue_depth + 2``), plus the assembled batches: the
-    one being assembled, ``queue_depth`` queued, the one training, and the previous one the
-    training loop still holds while it fetches the next (``queue_depth + 3``). Sequential:
-    one staging buffer, the batch training and the previous one (3).
-    """
-    return 3 if sequential else 2 * queue_depth + 5
-
 
 def staging_buffers(queue_depth: int, sequential: bool = False) -> int:
     """Aligned staging buffers the load stage cycles through."""

@@ -81,3 +81,15 @@ def hottest(frequency: np.ndarray, rows: int, exclude: np.ndarray | None = None)
     else:
         cand = cand[np.argsort(-freq[cand], kind="stable")]
     return cand.astype(np.int64)
+
+
+def in_flight_batches(queue_depth: int, sequential: bool = False) -> int:
+    """Batches whose rows can be in host memory at once, the unit of the staging reserve.
+
+    Pipelined: the staging buffers of the batch being loaded, the ``queue_depth`` loaded ones
+    queued and the one being assembled (``queue_depth + 2``), plus the assembled batches: the
+    one being assembled, ``queue_depth`` queued, the one training, and the previous one the
+    training loop still holds while it fetches the next (``queue_depth + 3``). Sequential:
+    one staging buffer, the batch training and the previous one (3).
+    """
+    return 3 if sequential else 2 * queue_depth + 5
