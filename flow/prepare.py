@@ -5,9 +5,11 @@ Phases, each a Dask graph with named task groups (so the dashboard tells the sto
     sample-e{e}-s{k}   one per superbatch: sample its minibatches with the native sampler
     count-…            access counts per superbatch, tree-reduced (count-merge-…) to round totals
     tiers              GPU tier (hottest rows), CPU tier at round start
+    trace-e{e}-s{k}    next uses in superbatch k's window (k and its lookahead k+1), independent
     plan-e{e}-s{k}     chained: plan k starts from plan k-1's cache state, looks ahead into k+1
     search             the segmented disk-cache layout when packing alone exceeds the disk budget
-    route-e{e}-s{k}    final address translation + which rows each shard task packs
+    route-e{e}-s{k}    final address translation + which rows each shard task packs (right
+                       after plan k when there is no disk budget, else after the layout search)
     pack-r0-p{p}       one per feature shard: read the shard once, write every batch's segment
     index-e{e}-s{k}    the per-superbatch index with segment offsets and checksums
 
@@ -50,7 +52,7 @@ from ..operators.packed import (
     samples_name,
     write_index_file,
 )
-from ..operators.plan import SRC_MISS, initial_fill, plan_belady, plan_static, static_tier
+from ..operators.plan import SRC_MISS, WindowTrace, initial_fill, plan_belady, plan_static, static_tier, trace_window
 from ..operators.planfile import load_plan, save_plan
 from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
@@ -151,11 +153,21 @@ def _remove_orphans(root: Path) -> None:
 
 # ---------------------------------------------------------------------------- tasks (thin wrappers)
 
-def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[str], tiers_path: str,
-               counts_path: str, cpu_policy: str, out_path: str) -> tuple[np.ndarray, dict]:
-    """Plan superbatch i from the previous plan's final cache state (chained)."""
+def _trace_task(i: int, sample_paths: list[str], tiers_path: str, num_nodes: int,
+                _tiers: Any = None) -> WindowTrace:
+    """Trace superbatch i's window (it and its lookahead, i + 1): independent of the chain."""
     batches = read_n_ids(sample_paths[i])
     lookahead = read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else []
+    with np.load(tiers_path) as z:
+        gpu_ids = z["gpu_ids"]
+    return trace_window(batches, lookahead, gpu_ids, num_nodes)
+
+
+def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[str], tiers_path: str,
+               counts_path: str, cpu_policy: str, out_path: str, trace: WindowTrace | None = None
+               ) -> tuple[np.ndarray, dict]:
+    """Plan superbatch i from the previous plan's final cache state (chained) and its window trace."""
+    batches = read_n_ids(sample_paths[i])
     with np.load(tiers_path) as z:
         gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
     if cpu_policy == "static":
@@ -163,11 +175,19 @@ def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[
     else:
         freq = np.load(counts_path, mmap_mode="r")
         init = cpu_init if prev is None else prev[0]
-        plan = plan_belady(batches, lookahead, cpu_init.shape[0], init, gpu_ids, freq)
+        if trace is None:
+            trace = trace_window(batches, read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else [],
+                                 gpu_ids, freq.shape[0])
+        plan = plan_belady(batches, [], cpu_init.shape[0], init, gpu_ids, freq, trace=trace)
     save_plan(out_path, plan)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
     return plan.final_cache, {"path": out_path, "hits": plan.hits, "misses": plan.misses,
                               "gpu_hits": plan.gpu_hits, "inserts": plan.inserts, "batch_misses": misses}
+
+
+def _count_task(sample_path: str, num_nodes: int, _sampled: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Count one superbatch once its sample task (`_sampled`, its summary) has written the file."""
+    return count_superbatch(sample_path, num_nodes)
 
 
 def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_bytes: int, max_rows: int,
@@ -218,7 +238,8 @@ def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int,
 
 
 def _route_task(ref: SuperbatchRef, sample_path: str, plan_path: str, layout_path: str | None,
-                shard_rows: int, num_shards: int, out_path: str) -> dict:
+                shard_rows: int, num_shards: int, out_path: str, _planned: Any = None) -> dict:
+    """Route one superbatch (after its plan task, `_planned`, when both run in one graph)."""
     import pickle
 
     layout = None
@@ -304,11 +325,10 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         tasks = [dask.delayed(sample_superbatch)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
                                                  list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
                                                  dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
-        summaries = compute(tasks, desc="sample", disable=quiet or None)
-        counted = [dask.delayed(count_superbatch)(str(sdir / r.filename), store.num_nodes, dask_key_name=f"count-{r.key}-{tok}")
-                   for r in refs]
-        total = _tree_merge(counted, tok)
-        (ids_counts,) = compute([total], desc="count", disable=quiet or None)
+        # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
+        counted = [dask.delayed(_count_task)(str(sdir / r.filename), store.num_nodes, done,
+                                                  dask_key_name=f"count-{r.key}-{tok}") for r, done in zip(refs, tasks)]
+        *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=quiet or None)
         save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
         write_manifest(sdir, {"key": s_key, "summaries": summaries})
         s_manifest = read_manifest(sdir)
@@ -320,6 +340,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
 
     # -- tiers + plans -------------------------------------------------------------------------
     t = time.perf_counter()
+    early_routes: list[dict] | None = None   # routes computed alongside the plans
     pdir = _stage_dir(work, "plans", p_key)
     p_manifest = read_manifest(pdir)
     if p_manifest is None or p_manifest.get("key") != p_key:
@@ -330,13 +351,26 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
                                                       store.row_bytes, max_rows, cfg, tiers_path,
                                                       dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
+        # The chain simulates the cache; each window is traced by its own task beforehand, so the
+        # traces run on the other cores while the chain advances.
         prev: Any = None
         plan_tasks = []
         for i, r in enumerate(refs):
+            trace = None if cfg.cpu_policy == "static" else \
+                dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
             prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-{r.key}-{tok}")
+                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), trace,
+                                            dask_key_name=f"plan-{r.key}-{tok}")
             plan_tasks.append(prev)
-        plans = compute(plan_tasks, desc="plan", disable=quiet or None)
+        # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
+        # superbatch as soon as it is planned, while the chain plans the next one.
+        route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+                                                 len(store.shards), str(work / "route" / f"{r.key}.npz"), planned,
+                                                 dask_key_name=f"route-{r.key}-{tok}")
+                       for r, sp, planned in zip(refs, sample_paths, plan_tasks)] \
+            if cfg.packing and cfg.disk_budget is None else []
+        done = compute([*plan_tasks, *route_tasks], desc="plan", disable=quiet or None)
+        plans, early_routes = done[:len(plan_tasks)], done[len(plan_tasks):] or None
         stats = [p[1] for p in plans]
         write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
         p_manifest = read_manifest(pdir)
@@ -399,10 +433,11 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                     layout_path = None
                 else:
                     figures["segment_size"] = search["segment_size"]
-            routes = compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
-                                                        str(work / "route" / f"{r.key}.npz"),
-                                                        dask_key_name=f"route-{r.key}-{tok}")
-                              for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
+            routes = early_routes if early_routes is not None and layout_path is None else \
+                compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
+                                                   str(work / "route" / f"{r.key}.npz"),
+                                                   dask_key_name=f"route-{r.key}-{tok}")
+                         for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
             seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
             offsets, part_bytes = segment_offsets(seg_rows, rb)
             cache_nodes: list[np.ndarray] = []

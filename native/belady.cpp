@@ -14,7 +14,8 @@
 // Residents): a hit moves its row to a later bucket in O(1) expected time, and the worst resident
 // is the top of the highest non-empty bucket, so each access costs O(1) expected, O(log C) at worst.
 //
-// Node ids are mapped to dense local ids by an open-addressing hash (no array of size N), and the
+// Node ids are mapped to dense local ids (an int32 array over the id universe when it is known and
+// not far larger than the trace, else an open-addressing hash), and the
 // next use of every access is found by one backward pass (Ginex' iters/ptr arrays, in one sweep).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -52,7 +53,9 @@ View<T> input(const py::object& obj, const char* name, const char* dtype_name) {
     if (!py::isinstance<py::array>(obj))
         throw py::value_error(std::string(name) + ": expected a numpy array of " + dtype_name);
     auto arr = py::reinterpret_borrow<py::array>(obj);
-    if (!arr.dtype().is(py::dtype::of<T>()))
+    // Equivalent, not identical: an array that crossed a pickle (a Dask worker) carries an equal
+    // dtype object of its own.
+    if (!py::detail::npy_api::get().PyArray_EquivTypes_(arr.dtype().ptr(), py::dtype::of<T>().ptr()))
         throw py::value_error(std::string(name) + ": expected dtype " + dtype_name + ", got " +
                               std::string(py::str(arr.dtype())));
     if (arr.ndim() != 1)
@@ -89,18 +92,37 @@ void check_sorted_unique(const View<int64_t>& ids, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Node id -> dense local id (open addressing, linear probing, grows at load 1/2).
+// Node id -> dense local id. When the id universe [0, N) is known (the frequency array's length)
+// and not far larger than the trace, a plain int32 array of N entries (one random access per
+// lookup, 4 bytes a node: half the frequency array the caller already holds); otherwise an
+// open-addressing hash (linear probing, grows at load 1/2). Callers range-check ids first.
 
 class LocalIds {
 public:
-    explicit LocalIds(int64_t expected) {
+    LocalIds(int64_t expected, int64_t universe) {
+        if (universe >= 0 && universe <= kDenseFactor * std::max<int64_t>(expected, 1024)) {
+            dense_.assign(static_cast<size_t>(universe), -1);
+            is_dense_ = true;
+            nodes_.reserve(static_cast<size_t>(std::min<int64_t>(expected, universe)));
+            return;
+        }
         size_t cap = 1024;
         while (cap < static_cast<size_t>(expected) * 2) cap <<= 1;
         resize(cap);
     }
 
-    // The local id of `node`, assigning the next one when it is new (sets `fresh`).
+    // The local id of `node` (>= 0, and < the universe when dense), assigning the next one when it
+    // is new (sets `fresh`).
     int32_t get(int64_t node, bool& fresh) {
+        if (is_dense_) {
+            int32_t& d = dense_[static_cast<size_t>(node)];
+            fresh = d < 0;
+            if (fresh) {
+                d = static_cast<int32_t>(nodes_.size());
+                nodes_.push_back(node);
+            }
+            return d;
+        }
         size_t i = slot(node);
         while (table_[i].key != kFree) {
             if (table_[i].key == node) { fresh = false; return table_[i].val; }
@@ -115,13 +137,17 @@ public:
     }
 
     // Hint that `node` will be looked up soon (the table is far larger than the CPU caches).
-    void prefetch(int64_t node) const { __builtin_prefetch(&table_[slot(node)]); }
+    void prefetch(int64_t node) const {
+        if (is_dense_) __builtin_prefetch(&dense_[static_cast<size_t>(node)]);
+        else __builtin_prefetch(&table_[slot(node)]);
+    }
 
     int64_t node(int32_t local) const { return nodes_[local]; }
     int32_t size() const { return static_cast<int32_t>(nodes_.size()); }
 
 private:
     static constexpr int64_t kFree = -1;
+    static constexpr int64_t kDenseFactor = 16;  // dense when N <= 16 x the accesses of the call
     struct Entry { int64_t key; int32_t val; };
 
     size_t slot(int64_t node) const {
@@ -140,6 +166,8 @@ private:
         }
     }
 
+    bool is_dense_ = false;
+    std::vector<int32_t> dense_;
     std::vector<Entry> table_;
     std::vector<int64_t> nodes_;
     size_t mask_ = 0;
@@ -158,7 +186,7 @@ struct Trace {
     std::vector<int32_t> first_use; // per local id: first batch using it (kNoUse: none)
     std::vector<int32_t> next_use;  // per access of the first `n_plan` batches: next batch using it
 
-    explicit Trace(int64_t expected) : ids(expected) {}
+    Trace(int64_t expected, int64_t universe) : ids(expected, universe) {}
 };
 
 // Maps `extra` nodes (the initial cache) and then every access to local ids; looks GPU membership
@@ -168,14 +196,16 @@ void build_trace(Trace& tr, const View<int64_t>& nodes, const View<int64_t>& off
                  const View<int64_t>& gpu_ids, int64_t freq_len, const std::vector<int64_t>& extra) {
     if (gpu_ids.size >= std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("gpu_ids: more than 2^31 - 1 nodes");
+    const uint64_t limit = freq_len >= 0 ? static_cast<uint64_t>(freq_len) : uint64_t{1} << 63;
     auto add = [&](int64_t node) -> int32_t {
+        if (static_cast<uint64_t>(node) >= limit) {  // one compare: negative ids wrap above the limit
+            if (node < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(node));
+            throw std::invalid_argument("frequency: has " + std::to_string(freq_len) +
+                                        " entries but node id " + std::to_string(node) + " occurs");
+        }
         bool fresh;
         const int32_t u = tr.ids.get(node, fresh);
         if (fresh) {
-            if (node < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(node));
-            if (freq_len >= 0 && node >= freq_len)
-                throw std::invalid_argument("frequency: has " + std::to_string(freq_len) +
-                                            " entries but node id " + std::to_string(node) + " occurs");
             const int64_t* hit = std::lower_bound(gpu_ids.data, gpu_ids.data + gpu_ids.size, node);
             const bool in_gpu = hit != gpu_ids.data + gpu_ids.size && *hit == node;
             tr.gpu_slot.push_back(in_gpu ? static_cast<int32_t>(hit - gpu_ids.data) : -1);
@@ -185,7 +215,10 @@ void build_trace(Trace& tr, const View<int64_t>& nodes, const View<int64_t>& off
     for (int64_t node : extra) add(node);
     tr.local.resize(nodes.size);
     for (int64_t t = 0; t < nodes.size; ++t) {
-        if (t + kPrefetchAhead < nodes.size) tr.ids.prefetch(nodes[t + kPrefetchAhead]);
+        if (t + kPrefetchAhead < nodes.size) {
+            const int64_t ahead = nodes[t + kPrefetchAhead];
+            if (static_cast<uint64_t>(ahead) < limit) tr.ids.prefetch(ahead);
+        }
         tr.local[t] = add(nodes[t]);
     }
 
@@ -223,59 +256,87 @@ struct Ranker {
 struct Resident {
     uint64_t bad;
     int64_t node;
-    int32_t u;
+    int64_t key;   // state index: local id (hash path) or node id (dense path)
     int32_t slot;
     bool operator<(const Resident& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
 };
 
-// The residents ordered by (badness, node), worst first out. One max-heap per bucket: bucket j < W
-// holds the rows next used in batch j, bucket W the far rows, W + 1 the rows without evidence. A
-// hit moves a row to a later bucket (pushed onto a small heap, O(1) expected for random node ids)
-// and leaves a stale entry in the current batch's bucket, dropped wholesale after the batch. So
-// past the current batch every entry is live, one per resident: no per-entry validity check.
+// The residents ordered by (badness, node), worst first out. One bucket per badness class: bucket
+// j < W holds the rows next used in batch j, bucket W the far rows, W + 1 the rows without
+// evidence. A hit moves a row to a later bucket and leaves a stale entry in the current batch's
+// bucket, dropped wholesale after the batch. So past the current batch every entry is live, one
+// per resident: no per-entry validity check. Rows are appended unordered (O(1)); a bucket is put
+// in order only when rows are evicted from it (the rows appended since are sorted and merged in),
+// which happens at most once per batch because the rows admitted in a batch are added after its
+// evictions. Rows that are never evicted are never ordered.
 class Residents {
 public:
     explicit Residents(int64_t n_batches) : n_(n_batches), buckets_(n_batches + 2) {}
 
     void push(const Resident& r) {
         const int64_t b = bucket(r.bad);
-        auto& h = buckets_[b];
-        h.push_back(r);
-        std::push_heap(h.begin(), h.end());
+        Bucket& h = buckets_[b];
+        if (h.rows.capacity() == 0 && !spare_.empty()) {
+            h.rows.swap(spare_.back());
+            spare_.pop_back();
+        }
+        h.rows.push_back(r);
         top_ = std::max(top_, b);
     }
 
-    // The worst resident (the cache must not be empty).
-    const Resident& worst() {
-        while (buckets_[top_].empty()) --top_;
-        return buckets_[top_].front();
+    // The worst resident, or nullptr when there is none.
+    const Resident* worst() {
+        while (top_ >= 0 && buckets_[top_].rows.empty()) --top_;
+        if (top_ < 0) return nullptr;
+        Bucket& h = buckets_[top_];
+        if (h.sorted < h.rows.size()) {
+            const auto mid = h.rows.begin() + static_cast<std::ptrdiff_t>(h.sorted);
+            std::sort(mid, h.rows.end());
+            std::inplace_merge(h.rows.begin(), mid, h.rows.end());
+            h.sorted = h.rows.size();
+        }
+        return &h.rows.back();
     }
 
-    void pop_worst() { pop_from(buckets_[top_]); }
+    // Removes the resident `worst()` just returned.
+    void pop_worst() {
+        Bucket& h = buckets_[top_];
+        h.rows.pop_back();
+        h.sorted = h.rows.size();
+    }
 
     // After batch b every row next used in b has moved on: its bucket holds only stale entries.
-    void retire(int64_t b) { std::vector<Resident>().swap(buckets_[b]); }
+    // Its storage is kept for a later bucket (freeing and refaulting large blocks every batch
+    // costs more than the planning itself).
+    void retire(int64_t b) {
+        Bucket& h = buckets_[b];
+        h.rows.clear();
+        spare_.push_back(std::move(h.rows));
+        h = Bucket();
+    }
 
 private:
+    struct Bucket {
+        std::vector<Resident> rows;  // ascending by (badness, node) up to `sorted`, then appended
+        size_t sorted = 0;
+    };
+
     int64_t bucket(uint64_t bad) const {
         if (bad < kFarBase) return static_cast<int64_t>(bad);
         return bad == kNever ? n_ + 1 : n_;
     }
-    static void pop_from(std::vector<Resident>& h) {
-        std::pop_heap(h.begin(), h.end());
-        h.pop_back();
-    }
 
     int64_t n_;
-    std::vector<std::vector<Resident>> buckets_;
+    std::vector<Bucket> buckets_;
+    std::vector<std::vector<Resident>> spare_;
     int64_t top_ = -1;
 };
 
 struct Miss {
     uint64_t bad;
     int64_t node;
+    int64_t key;  // state index, as in Resident
     int32_t pos;  // position in n_id of its batch
-    int32_t u;
     bool operator<(const Miss& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
 };
 
@@ -284,95 +345,135 @@ struct PlanOut {
     int64_t hits = 0, misses = 0, gpu_hits = 0;
 };
 
+// Per-access inputs of a simulation. State is kept per key: a dense local id (the hash path,
+// `Dense` false: keys[t], first_use and gpu_slot indexed by local id) or the node id itself (the
+// dense path, `Dense` true: first_use indexed by node, gpu_slot per access or empty for none).
+// Both paths order rows by (badness, node id), so they produce identical plans.
+struct SimInput {
+    const int32_t* keys = nullptr;       // hash path: local id per access
+    const int32_t* first_use = nullptr;  // per key: first batch of the window using it (kNoUse: none)
+    const int32_t* gpu_slot = nullptr;   // hash path: per key; dense path: per access (nullptr: none)
+    const int32_t* next_use = nullptr;   // per planned access
+    int64_t num_keys = 0;                // state entries: distinct local ids, or the node universe N
+    int64_t n_window = 0;                // batches of the window (plan + lookahead): next-use range
+    const LocalIds* ids = nullptr;       // hash path: local id -> node
+};
+
 // Simulates the first `n_plan` batches; fills src/idx (one per access of those batches).
-void simulate(const Trace& tr, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
+template <bool Dense>
+void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
               int64_t capacity, const View<int64_t>& init_cache, const Ranker& rank, uint8_t* src, int64_t* idx,
               PlanOut& out) {
-    struct State { int32_t slot; int32_t gpu; };  // per local id: CPU slot (-1: not resident), GPU slot
-    std::vector<State> st(tr.ids.size());
-    for (int32_t u = 0; u < tr.ids.size(); ++u) st[u] = {-1, tr.gpu_slot[u]};
-    std::vector<int32_t> cache(capacity, -1);  // slot -> local id
-    Residents residents(offsets.size - 1);
+    auto key_at = [&](int64_t t) -> int64_t { return Dense ? nodes[t] : in.keys[t]; };
+    auto gpu_at = [&](int64_t t, int64_t key) -> int32_t {
+        if (Dense) return in.gpu_slot ? in.gpu_slot[t] : -1;
+        return in.gpu_slot[key];
+    };
+    std::vector<int32_t> slot_of(static_cast<size_t>(in.num_keys), -1);  // per key: CPU slot, -1 none
+    std::vector<int64_t> cache(capacity, -1);  // slot -> key
+    Residents residents(in.n_window);
     std::vector<int64_t> free_slots;  // popped from the back: lowest slot first
 
-    // The initial cache holds local ids 0.. in slot order (build_trace mapped it first).
+    // Hash path: the initial cache holds local ids 0.. in slot order (build_trace mapped it first).
     for (int64_t s = capacity - 1; s >= 0; --s)
         if (init_cache[s] < 0) free_slots.push_back(s);
-    int32_t u = 0;
+    int64_t next_local = 0;
     for (int64_t s = 0; s < capacity; ++s) {
         if (init_cache[s] < 0) continue;
-        st[u].slot = static_cast<int32_t>(s);
-        cache[s] = u;
-        residents.push({rank(tr.first_use[u], init_cache[s]), init_cache[s], u, static_cast<int32_t>(s)});
-        ++u;
+        const int64_t key = Dense ? init_cache[s] : next_local++;
+        slot_of[key] = static_cast<int32_t>(s);
+        cache[s] = key;
+        residents.push({rank(in.first_use[key], init_cache[s]), init_cache[s], key, static_cast<int32_t>(s)});
     }
 
-    std::vector<Miss> missed;
+    // This batch's admissible misses by badness class (next-use batch j < W, far rows at W);
+    // admission walks the classes in order and sorts each only when it gets there.
+    std::vector<std::vector<Miss>> missed(static_cast<size_t>(in.n_window) + 1);
+    auto miss_class = [&](uint64_t bad) -> size_t {
+        return bad < kFarBase ? static_cast<size_t>(bad) : static_cast<size_t>(in.n_window);
+    };
+    std::vector<Resident> admitted;
     out.ins_off.assign(1, 0);
     for (int64_t b = 0; b < n_plan; ++b) {
-        missed.clear();
         int64_t k = 0;
         const int64_t start = offsets[b];
         const int64_t end = offsets[b + 1];
         for (int64_t t = start; t < end; ++t) {
-            if (t + kPrefetchAhead < end) {  // the per-node state and frequency are random reads
+            if (t + kPrefetchAhead < end) {  // the per-key state and frequency are random reads
                 const int64_t ahead = t + kPrefetchAhead;
-                __builtin_prefetch(&st[tr.local[ahead]]);
-                if (rank.use_freq && tr.next_use[ahead] == kNoUse) __builtin_prefetch(&rank.freq[nodes[ahead]]);
+                __builtin_prefetch(&slot_of[key_at(ahead)]);
+                if (rank.use_freq && in.next_use[ahead] == kNoUse) __builtin_prefetch(&rank.freq[nodes[ahead]]);
             }
-            State& x = st[tr.local[t]];
-            if (x.gpu >= 0) {
+            const int64_t key = key_at(t);
+            const int32_t g = gpu_at(t, key);
+            if (g >= 0) {
                 src[t] = 0;
-                idx[t] = x.gpu;
+                idx[t] = g;
                 ++out.gpu_hits;
                 continue;
             }
-            const uint64_t bad = rank(tr.next_use[t], nodes[t]);
-            if (x.slot >= 0) {
+            const uint64_t bad = rank(in.next_use[t], nodes[t]);
+            const int32_t slot = slot_of[key];
+            if (slot >= 0) {
                 src[t] = 1;
-                idx[t] = x.slot;
+                idx[t] = slot;
                 ++out.hits;
-                residents.push({bad, nodes[t], tr.local[t], x.slot});
+                residents.push({bad, nodes[t], key, slot});
             } else {
                 src[t] = 2;
                 idx[t] = k++;
                 if (bad != kNever && capacity > 0)
-                    missed.push_back({bad, nodes[t], static_cast<int32_t>(t - start), tr.local[t]});
+                    missed[miss_class(bad)].push_back({bad, nodes[t], key, static_cast<int32_t>(t - start)});
             }
         }
         out.misses += k;
         residents.retire(b);
 
-        // Admit the best misses while they beat the worst resident (strictly) or a slot is free.
-        // The worst resident only improves meanwhile, so misses no better than it now never get in.
-        if (free_slots.empty() && !missed.empty()) {
-            const uint64_t bar = residents.worst().bad;
-            missed.erase(std::remove_if(missed.begin(), missed.end(), [bar](const Miss& m) { return m.bad >= bar; }),
-                         missed.end());
-        }
-        std::sort(missed.begin(), missed.end());
-        for (const Miss& m : missed) {
-            int64_t s;
-            if (!free_slots.empty()) {
-                s = free_slots.back();
-                free_slots.pop_back();
-            } else {
-                const Resident& worst = residents.worst();
-                if (!(m.bad < worst.bad)) break;  // every later miss is worse still
-                s = worst.slot;
-                st[worst.u].slot = -1;
-                residents.pop_worst();
+        // Admit the best misses, in (badness, node) order, while they beat the worst resident
+        // (strictly) or a slot is free. The worst resident only improves meanwhile, so the first
+        // miss that does not get in ends the admission.
+        bool admitting = true;
+        for (auto& cls : missed) {
+            if (admitting && !cls.empty()) {
+                std::sort(cls.begin(), cls.end());
+                for (const Miss& m : cls) {
+                    int64_t s;
+                    if (!free_slots.empty()) {
+                        s = free_slots.back();
+                        free_slots.pop_back();
+                    } else {
+                        // The worst row held is the worst earlier resident or, when it is worse
+                        // still or there is none, the last row admitted in this batch (added to
+                        // `residents` after the loop): then no later miss beats it.
+                        const Resident* worst = residents.worst();
+                        if (worst == nullptr || (!admitted.empty() && *worst < admitted.back()) ||
+                            !(m.bad < worst->bad)) {  // every later miss is worse still
+                            admitting = false;
+                            break;
+                        }
+                        s = worst->slot;
+                        slot_of[worst->key] = -1;
+                        residents.pop_worst();
+                    }
+                    slot_of[m.key] = static_cast<int32_t>(s);
+                    cache[s] = m.key;
+                    admitted.push_back({m.bad, m.node, m.key, static_cast<int32_t>(s)});
+                    out.ins_pos.push_back(m.pos);
+                    out.ins_slot.push_back(s);
+                }
             }
-            st[m.u].slot = static_cast<int32_t>(s);
-            cache[s] = m.u;
-            residents.push({m.bad, m.node, m.u, static_cast<int32_t>(s)});
-            out.ins_pos.push_back(m.pos);
-            out.ins_slot.push_back(s);
+            cls.clear();
         }
+        // Residents from now on. An admitted row is never the one evicted in its own batch (were it
+        // the worst row held, every later miss would be no better than it: admission stops), so
+        // adding them after the evictions changes nothing and keeps each bucket sorted once a batch.
+        for (const Resident& r : admitted) residents.push(r);
+        admitted.clear();
         out.ins_off.push_back(static_cast<int64_t>(out.ins_pos.size()));
     }
     out.final_cache.resize(capacity);
-    for (int64_t s = 0; s < capacity; ++s) out.final_cache[s] = cache[s] < 0 ? -1 : tr.ids.node(cache[s]);
+    for (int64_t s = 0; s < capacity; ++s)
+        out.final_cache[s] = cache[s] < 0 ? -1 : (Dense ? cache[s] : in.ids->node(static_cast<int32_t>(cache[s])));
 }
 
 template <typename T>
@@ -388,6 +489,20 @@ View<int64_t> frequency_view(const py::object& frequency, int64_t& freq_len) {
     View<int64_t> f = input<int64_t>(frequency, "frequency", "int64");
     freq_len = f.size;
     return f;
+}
+
+py::dict plan_dict(py::array_t<uint8_t>&& src, py::array_t<int64_t>&& idx, PlanOut& out) {
+    py::dict d;
+    d["src"] = src;
+    d["idx"] = idx;
+    d["insert_pos"] = to_numpy(std::move(out.ins_pos));
+    d["insert_slot"] = to_numpy(std::move(out.ins_slot));
+    d["insert_offsets"] = to_numpy(std::move(out.ins_off));
+    d["final_cache"] = to_numpy(std::move(out.final_cache));
+    d["hits"] = out.hits;
+    d["misses"] = out.misses;
+    d["gpu_hits"] = out.gpu_hits;
+    return d;
 }
 
 py::dict plan(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan, int64_t capacity,
@@ -422,7 +537,7 @@ py::dict plan(const py::object& nodes_obj, const py::object& offsets_obj, int64_
                 throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " +
                                             std::to_string(init_cache[s]) + " (expected a node id or -1)");
         }
-        Trace tr(capacity + nodes.size / 4);  // a guess at the distinct nodes; the table grows
+        Trace tr(capacity + nodes.size / 4, freq_len);  // a guess at the distinct nodes; the table grows
         build_trace(tr, nodes, offsets, plan_end, gpu_ids, freq_len, resident);
         // The initial cache's nodes were mapped first: slot order gives local ids 0, 1, ...
         for (size_t r = 0; r < resident.size(); ++r) {
@@ -434,19 +549,143 @@ py::dict plan(const py::object& nodes_obj, const py::object& offsets_obj, int64_
                 throw std::invalid_argument("init_cache: node " + std::to_string(resident[r]) +
                                             " belongs to the GPU tier");
         }
-        simulate(tr, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src_p, idx_p, out);
+        SimInput in;
+        in.keys = tr.local.data();
+        in.first_use = tr.first_use.data();
+        in.gpu_slot = tr.gpu_slot.data();
+        in.next_use = tr.next_use.data();
+        in.num_keys = tr.ids.size();
+        in.n_window = offsets.size - 1;
+        in.ids = &tr.ids;
+        simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src_p, idx_p, out);
+    }
+    return plan_dict(std::move(src), std::move(idx), out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dense path in two steps, so that the trace (the costlier, independent half) of superbatch
+// k + 1 can be built while superbatch k is simulated: `trace` needs only the window's ids, the
+// GPU tier and N; `simulate_dense` needs the previous plan's final cache.
+
+// Backward sweep over the window with every state array indexed by node id: next use per planned
+// access, first use per node (int32 [N]), GPU slot per planned access (empty without a GPU tier).
+py::dict trace(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan, const py::object& gpu_obj,
+               int64_t num_nodes) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
+    if (num_nodes < 0) throw py::value_error("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
+    check_offsets(offsets, nodes.size);
+    if (n_plan < 0 || n_plan > offsets.size - 1)
+        throw py::value_error("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
+    const int64_t plan_end = offsets[n_plan];
+    py::array_t<int32_t> next_use(plan_end);
+    py::array_t<int32_t> first_use(num_nodes);
+    py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
+    int32_t* nu = next_use.mutable_data();
+    int32_t* fu = first_use.mutable_data();
+    int32_t* gs = gpu_slot.mutable_data();
+    {
+        py::gil_scoped_release release;
+        check_sorted_unique(gpu_ids, "gpu_ids");
+        const uint64_t limit = static_cast<uint64_t>(num_nodes);
+        for (int64_t t = 0; t < nodes.size; ++t)
+            if (static_cast<uint64_t>(nodes[t]) >= limit) {
+                if (nodes[t] < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(nodes[t]));
+                throw std::invalid_argument("frequency: has " + std::to_string(num_nodes) + " entries but node id " +
+                                            std::to_string(nodes[t]) + " occurs");
+            }
+        std::fill(fu, fu + num_nodes, kNoUse);
+        for (int64_t b = offsets.size - 2; b >= 0; --b) {
+            const int32_t bi = static_cast<int32_t>(b);
+            for (int64_t t = offsets[b + 1] - 1; t >= offsets[b]; --t) {
+                if (t >= kPrefetchAhead) __builtin_prefetch(&fu[nodes[t - kPrefetchAhead]]);
+                int32_t& last = fu[nodes[t]];
+                if (last == bi)
+                    throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
+                                                std::to_string(b));
+                if (t < plan_end) nu[t] = last;
+                last = bi;
+            }
+        }
+        if (gpu_ids.size) {
+            if (gpu_ids[gpu_ids.size - 1] >= num_nodes)
+                throw std::invalid_argument("gpu_ids: node " + std::to_string(gpu_ids[gpu_ids.size - 1]) +
+                                            " is beyond the " + std::to_string(num_nodes) + " nodes");
+            std::vector<int32_t> slot(static_cast<size_t>(num_nodes), -1);
+            for (int64_t g = 0; g < gpu_ids.size; ++g) slot[gpu_ids[g]] = static_cast<int32_t>(g);
+            for (int64_t t = 0; t < plan_end; ++t) {
+                if (t + kPrefetchAhead < plan_end) __builtin_prefetch(&slot[nodes[t + kPrefetchAhead]]);
+                gs[t] = slot[nodes[t]];
+            }
+        }
     }
     py::dict d;
-    d["src"] = src;
-    d["idx"] = idx;
-    d["insert_pos"] = to_numpy(std::move(out.ins_pos));
-    d["insert_slot"] = to_numpy(std::move(out.ins_slot));
-    d["insert_offsets"] = to_numpy(std::move(out.ins_off));
-    d["final_cache"] = to_numpy(std::move(out.final_cache));
-    d["hits"] = out.hits;
-    d["misses"] = out.misses;
-    d["gpu_hits"] = out.gpu_hits;
+    d["next_use"] = next_use;
+    d["first_use"] = first_use;
+    d["gpu_slot"] = gpu_slot;
     return d;
+}
+
+// Simulates the planned batches of a window from its `trace` (per-node state, no id mapping).
+py::dict simulate_dense(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_window, int64_t capacity,
+                        const py::object& init_obj, const py::object& gpu_obj, const py::object& freq_obj,
+                        const py::object& next_obj, const py::object& first_obj, const py::object& gslot_obj) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
+    const auto init_cache = input<int64_t>(init_obj, "init_cache", "int64");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
+    const auto freq = input<int64_t>(freq_obj, "frequency", "int64");
+    const auto next_use = input<int32_t>(next_obj, "next_use", "int32");
+    const auto first_use = input<int32_t>(first_obj, "first_use", "int32");
+    const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot", "int32");
+    if (capacity < 0 || capacity >= std::numeric_limits<int32_t>::max())
+        throw py::value_error("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
+    if (init_cache.size != capacity)
+        throw py::value_error("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
+                              std::to_string(capacity));
+    check_offsets(offsets, nodes.size);
+    const int64_t n_plan = offsets.size - 1;
+    if (n_window < n_plan) throw py::value_error("n_window: smaller than the planned batches");
+    if (next_use.size != nodes.size) throw py::value_error("next_use: one entry per planned access expected");
+    if (first_use.size != freq.size) throw py::value_error("first_use: one entry per node of the frequency array expected");
+    if (gpu_slot.size != 0 && gpu_slot.size != nodes.size)
+        throw py::value_error("gpu_slot: one entry per planned access (or none) expected");
+    if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
+        throw py::value_error("gpu_slot: does not match gpu_ids (trace built with another GPU tier?)");
+    py::array_t<uint8_t> src(nodes.size);
+    py::array_t<int64_t> idx(nodes.size);
+    uint8_t* src_p = src.mutable_data();
+    int64_t* idx_p = idx.mutable_data();
+    PlanOut out;
+    {
+        py::gil_scoped_release release;
+        const uint64_t limit = static_cast<uint64_t>(freq.size);
+        std::vector<char> held(static_cast<size_t>(freq.size), 0);
+        for (int64_t s = 0; s < capacity; ++s) {
+            const int64_t node = init_cache[s];
+            if (node == -1) continue;
+            if (static_cast<uint64_t>(node) >= limit)
+                throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " + std::to_string(node) +
+                                            " (expected a node id below " + std::to_string(freq.size) + " or -1)");
+            if (held[node]) throw std::invalid_argument("init_cache: node " + std::to_string(node) + " is held by two slots");
+            held[node] = 1;
+            if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node))
+                throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
+        }
+        for (int64_t t = 0; t < nodes.size; ++t)
+            if (static_cast<uint64_t>(nodes[t]) >= limit)
+                throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
+                                            std::to_string(freq.size) + ")");
+        SimInput in;
+        in.first_use = first_use.data;
+        in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
+        in.next_use = next_use.data;
+        in.num_keys = freq.size;
+        in.n_window = n_window;
+        simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src_p, idx_p, out);
+    }
+    return plan_dict(std::move(src), std::move(idx), out);
 }
 
 // The (at most) `capacity` non-GPU nodes with the soonest first use, then the higher frequency,
@@ -464,7 +703,7 @@ py::array_t<int64_t> initial_fill(const py::object& nodes_obj, const py::object&
         py::gil_scoped_release release;
         check_offsets(offsets, nodes.size);
         check_sorted_unique(gpu_ids, "gpu_ids");
-        Trace tr(nodes.size / 4);
+        Trace tr(nodes.size / 4, freq_len);
         build_trace(tr, nodes, offsets, 0, gpu_ids, freq_len, {});
         struct Cand { int32_t first; int64_t neg_freq; int64_t node; };
         std::vector<Cand> cands;
@@ -497,6 +736,16 @@ void register_belady(py::module_& m) {
           "nodes/offsets/init_cache/gpu_ids/frequency: int64 1-D C-contiguous (frequency may be None).\n"
           "Returns a dict: src (uint8), idx, insert_pos, insert_slot, insert_offsets, final_cache (int64),\n"
           "hits, misses, gpu_hits. Raises ValueError on bad input.");
+    m.def("belady_trace", &trace, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"), py::arg("gpu_ids"),
+          py::arg("num_nodes"),
+          "The window trace of the dense planner: next_use (int32 per access of the first n_plan batches),\n"
+          "first_use (int32 [num_nodes], 2^31-1 = unused) and gpu_slot (int32 per planned access, empty\n"
+          "without a GPU tier). Raises ValueError on bad input.");
+    m.def("belady_simulate", &simulate_dense, py::arg("nodes"), py::arg("offsets"), py::arg("n_window"),
+          py::arg("capacity"), py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"), py::arg("next_use"),
+          py::arg("first_use"), py::arg("gpu_slot"),
+          "belady_plan's result for the planned batches (nodes/offsets) of a window traced by belady_trace;\n"
+          "n_window: batches of the whole window. Raises ValueError on bad input.");
     m.def("belady_initial_fill", &initial_fill, py::arg("nodes"), py::arg("offsets"), py::arg("capacity"),
           py::arg("gpu_ids"), py::arg("frequency"),
           "The <= capacity non-GPU nodes of the trace with the soonest first use (then higher frequency,\n"

@@ -32,20 +32,22 @@ def count_superbatch(sample_path: str | os.PathLike[str], num_nodes: int | None 
 def merge_counts(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Sum several sparse (ids ascending, counts) pairs into one.
 
-    The inputs are already sorted, so a stable sort of their concatenation is a merge of
-    sorted runs, and equal ids are summed with one `add.reduceat`.
+    Ids are node ids, so the sum is scattered into a dense array over [0, largest id] (linear
+    time: one scatter-add per part, ids are unique within a part) and read back sparse; this
+    beats merging the sorted runs several times over at the sizes a round produces.
     """
     parts = tuple(p for p in parts if p[0].size)
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if len(parts) == 1:
         return parts[0]
-    ids = np.concatenate([p[0] for p in parts])
-    counts = np.concatenate([p[1] for p in parts])
-    order = np.argsort(ids, kind="stable")
-    ids, counts = ids[order], counts[order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    return ids[starts], np.add.reduceat(counts, starts).astype(np.int64)
+    if min(int(p[0][0]) for p in parts) < 0:
+        raise ValueError("merge_counts: negative node id")
+    dense = np.zeros(max(int(p[0][-1]) for p in parts) + 1, dtype=np.int64)
+    for ids, counts in parts:
+        dense[ids] += counts
+    ids = np.flatnonzero(dense)
+    return ids.astype(np.int64, copy=False), dense[ids]
 
 
 def dense_counts(part: tuple[np.ndarray, np.ndarray], num_nodes: int) -> np.ndarray:

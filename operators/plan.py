@@ -87,9 +87,49 @@ def gpu_slots(gpu_ids_sorted: np.ndarray, n_ids: np.ndarray) -> np.ndarray:
     return np.where(gpu[clipped] == ids, clipped, -1).astype(np.int64, copy=False)
 
 
+@dataclass
+class WindowTrace:
+    """A window's next uses, built apart from the chained simulation (`trace_window`).
+
+    Planning a superbatch has two halves: tracing its window (the superbatch and its lookahead:
+    when each access's node is next used, when each node is first used) needs only sample ids,
+    while simulating the cache needs the previous plan's final cache. Tracing superbatch k + 1
+    while k is simulated takes the costlier half off the serial chain.
+
+    Attributes:
+        next_use: int32 [planned accesses]: the window batch next using each access's node
+            (2^31 - 1: none in the window).
+        first_use: int32 [N]: the first window batch using each node (2^31 - 1: none).
+        gpu_slot: int32 [planned accesses]: GPU-tier slot or -1 (empty: no GPU tier).
+        batch_sizes: int64 [planned batches]: accesses per planned batch (checked on use).
+        window_batches: batches in the window, lookahead included.
+    """
+
+    next_use: np.ndarray
+    first_use: np.ndarray
+    gpu_slot: np.ndarray
+    batch_sizes: np.ndarray
+    window_batches: int
+
+
+def trace_window(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], gpu_ids: np.ndarray,
+                 num_nodes: int) -> WindowTrace:
+    """Trace a superbatch's window for `plan_belady(..., trace=...)` (native, GIL released).
+
+    Memory is O(N) (an int32 per node), like the frequency array the planner reads anyway.
+
+    Raises:
+        ValueError: malformed ids (negative, >= `num_nodes`, repeated in a batch) or `gpu_ids`.
+    """
+    nodes, offsets = _concat([*batches, *lookahead], "batches")
+    out = _native.belady_trace(nodes, offsets, len(batches), _ids(gpu_ids, "gpu_ids"), int(num_nodes))
+    return WindowTrace(out["next_use"], out["first_use"], out["gpu_slot"],
+                       np.diff(offsets[:len(batches) + 1]), len(batches) + len(lookahead))
+
+
 def plan_belady(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], capacity: int,
                 init_cache: np.ndarray | None, gpu_ids: np.ndarray,
-                frequency: np.ndarray | None) -> SuperbatchPlan:
+                frequency: np.ndarray | None, trace: WindowTrace | None = None) -> SuperbatchPlan:
     """Belady plan of one superbatch of the CPU cache (native, one core, GIL released).
 
     After each batch the cache keeps, among its residents and the batch's misses, the (at most)
@@ -108,19 +148,35 @@ def plan_belady(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], 
             `initial_fill(...)` for a prefilled first plan, or None for an empty cache.
         gpu_ids: sorted unique node ids of the GPU tier (never cached on the CPU).
         frequency: per-node round access counts [N] as the tie-break for far rows, or None.
+        trace: `trace_window(batches, lookahead, gpu_ids, N)`, built beforehand (then `lookahead`
+            is not read); needs `frequency`. Without it, a `frequency` plan traces here.
 
     Returns:
-        The superbatch's plan; `final_cache` seeds the next one.
+        The superbatch's plan; `final_cache` seeds the next one. The plan is the same whichever
+        way it is computed (with or without `frequency`'s node-indexed path, with or without a
+        prebuilt trace).
 
     Raises:
         ConfigError: `capacity` is negative.
-        ValueError: malformed ids, offsets, `init_cache`, `gpu_ids` or `frequency`.
+        ValueError: malformed ids, offsets, `init_cache`, `gpu_ids`, `frequency` or `trace`.
     """
     cap = _capacity(capacity)
-    nodes, offsets = _concat([*batches, *lookahead], "batches")
     init = np.full(cap, -1, dtype=np.int64) if init_cache is None else _ids(init_cache, "init_cache")
-    out = _native.belady_plan(nodes, offsets, len(batches), cap, init, _ids(gpu_ids, "gpu_ids"),
-                              _frequency(frequency))
+    gpu = _ids(gpu_ids, "gpu_ids")
+    freq = _frequency(frequency)
+    if freq is None:
+        if trace is not None:
+            raise ValueError("trace: a prebuilt trace needs the frequency array")
+        nodes, offsets = _concat([*batches, *lookahead], "batches")
+        out = _native.belady_plan(nodes, offsets, len(batches), cap, init, gpu, None)
+    else:
+        if trace is None:
+            trace = trace_window(batches, lookahead, gpu, freq.shape[0])
+        nodes, offsets = _concat(batches, "batches")
+        if not np.array_equal(np.diff(offsets), trace.batch_sizes):
+            raise ValueError("trace: traced for other batches (batch sizes differ)")
+        out = _native.belady_simulate(nodes, offsets, trace.window_batches, cap, init, gpu, freq,
+                                      trace.next_use, trace.first_use, trace.gpu_slot)
     cuts = offsets[1:len(batches)]
     icuts = out["insert_offsets"][1:-1]
     plans = [BatchPlan(s, i, p, q) for s, i, p, q in zip(

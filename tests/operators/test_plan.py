@@ -19,6 +19,7 @@ from diskflow.operators.plan import (
     plan_static,
     replay,
     static_tier,
+    trace_window,
 )
 
 NO_GPU = np.zeros(0, dtype=np.int64)
@@ -372,3 +373,61 @@ def test_plan_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
     assert "CPU-cache planners at the same capacity" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--superbatch"):
         bench_plan.run(parser.parse_args(["--superbatch", "0"]))
+
+
+def _same_plan(a: SuperbatchPlan, b: SuperbatchPlan) -> None:
+    assert (a.hits, a.misses, a.gpu_hits) == (b.hits, b.misses, b.gpu_hits)
+    assert np.array_equal(a.final_cache, b.final_cache)
+    for x, y in zip(a.batches, b.batches, strict=True):
+        for field in ("src", "idx", "insert_pos", "insert_slot"):
+            assert np.array_equal(getattr(x, field), getattr(y, field)), field
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
+    """Trace-then-simulate (node-indexed, as prepare runs it) plans exactly like the one-shot call."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    trace = random_trace(rng, 14, n, 60, 0.8)
+    freq = frequency_of(trace, n + 7)             # a universe larger than the ids used
+    gpu = np.sort(rng.choice(n, size=int(rng.integers(0, 20)), replace=False)).astype(np.int64)
+    cap = int(rng.integers(0, 80))
+    init = initial_fill(trace[:10], cap, freq, gpu) if seed % 2 else None
+    batches, lookahead = trace[:6], trace[6:10]
+    nodes = np.concatenate(batches + lookahead)
+    offsets = np.r_[0, np.cumsum([b.shape[0] for b in batches + lookahead])].astype(np.int64)
+    one = _native.belady_plan(nodes, offsets, len(batches), cap,
+                              np.full(cap, -1, np.int64) if init is None else init, gpu, freq)
+    prebuilt = trace_window(batches, lookahead, gpu, freq.shape[0])
+    two = plan_belady(batches, [], cap, init, gpu, freq, trace=prebuilt)
+    assert np.array_equal(np.concatenate([b.src for b in two.batches]), one["src"])
+    assert np.array_equal(np.concatenate([b.idx for b in two.batches]), one["idx"])
+    assert np.array_equal(np.concatenate([b.insert_pos for b in two.batches]), one["insert_pos"])
+    assert np.array_equal(two.final_cache, one["final_cache"])
+    assert (two.hits, two.misses, two.gpu_hits) == (one["hits"], one["misses"], one["gpu_hits"])
+    _same_plan(two, plan_belady(batches, lookahead, cap, init, gpu, freq))
+    replay(two, batches, init, gpu)
+
+
+def test_trace_and_simulate_refuse_bad_input() -> None:
+    b = [ids(1, 2), ids(2, 5)]
+    with pytest.raises(ValueError, match="frequency: has 5 entries but node id 5"):
+        trace_window(b, [], NO_GPU, 5)
+    with pytest.raises(ValueError, match="occurs twice in batch 2"):
+        trace_window(b, [ids(3, 3)], NO_GPU, 9)
+    with pytest.raises(ValueError, match="negative node id"):
+        trace_window([ids(-1)], [], NO_GPU, 9)
+    t = trace_window(b, [], NO_GPU, 9)
+    freq = np.ones(9, np.int64)
+    with pytest.raises(ValueError, match="traced for other batches"):
+        plan_belady([ids(1, 2, 3)], [], 2, None, NO_GPU, freq, trace=t)
+    with pytest.raises(ValueError, match="needs the frequency"):
+        plan_belady(b, [], 2, None, NO_GPU, None, trace=t)
+    with pytest.raises(ValueError, match="first_use"):
+        plan_belady(b, [], 2, None, NO_GPU, np.ones(8, np.int64), trace=t)
+    with pytest.raises(ValueError, match="held by two slots"):
+        plan_belady(b, [], 2, ids(4, 4), NO_GPU, freq, trace=t)
+    with pytest.raises(ValueError, match="belongs to the GPU tier"):
+        plan_belady(b, [], 2, ids(4, -1), ids(4), freq, trace=trace_window(b, [], ids(4), 9))
+    with pytest.raises(ValueError, match="does not match gpu_ids"):
+        plan_belady(b, [], 2, None, ids(4), freq, trace=t)
