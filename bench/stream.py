@@ -1,7 +1,7 @@
 """`diskflow bench stream`: streaming vs prepare-then-train, on the same cluster and dataset, in one run.
 
 The cluster is the embedded split cluster: `--cpu-workers` single-threaded CPU workers and one
-GPU-resource worker (`--device`). Three measurements:
+GPU-resource worker (`--device`). Three measurements, in this order, on that one cluster:
 
 * ``prepare_s`` — `belady.prepare` of the whole round (all `--epochs`), its tasks restricted to
   the CPU workers (``dask.annotate(workers=...)``);
@@ -10,21 +10,41 @@ GPU-resource worker (`--device`). Three measurements:
 * ``stream_s`` — the streamed run (`flow.stream.StreamRun`): from its first submission to the end
   of its last ``train`` task, with ``gpu_idle_fraction`` = 1 - (time in ``train`` tasks) / ``stream_s``.
 
-Workers are pinned to separate cores (CPU workers first, the GPU worker on the rest) to emulate
-two machines on one box. Where those cores are not independent (a shared VM), training slows
-down whenever the CPU workers are busy, which streaming always makes them; the diagnostic
-``train_contended_s`` measures the offline training again with the CPU workers' cores kept busy.
-
 Streaming overlaps the two machines' work, so its target is ``stream_s <= 1.15 x max(prepare_s,
-train_s)`` rather than their sum. The default dataset and model are sized so that preparing
-and training a round take comparable time on a 2-core machine (narrow features and a small
-GraphSAGE: sampling and packing cost about what training costs); both runs train the same
-batches with the same seed, and the bench checks that their losses are identical.
+train_s)`` rather than their sum. The setup, the same for all three runs:
+
+* Two machines on one box: the CPU workers and this process (the client, the embedded
+  scheduler, the nannies: what runs on the preprocessing machine of a split run) on the first
+  cores, the GPU worker alone on the others (``--no-pin``: no pinning).
+* The workers' memory allocator keeps what it frees (glibc: mmap threshold 32 MiB, trim
+  threshold 256 MiB), set on every worker before anything is measured. Dask starts its workers
+  with ``MALLOC_TRIM_THRESHOLD_=65536``, which fixes glibc's thresholds so that every
+  allocation above 128 KiB is mapped and unmapped again: training on the CPU device (per-batch
+  tensors of megabytes) then spends about half its time in page faults, which a GPU would not.
+  ``--dask-malloc`` keeps Dask's setting.
+* The same model, seed, batches and evaluation (val/test once, after the last epoch) offline
+  and streamed; the bench checks that their per-batch losses are identical.
+* The default dataset and model are sized so that preparing and training a round take
+  comparable time on a 2-core machine (narrow features and a small GraphSAGE), and the round
+  has 6 epochs of 8 superbatches, so the stream's fill (the first superbatch must be prepared
+  before anything can train) weighs as it would in a real run, not as in a two-epoch toy.
+
+Where the streamed run's time goes (`stream_breakdown`, printed): ``fill_s`` (first submission
+to the first ``train`` start), ``train_busy_s`` (the ``train`` tasks), ``gaps_s`` (the GPU worker
+idle between them; ``starved_s`` of that while the next superbatch had not arrived), with
+``stream_s = fill_s + train_busy_s + gaps_s``. Where the cores are not independent (a shared
+VM), training slows down whenever the CPU workers are busy, which streaming always makes them:
+the diagnostic ``train_contended_s`` is the offline training again with the CPU workers' cores
+kept busy, and ``stream_over_max_contended`` = stream_s / max(prepare_s, train_contended_s) is
+what the stream achieves against that. It is a diagnostic next to the headline, not a
+replacement for it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
+import os
 import shutil
 import tempfile
 import time
@@ -35,6 +55,8 @@ from ..flow.options import fanouts_option
 from .common import print_table
 
 TARGET = 1.15
+MMAP_THRESHOLD = 32 << 20       # glibc's largest: allocations below it come from the heap and are reused
+TRIM_THRESHOLD = 256 << 20      # free memory the heap keeps before giving it back
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fanouts", type=fanouts_option(), default=(15, 10), help="per-hop fanouts (default 15,10)")
     p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
     p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
+    p.add_argument("--epochs", type=int, default=6, help="epochs (default 6)")
     p.add_argument("--window", type=int, default=3, help="streaming window, superbatches (default 3)")
     p.add_argument("--model", default="sage", help="model (default sage)")
     p.add_argument("--hidden", type=int, default=8, help="hidden channels (default 8)")
@@ -57,8 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph, the samples and the model")
     p.add_argument("--no-pin", action="store_true",
-                   help="do not pin the CPU workers and the GPU worker to separate cores (pinning emulates two "
-                        "machines on one box: CPU workers on the first cores, the GPU worker on the rest)")
+                   help="do not pin the preprocessing side (CPU workers, scheduler, driver) and the GPU worker to "
+                        "separate cores (pinning emulates two machines on one box)")
+    p.add_argument("--dask-malloc", action="store_true",
+                   help="keep Dask's allocator setting on the workers (MALLOC_TRIM_THRESHOLD_=65536: every "
+                        "allocation above 128 KiB mapped and unmapped again) instead of letting them reuse memory")
     p.add_argument("--no-contended", action="store_true",
                    help="skip the diagnostic third training run with the CPU workers kept busy")
     p.add_argument("--keep", default=None, metavar="DIR",
@@ -87,15 +112,26 @@ def _store(args: argparse.Namespace) -> Path:
 
 
 def _pin(cores: list[int]) -> list[int]:
-    """Runs on a worker: restrict every thread of this process (and threads it starts later) to `cores`."""
-    import os
-
+    """Restrict every thread of this process (and threads it starts later) to `cores`; the cores it had."""
+    before = sorted(os.sched_getaffinity(0))
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
         except OSError:     # a thread that just ended
             pass
-    return sorted(os.sched_getaffinity(0))
+    return before
+
+
+def _keep_freed_memory() -> bool:
+    """Runs on a worker: let glibc reuse freed memory instead of unmapping it (see the module docstring)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:         # not glibc: nothing to undo
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(libc.mallopt(m_trim_threshold, TRIM_THRESHOLD))
 
 
 def _spin(event: str) -> float:
@@ -121,17 +157,45 @@ def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str,
             "train_s": report["final"]["train_s"]}
 
 
-def _pin_workers(client: Any, cpus: list[str], gpu: list[str]) -> dict[str, list[int]]:
-    """CPU workers on the first cores (one each, while there are enough), the GPU worker on the rest."""
-    import os
-
+def _pin_cluster(client: Any, cpus: list[str], gpu: list[str]) -> dict[str, list[int]]:
+    """The preprocessing side (CPU workers, one core each while there are enough, and this process with the
+    scheduler) on the first cores, the GPU worker on the rest; the cores each got."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return {}
-    n = min(len(cpus), len(cores) - 1)
+    n = min(max(len(cpus), 1), len(cores) - 1)
     plan = {a: [cores[i % n]] for i, a in enumerate(cpus)}
     plan.update({a: cores[n:] for a in gpu})
-    return {a: client.run(_pin, c, workers=[a])[a] for a, c in plan.items()}
+    pinned = {}
+    for a, c in plan.items():
+        client.run(_pin, c, workers=[a])
+        pinned[a] = c
+    _pin(cores[:n])
+    pinned["driver"] = cores[:n]
+    return pinned
+
+
+def stream_breakdown(report: dict[str, Any]) -> dict[str, Any]:
+    """Where a streamed run's time went, from its report's timeline (stream clock, seconds).
+
+    Returns:
+        ``fill_s`` (first submission to the first train start), ``train_busy_s`` (in train
+        tasks), ``gaps_s`` (idle between train tasks), ``starved_s`` (of the gaps, the time the
+        next superbatch had not been shipped yet), ``max_gap_s``, ``tail_s`` (after the last
+        superbatch was shipped: the training nothing could overlap any more), ``train_task_extra_s``
+        (train-task time outside the training loops), with stream_s = fill + busy + gaps.
+    """
+    tl = sorted(report["timeline"], key=lambda e: e["index"])
+    spans = [(e["phases"]["train"]["start"], e["phases"]["train"]["end"]) for e in tl]
+    gaps = [max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans)]
+    starved = [max(0.0, min(e["shipped"], b[0]) - a[1]) for a, b, e in zip(spans, spans[1:], tl[1:])]
+    busy = sum(b - a for a, b in spans)
+    loops = sum(float(r.get("epoch_s") or 0.0) for r in report.get("epochs", []))
+    end = spans[-1][1] if spans else 0.0
+    return {"fill_s": spans[0][0] if spans else 0.0, "train_busy_s": busy, "gaps_s": sum(gaps),
+            "starved_s": sum(starved), "max_gap_s": max(gaps, default=0.0),
+            "tail_s": end - max((e["shipped"] for e in tl), default=0.0), "train_task_extra_s": busy - loops,
+            "stream_s": end}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,8 +215,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
     round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
                   "epochs": args.epochs, "seed": args.seed}
+    evaluate_once = args.epochs + 1      # val/test after the last epoch only, offline and streamed alike
     train_opts = {"model": args.model, "hidden": args.hidden, "lr": 3e-3, "dropout": 0.2, "seed": args.seed,
-                  "threads": args.threads, "device": args.device, "eval_every": args.epochs + 1}
+                  "threads": args.threads, "device": args.device, "eval_every": evaluate_once,
+                  "cpu_memory": budgets["cpu_total"]}
+    affinity = sorted(os.sched_getaffinity(0))
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
                            quiet=True) as client:
@@ -160,7 +227,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                     dask_scheduler.workers.items()})
             gpu = [a for a, r in table.items() if r.get(GPU)]
             cpus = sorted(a for a, r in table.items() if not r.get(GPU))
-            pinned = _pin_workers(client, cpus, gpu) if not args.no_pin else {}
+            pinned = _pin_cluster(client, cpus, gpu) if not args.no_pin else {}
+            allocator = "dask (MALLOC_TRIM_THRESHOLD_=65536)"
+            if not args.dask_malloc and all(client.run(_keep_freed_memory).values()):
+                allocator = f"reuse freed memory (mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim {TRIM_THRESHOLD >> 20} MiB)"
             # -- prepare, then train -----------------------------------------------------------------------
             cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                                 device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
@@ -172,9 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if leaked:
                 raise RuntimeError(f"prepare tasks ran on the GPU worker: {leaked[:3]}")
             (tmp / "train").mkdir()
-            offline = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"),
-                                    {**{k: v for k, v in train_opts.items() if k != "eval_every"}, "eval_every": 1,
-                                     "cpu_memory": budgets["cpu_total"]},
+            offline = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"), train_opts,
                                     resources={GPU: 1}, workers=gpu, pure=False).result()
             train_s = offline["seconds"]
             contended_s = None
@@ -186,9 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(0.5)
                 shutil.rmtree(tmp / "train")
                 (tmp / "train").mkdir()
-                contended_s = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"),
-                                            {**{k: v for k, v in train_opts.items() if k != "eval_every"},
-                                             "eval_every": 1, "cpu_memory": budgets["cpu_total"]},
+                contended_s = client.submit(_train_task, str(tmp / "packed"), str(tmp / "train"), train_opts,
                                             resources={GPU: 1}, workers=gpu, pure=False).result()["seconds"]
                 stop.set()
                 client.gather(spins)
@@ -196,7 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size,
                                      cpu_memory=budgets["cpu_total"], threads=args.threads,
-                                     eval_every=args.epochs + 1, store=str(store.path))
+                                     eval_every=evaluate_once, store=str(store.path))
             scfg = StreamConfig(train=tcfg, cpu_memory=budgets["cpu_memory"],
                                 staging_batches=budgets["staging_batches"], window=args.window,
                                 checkpoint_every=1_000_000, device=args.device, **round_opts)
@@ -211,11 +277,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 write_report(keep, rep)
                 plot_timeline(keep, rep)
     finally:
+        _pin(affinity)
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
     stream_s = float(rep["stream"]["stream_s"])
+    parts = stream_breakdown(rep)
     same = [x for r in rep["epochs"] for x in r["losses"]] == offline["losses"]
     longest = max(prepare_s, train_s)
+    longest_contended = max(prepare_s, contended_s) if contended_s is not None else None
     figures = {
         "stream_s": stream_s, "prepare_s": prepare_s, "train_s": train_s,
         "gpu_idle_fraction": rep["stream"]["gpu_idle_fraction"],
@@ -227,7 +296,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dataset": {"store": str(store.path), "nodes": store.num_nodes, "dim": store.feature_dim,
                     "feature_bytes": store.feature_bytes},
         "scratch_peak_bytes": rep["stream"]["scratch"].get("peak_disk"),
-        "pinned": pinned, "train_contended_s": contended_s,
+        "pinned": pinned, "allocator": allocator, "train_contended_s": contended_s,
+        "stream_over_max_contended": stream_s / longest_contended if longest_contended else None,
+        "offline_train_loops_s": offline["train_s"],
+        "breakdown": parts, "streamed_train_over_offline": parts["train_busy_s"] / train_s,
     }
     rows = [
         {"run": "prepare (offline, whole round)", "seconds": prepare_s, "x max": prepare_s / longest},
@@ -239,12 +311,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.insert(2, {"run": "train, CPU workers' cores busy (diagnostic)", "seconds": contended_s,
                         "x max": contended_s / longest})
     print_table(f"streaming vs prepare-then-train: {store.num_nodes:,} nodes x {store.feature_dim}, "
-                f"{figures['batches']} batches in {figures['superbatches']} superbatches, {args.cpu_workers} CPU "
-                f"worker(s) + 1 GPU worker ({args.device})", rows, ["run", "seconds", "x max"])
+                f"{figures['batches']} batches in {figures['superbatches']} superbatches ({args.epochs} epochs), "
+                f"{args.cpu_workers} CPU worker(s) + 1 GPU worker ({args.device}); cores "
+                f"{_cores(pinned, cpus, gpu)}; allocator: {allocator}", rows, ["run", "seconds", "x max"])
     print(f"\nGPU worker idle while streaming: {figures['gpu_idle_fraction'] * 100:.1f}%   "
           f"target stream <= {TARGET} x max(prepare, train): {'met' if figures['target_met'] else 'NOT met'} "
           f"({figures['stream_over_max']:.2f} x)   same losses: {same}")
-    if contended_s is not None and contended_s > 1.1 * train_s:
-        print(f"note: training alone took {contended_s / train_s:.2f} x longer while the CPU workers' cores were busy: "
-              "the cores of this machine are not independent, and streaming keeps both busy")
+    print(f"streamed run = fill {parts['fill_s']:.2f} s (tiers and the first superbatch prepared and shipped) + "
+          f"training {parts['train_busy_s']:.2f} s ({figures['streamed_train_over_offline']:.2f} x the offline "
+          f"training) + gaps {parts['gaps_s']:.2f} s (waiting for a superbatch {parts['starved_s']:.2f} s, "
+          f"longest gap {parts['max_gap_s']:.3f} s)")
+    if contended_s is not None:
+        print(f"diagnostic: training alone took {contended_s / train_s:.2f} x longer while the CPU workers' cores were "
+              f"busy (this machine's cores are not independent, and streaming keeps both busy); against "
+              f"max(prepare, train with busy cores) = {longest_contended:.2f} s the stream takes "
+              f"{figures['stream_over_max_contended']:.2f} x")
     return figures
+
+
+def _cores(pinned: dict[str, list[int]], cpus: list[str], gpu: list[str]) -> str:
+    if not pinned:
+        return "not pinned"
+    prep = sorted({c for a in [*cpus, "driver"] for c in pinned.get(a, [])})
+    train = sorted({c for a in gpu for c in pinned.get(a, [])})
+    return f"{prep} preprocessing + scheduler, {train} GPU worker"

@@ -3,7 +3,7 @@
 Per superbatch k of the round (epoch-major, so epoch e+1 is sampled while epoch e trains)::
 
     sample-e{e}-s{k}  -> plan-e{e}-s{k} -> pack-e{e}-s{k}  -> ship-e{e}-s{k} -> train-e{e}-s{k}
-    (CPU workers)        (chained: k-1)   (CPU workers)       (GPU worker)      (GPU worker, chained)
+    (CPU workers)        (chained: k-1)   (CPU workers)       (GPU worker)      (GPU worker, in order)
 
 plus, once: ``count-*`` over the first superbatches (``--tier-superbatches``), ``count-merge-*``,
 ``tiers`` (GPU tier and the CPU tier's first content, as `flow.prepare` decides them),
@@ -16,14 +16,18 @@ fused, so nothing can drop an annotation): ``train-*`` asks for ``GPU=1``; ``shi
 ``GPU=0`` — only a worker that has the resource may run it, but it does not take the GPU, so
 superbatch k+1 is staged while k trains. Both are also pinned to the one GPU worker the run
 uses (its scratch holds the staged files and its memory the model). Preprocessing is
-restricted to the workers without the resource, so the GPU worker only trains.
+restricted to the workers without the resource, so the GPU worker only trains. Train k+1 is
+queued on the GPU worker while k runs (the resource makes them take turns, priorities keep
+stream order), so it starts the moment k ends, without a round trip to the scheduler.
 
 Backpressure: the driver submits superbatch k+W's preparation only when ``train`` k has
 finished, so at most W superbatches are staged on the GPU worker's scratch (each deleted by
-the ``train`` that consumed it) and preprocessing runs at most W superbatches ahead; a task's
-result is released as soon as nothing downstream can need it. ``train`` k is submitted when
-``ship`` k has succeeded; a superbatch that fails verification on arrival is packed and
-shipped once more, then the run stops naming it.
+the ``train`` that consumed it, in the background, before the next ``ship`` reserves space) and
+preprocessing runs at most W superbatches ahead; a task's result is released as soon as nothing
+downstream can need it. ``train`` k is submitted when ``ship`` k has succeeded; a superbatch
+that fails verification on arrival is packed and shipped once more, then the run stops naming
+it. At the start only the first superbatch is prepared (the rest of the window follows once its
+plan is done), so the GPU worker's first wait is as short as the critical path allows.
 
 Failures: a CPU worker lost mid-run costs only time (Dask recomputes its tasks; everything is
 deterministic, so the checksums and losses are the same). A lost GPU worker stops the run with
@@ -302,11 +306,13 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
             "timing": {**bundle.meta.get("timing", {}), "ship": _stamp(t0)}}
 
 
-def train_task(run: str, shipped: dict[str, Any], prev: Any, entry: dict[str, Any], cfg: Any, device: str,
+def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: Any, device: str,
                fingerprint: str, resume: dict[str, Any] | None, checkpoint: bool) -> dict[str, Any]:
-    """Train one staged superbatch with the run's trainer (created by the first one), then delete it."""
-    import shutil
+    """Train one staged superbatch with the run's trainer (created by the first one), then discard it.
 
+    The staged directory is deleted in the background (`ScratchSpace.discard`), so the next
+    ``train`` task starts at once.
+    """
     from ..operators.stream_train import StreamTrainer
 
     t0 = time.time()
@@ -320,9 +326,8 @@ def train_task(run: str, shipped: dict[str, Any], prev: Any, entry: dict[str, An
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
         out = job.trainer.train(shipped["dir"], entry)
         job.trainer.release()
-        shutil.rmtree(shipped["dir"], ignore_errors=True)
         assert plugin.space is not None
-        plugin.space.release(f"{run}/{entry['key']}")
+        plugin.space.discard(f"{run}/{entry['key']}", shipped["dir"])
         job.next_index += 1
         if checkpoint:
             state, arrays = job.trainer.checkpoint()
@@ -340,6 +345,8 @@ def finish_task(run: str) -> dict[str, Any]:
     job = plugin.jobs.get(run)
     if job is not None and job.trainer is not None:
         summary = job.trainer.summary()
+    if plugin.space is not None:
+        plugin.space.drain(timeout=60)      # consumed superbatches still being deleted
     usage = plugin.close_job(run)
     return {"summary": summary, "usage": usage}
 
@@ -406,6 +413,8 @@ class StreamRun:
         self.records: list[dict[str, Any]] = []
         self.bars: dict[str, Any] = {}
         self.last_checkpoint: Path | None = None
+        self._ckpt_writer: Any = None           # one background thread: checkpoints are written in order
+        self._ckpt_pending: list[Any] = []
         self.trained = 0
 
     # ------------------------------------------------------------------ cluster
@@ -446,6 +455,9 @@ class StreamRun:
             self.cpu_addrs = fresh     # later submissions use the workers there are now
 
     def _where(self) -> str:
+        for fut in self._ckpt_pending:        # name the newest checkpoint that is really on disk
+            with contextlib.suppress(Exception):
+                fut.result()
         ck = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
         return (f"{self.trained} of {self.n} superbatches are trained and {ck}; continue with the same command and "
                 f"`--resume {self.run_dir}`")
@@ -456,8 +468,13 @@ class StreamRun:
             kw.update(workers=list(self.cpu_addrs), allow_other_workers=False)
         return kw
 
-    def _gpu(self, k: int, amount: float) -> dict[str, Any]:
-        return {"priority": -k, "resources": {GPU: amount}, "workers": [self.gpu_addr], "allow_other_workers": False}
+    def _gpu(self, priority: int, amount: float) -> dict[str, Any]:
+        return {"priority": priority, "resources": {GPU: amount}, "workers": [self.gpu_addr],
+                "allow_other_workers": False}
+
+    def _ship_priority(self, k: int) -> int:
+        """Ships (and ship-base, k = -1) in stream order, all before any waiting ``train`` (see `_submit_trains`)."""
+        return self.n + 1 - k
 
     # ------------------------------------------------------------------ submission
     def _watch(self, fut: Any, kind: str, k: int) -> Any:
@@ -474,11 +491,15 @@ class StreamRun:
                 self.cfg.sampler_threads, key=f"sample-{r.key}-{self.tok}", **self._cpu(k)), "sample", k)
         return self.f["sample"][k]
 
-    def _prepare(self, k: int, attempt: int = 0) -> None:
-        """Submit plan (once), pack and ship of superbatch k (`attempt` > 0: pack and ship again)."""
+    def _prepare(self, k: int, attempt: int = 0, prefetch: bool = True) -> None:
+        """Submit plan (once), pack and ship of superbatch k (`attempt` > 0: pack and ship again).
+
+        With `prefetch`, sampling runs one superbatch further, so plan k+1's lookahead is there in time.
+        """
         r, c = self.refs[k], self.client
         suffix = f"-r{attempt}" if attempt else ""
-        self._sample(k + 2)     # sampling runs one superbatch further, so plan k+1's lookahead is there in time
+        if prefetch:
+            self._sample(k + 2)
         if k not in self.f["plan"]:
             prev = self.f["plan"][k - 1] if k > self.start else None
             self.f["plan"][k] = self._watch(c.submit(
@@ -489,31 +510,37 @@ class StreamRun:
             key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
         self.f["ship"][k] = self._watch(c.submit(
             ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
-            **self._gpu(k, 0)), "ship", k)
+            **self._gpu(self._ship_priority(k), 0)), "ship", k)
         self.prepared.add(k)
 
     def _submit_trains(self) -> None:
-        """Submit train k for every shipped superbatch whose predecessor is submitted (in order)."""
+        """Submit train k for every shipped superbatch whose predecessor is submitted (in order).
+
+        Train k does not depend on train k-1: both wait on the GPU worker itself, which runs
+        them one at a time (each takes the whole ``GPU`` resource) in priority order, so train
+        k starts the moment k-1 ends instead of after a round trip to the scheduler. Ships carry
+        a higher priority than any train, so one waiting for the resource never holds a ship
+        back (the worker's queue of resource-restricted tasks is served strictly by priority).
+        """
         while self.next_train < self.n and self.next_train in self.shipped_ok:
             k, r = self.next_train, self.refs[self.next_train]
-            prev = self.f["train"].get(k - 1, self.ship_base)
             nxt = self.refs[k + 1] if k + 1 < self.n else None
             entry = {"key": r.key, "index": k, "epoch": r.epoch, "first_batch": r.round_first_batch,
                      "epoch_batch": r.first_batch, "batches": r.num_batches,
                      "epoch_end": nxt is None or nxt.epoch != r.epoch}
             ckpt = k + 1 == self.n or entry["epoch_end"] or (k - self.start + 1) % self.cfg.checkpoint_every == 0
             self.f["train"][k] = self._watch(self.client.submit(
-                train_task, self.run_id, self.f["ship"][k], prev, entry, self.cfg.train, self.device, self.fingerprint,
+                train_task, self.run_id, self.f["ship"][k], entry, self.cfg.train, self.device, self.fingerprint,
                 self.resume_state if k == self.start else None, ckpt, key=f"train-{r.key}-{self.tok}",
-                **self._gpu(k, 1)), "train", k)
+                **self._gpu(-k, 1)), "train", k)
             self.next_train += 1
 
     def _release(self) -> None:
         """Drop the futures no later submission needs (a pending task keeps its inputs on the workers itself).
 
         Sample k feeds plan k-1 (lookahead), plan k and pack k; plan k feeds plan k+1 and pack k;
-        a pack can be submitted again until its ship succeeded; ship k feeds train k, train k
-        feeds train k+1.
+        a pack can be submitted again until its ship succeeded; ship k feeds train k (a train's
+        own future is dropped once its result is handled).
         """
         f = self.f
         for k in [k for k in f["sample"] if (k < self.start and k not in self.prepared)
@@ -521,10 +548,8 @@ class StreamRun:
             del f["sample"][k]
         for k in [k for k in f["plan"] if k in self.shipped_ok and (k + 1 in self.prepared or k + 1 >= self.n)]:
             del f["plan"][k]
-        for k in [k for k in f["ship"] if k in f["train"]]:
+        for k in [k for k in f["ship"] if k in f["train"] or k < self.next_train]:
             del f["ship"][k]
-        for k in [k for k in f["train"] if k + 1 in f["train"]]:
-            del f["train"][k]
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -547,10 +572,10 @@ class StreamRun:
         self._open_bars()
         try:
             self._submit_head(start_ids)
-            for k in range(self.start, min(self.start + self.cfg.window, self.n)):
-                self._prepare(k)
+            self._prepare(self.start, prefetch=False)     # the rest of the window once its plan is done
             self._loop()
-            finish = c.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False, **self._gpu(self.n, 0))
+            self._checkpoints_written()
+            finish = c.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False, **self._gpu(-self.n, 0))
             done = finish.result()
         except BaseException:
             self._abort()
@@ -558,6 +583,8 @@ class StreamRun:
         finally:
             for b in self.bars.values():
                 b.close()
+            if self._ckpt_writer is not None:
+                self._ckpt_writer.shutdown(wait=True)
         return self._report(wall0, done.get("summary", {}), done.get("usage", {}))
 
     def _submit_head(self, start_ids: np.ndarray | None) -> None:
@@ -576,7 +603,7 @@ class StreamRun:
         base = c.submit(pack_base_task, self.store_path, self.tiers, self.cfg.stage, self.run_id,
                         key=f"pack-base-{self.tok}", **kw)
         self.ship_base = self._watch(c.submit(ship_task, self.run_id, base, self.start, key=f"ship-base-{self.tok}",
-                                              **self._gpu(-1, 0)), "ship-base", -1)
+                                              **self._gpu(self._ship_priority(-1), 0)), "ship-base", -1)
         self.base_info: dict[str, Any] = {}
 
     def _loop(self) -> None:
@@ -624,7 +651,9 @@ class StreamRun:
     def _completed(self, kind: str, k: int, fut: Any) -> None:
         if kind in self.bars and k >= self.start:
             self.bars[kind].update(1)
-        if kind == "ship-base":
+        if kind == "plan" and k == self.start:
+            self._open_window()
+        elif kind == "ship-base":
             self.base_info = fut.result()
         elif kind == "ship":
             self.shipped_ok.add(k)
@@ -652,11 +681,25 @@ class StreamRun:
             raise exc
         raise StreamStopped(f"task {what} failed: {type(exc).__name__}: {exc}; {self._where()}") from exc
 
+    def _open_window(self) -> None:
+        """Submit the preparation of the window's other superbatches.
+
+        Held back until the first superbatch's plan is done: until then the CPU workers are on
+        the stream's critical path (samples, counts, tiers, the first plan), and a sample of a
+        later superbatch that happens to be ready while one of those waits on the scheduler
+        would delay the first ``train`` by its whole duration. The window is full long before
+        the first superbatch has trained.
+        """
+        for k in range(self.start + 1, min(self.start + self.cfg.window, self.n)):
+            if k not in self.prepared:
+                self._prepare(k)
+
     def _trained(self, k: int, out: dict[str, Any]) -> None:
         self.trained += 1
+        self.f["train"].pop(k, None)
         ck = out.pop("checkpoint", None)
         if ck is not None:
-            self._save_checkpoint(ck)
+            self._write_checkpoint(ck)
         record = out.get("record")
         if record is not None:
             self.records.append(record)
@@ -680,6 +723,23 @@ class StreamRun:
                 "prepared": phases["pack"]["end"], "shipped": phases["ship"]["end"], "trained": phases["train"]["end"],
                 "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"),
                 "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
+
+    def _write_checkpoint(self, ck: dict[str, Any]) -> None:
+        """Save a checkpoint in the background (in order, one writer thread), so the driver goes on
+        submitting the next superbatches while it is written and synced; a failed write surfaces here
+        or at the end of the run."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._ckpt_writer is None:
+            self._ckpt_writer = ThreadPoolExecutor(1, thread_name_prefix="diskflow-checkpoint")
+        self._ckpt_pending.append(self._ckpt_writer.submit(self._save_checkpoint, ck))
+        while self._ckpt_pending and self._ckpt_pending[0].done():
+            self._ckpt_pending.pop(0).result()
+
+    def _checkpoints_written(self) -> None:
+        """Wait until the checkpoints being written are on disk (a failed write raises)."""
+        while self._ckpt_pending:
+            self._ckpt_pending.pop(0).result()
 
     def _save_checkpoint(self, ck: dict[str, Any]) -> None:
         from ..operators.checkpoint import save_checkpoint
@@ -721,7 +781,7 @@ class StreamRun:
         with contextlib.suppress(Exception):
             if self.client.status == "running" and self.gpu_addr in self._workers():
                 self.client.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False,
-                                   **self._gpu(self.n, 0)).result(timeout=30)
+                                   **self._gpu(-self.n, 0)).result(timeout=30)
 
     # ------------------------------------------------------------------ the report
     def _report(self, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:

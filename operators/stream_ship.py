@@ -9,10 +9,16 @@ verified, or does not exist. A mismatch raises `ShipVerifyError` naming the supe
 file (the driver re-ships once, then stops).
 
 `ScratchSpace` is the scratch disk's bookkeeping: bytes staged per run, the peak, and the quota
-that staging must not exceed (exceeding it is an error, not a slowdown).
+that staging must not exceed (exceeding it is an error, not a slowdown). A consumed superbatch is
+handed to `ScratchSpace.discard`: renamed aside at once and deleted by a background thread, so the
+trainer goes on with the next superbatch instead of waiting for the file system to unlink (on a
+busy disk, or one mounted with ``discard``, that takes milliseconds per file). Its bytes stay
+accounted until they are really gone, and the next `reserve` waits for pending deletions first,
+so the quota and the window bound what is on disk exactly as a synchronous delete would.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
@@ -54,6 +60,9 @@ class ScratchSpace:
         except OSError as e:
             raise InputError(self.root, f"scratch directory is not writable ({e.strerror or e})") from e
         self._lock = threading.Lock()
+        self._deleted = threading.Condition(self._lock)     # notified when a pending deletion is done
+        self._pending = 0
+        self._seq = itertools.count()
         self.used = 0
         self.peak = 0
         self.peak_disk = 0
@@ -61,8 +70,13 @@ class ScratchSpace:
         self._held: dict[str, int] = {}
 
     def reserve(self, name: str, nbytes: int) -> None:
-        """Account `nbytes` for `name` before writing it; over the quota is a ConfigError naming it."""
+        """Account `nbytes` for `name` before writing it; over the quota is a ConfigError naming it.
+
+        Waits for pending deletions (`discard`) first: their bytes still count until they are gone.
+        """
         with self._lock:
+            while self._pending:
+                self._deleted.wait()
             if self.quota is not None and self.used + nbytes > self.quota:
                 raise ConfigError("--quota", (
                     f"staging {name} ({format_bytes(nbytes)}) would take the scratch directory {self.root} to "
@@ -78,6 +92,37 @@ class ScratchSpace:
         with self._lock:
             self.used -= self._held.pop(name, 0)
 
+    def discard(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Delete `name`'s directory `path` in the background, then give back what it held.
+
+        The directory is renamed aside (a hidden sibling) before this returns, so its name is free
+        at once; its bytes count against the quota until the deletion has finished.
+        """
+        path = Path(path)
+        aside = path.with_name(f".{path.name}.deleting-{next(self._seq)}")
+        try:
+            path.rename(aside)
+        except FileNotFoundError:
+            self.release(name)
+            return
+        with self._lock:
+            self._pending += 1
+        threading.Thread(target=self._delete, args=(name, aside), name=f"diskflow-discard-{name}", daemon=True).start()
+
+    def _delete(self, name: str, path: Path) -> None:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            with self._lock:
+                self.used -= self._held.pop(name, 0)
+                self._pending -= 1
+                self._deleted.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every `discard` has finished deleting; False if `timeout` seconds passed first."""
+        with self._lock:
+            return self._deleted.wait_for(lambda: not self._pending, timeout)
+
     def observe(self, path: str | os.PathLike[str] | None = None) -> int:
         """Bytes really on disk under `path` (default: the root); the peak of these is kept too."""
         total = disk_bytes(path if path is not None else self.root)
@@ -88,7 +133,8 @@ class ScratchSpace:
     def usage(self) -> dict[str, Any]:
         with self._lock:
             return {"root": str(self.root), "quota": self.quota, "used": self.used, "peak": self.peak,
-                    "peak_disk": self.peak_disk, "peak_staged": self.peak_staged, "staged": sorted(self._held)}
+                    "peak_disk": self.peak_disk, "peak_staged": self.peak_staged, "staged": sorted(self._held),
+                    "deleting": self._pending}
 
 
 def disk_bytes(path: str | os.PathLike[str]) -> int:

@@ -17,6 +17,7 @@ those ids, so a resumed run re-reads them instead of saving them.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 import zlib
@@ -275,7 +276,8 @@ class StreamTrainer:
         """(state, arrays) for `operators.checkpoint.save_checkpoint` at the current position.
 
         The state is loadable with ``torch.load(weights_only=True)``; the arrays hold the CPU
-        tier's node ids (``cpu_ids.npy``) where training continues.
+        tier's node ids (``cpu_ids.npy``) where training continues. Everything is a copy: training
+        may go on (the next superbatch) while the checkpoint is still being written.
         """
         assert self.net is not None and self.opt is not None and self.loader is not None
         epoch, batch = self.position
@@ -286,7 +288,7 @@ class StreamTrainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if self.dev.type == "cuda" else [],
             "model": self.net.state_dict(), "optimizer": self.opt.state_dict(),
         }
-        return state, {"cpu_ids.npy": np.array(self.loader.cpu_ids)}
+        return copy.deepcopy(state), {"cpu_ids.npy": np.array(self.loader.cpu_ids)}
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's current weights (on the CPU)."""

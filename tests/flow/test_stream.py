@@ -117,6 +117,27 @@ def test_window_bounds_scratch_and_lookahead(streamed: dict[str, Any]) -> None:
         f"preprocessing results are released as they are consumed: {streamed['held']}"
 
 
+def test_the_first_superbatch_gets_the_cpu_workers_first(streamed: dict[str, Any]) -> None:
+    """Only the head (tier samples, counts, tiers, base) and superbatch 0 are prepared before plan 0 is done."""
+    tl = streamed["timeline"]
+    plan0 = tl[0]["phases"]["plan"]["end"]
+    assert all(e["phases"]["sample"]["start"] >= plan0 for e in tl[2:]), \
+        [(e["key"], e["phases"]["sample"]["start"], plan0) for e in tl[2:] if e["phases"]["sample"]["start"] < plan0]
+    assert tl[1]["phases"]["sample"]["start"] < plan0, "superbatch 1's sample is the first plan's lookahead"
+
+
+def test_stream_breakdown_adds_up(streamed: dict[str, Any]) -> None:
+    """`diskflow bench stream` splits the stream into fill + training + gaps, from the report alone."""
+    from diskflow.bench.stream import stream_breakdown
+
+    parts, s, tl = stream_breakdown(streamed), streamed["stream"], streamed["timeline"]
+    assert parts["fill_s"] + parts["train_busy_s"] + parts["gaps_s"] == pytest.approx(s["stream_s"], abs=1e-9)
+    assert parts["fill_s"] == tl[0]["phases"]["train"]["start"] > 0
+    assert parts["train_busy_s"] == pytest.approx(s["train_busy_s"])
+    assert 0 <= parts["starved_s"] <= parts["gaps_s"] and parts["max_gap_s"] <= parts["gaps_s"]
+    assert 0 < parts["tail_s"] <= s["stream_s"] and parts["train_task_extra_s"] > 0
+
+
 def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
     """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there."""
     rep = streaming.run(f"file://{tiny_store}", tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared",

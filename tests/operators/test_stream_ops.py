@@ -4,10 +4,12 @@ and keeps to its quota; the trainer carried across staged superbatches gives the
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from diskflow.operators import stream_ship
 from diskflow.operators.count import dense_counts, merge_counts
 from diskflow.operators.errors import ConfigError, InputError
 from diskflow.operators.packed import PackedDataset
@@ -139,6 +141,39 @@ def test_scratch_quota_is_a_hard_limit(tmp_path: Path) -> None:
     assert disk_bytes(tmp_path / "a") == 100, "hard links count once"
 
 
+def test_consumed_superbatches_are_deleted_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """discard returns at once; the bytes count until they are gone, and the next reserve waits for them."""
+    space = ScratchSpace(tmp_path / "scratch", quota=10_000)
+    d = tmp_path / "scratch/run/e0-s00000"
+    (d / "round-0").mkdir(parents=True)
+    (d / "round-0/part-00000.bin").write_bytes(b"x" * 4_000)
+    space.reserve("run/e0-s00000", 4_000)
+    gate, real = threading.Event(), shutil.rmtree
+    monkeypatch.setattr(stream_ship.shutil, "rmtree", lambda path, **kw: (gate.wait(10), real(path, **kw)))
+    space.discard("run/e0-s00000", d)
+    assert not d.exists() and space.usage()["deleting"] == 1, "renamed aside at once, deleted later"
+    assert space.used == 4_000 and disk_bytes(tmp_path / "scratch") == 4_000, "still on disk, still counted"
+    reserved: list[ConfigError | None] = []
+
+    def reserve() -> None:
+        try:
+            space.reserve("run/e0-s00001", 7_000)      # 11,000 bytes with the pending one: over the quota
+            reserved.append(None)
+        except ConfigError as e:
+            reserved.append(e)
+
+    t = threading.Thread(target=reserve)
+    t.start()
+    t.join(0.3)
+    assert not reserved, "reserve waits for the pending deletion instead of failing or overshooting"
+    gate.set()
+    t.join(10)
+    assert reserved == [None] and space.used == 7_000 and space.usage()["staged"] == ["run/e0-s00001"]
+    assert space.drain(5) and disk_bytes(tmp_path / "scratch") == 0 and space.usage()["deleting"] == 0
+    space.discard("run/e0-s00001", tmp_path / "scratch/run/never-written")
+    assert space.used == 0, "nothing to delete: released at once"
+
+
 def test_the_trainer_follows_the_stream_and_refuses_a_gap(tmp_path: Path, stream: dict) -> None:
     """Two superbatches through one trainer (loader.follow); a skipped superbatch is refused by name."""
     torch = pytest.importorskip("torch")
@@ -171,5 +206,13 @@ def test_the_trainer_follows_the_stream_and_refuses_a_gap(tmp_path: Path, stream
         state, arrays = tr.checkpoint()
         assert state["stream_index"] == 2 and (state["epoch"], state["batch"]) == (0, 6)
         assert np.array_equal(arrays["cpu_ids.npy"], stream["plans"][1].final_cache), "the tier the plan left"
+        saved = {k: v.clone() for k, v in state["model"].items()}
+        r = stream["refs"][2]
+        d = stage_bundle(_bundle(stream, 2), tmp_path / r.key, base=tmp_path / "base")["dir"]
+        tr.train(d, {"key": r.key, "index": 2, "epoch": r.epoch, "first_batch": r.round_first_batch,
+                     "epoch_batch": r.first_batch, "batches": r.num_batches, "epoch_end": True})
+        assert all(torch.equal(state["model"][k], saved[k]) for k in saved), "the checkpoint is a snapshot"
+        assert not all(torch.equal(tr.model_state()[k], saved[k]) for k in saved), "while training went on"
+        assert len(state["records"]) == 0 and len(tr.records) == 1
     finally:
         tr.close()
