@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-fraction", type=float, default=0.10,
                    help="CPU tier (cache slots) as a fraction of the feature bytes (default 0.10); the staging "
                         "buffers of the batches in flight are reserved on top")
+    p.add_argument("--readahead-fraction", type=float, default=0.25,
+                   help="feature bytes the preparing process may read into the page cache ahead of packing, "
+                        "while sampling and planning keep the CPUs busy, as a fraction of the feature bytes "
+                        "(default 0.25; 0 = none, packing then does the whole read)")
     p.add_argument("--disk-fraction", type=float, default=0.5,
                    help="disk budget of the second prepare, as a fraction of the packed-only bytes "
                         "(default 0.5; 0 skips it)")
@@ -366,6 +370,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ConfigError(option, f"must be >= 1, got {value}")
     if not 0 < args.cpu_fraction < 1:
         raise ConfigError("--cpu-fraction", f"must be in (0, 1), got {args.cpu_fraction}")
+    if not 0 <= args.readahead_fraction <= 1:
+        raise ConfigError("--readahead-fraction", f"must be in [0, 1], got {args.readahead_fraction}")
     if not 0 <= args.disk_fraction:
         raise ConfigError("--disk-fraction", f"must be >= 0, got {args.disk_fraction}")
     if args.naive_batches < 0:
@@ -391,7 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
     staging = base.staging_batches * max_batch_rows(store, base, work) * store.row_bytes
     tier_bytes = int(args.cpu_fraction * feature_bytes)
-    cfg = replace(base, cpu_memory=tier_bytes + staging)
+    cfg = replace(base, cpu_memory=tier_bytes + staging, readahead=int(args.readahead_fraction * feature_bytes))
     setup_s = time.perf_counter() - t_setup
 
     read_bw, write_bw = disk_bandwidth(work, args.bw_bytes)
@@ -464,7 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seq_read_bw": read_bw, "seq_write_bw": write_bw,
         "feature_bytes": feature_bytes, "packed_bytes": packed_bytes, "num_nodes": store.num_nodes,
         "num_shards": len(store.shards), "batches": int(fig["batches"]), "accesses": int(fig["accesses"]),
-        "cpu_rows": int(fig["cpu_rows"]), "cpu_memory": cfg.cpu_memory, "staging_bytes": int(fig["staging_bytes"]),
+        "cpu_rows": int(fig["cpu_rows"]), "cpu_memory": cfg.cpu_memory, "readahead_bytes": cfg.readahead, "staging_bytes": int(fig["staging_bytes"]),
         "floor_read_s": floor_read_s, "floor_write_s": floor_write_s, "io_floor_s": io_floor_s,
         "prepare_call_s": head["call_s"], "prepare_sync_s": head["sync_s"], "phases": dict(res.phases),
         "prepare_cpu_s": head["cpu_s"], "load_avg": head["load_avg"], "batched_cpu_s": batched["cpu_s"],
@@ -495,7 +501,9 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
              f"{f['num_shards']} shards), {f['batches']} batches of {args.batch_size}, fanouts "
              f"{','.join(map(str, args.fanouts))}, superbatch {args.superbatch_size}, CPU tier "
              f"{args.cpu_fraction:.0%} of the features ({f['cpu_rows']:,} rows) + {_bytes(f['staging_bytes'])} "
-             f"staging; threaded scheduler, {f['threads']} threads, in this process")
+             f"staging; read-ahead {_bytes(f['readahead_bytes'])} ({args.readahead_fraction:.0%} of the features: "
+             f"shards read into the page cache while sampling and planning); threaded scheduler, {f['threads']} "
+             f"threads, in this process")
     print_table(title + "\n(a) prepare next to its I/O floor", [
         {"what": "disk sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_r) + "/s",
          "note": "O_DIRECT, 8 MiB requests"},

@@ -7,6 +7,7 @@ Phases, each a Dask graph with named task groups (so the dashboard tells the sto
     tiers              GPU tier (hottest rows), CPU tier at round start
     trace-e{e}-s{k}    next uses in superbatch k's window (k and its lookahead k+1), independent
     plan-e{e}-s{k}     chained: plan k starts from plan k-1's cache state, looks ahead into k+1
+    plan-save-…        writes plan k's file (the plan stage's cache), off the chain
     search             the segmented disk-cache layout when packing alone exceeds the disk budget
     route-e{e}-s{k}    final address translation + which rows each shard task packs (right
                        after plan k when there is no disk budget, else after the layout search)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,7 +40,7 @@ from ..operators.count import count_superbatch, dense_counts, merge_counts
 from ..operators.diskcache import build_layout
 from ..operators.errors import ConfigError
 from ..operators.files import config_hash, read_manifest, save_npy, staging_dir, write_manifest
-from ..operators.pack import pack_shard, prepare_targets, write_tier_rows
+from ..operators.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.packed import (
     PACKED_FORMAT,
     PACKED_VERSION,
@@ -52,7 +54,7 @@ from ..operators.packed import (
     samples_name,
     write_index_file,
 )
-from ..operators.plan import SRC_MISS, WindowTrace, initial_fill, plan_belady, plan_static, static_tier, trace_window
+from ..operators.plan import SRC_MISS, SuperbatchPlan, WindowTrace, initial_fill, plan_belady, plan_static, static_tier, trace_window
 from ..operators.planfile import load_plan, save_plan
 from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
@@ -83,6 +85,7 @@ class PrepareConfig:
     staging_batches: int = in_flight_batches(2)   # what the pipelined trainer keeps in flight at queue depth 2
     minhash_k: int = 2
     sampler_threads: int = 1
+    readahead: int = 1 << 30            # feature bytes read into the page cache while sampling/planning
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -103,6 +106,8 @@ class PrepareConfig:
             raise ConfigError("--disk-budget", f"must be > 0, got {self.disk_budget}")
         if self.minhash_k < 1:
             raise ConfigError("--minhash-k", f"must be >= 1, got {self.minhash_k}")
+        if self.readahead < 0:
+            raise ConfigError("--readahead", f"must be >= 0 bytes, got {self.readahead}")
         if self.sampler_threads < 1:
             raise ConfigError("--sampler-threads", f"must be >= 1, got {self.sampler_threads}")
 
@@ -163,10 +168,12 @@ def _trace_task(i: int, sample_paths: list[str], tiers_path: str, num_nodes: int
     return trace_window(batches, lookahead, gpu_ids, num_nodes)
 
 
-def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[str], tiers_path: str,
-               counts_path: str, cpu_policy: str, out_path: str, trace: WindowTrace | None = None
-               ) -> tuple[np.ndarray, dict]:
-    """Plan superbatch i from the previous plan's final cache state (chained) and its window trace."""
+def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tiers_path: str,
+               counts_path: str, cpu_policy: str, trace: WindowTrace | None = None) -> SuperbatchPlan:
+    """Plan superbatch i from the previous plan's final cache state (chained) and its window trace.
+
+    The chain only plans: writing the plan file and routing are tasks of their own, off the chain.
+    """
     batches = read_n_ids(sample_paths[i])
     with np.load(tiers_path) as z:
         gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
@@ -174,15 +181,20 @@ def _plan_task(prev: tuple[np.ndarray, dict] | None, i: int, sample_paths: list[
         plan = plan_static(batches, cpu_init, gpu_ids)
     else:
         freq = np.load(counts_path, mmap_mode="r")
-        init = cpu_init if prev is None else prev[0]
+        init = cpu_init if prev is None else prev.final_cache
         if trace is None:
             trace = trace_window(batches, read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else [],
                                  gpu_ids, freq.shape[0])
         plan = plan_belady(batches, [], cpu_init.shape[0], init, gpu_ids, freq, trace=trace)
+    return plan
+
+
+def _save_plan_task(plan: SuperbatchPlan, out_path: str) -> dict:
+    """Write one plan file (the plan stage's cache) and return its figures."""
     save_plan(out_path, plan)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
-    return plan.final_cache, {"path": out_path, "hits": plan.hits, "misses": plan.misses,
-                              "gpu_hits": plan.gpu_hits, "inserts": plan.inserts, "batch_misses": misses}
+    return {"path": out_path, "hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits,
+            "inserts": plan.inserts, "batch_misses": misses}
 
 
 def _count_task(sample_path: str, num_nodes: int, _sampled: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -238,15 +250,15 @@ def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int,
 
 
 def _route_task(ref: SuperbatchRef, sample_path: str, plan_path: str, layout_path: str | None,
-                shard_rows: int, num_shards: int, out_path: str, _planned: Any = None) -> dict:
-    """Route one superbatch (after its plan task, `_planned`, when both run in one graph)."""
+                shard_rows: int, num_shards: int, out_path: str, planned: SuperbatchPlan | None = None) -> dict:
+    """Route one superbatch: its plan from the plan task (`planned`, same graph) or from its file."""
     import pickle
 
     layout = None
     if layout_path is not None:
         with open(layout_path, "rb") as f:
             layout = pickle.load(f)
-    plan = load_plan(plan_path)
+    plan = planned if planned is not None else load_plan(plan_path)
     return route_superbatch(ref.key, read_n_ids(sample_path), plan.batches, layout, ref.round_first_batch,
                             shard_rows, num_shards, out_path, epoch=ref.epoch)
 
@@ -338,6 +350,26 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     sample_paths = [str(sdir / r.filename) for r in refs]
     phases["sample"] = time.perf_counter() - t
 
+    # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
+    # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
+    stop_warm = threading.Event()
+    warm = threading.Thread(target=warm_shards, args=(str(store.path), cfg.readahead, stop_warm),
+                            name="diskflow-readahead", daemon=True) if cfg.packing and cfg.readahead > 0 else None
+    if warm is not None:
+        warm.start()
+    try:
+        return _plan_and_pack(store, out, cfg, work, refs, tok, s_key, p_key, k_key, sdir, summaries, sample_paths,
+                              phases, t_start, quiet)
+    finally:
+        stop_warm.set()
+        if warm is not None:
+            warm.join()
+
+
+def _plan_and_pack(store: Store, out: Path, cfg: PrepareConfig, work: Path, refs: list[SuperbatchRef], tok: str,
+                   s_key: str, p_key: str, k_key: str, sdir: Path, summaries: list[dict], sample_paths: list[str],
+                   phases: dict[str, float], t_start: float, quiet: bool) -> PrepareResult:
+    """The plan and pack phases of `prepare` (see there)."""
     # -- tiers + plans -------------------------------------------------------------------------
     t = time.perf_counter()
     early_routes: list[dict] | None = None   # routes computed alongside the plans
@@ -359,9 +391,11 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             trace = None if cfg.cpu_policy == "static" else \
                 dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
             prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                            cfg.cpu_policy, str(pdir / f"{r.key}.npz"), trace,
-                                            dask_key_name=f"plan-{r.key}-{tok}")
+                                            cfg.cpu_policy, trace, dask_key_name=f"plan-{r.key}-{tok}")
             plan_tasks.append(prev)
+        save_tasks = [dask.delayed(_save_plan_task)(planned, str(pdir / f"{r.key}.npz"),
+                                                    dask_key_name=f"plan-save-{r.key}-{tok}")
+                      for r, planned in zip(refs, plan_tasks)]
         # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
         # superbatch as soon as it is planned, while the chain plans the next one.
         route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
@@ -369,9 +403,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                                                  dask_key_name=f"route-{r.key}-{tok}")
                        for r, sp, planned in zip(refs, sample_paths, plan_tasks)] \
             if cfg.packing and cfg.disk_budget is None else []
-        done = compute([*plan_tasks, *route_tasks], desc="plan", disable=quiet or None)
-        plans, early_routes = done[:len(plan_tasks)], done[len(plan_tasks):] or None
-        stats = [p[1] for p in plans]
+        done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
+        stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
         write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
         p_manifest = read_manifest(pdir)
         _drop_stale(work, "plans", pdir)
@@ -473,7 +506,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         manifest = {
             "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
             "config": {**asdict(cfg), "fanouts": list(cfg.fanouts)}, "config_hash": k_key,
-            "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
+            "store": {"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest)},
             "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
             "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
             "num_classes": store.num_classes, "labels": "labels.npy",

@@ -705,11 +705,21 @@ py::array_t<int64_t> initial_fill(const py::object& nodes_obj, const py::object&
         check_sorted_unique(gpu_ids, "gpu_ids");
         Trace tr(nodes.size / 4, freq_len);
         build_trace(tr, nodes, offsets, 0, gpu_ids, freq_len, {});
+        // Every candidate first used before batch `last` is chosen, and some used in `last`: only
+        // those are ordered (a histogram of first uses finds `last`).
+        const int64_t n_batches = offsets.size - 1;
+        std::vector<int64_t> per_batch(static_cast<size_t>(n_batches) + 1, 0);
+        for (int32_t u = 0; u < tr.ids.size(); ++u)
+            if (tr.gpu_slot[u] < 0) ++per_batch[tr.first_use[u]];
+        int32_t last = static_cast<int32_t>(n_batches);
+        for (int64_t b = 0, seen = 0; b < n_batches; ++b) {
+            seen += per_batch[b];
+            if (seen >= capacity) { last = static_cast<int32_t>(b); break; }
+        }
         struct Cand { int32_t first; int64_t neg_freq; int64_t node; };
         std::vector<Cand> cands;
-        cands.reserve(tr.ids.size());
         for (int32_t u = 0; u < tr.ids.size(); ++u) {
-            if (tr.gpu_slot[u] >= 0) continue;
+            if (tr.gpu_slot[u] >= 0 || tr.first_use[u] > last) continue;
             const int64_t node = tr.ids.node(u);
             cands.push_back({tr.first_use[u], freq_len >= 0 ? -freq[node] : 0, node});
         }

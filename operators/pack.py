@@ -20,9 +20,11 @@ import contextlib
 import fcntl
 import mmap
 import os
+import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +96,26 @@ def prepare_targets(packed_dir: str | os.PathLike[str], gpu_ids: np.ndarray, cpu
 
 # ---------------------------------------------------------------------------- helpers
 
+_THREAD = threading.local()
+
+
+def _shard_buffer(nbytes: int) -> np.ndarray:
+    """A byte buffer of `nbytes` reused by this thread's pack tasks.
+
+    A fresh 64 MiB array per shard costs the kernel zeroing every page of it again; the
+    buffer is only ever live inside one task, and a thread runs one task at a time.
+    """
+    buf = getattr(_THREAD, "shard", None)
+    if buf is None or buf.shape[0] < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        _THREAD.shard = buf
+    return buf[:nbytes]
+
+
 def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> tuple[np.ndarray, int]:
     """Shard rows [rows, dim] in RAM, read with large sequential preads; also the bytes read."""
     nbytes = shard.rows * dim * dtype.itemsize
-    buf = np.empty(nbytes, dtype=np.uint8)
+    buf = _shard_buffer(nbytes)
     done = 0
     try:
         fd = os.open(shard.path, os.O_RDONLY)
@@ -117,6 +135,44 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     finally:
         os.close(fd)
     return buf.view(dtype).reshape(shard.rows, dim), done
+
+
+def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: threading.Event | None = None,
+                chunk: int = 8 << 20) -> int:
+    """Read the store's first shards into the page cache, up to `budget_bytes`; return the bytes read.
+
+    Meant for a background thread while preparation is busy with sampling and planning and the
+    disk is otherwise idle: the pack tasks of those shards then find their bytes cached, so
+    part of the one pass over the features overlaps the CPU-bound phases. Every byte is still
+    read from the disk once. Whole shards only (stops before one that would pass the budget);
+    returns early when `stop` is set; I/O errors end the warm-up quietly (packing reports them).
+    """
+    store = Store(store_path)
+    buf = np.empty(chunk, dtype=np.uint8)
+    done = 0
+    for shard in store.shards:
+        nbytes = shard.rows * store.row_bytes
+        if done + nbytes > budget_bytes or (stop is not None and stop.is_set()):
+            break
+        try:
+            fd = os.open(shard.path, os.O_RDONLY)
+        except OSError:
+            break
+        try:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
+            off = 0
+            while off < nbytes and not (stop is not None and stop.is_set()):
+                got = os.preadv(fd, [buf[:min(chunk, nbytes - off)]], shard.offset + off)
+                if got <= 0:
+                    break
+                off += got
+            done += off
+        except OSError:
+            break
+        finally:
+            os.close(fd)
+    return done
 
 
 def _write_all(fd: int, view: np.ndarray, path: Path) -> None:
@@ -149,43 +205,70 @@ def _clear_direct(fd: int) -> None:
 
 
 class _SegmentWriter:
-    """Appends segments to a part file through one large page-aligned buffer (large writes, in file order).
+    """Appends segments to a part file through two large page-aligned buffers (large writes, in file order).
 
-    With ``direct`` (an O_DIRECT descriptor) only whole pages are written: a flush writes the
-    buffer up to the last multiple of ALIGN and carries the rest (< ALIGN bytes) to the front.
-    Segments are padded to ALIGN, so the last flush of a part file is whole pages too.
+    While one buffer is written by a background thread, the task gathers rows into the other,
+    so gathering and checksumming overlap the disk instead of alternating with it (one write in
+    flight at a time keeps the file sequential). With ``direct`` (an O_DIRECT descriptor) only
+    whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
+    carries the rest (< ALIGN bytes) to the front of the next buffer. Segments are padded to
+    ALIGN, so the last flush of a part file is whole pages too. `close` must follow, also on error.
     """
 
     def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False) -> None:
         self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
         n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
-        raw = np.empty(n + ALIGN, dtype=np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        self.buf = raw[start:start + n]                         # page-aligned, as O_DIRECT requires
+        self._bufs = [self._aligned(n), self._aligned(n)]
+        self._cur = 0
+        self.buf = self._bufs[0]
         self.fill = 0
         self.written = 0   # bytes handed to the file, padding included
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
+        self._pending: Future[None] | None = None
+
+    @staticmethod
+    def _aligned(n: int) -> np.ndarray:
+        raw = np.empty(n + ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        return raw[start:start + n]                             # page-aligned, as O_DIRECT requires
 
     @property
     def position(self) -> int:
         return self.written + self.fill
 
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()                                    # re-raises the writer's InputError
+
     def flush(self) -> None:
         n = self.fill - self.fill % ALIGN if self.direct else self.fill
         if not n:
             return
-        _write_all(self.fd, self.buf[:n], self.path)
-        self.written += n
         tail = self.fill - n
-        self.buf[:tail] = self.buf[n:self.fill]
-        self.fill = tail
+        nxt = self._bufs[1 - self._cur]
+        self._wait()                                            # nxt's previous write is done
+        nxt[:tail] = self.buf[n:self.fill]
+        self._pending = self._pool.submit(_write_all, self.fd, self.buf[:n], self.path)
+        self.written += n
+        self.buf, self._cur, self.fill = nxt, 1 - self._cur, tail
 
     def finish(self) -> None:
         """Write everything buffered (the last segment is padded, so whole pages when direct)."""
         self.flush()
+        self._wait()
         if self.fill:   # not page-aligned: finish with a buffered write
             _clear_direct(self.fd)
             self.direct = False
-            self.flush()
+            _write_all(self.fd, self.buf[:self.fill], self.path)
+            self.written += self.fill
+            self.fill = 0
+
+    def close(self) -> None:
+        """Wait for the write in flight (errors of an abandoned file are dropped) and stop the writer."""
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._pool.shutdown(wait=True)
 
     def rows(self, feats: np.ndarray, local: np.ndarray) -> int:
         """Append feats[local] (rows already range-checked); return the crc32 of their bytes."""
@@ -319,8 +402,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     part = Path(part_path)
     with atomic_path(part) as tmp:
         fd, direct = _open_new(tmp)
+        w = _SegmentWriter(fd, part, write_buffer, rb, direct)
         try:
-            w = _SegmentWriter(fd, part, write_buffer, rb, direct)
             for route in _routes(route_paths, n):
                 local = _local_rows(route, p, shard)
                 counts = route.seg_rows[:, p]
@@ -337,6 +420,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
                     rows_total += seg.shape[0]
             w.finish()
         finally:
+            w.close()
             os.close(fd)
     target_bytes = _write_targets(list(tier_targets or []) + list(dcache_targets or []), feats, shard, rb)
     return {"shard": p, "crc": crc, "rows": rows_total, "bytes_read": bytes_read, "bytes_written": rows_total * rb,

@@ -75,6 +75,7 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
     from .sample import NeighborSampler
 
     store = Store(store_path)
+    store.populate_topology()
     sampler = NeighborSampler(store.indptr, store.indices, list(fanouts), num_threads=num_threads)
     batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed)
     records, accesses, max_nodes, edges = [], 0, 0, 0

@@ -5,7 +5,7 @@ import argparse
 import importlib
 
 from ...operators.files import format_bytes
-from ..options import fanouts_option, positive_int
+from ..options import byte_budget, fanouts_option, positive_int
 
 PIPELINES = ("belady", "diskgnn", "ginex")
 
@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disk-budget", default=None, metavar="SIZE",
                    help="most disk space for packed data (e.g. 20GiB); beyond it the segmented disk cache is used "
                         "(default: no limit)")
+    p.add_argument("--readahead", default="1GiB", metavar="SIZE",
+                   help="feature bytes read into this machine's page cache while sampling and planning keep the "
+                        "CPUs busy, so that part of the packing pass overlaps them; bytes or a share of the "
+                        "features (25%%); 0 turns it off (default %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the training device (default: cpu)")
     p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=(10, 10, 10),
                    help="neighbours sampled per hop (default: 10,10,10)")
@@ -64,7 +68,8 @@ def _run(args: argparse.Namespace) -> int:
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
         "device": args.device, "fanouts": tuple(args.fanouts), "batch_size": args.batch_size,
         "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
-        "staging_batches": budgets["staging_batches"], "minhash_k": args.minhash_k}
+        "staging_batches": budgets["staging_batches"], "minhash_k": args.minhash_k,
+        "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0}
     pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)

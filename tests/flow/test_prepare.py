@@ -411,6 +411,7 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
     ({"gpu_memory": 1 << 20}, "--gpu-memory"),            # a GPU tier on a CPU-only run
     ({"device": "tpu"}, "--device"),
     ({"staging_batches": 0}, "--staging-batches"),
+    ({"readahead": -1}, "--readahead"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x)))
 def test_bad_config_fails_before_any_work(change: dict, option: str, tiny_store: Path, cpu_budget: int,
                                           tmp_path: Path) -> None:
@@ -435,3 +436,17 @@ def test_cpu_budget_below_the_staging_reserve(tiny_store: Path, staging: int, tm
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=staging), quiet=True)
     assert "sample" not in k.groups()
     verify(out, full=True)
+
+
+def test_prepare_cli_runs_and_refuses_a_bad_readahead(tiny_store: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from diskflow.flow.cli import main
+
+    args = ["prepare", "belady", "--dataset", str(tiny_store), "--fanouts", "4,3", "--batch-size", "64",
+            "--superbatch-size", "4", "--workers", "1", "--cpu-memory", "16MiB"]
+    assert main([*args, "--out", str(tmp_path / "bad"), "--readahead", "lots"]) == 2
+    assert "--readahead" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main([*args, "--out", str(tmp_path / "packed"), "--readahead", "25%"]) == 0
+    assert "prepared belady" in capsys.readouterr().out
+    assert verify(tmp_path / "packed", full=True)["compared_batches"] > 0

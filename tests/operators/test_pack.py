@@ -268,3 +268,21 @@ def test_all_miss_round_without_tiers_replays_exactly(rnd: Round, tmp_path: Path
         assert ds.gpu_cache.shape == (0, store.feature_dim) and ds.cpu_init.shape == (0, store.feature_dim)
         for b, feats in ds.replay():
             assert feats.tobytes() == store.gather(n_ids[b]).tobytes()
+
+
+def test_warm_shards_reads_whole_shards_within_the_budget(tiny_store: Path) -> None:
+    import threading
+
+    from diskflow.operators.pack import warm_shards
+    from diskflow.operators.store import Store
+
+    store = Store(tiny_store)
+    shard = store.shards[0].rows * store.row_bytes
+    assert warm_shards(tiny_store, 0) == 0
+    assert warm_shards(tiny_store, shard - 1) == 0                 # never a partial shard
+    assert warm_shards(tiny_store, 2 * shard + 5) == 2 * shard
+    everything = sum(s.rows for s in store.shards) * store.row_bytes
+    assert warm_shards(tiny_store, 1 << 40) == everything
+    stop = threading.Event()
+    stop.set()
+    assert warm_shards(tiny_store, 1 << 40, stop) == 0
