@@ -50,13 +50,18 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
         assert [len(e) for e in p["losses"]] == [f["batches_per_epoch"]] * 2, name
     assert f["seq_read_bw"] > 0 and f["loader_read_bw"] > 0 and f["pipelines"]["belady"]["sequential_epoch_s"] > 0
     assert set(f["ratios"]) == {"belady_data_vs_inmemory", "ginex_over_belady", "mmap_over_belady",
-                                "belady_model_vs_inmemory", "pipelined_speedup", "loader_over_seq_bw",
-                                "belady_data_vs_disk_floor"}
+                                "belady_model_vs_inmemory", "pipelined_speedup", "pipelined_speedup_io_bound",
+                                "belady_io_model_vs_data", "loader_over_seq_bw", "belady_data_vs_disk_floor"}
+    bel = f["pipelines"]["belady"]
+    assert bel["io_model"] == "mlp" and bel["io_model_epoch_s"] > 0 and bel["io_sequential_epoch_s"] > 0
+    assert f["ratios"]["pipelined_speedup_io_bound"] == pytest.approx(
+        bel["io_sequential_epoch_s"] / bel["io_model_epoch_s"])
     for name, p in f["pipelines"].items():
         assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
     assert all(v > 0 for v in f["ratios"].values())
     for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
-                 "belady sequential / pipelined sage epoch", "loader read bw"):
+                 "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound",
+                 "loader read bw"):
         assert line in printed
 
 
