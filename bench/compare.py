@@ -43,8 +43,8 @@ packed segments) and ``belady`` (Belady CPU tier + packed segments). How they ar
   batches of a round are not typical, and mmap's page cache starts cold).
 * **Floors.** The disk's sequential read bandwidth (O_DIRECT over the store's shards) and the
   loader's read bandwidth while reading packed segments (bytes read / busy time of the load
-  stage in belady's data-path run; the busy time includes the segments' crc checks, hence the
-  second figure without them), in the same run.
+  stage in belady's data-path run; the segments' crc checks run in the assemble stage, and the
+  second figure comes from a run without them), in the same run.
 
 Ratios printed, with the issue's targets: belady data path vs inmemory (<= 1.5x), ginex / belady
 and mmap / belady data path (>= 5x, >= 10x), belady model epoch vs inmemory (<= 1.2x), pipelined

@@ -10,13 +10,18 @@
 //   * no use in the window but a positive tie-break frequency f: kFarBase + (kFarSpan - f), so a
 //     far row ranks below every known next use and hot far rows outrank cold ones;
 //   * no evidence of any future use: kNever (a resident stays until displaced; a miss is bypassed).
-// Residents are ordered by (badness, node) in per-batch buckets of small max-heaps (class
-// Residents): a hit moves its row to a later bucket in O(1) expected time, and the worst resident
-// is the top of the highest non-empty bucket, so each access costs O(1) expected, O(log C) at worst.
+// Residents sit in one bucket per badness class (class Residents): a hit appends its row to a
+// later bucket in O(1), and a bucket is sorted by (badness, node) only when rows are evicted from
+// it, so each access costs O(1) plus its share of the sorts of the buckets evictions reach. A
+// batch's misses are bucketed by class too and sorted only as far as admission gets.
 //
-// Node ids are mapped to dense local ids (an int32 array over the id universe when it is known and
-// not far larger than the trace, else an open-addressing hash), and the
-// next use of every access is found by one backward pass (Ginex' iters/ptr arrays, in one sweep).
+// Two entry points. `belady_plan` maps node ids to dense local ids (an int32 array over the id
+// universe when it is known and not far larger than the trace, else an open-addressing hash) and
+// finds every access's next use by one backward pass (Ginex' iters/ptr arrays, in one sweep).
+// `belady_trace` + `belady_simulate` split the same work in two for the prepare graph: the trace
+// (next uses, first uses indexed by node id) needs only the window's ids and can be built ahead,
+// in parallel; the simulation, chained superbatch to superbatch, keeps its state per node id.
+// Both produce identical plans.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

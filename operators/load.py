@@ -226,6 +226,7 @@ class _Staged:
     miss_pos: np.ndarray        # n_id positions of those rows
     miss_row: np.ndarray        # row of `rows` for each position
     yield_it: bool              # False while fast-forwarding the CPU tier
+    segments: list[tuple[int, int, int]] = field(default_factory=list)   # (shard, byte in buffer, bytes): crc due
 
 
 @dataclass
@@ -547,6 +548,7 @@ class PackedLoader:
         if need > buf.nbytes:
             raise InputError(self.path / "manifest.json", f"batch {g} needs {need:,} staging bytes, more than the "
                                                           f"{buf.nbytes:,} sized from round.max_batch_rows")
+        segments: list[tuple[int, int, int]] = []
         if nz.size:
             handles = np.array([self._handle(self.ds.part_paths[p]) for p in nz], np.int64)
             offsets = rec.seg_offset[nz].astype(np.int64)
@@ -559,13 +561,12 @@ class PackedLoader:
                                                         f"{int(rec.seg_offset[p] + padded(rows_k[p] * rb))}) "
                                                         f"({e.strerror or e})") from e
             dst = 0
-            for j, p in enumerate(nz.tolist()):    # per shard: check the crc, close the padding gap
+            for j, p in enumerate(nz.tolist()):    # per shard: close the padding gap
                 n, s = int(nbytes[j]), int(out_off[j])
-                if self.check_crc and zlib.crc32(buf[s:s + n].data) != int(rec.seg_crc[p]):
-                    raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {g}, shard {p} (segment at "
-                                                            f"byte {int(rec.seg_offset[p])}, {int(rows_k[p])} rows)")
                 if dst != s:
                     buf[dst:dst + n] = buf[s:s + n]
+                if self.check_crc:                 # checked by the assemble stage, while this one reads on
+                    segments.append((p, dst, n))
                 dst += n
         rows = buf[:(k + dpos.size + spos.size) * rb].view(self.dtype).reshape(-1, dim)
         if dpos.size:
@@ -582,7 +583,7 @@ class PackedLoader:
         miss_row[msrc == SRC_PACKED] = idx[miss_pos[msrc == SRC_PACKED]]
         miss_row[msrc == SRC_DCACHE] = k + np.arange(dpos.size)
         miss_row[msrc == SRC_STORE] = k + dpos.size + np.arange(spos.size)
-        return _Staged(g, rec, buf, rows, miss_pos, miss_row, yield_it)
+        return _Staged(g, rec, buf, rows, miss_pos, miss_row, yield_it, segments)
 
     def _read_store_rows(self, g: int, ids: np.ndarray, out: np.ndarray) -> None:
         """The Ginex baseline: one O_DIRECT request per row, at shard data offset + local row x row_bytes.
@@ -636,9 +637,18 @@ class PackedLoader:
             raise InputError(e.filename or self.path, f"batch {g}: read failed ({e.strerror or e})") from e
 
     # ------------------------------------------------------------------ stage 2: assemble
-    def _assemble(self, st: _Staged) -> torch.Tensor | None:
-        """Gather batch `st.batch`'s features, apply its CPU-tier inserts, free its staging buffer."""
+    def _verify(self, st: _Staged) -> None:
+        """Check the crc32 of every packed segment the load stage staged (an InputError names file and batch)."""
         rec = st.record
+        for p, start, n in st.segments:
+            if zlib.crc32(st.buffer[start:start + n].data) != int(rec.seg_crc[p]):
+                raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {st.batch}, shard {p} (segment "
+                                                        f"at byte {int(rec.seg_offset[p])}, {int(rec.seg_rows[p])} rows)")
+
+    def _assemble(self, st: _Staged) -> torch.Tensor | None:
+        """Verify batch `st.batch`'s staged segments, gather its features, apply its CPU-tier inserts."""
+        rec = st.record
+        self._verify(st)
         if self._device_path:
             x_t = self._assemble_device(st)
         else:
