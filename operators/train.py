@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 
 from .errors import ConfigError
-from .models import MODELS, supports_trim
+from .models import MODELS, EdgeFreeMLP, supports_trim
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,12 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
 
     When the model allows it (`models.supports_trim`) and has one layer per sampled hop,
     the per-hop counts are passed too, so layer k skips what cannot reach the seeds: the
-    same logits (bit for bit without dropout; dropout draws fewer masks) for less work.
+    same logits (bit for bit without dropout; dropout draws fewer masks) for less work. The
+    edge-free MLP sees the seeds' rows only, for the same reason.
     """
     x = batch.x.float()
+    if isinstance(model, EdgeFreeMLP):    # a seed's logits read its own row only: skip the neighbours
+        return model(x[:batch.batch_size])
     hops = getattr(batch, "num_sampled_edges", None)
     if hops is not None and supports_trim(model) and len(hops) == getattr(model, "num_layers", None):
         out = model(x, batch.edge_index, num_sampled_nodes_per_hop=list(batch.num_sampled_nodes),
