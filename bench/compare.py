@@ -33,8 +33,9 @@ packed segments) and ``belady`` (Belady CPU tier + packed segments). How they ar
   batches are built and dropped: the data path alone) and GraphSAGE; belady's four more: GraphSAGE
   with ``--sequential`` (no overlap between load, assemble and train; the table gives the most
   overlap could save, the shorter of data path and compute), its data path without crc checks,
-  and a pipelined / ``--sequential`` pair with ``--io-model`` (default an MLP), a model light
-  enough on this CPU that the disk is the bottleneck, where overlap has something to hide.
+  and a pipelined / ``--sequential`` pair with ``--io-model`` (default an MLP) and
+  ``--io-threads`` torch threads (default 1), a model light enough on this CPU that the disk is
+  the bottleneck, where overlap has something to hide.
   ``--repeats R`` runs every pipeline R times, interleaved, and keeps each run's fastest (the
   machine's other users only ever slow a run down). ``--baseline-batches K`` measures the pipelines of
   ``--cut-short`` (default mmap and ginex) on K batches of the first epoch only, scaled to the
@@ -119,6 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-model", default="mlp", choices=("mlp", "sage", "gcn", "gat"),   # operators.models.MODELS
                    help="belady's pipelined vs --sequential pair where I/O is the bottleneck trains this model "
                         "(default mlp: on CPU, GraphSAGE's compute dwarfs the disk, so its pair cannot show overlap)")
+    p.add_argument("--io-threads", type=int, default=1,
+                   help="torch threads of that pair, both runs (default 1: on 2 cores the other one is left to "
+                        "the load and assemble stages)")
     p.add_argument("--feature-budget", default="10%",
                    help="host memory for features, bytes or a share of the feature bytes (default 10%%): the "
                         "packed pipelines' --cpu-memory, and with the allowance the cgroup limit of every "
@@ -155,7 +159,7 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
                           ("--hidden", args.hidden), ("--queue-depth", args.queue_depth), ("--repeats", args.repeats),
-                          ("--bw-bytes", args.bw_bytes)):
+                          ("--bw-bytes", args.bw_bytes), ("--io-threads", args.io_threads)):
         if value < 1:
             raise ConfigError(option, f"must be >= 1, got {value}")
     if args.baseline_batches < 0:
@@ -483,7 +487,8 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     _reset_hwm()
     common = {"model": run["model"], "hidden": spec["hidden"], "lr": spec["lr"], "seed": spec["seed"],
-              "eval_every": spec["epochs"], "threads": spec["threads"], "on_batch": on_batch, "on_start": on_start}
+              "eval_every": spec["epochs"], "threads": run.get("threads", spec["threads"]), "on_batch": on_batch,
+              "on_start": on_start}
     report: dict[str, Any] | None = None
     try:
         if spec["pipeline"] in PACKED:
@@ -664,8 +669,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if name == "belady":
                 runs += [{"kind": "sequential", "model": "sage", "sequential": True},
                          {"kind": "data_nocrc", "model": "none", "sequential": False, "check_crc": False},
-                         {"kind": "io_model", "model": args.io_model, "sequential": False},
-                         {"kind": "io_sequential", "model": args.io_model, "sequential": True}]
+                         {"kind": "io_model", "model": args.io_model, "sequential": False, "threads": args.io_threads},
+                         {"kind": "io_sequential", "model": args.io_model, "sequential": True,
+                          "threads": args.io_threads}]
             spec = {**shared, "pipeline": name, "drop": [str(p) for p in droppable],
                     "packed": str(prepared[name]["path"]) if name in prepared else None,
                     "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
@@ -698,7 +704,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _, sc, every = _best(children["belady"], kind, batches * args.epochs, args.epochs)
             bel[f"{kind}_epoch_s"] = None if sc is None else sc["epoch_s"]
             bel[f"{kind}_epoch_s_repeats"] = every
-        bel["io_model"] = args.io_model
+        bel["io_model"], bel["io_threads"] = args.io_model, args.io_threads
         data_run, _, _ = _best(children["belady"], "data", batches * args.epochs, args.epochs)
         loader_bw = _loader_bw(data_run)
         bel["loader_read_bw_no_crc"] = _loader_bw(_best(children["belady"], "data_nocrc", batches * args.epochs,
@@ -814,7 +820,8 @@ def _print(f: dict[str, Any]) -> None:
         ((f"belady sequential / pipelined sage epoch ({_s(bel.get('sequential_epoch_s'))} s / "
           f"{_s(bel.get('epoch_s'))} s; overlap can give at most {_s(bel.get('pipelined_bound'))}x)"),
          r["pipelined_speedup"]),
-        ((f"belady sequential / pipelined {bel.get('io_model')} epoch, I/O-bound ({_s(bel.get('io_sequential_epoch_s'))}"
+        ((f"belady sequential / pipelined {bel.get('io_model')} epoch, I/O-bound, {bel.get('io_threads')} torch "
+          f"thread(s) ({_s(bel.get('io_sequential_epoch_s'))}"
           f" s / {_s(bel.get('io_model_epoch_s'))} s; pipelined = {_s(r.get('belady_io_model_vs_data'))}x the data "
           f"path alone)"), r["pipelined_speedup_io_bound"]),
         ((f"loader read bw {_b(f['loader_read_bw'])}/s / disk sequential {_b(f['seq_read_bw'])}/s (without crc "

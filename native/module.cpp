@@ -9,6 +9,7 @@ namespace py = pybind11;
 namespace diskflow {
 void register_belady(pybind11::module_& m);  // belady.cpp: Belady CPU-cache planner
 void register_reader(pybind11::module_& m);  // reader.cpp: direct-I/O reader (O_DIRECT, io_uring / pread)
+void register_rows(pybind11::module_& m);    // rows.cpp: row copies between feature matrices
 }  // namespace diskflow
 
 PYBIND11_MODULE(_native, m) {
@@ -21,4 +22,5 @@ PYBIND11_MODULE(_native, m) {
     diskflow::register_sampler(m);
     diskflow::register_belady(m);
     diskflow::register_reader(m);
+    diskflow::register_rows(m);
 }

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 import zlib
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from ..native import _native
 from ..native.reader import DirectReader, aligned_empty
 from .batches import Sample, batch_data
 from .errors import ConfigError, InputError
@@ -303,6 +305,7 @@ class PackedLoader:
         self._device_path = self.device.type == "cuda"
         self._pinned: list[int] = []
         self._buffers: list[np.ndarray] = []
+        self._matrices: list[np.ndarray] = []   # batch feature matrices, reused once no batch holds them
         self._bounce: np.ndarray | None = None
         self._shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._init_tiers()
@@ -420,6 +423,7 @@ class PackedLoader:
                 torch.cuda.cudart().cudaHostUnregister(ptr)
         self._pinned.clear()
         self._buffers.clear()
+        self._matrices.clear()
         if self._own_reader:
             with contextlib.suppress(Exception):
                 self.reader.close()
@@ -487,6 +491,7 @@ class PackedLoader:
                     torch.cuda.cudart().cudaHostUnregister(ptr)
             self._pinned.clear()
             self._buffers.clear()
+            self._matrices.clear()
         self.ds, self.path, self.memory = ds, ds.path, memory
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
@@ -651,21 +656,40 @@ class PackedLoader:
         self._verify(st)
         if self._device_path:
             x_t = self._assemble_device(st)
-        else:
-            x = np.empty((rec.src.shape[0], self.dim), dtype=self.dtype)
+        else:       # every row moved once (native row copies), into a matrix no earlier batch still holds
+            x = self._batch_matrix(rec.src.shape[0])
             for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
                 pos = np.flatnonzero(rec.src == code)
                 if pos.size:
-                    x[pos] = tier[rec.idx[pos]]
-            x[st.miss_pos] = st.rows[st.miss_row]
+                    _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
+            _native.copy_rows(x, st.miss_pos, st.rows, st.miss_row)
             if rec.insert_pos.size:
-                self.cpu[rec.insert_slot] = x[rec.insert_pos]
+                _native.copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
+                                  np.ascontiguousarray(rec.insert_pos, np.int64))
             x_t = torch.from_numpy(x)
         self._tier_next = st.batch + 1
         if st.yield_it:
             self.counts.rows += np.bincount(rec.src, minlength=5)[:5]
             self.counts.useful_bytes += int(st.miss_pos.size) * self.row_bytes
         return x_t if st.yield_it else None
+
+    def _batch_matrix(self, n: int) -> np.ndarray:
+        """An [n, dim] matrix for a batch's features: a pooled one that nothing references any more.
+
+        A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix
+        is handed out again only when no batch (no tensor, no view) still refers to it, so a
+        caller may keep its batches; the pool holds at most the batches in flight, which the
+        memory plan already reserves.
+        """
+        rows = int(self.memory["max_batch_rows"])
+        if n <= rows:
+            for m in self._matrices:
+                if sys.getrefcount(m) <= 3:     # the pool, this loop, getrefcount: nobody else
+                    return m[:n]
+        m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
+        if n <= rows and len(self._matrices) < int(self.memory["in_flight_batches"]):
+            self._matrices.append(m)
+        return m[:n]
 
     def _assemble_device(self, st: _Staged) -> torch.Tensor:
         """Host rows (staged + CPU tier) -> one pinned block -> one async copy -> one gather on the device.

@@ -60,7 +60,7 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
         assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
     assert all(v > 0 for v in f["ratios"].values())
     for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
-                 "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound",
+                 "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound, 1 torch thread",
                  "loader read bw"):
         assert line in printed
 

@@ -115,6 +115,19 @@ def test_every_batch_is_the_store_gather_of_its_n_id(name: str, pipelined: bool,
     assert stage_threads() == []
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "sequential"])
+def test_batches_kept_by_the_caller_are_never_overwritten(pipelined: bool, layouts: dict[str, Path],
+                                                           store: Store) -> None:
+    """Feature matrices are pooled, but one a caller still holds is never handed out again."""
+    with PackedLoader(layouts["belady"], pipelined=pipelined) as loader:
+        kept = [(b.n_id.numpy().copy(), b.x) for b in loader]      # every batch alive at once
+        again = [b.x.clone() for b in loader]                       # a second pass may reuse dropped ones
+    for j, (n_id, x) in enumerate(kept):
+        assert x.numpy().tobytes() == store.gather(n_id).tobytes(), f"batch {j} changed after it was yielded"
+        assert torch.equal(again[j], x), j
+    assert len({x.data_ptr() for _, x in kept}) == len(kept)
+
+
 @pytest.mark.parametrize("name", ["belady", "ginex", "dcache", "gpu-tier"])
 def test_the_device_assembly_path_is_exact_too(name: str, layouts: dict[str, Path], store: Store) -> None:
     """The CUDA path's arithmetic (pinned block of staged + CPU rows, one gather after the GPU rows), run on
