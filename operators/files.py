@@ -33,14 +33,18 @@ def tmp_name(path: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path to write; on success it is fsynced and renamed onto `path`."""
+def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it is fsynced and renamed onto `path`.
+
+    `durable=False` skips the fsync, for scratch files that live and die within one run (the
+    rename still keeps a half-written file from ever carrying the final name).
+    """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(final)
     try:
         yield tmp
-        if tmp.is_file():
+        if durable and tmp.is_file():
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, final)

@@ -159,7 +159,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     bounds = np.r_[0, np.cumsum(seg_rows.sum(axis=0))]
     for p in range(num_shards):
         members[ids_member(p)] = by_shard[bounds[p]:bounds[p + 1]]
-    with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(out_path, durable=False) as tmp, open(tmp, "wb") as f:   # scratch of this run
         np.savez(f, **members)  # type: ignore[arg-type]
     return {
         "key": key, "path": str(Path(out_path)), "first_batch": first_batch, "batches": b, "seg_rows": seg_rows,
