@@ -136,8 +136,10 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     settings = worker_config(scratch, quota, device)
     kwargs: dict[str, Any] = {"local_directory": local_directory} if local_directory else {}
     with dask.config.set(settings):   # in-process workers read their settings here; processes get them below
+        # ":0": a free port. Even without a dashboard the scheduler serves HTTP, by default on 8787,
+        # and only warns when another cluster already holds that port.
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=processes, memory_limit=memory_limit,
-                               dashboard_address=":0" if not quiet else None, silence_logs=logging.CRITICAL,
+                               dashboard_address=":0", silence_logs=logging.CRITICAL,
                                **kwargs)
         try:
             spec = dict(cluster.new_spec)

@@ -423,7 +423,7 @@ def test_distributed_process_cluster_and_cli(tmp_path: Path, capsys: pytest.Capt
 
     g = _graph(6, n=301, e=1201)
     raw = _raw(tmp_path, g)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         with get_task_stream(client) as stream:
             r = run_ingest(raw, tmp_path / "store", memory_budget="16KiB", shard_rows=100)

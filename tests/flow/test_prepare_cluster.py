@@ -48,7 +48,7 @@ def reference(tiny_store: Path, config: PrepareConfig, tmp_path_factory: pytest.
 
 @pytest.fixture(scope="module")
 def client(reference: Any) -> Any:
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c, \
             distributed.Client(c) as cl:
         yield cl
 

@@ -230,7 +230,7 @@ def test_no_gpu_worker_is_a_clear_error(tiny_store: Path, tmp_path: Path) -> Non
     from diskflow.operators.stream_train import StreamTrainConfig
 
     cfg = StreamConfig(train=StreamTrainConfig(), fanouts=(5, 5), batch_size=256, superbatch_size=3, gpu_wait_s=0.5)
-    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client, \
             pytest.raises(StreamStopped, match=r"no worker with the GPU resource joined within 0 s \(1 workers"):
         StreamRun(client, tiny_store, tmp_path, cfg, progress=False).run()
