@@ -33,6 +33,7 @@ from .files import format_bytes, staging_dir, write_manifest
 from .stream_pack import BASE_FILES, Bundle
 
 COPY_CHUNK = 16 << 20
+CACHE_CHUNK = 256 << 10     # inline files are checksummed and written in pieces that stay in the core's cache
 
 
 class ShipVerifyError(InputError):
@@ -158,9 +159,13 @@ def _write(bundle: Bundle, rel: str, dest: Path) -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if bundle.data is not None:
         data = bundle.data[rel].reshape(-1).view(np.uint8).data
-        with open(dest, "wb") as f:
-            f.write(data)
-        return zlib.crc32(data)
+        crc = 0
+        with open(dest, "wb") as f:     # checksum and write each chunk while it is in the cache: one pass
+            for start in range(0, len(data), CACHE_CHUNK):
+                chunk = data[start:start + CACHE_CHUNK]
+                crc = zlib.crc32(chunk, crc)
+                f.write(chunk)
+        return crc
     if bundle.url is None:
         raise ValueError(f"bundle {bundle.key} carries neither data nor a url")
     import fsspec
