@@ -496,6 +496,23 @@ View<int64_t> frequency_view(const py::object& frequency, int64_t& freq_len) {
     return f;
 }
 
+// Capacity in [0, 2^31 - 1) and one init_cache entry per slot.
+void check_capacity(int64_t capacity, const View<int64_t>& init_cache) {
+    if (capacity < 0 || capacity >= std::numeric_limits<int32_t>::max())
+        throw py::value_error("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
+    if (init_cache.size != capacity)
+        throw py::value_error("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
+                              std::to_string(capacity));
+}
+
+// The accesses of the first n_plan batches (offsets checked against the trace's `total` accesses).
+int64_t planned_accesses(const View<int64_t>& offsets, int64_t total, int64_t n_plan) {
+    check_offsets(offsets, total);
+    if (n_plan < 0 || n_plan > offsets.size - 1)
+        throw py::value_error("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
+    return offsets[n_plan];
+}
+
 py::dict plan_dict(py::array_t<uint8_t>&& src, py::array_t<int64_t>&& idx, PlanOut& out) {
     py::dict d;
     d["src"] = src;
@@ -518,15 +535,8 @@ py::dict plan(const py::object& nodes_obj, const py::object& offsets_obj, int64_
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
     int64_t freq_len;
     const auto freq = frequency_view(freq_obj, freq_len);
-    if (capacity < 0 || capacity >= std::numeric_limits<int32_t>::max())
-        throw py::value_error("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
-    if (init_cache.size != capacity)
-        throw py::value_error("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
-                              std::to_string(capacity));
-    check_offsets(offsets, nodes.size);
-    if (n_plan < 0 || n_plan > offsets.size - 1)
-        throw py::value_error("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
-    const int64_t plan_end = offsets[n_plan];
+    check_capacity(capacity, init_cache);
+    const int64_t plan_end = planned_accesses(offsets, nodes.size, n_plan);
     py::array_t<uint8_t> src(plan_end);
     py::array_t<int64_t> idx(plan_end);
     uint8_t* src_p = src.mutable_data();
@@ -580,10 +590,7 @@ py::dict trace(const py::object& nodes_obj, const py::object& offsets_obj, int64
     const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
     if (num_nodes < 0) throw py::value_error("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
-    check_offsets(offsets, nodes.size);
-    if (n_plan < 0 || n_plan > offsets.size - 1)
-        throw py::value_error("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
-    const int64_t plan_end = offsets[n_plan];
+    const int64_t plan_end = planned_accesses(offsets, nodes.size, n_plan);
     py::array_t<int32_t> next_use(plan_end);
     py::array_t<int32_t> first_use(num_nodes);
     py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
@@ -644,11 +651,7 @@ py::dict simulate_dense(const py::object& nodes_obj, const py::object& offsets_o
     const auto next_use = input<int32_t>(next_obj, "next_use", "int32");
     const auto first_use = input<int32_t>(first_obj, "first_use", "int32");
     const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot", "int32");
-    if (capacity < 0 || capacity >= std::numeric_limits<int32_t>::max())
-        throw py::value_error("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
-    if (init_cache.size != capacity)
-        throw py::value_error("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
-                              std::to_string(capacity));
+    check_capacity(capacity, init_cache);
     check_offsets(offsets, nodes.size);
     const int64_t n_plan = offsets.size - 1;
     if (n_window < n_plan) throw py::value_error("n_window: smaller than the planned batches");
