@@ -22,12 +22,13 @@ its manifest written last.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,180 +353,179 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
 
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
     # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
-    stop_warm = threading.Event()
-    warm = threading.Thread(target=warm_shards, args=(str(store.path), cfg.readahead, stop_warm),
-                            name="diskflow-readahead", daemon=True) if cfg.packing and cfg.readahead > 0 else None
-    if warm is not None:
-        warm.start()
-    try:
-        return _plan_and_pack(store, out, cfg, work, refs, tok, s_key, p_key, k_key, sdir, summaries, sample_paths,
-                              phases, t_start, quiet)
-    finally:
-        stop_warm.set()
-        if warm is not None:
-            warm.join()
-
-
-def _plan_and_pack(store: Store, out: Path, cfg: PrepareConfig, work: Path, refs: list[SuperbatchRef], tok: str,
-                   s_key: str, p_key: str, k_key: str, sdir: Path, summaries: list[dict], sample_paths: list[str],
-                   phases: dict[str, float], t_start: float, quiet: bool) -> PrepareResult:
-    """The plan and pack phases of `prepare` (see there)."""
-    # -- tiers + plans -------------------------------------------------------------------------
-    t = time.perf_counter()
-    early_routes: list[dict] | None = None   # routes computed alongside the plans
-    pdir = _stage_dir(work, "plans", p_key)
-    p_manifest = read_manifest(pdir)
-    if p_manifest is None or p_manifest.get("key") != p_key:
-        shutil.rmtree(pdir, ignore_errors=True)
-        pdir.mkdir(parents=True)
-        max_rows = max(int(s["max_nodes"]) for s in summaries)
-        tiers_path = str(pdir / "tiers.npz")
-        (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
-                                                      store.row_bytes, max_rows, cfg, tiers_path,
-                                                      dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
-        # The chain simulates the cache; each window is traced by its own task beforehand, so the
-        # traces run on the other cores while the chain advances.
-        prev: Any = None
-        plan_tasks = []
-        for i, r in enumerate(refs):
-            trace = None if cfg.cpu_policy == "static" else \
-                dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
-            prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                            cfg.cpu_policy, trace, dask_key_name=f"plan-{r.key}-{tok}")
-            plan_tasks.append(prev)
-        save_tasks = [dask.delayed(_save_plan_task)(planned, str(pdir / f"{r.key}.npz"),
-                                                    dask_key_name=f"plan-save-{r.key}-{tok}")
-                      for r, planned in zip(refs, plan_tasks)]
-        # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
-        # superbatch as soon as it is planned, while the chain plans the next one.
-        route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
-                                                 len(store.shards), str(work / "route" / f"{r.key}.npz"), planned,
-                                                 dask_key_name=f"route-{r.key}-{tok}")
-                       for r, sp, planned in zip(refs, sample_paths, plan_tasks)] \
-            if cfg.packing and cfg.disk_budget is None else []
-        done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
-        stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
-        write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
+    with _read_ahead(store, cfg):
+        # -- tiers + plans -------------------------------------------------------------------------
+        t = time.perf_counter()
+        early_routes: list[dict] | None = None   # routes computed alongside the plans
+        pdir = _stage_dir(work, "plans", p_key)
         p_manifest = read_manifest(pdir)
-        _drop_stale(work, "plans", pdir)
-    assert p_manifest is not None
-    plan_stats = p_manifest["plans"]
-    plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
-    tiers = p_manifest["tiers"]
-    phases["plan"] = time.perf_counter() - t
+        if p_manifest is None or p_manifest.get("key") != p_key:
+            shutil.rmtree(pdir, ignore_errors=True)
+            pdir.mkdir(parents=True)
+            max_rows = max(int(s["max_nodes"]) for s in summaries)
+            tiers_path = str(pdir / "tiers.npz")
+            (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
+                                                          store.row_bytes, max_rows, cfg, tiers_path,
+                                                          dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
+            # The chain simulates the cache; each window is traced by its own task beforehand, so the
+            # traces run on the other cores while the chain advances.
+            prev: Any = None
+            plan_tasks = []
+            for i, r in enumerate(refs):
+                trace = None if cfg.cpu_policy == "static" else \
+                    dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
+                prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
+                                                cfg.cpu_policy, trace, dask_key_name=f"plan-{r.key}-{tok}")
+                plan_tasks.append(prev)
+            save_tasks = [dask.delayed(_save_plan_task)(planned, str(pdir / f"{r.key}.npz"),
+                                                        dask_key_name=f"plan-save-{r.key}-{tok}")
+                          for r, planned in zip(refs, plan_tasks)]
+            # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
+            # superbatch as soon as it is planned, while the chain plans the next one.
+            route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+                                                     len(store.shards), str(work / "route" / f"{r.key}.npz"), planned,
+                                                     dask_key_name=f"route-{r.key}-{tok}")
+                           for r, sp, planned in zip(refs, sample_paths, plan_tasks)] \
+                if cfg.packing and cfg.disk_budget is None else []
+            done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
+            stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
+            write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
+            p_manifest = read_manifest(pdir)
+            _drop_stale(work, "plans", pdir)
+        assert p_manifest is not None
+        plan_stats = p_manifest["plans"]
+        plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
+        tiers = p_manifest["tiers"]
+        phases["plan"] = time.perf_counter() - t
 
-    # -- layout, route, pack, index: built in a staging dir, swapped into place --------------------
-    t = time.perf_counter()
-    P = len(store.shards)
-    rb = store.row_bytes
-    num_batches = sum(r.num_batches for r in refs)
-    batch_misses = np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats])
-    miss_rows = int(batch_misses.sum())
-    pad_per_batch = P * (packed_fmt.ALIGN - 1)
-    figures: dict[str, Any] = {
-        "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
-        "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
-        "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
-        "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
-        "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
-        "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
-        "disk_budget_bytes": cfg.disk_budget,
-    }
-    with staging_dir(out) as stage:
-        rnd = stage / ROUND_DIR
-        (rnd / "index").mkdir(parents=True)
-        (rnd / "samples").mkdir(parents=True)
-        for r, path in zip(refs, sample_paths):
-            os.link(path, rnd / samples_name(r.key))
-        save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
-        with np.load(pdir / "tiers.npz") as z:
-            gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
-        parts: list[dict[str, Any]] = []
-        dcache: list[dict[str, Any]] = []
-        layout_path: str | None = None
-        if not cfg.packing:
-            tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
-                                                     dask_key_name=f"index-{r.key}-{tok}")
-                     for r, sp, pp in zip(refs, sample_paths, plan_paths)]
-            compute(tasks, desc="index", disable=quiet or None)
-            tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-            compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
-                     for p in range(P)], desc="tiers", disable=quiet or None)
-            for p in range(P):     # no packed segments: empty part files keep the layout uniform
-                (rnd / part_name(p)).touch()
-            parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)]
-            figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
-        else:
-            if cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
-                layout_path = str(work / "layout.pkl")
-                (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
-                                                                pad_per_batch, cfg.minhash_k, cfg.seed,
-                                                                store.shard_rows, layout_path,
-                                                                dask_key_name=f"search-{tok}")], desc="search", disable=True)
-                if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
-                    layout_path = None
-                else:
-                    figures["segment_size"] = search["segment_size"]
-            routes = early_routes if early_routes is not None and layout_path is None else \
-                compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
-                                                   str(work / "route" / f"{r.key}.npz"),
-                                                   dask_key_name=f"route-{r.key}-{tok}")
-                         for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
-            seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
-            offsets, part_bytes = segment_offsets(seg_rows, rb)
-            cache_nodes: list[np.ndarray] = []
-            if layout_path is not None:
-                import pickle
-                with open(layout_path, "rb") as f:
-                    layout = pickle.load(f)
-                cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
-            tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype,
-                                              store.feature_dim)
-            route_paths = [x["path"] for x in routes]
-            packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p],
-                                                      str(rnd / part_name(p)), dcache_targets=cache_t,
-                                                      tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
-                             for p in range(P)], desc="pack", disable=quiet or None)
-            crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
-            compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                               crc[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                               str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
-                     for x in routes], desc="index", disable=quiet or None)
-            parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
-            dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
-                       "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
-            packed_bytes = int(sum(p["bytes"] for p in parts))
-            dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
-            figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,
-                           packed_rows=int(seg_rows.sum()), dcache_rows=int(sum(int(x["dcache_rows"]) for x in routes)),
-                           raw_bytes_read=int(sum(int(x["bytes_read"]) for x in packs)),
-                           packed_bytes_written=int(sum(int(x["bytes_written"]) for x in packs)))
-            figures["disk_used_bytes"] = packed_bytes + dcache_bytes
-            figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
-            shutil.rmtree(work / "route", ignore_errors=True)
-        manifest = {
-            "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
-            "config": {**asdict(cfg), "fanouts": list(cfg.fanouts)}, "config_hash": k_key,
-            "store": {"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest)},
-            "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
-            "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
-            "num_classes": store.num_classes, "labels": "labels.npy",
-            "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
-                      "cpu_policy": cfg.cpu_policy},
-            "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows":
-                      max(int(s["max_nodes"]) for s in summaries),
-                      "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
-                                        "first_batch": r.round_first_batch} for r in refs]},
-            "files": {"parts": parts, "dcache": dcache},
-            "figures": figures,
+        # -- layout, route, pack, index: built in a staging dir, swapped into place --------------------
+        t = time.perf_counter()
+        P = len(store.shards)
+        rb = store.row_bytes
+        num_batches = sum(r.num_batches for r in refs)
+        batch_misses = np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats])
+        miss_rows = int(batch_misses.sum())
+        pad_per_batch = P * (packed_fmt.ALIGN - 1)
+        figures: dict[str, Any] = {
+            "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
+            "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
+            "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
+            "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
+            "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
+            "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
+            "disk_budget_bytes": cfg.disk_budget,
         }
-        _remove_orphans(stage)
-        write_manifest(stage, manifest)
-    if layout_path is not None:
-        Path(layout_path).unlink(missing_ok=True)
-    phases["pack"] = time.perf_counter() - t
-    return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
+        with staging_dir(out) as stage:
+            rnd = stage / ROUND_DIR
+            (rnd / "index").mkdir(parents=True)
+            (rnd / "samples").mkdir(parents=True)
+            for r, path in zip(refs, sample_paths):
+                os.link(path, rnd / samples_name(r.key))
+            save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
+            with np.load(pdir / "tiers.npz") as z:
+                gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
+            parts: list[dict[str, Any]] = []
+            dcache: list[dict[str, Any]] = []
+            layout_path: str | None = None
+            if not cfg.packing:
+                tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
+                                                         dask_key_name=f"index-{r.key}-{tok}")
+                         for r, sp, pp in zip(refs, sample_paths, plan_paths)]
+                compute(tasks, desc="index", disable=quiet or None)
+                tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
+                compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
+                         for p in range(P)], desc="tiers", disable=quiet or None)
+                for p in range(P):     # no packed segments: empty part files keep the layout uniform
+                    (rnd / part_name(p)).touch()
+                parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)]
+                figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
+            else:
+                if cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
+                    layout_path = str(work / "layout.pkl")
+                    (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
+                                                                    pad_per_batch, cfg.minhash_k, cfg.seed,
+                                                                    store.shard_rows, layout_path,
+                                                                    dask_key_name=f"search-{tok}")], desc="search", disable=True)
+                    if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
+                        layout_path = None
+                    else:
+                        figures["segment_size"] = search["segment_size"]
+                routes = early_routes if early_routes is not None and layout_path is None else \
+                    compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
+                                                       str(work / "route" / f"{r.key}.npz"),
+                                                       dask_key_name=f"route-{r.key}-{tok}")
+                             for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
+                seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
+                offsets, part_bytes = segment_offsets(seg_rows, rb)
+                cache_nodes: list[np.ndarray] = []
+                if layout_path is not None:
+                    import pickle
+                    with open(layout_path, "rb") as f:
+                        layout = pickle.load(f)
+                    cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
+                tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype,
+                                                  store.feature_dim)
+                route_paths = [x["path"] for x in routes]
+                packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p],
+                                                          str(rnd / part_name(p)), dcache_targets=cache_t,
+                                                          tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
+                                 for p in range(P)], desc="pack", disable=quiet or None)
+                crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
+                compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                                   crc[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                                   str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
+                         for x in routes], desc="index", disable=quiet or None)
+                parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
+                dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
+                           "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
+                packed_bytes = int(sum(p["bytes"] for p in parts))
+                dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
+                figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,
+                               packed_rows=int(seg_rows.sum()), dcache_rows=int(sum(int(x["dcache_rows"]) for x in routes)),
+                               raw_bytes_read=int(sum(int(x["bytes_read"]) for x in packs)),
+                               packed_bytes_written=int(sum(int(x["bytes_written"]) for x in packs)))
+                figures["disk_used_bytes"] = packed_bytes + dcache_bytes
+                figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
+                shutil.rmtree(work / "route", ignore_errors=True)
+            manifest = {
+                "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
+                "config": {**asdict(cfg), "fanouts": list(cfg.fanouts)}, "config_hash": k_key,
+                "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
+                "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
+                "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
+                "num_classes": store.num_classes, "labels": "labels.npy",
+                "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
+                          "cpu_policy": cfg.cpu_policy},
+                "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows":
+                          max(int(s["max_nodes"]) for s in summaries),
+                          "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
+                                            "first_batch": r.round_first_batch} for r in refs]},
+                "files": {"parts": parts, "dcache": dcache},
+                "figures": figures,
+            }
+            _remove_orphans(stage)
+            write_manifest(stage, manifest)
+        if layout_path is not None:
+            Path(layout_path).unlink(missing_ok=True)
+        phases["pack"] = time.perf_counter() - t
+        return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
 
+
+@contextlib.contextmanager
+def _read_ahead(store: Store, cfg: PrepareConfig) -> Iterator[None]:
+    """Warm the first shards (`warm_shards`) on a background thread while the block runs; stop it after."""
+    if not cfg.packing or cfg.readahead <= 0:
+        yield
+        return
+    stop = threading.Event()
+    warm = threading.Thread(target=warm_shards, args=(str(store.path), cfg.readahead, stop),
+                            name="diskflow-readahead", daemon=True)
+    warm.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        warm.join()
 
 def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray, seg_rows: np.ndarray,
                         row_bytes: int) -> float:
