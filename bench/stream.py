@@ -16,12 +16,13 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
 * Two machines on one box: the CPU workers and this process (the client, the embedded
   scheduler, the nannies: what runs on the preprocessing machine of a split run) on the first
   cores, the GPU worker alone on the others (``--no-pin``: no pinning).
-* The workers' memory allocator keeps what it frees (glibc: mmap threshold 32 MiB, trim
-  threshold 256 MiB), set on every worker before anything is measured. Dask starts its workers
-  with ``MALLOC_TRIM_THRESHOLD_=65536``, which fixes glibc's thresholds so that every
-  allocation above 128 KiB is mapped and unmapped again: training on the CPU device (per-batch
-  tensors of megabytes) then spends about half its time in page faults, which a GPU would not.
-  ``--dask-malloc`` keeps Dask's setting.
+* The workers' memory allocator keeps what it frees (`flow.allocator`: glibc's mmap threshold
+  32 MiB, trim threshold 256 MiB), set on every worker before anything is measured; the GPU
+  worker's plugin does this in any split run. Dask starts its workers with
+  ``MALLOC_TRIM_THRESHOLD_=65536``, which fixes glibc's thresholds so that every allocation above
+  128 KiB is mapped and unmapped again: training on the CPU device (per-batch tensors of
+  megabytes) then spends about half its time in page faults. ``--dask-malloc`` keeps Dask's
+  setting on every worker.
 * The same model, seed, batches and evaluation (val/test once, after the last epoch) offline
   and streamed; the bench checks that their per-batch losses are identical.
 * The machine is shared and noisy: everything is measured ``--repeats`` times (default 3),
@@ -63,8 +64,6 @@ from ..flow.options import fanouts_option
 from .common import print_table
 
 TARGET = 1.15
-MMAP_THRESHOLD = 32 << 20       # glibc's largest: allocations below it come from the heap and are reused
-TRIM_THRESHOLD = 256 << 20      # free memory the heap keeps before giving it back
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,18 +154,6 @@ class _CpuClock:
         return {k: after[k] - before[k] for k in before}
 
 
-def _keep_freed_memory() -> bool:
-    """Runs on a worker: let glibc reuse freed memory instead of unmapping it (see the module docstring)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:         # not glibc: nothing to undo
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(libc.mallopt(m_trim_threshold, TRIM_THRESHOLD))
-
-
 def _prepare_until(stop: threading.Event, store: Path, work: Path, cfg: Any, cpus: list[str]) -> int:
     """Prepare the round again and again on the CPU workers until `stop` is set; how many times it started."""
     import dask
@@ -182,6 +169,13 @@ def _prepare_until(stop: threading.Event, store: Path, work: Path, cfg: Any, cpu
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(f"{out}.work", ignore_errors=True)
     return n
+
+
+def _warm_up() -> bool:
+    """Runs on the GPU worker: import the trainer (torch, PyG) before anything is measured."""
+    from ..operators import stream_train, trainer  # noqa: F401
+
+    return True
 
 
 def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +233,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import dask
     from distributed import get_task_stream
 
-    from ..flow.plugin import GPU
+    from ..flow.allocator import describe as describe_allocator
+    from ..flow.allocator import keep_freed_memory
+    from ..flow.plugin import GPU, DiskflowPlugin
     from ..flow.prepare import PrepareConfig, prepare
     from ..flow.roles import stream_client
     from ..flow.stream import StreamConfig, StreamRun
@@ -266,16 +262,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best: dict[str, Any] = {}
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
-                           quiet=True) as client:
+                           quiet=True, keep_freed_memory=not args.dask_malloc) as client:
+            client.register_plugin(DiskflowPlugin())      # the GPU worker set up before anything is measured
             table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
                                                                     dask_scheduler.workers.items()})
             gpu = [a for a, r in table.items() if r.get(GPU)]
             cpus = sorted(a for a, r in table.items() if not r.get(GPU))
             pinned = _pin_cluster(client, cpus, gpu) if not args.no_pin else {}
+            client.run(_warm_up, workers=gpu)
             clock = _CpuClock(client, cpus, gpu)
-            allocator = "dask (MALLOC_TRIM_THRESHOLD_=65536)"
-            if not args.dask_malloc and all(client.run(_keep_freed_memory).values()):
-                allocator = f"reuse freed memory (mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim {TRIM_THRESHOLD >> 20} MiB)"
+            # the GPU worker's plugin does this itself (flow.allocator); the CPU workers get it too, so that
+            # both sides run as they would in a split run's setup
+            allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
             cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                                 device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,

@@ -3,8 +3,8 @@
 The driver registers one `DiskflowPlugin` on the cluster (``client.register_plugin``; idempotent,
 so every run and every worker that joins later gets the same one). On each worker, `setup`
 reads the worker's own settings from its Dask config — ``diskflow.scratch``,
-``diskflow.scratch-quota``, ``diskflow.device`` — which `diskflow worker --gpu --scratch DIR
---quota Q --device D` sets, and a worker started by hand takes from the environment
+``diskflow.scratch-quota``, ``diskflow.device``, ``diskflow.keep-freed-memory`` — which
+`diskflow worker --gpu --scratch DIR --quota Q --device D` sets, and a worker started by hand takes from the environment
 (``DASK_DISKFLOW__SCRATCH=/nvme/x dask worker --resources GPU=1 ...``) or defaults to
 ``LOCAL_DIRECTORY/diskflow-scratch``, no quota, and CUDA when the worker has it.
 
@@ -13,6 +13,11 @@ quota (`operators.stream_ship.ScratchSpace`), the run's directory there, and the
 (loader, model, optimizer, CPU tier) that `train-*` tasks continue. Tasks reach it with
 ``get_worker().plugins["diskflow"]``. `teardown` closes every trainer and removes the scratch
 directories of its runs.
+
+A GPU worker also gets its allocator back from Dask's memory-trimming setting
+(`flow.allocator.keep_freed_memory`; ``diskflow.keep-freed-memory: false`` keeps Dask's): the
+trainer allocates and frees large tensors every batch, which Dask's setting turns into page
+faults (CPU training about twice as slow).
 """
 from __future__ import annotations
 
@@ -28,17 +33,18 @@ from distributed import WorkerPlugin
 
 from ..operators.errors import ConfigError, DiskflowError
 from ..operators.files import parse_bytes
+from . import allocator
 
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
-CONFIG_KEYS = ("scratch", "scratch-quota", "device")
+CONFIG_KEYS = ("scratch", "scratch-quota", "device", "keep-freed-memory")
 
 
 def worker_config(scratch: str | os.PathLike[str] | None = None, quota: int | str | None = None,
-                  device: str | None = None) -> dict[str, Any]:
+                  device: str | None = None, keep_freed_memory: bool | None = None) -> dict[str, Any]:
     """The Dask config a diskflow worker runs with (``{"diskflow": {...}}``; None values left out)."""
     values = {"scratch": None if scratch is None else str(Path(scratch).resolve()),
-              "scratch-quota": quota, "device": device}
+              "scratch-quota": quota, "device": device, "keep-freed-memory": keep_freed_memory}
     return {"diskflow": {k: v for k, v in values.items() if v is not None}}
 
 
@@ -85,6 +91,10 @@ class DiskflowPlugin(WorkerPlugin):
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self.space = ScratchSpace(self.scratch, self.quota) if self.is_gpu else None
+        keep = cfg.get("keep-freed-memory", True)
+        if not isinstance(keep, bool):
+            keep = str(keep).strip().lower() not in ("0", "false", "no", "off")
+        self.allocator = allocator.describe(self.is_gpu and keep and allocator.keep_freed_memory())
 
     def teardown(self, worker: Any) -> None:
         for run in list(getattr(self, "jobs", {})):
@@ -105,7 +115,8 @@ class DiskflowPlugin(WorkerPlugin):
 
         free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else None
         return {"address": self.address, "gpu": self.is_gpu, "device": self.resolved_device(),
-                "scratch": str(self.scratch), "quota": self.quota, "free_bytes": free, "pid": os.getpid()}
+                "scratch": str(self.scratch), "quota": self.quota, "free_bytes": free, "pid": os.getpid(),
+                "allocator": self.allocator}
 
     # ------------------------------------------------------------------ runs
     def open_job(self, run: str, start_index: int) -> Job:
