@@ -27,7 +27,9 @@ preprocessing runs at most W superbatches ahead; a task's result is released as 
 downstream can need it. ``train`` k is submitted when ``ship`` k has succeeded; a superbatch
 that fails verification on arrival is packed and shipped once more, then the run stops naming
 it. At the start only the first superbatch is prepared (the rest of the window follows once its
-plan is done), so the GPU worker's first wait is as short as the critical path allows.
+plan is done), so the GPU worker's first wait is as short as the critical path allows; after
+that, plan k and its lookahead sample are submitted when plan k-1 is done, so that a CPU worker
+never starts sampling ahead while a pack the GPU worker waits for is about to become ready.
 
 Failures: a CPU worker lost mid-run costs only time (Dask recomputes its tasks; everything is
 deterministic, so the checksums and losses are the same). A lost GPU worker stops the run with
@@ -407,6 +409,8 @@ class StreamRun:
         self.watch: dict[Any, tuple[str, int]] = {}
         self.shipped_ok: set[int] = set()
         self.prepared: set[int] = set()
+        self.planned: set[int] = set()          # plans done
+        self.deferred: set[int] = set()         # due for preparation, waiting for the previous plan
         self.reshipped: set[int] = set()
         self.next_train = 0
         self.timeline: list[dict[str, Any]] = []
@@ -491,15 +495,23 @@ class StreamRun:
                 self.cfg.sampler_threads, key=f"sample-{r.key}-{self.tok}", **self._cpu(k)), "sample", k)
         return self.f["sample"][k]
 
-    def _prepare(self, k: int, attempt: int = 0, prefetch: bool = True) -> None:
+    def _prepare(self, k: int, attempt: int = 0) -> None:
         """Submit plan (once), pack and ship of superbatch k (`attempt` > 0: pack and ship again).
 
-        With `prefetch`, sampling runs one superbatch further, so plan k+1's lookahead is there in time.
+        Plan k (with its lookahead sample k+1) is submitted only once plan k-1 is done; until then
+        k waits in `deferred`. A CPU worker runs whatever task it holds that is ready, so a sample
+        submitted early would run ahead of pack k-1, whose plan had just finished but which the
+        scheduler had not handed over yet; each such sample delays a ``ship`` by its whole duration.
+        With more CPU workers, sampling runs ahead by one superbatch per extra worker (`_sample_lead`).
         """
+        if not attempt and k not in self.f["plan"] and k > self.start and k - 1 not in self.planned:
+            self.deferred.add(k)
+            return
+        self.deferred.discard(k)
+        for j in range(k + 2, k + 2 + self._sample_lead()):
+            self._sample(j)
         r, c = self.refs[k], self.client
         suffix = f"-r{attempt}" if attempt else ""
-        if prefetch:
-            self._sample(k + 2)
         if k not in self.f["plan"]:
             prev = self.f["plan"][k - 1] if k > self.start else None
             self.f["plan"][k] = self._watch(c.submit(
@@ -512,6 +524,10 @@ class StreamRun:
             ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
             **self._gpu(self._ship_priority(k), 0)), "ship", k)
         self.prepared.add(k)
+
+    def _sample_lead(self) -> int:
+        """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first."""
+        return max(0, len(self.cpu_addrs) - 1)
 
     def _submit_trains(self) -> None:
         """Submit train k for every shipped superbatch whose predecessor is submitted (in order).
@@ -572,7 +588,7 @@ class StreamRun:
         self._open_bars()
         try:
             self._submit_head(start_ids)
-            self._prepare(self.start, prefetch=False)     # the rest of the window once its plan is done
+            self._prepare(self.start)     # the rest of the window once its plan is done
             self._loop()
             self._checkpoints_written()
             finish = c.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False, **self._gpu(-self.n, 0))
@@ -651,8 +667,12 @@ class StreamRun:
     def _completed(self, kind: str, k: int, fut: Any) -> None:
         if kind in self.bars and k >= self.start:
             self.bars[kind].update(1)
-        if kind == "plan" and k == self.start:
-            self._open_window()
+        if kind == "plan":
+            self.planned.add(k)
+            if k == self.start:
+                self._open_window()
+            if k + 1 in self.deferred:
+                self._prepare(k + 1)
         elif kind == "ship-base":
             self.base_info = fut.result()
         elif kind == "ship":
@@ -692,7 +712,7 @@ class StreamRun:
         """
         for k in range(self.start + 1, min(self.start + self.cfg.window, self.n)):
             if k not in self.prepared:
-                self._prepare(k)
+                self._prepare(k)        # k = start + 1 now, the rest each when its previous plan is done
 
     def _trained(self, k: int, out: dict[str, Any]) -> None:
         self.trained += 1

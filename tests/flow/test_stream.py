@@ -126,6 +126,17 @@ def test_the_first_superbatch_gets_the_cpu_workers_first(streamed: dict[str, Any
     assert tl[1]["phases"]["sample"]["start"] < plan0, "superbatch 1's sample is the first plan's lookahead"
 
 
+def test_one_cpu_worker_packs_before_it_samples_ahead(streamed: dict[str, Any]) -> None:
+    """With one CPU worker, sampling never runs ahead of a pack the GPU worker is waiting for: sample k+2 (plan
+    k+1's lookahead) starts after pack k, and plan k+1 before sample k+3."""
+    tl = streamed["timeline"]
+    assert len(streamed["stream"]["cpu_workers"]) == 1
+    for k in range(len(tl) - 2):
+        assert tl[k + 2]["phases"]["sample"]["start"] >= tl[k]["phases"]["pack"]["start"], tl[k + 2]["key"]
+    for k in range(len(tl) - 3):
+        assert tl[k + 3]["phases"]["sample"]["start"] >= tl[k + 1]["phases"]["plan"]["start"], tl[k + 3]["key"]
+
+
 def test_stream_breakdown_adds_up(streamed: dict[str, Any]) -> None:
     """`diskflow bench stream` splits the stream into fill + training + gaps, from the report alone."""
     from diskflow.bench.stream import stream_breakdown
@@ -256,3 +267,23 @@ def test_run_command_options() -> None:
     assert base.fingerprint("s") == stream_mod.StreamConfig(train=StreamTrainConfig(), window=5).fingerprint("s")
     assert base.fingerprint("s") != stream_mod.StreamConfig(train=StreamTrainConfig(), seed=2).fingerprint("s")
     assert base.fingerprint("s") != stream_mod.StreamConfig(train=StreamTrainConfig(hidden=8)).fingerprint("s")
+
+
+def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path) -> None:
+    """The plugin undoes Dask's MALLOC_TRIM_THRESHOLD_ on the GPU worker, unless its config says not to."""
+    from types import SimpleNamespace
+
+    from diskflow.flow.plugin import DiskflowPlugin
+
+    assert streamed["stream"]["gpu_info"]["allocator"].startswith("reuse freed memory")
+
+    def worker(gpu: float) -> Any:
+        return SimpleNamespace(address="inproc://x", local_directory=str(tmp_path),
+                               state=SimpleNamespace(total_resources={"GPU": gpu}))
+
+    for setting, gpu, expected in ((False, 1, "the worker's default"), ("off", 1, "the worker's default"),
+                                   (True, 0, "the worker's default"), (None, 1, "reuse freed memory")):
+        plugin = DiskflowPlugin()
+        with dask.config.set({"diskflow.keep-freed-memory": setting}):
+            plugin.setup(worker(gpu))
+        assert plugin.allocator.startswith(expected), (setting, gpu, plugin.allocator)
