@@ -5,8 +5,9 @@ import json
 import mmap
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..operators.files import atomic_path
 

@@ -55,7 +55,16 @@ from ..operators.packed import (
     samples_name,
     write_index_file,
 )
-from ..operators.plan import SRC_MISS, SuperbatchPlan, WindowTrace, initial_fill, plan_belady, plan_static, static_tier, trace_window
+from ..operators.plan import (
+    SRC_MISS,
+    SuperbatchPlan,
+    WindowTrace,
+    initial_fill,
+    plan_belady,
+    plan_static,
+    static_tier,
+    trace_window,
+)
 from ..operators.planfile import load_plan, save_plan
 from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
