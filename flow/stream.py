@@ -274,7 +274,7 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
 def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str) -> Bundle:
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
-    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, tmp_dir=_local_tmp())
+    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url)
     bundle.meta.update(timing={"pack": _stamp(t0)}, tiers=tiers.figures)
     return bundle
 

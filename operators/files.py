@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -178,6 +179,22 @@ def save_aligned_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
         with open(tmp, "wb") as f:
             f.write(_npy_header(arr.dtype, arr.shape))
             f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
+
+
+def aligned_npy_bytes(array: np.ndarray) -> np.ndarray:
+    """The bytes `save_aligned_npy` would write, in memory (data at offset 4096)."""
+    arr = np.ascontiguousarray(array)
+    out = np.empty(ALIGN + arr.nbytes, np.uint8)
+    out[:ALIGN] = np.frombuffer(_npy_header(arr.dtype, arr.shape), np.uint8)
+    out[ALIGN:] = arr.reshape(-1).view(np.uint8)
+    return out
+
+
+def npy_bytes(array: np.ndarray) -> np.ndarray:
+    """The bytes `save_npy` would write, in memory."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array))
+    return np.frombuffer(buf.getbuffer(), np.uint8)
 
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:

@@ -34,8 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import InputError
-from .files import config_hash
-from .pack import prepare_targets
+from .files import aligned_npy_bytes, config_hash, npy_bytes
 from .packed import (
     PACKED_FORMAT,
     PACKED_VERSION,
@@ -249,28 +248,23 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
 
 
 def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: np.ndarray, *,
-              url: str | None = None, tmp_dir: str | os.PathLike[str] | None = None) -> Bundle:
+              url: str | None = None) -> Bundle:
     """The base bundle: GPU-tier rows, the CPU tier at the stream's start (-1: empty slot), labels.
+
+    Built in memory: the files travel as bytes (or are written once under `url`).
 
     `cpu_ids` is the CPU tier where the stream starts: the round-start tier, or on resume the
     tier a checkpoint saved (its rows are the store's rows of those ids, re-read here).
     """
     store = Store(store_path)
-    gpu_ids = np.asarray(gpu_ids, np.int64)
-    cpu_ids = np.asarray(cpu_ids, np.int64)
-    with tempfile.TemporaryDirectory(prefix="diskflow-base-", dir=tmp_dir) as d:
-        root = Path(d)
-        (root / ROUND_DIR).mkdir()
-        tiers, _ = prepare_targets(root, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-        for target in tiers:
-            ids = target.load_ids()
-            held = np.flatnonzero(ids >= 0)
-            if held.size:
-                rows = np.load(target.path, mmap_mode="r+")
-                rows[held] = store.gather(ids[held])
-                rows.flush()
-                del rows
-        np.save(root / "labels.npy", np.asarray(store.labels, dtype=np.int64))
-        files = {name: np.fromfile(root / name, np.uint8) for name in BASE_FILES}
+    files: dict[str, np.ndarray] = {}
+    for ids_name, rows_name, ids in (("gpu_ids.npy", "gpu_cache.npy", gpu_ids), ("cpu_ids.npy", "cpu_init.npy", cpu_ids)):
+        ids = np.asarray(ids, np.int64)
+        rows = np.zeros((ids.shape[0], store.feature_dim), store.feature_dtype)
+        held = np.flatnonzero(ids >= 0)
+        if held.size:
+            rows[held] = store.gather(ids[held])
+        files[ids_name], files[rows_name] = npy_bytes(ids), aligned_npy_bytes(rows)
+    files["labels.npy"] = npy_bytes(np.asarray(store.labels, dtype=np.int64))
     return make_bundle("base", files, None, url, {"figures": {"gpu_rows": int(gpu_ids.shape[0]),
                                                               "cpu_rows": int(cpu_ids.shape[0])}})
