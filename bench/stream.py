@@ -25,13 +25,16 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   setting on every worker.
 * The same model, seed, batches and evaluation (val/test once, after the last epoch) offline
   and streamed; the bench checks that their per-batch losses are identical.
-* The machine is shared and noisy: everything is measured ``--repeats`` times (default 3),
+* The machine is shared and noisy: everything is measured ``--repeats`` times (default 5),
   interleaved (prepare, train, stream, prepare, ...), and each measurement's fastest is kept,
   as `diskflow bench compare` does; the raw times are in the JSON (``runs_s``).
 * The default dataset and model are sized so that preparing and training a round take
-  comparable time on a 2-core machine (narrow features and a small GraphSAGE), and the round
-  has 6 epochs of 8 superbatches, so the stream's fill (the first superbatch must be prepared
-  before anything can train) weighs as it would in a real run, not as in a two-epoch toy.
+  comparable time on a 2-core machine (narrow features and a small GraphSAGE), with the
+  streaming default of 16 batches per superbatch; the round has 6 epochs (24 superbatches), so
+  the stream's fill (the first superbatch must be prepared before anything can train) weighs
+  as it would in a real run, not as in a two-epoch toy. Smaller superbatches
+  (``--superbatch-size 8``) double the per-superbatch work of both machines (tasks, transfers,
+  files, a loader pipeline that drains and refills) for the same batches.
 
 Where the streamed run's time goes (`stream_breakdown`, printed): ``fill_s`` (first submission
 to the first ``train`` start), ``train_busy_s`` (the ``train`` tasks), ``gaps_s`` (the GPU worker
@@ -76,11 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-frac", type=float, default=0.30, help="synthetic graph: training share (default 0.30)")
     p.add_argument("--fanouts", type=fanouts_option(), default=(15, 10), help="per-hop fanouts (default 15,10)")
     p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
-    p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
+    p.add_argument("--superbatch-size", type=int, default=16,
+                   help="batches per superbatch (default 16, as `diskflow run streaming`)")
     p.add_argument("--epochs", type=int, default=6, help="epochs (default 6)")
     p.add_argument("--window", type=int, default=3, help="streaming window, superbatches (default 3)")
     p.add_argument("--model", default="sage", help="model (default sage)")
-    p.add_argument("--hidden", type=int, default=8, help="hidden channels (default 8)")
+    p.add_argument("--hidden", type=int, default=4, help="hidden channels (default 4)")
     p.add_argument("--cpu-workers", type=int, default=1, help="CPU workers (default 1)")
     p.add_argument("--device", default="cpu", help="the GPU worker's device (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (default 1)")
@@ -93,9 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "allocation above 128 KiB mapped and unmapped again) instead of letting them reuse memory")
     p.add_argument("--no-contended", action="store_true",
                    help="skip the diagnostic third training run, made while the CPU workers prepare the round again")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=5,
                    help="measure everything this many times, interleaved, and keep each measurement's fastest "
-                        "(default 3; this machine is shared and noisy)")
+                        "(default 5; this machine is shared and noisy)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the fastest streamed run's report and timeline here (report.json, timeline.png)")
 
