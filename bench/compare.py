@@ -67,13 +67,13 @@ import os
 import resource
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..flow.options import fanouts_option
+from ..operators.checksum import crc32
 from ..operators.errors import ConfigError, InputError
 from ..operators.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
@@ -256,7 +256,7 @@ def _file_crc(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
     return crc
 
 

@@ -35,7 +35,6 @@ import queue
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from torch_geometric.data import Data
 from ..native import _native
 from ..native.reader import DirectReader, aligned_empty
 from .batches import Sample, batch_data
+from .checksum import crc32
 from .errors import ConfigError, InputError
 from .files import ALIGN, format_bytes
 from .packed import (
@@ -646,7 +646,7 @@ class PackedLoader:
         """Check the crc32 of every packed segment the load stage staged (an InputError names file and batch)."""
         rec = st.record
         for p, start, n in st.segments:
-            if zlib.crc32(st.buffer[start:start + n].data) != int(rec.seg_crc[p]):
+            if crc32(st.buffer[start:start + n].data) != int(rec.seg_crc[p]):
                 raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {st.batch}, shard {p} (segment "
                                                         f"at byte {int(rec.seg_offset[p])}, {int(rec.seg_rows[p])} rows)")
 

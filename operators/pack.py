@@ -22,7 +22,6 @@ import mmap
 import os
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .checksum import crc32
 from .errors import InputError
 from .files import ALIGN, atomic_path, create_aligned_npy, save_npy
 from .packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
@@ -279,7 +279,7 @@ class _SegmentWriter:
             k = min(local.shape[0] - t, (self.buf.shape[0] - self.fill) // rb)
             dst = self.buf[self.fill:self.fill + k * rb]
             np.take(feats, local[t:t + k], axis=0, out=dst.view(feats.dtype).reshape(k, feats.shape[1]), mode="clip")
-            crc = zlib.crc32(dst.data, crc)
+            crc = crc32(dst.data, crc)
             self.fill += k * rb
             t += k
         return crc
@@ -524,7 +524,7 @@ def pack_naive(store_path: str | os.PathLike[str], route_paths: Sequence[str | o
                                 continue
                             seg = np.ascontiguousarray(shards[p][rows])   # one page fault (random read) per row
                             data = seg.reshape(-1).view(np.uint8).data
-                            crc[i, p] = zlib.crc32(data)
+                            crc[i, p] = crc32(data)
                             os.pwritev(fds[p], [data, bytes(int(padded(data.nbytes)) - data.nbytes)], int(offsets[i, p]))
                             rows_total += rows.size
                 for p in range(P):

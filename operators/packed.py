@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .checksum import crc32
 from .errors import InputError
 from .files import ALIGN, atomic_path, read_manifest
 from .samples import SampleRecord, read_samples
@@ -129,7 +129,7 @@ def file_crc(path: str | os.PathLike[str], offset: int, nbytes: int) -> int:
                 if not chunk:
                     raise InputError(path, f"truncated: expected {offset + nbytes} bytes, file ends at "
                                            f"{offset + done}")
-                crc = zlib.crc32(chunk, crc)
+                crc = crc32(chunk, crc)
                 done += len(chunk)
     except OSError as e:
         raise InputError(path, f"unreadable file ({e.strerror or e})") from e
@@ -471,7 +471,7 @@ class PackedDataset:
             if got != nbytes:
                 raise InputError(self.part_paths[p], f"truncated: batch {record.batch}, shard {p} needs bytes "
                                                      f"[{off}, {off + nbytes}), file ends at {off + got}")
-            if check_crc and zlib.crc32(view.data) != int(record.seg_crc[p]):
+            if check_crc and crc32(view.data) != int(record.seg_crc[p]):
                 raise InputError(self.part_paths[p], f"checksum mismatch in batch {record.batch}, shard {p} "
                                                      f"(segment at byte {off}, {int(rows[p])} rows)")
             start += nbytes

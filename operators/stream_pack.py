@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .checksum import crc32
 from .errors import InputError
 from .files import aligned_npy_bytes, config_hash, npy_bytes
 from .packed import (
@@ -86,7 +86,7 @@ def _bytes(buf: np.ndarray) -> memoryview:
 
 
 def _crc(buf: np.ndarray | bytes) -> int:
-    return zlib.crc32(_bytes(buf)) if isinstance(buf, np.ndarray) else zlib.crc32(buf)
+    return crc32(_bytes(buf)) if isinstance(buf, np.ndarray) else crc32(buf)
 
 
 def make_bundle(key: str, files: dict[str, np.ndarray], manifest: dict[str, Any] | None, url: str | None = None,
@@ -220,7 +220,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
                     for j in np.flatnonzero(seg_rows[:, p]):     # one copy per (batch, shard) segment
                         seg = rows[ends[j] - seg_rows[j, p] * rb:ends[j]]
                         buf[offsets[j, p]:offsets[j, p] + seg.size] = seg
-                        crc[j, p] = zlib.crc32(seg.data)
+                        crc[j, p] = crc32(seg.data)
                 files[f"{ROUND_DIR}/{part_name(p)}"] = buf
             index_path = Path(d) / "index.arrow"
             write_index_file(index_path, route.records(offsets, crc),

@@ -22,12 +22,12 @@ import itertools
 import os
 import shutil
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .checksum import crc32
 from .errors import ConfigError, InputError
 from .files import format_bytes, staging_dir, write_manifest
 from .stream_pack import BASE_FILES, Bundle
@@ -163,7 +163,7 @@ def _write(bundle: Bundle, rel: str, dest: Path) -> int:
         with open(dest, "wb") as f:     # checksum and write each chunk while it is in the cache: one pass
             for start in range(0, len(data), CACHE_CHUNK):
                 chunk = data[start:start + CACHE_CHUNK]
-                crc = zlib.crc32(chunk, crc)
+                crc = crc32(chunk, crc)
                 f.write(chunk)
         return crc
     if bundle.url is None:
@@ -176,7 +176,7 @@ def _write(bundle: Bundle, rel: str, dest: Path) -> int:
     try:
         with fs.open(src, "rb") as fin, open(dest, "wb") as fout:
             while chunk := fin.read(COPY_CHUNK):
-                crc = zlib.crc32(chunk, crc)
+                crc = crc32(chunk, crc)
                 fout.write(chunk)
     except FileNotFoundError as e:
         raise ShipVerifyError(f"{bundle.url}/{rel}", f"superbatch {bundle.key}: file missing at the source") from e

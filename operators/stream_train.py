@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
+from .checksum import crc32
 from .errors import ConfigError, InputError
 from .load import PackedLoader
 from .models import build_model
@@ -236,7 +236,7 @@ class StreamTrainer:
     def _check_tier(self, sb_dir: Path, loader: PackedLoader) -> None:
         """After the superbatch the carried CPU tier must hold exactly the rows its plan left there."""
         want = loader.ds.manifest.get("stream", {}).get("cpu_ids_crc")
-        if want is not None and zlib.crc32(np.ascontiguousarray(loader.cpu_ids, np.int64).data) != int(want):
+        if want is not None and crc32(np.ascontiguousarray(loader.cpu_ids, np.int64).data) != int(want):
             raise InputError(sb_dir, "the CPU tier after this superbatch differs from the plan's (superbatches "
                                      "trained out of order, or a plan of another run)")
 
