@@ -27,7 +27,8 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   and streamed; the bench checks that their per-batch losses are identical.
 * The machine is shared and noisy: everything is measured ``--repeats`` times (default 5),
   interleaved (prepare, train, stream, prepare, ...), and each measurement's fastest is kept,
-  as `diskflow bench compare` does; the raw times are in the JSON (``runs_s``).
+  as `diskflow bench compare` does; the raw times are in the JSON (``runs_s``), and the ratio of
+  the medians is printed next to the headline (``stream_over_max_median``).
 * The default dataset and model are sized so that preparing and training a round take
   comparable time on a 2-core machine (narrow features and a small GraphSAGE), with the
   streaming default of 16 batches per superbatch; the round has 6 epochs (24 superbatches), so
@@ -57,6 +58,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -351,6 +353,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "stream_s": stream_s, "prepare_s": prepare_s, "train_s": train_s,
         "gpu_idle_fraction": rep["stream"]["gpu_idle_fraction"],
         "sum_s": prepare_s + train_s, "stream_over_max": stream_s / longest,
+        "stream_over_max_median": statistics.median(runs["stream"]) / max(statistics.median(runs["prepare"]),
+                                                                          statistics.median(runs["train"])),
         "stream_over_sum": stream_s / (prepare_s + train_s), "target": TARGET,
         "target_met": stream_s <= TARGET * longest, "same_losses": same,
         "superbatches": rep["stream"]["superbatches"], "window": args.window, "epochs": args.epochs,
@@ -383,6 +387,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"\nGPU worker idle while streaming: {figures['gpu_idle_fraction'] * 100:.1f}%   "
           f"target stream <= {TARGET} x max(prepare, train): {'met' if figures['target_met'] else 'NOT met'} "
           f"({figures['stream_over_max']:.2f} x)   same losses: {same}")
+    if args.repeats > 1:
+        print(f"spread of the {args.repeats} repeats (seconds): " + ", ".join(
+            f"{k} {min(v):.2f}-{max(v):.2f}" for k, v in runs.items() if v)
+            + f"; the medians' ratio stream / max(prepare, train) is {figures['stream_over_max_median']:.2f} x")
     print(f"streamed run = fill {parts['fill_s']:.2f} s (tiers and the first superbatch prepared and shipped) + "
           f"training {parts['train_busy_s']:.2f} s ({figures['streamed_train_over_offline']:.2f} x the offline "
           f"training) + gaps {parts['gaps_s']:.2f} s (waiting for a superbatch {parts['starved_s']:.2f} s, "
