@@ -526,8 +526,9 @@ class StreamRun:
         self.prepared.add(k)
 
     def _sample_lead(self) -> int:
-        """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first."""
-        return max(0, len(self.cpu_addrs) - 1)
+        """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first,
+        at most the window (so what is held in workers' memory stays bounded by the window)."""
+        return min(max(0, len(self.cpu_addrs) - 1), self.cfg.window)
 
     def _submit_trains(self) -> None:
         """Submit train k for every shipped superbatch whose predecessor is submitted (in order).
