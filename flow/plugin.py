@@ -83,15 +83,17 @@ class DiskflowPlugin(WorkerPlugin):
 
         self.address = str(worker.address)
         self.is_gpu = float(worker.state.total_resources.get(GPU, 0)) > 0
-        cfg = dask.config.get("diskflow", default={}) or {}
-        quota = cfg.get("scratch-quota")
+        def setting(key: str, default: Any = None) -> Any:    # "scratch-quota" also finds DASK_DISKFLOW__SCRATCH_QUOTA's
+            return dask.config.get(f"diskflow.{key}", default=default)
+
+        quota = setting("scratch-quota")
         self.quota = parse_bytes(quota, "diskflow.scratch-quota") if quota not in (None, "", "none") else None
-        self.device = str(cfg.get("device") or "auto")
-        self.scratch: Path = Path(cfg.get("scratch") or Path(worker.local_directory) / "diskflow-scratch")
+        self.device = str(setting("device") or "auto")
+        self.scratch: Path = Path(setting("scratch") or Path(worker.local_directory) / "diskflow-scratch")
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self.space = ScratchSpace(self.scratch, self.quota) if self.is_gpu else None
-        keep = cfg.get("keep-freed-memory", True)
+        keep = setting("keep-freed-memory", True)
         if not isinstance(keep, bool):
             keep = str(keep).strip().lower() not in ("0", "false", "no", "off")
         self.allocator = allocator.describe(self.is_gpu and keep and allocator.keep_freed_memory())

@@ -287,3 +287,27 @@ def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path
         with dask.config.set({"diskflow.keep-freed-memory": setting}):
             plugin.setup(worker(gpu))
         assert plugin.allocator.startswith(expected), (setting, gpu, plugin.allocator)
+
+
+def test_a_worker_started_by_hand_reads_its_settings_from_the_environment(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DASK_DISKFLOW__SCRATCH_QUOTA=... dask worker --resources GPU=1` (Dask keeps such keys with underscores)."""
+    from types import SimpleNamespace
+
+    from diskflow.flow.plugin import DiskflowPlugin
+
+    env = {"DASK_DISKFLOW__SCRATCH": str(tmp_path / "scratch"), "DASK_DISKFLOW__SCRATCH_QUOTA": "3MiB",
+           "DASK_DISKFLOW__DEVICE": "cpu", "DASK_DISKFLOW__KEEP_FREED_MEMORY": "false"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    dask.config.refresh()
+    try:
+        plugin = DiskflowPlugin()
+        plugin.setup(SimpleNamespace(address="inproc://x", local_directory=str(tmp_path),
+                                     state=SimpleNamespace(total_resources={"GPU": 1})))
+        assert (plugin.quota, plugin.device, plugin.scratch) == (3 << 20, "cpu", tmp_path / "scratch")
+        assert plugin.allocator.startswith("the worker's default")
+    finally:
+        for k in env:
+            monkeypatch.delenv(k)
+        dask.config.refresh()
