@@ -37,7 +37,6 @@ from . import allocator
 
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
-CONFIG_KEYS = ("scratch", "scratch-quota", "device", "keep-freed-memory")
 
 
 def worker_config(scratch: str | os.PathLike[str] | None = None, quota: int | str | None = None,
