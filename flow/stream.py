@@ -139,7 +139,7 @@ class SampleResult:
     """A sampled superbatch: its Arrow IPC samples and summary, and when/where it was made."""
 
     key: str
-    data: bytes
+    data: np.ndarray             # uint8: the samples file's bytes
     summary: dict[str, Any]
     timing: dict[str, Any]
 
@@ -203,7 +203,7 @@ def _local_tmp() -> str | None:
 def sample_task(store: str, ref: SuperbatchRef, batch_size: int, fanouts: tuple[int, ...], seed: int,
                 threads: int) -> SampleResult:
     t0 = time.time()
-    data, summary = sample_bytes(store, ref, batch_size, fanouts, seed, threads, tmp_dir=_local_tmp())
+    data, summary = sample_bytes(store, ref, batch_size, fanouts, seed, threads)
     return SampleResult(ref.key, data, summary, _stamp(t0))
 
 

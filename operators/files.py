@@ -58,9 +58,9 @@ def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[
         raise
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON atomically (sorted keys, so identical content gives identical bytes)."""
-    with atomic_path(path) as tmp:
+def write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> None:
+    """Write JSON atomically (sorted keys, so identical content gives identical bytes); `durable`: see `atomic_path`."""
+    with atomic_path(path, durable) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
@@ -87,9 +87,12 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise InputError(p, f"unreadable manifest ({e})") from e
 
 
-def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
-    """Write `manifest.json` last: from this moment the directory is a valid output."""
-    write_json(Path(directory) / MANIFEST, manifest)
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any], durable: bool = True) -> None:
+    """Write `manifest.json` last: from this moment the directory is a valid output.
+
+    `durable=False` skips the fsync, for scratch outputs that never outlive the process using them.
+    """
+    write_json(Path(directory) / MANIFEST, manifest, durable)
 
 
 @contextlib.contextmanager

@@ -193,13 +193,22 @@ def index_record_batch(r: IndexRecord) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=INDEX_SCHEMA)
 
 
+def index_bytes(records: Sequence[IndexRecord], metadata: dict[str, Any] | None = None) -> pa.Buffer:
+    """A superbatch's index records as the bytes of an Arrow IPC index file, built in memory."""
+    schema = INDEX_SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        for r in records:
+            writer.write_batch(index_record_batch(r))
+    return sink.getvalue()
+
+
 def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord],
                      metadata: dict[str, Any] | None = None) -> None:
     """Write a superbatch's index records as an Arrow IPC file (temp name -> rename)."""
-    schema = INDEX_SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
-    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        for r in records:
-            writer.write_batch(index_record_batch(r))
+    data = index_bytes(records, metadata)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(data))
 
 
 def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:

@@ -65,14 +65,22 @@ def record_batch(batch: int, sampled: object) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
 
 
+def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | None = None) -> pa.Buffer:
+    """The record batches as the bytes of an Arrow IPC samples file, built in memory."""
+    schema = SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        for rb in batches:
+            writer.write_batch(rb)
+    return sink.getvalue()
+
+
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
                   metadata: dict[str, str] | None = None) -> None:
     """Write record batches to an Arrow IPC file atomically."""
-    schema = SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
-    with atomic_path(path) as tmp:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            for rb in batches:
-                writer.write_batch(rb)
+    data = samples_bytes(batches, metadata)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(data))
 
 
 def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:

@@ -39,15 +39,15 @@ from .packed import (
     PACKED_FORMAT,
     PACKED_VERSION,
     ROUND_DIR,
+    index_bytes,
     index_name,
     part_name,
     samples_name,
-    write_index_file,
 )
 from .plan import BatchPlan
 from .route import RouteFile, route_superbatch, segment_offsets
 from .store import Store
-from .superbatch import SuperbatchRef, sample_superbatch
+from .superbatch import SuperbatchRef, sample_superbatch_bytes
 
 BASE_FILES = ("gpu_ids.npy", "gpu_cache.npy", "cpu_ids.npy", "cpu_init.npy", "labels.npy")
 
@@ -114,22 +114,18 @@ def make_bundle(key: str, files: dict[str, np.ndarray], manifest: dict[str, Any]
 # ---------------------------------------------------------------------------- samples as bytes
 
 def sample_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
-                 seed: int, num_threads: int | None = None, tmp_dir: str | os.PathLike[str] | None = None
-                 ) -> tuple[bytes, dict[str, Any]]:
+                 seed: int, num_threads: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Sample superbatch `ref` exactly as the offline round does; return its Arrow IPC file's bytes and summary.
 
-    The samples are what `superbatch.sample_superbatch` writes (same seeds, same batches), read
-    back as bytes so they can travel as a task result.
+    The samples are the bytes `superbatch.sample_superbatch` writes (same seeds, same batches),
+    built in memory (a uint8 array, which Dask moves without copying it into the pickle) so they
+    can travel as a task result without a file on the way.
     """
-    with tempfile.TemporaryDirectory(prefix="diskflow-sample-", dir=tmp_dir) as d:
-        path = Path(d) / ref.filename
-        summary = sample_superbatch(store_path, path, ref, batch_size, fanouts, seed, num_threads)
-        data = path.read_bytes()
-    summary.pop("path", None)
-    return data, summary
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
+    return np.frombuffer(data, np.uint8), summary
 
 
-def sample_n_ids(data: bytes, key: str = "") -> list[np.ndarray]:
+def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
     """The `n_id` arrays of a superbatch's samples given as Arrow IPC file bytes (zero-copy)."""
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data))
@@ -139,7 +135,7 @@ def sample_n_ids(data: bytes, key: str = "") -> list[np.ndarray]:
         raise InputError(f"samples of {key or 'a superbatch'}", f"unreadable Arrow samples ({e})") from e
 
 
-def count_bytes(data: bytes, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+def count_bytes(data: bytes | np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, counts) of every node accessed in a superbatch's samples (one dense bincount)."""
     n_ids = sample_n_ids(data)
     if not n_ids:
@@ -177,7 +173,7 @@ def _gather(store: Store, p: int, ids: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(store.shard_array(p)[local])
 
 
-def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samples: bytes,
+def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samples: bytes | np.ndarray,
                     plans: Sequence[BatchPlan], header: dict[str, Any], *, final_cache: np.ndarray | None = None,
                     stream_index: int | None = None, url: str | None = None,
                     tmp_dir: str | os.PathLike[str] | None = None) -> Bundle:
@@ -222,10 +218,9 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
                         buf[offsets[j, p]:offsets[j, p] + seg.size] = seg
                         crc[j, p] = crc32(seg.data)
                 files[f"{ROUND_DIR}/{part_name(p)}"] = buf
-            index_path = Path(d) / "index.arrow"
-            write_index_file(index_path, route.records(offsets, crc),
-                             {"key": ref.key, "epoch": ref.epoch, "first_batch": ref.round_first_batch})
-            files[f"{ROUND_DIR}/{index_name(ref.key)}"] = np.fromfile(index_path, np.uint8)
+            index = index_bytes(route.records(offsets, crc),
+                                {"key": ref.key, "epoch": ref.epoch, "first_batch": ref.round_first_batch})
+            files[f"{ROUND_DIR}/{index_name(ref.key)}"] = np.frombuffer(index, np.uint8)
         finally:
             route.close()
     files[f"{ROUND_DIR}/{samples_name(ref.key)}"] = np.frombuffer(samples, np.uint8)

@@ -217,8 +217,8 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
                     os.link(Path(base) / name, stage / name)
                 except OSError:
                     shutil.copyfile(Path(base) / name, stage / name)
-        if bundle.manifest is not None:
-            write_manifest(stage, bundle.manifest)
+        if bundle.manifest is not None:     # no fsync: a staged superbatch never outlives its run on this worker
+            write_manifest(stage, bundle.manifest, durable=False)
     return {"key": bundle.key, "dir": str(dest), "bytes": bundle.nbytes}
 
 

@@ -13,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
 from .errors import ConfigError
-from .samples import record_batch, write_samples
+from .files import atomic_path
+from .samples import record_batch, samples_bytes
 from .seeds import TRAIN_STREAM, batch_seed, seed_batches
 from .store import Store
 
@@ -72,6 +75,16 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
     Returns a small summary: batches, accesses (sum of n_id lengths), the largest batch's
     node count, and sampled edges.
     """
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
+    with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(data))
+    return {**summary, "path": str(Path(out_path))}
+
+
+def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
+                            fanouts: Sequence[int], seed: int, num_threads: int | None = None
+                            ) -> tuple[pa.Buffer, dict]:
+    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary."""
     from .sample import NeighborSampler
 
     store = Store(store_path)
@@ -86,7 +99,7 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
         accesses += n
         max_nodes = max(max_nodes, n)
         edges += int(s.edge_index.shape[1])
-    write_samples(out_path, records, {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
-                                      "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size})
-    return {"key": ref.key, "path": str(Path(out_path)), "batches": ref.num_batches, "accesses": accesses,
-            "max_nodes": max_nodes, "edges": edges}
+    data = samples_bytes(records, {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
+                                   "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size})
+    return data, {"key": ref.key, "batches": ref.num_batches, "accesses": accesses, "max_nodes": max_nodes,
+                  "edges": edges}

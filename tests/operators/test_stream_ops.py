@@ -69,6 +69,24 @@ def test_samples_are_the_offline_rounds(tiny_store: Path, tmp_path: Path, stream
     r = stream["refs"][4]
     sample_superbatch(tiny_store, tmp_path / "s.arrow", r, B, F, SEED)
     assert all(np.array_equal(a, b) for a, b in zip(read_n_ids(tmp_path / "s.arrow"), sample_n_ids(stream["samples"][4])))
+    # built in memory, the stream's samples are byte for byte the offline round's file
+    assert bytes(stream["samples"][4]) == (tmp_path / "s.arrow").read_bytes()
+
+
+def test_an_index_built_in_memory_is_the_index_file(tmp_path: Path, stream: dict) -> None:
+    """A bundle's index (built in memory) and `write_index_file`'s file of the same records are the same bytes."""
+    import pyarrow as pa
+
+    from diskflow.operators.packed import ROUND_DIR, index_bytes, index_name, read_index_file, write_index_file
+
+    bundle = _bundle(stream, 1)
+    shipped = bundle.data[f"{ROUND_DIR}/{index_name(bundle.key)}"]
+    (tmp_path / "shipped.arrow").write_bytes(shipped.tobytes())
+    records = read_index_file(tmp_path / "shipped.arrow")
+    assert len(records) == stream["refs"][1].num_batches
+    meta = {k.decode(): v.decode() for k, v in pa.ipc.open_file(tmp_path / "shipped.arrow").schema.metadata.items()}
+    write_index_file(tmp_path / "written.arrow", records, meta)
+    assert (tmp_path / "written.arrow").read_bytes() == shipped.tobytes() == bytes(index_bytes(records, meta))
 
 
 def test_a_staged_superbatch_replays_bit_exactly(tmp_path: Path, stream: dict) -> None:
