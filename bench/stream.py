@@ -33,7 +33,12 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   comparable time on a 2-core machine (narrow features and a small GraphSAGE), with the
   streaming default of 16 batches per superbatch; the round has 6 epochs (24 superbatches), so
   the stream's fill (the first superbatch must be prepared before anything can train) weighs
-  as it would in a real run, not as in a two-epoch toy. Smaller superbatches
+  as it would in a real run, not as in a two-epoch toy. With the default budget (10% of the
+  features plus the staging of the worst-case batch, as `diskflow run`'s) that narrow feature
+  table fits the CPU tier whole: the stream ships each superbatch's samples and index (about
+  14 MiB per 16 batches) and almost no feature rows, which the bench prints (``features``).
+  ``--cpu-memory`` gives a smaller budget, so that most rows are packed and read from the
+  scratch disk. Smaller superbatches
   (``--superbatch-size 8``) double the per-superbatch work of both machines (tasks, transfers,
   files, a loader pipeline that drains and refills) for the same batches.
 
@@ -87,6 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=3, help="streaming window, superbatches (default 3)")
     p.add_argument("--model", default="sage", help="model (default sage)")
     p.add_argument("--hidden", type=int, default=4, help="hidden channels (default 4)")
+    p.add_argument("--cpu-memory", default=None, metavar="SIZE",
+                   help="the trainer's host budget for features (CPU tier + staging + I/O buffers; bytes, '12MiB' or "
+                        "'10%%' of the features), as `diskflow run`'s; default: 10%% of the features plus the staging "
+                        "of the worst-case batch, which on the default graph holds every row in the CPU tier")
     p.add_argument("--cpu-workers", type=int, default=1, help="CPU workers (default 1)")
     p.add_argument("--device", default="cpu", help="the GPU worker's device (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (default 1)")
@@ -253,7 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.repeats < 1:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")
     store = Store(_store(args))
-    budgets = packed_budgets(store, None, 0, None, args.fanouts, args.batch_size)   # CPU tier: 10% of the features
+    budgets = packed_budgets(store, args.cpu_memory, 0, None, args.fanouts, args.batch_size)
     tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
     round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
                   "epochs": args.epochs, "seed": args.seed}
@@ -368,6 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s": {k: v[runs[k].index(min(runs[k]))] for k, v in cpu.items()},     # of each fastest run
         "ship_busy_s": sum(e["phases"]["ship"]["end"] - e["phases"]["ship"]["start"] for e in rep["timeline"]),
         "breakdown": parts, "streamed_train_over_offline": parts["train_busy_s"] / train_s,
+        "features": _feature_tiers(rep, store.num_nodes),
     }
     rows = [
         {"run": "prepare (offline, whole round)", "seconds": prepare_s, "x max": prepare_s / longest},
@@ -395,6 +405,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"training {parts['train_busy_s']:.2f} s ({figures['streamed_train_over_offline']:.2f} x the offline "
           f"training) + gaps {parts['gaps_s']:.2f} s (waiting for a superbatch {parts['starved_s']:.2f} s, "
           f"longest gap {parts['max_gap_s']:.3f} s)")
+    f = figures["features"]
+    print(f"features: CPU tier {f['cpu_rows']:,} of {store.num_nodes:,} rows ({f['cpu_share'] * 100:.0f}%), GPU tier "
+          f"{f['gpu_rows']:,}; packed (read from the scratch disk) while streaming: {f['packed_bytes'] / 2**20:.1f} MiB, "
+          f"{f['packed_share'] * 100:.1f}% of the feature reads; bundles {f['bundle_bytes'] / 2**20:.1f} MiB per superbatch")
     c = figures["cpu_s"]
     print("CPU seconds used (GPU worker / CPU workers / scheduler, nannies and driver): "
           + ", ".join(f"{k} {c[k]['gpu_worker']:.2f} / {c[k]['cpu_workers']:.2f} / {c[k]['scheduler_driver']:.2f}"
@@ -406,6 +420,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"max(prepare, train while preparing) = {longest_contended:.2f} s the stream takes "
               f"{figures['stream_over_max_contended']:.2f} x")
     return figures
+
+
+def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
+    """Where the streamed run's feature rows came from: tier sizes, packed rows and bytes, bundle sizes."""
+    tiers = report["stream"].get("tiers", {})
+    figs = [e.get("figures", {}) for e in report["timeline"]]
+    packed_rows = sum(int(f.get("packed_rows", 0)) for f in figs)
+    reads = packed_rows + sum(int(f.get("cpu_hits", 0)) + int(f.get("gpu_hits", 0)) for f in figs)
+    bundles = [int(e.get("bytes", 0)) for e in report["timeline"]]
+    return {"cpu_rows": int(tiers.get("cpu_rows", 0)), "gpu_rows": int(tiers.get("gpu_rows", 0)),
+            "cpu_share": int(tiers.get("cpu_rows", 0)) / num_nodes if num_nodes else 0.0,
+            "packed_rows": packed_rows, "packed_bytes": sum(int(f.get("packed_bytes", 0)) for f in figs),
+            "packed_share": packed_rows / reads if reads else 0.0,
+            "bundle_bytes": statistics.mean(bundles) if bundles else 0.0}
 
 
 def _cores(pinned: dict[str, list[int]], cpus: list[str], gpu: list[str]) -> str:

@@ -337,6 +337,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     out["timing"] = {**shipped["timing"], "train": _stamp(t0)}
     out["usage"] = plugin.space.usage()
     out["pack"] = shipped.get("meta", {})
+    out["bytes"] = int(shipped.get("bytes", 0))
     return out
 
 
@@ -742,7 +743,7 @@ class StreamRun:
                   for name, t in out["timing"].items()}
         return {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": phases,
                 "prepared": phases["pack"]["end"], "shipped": phases["ship"]["end"], "trained": phases["train"]["end"],
-                "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"),
+                "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
                 "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
 
     def _write_checkpoint(self, ck: dict[str, Any]) -> None:

@@ -149,6 +149,19 @@ def test_stream_breakdown_adds_up(streamed: dict[str, Any]) -> None:
     assert 0 < parts["tail_s"] <= s["stream_s"] and parts["train_task_extra_s"] > 0
 
 
+def test_bench_reports_where_the_features_came_from(streamed: dict[str, Any]) -> None:
+    """`diskflow bench stream` says how much of the round the CPU tier held and how much was packed and shipped."""
+    from diskflow.bench.stream import _feature_tiers
+
+    nodes = streamed["dataset"]["nodes"]
+    f, tl = _feature_tiers(streamed, nodes), streamed["timeline"]
+    assert f["cpu_rows"] == streamed["stream"]["tiers"]["cpu_rows"] and f["cpu_share"] == f["cpu_rows"] / nodes
+    assert f["packed_rows"] == sum(e["figures"]["packed_rows"] for e in tl) > 0
+    assert f["packed_bytes"] == sum(e["figures"]["packed_bytes"] for e in tl) >= f["packed_rows"]
+    assert 0 < f["packed_share"] < 1
+    assert all(e["bytes"] > e["figures"]["packed_bytes"] for e in tl)     # the index and the samples travel too
+
+
 def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
     """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there."""
     rep = streaming.run(f"file://{tiny_store}", tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared",
