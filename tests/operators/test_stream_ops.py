@@ -111,6 +111,20 @@ def test_a_staged_superbatch_replays_bit_exactly(tmp_path: Path, stream: dict) -
         shutil.rmtree(d)
 
 
+def test_staged_segments_go_to_writeback_at_once(tmp_path: Path, stream: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the packed segments (read with direct I/O) are handed to the kernel's writeback when staged."""
+    import os
+
+    advised: list[str] = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: advised.append(os.readlink(f"/proc/self/fd/{fd}")))
+    b = _bundle(stream, 1)
+    parts = sorted(rel for rel, n in b.sizes.items() if rel.endswith(".bin") and n)
+    assert parts
+    staged = Path(stage_bundle(b, tmp_path / "e0-s00001")["dir"])
+    assert sorted(Path(p).name for p in advised) == sorted(Path(rel).name for rel in parts)
+    assert all((staged / rel).stat().st_size == b.sizes[rel] for rel in b.sizes)
+
+
 def test_shipping_verifies_every_file(tmp_path: Path, stream: dict) -> None:
     b = _bundle(stream, 1)
     part = next(rel for rel, n in b.sizes.items() if rel.endswith(".bin") and n)
