@@ -15,10 +15,12 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from .errors import ConfigError, InputError
 
@@ -62,6 +64,22 @@ def write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> 
     """Write JSON atomically (sorted keys, so identical content gives identical bytes); `durable`: see `atomic_path`."""
     with atomic_path(path, durable) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def write_bytes(path: str | os.PathLike[str], data: Any, durable: bool = True) -> None:
+    """Write a buffer (bytes, a uint8 array, an Arrow buffer) to `path` atomically; `durable`: see `atomic_path`."""
+    with atomic_path(path, durable) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(data))
+
+
+def arrow_file_bytes(schema: pa.Schema, batches: Iterable[pa.RecordBatch], metadata: dict[str, Any] | None = None
+                     ) -> pa.Buffer:
+    """The bytes of an Arrow IPC file of `batches` (schema with `metadata`, values as strings), built in memory."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})) as writer:
+        for rb in batches:
+            writer.write_batch(rb)
+    return sink.getvalue()
 
 
 def _json_default(o: Any) -> Any:

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from .checksum import crc32
 from .errors import InputError
-from .files import ALIGN, atomic_path, read_manifest
+from .files import ALIGN, arrow_file_bytes, atomic_path, read_manifest, write_bytes
 from .samples import SampleRecord, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
@@ -195,20 +195,13 @@ def index_record_batch(r: IndexRecord) -> pa.RecordBatch:
 
 def index_bytes(records: Sequence[IndexRecord], metadata: dict[str, Any] | None = None) -> pa.Buffer:
     """A superbatch's index records as the bytes of an Arrow IPC index file, built in memory."""
-    schema = INDEX_SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
-        for r in records:
-            writer.write_batch(index_record_batch(r))
-    return sink.getvalue()
+    return arrow_file_bytes(INDEX_SCHEMA, (index_record_batch(r) for r in records), metadata)
 
 
 def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord],
                      metadata: dict[str, Any] | None = None) -> None:
     """Write a superbatch's index records as an Arrow IPC file (temp name -> rename)."""
-    data = index_bytes(records, metadata)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(memoryview(data))
+    write_bytes(path, index_bytes(records, metadata))
 
 
 def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:

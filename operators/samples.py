@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import InputError
-from .files import atomic_path
+from .files import arrow_file_bytes, write_bytes
 
 SCHEMA = pa.schema([
     ("batch", pa.int64()),
@@ -67,20 +67,13 @@ def record_batch(batch: int, sampled: object) -> pa.RecordBatch:
 
 def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | None = None) -> pa.Buffer:
     """The record batches as the bytes of an Arrow IPC samples file, built in memory."""
-    schema = SCHEMA.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
-        for rb in batches:
-            writer.write_batch(rb)
-    return sink.getvalue()
+    return arrow_file_bytes(SCHEMA, batches, metadata)
 
 
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
                   metadata: dict[str, str] | None = None) -> None:
     """Write record batches to an Arrow IPC file atomically."""
-    data = samples_bytes(batches, metadata)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(memoryview(data))
+    write_bytes(path, samples_bytes(batches, metadata))
 
 
 def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:

@@ -154,13 +154,8 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def _write(bundle: Bundle, rel: str, dest: Path, direct: bool = False) -> int:
-    """Write one file of the bundle to `dest`; return the crc32 of the bytes as they arrived.
-
-    `direct`: the loader reads this file with direct I/O only, so its pages are handed to the
-    kernel's writeback at once and leave the page cache: the loader's reads then find them on disk
-    instead of waiting for their writeback, and the staged segments take no page cache meanwhile.
-    """
+def _write(bundle: Bundle, rel: str, dest: Path) -> int:
+    """Write one file of the bundle to `dest`; return the crc32 of the bytes as they arrived."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if bundle.data is not None:
         data = bundle.data[rel].reshape(-1).view(np.uint8).data
@@ -170,9 +165,6 @@ def _write(bundle: Bundle, rel: str, dest: Path, direct: bool = False) -> int:
                 chunk = data[start:start + CACHE_CHUNK]
                 crc = crc32(chunk, crc)
                 f.write(chunk)
-            if direct and len(data):
-                f.flush()
-                _start_writeback(f.fileno())
         return crc
     if bundle.url is None:
         raise ValueError(f"bundle {bundle.key} carries neither data nor a url")
@@ -186,22 +178,28 @@ def _write(bundle: Bundle, rel: str, dest: Path, direct: bool = False) -> int:
             while chunk := fin.read(COPY_CHUNK):
                 crc = crc32(chunk, crc)
                 fout.write(chunk)
-            if direct:
-                fout.flush()
-                _start_writeback(fout.fileno())
     except FileNotFoundError as e:
         raise ShipVerifyError(f"{bundle.url}/{rel}", f"superbatch {bundle.key}: file missing at the source") from e
     return crc
 
 
-def _start_writeback(fd: int) -> None:
-    """Start writing the file's dirty pages back and drop its clean ones (POSIX_FADV_DONTNEED; Linux)."""
+def _start_writeback(path: Path) -> None:
+    """Hand a staged file read only with direct I/O to the kernel's writeback at once (POSIX_FADV_DONTNEED).
+
+    Its dirty pages start going to disk and its clean ones leave the page cache: the loader's direct
+    reads then find the bytes on disk instead of waiting for their writeback, and the staged
+    segments take no page cache meanwhile (memory the GPU machine's budget pays for).
+    """
     advise = getattr(os, "posix_fadvise", None)
-    if advise is not None:
-        try:
-            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:     # a file system without it: the reads wait for the writeback instead
-            pass
+    if advise is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:     # a file system without it: the reads wait for the writeback instead
+        pass
+    finally:
+        os.close(fd)
 
 
 def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
@@ -225,7 +223,7 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
     with staging_dir(dest) as stage:
         for rel, size in bundle.sizes.items():
             path = stage / rel
-            crc = _write(bundle, rel, path, rel in direct)
+            crc = _write(bundle, rel, path)
             got = path.stat().st_size
             if got != size:
                 raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: arrived with {got} bytes, "
@@ -233,6 +231,8 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
             if crc != bundle.crcs[rel]:
                 raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: checksum mismatch on arrival "
                                                   f"(crc32 {crc:#010x}, the producer's {bundle.crcs[rel]:#010x})")
+            if rel in direct and size:
+                _start_writeback(path)
         if base is not None:
             for name in BASE_FILES:
                 try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .errors import ConfigError
-from .files import atomic_path
+from .files import write_bytes
 from .samples import record_batch, samples_bytes
 from .seeds import TRAIN_STREAM, batch_seed, seed_batches
 from .store import Store
@@ -76,8 +76,7 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
     node count, and sampled edges.
     """
     data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
-    with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
-        f.write(memoryview(data))
+    write_bytes(out_path, data)
     return {**summary, "path": str(Path(out_path))}
 
 

@@ -189,8 +189,8 @@ def test_a_superbatch_failing_verification_is_shipped_again(tiny_store: Path, tm
     write = stream_ship._write
     hits: list[str] = []
 
-    def flaky(bundle: Any, rel: str, dest: Path, direct: bool = False) -> int:
-        crc = write(bundle, rel, dest, direct)
+    def flaky(bundle: Any, rel: str, dest: Path) -> int:
+        crc = write(bundle, rel, dest)
         if bundle.key == "e0-s00001" and rel.endswith("index/e0-s00001.arrow") and (always or not hits):
             hits.append(rel)                   # the bytes arrive with one flipped
             data = bytearray(dest.read_bytes())
