@@ -36,7 +36,8 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   as it would in a real run, not as in a two-epoch toy. With the default budget (10% of the
   features plus the staging of the worst-case batch, as `diskflow run`'s) that narrow feature
   table fits the CPU tier whole: the stream ships each superbatch's samples and index (about
-  14 MiB per 16 batches) and almost no feature rows, which the bench prints (``features``).
+  14 MiB per 16 batches, held in the GPU worker's memory, not staged on its disk) and almost no
+  feature rows, which the bench prints (``features``).
   ``--cpu-memory`` gives a smaller budget, so that most rows are packed and read from the
   scratch disk. Smaller superbatches
   (``--superbatch-size 8``) double the per-superbatch work of both machines (tasks, transfers,
@@ -408,7 +409,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     f = figures["features"]
     print(f"features: CPU tier {f['cpu_rows']:,} of {store.num_nodes:,} rows ({f['cpu_share'] * 100:.0f}%), GPU tier "
           f"{f['gpu_rows']:,}; packed (read from the scratch disk) while streaming: {f['packed_bytes'] / 2**20:.1f} MiB, "
-          f"{f['packed_share'] * 100:.1f}% of the feature reads; bundles {f['bundle_bytes'] / 2**20:.1f} MiB per superbatch")
+          f"{f['packed_share'] * 100:.1f}% of the feature reads; bundles {f['bundle_bytes'] / 2**20:.1f} MiB per superbatch, "
+          f"{f['held_bytes'] / 2**20:.1f} MiB of it index and samples held in the GPU worker's memory")
     c = figures["cpu_s"]
     print("CPU seconds used (GPU worker / CPU workers / scheduler, nannies and driver): "
           + ", ".join(f"{k} {c[k]['gpu_worker']:.2f} / {c[k]['cpu_workers']:.2f} / {c[k]['scheduler_driver']:.2f}"
@@ -423,17 +425,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
-    """Where the streamed run's feature rows came from: tier sizes, packed rows and bytes, bundle sizes."""
+    """Where the streamed run's feature rows came from: tier sizes, packed rows and bytes, bundle sizes (and the
+    part of them the GPU worker held in memory instead of staging it on disk)."""
     tiers = report["stream"].get("tiers", {})
     figs = [e.get("figures", {}) for e in report["timeline"]]
     packed_rows = sum(int(f.get("packed_rows", 0)) for f in figs)
     reads = packed_rows + sum(int(f.get("cpu_hits", 0)) + int(f.get("gpu_hits", 0)) for f in figs)
     bundles = [int(e.get("bytes", 0)) for e in report["timeline"]]
+    held = [int(e.get("held_bytes") or 0) for e in report["timeline"]]
     return {"cpu_rows": int(tiers.get("cpu_rows", 0)), "gpu_rows": int(tiers.get("gpu_rows", 0)),
             "cpu_share": int(tiers.get("cpu_rows", 0)) / num_nodes if num_nodes else 0.0,
             "packed_rows": packed_rows, "packed_bytes": sum(int(f.get("packed_bytes", 0)) for f in figs),
             "packed_share": packed_rows / reads if reads else 0.0,
-            "bundle_bytes": statistics.mean(bundles) if bundles else 0.0}
+            "bundle_bytes": statistics.mean(bundles) if bundles else 0.0,
+            "held_bytes": statistics.mean(held) if held else 0.0}
 
 
 def _cores(pinned: dict[str, list[int]], cpus: list[str], gpu: list[str]) -> str:

@@ -288,16 +288,17 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
 
     `after` is the base bundle's ship result for a superbatch (its tier files are linked in).
     """
-    from ..operators.stream_ship import drop_source, stage_bundle
+    from ..operators.stream_ship import drop_source, held_files, stage_bundle
 
     t0 = time.time()
     plugin = _plugin()
     job = plugin.open_job(run, start_index) if bundle.key == "base" else plugin.job(run)
     assert plugin.space is not None
     name = f"{run}/{bundle.key}"
-    plugin.space.reserve(name, bundle.nbytes)
+    hold = held_files(bundle)       # index and samples: held in memory (the result), packed segments on disk
+    plugin.space.reserve(name, bundle.nbytes - sum(bundle.sizes[rel] for rel in hold))
     try:
-        out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base)
+        out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
     except BaseException:
         plugin.space.release(name)
         raise
@@ -326,7 +327,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
                                f"got {entry['index']} ({entry['key']}): its state does not match this task")
         if job.trainer is None:
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
-        out = job.trainer.train(shipped["dir"], entry)
+        out = job.trainer.train(shipped["dir"], entry, shipped["held"])
         job.trainer.release()
         assert plugin.space is not None
         plugin.space.discard(f"{run}/{entry['key']}", shipped["dir"])
@@ -338,6 +339,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     out["usage"] = plugin.space.usage()
     out["pack"] = shipped.get("meta", {})
     out["bytes"] = int(shipped.get("bytes", 0))
+    out["held_bytes"] = int(shipped.get("held_bytes", 0))
     return out
 
 
@@ -744,6 +746,7 @@ class StreamRun:
         return {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": phases,
                 "prepared": phases["pack"]["end"], "shipped": phases["ship"]["end"], "trained": phases["train"]["end"],
                 "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
+                "held_bytes": out.get("held_bytes"),
                 "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
 
     def _write_checkpoint(self, ck: dict[str, Any]) -> None:

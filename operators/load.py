@@ -35,7 +35,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -61,7 +61,7 @@ from .packed import (
     SuperbatchEntry,
     padded,
 )
-from .samples import SampleRecord
+from .samples import Buffer, SampleRecord
 from .tiers import in_flight_batches
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
@@ -258,6 +258,8 @@ class PackedLoader:
         store: the store the dataset was prepared from (default: the manifest's); needed only
             by the Ginex layout, which reads its misses from the store's shard files.
         gpu_memory: device budget in bytes for the GPU tier; checked like ``cpu_memory``.
+        held: index and samples files held in memory instead of on disk (`PackedDataset`'s
+            ``held``; a streamed superbatch).
 
     Iterating yields every batch of the round (all its epochs) in order; `set_epoch` selects
     one epoch (and optionally a first batch within it), as a trainer does.
@@ -266,7 +268,7 @@ class PackedLoader:
     def __init__(self, packed_dir: str | os.PathLike[str], device: str | torch.device = "cpu",
                  cpu_memory: int | None = None, queue_depth: int = 2, pipelined: bool = True,
                  check_crc: bool = True, reader: Any = None, *, store: str | os.PathLike[str] | None = None,
-                 gpu_memory: int | None = None) -> None:
+                 gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None) -> None:
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
             raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
         try:
@@ -277,7 +279,7 @@ class PackedLoader:
             raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
-        self.ds = PackedDataset(packed_dir)
+        self.ds = PackedDataset(packed_dir, held)
         self.path = self.ds.path
         self.queue_depth = queue_depth
         self.pipelined = bool(pipelined)
@@ -450,7 +452,7 @@ class PackedLoader:
         self._shard_files = None
         self.ds.close()
 
-    def follow(self, packed_dir: str | os.PathLike[str]) -> None:
+    def follow(self, packed_dir: str | os.PathLike[str], held: Mapping[str, Buffer] | None = None) -> None:
         """Go on with the round from another packed directory holding its next superbatch(es) (streaming).
 
         A streamed round reaches the training machine one superbatch at a time, each staged as
@@ -458,6 +460,7 @@ class PackedLoader:
         them: the CPU tier and its position, the GPU tier (on the device), the reader and the
         staging buffers (re-allocated only when a batch is larger than any before). The new
         directory must continue the round at `tier_position`; the memory budget is re-checked.
+        `held`: its index and samples files when they are held in memory (`PackedDataset`).
 
         Raises:
             InputError: the new directory's features or tiers differ from this loader's, or its
@@ -466,7 +469,7 @@ class PackedLoader:
         """
         if self._closed:
             raise RuntimeError("the loader is closed")
-        ds = PackedDataset(packed_dir)
+        ds = PackedDataset(packed_dir, held)
         shape = (ds.dtype, ds.dim, ds.num_shards, ds.num_nodes, ds.gpu_ids.shape[0], ds.cpu_ids.shape[0])
         mine = (self.ds.dtype, self.dim, self.ds.num_shards, self.ds.num_nodes, self.ds.gpu_ids.shape[0],
                 self.cpu_ids.shape[0])

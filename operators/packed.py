@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -45,7 +45,7 @@ import pyarrow as pa
 from .checksum import crc32
 from .errors import InputError
 from .files import ALIGN, arrow_file_bytes, atomic_path, read_manifest, write_bytes
-from .samples import SampleRecord, read_samples
+from .samples import Buffer, SampleRecord, open_arrow, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_VERSION = 1
@@ -208,15 +208,18 @@ def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
     return rb.column(name).values.to_numpy(zero_copy_only=False)
 
 
-def read_index_file(path: str | os.PathLike[str]) -> list[IndexRecord]:
+def read_index_file(path: str | os.PathLike[str], data: Buffer | None = None) -> list[IndexRecord]:
     """All index records of one superbatch file, in batch order.
+
+    `data`: the file's content when it is held in memory instead (a staged superbatch on the
+    training machine); `path` then only names it in errors.
 
     Raises:
         InputError: the file is missing, truncated or not an index file.
     """
     p = Path(path)
     try:
-        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
+        reader = open_arrow(p, data)
         if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
             raise InputError(p, f"unexpected index schema: {reader.schema}")
         out = []
@@ -301,10 +304,18 @@ class PackedDataset:
     ``num_shards``, ``num_batches``, ``superbatches``; the tiers are memory-mapped
     (``gpu_ids``/``gpu_cache``, ``cpu_ids``/``cpu_init``). Part files are read with
     ``os.preadv`` at the segment offsets; every read segment's crc is checked.
+
+    Args:
+        path: the dataset's directory.
+        held: the content of some of its index and samples files, held in memory instead of on
+            disk, by path relative to `path` (a streamed superbatch on the training machine: the
+            loader reads those whole and once, so they skip the scratch disk); files named here
+            need not exist on disk.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], held: Mapping[str, Buffer] | None = None) -> None:
         self.path = Path(path)
+        self.held: dict[str, Buffer] = dict(held or {})
         manifest = read_manifest(self.path)
         if manifest is None:
             raise InputError(self.path, "not a finished packed dataset (no manifest.json; run `diskflow prepare`)")
@@ -408,8 +419,9 @@ class PackedDataset:
     def index(self, key: str) -> list[IndexRecord]:
         """The index records of superbatch `key`, checked against the manifest."""
         entry = self._entry(key)
-        path = self.round_dir / index_name(key)
-        records = read_index_file(path)
+        rel = f"{ROUND_DIR}/{index_name(key)}"
+        path = self.path / rel
+        records = read_index_file(path, self.held.get(rel))
         if len(records) != entry.batches:
             raise InputError(path, f"holds {len(records)} batches, the manifest says {entry.batches}")
         for j, r in enumerate(records):
@@ -425,7 +437,8 @@ class PackedDataset:
     def samples(self, key: str) -> Iterator[SampleRecord]:
         """The graph samples of superbatch `key` (ids and local edges, in batch order)."""
         self._entry(key)
-        return read_samples(self.round_dir / samples_name(key))
+        rel = f"{ROUND_DIR}/{samples_name(key)}"
+        return read_samples(self.path / rel, self.held.get(rel))
 
     def _entry(self, key: str) -> SuperbatchEntry:
         for s in self.superbatches:

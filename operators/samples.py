@@ -9,15 +9,17 @@ record batch, and reading back is zero-copy (``.values`` of each list column).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from .errors import InputError
 from .files import arrow_file_bytes, write_bytes
+
+Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 
 SCHEMA = pa.schema([
     ("batch", pa.int64()),
@@ -80,11 +82,21 @@ def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
     return rb.column(name).values.to_numpy(zero_copy_only=False)
 
 
-def read_samples(path: str | os.PathLike[str]) -> Iterator[SampleRecord]:
-    """Iterate the minibatch samples of one superbatch file, in order (memory-mapped)."""
+def open_arrow(path: Path, data: Buffer | None) -> pa.ipc.RecordBatchFileReader:
+    """An Arrow IPC file reader over `data` (the file's content held in memory) or, without it, the file
+    memory-mapped; zero-copy either way."""
+    return pa.ipc.open_file(pa.BufferReader(pa.py_buffer(data)) if data is not None else pa.memory_map(str(path), "r"))
+
+
+def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> Iterator[SampleRecord]:
+    """Iterate the minibatch samples of one superbatch file, in order (memory-mapped).
+
+    `data`: the file's content when it is held in memory instead (a staged superbatch on the
+    training machine); `path` then only names it in errors.
+    """
     p = Path(path)
     try:
-        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
+        reader = open_arrow(p, data)
     except (OSError, pa.ArrowInvalid) as e:
         raise InputError(p, f"unreadable samples file ({e})") from e
     if not reader.schema.remove_metadata().equals(SCHEMA):

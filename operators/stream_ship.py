@@ -8,6 +8,12 @@ segment's own crc again when it reads it from disk): a superbatch directory eith
 verified, or does not exist. A mismatch raises `ShipVerifyError` naming the superbatch and the
 file (the driver re-ships once, then stops).
 
+A superbatch's index and samples (`held_files`) are verified the same way but held in memory
+instead of written: the loader reads them whole and exactly once, so a trip through the scratch
+disk (write, read back, delete: three passes over some 14 MiB per superbatch on the GPU machine's
+cores) would buy nothing. Only the packed segments, which the loader reads with direct I/O, and
+the base tiers, memory-mapped by every superbatch, go to disk. The window bounds what is held.
+
 `ScratchSpace` is the scratch disk's bookkeeping: bytes staged per run, the peak, and the quota
 that staging must not exceed (exceeding it is an error, not a slowdown). A consumed superbatch is
 handed to `ScratchSpace.discard`: renamed aside at once and deleted by a background thread, so the
@@ -22,6 +28,7 @@ import itertools
 import os
 import shutil
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ import numpy as np
 from .checksum import crc32
 from .errors import ConfigError, InputError
 from .files import format_bytes, staging_dir, write_manifest
+from .packed import ROUND_DIR
 from .stream_pack import BASE_FILES, Bundle
 
 COPY_CHUNK = 16 << 20
@@ -154,6 +162,37 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
+def held_files(bundle: Bundle) -> list[str]:
+    """The files of `bundle` the training machine holds in memory rather than on its scratch disk:
+    a superbatch's index and samples (read whole and once by the loader)."""
+    return [rel for rel in bundle.sizes if rel.startswith((f"{ROUND_DIR}/index/", f"{ROUND_DIR}/samples/"))]
+
+
+def _content(bundle: Bundle, rel: str) -> np.ndarray:
+    """One file of the bundle in memory, as it arrived (inline: no copy; URL: read whole)."""
+    if bundle.data is not None:
+        return bundle.data[rel].reshape(-1).view(np.uint8)
+    if bundle.url is None:
+        raise ValueError(f"bundle {bundle.key} carries neither data nor a url")
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(bundle.url)
+    try:
+        return np.frombuffer(fs.cat_file(f"{root.rstrip('/')}/{rel}"), np.uint8)
+    except FileNotFoundError as e:
+        raise ShipVerifyError(f"{bundle.url}/{rel}", f"superbatch {bundle.key}: file missing at the source") from e
+
+
+def _check(bundle: Bundle, rel: str, where: Path, size: int, crc: int) -> None:
+    """A file that arrived with another size or crc32 than the producer's is a ShipVerifyError naming it."""
+    if size != bundle.sizes[rel]:
+        raise ShipVerifyError(where, f"superbatch {bundle.key}: arrived with {size} bytes, the producer wrote "
+                                     f"{bundle.sizes[rel]}")
+    if crc != bundle.crcs[rel]:
+        raise ShipVerifyError(where, f"superbatch {bundle.key}: checksum mismatch on arrival (crc32 {crc:#010x}, "
+                                     f"the producer's {bundle.crcs[rel]:#010x})")
+
+
 def _write(bundle: Bundle, rel: str, dest: Path) -> int:
     """Write one file of the bundle to `dest`; return the crc32 of the bytes as they arrived."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +241,8 @@ def _start_writeback(path: Path) -> None:
         os.close(fd)
 
 
-def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
-                 ) -> dict[str, Any]:
+def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None,
+                 hold: Collection[str] = ()) -> dict[str, Any]:
     """Write `bundle` to directory `dest`, verified, manifest last, swapped into place atomically.
 
     Args:
@@ -211,27 +250,31 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
         dest: the final directory (replaced if it exists).
         base: a directory holding the base tier files (`BASE_FILES`) to hard-link in (copied
             when links are not possible), so `dest` is a complete packed dataset.
+        hold: files to verify and hold in memory instead of writing them (`held_files`); the
+            loader gets them as ``held``.
 
     Returns:
-        ``{"key", "dir", "bytes"}``.
+        ``{"key", "dir", "bytes"}`` (all of the bundle's bytes), ``"held"`` (relative path ->
+        content of the held files) and ``"held_bytes"`` (their size).
 
     Raises:
         ShipVerifyError: a file's size or crc32 differs from the producer's (nothing is left at `dest`).
     """
     dest = Path(dest)
     direct = {f["path"] for f in (bundle.manifest or {}).get("files", {}).get("parts", [])}
+    held: dict[str, np.ndarray] = {}
+    for rel in hold:
+        data = _content(bundle, rel)
+        _check(bundle, rel, dest / rel, data.size, crc32(data.data))
+        held[rel] = data
     with staging_dir(dest) as stage:
-        for rel, size in bundle.sizes.items():
+        for rel in bundle.sizes:
+            if rel in held:
+                continue
             path = stage / rel
             crc = _write(bundle, rel, path)
-            got = path.stat().st_size
-            if got != size:
-                raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: arrived with {got} bytes, "
-                                                  f"the producer wrote {size}")
-            if crc != bundle.crcs[rel]:
-                raise ShipVerifyError(dest / rel, f"superbatch {bundle.key}: checksum mismatch on arrival "
-                                                  f"(crc32 {crc:#010x}, the producer's {bundle.crcs[rel]:#010x})")
-            if rel in direct and size:
+            _check(bundle, rel, dest / rel, path.stat().st_size, crc)
+            if rel in direct and bundle.sizes[rel]:
                 _start_writeback(path)
         if base is not None:
             for name in BASE_FILES:
@@ -241,7 +284,8 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
                     shutil.copyfile(Path(base) / name, stage / name)
         if bundle.manifest is not None:     # no fsync: a staged superbatch never outlives its run on this worker
             write_manifest(stage, bundle.manifest, durable=False)
-    return {"key": bundle.key, "dir": str(dest), "bytes": bundle.nbytes}
+    return {"key": bundle.key, "dir": str(dest), "bytes": bundle.nbytes, "held": held,
+            "held_bytes": sum(bundle.sizes[rel] for rel in held)}
 
 
 def drop_source(bundle: Bundle) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from .errors import ConfigError, InputError
 from .load import PackedLoader
 from .models import build_model
 from .sample import NeighborSampler
+from .samples import Buffer
 from .train import TrainConfig, deterministic, evaluate, train_epoch
 from .trainer import StoreFeatures
 
@@ -131,11 +133,11 @@ class StreamTrainer:
         self.eval_note: str | None = None
 
     # ------------------------------------------------------------------ setup
-    def _start(self, sb_dir: Path) -> None:
+    def _start(self, sb_dir: Path, held: Mapping[str, Buffer] | None) -> None:
         """The loader over the first staged superbatch, then the model (after the run's seed), or the resumed state."""
         cfg = self.cfg
         loader = PackedLoader(sb_dir, self.dev, cpu_memory=cfg.cpu_memory, queue_depth=cfg.queue_depth,
-                              check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory)
+                              check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory, held=held)
         first = loader.superbatches[0].first_batch
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
             loader.restore_tier(first, np.array(loader.ds.cpu_init), np.array(loader.ds.cpu_ids))
@@ -175,11 +177,13 @@ class StreamTrainer:
         return self.evals
 
     # ------------------------------------------------------------------ one superbatch
-    def train(self, sb_dir: str | Path, entry: dict[str, Any]) -> dict[str, Any]:
+    def train(self, sb_dir: str | Path, entry: dict[str, Any], held: Mapping[str, Buffer] | None = None
+              ) -> dict[str, Any]:
         """Train the staged superbatch `sb_dir` (stream position ``entry["index"]``).
 
         Args:
             sb_dir: the staged one-superbatch packed dataset.
+            held: its index and samples when the GPU worker holds them in memory (`stage_bundle`).
             entry: ``key``, ``index`` (position in the stream), ``epoch``, ``first_batch`` (global),
                 ``epoch_batch`` (its first batch within the epoch), ``batches``, ``epoch_end``
                 (last superbatch of its epoch).
@@ -194,9 +198,9 @@ class StreamTrainer:
         sb_dir = Path(sb_dir)
         with deterministic():
             if self.loader is None:
-                self._start(sb_dir)
+                self._start(sb_dir, held)
             else:
-                self.loader.follow(sb_dir)
+                self.loader.follow(sb_dir, held)
             loader, net, opt = self.loader, self.net, self.opt
             assert loader is not None and net is not None and opt is not None
             self._check_position(sb_dir, loader, entry)

@@ -29,6 +29,7 @@ from diskflow.operators.stream_ship import (
     ShipVerifyError,
     disk_bytes,
     drop_source,
+    held_files,
     stage_bundle,
 )
 from diskflow.operators.superbatch import round_layout
@@ -89,16 +90,33 @@ def test_an_index_built_in_memory_is_the_index_file(tmp_path: Path, stream: dict
     assert (tmp_path / "written.arrow").read_bytes() == shipped.tobytes() == bytes(index_bytes(records, meta))
 
 
-def test_a_staged_superbatch_replays_bit_exactly(tmp_path: Path, stream: dict) -> None:
-    """Every superbatch dir (base linked in) is a packed dataset; replaying the chain gives features[n_id]."""
+@pytest.mark.parametrize("hold", [False, True], ids=["on-disk", "held"])
+def test_a_staged_superbatch_replays_bit_exactly(tmp_path: Path, stream: dict, hold: bool) -> None:
+    """Every superbatch dir (base linked in) is a packed dataset; replaying the chain gives features[n_id].
+
+    Held: the index and samples stay in memory (not on disk) and the dataset reads them from there.
+    """
     st = stream["store"]
     base = stage_bundle(pack_base(st.path, stream["gpu"], stream["cpu"]), tmp_path / "base")
     assert sorted(p.name for p in Path(base["dir"]).iterdir()) == sorted(BASE_FILES)
+    assert held_files(pack_base(st.path, stream["gpu"], stream["cpu"])) == [], "the base tiers go to disk"
     feats = st.read_features()
     cpu = None
     for i in range(len(stream["refs"])):
-        d = stage_bundle(_bundle(stream, i), tmp_path / stream["refs"][i].key, base=tmp_path / "base")["dir"]
-        with PackedDataset(d) as ds:
+        b = _bundle(stream, i)
+        key = stream["refs"][i].key
+        hold_rels = held_files(b) if hold else []
+        out = stage_bundle(b, tmp_path / key, base=tmp_path / "base", hold=hold_rels)
+        d = out["dir"]
+        on_disk = {str(p.relative_to(d)) for p in Path(d).rglob("*") if p.is_file()}
+        if hold:
+            assert sorted(hold_rels) == [f"round-0/index/{key}.arrow", f"round-0/samples/{key}.arrow"]
+            assert not on_disk & set(hold_rels) and set(out["held"]) == set(hold_rels)
+            assert out["held_bytes"] == sum(b.sizes[rel] for rel in hold_rels) > 0
+            assert all(out["held"][rel].tobytes() == b.data[rel].tobytes() for rel in hold_rels)
+        else:
+            assert set(b.sizes) <= on_disk and out["held"] == {} and out["held_bytes"] == 0
+        with PackedDataset(d, held=out["held"]) as ds:
             if cpu is None:
                 cpu = np.array(ds.cpu_init)
                 assert np.array_equal(ds.gpu_cache, feats[stream["gpu"]])
@@ -137,6 +155,13 @@ def test_shipping_verifies_every_file(tmp_path: Path, stream: dict) -> None:
     b.sizes[part] += 1
     with pytest.raises(ShipVerifyError, match="the producer wrote"):
         stage_bundle(b, tmp_path / "e0-s00001")
+    b = _bundle(stream, 1)
+    index = next(rel for rel in held_files(b) if "/index/" in rel)
+    b.data[index] = b.data[index].copy()
+    b.data[index][100] ^= 1                                    # a held file is verified the same way
+    with pytest.raises(ShipVerifyError, match=rf"{index}: superbatch e0-s00001: checksum mismatch on arrival"):
+        stage_bundle(b, tmp_path / "e0-s00001", hold=held_files(b))
+    assert list(tmp_path.iterdir()) == [], "nothing half-written is left"
 
 
 def test_bundles_travel_through_an_fsspec_url(tmp_path: Path, stream: dict) -> None:
@@ -147,6 +172,8 @@ def test_bundles_travel_through_an_fsspec_url(tmp_path: Path, stream: dict) -> N
     out = stage_bundle(b, tmp_path / "scratch/e0-s00002")
     for rel in inline.sizes:
         assert (Path(out["dir"]) / rel).read_bytes() == inline.data[rel].tobytes()
+    held = stage_bundle(b, tmp_path / "scratch2/e0-s00002", hold=held_files(b))
+    assert held_files(b) and all(held["held"][rel].tobytes() == inline.data[rel].tobytes() for rel in held_files(b))
     drop_source(b)
     assert not (tmp_path / "shared/e0-s00002").exists()
     (tmp_path / "shared/e0-s00003").mkdir(parents=True)
@@ -154,6 +181,8 @@ def test_bundles_travel_through_an_fsspec_url(tmp_path: Path, stream: dict) -> N
     shutil.rmtree(tmp_path / "shared/e0-s00003/round-0/index")
     with pytest.raises(ShipVerifyError, match="file missing at the source"):
         stage_bundle(b, tmp_path / "scratch/e0-s00003")
+    with pytest.raises(ShipVerifyError, match="file missing at the source"):
+        stage_bundle(b, tmp_path / "scratch/e0-s00003", hold=held_files(b))
 
 
 def test_scratch_quota_is_a_hard_limit(tmp_path: Path) -> None:
@@ -217,11 +246,14 @@ def test_the_trainer_follows_the_stream_and_refuses_a_gap(tmp_path: Path, stream
     cfg = StreamTrainConfig(hidden=8, fanouts=F, batch_size=B, epochs=E, seed=SEED, threads=1)
     tr = StreamTrainer(cfg, "cpu", "fp")
     try:
-        for i in (0, 1):
+        for i in (0, 1):        # the first with its index and samples on disk, the second with them held
             r = stream["refs"][i]
-            d = stage_bundle(_bundle(stream, i), tmp_path / r.key, base=tmp_path / "base")["dir"]
+            b = _bundle(stream, i)
+            staged = stage_bundle(b, tmp_path / r.key, base=tmp_path / "base", hold=held_files(b) if i else ())
+            d = staged["dir"]
             out = tr.train(d, {"key": r.key, "index": i, "epoch": r.epoch, "first_batch": r.round_first_batch,
-                               "epoch_batch": r.first_batch, "batches": r.num_batches, "epoch_end": False})
+                               "epoch_batch": r.first_batch, "batches": r.num_batches, "epoch_end": False},
+                           staged["held"])
             assert len(out["losses"]) == r.num_batches and all(np.isfinite(out["losses"]))
             tr.release()
             shutil.rmtree(d)
