@@ -75,11 +75,12 @@ def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | Non
     return argv + list(extra)
 
 
-def set_worker_config(scratch: str | None, quota: str | None, device: str | None) -> dict[str, Any]:
+def set_worker_config(scratch: str | None, quota: str | None, device: str | None,
+                      hold_memory: str | None = None) -> dict[str, Any]:
     """Put the diskflow worker settings into this process's Dask config and environment (children inherit)."""
     if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ConfigError("--device", f"expected cpu or cuda[:N], got {device!r}")
-    cfg = worker_config(scratch, quota, device)
+    cfg = worker_config(scratch, quota, device, hold_memory=hold_memory)
     os.environ.update(config_env(cfg))
     dask.config.set(cfg)
     return cfg
@@ -104,12 +105,14 @@ def run_dask_cli(command: str, argv: Sequence[str]) -> int:
 def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = None, scratch: str | None = None,
                   quota: str | int | None = None, device: str | None = None, processes: bool = True,
                   memory_limit: str | int = "auto", quiet: bool = False, connect_timeout: str = "15s",
-                  local_directory: str | None = None, keep_freed_memory: bool | None = None) -> Iterator[Any]:
+                  local_directory: str | None = None, keep_freed_memory: bool | None = None,
+                  hold_memory: str | int | None = None) -> Iterator[Any]:
     """A client for a streamed run: connected to `scheduler`, or to an embedded LocalCluster.
 
     The embedded cluster has `cpu_workers` single-threaded CPU workers (default: the cores
     but one) and one GPU-resource worker (2 threads) with the given scratch directory,
-    quota and device (`keep_freed_memory`: False keeps Dask's allocator setting on it, see
+    quota, memory for held index and samples (`hold_memory`, default `plugin.HOLD_MEMORY`)
+    and device (`keep_freed_memory`: False keeps Dask's allocator setting on it, see
     `flow.allocator`). A scheduler that cannot be reached is a clear error after
     `connect_timeout`, not a hang.
     """
@@ -134,7 +137,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     n = cpu_workers if cpu_workers is not None else max(1, (os.cpu_count() or 2) - 1)
     if n < 0:
         raise ConfigError("--workers", f"must be >= 0, got {n}")
-    settings = worker_config(scratch, quota, device, keep_freed_memory)
+    settings = worker_config(scratch, quota, device, keep_freed_memory, hold_memory)
     kwargs: dict[str, Any] = {"local_directory": local_directory} if local_directory else {}
     with dask.config.set(settings):   # in-process workers read their settings here; processes get them below
         # ":0": a free port. Even without a dashboard the scheduler serves HTTP, by default on 8787,

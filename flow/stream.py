@@ -295,7 +295,9 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     job = plugin.open_job(run, start_index) if bundle.key == "base" else plugin.job(run)
     assert plugin.space is not None
     name = f"{run}/{bundle.key}"
-    hold = held_files(bundle)       # index and samples: held in memory (the result), packed segments on disk
+    hold = held_files(bundle)       # index and samples: held in memory (the result) while the budget allows
+    if not plugin.space.try_hold(name, sum(bundle.sizes[rel] for rel in hold)):
+        hold = []
     plugin.space.reserve(name, bundle.nbytes - sum(bundle.sizes[rel] for rel in hold))
     try:
         out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
@@ -888,6 +890,8 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "workers": ("--workers", _int_at_least("--workers", 0), "CPU workers of the embedded cluster (default: cores - 1)"),
     "scratch": ("--scratch", str, "the embedded GPU worker's scratch directory (default RUN/scratch)"),
     "quota": ("--quota", str, "the embedded GPU worker's scratch quota, e.g. 10GiB (default: none)"),
+    "hold_memory": ("--hold-memory", str, ("the embedded GPU worker's memory for staged index and samples, which "
+                                           "skip the scratch disk while they fit (default 256MiB; 0: all on disk)")),
     "stage": ("--stage", str, "an fsspec URL both machines reach; superbatches travel through it instead of Dask"),
     "superbatch_size": ("--superbatch-size", _int_at_least("--superbatch-size", 1),
                         "batches per superbatch (streaming default 16)"),

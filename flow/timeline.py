@@ -26,6 +26,7 @@ def key_numbers(report: dict[str, Any]) -> dict[str, Any]:
         "stream_s": s.get("stream_s"), "train_busy_s": s.get("train_busy_s"),
         "gpu_idle_fraction": s.get("gpu_idle_fraction"),
         "scratch_peak_bytes": scratch.get("peak_disk") or scratch.get("peak"), "scratch_quota_bytes": scratch.get("quota"),
+        "held_peak_bytes": scratch.get("peak_memory"), "hold_memory_bytes": scratch.get("hold_memory"),
         "final_loss": epochs[-1].get("loss") if epochs else None,
         "test_acc": (report.get("final") or {}).get("test_acc"),
         "gpu_worker": s.get("gpu_worker"), "cpu_workers": len(s.get("cpu_workers") or []),

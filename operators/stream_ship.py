@@ -9,13 +9,16 @@ verified, or does not exist. A mismatch raises `ShipVerifyError` naming the supe
 file (the driver re-ships once, then stops).
 
 A superbatch's index and samples (`held_files`) are verified the same way but held in memory
-instead of written: the loader reads them whole and exactly once, so a trip through the scratch
-disk (write, read back, delete: three passes over some 14 MiB per superbatch on the GPU machine's
-cores) would buy nothing. Only the packed segments, which the loader reads with direct I/O, and
-the base tiers, memory-mapped by every superbatch, go to disk. The window bounds what is held.
+instead of written, while they fit the scratch space's memory budget (`ScratchSpace.try_hold`):
+the loader reads them whole and exactly once, so a trip through the scratch disk (write, read
+back, delete: three passes over some 14 MiB per superbatch of the bench's graph on the GPU
+machine's cores) buys nothing. Only the packed segments, which the loader reads with direct I/O,
+and the base tiers, memory-mapped by every superbatch, always go to disk; a superbatch whose
+index and samples would take the held bytes over the budget stages them on disk as well.
 
 `ScratchSpace` is the scratch disk's bookkeeping: bytes staged per run, the peak, and the quota
-that staging must not exceed (exceeding it is an error, not a slowdown). A consumed superbatch is
+that staging must not exceed (exceeding it is an error, not a slowdown); and the bytes held in
+memory instead, within their budget. A consumed superbatch is
 handed to `ScratchSpace.discard`: renamed aside at once and deleted by a background thread, so the
 trainer goes on with the next superbatch instead of waiting for the file system to unlink (on a
 busy disk, or one mounted with ``discard``, that takes milliseconds per file). Its bytes stay
@@ -54,13 +57,18 @@ class ScratchSpace:
     Args:
         root: the scratch directory (created if missing; must be writable).
         quota: bytes that staged bundles may take at once; None: no limit.
+        hold_memory: bytes of index and samples that staged superbatches may hold in memory
+            instead of on disk (`try_hold`); 0: none.
     """
 
-    def __init__(self, root: str | os.PathLike[str], quota: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], quota: int | None = None, hold_memory: int = 0) -> None:
         self.root = Path(root)
         if quota is not None and quota <= 0:
             raise ConfigError("--quota", f"must be > 0 bytes, got {quota}")
+        if hold_memory < 0:
+            raise ConfigError("--hold-memory", f"must be >= 0 bytes, got {hold_memory}")
         self.quota = quota
+        self.hold_memory = hold_memory
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-{os.getpid()}"
@@ -77,6 +85,9 @@ class ScratchSpace:
         self.peak_disk = 0
         self.peak_staged = 0
         self._held: dict[str, int] = {}
+        self.memory = 0                 # bytes held in memory now (`try_hold`), and their peak
+        self.peak_memory = 0
+        self._memory: dict[str, int] = {}
 
     def reserve(self, name: str, nbytes: int) -> None:
         """Account `nbytes` for `name` before writing it; over the quota is a ConfigError naming it.
@@ -96,17 +107,32 @@ class ScratchSpace:
             self.peak = max(self.peak, self.used)
             self.peak_staged = max(self.peak_staged, len(self._held))
 
+    def try_hold(self, name: str, nbytes: int) -> bool:
+        """Account `nbytes` of `name` as held in memory if they fit the budget; False (nothing
+        accounted) if they do not, and the caller writes them to disk instead."""
+        with self._lock:
+            if self.memory + nbytes > self.hold_memory:
+                return False
+            self._memory[name] = self._memory.get(name, 0) + nbytes
+            self.memory += nbytes
+            self.peak_memory = max(self.peak_memory, self.memory)
+            return True
+
     def release(self, name: str) -> None:
-        """Give back what `name` held (after its files were deleted)."""
+        """Give back what `name` held (after its files were deleted), on disk and in memory."""
         with self._lock:
             self.used -= self._held.pop(name, 0)
+            self.memory -= self._memory.pop(name, 0)
 
     def discard(self, name: str, path: str | os.PathLike[str]) -> None:
         """Delete `name`'s directory `path` in the background, then give back what it held.
 
         The directory is renamed aside (a hidden sibling) before this returns, so its name is free
-        at once; its bytes count against the quota until the deletion has finished.
+        at once; its bytes count against the quota until the deletion has finished. What it held
+        in memory is given back at once (its consumer is done with it).
         """
+        with self._lock:
+            self.memory -= self._memory.pop(name, 0)
         path = Path(path)
         aside = path.with_name(f".{path.name}.deleting-{next(self._seq)}")
         try:
@@ -143,7 +169,8 @@ class ScratchSpace:
         with self._lock:
             return {"root": str(self.root), "quota": self.quota, "used": self.used, "peak": self.peak,
                     "peak_disk": self.peak_disk, "peak_staged": self.peak_staged, "staged": sorted(self._held),
-                    "deleting": self._pending}
+                    "deleting": self._pending, "hold_memory": self.hold_memory, "memory": self.memory,
+                    "peak_memory": self.peak_memory}
 
 
 def disk_bytes(path: str | os.PathLike[str]) -> int:
@@ -163,8 +190,8 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
 
 
 def held_files(bundle: Bundle) -> list[str]:
-    """The files of `bundle` the training machine holds in memory rather than on its scratch disk:
-    a superbatch's index and samples (read whole and once by the loader)."""
+    """The files of `bundle` the training machine may hold in memory rather than on its scratch
+    disk (`ScratchSpace.try_hold`): a superbatch's index and samples (read whole and once)."""
     return [rel for rel in bundle.sizes if rel.startswith((f"{ROUND_DIR}/index/", f"{ROUND_DIR}/samples/"))]
 
 

@@ -45,7 +45,7 @@ def _local(store: str | os.PathLike[str]) -> str:
 
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, scheduler: str | None = None,
         window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
-        stage: str | None = None, model: str = "sage", hidden: int = 128, num_layers: int | None = None,
+        hold_memory: int | str | None = None, stage: str | None = None, model: str = "sage", hidden: int = 128, num_layers: int | None = None,
         fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3,
         dropout: float = 0.2, heads: int = 4, seed: int = 0, device: str | None = None, eval_every: int = 1,
         threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
@@ -65,6 +65,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         window: superbatches staged on the GPU worker (and prepared ahead of training) at most.
         workers: CPU workers of the embedded cluster (default: the cores but one).
         scratch, quota: the embedded GPU worker's scratch directory and its byte quota.
+        hold_memory: the embedded GPU worker's memory for staged index and samples, which skip
+            the scratch disk while they fit (default `flow.plugin.HOLD_MEMORY`; 0: all on disk).
         stage: an fsspec URL both sides can reach (a shared filesystem): bundles go through it
             instead of through Dask.
         device: where the GPU worker trains (default: its own setting, CUDA when it has it).
@@ -100,7 +102,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     cfg.validate()
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
-                       processes=processes, quiet=not progress) as client:
+                       processes=processes, quiet=not progress, hold_memory=hold_memory) as client:
         report = StreamRun(client, st.path, rdir, cfg, resume=resume, progress=progress, on_epoch=on_epoch,
                            on_superbatch=on_superbatch).run()
     write_report(rdir, report)

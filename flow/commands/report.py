@@ -33,6 +33,9 @@ def _run(args: argparse.Namespace) -> int:
     peak, quota = k["scratch_peak_bytes"], k["scratch_quota_bytes"]
     print(f"scratch peak           {format_bytes(peak) if peak else '-'}"
           f"{' of quota ' + format_bytes(quota) if quota else ' (no quota)'}")
+    if k["hold_memory_bytes"] is not None:
+        print(f"held in memory         index and samples, peak {format_bytes(k['held_peak_bytes'] or 0)} "
+              f"of {format_bytes(k['hold_memory_bytes'])}")
     if k["final_loss"] is not None:
         print(f"final loss             {k['final_loss']:.4f}   test acc "
               f"{format(k['test_acc'], '.4f') if k['test_acc'] is not None else '-'}")

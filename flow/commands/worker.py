@@ -1,9 +1,9 @@
-"""`diskflow worker SCHEDULER [--gpu --scratch DIR --quota SIZE --device DEV]`: a Dask worker of a split run.
+"""`diskflow worker SCHEDULER [--gpu --scratch DIR --quota SIZE --hold-memory SIZE --device DEV]`: a Dask worker.
 
 Without `--gpu`: a CPU worker (sampling, counting, planning, packing). With `--gpu`: the
 training worker, carrying the Dask resource ``GPU=1``, staging superbatches in `--scratch`
-(at most `--quota` bytes at once) and training on `--device` (cpu makes everything testable
-without a GPU). It is Dask's own `dask worker`; the diskflow settings travel in the worker's
+(at most `--quota` bytes at once; their index and samples held in memory up to `--hold-memory`)
+and training on `--device` (cpu makes everything testable without a GPU). It is Dask's own `dask worker`; the diskflow settings travel in the worker's
 Dask config, where the run's WorkerPlugin reads them, so `dask worker --resources GPU=1` with
 ``DASK_DISKFLOW__SCRATCH=DIR`` is the same worker.
 """
@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="GPU worker: local directory for staged superbatches (default: LOCAL_DIRECTORY/diskflow-scratch)")
     p.add_argument("--quota", default=None, metavar="SIZE",
                    help="GPU worker: bytes staged superbatches may take at once, e.g. 50GiB (default: no limit)")
+    p.add_argument("--hold-memory", default=None, metavar="SIZE",
+                   help="GPU worker: memory for staged superbatches' index and samples, which are read whole and "
+                        "once, so they skip the scratch disk while they fit; 0: all on disk (default 256MiB)")
     p.add_argument("--device", default=None, metavar="DEV",
                    help="GPU worker: where to train, cpu or cuda[:N] (default: cuda when available, else cpu)")
     p.add_argument("--nthreads", type=int, default=None, help="threads (default 1; 2 for --gpu: train + ship)")
@@ -40,14 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not args.gpu and (args.scratch or args.quota or args.device):
-        raise ConfigError("--scratch/--quota/--device", "apply to the training worker only; add --gpu")
+    if not args.gpu and (args.scratch or args.quota or args.device or args.hold_memory is not None):
+        raise ConfigError("--scratch/--quota/--hold-memory/--device", "apply to the training worker only; add --gpu")
     if args.quota is not None:
         parse_bytes(args.quota, "--quota")
+    if args.hold_memory is not None:
+        parse_bytes(args.hold_memory, "--hold-memory")
     if args.nthreads is not None and args.nthreads < 1:
         raise ConfigError("--nthreads", f"must be >= 1, got {args.nthreads}")
     if args.gpu:
-        set_worker_config(args.scratch, args.quota, args.device)
+        set_worker_config(args.scratch, args.quota, args.device, args.hold_memory)
     argv = worker_argv(args.scheduler, gpu=args.gpu, nthreads=args.nthreads, local_directory=args.local_directory,
                        name=args.name, memory_limit=args.memory_limit, nanny=not args.no_nanny,
                        scheduler_file=args.scheduler_file, host=args.host)

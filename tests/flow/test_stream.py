@@ -105,6 +105,9 @@ def test_window_bounds_scratch_and_lookahead(streamed: dict[str, Any]) -> None:
     assert 0 < scratch["peak_disk"] <= scratch["quota"] == 3 << 20
     assert scratch["peak_staged"] <= w + 1, "at most W superbatches (and the base tiers) staged at once"
     assert scratch["used"] == 0 and not scratch["staged"], "consumed superbatches were deleted"
+    assert all(e["held_bytes"] > 0 for e in tl), "index and samples were held in memory (the default budget)"
+    assert 0 < scratch["peak_memory"] <= scratch["hold_memory"] and scratch["memory"] == 0
+    assert scratch["peak_memory"] <= (w + 1) * max(e["held_bytes"] for e in tl)
     assert not [p for p in (Path(streamed["run_dir"]) / "scratch").iterdir()], "the run's scratch is gone"
     for k in range(len(tl) - w):
         assert tl[k + w]["phases"]["plan"]["start"] >= tl[k]["phases"]["train"]["end"], \
@@ -163,10 +166,14 @@ def test_bench_reports_where_the_features_came_from(streamed: dict[str, Any]) ->
 
 
 def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
-    """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there."""
+    """--stage URL: bundles go through a shared (fsspec) directory instead of Dask, and are removed there.
+
+    With no memory to hold index and samples (``hold_memory=0``) they are staged on the scratch disk too.
+    """
     rep = streaming.run(f"file://{tiny_store}", tmp_path / "run", window=2, stage=f"file://{tmp_path}/shared",
-                        **EMBEDDED, **SETTINGS)
+                        hold_memory="0", **EMBEDDED, **SETTINGS)
     assert _losses(rep) == reference["losses"]
+    assert all(e["held_bytes"] == 0 for e in rep["timeline"]) and rep["stream"]["scratch"]["peak_memory"] == 0
     assert (tmp_path / "shared").is_dir() and not [p for p in (tmp_path / "shared").rglob("*") if p.is_file()]
 
 
@@ -177,6 +184,7 @@ def test_report_draws_the_timeline(streamed: dict[str, Any], capsys: pytest.Capt
     assert report_cmd._run(argparse.Namespace(run=str(run_dir), out=None)) == 0
     out = capsys.readouterr().out
     assert "superbatches trained   8 of 8 (window 2)" in out and "of quota 3.00 MiB" in out
+    assert "held in memory         index and samples, peak " in out and "of 256.00 MiB" in out
     assert (run_dir / "timeline.png").stat().st_size > 0
     with pytest.raises(InputError, match="no report"):
         report_cmd._run(argparse.Namespace(run=str(run_dir / "scratch"), out=None))
@@ -280,6 +288,18 @@ def test_run_command_options() -> None:
     assert base.fingerprint("s") != stream_mod.StreamConfig(train=StreamTrainConfig(hidden=8)).fingerprint("s")
 
 
+def test_worker_command_checks_its_gpu_options() -> None:
+    """`diskflow worker`: the training worker's options need --gpu, and sizes must parse (before Dask starts)."""
+    from diskflow.flow.commands import worker as worker_cmd
+
+    p = argparse.ArgumentParser()
+    worker_cmd.register(p.add_subparsers())
+    with pytest.raises(ConfigError, match="--scratch/--quota/--hold-memory/--device: apply to the training worker"):
+        worker_cmd._run(p.parse_args(["worker", "tcp://h:8786", "--hold-memory", "1GiB"]))
+    with pytest.raises(ConfigError, match=r"--hold-memory: not a byte size: 'lots'"):
+        worker_cmd._run(p.parse_args(["worker", "tcp://h:8786", "--gpu", "--hold-memory", "lots"]))
+
+
 def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path) -> None:
     """The plugin undoes Dask's MALLOC_TRIM_THRESHOLD_ on the GPU worker, unless its config says not to."""
     from types import SimpleNamespace
@@ -308,7 +328,8 @@ def test_a_worker_started_by_hand_reads_its_settings_from_the_environment(tmp_pa
     from diskflow.flow.plugin import DiskflowPlugin
 
     env = {"DASK_DISKFLOW__SCRATCH": str(tmp_path / "scratch"), "DASK_DISKFLOW__SCRATCH_QUOTA": "3MiB",
-           "DASK_DISKFLOW__DEVICE": "cpu", "DASK_DISKFLOW__KEEP_FREED_MEMORY": "false"}
+           "DASK_DISKFLOW__DEVICE": "cpu", "DASK_DISKFLOW__KEEP_FREED_MEMORY": "false",
+           "DASK_DISKFLOW__HOLD_MEMORY": "1MiB"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     dask.config.refresh()
@@ -317,6 +338,7 @@ def test_a_worker_started_by_hand_reads_its_settings_from_the_environment(tmp_pa
         plugin.setup(SimpleNamespace(address="inproc://x", local_directory=str(tmp_path),
                                      state=SimpleNamespace(total_resources={"GPU": 1})))
         assert (plugin.quota, plugin.device, plugin.scratch) == (3 << 20, "cpu", tmp_path / "scratch")
+        assert plugin.space is not None and plugin.space.hold_memory == 1 << 20
         assert plugin.allocator.startswith("the worker's default")
     finally:
         for k in env:

@@ -202,6 +202,22 @@ def test_scratch_quota_is_a_hard_limit(tmp_path: Path) -> None:
     assert disk_bytes(tmp_path / "a") == 100, "hard links count once"
 
 
+def test_held_memory_has_a_budget(tmp_path: Path) -> None:
+    """Index and samples are held in memory only while they fit; discard and release give the bytes back."""
+    space = ScratchSpace(tmp_path / "scratch", hold_memory=10_000)
+    assert space.try_hold("run/e0-s00000", 6_000) and space.try_hold("run/e0-s00001", 4_000)
+    assert not space.try_hold("run/e0-s00002", 1), "over the budget: the caller stages them on disk"
+    space.discard("run/e0-s00000", tmp_path / "scratch/run/never-written")
+    assert space.memory == 4_000 and space.try_hold("run/e0-s00002", 5_000)
+    space.release("run/e0-s00001")
+    u = space.usage()
+    assert (u["memory"], u["peak_memory"], u["hold_memory"]) == (5_000, 10_000, 10_000)
+    assert not ScratchSpace(tmp_path / "s2").try_hold("x", 1), "no budget: nothing is held"
+    assert ScratchSpace(tmp_path / "s3").try_hold("x", 0)
+    with pytest.raises(ConfigError, match="--hold-memory"):
+        ScratchSpace(tmp_path / "s4", hold_memory=-1)
+
+
 def test_consumed_superbatches_are_deleted_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """discard returns at once; the bytes count until they are gone, and the next reserve waits for them."""
     space = ScratchSpace(tmp_path / "scratch", quota=10_000)
