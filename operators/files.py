@@ -196,10 +196,9 @@ def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shap
 def save_aligned_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
     """Atomically write `array` as an .npy whose data starts at offset 4096."""
     arr = np.ascontiguousarray(array)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(_npy_header(arr.dtype, arr.shape))
-            f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(_npy_header(arr.dtype, arr.shape))
+        f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
 
 
 def aligned_npy_bytes(array: np.ndarray) -> np.ndarray:
@@ -220,9 +219,8 @@ def npy_bytes(array: np.ndarray) -> np.ndarray:
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
     """Atomically write a plain .npy file."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(array))
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(array))
 
 
 # ---------------------------------------------------------------------------- byte sizes
@@ -234,7 +232,7 @@ _UNITS = {
 }
 
 
-def parse_bytes(value: str | int | float, option: str = "size") -> int:
+def parse_bytes(value: str | float, option: str = "size") -> int:
     """Parse a byte size such as `512MiB`, `2GiB`, `1.5GB` or `4096`; errors name the option."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < 0:

@@ -15,7 +15,7 @@ def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan) -> None:
     b = plan.batches
     offsets = np.r_[0, np.cumsum([p.src.shape[0] for p in b])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([p.insert_pos.shape[0] for p in b])].astype(np.int64)
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))  # noqa: E731
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, offsets=offsets, ins_offsets=ins_offsets,
                  src=cat([p.src for p in b], np.uint8), idx=cat([p.idx for p in b], np.int64),

@@ -7,7 +7,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from diskflow.flow.cli import COMMANDS, build_parser, main
 
 
@@ -19,7 +18,7 @@ def test_demo_end_to_end_at_tiny_scale(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "Dask dashboard:" in out.err
-    accs = dict(re.findall(r"^(sage|mlp)\s+([0-9.]+)", out.out, re.M))
+    accs = dict(re.findall(r"^(sage|mlp)\s+([0-9.]+)", out.out, re.MULTILINE))
     sage, mlp = float(accs["sage"]), float(accs["mlp"])
     assert sage > 0.25 + 0.3 and sage > mlp + 0.1, out.out
     reports = sorted((tmp_path / "demo" / "runs").glob("*/report.json"))

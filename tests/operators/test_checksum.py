@@ -5,7 +5,6 @@ import zlib
 
 import numpy as np
 import pytest
-
 from diskflow.operators import checksum
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-
 from diskflow.operators.count import count_superbatch, dense_counts, merge_counts
 from diskflow.operators.samples import record_batch, write_samples
 
