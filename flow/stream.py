@@ -298,8 +298,8 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     hold = held_files(bundle)       # index and samples: held in memory (the result) while the budget allows
     if not plugin.space.try_hold(name, sum(bundle.sizes[rel] for rel in hold)):
         hold = []
-    plugin.space.reserve(name, bundle.nbytes - sum(bundle.sizes[rel] for rel in hold))
     try:
+        plugin.space.reserve(name, bundle.nbytes - sum(bundle.sizes[rel] for rel in hold))
         out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
     except BaseException:
         plugin.space.release(name)

@@ -310,9 +310,11 @@ class StreamTrainer:
                 "eval_note": self.eval_note}
 
     def release(self) -> None:
-        """Close the consumed superbatch's files (so its directory can be deleted)."""
+        """Close the consumed superbatch's files (so its directory can be deleted) and let go of its
+        index and samples held in memory."""
         if self.loader is not None:
             self.loader.close_files()
+            self.loader.ds.held.clear()
 
     def close(self) -> None:
         if self.loader is not None:
