@@ -296,10 +296,11 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     assert plugin.space is not None
     name = f"{run}/{bundle.key}"
     hold = held_files(bundle)       # index and samples: held in memory (the result) while the budget allows
-    if not plugin.space.try_hold(name, sum(bundle.sizes[rel] for rel in hold)):
-        hold = []
+    held_bytes = sum(bundle.sizes[rel] for rel in hold)
+    if not plugin.space.try_hold(name, held_bytes):
+        hold, held_bytes = [], 0
     try:
-        plugin.space.reserve(name, bundle.nbytes - sum(bundle.sizes[rel] for rel in hold))
+        plugin.space.reserve(name, bundle.nbytes - held_bytes)
         out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
     except BaseException:
         plugin.space.release(name)

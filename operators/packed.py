@@ -45,7 +45,7 @@ import pyarrow as pa
 from .checksum import crc32
 from .errors import InputError
 from .files import ALIGN, arrow_file_bytes, atomic_path, read_manifest, write_bytes
-from .samples import Buffer, SampleRecord, open_arrow, read_samples
+from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_VERSION = 1
@@ -204,10 +204,6 @@ def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord
     write_bytes(path, index_bytes(records, metadata))
 
 
-def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
-    return rb.column(name).values.to_numpy(zero_copy_only=False)
-
-
 def read_index_file(path: str | os.PathLike[str], data: Buffer | None = None) -> list[IndexRecord]:
     """All index records of one superbatch file, in batch order.
 
@@ -230,13 +226,13 @@ def read_index_file(path: str | os.PathLike[str], data: Buffer | None = None) ->
             out.append(IndexRecord(
                 batch=int(rb.column("batch")[0].as_py()),
                 epoch=int(rb.column("epoch")[0].as_py()),
-                src=_values(rb, "src"),
-                idx=_values(rb, "idx"),
-                insert_pos=_values(rb, "insert_pos"),
-                insert_slot=_values(rb, "insert_slot"),
-                seg_offset=_values(rb, "seg_offset"),
-                seg_rows=_values(rb, "seg_rows"),
-                seg_crc=_values(rb, "seg_crc"),
+                src=list_values(rb, "src"),
+                idx=list_values(rb, "idx"),
+                insert_pos=list_values(rb, "insert_pos"),
+                insert_slot=list_values(rb, "insert_slot"),
+                seg_offset=list_values(rb, "seg_offset"),
+                seg_rows=list_values(rb, "seg_rows"),
+                seg_crc=list_values(rb, "seg_crc"),
                 dcache=int(rb.column("dcache")[0].as_py()),
             ))
         return out

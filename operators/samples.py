@@ -78,7 +78,8 @@ def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch
     write_bytes(path, samples_bytes(batches, metadata))
 
 
-def _values(rb: pa.RecordBatch, name: str) -> np.ndarray:
+def list_values(rb: pa.RecordBatch, name: str) -> np.ndarray:
+    """The values of a one-row record batch's list column `name` (zero-copy where the type allows)."""
     return rb.column(name).values.to_numpy(zero_copy_only=False)
 
 
@@ -103,23 +104,27 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
         raise InputError(p, f"unexpected samples schema: {reader.schema}")
     for i in range(reader.num_record_batches):
         rb = reader.get_batch(i)
-        row = _values(rb, "row").astype(np.int64)
-        col = _values(rb, "col").astype(np.int64)
+        row = list_values(rb, "row").astype(np.int64)
+        col = list_values(rb, "col").astype(np.int64)
         yield SampleRecord(
             batch=int(rb.column("batch")[0].as_py()),
             batch_size=int(rb.column("batch_size")[0].as_py()),
-            n_id=_values(rb, "n_id"),
+            n_id=list_values(rb, "n_id"),
             edge_index=np.stack([row, col]),
-            num_sampled_nodes=_values(rb, "num_sampled_nodes").tolist(),
-            num_sampled_edges=_values(rb, "num_sampled_edges").tolist(),
+            num_sampled_nodes=list_values(rb, "num_sampled_nodes").tolist(),
+            num_sampled_edges=list_values(rb, "num_sampled_edges").tolist(),
         )
 
 
-def read_n_ids(path: str | os.PathLike[str]) -> list[np.ndarray]:
-    """Only the `n_id` arrays of a superbatch file (what counting and planning need)."""
+def read_n_ids(path: str | os.PathLike[str], data: Buffer | None = None) -> list[np.ndarray]:
+    """Only the `n_id` arrays of a superbatch file (what counting and planning need).
+
+    `data`: the file's content when it is in memory (a sample task's result); `path` then only
+    names it in errors.
+    """
     p = Path(path)
     try:
-        reader = pa.ipc.open_file(pa.memory_map(str(p), "r"))
-        return [_values(reader.get_batch(i), "n_id") for i in range(reader.num_record_batches)]
-    except (OSError, pa.ArrowInvalid) as e:
+        reader = open_arrow(p, data)
+        return [list_values(reader.get_batch(i), "n_id") for i in range(reader.num_record_batches)]
+    except (OSError, pa.ArrowInvalid, KeyError) as e:
         raise InputError(p, f"unreadable samples file ({e})") from e

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from .checksum import crc32
 from .errors import InputError
@@ -46,6 +45,7 @@ from .packed import (
 )
 from .plan import BatchPlan
 from .route import RouteFile, route_superbatch, segment_offsets
+from .samples import read_n_ids
 from .store import Store
 from .superbatch import SuperbatchRef, sample_superbatch_bytes
 
@@ -127,12 +127,7 @@ def sample_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_s
 
 def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
     """The `n_id` arrays of a superbatch's samples given as Arrow IPC file bytes (zero-copy)."""
-    try:
-        reader = pa.ipc.open_file(pa.BufferReader(data))
-        return [reader.get_batch(i).column("n_id").values.to_numpy(zero_copy_only=False)
-                for i in range(reader.num_record_batches)]
-    except (pa.ArrowInvalid, KeyError) as e:
-        raise InputError(f"samples of {key or 'a superbatch'}", f"unreadable Arrow samples ({e})") from e
+    return read_n_ids(f"samples of {key or 'a superbatch'}", data)
 
 
 def count_bytes(data: bytes | np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:

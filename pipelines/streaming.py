@@ -45,9 +45,10 @@ def _local(store: str | os.PathLike[str]) -> str:
 
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, scheduler: str | None = None,
         window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
-        hold_memory: int | str | None = None, stage: str | None = None, model: str = "sage", hidden: int = 128, num_layers: int | None = None,
-        fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3,
-        dropout: float = 0.2, heads: int = 4, seed: int = 0, device: str | None = None, eval_every: int = 1,
+        hold_memory: int | str | None = None, stage: str | None = None, model: str = "sage", hidden: int = 128,
+        num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
+        epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4, seed: int = 0,
+        device: str | None = None, eval_every: int = 1,
         threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
         on_superbatch: Callable[[dict[str, Any]], None] | None = None,
         cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 16,

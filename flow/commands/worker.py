@@ -3,9 +3,10 @@
 Without `--gpu`: a CPU worker (sampling, counting, planning, packing). With `--gpu`: the
 training worker, carrying the Dask resource ``GPU=1``, staging superbatches in `--scratch`
 (at most `--quota` bytes at once; their index and samples held in memory up to `--hold-memory`)
-and training on `--device` (cpu makes everything testable without a GPU). It is Dask's own `dask worker`; the diskflow settings travel in the worker's
-Dask config, where the run's WorkerPlugin reads them, so `dask worker --resources GPU=1` with
-``DASK_DISKFLOW__SCRATCH=DIR`` is the same worker.
+and training on `--device` (cpu makes everything testable without a GPU). It is Dask's own
+`dask worker`; the diskflow settings travel in the worker's Dask config, where the run's
+WorkerPlugin reads them, so `dask worker --resources GPU=1` with ``DASK_DISKFLOW__SCRATCH=DIR``
+is the same worker.
 """
 from __future__ import annotations
 

@@ -163,6 +163,7 @@ def test_bench_reports_where_the_features_came_from(streamed: dict[str, Any]) ->
     assert f["packed_bytes"] == sum(e["figures"]["packed_bytes"] for e in tl) >= f["packed_rows"]
     assert 0 < f["packed_share"] < 1
     assert all(e["bytes"] > e["figures"]["packed_bytes"] for e in tl)     # the index and the samples travel too
+    assert f["held_bytes"] == sum(e["held_bytes"] for e in tl) / len(tl) > 0, "and were held in memory"
 
 
 def test_superbatches_through_a_shared_stage(tiny_store: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
