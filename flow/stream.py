@@ -143,6 +143,9 @@ class SampleResult:
     summary: dict[str, Any]
     timing: dict[str, Any]
 
+    def __sizeof__(self) -> int:      # what Dask's memory accounting (`dask.sizeof`) counts: the file's bytes
+        return object.__sizeof__(self) + self.data.nbytes
+
 
 @dataclass
 class Tiers:
@@ -154,6 +157,9 @@ class Tiers:
     header: dict[str, Any]
     figures: dict[str, Any]
 
+    def __sizeof__(self) -> int:      # `dask.sizeof`: the tiers' arrays
+        return object.__sizeof__(self) + self.gpu_ids.nbytes + self.cpu_ids.nbytes + self.frequency.nbytes
+
 
 @dataclass
 class PlanResult:
@@ -164,6 +170,9 @@ class PlanResult:
     final_cache: np.ndarray
     stats: dict[str, Any]
     timing: dict[str, Any] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:      # `dask.sizeof`: the final cache and the batches' plans
+        return object.__sizeof__(self) + self.final_cache.nbytes + sum(sys.getsizeof(b) for b in self.batches)
 
 
 # ---------------------------------------------------------------------------- tasks (run on workers)

@@ -19,6 +19,7 @@ plan from the plan alone, as the trainer would execute it.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,10 @@ class BatchPlan:
         """Rows of this batch read from disk."""
         return int(np.count_nonzero(self.src == SRC_MISS))
 
+    def __sizeof__(self) -> int:
+        """Bytes held, arrays included: what Dask's memory accounting (`dask.sizeof`) counts for it."""
+        return object.__sizeof__(self) + sum(a.nbytes for a in (self.src, self.idx, self.insert_pos, self.insert_slot))
+
 
 @dataclass
 class SuperbatchPlan:
@@ -74,6 +79,10 @@ class SuperbatchPlan:
     def inserts(self) -> int:
         """Rows copied into the CPU cache over the superbatch."""
         return int(sum(b.insert_pos.shape[0] for b in self.batches))
+
+    def __sizeof__(self) -> int:
+        """Bytes held, the batches' plans included (`dask.sizeof`)."""
+        return object.__sizeof__(self) + self.final_cache.nbytes + sum(sys.getsizeof(b) for b in self.batches)
 
 
 def gpu_slots(gpu_ids_sorted: np.ndarray, n_ids: np.ndarray) -> np.ndarray:

@@ -79,6 +79,11 @@ class Bundle:
         """Bytes the bundle takes on the receiver's disk (its files; the manifest is not counted)."""
         return int(sum(self.sizes.values()))
 
+    def __sizeof__(self) -> int:
+        """Bytes held in memory, the inline files included: what Dask's memory accounting (`dask.sizeof`)
+        and its dashboard count for a pack task's result (a URL bundle holds only its bookkeeping)."""
+        return object.__sizeof__(self) + sum(a.nbytes for a in (self.data or {}).values())
+
 
 def _bytes(buf: np.ndarray) -> memoryview:
     """A contiguous array's bytes, without a copy."""
