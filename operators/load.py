@@ -744,8 +744,8 @@ class PackedLoader:
                                                                 f"manifest says {sb.batches}")
 
     def _graph(self, s: SampleRecord) -> torch.Tensor:
-        if not s.n_id.flags.writeable:   # memory-mapped from the samples file; torch wants its own
-            s.n_id = s.n_id.copy()
+        if not s.n_id.flags.writeable or s.n_id.dtype != np.int64:    # memory-mapped from the samples file (torch
+            s.n_id = s.n_id.astype(np.int64)                            # wants its own) or int32 there (PyG: int64)
         n_id = s.n_id
         if n_id.size and (int(n_id.min()) < 0 or int(n_id.max()) >= self.labels.shape[0]):
             raise InputError(self.ds.round_dir / "samples", f"batch {s.batch}: node id out of range")

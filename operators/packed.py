@@ -13,8 +13,8 @@ batch           int64             global batch index in the round (epoch-major)
 epoch           int64             epoch of the batch
 src             large_list<uint8> per n_id position: 0 GPU slot, 1 CPU slot, 2 packed row,
                                   3 disk-cache row, 4 store row (no packing: Ginex)
-idx             large_list<int64> GPU slot / CPU slot / packed row r / row in the dcache file /
-                                  node id (src 4)
+idx             large_list<int32> GPU slot / CPU slot / packed row r / row in the dcache file /
+                or <int64>        node id (src 4); int64 only when an address needs it
 insert_pos      large_list<int64> CPU inserts applied AFTER the batch: slot <- assembled
 insert_slot     large_list<int64> row at n_id position ``insert_pos``
 seg_offset      list<int64> [P]   byte offset of the batch's segment in part-p.bin
@@ -45,7 +45,7 @@ import pyarrow as pa
 from .checksum import crc32
 from .errors import InputError
 from .files import ALIGN, arrow_file_bytes, atomic_path, read_manifest, write_bytes
-from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
+from .samples import ID_LIMIT, Buffer, SampleRecord, list_values, open_arrow, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_VERSION = 1
@@ -59,18 +59,26 @@ ROUND_DIR = "round-0"
 _CRC_CHUNK = 64 << 20
 _KEY = re.compile(r"e(\d+)-s(\d+)")
 
-INDEX_SCHEMA = pa.schema([
-    ("batch", pa.int64()),
-    ("epoch", pa.int64()),
-    ("src", pa.large_list(pa.uint8())),
-    ("idx", pa.large_list(pa.int64())),
-    ("insert_pos", pa.large_list(pa.int64())),
-    ("insert_slot", pa.large_list(pa.int64())),
-    ("seg_offset", pa.list_(pa.int64())),
-    ("seg_rows", pa.list_(pa.int64())),
-    ("seg_crc", pa.list_(pa.uint32())),
-    ("dcache", pa.int64()),
-])
+def index_schema(addresses: pa.DataType) -> pa.Schema:
+    """The index file schema with `idx` of type `addresses` (int32 or int64)."""
+    return pa.schema([
+        ("batch", pa.int64()),
+        ("epoch", pa.int64()),
+        ("src", pa.large_list(pa.uint8())),
+        ("idx", pa.large_list(addresses)),
+        ("insert_pos", pa.large_list(pa.int64())),
+        ("insert_slot", pa.large_list(pa.int64())),
+        ("seg_offset", pa.list_(pa.int64())),
+        ("seg_rows", pa.list_(pa.int64())),
+        ("seg_crc", pa.list_(pa.uint32())),
+        ("dcache", pa.int64()),
+    ])
+
+
+# `idx` holds one address per row a batch reads, as many as its `n_id`: int32 halves it (and
+# a fifth of the index's bytes go), and serves every graph below 2**31 nodes.
+INDEX_SCHEMA = index_schema(pa.int64())
+INDEX_SCHEMA_INT32 = index_schema(pa.int32())
 
 
 # ---------------------------------------------------------------------------- file names
@@ -155,7 +163,7 @@ class IndexRecord:
     batch: int
     epoch: int
     src: np.ndarray          # uint8 [n]
-    idx: np.ndarray          # int64 [n]
+    idx: np.ndarray          # int32 or int64 (as stored) [n]
     insert_pos: np.ndarray   # int64 [k]
     insert_slot: np.ndarray  # int64 [k]
     seg_offset: np.ndarray   # int64 [P]
@@ -175,14 +183,18 @@ def _list(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return cls.from_arrays(offsets, pa.array(np.ascontiguousarray(values), type=typ.value_type))
 
 
-def index_record_batch(r: IndexRecord) -> pa.RecordBatch:
-    """One index record as a single-row Arrow record batch (schema `INDEX_SCHEMA`)."""
-    f = INDEX_SCHEMA.field
+def _fits_int32(records: Sequence[IndexRecord]) -> bool:
+    return all(r.idx.size == 0 or (int(r.idx.min()) >= -ID_LIMIT and int(r.idx.max()) < ID_LIMIT) for r in records)
+
+
+def index_record_batch(r: IndexRecord, schema: pa.Schema = INDEX_SCHEMA) -> pa.RecordBatch:
+    """One index record as a single-row Arrow record batch (`INDEX_SCHEMA`, or `INDEX_SCHEMA_INT32`)."""
+    f = schema.field
     cols = [
         pa.array([r.batch], type=pa.int64()),
         pa.array([r.epoch], type=pa.int64()),
         _list(np.asarray(r.src, np.uint8), f("src").type),
-        _list(np.asarray(r.idx, np.int64), f("idx").type),
+        _list(np.asarray(r.idx, f("idx").type.value_type.to_pandas_dtype()), f("idx").type),
         _list(np.asarray(r.insert_pos, np.int64), f("insert_pos").type),
         _list(np.asarray(r.insert_slot, np.int64), f("insert_slot").type),
         _list(np.asarray(r.seg_offset, np.int64), f("seg_offset").type),
@@ -190,12 +202,14 @@ def index_record_batch(r: IndexRecord) -> pa.RecordBatch:
         _list(np.asarray(r.seg_crc, np.uint32), f("seg_crc").type),
         pa.array([r.dcache], type=pa.int64()),
     ]
-    return pa.RecordBatch.from_arrays(cols, schema=INDEX_SCHEMA)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 def index_bytes(records: Sequence[IndexRecord], metadata: dict[str, Any] | None = None) -> pa.Buffer:
-    """A superbatch's index records as the bytes of an Arrow IPC index file, built in memory."""
-    return arrow_file_bytes(INDEX_SCHEMA, (index_record_batch(r) for r in records), metadata)
+    """A superbatch's index records as the bytes of an Arrow IPC index file, built in memory (addresses
+    as int32 when every one fits, else int64)."""
+    schema = INDEX_SCHEMA_INT32 if _fits_int32(records) else INDEX_SCHEMA
+    return arrow_file_bytes(schema, (index_record_batch(r, schema) for r in records), metadata)
 
 
 def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord],
@@ -216,7 +230,8 @@ def read_index_file(path: str | os.PathLike[str], data: Buffer | None = None) ->
     p = Path(path)
     try:
         reader = open_arrow(p, data)
-        if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
+        schema = reader.schema.remove_metadata()
+        if not (schema.equals(INDEX_SCHEMA) or schema.equals(INDEX_SCHEMA_INT32)):
             raise InputError(p, f"unexpected index schema: {reader.schema}")
         out = []
         for i in range(reader.num_record_batches):

@@ -5,6 +5,11 @@ Each record batch has a single row with the fields PyG's NeighborLoader puts on 
 (seeds first), ``row``/``col`` (the local ``edge_index``, source -> target),
 ``num_sampled_nodes`` and ``num_sampled_edges``. List columns keep every minibatch one
 record batch, and reading back is zero-copy (``.values`` of each list column).
+
+``n_id`` is int32 for a graph of fewer than 2**31 nodes (`id_type`) and int64 beyond: the ids
+are about 40% of a samples file, which every plan, pack and (streamed) training machine
+reads, so half their bytes is a fifth of the file. Readers take either and hand back the ids
+as stored; whoever needs int64 (the native planner, torch) converts.
 """
 from __future__ import annotations
 
@@ -21,15 +26,30 @@ from .files import arrow_file_bytes, write_bytes
 
 Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 
-SCHEMA = pa.schema([
-    ("batch", pa.int64()),
-    ("batch_size", pa.int64()),
-    ("n_id", pa.large_list(pa.int64())),
-    ("row", pa.large_list(pa.int32())),
-    ("col", pa.large_list(pa.int32())),
-    ("num_sampled_nodes", pa.list_(pa.int64())),
-    ("num_sampled_edges", pa.list_(pa.int64())),
-])
+ID_LIMIT = 2**31        # node ids below it are stored as int32
+
+
+def id_type(num_nodes: int) -> pa.DataType:
+    """How a graph of `num_nodes` nodes stores node ids (and addresses bounded by them): int32 below
+    2**31 nodes, int64 beyond."""
+    return pa.int32() if num_nodes <= ID_LIMIT else pa.int64()
+
+
+def samples_schema(ids: pa.DataType) -> pa.Schema:
+    """The samples file schema with node ids of type `ids` (int32 or int64)."""
+    return pa.schema([
+        ("batch", pa.int64()),
+        ("batch_size", pa.int64()),
+        ("n_id", pa.large_list(ids)),
+        ("row", pa.large_list(pa.int32())),
+        ("col", pa.large_list(pa.int32())),
+        ("num_sampled_nodes", pa.list_(pa.int64())),
+        ("num_sampled_edges", pa.list_(pa.int64())),
+    ])
+
+
+SCHEMA = samples_schema(pa.int64())
+SCHEMA_INT32 = samples_schema(pa.int32())
 
 
 @dataclass
@@ -38,7 +58,7 @@ class SampleRecord:
 
     batch: int
     batch_size: int
-    n_id: np.ndarray            # int64 [n], seeds first
+    n_id: np.ndarray            # int32 or int64 (as stored) [n], seeds first
     edge_index: np.ndarray      # int64 [2, e], local, source -> target
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
@@ -49,27 +69,34 @@ def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return type(pa.array([], type=typ)).from_arrays(pa.array(offsets), pa.array(values, type=typ.value_type))
 
 
-def record_batch(batch: int, sampled: object) -> pa.RecordBatch:
-    """A one-row record batch from a `SampledBatch` (fields n_id, edge_index, num_sampled_*, batch_size)."""
-    n_id = np.asarray(sampled.n_id, dtype=np.int64)  # type: ignore[attr-defined]
+def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) -> pa.RecordBatch:
+    """A one-row record batch from a `SampledBatch` (fields n_id, edge_index, num_sampled_*, batch_size).
+
+    `ids`: the node id type (`id_type` of the graph); int64 when not given.
+    """
+    schema = SCHEMA_INT32 if ids == pa.int32() else SCHEMA
+    n_id = np.asarray(sampled.n_id)  # type: ignore[attr-defined]
     ei = np.asarray(sampled.edge_index)  # type: ignore[attr-defined]
     if n_id.shape[0] >= 2**31:
         raise ValueError("a minibatch with >= 2**31 nodes cannot use int32 local indices")
+    if schema is SCHEMA_INT32 and n_id.size and (int(n_id.max()) >= ID_LIMIT or int(n_id.min()) < 0):
+        raise ValueError(f"node ids outside [0, 2**31) cannot be stored as int32 (batch {batch})")
+    n_id = n_id.astype(schema.field("n_id").type.value_type.to_pandas_dtype(), copy=False)
     cols = [
         pa.array([batch], type=pa.int64()),
         pa.array([int(sampled.batch_size)], type=pa.int64()),  # type: ignore[attr-defined]
-        _list_array(n_id, SCHEMA.field("n_id").type),
-        _list_array(ei[0].astype(np.int32), SCHEMA.field("row").type),
-        _list_array(ei[1].astype(np.int32), SCHEMA.field("col").type),
-        _list_array(np.asarray(sampled.num_sampled_nodes, dtype=np.int64), SCHEMA.field("num_sampled_nodes").type),  # type: ignore[attr-defined]
-        _list_array(np.asarray(sampled.num_sampled_edges, dtype=np.int64), SCHEMA.field("num_sampled_edges").type),  # type: ignore[attr-defined]
+        _list_array(n_id, schema.field("n_id").type),
+        _list_array(ei[0].astype(np.int32), schema.field("row").type),
+        _list_array(ei[1].astype(np.int32), schema.field("col").type),
+        _list_array(np.asarray(sampled.num_sampled_nodes, dtype=np.int64), schema.field("num_sampled_nodes").type),  # type: ignore[attr-defined]
+        _list_array(np.asarray(sampled.num_sampled_edges, dtype=np.int64), schema.field("num_sampled_edges").type),  # type: ignore[attr-defined]
     ]
-    return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | None = None) -> pa.Buffer:
-    """The record batches as the bytes of an Arrow IPC samples file, built in memory."""
-    return arrow_file_bytes(SCHEMA, batches, metadata)
+    """The record batches (all of one id type) as the bytes of an Arrow IPC samples file, built in memory."""
+    return arrow_file_bytes(batches[0].schema if batches else SCHEMA, batches, metadata)
 
 
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
@@ -100,7 +127,8 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
         reader = open_arrow(p, data)
     except (OSError, pa.ArrowInvalid) as e:
         raise InputError(p, f"unreadable samples file ({e})") from e
-    if not reader.schema.remove_metadata().equals(SCHEMA):
+    schema = reader.schema.remove_metadata()
+    if not (schema.equals(SCHEMA) or schema.equals(SCHEMA_INT32)):
         raise InputError(p, f"unexpected samples schema: {reader.schema}")
     for i in range(reader.num_record_batches):
         rb = reader.get_batch(i)
@@ -117,7 +145,7 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
 
 
 def read_n_ids(path: str | os.PathLike[str], data: Buffer | None = None) -> list[np.ndarray]:
-    """Only the `n_id` arrays of a superbatch file (what counting and planning need).
+    """Only the `n_id` arrays of a superbatch file (what counting and planning need), as stored.
 
     `data`: the file's content when it is in memory (a sample task's result); `path` then only
     names it in errors.

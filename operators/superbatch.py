@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .errors import ConfigError
 from .files import write_bytes
-from .samples import record_batch, samples_bytes
+from .samples import id_type, record_batch, samples_bytes
 from .seeds import TRAIN_STREAM, batch_seed, seed_batches
 from .store import Store
 
@@ -91,9 +91,10 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
     sampler = NeighborSampler(store.indptr, store.indices, list(fanouts), num_threads=num_threads)
     batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed)
     records, accesses, max_nodes, edges = [], 0, 0, 0
+    ids = id_type(store.num_nodes)
     for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
         s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
-        records.append(record_batch(j, s))
+        records.append(record_batch(j, s, ids))
         n = int(s.n_id.shape[0])
         accesses += n
         max_nodes = max(max_nodes, n)

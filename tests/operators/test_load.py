@@ -106,6 +106,7 @@ def test_every_batch_is_the_store_gather_of_its_n_id(name: str, pipelined: bool,
         assert len(loader) == loader.num_batches
         for batch in loader:
             assert set(batch.keys()) == FIELDS
+            assert batch.n_id.dtype == batch.edge_index.dtype == torch.int64      # as PyG's (int32 on disk)
             n_id = batch.n_id.numpy()
             assert batch.x.numpy().tobytes() == store.gather(n_id).tobytes(), f"{name}: batch {n}"
             assert torch.equal(batch.y, torch.from_numpy(labels[n_id]))
