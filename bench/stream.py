@@ -30,18 +30,20 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   as `diskflow bench compare` does; the raw times are in the JSON (``runs_s``), and the ratio of
   the medians is printed next to the headline (``stream_over_max_median``).
 * The default dataset and model are sized so that preparing and training a round take
-  comparable time on a 2-core machine (narrow features and a small GraphSAGE), with the
-  streaming default of 16 batches per superbatch; the round has 6 epochs (24 superbatches), so
-  the stream's fill (the first superbatch must be prepared before anything can train) weighs
-  as it would in a real run, not as in a two-epoch toy. With the default budget (10% of the
-  features plus the staging of the worst-case batch, as `diskflow run`'s) that narrow feature
-  table fits the CPU tier whole: the stream ships each superbatch's samples and index (about
-  14 MiB per 16 batches, held in the GPU worker's memory, not staged on its disk) and almost no
-  feature rows, which the bench prints (``features``).
+  comparable time on a 2-core machine (narrow features and a small GraphSAGE: a batch trains
+  in about 9 ms), with the streaming default of 32 batches per superbatch; the round has 12
+  epochs (24 superbatches), so the stream's fill (the first superbatch must be prepared before
+  anything can train, about 5% of the round here) weighs less than in a two-epoch toy, though
+  still more than in a real run of hundreds of superbatches. With the default budget (10% of
+  the features plus the staging of the worst-case batch, as `diskflow run`'s) that narrow
+  feature table fits the CPU tier whole: the stream ships each superbatch's samples and index
+  (about 18 MiB per 32 batches, held in the GPU worker's memory, not staged on its disk) and
+  almost no feature rows, which the bench prints (``features``).
   ``--cpu-memory`` gives a smaller budget, so that most rows are packed and read from the
-  scratch disk. Smaller superbatches
-  (``--superbatch-size 8``) double the per-superbatch work of both machines (tasks, transfers,
-  files, a loader pipeline that drains and refills) for the same batches.
+  scratch disk. Every superbatch costs the GPU worker a fixed share (its ship and train tasks
+  and their messages, the transfer, a loader pipeline that drains and refills: about 15 ms on
+  this box's one core, as much as two batches' training): ``--superbatch-size 16`` doubles
+  that share for the same batches.
 
 Where the streamed run's time goes (`stream_breakdown`, printed): ``fill_s`` (first submission
 to the first ``train`` start), ``train_busy_s`` (the ``train`` tasks), ``gaps_s`` (the GPU worker
@@ -87,9 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-frac", type=float, default=0.30, help="synthetic graph: training share (default 0.30)")
     p.add_argument("--fanouts", type=fanouts_option(), default=(15, 10), help="per-hop fanouts (default 15,10)")
     p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
-    p.add_argument("--superbatch-size", type=int, default=16,
-                   help="batches per superbatch (default 16, as `diskflow run streaming`)")
-    p.add_argument("--epochs", type=int, default=6, help="epochs (default 6)")
+    p.add_argument("--superbatch-size", type=int, default=32,
+                   help="batches per superbatch (default 32, as `diskflow run streaming`)")
+    p.add_argument("--epochs", type=int, default=12, help="epochs (default 12)")
     p.add_argument("--window", type=int, default=3, help="streaming window, superbatches (default 3)")
     p.add_argument("--model", default="sage", help="model (default sage)")
     p.add_argument("--hidden", type=int, default=4, help="hidden channels (default 4)")

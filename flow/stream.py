@@ -93,7 +93,7 @@ class StreamConfig:
     train: Any                          # operators.stream_train.StreamTrainConfig
     fanouts: tuple[int, ...] = (10, 10, 10)
     batch_size: int = 1024
-    superbatch_size: int = 16
+    superbatch_size: int = 32
     epochs: int = 1
     seed: int = 0
     sampler_threads: int = 1
@@ -904,7 +904,7 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
                                            "skip the scratch disk while they fit (default 256MiB; 0: all on disk)")),
     "stage": ("--stage", str, "an fsspec URL both machines reach; superbatches travel through it instead of Dask"),
     "superbatch_size": ("--superbatch-size", _int_at_least("--superbatch-size", 1),
-                        "batches per superbatch (streaming default 16)"),
+                        "batches per superbatch (streaming default 32)"),
     "tier_superbatches": ("--tier-superbatches", _int_at_least("--tier-superbatches", 1),
                           "superbatches whose counts decide the GPU tier (default 2)"),
     "checkpoint_every": ("--checkpoint-every", _int_at_least("--checkpoint-every", 1),

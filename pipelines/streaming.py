@@ -51,7 +51,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         device: str | None = None, eval_every: int = 1,
         threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
         on_superbatch: Callable[[dict[str, Any]], None] | None = None,
-        cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 16,
+        cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 32,
         tier_superbatches: int = 2, checkpoint_every: int = 1, queue_depth: int = 2, check_crc: bool = True,
         resume: bool = False, processes: bool = True, gpu_wait: float = 60.0) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
@@ -72,6 +72,10 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             instead of through Dask.
         device: where the GPU worker trains (default: its own setting, CUDA when it has it).
         superbatch_size: batches per superbatch (the unit that is packed, shipped, trained).
+            Every superbatch costs the GPU worker a fixed share (its tasks, transfer and
+            verification, a loader that drains and refills), which larger ones amortize (Ginex
+            §3.5: larger is better up to the disk they take); the first one is prepared before
+            anything trains, so smaller ones start sooner.
         tier_superbatches: superbatches whose access counts decide the GPU tier and the planner's
             tie-break (the first two are needed by the first plan anyway).
         checkpoint_every: superbatches between checkpoints (and at every epoch's end).
