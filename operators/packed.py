@@ -75,8 +75,8 @@ def index_schema(addresses: pa.DataType) -> pa.Schema:
     ])
 
 
-# `idx` holds one address per row a batch reads, as many as its `n_id`: int32 halves it (and
-# a fifth of the index's bytes go), and serves every graph below 2**31 nodes.
+# `idx` holds one address per row a batch reads, as many as its `n_id`, and is most of an index
+# file: int32 takes two fifths off the file, and serves every graph of up to 2**31 nodes.
 INDEX_SCHEMA = index_schema(pa.int64())
 INDEX_SCHEMA_INT32 = index_schema(pa.int32())
 

@@ -6,7 +6,7 @@ Each record batch has a single row with the fields PyG's NeighborLoader puts on 
 ``num_sampled_nodes`` and ``num_sampled_edges``. List columns keep every minibatch one
 record batch, and reading back is zero-copy (``.values`` of each list column).
 
-``n_id`` is int32 for a graph of fewer than 2**31 nodes (`id_type`) and int64 beyond: the ids
+``n_id`` is int32 for a graph of up to 2**31 nodes (`id_type`) and int64 beyond: the ids
 are about 40% of a samples file, which every plan, pack and (streamed) training machine
 reads, so half their bytes is a fifth of the file. Readers take either and hand back the ids
 as stored; whoever needs int64 (the native planner, torch) converts.
@@ -30,7 +30,7 @@ ID_LIMIT = 2**31        # node ids below it are stored as int32
 
 
 def id_type(num_nodes: int) -> pa.DataType:
-    """How a graph of `num_nodes` nodes stores node ids (and addresses bounded by them): int32 below
+    """How a graph of `num_nodes` nodes stores node ids (and addresses bounded by them): int32 up to
     2**31 nodes, int64 beyond."""
     return pa.int32() if num_nodes <= ID_LIMIT else pa.int64()
 

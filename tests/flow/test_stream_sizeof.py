@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 from dask.sizeof import sizeof
-
 from diskflow.flow.stream import PlanResult, SampleResult, Tiers
 from diskflow.operators.plan import BatchPlan, SuperbatchPlan
 from diskflow.operators.stream_pack import Bundle
