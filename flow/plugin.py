@@ -39,7 +39,8 @@ from . import allocator
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
 # Staged superbatches' index and samples held in memory at most (the rest go to the scratch disk):
-# the bench's graph takes about 14 MiB per superbatch, a window of 3 about 56 MiB.
+# the bench's graph takes about 18 MiB per superbatch of 32 batches, a window of 3 (and the one
+# training) about 72 MiB.
 HOLD_MEMORY = "256MiB"
 
 

@@ -11,7 +11,7 @@ file (the driver re-ships once, then stops).
 A superbatch's index and samples (`held_files`) are verified the same way but held in memory
 instead of written, while they fit the scratch space's memory budget (`ScratchSpace.try_hold`):
 the loader reads them whole and exactly once, so a trip through the scratch disk (write, read
-back, delete: three passes over some 14 MiB per superbatch of the bench's graph on the GPU
+back, delete: three passes over some 18 MiB per superbatch of the bench's graph on the GPU
 machine's cores) buys nothing. Only the packed segments, which the loader reads with direct I/O,
 and the base tiers, memory-mapped by every superbatch, always go to disk; a superbatch whose
 index and samples would take the held bytes over the budget stages them on disk as well.
