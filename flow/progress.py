@@ -35,13 +35,20 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
         futures = client.compute(tasks)
         try:
             with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
-                for _ in as_completed(futures):
+                for f in as_completed(futures):
+                    if f.status == "error":
+                        f.result()      # the first failure ends the phase now, not once every other task ran
                     b.update(1)
             return client.gather(futures)
         except BaseException:
-            # a failed or interrupted phase must not leave tasks queued behind our back (not
-            # force=True: that can break the scheduler's link to the client in distributed 2026.8)
-            client.cancel(futures)
+            # A failed or interrupted phase must not leave tasks queued behind our back: release
+            # our futures, and the scheduler forgets every task no client wants any more (queued
+            # ones never run). Not `client.cancel`: in distributed 2026.8 cancelling a key whose
+            # dependents nobody holds a future of (count tasks under a merge) trips
+            # `assert ts.who_wants` in `Scheduler.stimulus_cancel`, which logs an AssertionError
+            # traceback and drops the client's stream.
+            for f in futures:
+                f.release()
             raise
 
     class _Bar(Callback):
