@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..operators.errors import DiskflowError
+from ..operators.errors import DiskflowError, is_disk_full
 
 # Subcommand modules, in the order `diskflow --help` lists them.
 COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, run, and turn user mistakes into one clear line (exit 2)."""
+    """Entry point: parse, run, and turn user mistakes and a full disk into one clear line (exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -42,6 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             raise
         print(f"diskflow {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # Writers name their output when the disk fills (DiskFullError, above); this is the net
+        # under any write that does not, so a full disk is never a traceback.
+        if args.verbose or not is_disk_full(e):
+            raise
+        print(f"diskflow {args.command}: error: {e.filename or 'a write'}: no space left on device "
+              "(free some space, or choose another filesystem)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"diskflow {args.command}: interrupted", file=sys.stderr)

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..operators.files import staging_dir, write_manifest
-from ..operators.importers import RAW_FORMAT, RAW_VERSION, check_replaceable
+from ..operators.importers import RAW_FORMAT, RAW_KIND, RAW_VERSION
+from ..operators.outputs import check_free_space, check_replaceable
 from ..operators.store import SPLITS
 from ..operators.synth import SynthConfig, synth_part
 from .progress import compute
@@ -29,6 +30,10 @@ def run_synth(cfg: SynthConfig, out: str | os.PathLike[str], *, force: bool = Fa
         force: regenerate even when `out` already holds this config's output; also
             allows replacing a directory that is not a raw dataset.
 
+    Raises:
+        InputError: `out` holds something other than a raw dataset (without `force`).
+        DiskFullError: `out`'s filesystem cannot hold the features, or filled up while writing.
+
     Returns:
         `out` as a Path.
     """
@@ -36,10 +41,12 @@ def run_synth(cfg: SynthConfig, out: str | os.PathLike[str], *, force: bool = Fa
 
     cfg.validate()
     out_p = Path(out)
-    previous = check_replaceable(out_p, force)
+    previous = check_replaceable(out_p, force, RAW_KIND)
     if (previous is not None and not force and previous.get("source", {}).get("kind") == "synth"
             and previous.get("config") == cfg.as_dict()):
         return out_p
+    # the feature shards alone hold every row (a lower bound: edges and nodes come on top)
+    check_free_space({out_p: cfg.num_nodes * cfg.feature_dim * np.dtype(cfg.dtype).itemsize})
     with staging_dir(out_p) as stage:
         for sub in ("edges", "features", "nodes"):
             (stage / sub).mkdir()

@@ -4,10 +4,15 @@ A directory is valid only when its `manifest.json` exists; everything else is wr
 under a temporary name first and renamed into place, so a crash never leaves a
 half-written file that looks valid. Feature arrays are `.npy` files whose data starts
 at a 4096-byte boundary (O_DIRECT-friendly, and still loadable with `np.load`).
+
+A full disk (ENOSPC) met while writing through `atomic_path` or `staging_dir` leaves
+nothing under the final name and is raised as `DiskFullError` naming that final name,
+which the CLI prints as one line.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, DiskFullError, InputError, is_disk_full
 
 ALIGN = 4096
 MANIFEST = "manifest.json"
@@ -36,14 +41,17 @@ def tmp_name(path: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], durable: bool = True, parents: bool = True) -> Iterator[Path]:
     """Yield a temporary path to write; on success it is fsynced and renamed onto `path`.
 
     `durable=False` skips the fsync, for scratch files that live and die within one run (the
     rename still keeps a half-written file from ever carrying the final name).
+    `parents=False` does not create the parent directory: a Dask task that outlives its failed
+    run then fails instead of resurrecting the directory the run has just cleaned up.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if parents:
+        final.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(final)
     try:
         yield tmp
@@ -51,12 +59,13 @@ def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             if tmp.is_dir():
                 shutil.rmtree(tmp)
             else:
                 tmp.unlink()
+        raise_if_disk_full(e, final)
         raise
 
 
@@ -66,9 +75,10 @@ def write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> 
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
-def write_bytes(path: str | os.PathLike[str], data: Any, durable: bool = True) -> None:
-    """Write a buffer (bytes, a uint8 array, an Arrow buffer) to `path` atomically; `durable`: see `atomic_path`."""
-    with atomic_path(path, durable) as tmp, open(tmp, "wb") as f:
+def write_bytes(path: str | os.PathLike[str], data: Any, durable: bool = True, parents: bool = True) -> None:
+    """Write a buffer (bytes, a uint8 array, an Arrow buffer) to `path` atomically; `durable`, `parents`: see
+    `atomic_path`."""
+    with atomic_path(path, durable, parents) as tmp, open(tmp, "wb") as f:
         f.write(memoryview(data))
 
 
@@ -119,24 +129,84 @@ def staging_dir(final: str | os.PathLike[str]) -> Iterator[Path]:
 
     The caller writes everything (manifest last) into the yielded directory. On success
     the old `final` (if any) is moved aside and removed; on failure the staging
-    directory is deleted and `final` is left untouched.
+    directory is deleted and `final` is left untouched. Whether `final` may be replaced
+    at all is the caller's question (`outputs.check_replaceable`), asked before this.
     """
     final_p = Path(final)
-    final_p.parent.mkdir(parents=True, exist_ok=True)
-    stage = tmp_name(final_p)
-    stage.mkdir()
+    try:
+        final_p.parent.mkdir(parents=True, exist_ok=True)
+        stage = tmp_name(final_p)
+        stage.mkdir()
+    except OSError as e:
+        raise_if_disk_full(e, final_p)
+        raise InputError(final_p.parent, f"cannot create the output here ({e.strerror or e})") from e
     try:
         yield stage
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
+        raise_if_disk_full(e, final_p)
         raise
     trash = None
-    if final_p.exists():
+    if final_p.exists() or final_p.is_symlink():
         trash = tmp_name(final_p)
         os.replace(final_p, trash)
     os.replace(stage, final_p)
     if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_path(trash)
+
+
+def remove_path(path: str | os.PathLike[str]) -> None:
+    """Remove a file, a symlink or a directory tree, whichever `path` is (missing is fine)."""
+    p = Path(path)
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str]) -> None:
+    """If `exc` means a full disk, raise it again as one `DiskFullError` naming `path`; else return.
+
+    Each layer that writes names its own path, so the outermost one the user knows wins:
+    `atomic_path` names the file, `staging_dir` the output directory (the temporary names
+    inside are gone by then). A free-space check's error (bytes needed and free known) is
+    left as it is.
+    """
+    if isinstance(exc, DiskFullError) and exc.needed is not None:
+        return
+    if is_disk_full(exc):
+        raise DiskFullError(path, "no space left on device; nothing was published there (free some space, "
+                                  "or choose another filesystem)") from exc
+
+
+@contextlib.contextmanager
+def disk_full_names(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a full-disk error raised in the block (however wrapped) into a `DiskFullError` naming `path`."""
+    try:
+        yield
+    except BaseException as e:
+        raise_if_disk_full(e, path)
+        raise
+
+
+def preallocate(fd: int, nbytes: int) -> None:
+    """Reserve `nbytes` of disk for the open file `fd` (zero-filled), so a full disk fails here.
+
+    A sparse file that is later filled through a memory map gets SIGBUS, not ENOSPC, when the
+    disk runs out (the worker process dies without a word); reserving the blocks up front turns
+    that into an `OSError` at allocation time. Filesystems that cannot reserve fall back to a
+    sparse size (as before).
+    """
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, nbytes)
+    except AttributeError:      # no posix_fallocate on this platform
+        os.ftruncate(fd, nbytes)
 
 
 def fingerprint(path: str | os.PathLike[str]) -> str:
@@ -181,13 +251,15 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shape: tuple[int, ...]) -> np.memmap:
-    """Create (sparse, zero-filled) an .npy file with data at offset 4096; return a writable memmap."""
+    """Create (zero-filled, its blocks reserved: see `preallocate`) an .npy file with data at offset 4096;
+    return a writable memmap."""
     dt = np.dtype(dtype)
     header = _npy_header(dt, shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     with open(path, "wb") as f:
         f.write(header)
-        f.truncate(ALIGN + nbytes)
+        f.flush()
+        preallocate(f.fileno(), ALIGN + nbytes)
     if nbytes == 0:
         return np.zeros(shape, dtype=dt)  # type: ignore[return-value]
     return np.memmap(path, dtype=dt, mode="r+", offset=ALIGN, shape=shape)

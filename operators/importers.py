@@ -31,11 +31,13 @@ import pyarrow.parquet as pq
 from pyarrow import ipc
 
 from .errors import ConfigError, InputError
-from .files import atomic_path, fingerprint, read_manifest, staging_dir, write_manifest
+from .files import atomic_path, fingerprint, staging_dir, write_manifest
+from .outputs import OutputKind, check_replaceable
 from .store import SPLITS
 
 RAW_FORMAT = "diskflow-raw"
 RAW_VERSION = 1
+RAW_KIND = OutputKind("a diskflow raw dataset", formats=(RAW_FORMAT,))
 FEATURE_FORMATS = ("arrow", "parquet")
 DEFAULT_CHUNK_BYTES = 64 << 20  # source bytes streamed (and written as one shard) at a time
 _NONE = SPLITS.index("none")
@@ -108,28 +110,6 @@ def write_node_shard(path: str | os.PathLike[str], node_id: np.ndarray, label: n
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="snappy")
     return table.num_rows
-
-
-def check_replaceable(out: str | os.PathLike[str], force: bool) -> dict[str, Any] | None:
-    """Refuse to replace a directory that is not a raw dataset; return its manifest, if any.
-
-    Writing a raw dataset swaps a whole directory into place, so pointing `OUT` at, say,
-    a home directory by mistake must fail rather than delete it (unless `force`).
-    """
-    p = Path(out)
-    if not p.exists():
-        return None
-    if not p.is_dir():
-        if force:
-            return None
-        raise InputError(p, "exists and is not a directory (pass --force to replace it)")
-    manifest = read_manifest(p)
-    if manifest is not None and manifest.get("format") == RAW_FORMAT:
-        return manifest
-    if not force and any(p.iterdir()):
-        raise InputError(p, "exists and is not a diskflow raw dataset; refusing to replace it "
-                            "(choose another path or pass --force)")
-    return None
 
 
 class RawWriter:
@@ -231,7 +211,7 @@ def _publish(out: str | os.PathLike[str], force: bool, source: dict[str, Any], f
     Skips the work when `out` already holds a raw dataset made from the same source
     (same file fingerprints), unless `force`.
     """
-    previous = check_replaceable(out, force)
+    previous = check_replaceable(out, force, RAW_KIND)
     if previous is not None and not force and previous.get("source") == source and source.get("inputs"):
         return Path(out)
     with staging_dir(out) as stage:

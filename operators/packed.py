@@ -44,10 +44,12 @@ import pyarrow as pa
 
 from .checksum import crc32
 from .errors import InputError
-from .files import ALIGN, arrow_file_bytes, atomic_path, read_manifest, write_bytes
+from .files import ALIGN, arrow_file_bytes, atomic_path, preallocate, read_manifest, write_bytes
+from .outputs import OutputKind
 from .samples import ID_LIMIT, Buffer, SampleRecord, list_values, open_arrow, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
+PACKED_KIND = OutputKind("a diskflow packed dataset", formats=(PACKED_FORMAT,))   # what `prepare` may replace
 PACKED_VERSION = 1
 
 # Where a row of an assembled batch comes from (the `src` column of the index).
@@ -145,13 +147,14 @@ def file_crc(path: str | os.PathLike[str], offset: int, nbytes: int) -> int:
 
 
 def create_row_file(path: str | os.PathLike[str], rows: int, row_bytes: int) -> None:
-    """Preallocate (sparse, zero-filled) a rows file of ``padded(rows * row_bytes)`` bytes.
+    """Preallocate (zero-filled, blocks reserved: `files.preallocate`) a rows file of ``padded(rows * row_bytes)`` bytes.
 
     Disk-cache files take rows from every shard's pack task, so they must exist, at their
-    full size, before packing starts.
+    full size, before packing starts; the pack tasks fill them through a memory map, which
+    must not meet a full disk (SIGBUS).
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.truncate(int(padded(rows * row_bytes)))
+        preallocate(f.fileno(), int(padded(rows * row_bytes)))
 
 
 # ---------------------------------------------------------------------------- index records

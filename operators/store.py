@@ -30,10 +30,12 @@ import numpy as np
 
 from .errors import InputError
 from .files import read_manifest
+from .outputs import OutputKind
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
 
 STORE_FORMAT = "diskflow-store"
+STORE_KIND = OutputKind("a diskflow store", formats=(STORE_FORMAT,))   # what `ingest` may replace
 STORE_VERSION = 1
 SPLITS = ("train", "val", "test", "none")
 SPLIT_CODE = {name: i for i, name in enumerate(SPLITS)}
