@@ -35,7 +35,7 @@ import dask
 import numpy as np
 
 from ..operators.errors import ConfigError, InputError
-from ..operators.files import fingerprint, read_manifest, staging_dir
+from ..operators.files import ALIGN, fingerprint, staging_dir
 from ..operators.ingest import (
     SPILL_DIR,
     RawFiles,
@@ -68,7 +68,8 @@ from ..operators.ingest_features import (
     write_feature_shard,
 )
 from ..operators.ingest_nodes import ingest_nodes
-from ..operators.store import STORE_FORMAT
+from ..operators.outputs import check_free_space, check_replaceable
+from ..operators.store import STORE_FORMAT, STORE_KIND
 from .progress import compute
 
 
@@ -111,13 +112,10 @@ def ingest_config(*, memory_budget: int, shard_rows: int | None, to_undirected: 
     }
 
 
-def _up_to_date(out: Path, inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any] | None:
+def _up_to_date(manifest: dict[str, Any] | None, inputs: dict[str, str], config: dict[str, Any]
+                ) -> dict[str, Any] | None:
     """The existing store's manifest when it was built from the same inputs and options."""
-    try:
-        manifest = read_manifest(out)
-    except InputError:
-        return None  # unreadable: rebuild it
-    if (manifest is None or manifest.get("format") != STORE_FORMAT or manifest.get("inputs") != inputs
+    if (not manifest or manifest.get("format") != STORE_FORMAT or manifest.get("inputs") != inputs
             or manifest.get("config") != config):
         return None
     return manifest
@@ -149,11 +147,14 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
         shard_rows: rows per feature shard (default: from the memory budget).
         to_undirected: add every edge reversed and drop repeated edges (PyG's to_undirected).
         allow_nonfinite: accept NaN/inf feature values.
-        force: rebuild even when `out` is up to date.
+        force: rebuild even when `out` is up to date, and replace `out` even when it is not a store.
 
     Raises:
-        InputError: bad or missing input, naming the file and the fault.
+        InputError: bad or missing input, naming the file and the fault; `out` holds something
+            other than a store (without `force`).
         ConfigError: a bad option.
+        DiskFullError: the store's filesystem has no room for it (checked once the scans know
+            the feature and edge bytes, and on ENOSPC while writing); nothing is published.
     """
     t0 = time.perf_counter()
     budget = check_memory_budget(memory_budget)
@@ -166,7 +167,8 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
     input_bytes = sum(p.stat().st_size for p in files.all())
     config = ingest_config(memory_budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
                            allow_nonfinite=allow_nonfinite)
-    previous = None if force else _up_to_date(out_p, inputs, config)
+    existing = check_replaceable(out_p, force, STORE_KIND)
+    previous = None if force else _up_to_date(existing, inputs, config)
     if previous is not None:
         feats = previous["features"]
         return IngestResult(out_p, True, int(previous["num_nodes"]), int(previous["num_edges"]), input_bytes,
@@ -178,7 +180,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
     with staging_dir(out_p) as stage:
         (stage / "features").mkdir()
         (stage / SPILL_DIR).mkdir()
-        plan = _Plan(files, stage, num_nodes, budget, uuid.uuid4().hex[:8], to_undirected, allow_nonfinite)
+        plan = _Plan(files, stage, num_nodes, budget, uuid.uuid4().hex[:8], to_undirected, allow_nonfinite, out_p)
         nodes, feature_files, spills = plan.scan(est_edges)
         manifest = plan.build(nodes, feature_files, spills, shard_rows, inputs, config)
     feats = manifest["features"]
@@ -197,6 +199,7 @@ class _Plan:
     token: str  # makes keys unique per run, so two ingests can share a cluster
     to_undirected: bool
     allow_nonfinite: bool
+    out: Path | None = None     # the store being built in `stage` (what messages name)
     packed: bool = field(init=False, default=True)  # the spill layout, set by `scan`
     bucket_width: int = field(init=False, default=1)
     num_buckets: int = field(init=False, default=1)
@@ -226,6 +229,18 @@ class _Plan:
         check_same_schema(feature_files)
         return results[0], feature_files, results[1 + len(feats):]
 
+    def check_space(self, row_bytes: int, shard_rows: int, scanned: int, index_bytes: int) -> None:
+        """Fail before building when the store's filesystem cannot hold what the build writes.
+
+        Feature shards, indptr and indices (twice when to_undirected deduplicates through a
+        scratch copy), each with its 4096-byte header; the scans' spills are already on disk.
+        """
+        n = self.num_nodes
+        shards = math.ceil(n / shard_rows)
+        nbytes = (n * row_bytes + shards * ALIGN + (n + 1) * 8 + ALIGN
+                  + scanned * index_bytes * (2 if self.to_undirected else 1) + ALIGN)
+        check_free_space({self.out or self.stage: nbytes})
+
     # ------------------------------------------------------------------ phase 2
     def build(self, nodes: dict[str, Any], feature_files: list[FeatureFile], spills: list[EdgeSpill],
               shard_rows: int | None, inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
@@ -239,6 +254,7 @@ class _Plan:
 
         # topology: runs of spill buckets that fit the budget, each placed at its scan offset
         counts = np.sum([s.bucket_counts() for s in spills], axis=0)
+        self.check_space(row_bytes, rows, int(counts.sum()), index_dtype.itemsize)
         groups = group_buckets(counts, csc_edge_cap(self.budget))
         scanned = int(counts.sum())
         dedupe = self.to_undirected

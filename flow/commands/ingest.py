@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "row-range feature shards, labels and splits. Runs as Dask tasks (embedded LocalCluster, "
         "or --scheduler); a re-run with unchanged inputs and options does nothing.")
     p.add_argument("raw", metavar="RAW", help="raw dataset directory (edges/*.parquet, features/*, nodes/*.parquet)")
-    p.add_argument("out", metavar="OUT", help="store directory to create (replaced atomically when it exists)")
+    p.add_argument("out", metavar="OUT", help="store directory to create (an existing store is replaced atomically; "
+                                              "anything else there is refused unless --force)")
     p.add_argument("--memory-budget", default="1GiB", metavar="SIZE",
                    help="memory one task may use, e.g. 512MiB (default: %(default)s); sets shard and bucket sizes")
     p.add_argument("--shard-rows", type=int, default=None, metavar="N",
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to-undirected", action="store_true",
                    help="add every edge reversed and drop repeated edges")
     p.add_argument("--allow-nonfinite", action="store_true", help="accept NaN/inf feature values")
-    p.add_argument("--force", action="store_true", help="rebuild even when OUT is up to date")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even when OUT is up to date, and replace OUT even when it is not a store (deleting it)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes of the embedded cluster (default: one per core)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",
