@@ -39,11 +39,24 @@ import numpy as np
 from ..operators import packed as packed_fmt
 from ..operators.count import count_superbatch, dense_counts, merge_counts
 from ..operators.diskcache import build_layout
-from ..operators.errors import ConfigError
-from ..operators.files import config_hash, read_manifest, save_npy, staging_dir, write_manifest
+from ..operators.errors import ConfigError, DiskFullError
+from ..operators.files import (
+    ALIGN,
+    MANIFEST,
+    config_hash,
+    raise_if_disk_full,
+    read_manifest,
+    save_npy,
+    staging_dir,
+    write_bytes,
+    write_json,
+    write_manifest,
+)
+from ..operators.outputs import OutputKind, check_free_space, check_replaceable, replace_foreign
 from ..operators.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.packed import (
     PACKED_FORMAT,
+    PACKED_KIND,
     PACKED_VERSION,
     ROUND_DIR,
     SRC_STORE,
@@ -69,11 +82,16 @@ from ..operators.planfile import load_plan, save_plan
 from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
 from ..operators.store import Store
-from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch
+from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch_bytes
 from ..operators.tiers import in_flight_batches, tier_sizes
 from .progress import compute
 
 CPU_POLICIES = ("belady", "static")
+WORK_FORMAT = "diskflow-prepare-cache"
+WORK_MARKER = ".diskflow-work.json"     # marks ``OUT.work`` as prepare's cache (see `WORK_KIND`)
+# ``OUT.work``: prepare's cache; older ones (no marker) are recognised by their entries alone
+WORK_KIND = OutputKind("a diskflow prepare cache", markers=(WORK_MARKER,),
+                       patterns=("samples-*", "plans-*", "route", "layout.pkl", "layout.pkl.tmp", ".*.tmp-*"))
 
 
 @dataclass(frozen=True)
@@ -201,10 +219,18 @@ def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tie
 
 def _save_plan_task(plan: SuperbatchPlan, out_path: str) -> dict:
     """Write one plan file (the plan stage's cache) and return its figures."""
-    save_plan(out_path, plan)
+    save_plan(out_path, plan, parents=False)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
     return {"path": out_path, "hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits,
             "inserts": plan.inserts, "batch_misses": misses}
+
+
+def _sample_task(store_path: str, out_path: str, ref: SuperbatchRef, batch_size: int, fanouts: list[int], seed: int,
+                 num_threads: int | None) -> dict:
+    """`sample_superbatch`, writing only into the samples directory the driver made (never recreating it)."""
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
+    write_bytes(out_path, data, parents=False)
+    return {**summary, "path": out_path}
 
 
 def _count_task(sample_path: str, num_nodes: int, _sampled: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +296,7 @@ def _route_task(ref: SuperbatchRef, sample_path: str, plan_path: str, layout_pat
             layout = pickle.load(f)
     plan = planned if planned is not None else load_plan(plan_path)
     return route_superbatch(ref.key, read_n_ids(sample_path), plan.batches, layout, ref.round_first_batch,
-                            shard_rows, num_shards, out_path, epoch=ref.epoch)
+                            shard_rows, num_shards, out_path, epoch=ref.epoch, parents=False)
 
 
 def _store_index_task(ref: SuperbatchRef, sample_path: str, plan_path: str, num_shards: int, out_path: str) -> dict:
@@ -314,6 +340,13 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     Runs on whatever scheduler is active (the CLI opens a LocalCluster or connects to
     `--scheduler`; tests use the synchronous scheduler). Re-running with the same inputs
     and config does no work.
+
+    `force` redoes the work even when `out` is up to date, and lets `out` and its cache
+    ``out.work`` replace directories that are not a packed dataset / a prepare cache (which
+    are refused otherwise). A full disk, whether the free-space check sees it coming (once
+    the packed bytes are known, before packing) or a write meets ENOSPC, raises one
+    `DiskFullError`; nothing that looks finished is left behind (no manifest is written, the
+    staging directory and unfinished cache stages are removed).
     """
     t_start = time.perf_counter()
     cfg.validate()
@@ -323,17 +356,54 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     s_key = cfg.sample_key(store_hash)
     p_key = cfg.plan_key(s_key)
     k_key = cfg.pack_key(p_key)
-    existing = read_manifest(out) if out.is_dir() else None
-    if existing is not None and not force and existing.get("format") == PACKED_FORMAT \
-            and existing.get("config_hash") == k_key:
+    existing = check_replaceable(out, force, PACKED_KIND)
+    if existing and not force and existing.get("config_hash") == k_key:
         return PrepareResult(out, True, time.perf_counter() - t_start, dict(existing.get("figures", {})))
+    work = Path(str(out) + ".work")
+    replace_foreign(work, force, WORK_KIND)
+    created = not work.exists()
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        if not (work / WORK_MARKER).exists():
+            write_json(work / WORK_MARKER, {"format": WORK_FORMAT, "packed": out.name}, durable=False)
+        return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
+    except BaseException as e:
+        _clean_work(work, created)
+        if not (isinstance(e, DiskFullError) and e.path == os.fspath(out)):
+            raise_if_disk_full(e, work)     # what failed was writing the cache (samples, plans, routes)
+        raise
 
+
+def _clean_work(work: Path, created: bool) -> None:
+    """After a failed run: remove the cache stages it left unfinished (no manifest), and the
+    whole cache directory when this run created it and nothing finished is left in it."""
+    for d in [*work.glob("samples-*"), *work.glob("plans-*")]:
+        if d.is_dir() and not (d / MANIFEST).exists():
+            shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(work / "route", ignore_errors=True)
+    (work / "layout.pkl").unlink(missing_ok=True)
+    if work.is_dir():
+        _remove_orphans(work)
+    if created and work.is_dir() and all(e.name == WORK_MARKER or e.name.startswith(".") for e in work.iterdir()):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_room(out: Path, nbytes: int) -> None:
+    """Fail before packing when the packed dataset's filesystem cannot hold its `nbytes`.
+
+    Names `out` (the staging directory beside it is on the same filesystem).
+    """
+    check_free_space({out: nbytes})
+
+
+def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[str, str, str, str], quiet: bool,
+           t_start: float) -> PrepareResult:
+    """The phases of `prepare` (sample, plan, pack) once `out` and its cache `work` may be written."""
+    store_hash, s_key, p_key, k_key = keys
     # A per-run token ends every task key: a re-run on the same client never meets a cancelled
     # task of an earlier run under the same name (dashboard groups are unchanged: key_split
     # stops at the numeric token).
     tok = f"{uuid.uuid4().int % 10**8:08d}"
-    work = Path(str(out) + ".work")
-    work.mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}
     refs = round_layout(store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
 
@@ -344,7 +414,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     if s_manifest is None or s_manifest.get("key") != s_key:
         shutil.rmtree(sdir, ignore_errors=True)
         sdir.mkdir(parents=True)
-        tasks = [dask.delayed(sample_superbatch)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
+        tasks = [dask.delayed(_sample_task)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
                                                  list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
                                                  dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
         # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
@@ -369,6 +439,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         pdir = _stage_dir(work, "plans", p_key)
         p_manifest = read_manifest(pdir)
         if p_manifest is None or p_manifest.get("key") != p_key:
+            # the plan files alone hold a source byte and an int64 slot per access
+            check_free_space({work: sum(int(s["accesses"]) for s in summaries) * (1 + 8)})
             shutil.rmtree(pdir, ignore_errors=True)
             pdir.mkdir(parents=True)
             max_rows = max(int(s["max_nodes"]) for s in summaries)
@@ -391,6 +463,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                           for r, planned in zip(refs, plan_tasks)]
             # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
             # superbatch as soon as it is planned, while the chain plans the next one.
+            (work / "route").mkdir(exist_ok=True)
             route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
                                                      len(store.shards), str(work / "route" / f"{r.key}.npz"), planned,
                                                      dask_key_name=f"route-{r.key}-{tok}")
@@ -424,6 +497,15 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
             "disk_budget_bytes": cfg.disk_budget,
         }
+        # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
+        # rows), and an index of at least a source byte and an int32 address per access
+        base_bytes = (store.num_nodes * 8 + (tiers["gpu_rows"] + tiers["cpu_rows"]) * (rb + 8) + 4 * ALIGN
+                      + figures["accesses"] * 5)
+        if early_routes is not None:    # packing everything: the routes already give the exact packed bytes
+            _check_room(out, base_bytes + int(segment_offsets(
+                np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in early_routes]), rb)[1].sum()))
+        else:
+            _check_room(out, base_bytes)
         with staging_dir(out) as stage:
             rnd = stage / ROUND_DIR
             (rnd / "index").mkdir(parents=True)
@@ -459,6 +541,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                         layout_path = None
                     else:
                         figures["segment_size"] = search["segment_size"]
+                (work / "route").mkdir(exist_ok=True)
                 routes = early_routes if early_routes is not None and layout_path is None else \
                     compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
                                                        str(work / "route" / f"{r.key}.npz"),
@@ -472,6 +555,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
                     with open(layout_path, "rb") as f:
                         layout = pickle.load(f)
                     cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
+                _check_room(out, base_bytes + int(part_bytes.sum())
+                            + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
                 tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype,
                                                   store.feature_dim)
                 route_paths = [x["path"] for x in routes]

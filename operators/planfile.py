@@ -10,13 +10,13 @@ from .files import atomic_path
 from .plan import BatchPlan, SuperbatchPlan
 
 
-def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan) -> None:
-    """Write a `SuperbatchPlan` atomically."""
+def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool = True) -> None:
+    """Write a `SuperbatchPlan` atomically (`parents=False`: into an existing directory only, see `atomic_path`)."""
     b = plan.batches
     offsets = np.r_[0, np.cumsum([p.src.shape[0] for p in b])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([p.insert_pos.shape[0] for p in b])].astype(np.int64)
     cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
         np.savez(f, offsets=offsets, ins_offsets=ins_offsets,
                  src=cat([p.src for p in b], np.uint8), idx=cat([p.idx for p in b], np.int64),
                  insert_pos=cat([p.insert_pos for p in b], np.int64),

@@ -92,7 +92,7 @@ def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.
 
 def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any], layout: Any, first_batch: int,
                      shard_rows: int, num_shards: int, out_path: str | os.PathLike[str],
-                     epoch: int | None = None) -> dict[str, Any]:
+                     epoch: int | None = None, parents: bool = True) -> dict[str, Any]:
     """Translate every batch of one superbatch to final addresses and write its routing file.
 
     Args:
@@ -105,6 +105,8 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         num_shards: P, the store's shard count.
         out_path: where to write the routing file (atomically).
         epoch: the epoch; parsed from `key` when None.
+        parents: create `out_path`'s directory when missing (False: a task outliving its failed
+            run must not resurrect the directory the run removed; see `files.atomic_path`).
 
     Returns:
         ``{"key", "path", "first_batch", "batches", "seg_rows" (int64 [b, P]), "packed_rows",
@@ -159,7 +161,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     bounds = np.r_[0, np.cumsum(seg_rows.sum(axis=0))]
     for p in range(num_shards):
         members[ids_member(p)] = by_shard[bounds[p]:bounds[p + 1]]
-    with atomic_path(out_path, durable=False) as tmp, open(tmp, "wb") as f:   # scratch of this run
+    with atomic_path(out_path, durable=False, parents=parents) as tmp, open(tmp, "wb") as f:   # scratch of this run
         np.savez(f, **members)  # type: ignore[arg-type]
     return {
         "key": key, "path": str(Path(out_path)), "first_batch": first_batch, "batches": b, "seg_rows": seg_rows,

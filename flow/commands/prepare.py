@@ -17,12 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "tier, plan the CPU tier per superbatch (Belady or static), lay out a segmented disk cache when "
                     "packing exceeds --disk-budget, and pack every remaining read into page-aligned per-batch "
                     "segments with one sequential pass over the features. Re-running with the same inputs and "
-                    "options does nothing; changing an option redoes only what depends on it.")
+                    "options does nothing; changing an option redoes only what depends on it. Once the packed bytes "
+                    "are known (after planning) they are checked against the free space of PACKED's filesystem "
+                    "before anything is packed.")
     p.add_argument("pipeline", choices=PIPELINES, metavar="PIPELINE",
                    help="belady (default policy: Belady CPU tier + packing + disk cache), diskgnn (static tiers + "
                         "packing + disk cache) or ginex (Belady CPU tier, no packing)")
     p.add_argument("--dataset", required=True, metavar="STORE", help="an ingested store (from `diskflow ingest`)")
-    p.add_argument("--out", required=True, metavar="PACKED", help="packed dataset directory to create")
+    p.add_argument("--out", required=True, metavar="PACKED",
+                   help="packed dataset directory to create (its cache goes to PACKED.work); an existing PACKED or "
+                        "PACKED.work that is not a packed dataset / prepare cache is refused unless --force")
     p.add_argument("--gpu-memory", default="0", metavar="SIZE",
                    help="bytes for the static GPU tier, e.g. 2GiB (default 0; needs --device cuda)")
     p.add_argument("--cpu-memory", default="10%", metavar="SIZE",
@@ -47,7 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
                         "reserved out of --cpu-memory (default 2, as `diskflow train`)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
-    p.add_argument("--force", action="store_true", help="redo even when PACKED is up to date")
+    p.add_argument("--force", action="store_true",
+                   help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "
+                        "something else (deleting it)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="embedded cluster workers")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="use a running Dask scheduler (tcp://host:8786)")
     p.set_defaults(func=_run)
