@@ -9,7 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..operators.files import atomic_path
+from ..operators.files import atomic_path, write_json
+from ..operators.outputs import OutputKind, replace_foreign
+
+BENCH_MARKER = ".diskflow-bench.json"
+# A benchmark's --workdir: marked by BENCH_MARKER; older ones (no marker) are recognised by
+# holding nothing but what the benchmarks write there.
+BENCH_KIND = OutputKind(
+    "a diskflow benchmark work directory", markers=(BENCH_MARKER,),
+    patterns=("raw", "store", "packed", "packed.work", "scratch", "runs", "max-batch-rows-*.json", "calibration.arrow",
+              "bw-scratch.bin", "seq-read-scratch.bin", "n*-d*-t*-s*", "diskflow-bench-stream-*", ".*.tmp-*"))
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -28,6 +37,21 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[st
     print("  ".join("-" * w for w in widths))
     for row in cells:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def claim_workdir(path: str | os.PathLike[str], force: bool = False) -> Path:
+    """Make `path` a benchmark work directory: created (and marked) when missing or empty, reused
+    when it is one, refused when it holds anything else (with `force`: deleted and made anew).
+
+    Benchmarks delete and rewrite `raw/`, `store/`, `packed/`, `scratch/` in it, which must
+    never hit a user's folder named by mistake.
+    """
+    work = Path(path)
+    replace_foreign(work, force, BENCH_KIND)
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / BENCH_MARKER).exists():
+        write_json(work / BENCH_MARKER, {"format": "diskflow-bench-workdir"})
+    return work
 
 
 def write_figures(path: str | os.PathLike[str] | None, figures: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Run directories: one folder per run, holding its `report.json` (written last) and plots.
 
 A run directory is finished when `report.json` exists; like a manifest, it is written
-atomically, so a crashed run never leaves a report that looks complete.
+atomically, so a crashed run never leaves a report that looks complete. `new_run_dir`
+always makes a fresh directory; a directory the user names (`diskflow train --run-dir`)
+must be empty, missing or a run directory already (`RUN_KIND`), unless ``--force``.
 """
 from __future__ import annotations
 
@@ -14,16 +16,23 @@ from typing import Any
 
 from ..operators.errors import InputError
 from ..operators.files import atomic_path, write_json
+from ..operators.outputs import OutputKind, replace_foreign
 
 REPORT = "report.json"
 CURVES = "curves.png"
+RUN_INFO = "train.json"     # written first by `diskflow train`: which PACKED the run trains
+# A run directory: what `diskflow train`/`run` write into one (checkpoints, the report, `run`'s packed data).
+RUN_KIND = OutputKind("a diskflow run directory", markers=(RUN_INFO, REPORT, "checkpoints", "packed/manifest.json"))
 
 
 def new_run_dir(root: str | os.PathLike[str] = "runs", name: str = "run") -> Path:
     """Create and return a fresh directory `root/YYYYmmdd-HHMMSS-name` (with `-2`, `-3`... if taken)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
     base = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
-    base.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(base.parent, f"cannot hold run directories ({e.strerror or e})") from e
     for n in range(1, 10_000):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
@@ -32,6 +41,21 @@ def new_run_dir(root: str | os.PathLike[str] = "runs", name: str = "run") -> Pat
             continue
         return path
     raise InputError(base.parent, f"could not create a unique run directory for {safe!r}")
+
+
+def use_run_dir(path: str | os.PathLike[str], force: bool = False) -> Path:
+    """The run directory the user named: created when missing, reused when it is one already.
+
+    A directory holding anything else is refused (`outputs.check_replaceable`), or with
+    `force` deleted and made anew, so training never mixes its files into a user's folder.
+    """
+    run_dir = Path(path)
+    replace_foreign(run_dir, force, RUN_KIND)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(run_dir, f"cannot create the run directory ({e.strerror or e})") from e
+    return run_dir
 
 
 def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ...bench.common import write_figures
+from ...bench.common import claim_workdir, write_figures
 
 BENCHES = {
     "sampler": "native neighbor sampler vs a vectorised numpy reference (edges/s)",
@@ -30,10 +30,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         bp = bsub.add_parser(name, help=text, description=text)
         bp.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
         importlib.import_module(f"diskflow.bench.{name}").add_arguments(bp)
+        if {a.dest for a in bp._actions} & set(_WORKDIRS):
+            bp.add_argument("--force", action="store_true",
+                            help="use the work directory even when it holds something else (deleting it)")
         bp.set_defaults(func=_run)
 
 
+_WORKDIRS = ("workdir", "work")     # the benchmarks' work-directory options (`--workdir`, stream's `--work`)
+
+
 def _run(args: argparse.Namespace) -> int:
+    from ...operators.outputs import replace_foreign
+    from ..rundir import RUN_KIND
+
+    for dest in _WORKDIRS:      # refuse a user's folder before a benchmark deletes and rewrites parts of it
+        if getattr(args, dest, None):
+            claim_workdir(getattr(args, dest), args.force)
+    if isinstance(getattr(args, "keep", None), str):    # stream's --keep DIR receives a report and a timeline
+        replace_foreign(args.keep, args.force, RUN_KIND)
     figures = importlib.import_module(f"diskflow.bench.{args.bench}").run(args)
     write_figures(args.json, figures)
     return 0

@@ -16,9 +16,7 @@ from typing import Any
 from ...operators.errors import ConfigError, DiskflowError, InputError
 from ...operators.files import format_bytes, read_manifest, write_json
 from ..options import positive_int
-from ..rundir import REPORT, new_run_dir
-
-RUN_INFO = "train.json"     # in the run directory: which PACKED it trains (for --resume)
+from ..rundir import REPORT, RUN_INFO, new_run_dir, use_run_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sequential", action="store_true", help="run the stages one after another (no overlap)")
     p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of PACKED")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
-    p.add_argument("--run-dir", default=None, metavar="DIR", help="use this run directory (created if missing)")
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="use this run directory (created if missing; one that holds something other than a run "
+                        "directory is refused unless --force)")
+    p.add_argument("--force", action="store_true",
+                   help="let --run-dir replace a directory that is not a run directory (deleting what it holds)")
     p.add_argument("--store", default=None, metavar="STORE",
                    help="the store (evaluation, Ginex rows; default: the path PACKED records)")
     p.add_argument("--no-crc", action="store_true", help="skip the crc32 check of packed segments")
@@ -94,8 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     gpu = budget(args.gpu_memory, "--gpu-memory", feature_bytes)
     label = f"train-{manifest.get('pipeline', 'packed')}-{args.model}"
     if args.run_dir is not None:
-        run_dir = Path(args.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = use_run_dir(args.run_dir, args.force)
     elif args.resume:
         found = _unfinished_run(Path(args.runs_dir), packed)
         if found is None:
