@@ -374,6 +374,13 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         raise
 
 
+def check_outputs(out: str | os.PathLike[str], force: bool) -> None:
+    """Refuse (before any work, e.g. before a cluster starts) an `out` or ``out.work`` that holds
+    something other than a packed dataset / prepare cache, unless `force`."""
+    check_replaceable(out, force, PACKED_KIND)
+    check_replaceable(str(out) + ".work", force, WORK_KIND)
+
+
 def _clean_work(work: Path, created: bool) -> None:
     """After a failed run: remove the cache stages it left unfinished (no manifest), and the
     whole cache directory when this run created it and nothing finished is left in it."""

@@ -35,10 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
     from ...operators.ingest import find_raw_files
+    from ...operators.outputs import check_replaceable
+    from ...operators.store import STORE_KIND
     from ..cluster import dask_client
     from ..ingest import run_ingest
 
     find_raw_files(args.raw)  # a missing or empty dataset fails before a cluster starts
+    check_replaceable(args.out, args.force, STORE_KIND)     # and so does an OUT that is not a store
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
         r = run_ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,
                        to_undirected=args.to_undirected, allow_nonfinite=args.allow_nonfinite, force=args.force)

@@ -62,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ...operators.store import Store
     from ..cluster import dask_client
+    from ..prepare import check_outputs
 
     store = Store(args.dataset)   # a bad store fails before a cluster starts
     pipeline = importlib.import_module(f"diskflow.pipelines.{args.pipeline}")
@@ -77,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         "staging_batches": budgets["staging_batches"], "minhash_k": args.minhash_k,
         "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0}
     pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
+    check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)
     f = r.figures

@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ...operators.importers import RAW_KIND
+    from ...operators.outputs import check_replaceable
     from ..cluster import dask_client
     from ..synth import run_synth
 
@@ -87,6 +89,8 @@ def _run(args: argparse.Namespace) -> int:
                       label_noise=args.label_noise, degree_exponent=args.degree_exponent, dtype=args.dtype,
                       seed=args.seed, train_frac=args.train, val_frac=args.val, test_frac=args.test,
                       part_nodes=args.part_nodes, feature_format=args.feature_format)
+    cfg.validate()
+    check_replaceable(args.out, args.force, RAW_KIND)    # before a cluster starts
     with dask_client(args.scheduler, n_workers=args.workers):
         out = run_synth(cfg, args.out, force=args.force)
     m = json.loads((out / "manifest.json").read_text())
