@@ -256,10 +256,14 @@ def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shap
     dt = np.dtype(dtype)
     header = _npy_header(dt, shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    with open(path, "wb") as f:
-        f.write(header)
-        f.flush()
-        preallocate(f.fileno(), ALIGN + nbytes)
+    try:
+        with open(path, "wb") as f:
+            f.write(header)
+            f.flush()
+            preallocate(f.fileno(), ALIGN + nbytes)
+    except OSError:
+        Path(path).unlink(missing_ok=True)      # no half-reserved file is left on a full disk
+        raise
     if nbytes == 0:
         return np.zeros(shape, dtype=dt)  # type: ignore[return-value]
     return np.memmap(path, dtype=dt, mode="r+", offset=ALIGN, shape=shape)

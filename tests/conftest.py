@@ -1,6 +1,7 @@
 """Shared fixtures: small synthetic graphs made once per session (odd sizes on purpose)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import dask
@@ -28,3 +29,49 @@ def tiny_store(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     with dask.config.set(scheduler="sync"):
         run_ingest(tiny_raw, out, shard_rows=1000)
     return out
+
+
+class SmallDisk:
+    """A 20 MiB tmpfs mounted for one test: a real filesystem that fills up (ENOSPC), with `fill`."""
+
+    SIZE = 20 << 20
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def free(self) -> int:
+        import shutil
+
+        return shutil.disk_usage(self.root).free
+
+    def fill(self, leave: int) -> None:
+        """Take all but `leave` bytes (rounded to pages) with a filler file."""
+        filler = self.root / "filler.bin"
+        filler.unlink(missing_ok=True)
+        take = max(0, self.free() - int(leave))
+        with open(filler, "wb") as f:
+            f.write(b"\0" * take)
+
+    def manifests(self) -> list[Path]:
+        """Every manifest.json under the mount (valid-looking outputs)."""
+        return sorted(self.root.rglob("manifest.json"))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 20 MiB tmpfs at tmp_path/disk (tests and CI run as root); skipped where mounting is not permitted."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (tests and CI run as root)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SmallDisk.SIZE}", "tmpfs", str(mnt)],
+                       check=False, capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield SmallDisk(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
