@@ -39,19 +39,21 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[st
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
 
 
-def claim_workdir(path: str | os.PathLike[str], force: bool = False) -> Path:
-    """Make `path` a benchmark work directory: created (and marked) when missing or empty, reused
-    when it is one, refused when it holds anything else (with `force`: deleted and made anew).
+def check_workdir(path: str | os.PathLike[str], force: bool = False) -> None:
+    """Let a benchmark use `path` only when it is missing, empty or a benchmark work directory;
+    anything else is refused (with `force`: deleted, so the benchmark starts from nothing).
 
     Benchmarks delete and rewrite `raw/`, `store/`, `packed/`, `scratch/` in it, which must
     never hit a user's folder named by mistake.
     """
+    replace_foreign(path, force, BENCH_KIND)
+
+
+def mark_workdir(path: str | os.PathLike[str]) -> None:
+    """Mark `path` as a benchmark work directory once a benchmark has put something in it."""
     work = Path(path)
-    replace_foreign(work, force, BENCH_KIND)
-    work.mkdir(parents=True, exist_ok=True)
-    if not (work / BENCH_MARKER).exists():
+    if work.is_dir() and not (work / BENCH_MARKER).exists() and any(work.iterdir()):
         write_json(work / BENCH_MARKER, {"format": "diskflow-bench-workdir"})
-    return work
 
 
 def write_figures(path: str | os.PathLike[str] | None, figures: dict[str, Any]) -> None:

@@ -422,8 +422,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         shutil.rmtree(sdir, ignore_errors=True)
         sdir.mkdir(parents=True)
         tasks = [dask.delayed(_sample_task)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
-                                                 list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
-                                                 dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
+                                            list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
+                                            dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
         # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
         counted = [dask.delayed(_count_task)(str(sdir / r.filename), store.num_nodes, done,
                                                   dask_key_name=f"count-{r.key}-{tok}") for r, done in zip(refs, tasks)]

@@ -122,12 +122,14 @@ def replace_foreign(path: str | os.PathLike[str], force: bool, kind: OutputKind)
     """
     mine = check_replaceable(path, force, kind)
     p = Path(path)
-    if mine is None and (p.exists() or p.is_symlink()):
-        if p.is_dir() and not p.is_symlink():
+    if mine is not None or not force:
+        return mine     # ours, or missing/empty (a foreign one was refused above)
+    if p.is_dir() and not p.is_symlink():
+        if any(p.iterdir()):
             shutil.rmtree(p)
-        else:
-            p.unlink()
-    return mine
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+    return None
 
 
 # ---------------------------------------------------------------------------- free space

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ...bench.common import claim_workdir, write_figures
+from ...bench.common import check_workdir, mark_workdir, write_figures
 
 BENCHES = {
     "sampler": "native neighbor sampler vs a vectorised numpy reference (edges/s)",
@@ -43,11 +43,15 @@ def _run(args: argparse.Namespace) -> int:
     from ...operators.outputs import replace_foreign
     from ..rundir import RUN_KIND
 
-    for dest in _WORKDIRS:      # refuse a user's folder before a benchmark deletes and rewrites parts of it
-        if getattr(args, dest, None):
-            claim_workdir(getattr(args, dest), args.force)
+    workdirs = [getattr(args, dest) for dest in _WORKDIRS if getattr(args, dest, None)]
+    for work in workdirs:       # refuse a user's folder before a benchmark deletes and rewrites parts of it
+        check_workdir(work, args.force)
     if isinstance(getattr(args, "keep", None), str):    # stream's --keep DIR receives a report and a timeline
         replace_foreign(args.keep, args.force, RUN_KIND)
-    figures = importlib.import_module(f"diskflow.bench.{args.bench}").run(args)
+    try:
+        figures = importlib.import_module(f"diskflow.bench.{args.bench}").run(args)
+    finally:
+        for work in workdirs:
+            mark_workdir(work)
     write_figures(args.json, figures)
     return 0

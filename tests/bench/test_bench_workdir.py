@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from diskflow.bench.common import BENCH_MARKER, claim_workdir
+from diskflow.bench.common import BENCH_MARKER, check_workdir, mark_workdir
 from diskflow.flow.cli import main
 from diskflow.operators.errors import InputError
 
@@ -23,23 +23,35 @@ def test_each_bench_refuses_a_foreign_workdir(argv: list[str], tmp_path: Path, c
     assert (home / "thesis.tex").read_text() == "precious" and (home / "packed").is_dir()
 
 
-def test_claim_workdir_marks_new_ones_keeps_its_own_and_replaces_only_with_force(tmp_path: Path) -> None:
-    new = claim_workdir(tmp_path / "new")
-    assert (new / BENCH_MARKER).is_file()
-    (new / "store").mkdir()
+def test_workdirs_are_marked_once_used_kept_when_ours_and_replaced_only_with_force(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    check_workdir(new)                  # missing: fine, and nothing is created yet
+    mark_workdir(new)
+    assert not new.exists()
+    (new / "store").mkdir(parents=True)
     (new / "mine.txt").write_text("x")
-    assert claim_workdir(new) == new and (new / "mine.txt").exists(), "marked: ours, whatever it holds"
+    mark_workdir(new)
+    assert (new / BENCH_MARKER).is_file()
+    check_workdir(new)
+    assert (new / "mine.txt").exists(), "marked: ours, whatever it holds"
 
     legacy = tmp_path / "legacy"       # from before the marker: only what benchmarks write
     for name in ("raw", "store", "packed", "packed.work", "runs"):
         (legacy / name).mkdir(parents=True)
     (legacy / "max-batch-rows-0123456789abcdef.json").write_text("{}")
-    assert claim_workdir(legacy) == legacy and (legacy / BENCH_MARKER).is_file() and (legacy / "store").is_dir()
+    check_workdir(legacy)
+    assert (legacy / "store").is_dir()
 
     home = tmp_path / "home"
     home.mkdir()
     (home / "thesis.tex").write_text("precious")
     with pytest.raises(InputError, match="not a diskflow benchmark work directory"):
-        claim_workdir(home)
-    assert claim_workdir(home, force=True) == home
-    assert sorted(p.name for p in home.iterdir()) == [BENCH_MARKER]
+        check_workdir(home)
+    assert (home / "thesis.tex").exists()
+    check_workdir(home, force=True)
+    assert not home.exists()
+
+
+def test_a_bad_option_marks_nothing(tmp_path: Path) -> None:
+    assert main(["bench", "prepare", "--cpu-fraction", "1.5", "--workdir", str(tmp_path)]) == 2
+    assert not list(tmp_path.iterdir())

@@ -82,6 +82,10 @@ def test_replace_foreign_deletes_only_with_force(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     replace_foreign(tmp_path / "f", True, KIND)
     assert not (tmp_path / "f").exists()
+    (tmp_path / "empty").mkdir()
+    for force in (False, True):
+        assert replace_foreign(tmp_path / "empty", force, KIND) is None
+        assert (tmp_path / "empty").is_dir(), "an empty directory is used as it is"
 
 
 def test_staging_dir_replaces_a_file_with_force_and_leaves_no_trash(tmp_path: Path) -> None:
