@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,30 @@ def bar(total: int | None = None, desc: str = "", unit: str = "it", disable: boo
     """A tqdm bar on stderr; hidden when stderr is not a terminal unless forced on."""
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
                 disable=(not sys.stderr.isatty()) if disable is None else disable, leave=True)
+
+
+def _known_keys(keys: list[Any], dask_worker: Any = None, dask_scheduler: Any = None) -> list[Any]:
+    """Which of `keys` this worker or the scheduler still holds (runs, holds, or is about to run)."""
+    tasks = dask_worker.state.tasks if dask_worker is not None else dask_scheduler.tasks
+    return [k for k in keys if k in tasks]
+
+
+def _wait_until_gone(client: Any, keys: list[Any], timeout: float = 120.0) -> None:
+    """Wait (up to `timeout` s) until neither the scheduler nor any worker knows any of `keys`.
+
+    A released task that is running finishes on its worker; the caller is about to clean up
+    the directories such tasks write into, which they must not write into (or recreate)
+    afterwards.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not client.run_on_scheduler(_known_keys, keys) and \
+                    not any(client.run(_known_keys, keys, on_error="ignore").values()):
+                return
+        except Exception:   # noqa: BLE001 - a cluster going away has nothing left running for us
+            return
+        time.sleep(0.05)
 
 
 def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> list[Any]:
@@ -32,6 +57,7 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     except ValueError:
         client = None
     if client is not None:
+        keys = [k for t in tasks for k in t.__dask_graph__()]
         futures = client.compute(tasks)
         try:
             with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
@@ -40,7 +66,7 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
                         f.result()      # the first failure ends the phase now, not once every other task ran
                     b.update(1)
             return client.gather(futures)
-        except BaseException:
+        except BaseException as e:
             # A failed or interrupted phase must not leave tasks queued behind our back: release
             # our futures, and the scheduler forgets every task no client wants any more (queued
             # ones never run). Not `client.cancel`: in distributed 2026.8 cancelling a key whose
@@ -49,6 +75,8 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
             # traceback and drops the client's stream.
             for f in futures:
                 f.release()
+            if not isinstance(e, KeyboardInterrupt):
+                _wait_until_gone(client, keys)
             raise
 
     class _Bar(Callback):
