@@ -15,10 +15,14 @@ def bar(total: int | None = None, desc: str = "", unit: str = "it", disable: boo
                 disable=(not sys.stderr.isatty()) if disable is None else disable, leave=True)
 
 
-def _known_keys(keys: list[Any], dask_worker: Any = None, dask_scheduler: Any = None) -> list[Any]:
-    """Which of `keys` this worker or the scheduler still holds (runs, holds, or is about to run)."""
-    tasks = dask_worker.state.tasks if dask_worker is not None else dask_scheduler.tasks
-    return [k for k in keys if k in tasks]
+def _held_by_worker(keys: list[Any], dask_worker: Any = None) -> list[Any]:
+    """Which of `keys` this worker still holds (runs, keeps, or is about to run)."""
+    return [k for k in keys if k in dask_worker.state.tasks]
+
+
+def _held_by_scheduler(keys: list[Any], dask_scheduler: Any = None) -> list[Any]:
+    """Which of `keys` the scheduler still knows."""
+    return [k for k in keys if k in dask_scheduler.tasks]
 
 
 def _wait_until_gone(client: Any, keys: list[Any], timeout: float = 120.0) -> None:
@@ -31,10 +35,10 @@ def _wait_until_gone(client: Any, keys: list[Any], timeout: float = 120.0) -> No
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if not client.run_on_scheduler(_known_keys, keys) and \
-                    not any(client.run(_known_keys, keys, on_error="ignore").values()):
+            if not client.run_on_scheduler(_held_by_scheduler, keys) and \
+                    not any(client.run(_held_by_worker, keys, on_error="ignore").values()):
                 return
-        except Exception:   # noqa: BLE001 - a cluster going away has nothing left running for us
+        except (OSError, TimeoutError):     # the cluster is going away: nothing is left running for us
             return
         time.sleep(0.05)
 
