@@ -179,16 +179,6 @@ def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str]) -> None
                                   "or choose another filesystem)") from exc
 
 
-@contextlib.contextmanager
-def disk_full_names(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn a full-disk error raised in the block (however wrapped) into a `DiskFullError` naming `path`."""
-    try:
-        yield
-    except BaseException as e:
-        raise_if_disk_full(e, path)
-        raise
-
-
 def preallocate(fd: int, nbytes: int) -> None:
     """Reserve `nbytes` of disk for the open file `fd` (zero-filled), so a full disk fails here.
 

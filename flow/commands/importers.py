@@ -72,9 +72,18 @@ def _summary(out: Path) -> int:
     return 0
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an OUT that is not a raw dataset before reading the source (which may be large)."""
+    from ...operators.importers import RAW_KIND
+    from ...operators.outputs import check_replaceable
+
+    check_replaceable(args.out, args.force, RAW_KIND)
+
+
 def _run_pyg(args: argparse.Namespace) -> int:
     from ...operators.importers import from_pyg, load_pyg_file
 
+    _check_out(args)
     data = load_pyg_file(args.file)
     return _summary(from_pyg(data, args.out, split_masks=not args.no_split_masks, name=str(args.file),
                              feature_format=args.feature_format, chunk_bytes=args.chunk, force=args.force))
@@ -83,6 +92,7 @@ def _run_pyg(args: argparse.Namespace) -> int:
 def _run_npy(args: argparse.Namespace) -> int:
     from ...operators.importers import from_npy
 
+    _check_out(args)
     return _summary(from_npy(args.out, features=args.features, edge_index=args.edge_index, src=args.src,
                              dst=args.dst, labels=args.labels, split=args.split, train_idx=args.train_idx,
                              val_idx=args.val_idx, test_idx=args.test_idx, feature_format=args.feature_format,
@@ -92,5 +102,6 @@ def _run_npy(args: argparse.Namespace) -> int:
 def _run_ogb(args: argparse.Namespace) -> int:
     from ...operators.importers import from_ogb
 
+    _check_out(args)
     return _summary(from_ogb(args.root, args.out, split=args.split_name, feature_format=args.feature_format,
                              chunk_bytes=args.chunk, force=args.force))
