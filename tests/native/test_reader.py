@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -363,6 +364,46 @@ def test_direct_reads_bypass_the_page_cache(backend: str, data: tuple[Path, np.n
         grown = _read_bytes() - before
         np.testing.assert_array_equal(out, content[:nbytes])
     assert 0.95 * 2 * nbytes <= grown <= 3 * nbytes, grown
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reads_survive_signals(backend: str, data: tuple[Path, np.ndarray]) -> None:
+    """Signals aimed at the reading thread interrupt its waits (io_uring_enter, pread) with EINTR:
+    the reader retries, and every byte still arrives."""
+    path, content = data
+    handled = 0
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal handled
+        handled += 1
+
+    stop = threading.Event()
+    main = threading.get_ident()
+
+    def pester() -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.0002)
+
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    thread = threading.Thread(target=pester)
+    try:
+        with DirectReader(backend=backend, queue_depth=4, threads=4) as r:
+            h = r.open(path)
+            n = content.size // MiB  # 1 MiB requests over the file, 4 in flight, for about 0.2 s
+            out = aligned_empty(n * MiB)
+            thread.start()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.2:
+                out[:] = 0
+                r.read(h, np.arange(n) * MiB, np.full(n, MiB), out, np.arange(n) * MiB)
+                np.testing.assert_array_equal(out, content[:n * MiB])
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
