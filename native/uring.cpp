@@ -65,16 +65,13 @@ int IoUring::init(unsigned entries) {
     cq_ring_bytes_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
     const bool single_mmap = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;  // Linux >= 5.4
     if (single_mmap) sq_ring_bytes_ = cq_ring_bytes_ = std::max(sq_ring_bytes_, cq_ring_bytes_);
-    sq_ring_ = map_ring(ring_fd_, sq_ring_bytes_, IORING_OFF_SQ_RING);
-    if (sq_ring_ == nullptr) {
-        int e = errno;
-        close();
-        return -e;
-    }
-    cq_ring_ = single_mmap ? sq_ring_ : map_ring(ring_fd_, cq_ring_bytes_, IORING_OFF_CQ_RING);
     sqes_bytes_ = p.sq_entries * sizeof(io_uring_sqe);
-    sqes_ = static_cast<io_uring_sqe*>(map_ring(ring_fd_, sqes_bytes_, IORING_OFF_SQES));
-    if (cq_ring_ == nullptr || sqes_ == nullptr) {
+    sq_ring_ = map_ring(ring_fd_, sq_ring_bytes_, IORING_OFF_SQ_RING);
+    if (sq_ring_ != nullptr) {
+        cq_ring_ = single_mmap ? sq_ring_ : map_ring(ring_fd_, cq_ring_bytes_, IORING_OFF_CQ_RING);
+    }
+    if (cq_ring_ != nullptr) sqes_ = static_cast<io_uring_sqe*>(map_ring(ring_fd_, sqes_bytes_, IORING_OFF_SQES));
+    if (sqes_ == nullptr) {  // one of the mappings failed (errno is mmap's)
         int e = errno;
         close();
         return -e;
