@@ -443,25 +443,33 @@ def test_the_gil_is_released_during_reads(backend: str, data: tuple[Path, np.nda
     assert inside >= 0.1 * (t1 - t0) / 0.001, (inside, t1 - t0)
 
 
-# The child installs a seccomp filter that fails io_uring_setup(2) with EPERM (as Docker's default
-# profile does), then checks the probe, the fallback and the refusal. Exit status 77: no seccomp.
-_SECCOMP_CHILD = """
+# Child processes that refuse one io_uring system call with EPERM through a seccomp filter (as
+# Docker's default profile does for io_uring_setup): `refuse(nr)` installs it, exit status 77 when
+# this kernel or sandbox allows no seccomp filter.
+_SECCOMP_PRELUDE = """
 import ctypes, errno, sys, warnings
-NR_IO_URING_SETUP = 425  # the same number on every architecture since Linux 5.1
+NR_IO_URING_SETUP, NR_IO_URING_ENTER = 425, 426  # the same numbers on every architecture since Linux 5.1
 class Insn(ctypes.Structure):
     _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
 class Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
-insns = (Insn * 4)(
-    Insn(0x20, 0, 0, 0),                                  # load seccomp_data.nr
-    Insn(0x15, 0, 1, NR_IO_URING_SETUP),                  # == io_uring_setup ?
-    Insn(0x06, 0, 0, 0x00050000 | errno.EPERM),           #   return SECCOMP_RET_ERRNO | EPERM
-    Insn(0x06, 0, 0, 0x7FFF0000))                         # else SECCOMP_RET_ALLOW
-prog = Prog(4, ctypes.cast(insns, ctypes.POINTER(Insn)))
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0):
-    sys.exit(77)
+def refuse(nr):
+    insns = (Insn * 4)(
+        Insn(0x20, 0, 0, 0),                          # load seccomp_data.nr
+        Insn(0x15, 0, 1, nr),                         # == nr ?
+        Insn(0x06, 0, 0, 0x00050000 | errno.EPERM),   #   return SECCOMP_RET_ERRNO | EPERM
+        Insn(0x06, 0, 0, 0x7FFF0000))                 # else SECCOMP_RET_ALLOW
+    prog = Prog(4, ctypes.cast(insns, ctypes.POINTER(Insn)))
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                                                                 ctypes.byref(prog), 0, 0):
+        sys.exit(77)
+path = sys.argv[1]
+"""
+
+_SETUP_REFUSED = """
+refuse(NR_IO_URING_SETUP)
 import numpy as np
 from diskflow.native.reader import DirectReader, aligned_empty, uring_unavailable
 assert uring_unavailable() == "io_uring_setup failed: Operation not permitted", uring_unavailable()
@@ -472,7 +480,6 @@ assert r.backend == "pread", r.backend
 assert [str(w.message) for w in caught] == [
     "io_uring unavailable (io_uring_setup failed: Operation not permitted); reading with 3 pread threads instead"
 ], [str(w.message) for w in caught]
-path = sys.argv[1]
 h = r.open(path)
 out = aligned_empty(3 * 4096)
 r.read(h, [8192, 0], [4096, 8192], out, [0, 4096])
@@ -488,17 +495,50 @@ else:
 print("ok")
 """
 
+_ENTER_REFUSED = """
+import numpy as np
+from diskflow.native.reader import DirectReader, aligned_empty
+r = DirectReader(backend="uring", queue_depth=4)
+h = r.open(path)
+out = aligned_empty(3 * 4096)
+want = np.fromfile(path, dtype=np.uint8, count=3 * 4096)
+r.read(h, [0], [3 * 4096], out, [0])
+assert (out == want).all()
+refuse(NR_IO_URING_ENTER)
+for attempt in range(2):  # the failed ring is replaced by a fresh one, which fails the same way
+    try:
+        r.read(h, [8192, 0, 4096], [4096] * 3, out, [0, 4096, 8192])
+    except OSError as e:
+        assert e.errno == errno.EPERM and e.filename == path and "reading at offset" in str(e), e
+    else:
+        raise AssertionError("a read succeeded although io_uring_enter is refused")
+r.close()
+print("ok")
+"""
 
-def test_uring_refused_by_the_kernel_falls_back_to_pread(data: tuple[Path, np.ndarray]) -> None:
-    """io_uring refused for the whole process (seccomp, kernel.io_uring_disabled): the once-per-
-    process probe says why, "auto" reads with pread and warns, "uring" raises OSError."""
+
+def _seccomp_child(body: str, path: Path) -> None:
+    """Run `body` after the prelude in a fresh interpreter; skip where seccomp is unavailable."""
     if platform.machine() not in ("x86_64", "aarch64"):
-        pytest.skip("the seccomp filter assumes io_uring_setup is syscall 425")
-    proc = subprocess.run([sys.executable, "-c", _SECCOMP_CHILD, str(data[0])], check=False, cwd=REPO,
+        pytest.skip("the seccomp filter assumes io_uring's system call numbers 425/426")
+    proc = subprocess.run([sys.executable, "-c", _SECCOMP_PRELUDE + body, str(path)], check=False, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     if proc.returncode == 77:
         pytest.skip("seccomp filters are not available here")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_uring_refused_by_the_kernel_falls_back_to_pread(data: tuple[Path, np.ndarray]) -> None:
+    """io_uring refused for the whole process (seccomp, kernel.io_uring_disabled): the once-per-
+    process probe says why, "auto" reads with pread and warns, "uring" raises OSError."""
+    _seccomp_child(_SETUP_REFUSED, data[0])
+
+
+@pytest.mark.skipif(bool(uring_unavailable()), reason="io_uring refused here")
+def test_a_failing_ring_raises_and_is_replaced(data: tuple[Path, np.ndarray]) -> None:
+    """io_uring_enter itself failing (here: refused by seccomp after the ring was made) raises an
+    OSError naming the file and offset instead of hanging, and the reader starts a fresh ring."""
+    _seccomp_child(_ENTER_REFUSED, data[0])
 
 
 def test_benchmark_runs_small(disk_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
