@@ -13,10 +13,12 @@ exactly as the plan says (DiskGNN §5.3, Fig. 7), in three stages joined by boun
 1. **load** — the batch's packed segments (one request per non-empty (batch, shard) segment at
    its 4096-aligned offset, length padded to 4096), its disk-cache rows (page-merged) and, for
    the Ginex layout, its store rows (one O_DIRECT request per row), read by the native reader
-   into an aligned staging buffer (GIL released); segment crcs checked.
-2. **assemble** — one gather into the batch's feature tensor: GPU tier, CPU tier, staged rows;
-   then the planned CPU-tier inserts. On CUDA: pinned staging, one non-blocking copy on the
-   stage's own stream, the gather on the device.
+   (GIL released) into fixed, aligned staging buffers: a batch larger than one buffer is loaded
+   in pieces (a segment cut at a row), so staging never holds more than the buffers' bytes.
+2. **assemble** — per batch, one gather of its GPU- and CPU-tier rows into its feature matrix
+   (from a pool of reused matrices), then each piece's rows to their positions, segment crcs
+   checked; then the planned CPU-tier inserts. On CUDA: pinned staging, non-blocking copies on
+   the stage's own stream, gathers and index copies on the device.
 3. **graph** — the stored sample (ids, local edges, per-hop counts) and `y = labels[n_id]`.
 
 The consumer (the training loop, stage 4) joins the two paths in batch order. With

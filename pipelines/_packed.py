@@ -18,7 +18,6 @@ from ..flow.options import byte_budget as budget
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.errors import ConfigError
-from ..operators.files import format_bytes
 from ..operators.store import Store
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.

@@ -24,10 +24,10 @@ from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.batches import TRAIN_STREAM, InMemoryLoader
 from diskflow.operators.errors import ConfigError, InputError
 from diskflow.operators.load import PackedLoader, make_reader, memory_plan
-from diskflow.operators.tiers import staging_piece_bytes
 from diskflow.operators.packed import ROUND_DIR, SRC_PACKED, PackedDataset, padded
 from diskflow.operators.sample import NeighborSampler
 from diskflow.operators.store import Store
+from diskflow.operators.tiers import staging_piece_bytes
 from torch_geometric.nn import GraphSAGE
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
