@@ -1,9 +1,8 @@
 """Build script: maps the repository's top-level folders into the `diskflow` package and
-compiles the native extension (C++17) from `native/*.cpp`."""
+compiles the native extension (C++17) from `native/*.cpp`. It needs no system library beyond
+libc: io_uring is used through the kernel's own headers and system calls (native/uring.h)."""
 from __future__ import annotations
 
-import ctypes.util
-import os
 from glob import glob
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -20,23 +19,10 @@ PACKAGES = {
 }
 
 
-def _have_liburing() -> bool:
-    """True when liburing's header and library are installed (then io_uring is compiled in)."""
-    if os.environ.get("DISKFLOW_NO_URING"):
-        return False
-    headers = ["/usr/include/liburing.h", "/usr/local/include/liburing.h"]
-    return any(os.path.exists(h) for h in headers) and ctypes.util.find_library("uring") is not None
-
-
-macros = [("DISKFLOW_HAVE_LIBURING", "1")] if _have_liburing() else []
-libraries = ["uring"] if macros else []
-
 ext = Pybind11Extension(
     "diskflow.native._native",
     sorted(glob("native/*.cpp")),
     cxx_std=17,
-    define_macros=macros,
-    libraries=libraries,
     extra_compile_args=["-O3", "-Wall", "-Wno-unused-function"],
     extra_link_args=["-pthread"],
 )

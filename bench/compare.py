@@ -17,7 +17,7 @@ packed segments) and ``belady`` (Belady CPU tier + packed segments). How they ar
   (``--feature-budget``, 10% of the feature bytes). The allowance is measured: the peak RSS of a
   process that imports torch and PyG, loads the labels and every stored sample, and runs the
   model forward and backward on the largest batch, plus 25%. The packed pipelines get the feature
-  budget as their ``--cpu-memory`` (CPU tier + staging of the batches in flight + I/O buffers);
+  budget as their ``--cpu-memory`` (CPU tier + staging buffers + I/O buffers);
   mmap may fill it, and whatever the allowance overstates, with page cache. inmemory runs
   without a limit.
 * **Cold start.** Before every run (the child does it) the store's and the packed datasets' files are evicted from the
@@ -54,10 +54,12 @@ losses of belady and inmemory are identical epoch by epoch.
 
 The default dataset is bench prepare's (8.4M nodes x 128 float32 = 4.0 GiB of features), reused
 from ``bench-data/prepare`` when that cache holds the same synthetic config, else synthesised into
-``--workdir``. With fanouts 10,10,10 and batches of 1024 a batch touches about 7% of that graph,
-so the staging of the 9 batches a pipelined trainer holds in flight alone exceeds a 10% budget:
-the benchmark then stops with the exact figures before running anything (pass smaller
-``--fanouts``, a larger ``--feature-budget`` or ``--queue-depth 1``).
+``--workdir``. With fanouts 10,10,10 and batches of 1024 a batch touches about 7% of that graph.
+The feature budget holds the CPU tier, the staging buffers (a batch's disk rows pass through them
+in pieces of at most 32 MiB, so they do not grow with the batch) and the I/O buffers; the
+assembled batches (each a whole batch's feature matrix: the training step's input, in device
+memory on a GPU) are part of the process allowance, which adds the ones a CPU trainer holds
+beyond the probe's.
 """
 from __future__ import annotations
 
@@ -199,23 +201,29 @@ def _dataset(args: argparse.Namespace, work: Path) -> Any:
 
 
 def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: argparse.Namespace) -> dict[str, int]:
-    """The feature budget split into staging, I/O buffers and CPU tier, or the exact reason it cannot be."""
-    from ..operators.load import in_flight_batches, io_buffer_bytes
+    """The feature budget split into staging buffers, I/O buffers and CPU tier, or the smallest budget that works.
 
-    in_flight = in_flight_batches(queue_depth)
-    io = io_buffer_bytes(len(store.shards), queue_depth)
-    staging = in_flight * max_rows * store.row_bytes
+    Also the assembled batches the CPU trainer holds besides (each the whole largest batch): they are the
+    training step's input, not features kept for later, and the cgroup's allowance carries them.
+    """
+    from ..operators.load import io_buffer_bytes, staging_count
+    from ..operators.tiers import assembled_batches, staging_piece_bytes
+
+    buffers = staging_count("cpu", queue_depth, False)
+    piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))
+    staging = buffers * piece
+    io = io_buffer_bytes()
     tier = budget - staging - io
     if tier <= 0:
         share = budget / store.feature_bytes
         raise ConfigError("--feature-budget", (
             f"{format_bytes(budget)} ({share:.1%} of the {format_bytes(store.feature_bytes)} of features) cannot hold "
-            f"the trainer's staging: {in_flight} batches in flight at queue depth {queue_depth} x up to {max_rows:,} "
-            f"rows (fanouts {','.join(map(str, args.fanouts))}, batch size {args.batch_size}; "
-            f"{max_rows / store.num_nodes:.1%} of the graph) x {store.row_bytes} bytes = {format_bytes(staging)}, "
-            f"plus {format_bytes(io)} of I/O buffers, before any CPU tier. Give more than "
-            f"{format_bytes(staging + io)}, or lower --fanouts, --batch-size or --queue-depth"))
-    return {"in_flight_batches": in_flight, "staging_bytes": staging, "io_buffer_bytes": io, "cpu_tier_bytes": tier}
+            f"the trainer's {buffers} staging buffers of {format_bytes(piece)} ({format_bytes(staging)}) and "
+            f"{format_bytes(io)} of I/O buffers with any CPU tier; the smallest budget that works is "
+            f"{format_bytes(staging + io + store.row_bytes)}"))
+    return {"staging_buffers": buffers, "staging_piece_bytes": piece, "staging_bytes": staging,
+            "io_buffer_bytes": io, "cpu_tier_bytes": tier, "assembled_batches": assembled_batches(queue_depth),
+            "assembled_batch_bytes": max_rows * store.row_bytes}
 
 
 def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dict[str, int],
@@ -233,8 +241,8 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
         path = work / "packed" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         with dask.config.set(scheduler="threads"):
-            r = modules[name].prepare(store.path, path, cpu_memory=budget - fit["io_buffer_bytes"],
-                                      staging_batches=fit["in_flight_batches"], fanouts=tuple(args.fanouts),
+            r = modules[name].prepare(store.path, path, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
+                                      staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
                                       batch_size=args.batch_size, superbatch_size=args.superbatch_size,
                                       epochs=args.epochs, seed=args.seed, quiet=True)
         out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
@@ -649,7 +657,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "error" in probe:
             raise InputError(runs_dir, f"the allowance probe failed ({probe['error']})")
         probe_rss = int(probe["peak_rss_bytes"])
-        allowance = -(-int(probe_rss * (1 + ALLOWANCE_MARGIN)) // _ROUND) * _ROUND
+        held = (fit["assembled_batches"] - 1) * fit["assembled_batch_bytes"]   # the probe holds one of them
+        allowance = -(-(int(probe_rss * (1 + ALLOWANCE_MARGIN)) + held) // _ROUND) * _ROUND
     else:
         from ..operators.files import parse_bytes
 
@@ -777,16 +786,22 @@ def _print(f: dict[str, Any]) -> None:
           f"{_b(f['feature_budget_bytes'])}; page cache counted")
     allowance = ("given with --allowance" if f["allowance_probe_rss_bytes"] is None else
                  f"measured: peak RSS {_b(f['allowance_probe_rss_bytes'])} of a process importing torch/PyG, "
-                 f"holding labels and all samples, training the largest batch; + {f['allowance_margin']:.0%}")
+                 f"holding labels and all samples, training the largest batch; + {f['allowance_margin']:.0%}; "
+                 f"+ the {f['budget_split']['assembled_batches'] - 1} other assembled batches a CPU trainer holds "
+                 f"at queue depth {f['config']['queue_depth']} "
+                 f"({_b((f['budget_split']['assembled_batches'] - 1) * f['budget_split']['assembled_batch_bytes'])}; "
+                 "on a GPU they live in device memory)")
     split = f["budget_split"]
     title = (f"compare on {ds['nodes']:,} nodes x {ds['dim']} {ds['dtype']} ({_b(f['feature_bytes'])} of features, "
              f"{ds['shards']} shards), {ds['train']:,} training nodes: {f['epochs']} epochs x "
              f"{f['batches_per_epoch']} batches of {c['batch_size']}, fanouts {','.join(map(str, c['fanouts']))}, "
              f"GraphSAGE hidden {c['hidden']}, same stored samples for every pipeline"
              + (f"; best of {c['repeats']} interleaved repeats" if c["repeats"] > 1 else "") + "\n"
-             f"{cg}\nallowance: {allowance}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} + staging of "
-             f"{split['in_flight_batches']} batches in flight x {f['max_batch_rows']:,} rows "
-             f"{_b(split['staging_bytes'])} + I/O buffers {_b(split['io_buffer_bytes'])}; inmemory unlimited")
+             f"{cg}\nallowance: {allowance}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} "
+             f"({split['cpu_tier_bytes'] / f['feature_budget_bytes']:.0%}) + staged misses in "
+             f"{split['staging_buffers']} buffers of {_b(split['staging_piece_bytes'])} ({_b(split['staging_bytes'])}; "
+             f"largest batch {f['max_batch_rows']:,} rows) + I/O buffers {_b(split['io_buffer_bytes'])}; "
+             "inmemory unlimited")
     rows = []
     for name, p in f["pipelines"].items():
         note = []

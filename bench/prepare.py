@@ -44,6 +44,7 @@ import numpy as np
 from ..flow.options import fanouts_option
 from ..operators.errors import ConfigError
 from ..operators.files import config_hash, format_bytes
+from ..operators.tiers import staging_piece_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
@@ -395,7 +396,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     feature_bytes = store.num_nodes * store.row_bytes
     base = PrepareConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
                          superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
-    staging = base.staging_batches * max_batch_rows(store, base, work) * store.row_bytes
+    staging = base.staging_batches * staging_piece_bytes(max_batch_rows(store, base, work), store.row_bytes,
+                                                         len(store.shards))
     tier_bytes = int(args.cpu_fraction * feature_bytes)
     cfg = replace(base, cpu_memory=tier_bytes + staging, readahead=int(args.readahead_fraction * feature_bytes))
     setup_s = time.perf_counter() - t_setup

@@ -170,7 +170,7 @@ def _depths(text: str) -> list[int]:
 
 
 def _backends(text: str) -> list[str]:
-    """The requested backends that work here (io_uring may be compiled out or refused)."""
+    """The requested backends that work here (the kernel may refuse io_uring at run time)."""
     usable = []
     for b in [v.strip() for v in text.split(",") if v.strip()]:
         if b not in ("uring", "pread"):

@@ -293,12 +293,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # both sides run as they would in a split run's setup
             allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
             cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
+                                io_reserve=budgets["io_reserve"],
                                 device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size,
                                      cpu_memory=budgets["cpu_total"], threads=args.threads,
                                      eval_every=evaluate_once, store=str(store.path))
-            scfg = StreamConfig(train=tcfg, cpu_memory=budgets["cpu_memory"],
+            scfg = StreamConfig(train=tcfg, cpu_memory=budgets["cpu_memory"], io_reserve=budgets["io_reserve"],
                                 staging_batches=budgets["staging_batches"], window=args.window,
                                 checkpoint_every=1_000_000, device=args.device, **round_opts)
             for repeat in range(args.repeats):      # interleaved: prepare, train, (contended), stream

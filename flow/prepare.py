@@ -83,7 +83,7 @@ from ..operators.route import route_superbatch, segment_offsets, write_index
 from ..operators.samples import read_n_ids
 from ..operators.store import Store
 from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch_bytes
-from ..operators.tiers import in_flight_batches, tier_sizes
+from ..operators.tiers import staging_buffers, tier_sizes
 from .progress import compute
 
 CPU_POLICIES = ("belady", "static")
@@ -110,7 +110,8 @@ class PrepareConfig:
     cpu_memory: int = 0
     disk_budget: int | None = None      # None: no limit on packed bytes
     device: str = "cpu"
-    staging_batches: int = in_flight_batches(2)   # what the pipelined trainer keeps in flight at queue depth 2
+    staging_batches: int = staging_buffers(2)    # staging buffers the pipelined trainer cycles at queue depth 2
+    io_reserve: int = 0                 # the trainer's other I/O buffers, reserved out of cpu_memory too
     minhash_k: int = 2
     sampler_threads: int = 1
     readahead: int = 1 << 30            # feature bytes read into the page cache while sampling/planning
@@ -146,7 +147,8 @@ class PrepareConfig:
 
     def plan_key(self, sample_key: str) -> str:
         return config_hash({"samples": sample_key, "cpu_policy": self.cpu_policy, "gpu": self.gpu_memory,
-                            "cpu": self.cpu_memory, "device": self.device, "staging": self.staging_batches})
+                            "cpu": self.cpu_memory, "device": self.device, "staging": self.staging_batches,
+                            "io": self.io_reserve})
 
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
@@ -239,11 +241,15 @@ def _count_task(sample_path: str, num_nodes: int, _sampled: Any) -> tuple[np.nda
 
 
 def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_bytes: int, max_rows: int,
-                cfg: PrepareConfig, out_path: str) -> dict:
-    """Choose the GPU tier (hottest rows) and the CPU tier's rows at round start."""
+                cfg: PrepareConfig, out_path: str, num_shards: int = 0) -> dict:
+    """Choose the GPU tier (hottest rows) and the CPU tier's rows at round start.
+
+    No tier is larger than the rows the round reads at all: a budget beyond them stays unused.
+    """
     freq = np.load(counts_path, mmap_mode="r")
-    sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, num_nodes, cfg.device, max_rows,
-                       cfg.staging_batches)
+    read = min(num_nodes, int(np.count_nonzero(freq)))
+    sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, read, cfg.device, max_rows,
+                       cfg.staging_batches, num_shards, cfg.io_reserve)
     gpu_ids = np.sort(static_tier(freq, sizes.gpu_rows, np.zeros(0, np.int64)))
     if cfg.cpu_policy == "static":
         cpu_ids = static_tier(freq, sizes.cpu_rows, gpu_ids)
@@ -254,7 +260,8 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     with open(out_path + ".tmp", "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
     os.replace(out_path + ".tmp", out_path)
-    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
+    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
+            "io_buffer_bytes": cfg.io_reserve}
 
 
 def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
@@ -453,7 +460,7 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
             max_rows = max(int(s["max_nodes"]) for s in summaries)
             tiers_path = str(pdir / "tiers.npz")
             (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
-                                                          store.row_bytes, max_rows, cfg, tiers_path,
+                                                          store.row_bytes, max_rows, cfg, tiers_path, len(store.shards),
                                                           dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
             # The chain simulates the cache; each window is traced by its own task beforehand, so the
             # traces run on the other cores while the chain advances.
@@ -498,6 +505,7 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         figures: dict[str, Any] = {
             "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
             "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
+            "io_buffer_bytes": tiers.get("io_buffer_bytes", 0), "max_batch_rows": max(int(s["max_nodes"]) for s in summaries),
             "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
             "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
             "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),

@@ -101,6 +101,7 @@ class StreamConfig:
     gpu_memory: int = 0
     cpu_memory: int = 0
     staging_batches: int = 3
+    io_reserve: int = 0
     tier_superbatches: int = 2
     window: int = 2
     stage: str | None = None
@@ -233,7 +234,8 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult],
     seen = max(int(s.summary["max_nodes"]) for s in first)
     max_rows = min(store.num_nodes, math.ceil(seen * MAX_ROWS_MARGIN))
     sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, store.row_bytes, store.num_nodes,
-                       "cuda" if device.startswith("cuda") else "cpu", max_rows, cfg.staging_batches)
+                       "cuda" if device.startswith("cuda") else "cpu", max_rows, cfg.staging_batches,
+                       len(store.shards), cfg.io_reserve)
     gpu_ids = np.sort(static_tier(freq, sizes.gpu_rows, np.zeros(0, np.int64)))
     if start_cpu_ids is not None:
         cpu_ids = np.asarray(start_cpu_ids, np.int64)

@@ -6,5 +6,4 @@ from __future__ import annotations
 
 from . import _native
 
-HAVE_LIBURING: bool = bool(_native.have_liburing)
 NativeNeighborSampler = _native.NeighborSampler

@@ -14,11 +14,6 @@ void register_rows(pybind11::module_& m);    // rows.cpp: row copies between fea
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, gathers, Belady";
-#ifdef DISKFLOW_HAVE_LIBURING
-    m.attr("have_liburing") = true;
-#else
-    m.attr("have_liburing") = false;
-#endif
     diskflow::register_sampler(m);
     diskflow::register_belady(m);
     diskflow::register_reader(m);

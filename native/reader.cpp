@@ -2,9 +2,9 @@
 // caller-provided buffers, with the GIL released.
 //
 // Backends (picked per reader):
-//   uring  io_uring through liburing (compiled in when DISKFLOW_HAVE_LIBURING is defined), used when
-//          io_uring_queue_init succeeds at run time: one ring per reader, `queue_depth` requests in
-//          flight, submitted and reaped by the calling thread.
+//   uring  io_uring through its system calls (uring.h; always compiled, no liburing), used when the
+//          once-per-process probe and the reader's own io_uring_setup succeed at run time: one ring
+//          per reader, `queue_depth` requests in flight, submitted and reaped by the calling thread.
 //   pread  a pool of `threads` persistent threads, each issuing blocking pread(2) calls; `threads`
 //          requests in flight.
 //
@@ -41,9 +41,7 @@
 #include <tuple>
 #include <vector>
 
-#ifdef DISKFLOW_HAVE_LIBURING
-#include <liburing.h>
-#endif
+#include "uring.h"
 
 namespace py = pybind11;
 
@@ -59,10 +57,9 @@ constexpr int64_t kMaxRequestBytes = 4 << 20;
 // read_rows: the longest run of adjacent pages read as one request, and the bounce buffer size.
 constexpr int64_t kDefaultMergeBytes = 1 << 20;
 constexpr int64_t kDefaultBounceBytes = 32 << 20;
-// Queue depth used to probe io_uring once per process.
-constexpr unsigned kProbeDepth = 4;
 
 static_assert((int64_t{1} << kPageShift) == kAlign, "kPageShift must match kAlign");
+static_assert(kMaxRequestBytes <= int64_t{UINT32_MAX}, "an io_uring read's length is 32 bits");
 
 inline bool aligned(int64_t v) { return (v & (kAlign - 1)) == 0; }
 inline int64_t round_up(int64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
@@ -250,78 +247,69 @@ class PreadPool {
     std::atomic<int64_t> bytes_{0};
 };
 
-#ifdef DISKFLOW_HAVE_LIBURING
-// Is io_uring usable in this process (kernel support, not disabled, not filtered)? Probed once.
-const std::pair<bool, std::string>& uring_probe() {
-    static const std::pair<bool, std::string> result = [] {
-        struct io_uring ring;
-        int rc = io_uring_queue_init(kProbeDepth, &ring, 0);
-        if (rc < 0) return std::make_pair(false, "io_uring_queue_init failed: " + errno_text(-rc));
-        io_uring_queue_exit(&ring);
-        return std::make_pair(true, std::string());
-    }();
-    return result;
-}
-
-// One io_uring instance, driven by the calling thread: keeps up to `depth` reads in flight.
+// io_uring (uring.h: raw system calls, no liburing), driven by the calling thread: keeps up to
+// `depth` reads in flight on one ring per reader.
 class Uring {
  public:
-    Uring() = default;
-    Uring(const Uring&) = delete;
-    Uring& operator=(const Uring&) = delete;
-    ~Uring() {
-        if (ok_) io_uring_queue_exit(&ring_);
-    }
-
-    bool ok() const { return ok_; }
-
-    // Returns 0 or a negative errno. Completions are only reaped when this thread enters the
-    // kernel to wait for them, so ask the kernel not to interrupt it for each one (COOP_TASKRUN,
-    // Linux >= 5.19); older kernels refuse the flag and get a plain ring.
+    // Returns 0 or a negative errno (from io_uring_setup or mapping the rings).
     int init(unsigned depth) {
         depth_ = depth;
-        struct io_uring_params params {};
-#ifdef IORING_SETUP_COOP_TASKRUN
-        params.flags = IORING_SETUP_COOP_TASKRUN;
-#endif
-        int rc = io_uring_queue_init_params(depth, &ring_, &params);
-        if (rc == -EINVAL && params.flags != 0) rc = io_uring_queue_init(depth, &ring_, 0);
-        ok_ = rc == 0;
-        return rc;
+        return ring_.init(depth);
     }
+
+    bool ok() const { return ring_.ok(); }
 
     int64_t run(const std::vector<IoRequest>& reqs, ErrorSlot& err) {
         struct Slot {
             size_t req;
-            int64_t done;
+            int64_t done;  // bytes of the request read so far
         };
         std::vector<Slot> slots(depth_);
         std::vector<unsigned> free_slots(depth_);
         for (unsigned s = 0; s < depth_; ++s) free_slots[s] = depth_ - 1 - s;
         size_t next = 0;
-        unsigned inflight = 0;  // submitted or queued for submission, not yet completed
+        unsigned inflight = 0;  // queued or submitted, not yet completed
         int64_t bytes = 0;
 
-        auto queue = [&](unsigned s) {
-            const IoRequest& r = reqs[slots[s].req];
-            struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-            if (sqe == nullptr) {  // cannot happen with <= depth in flight; submit and retry anyway
-                io_uring_submit(&ring_);
-                sqe = io_uring_get_sqe(&ring_);
-            }
-            int64_t done = slots[s].done;
-            io_uring_prep_read(sqe, r.fd, r.dst + done, static_cast<unsigned>(r.length - done),
-                               static_cast<uint64_t>(r.offset + done));
-            io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(static_cast<uintptr_t>(s)));
-        };
-        auto finish = [&](unsigned s) {
-            const IoRequest& r = reqs[slots[s].req];
-            if (slots[s].done < r.need) err.record_short(r, slots[s].done);
+        auto release = [&](unsigned s) {
             free_slots.push_back(s);
             --inflight;
         };
+        // Queues the rest of slot s's request (offsets stay 64-bit up to the SQE's __u64 field).
+        // The ring always has room: at most depth_ <= sq_entries requests are in flight, and a slot
+        // is requeued only after its completion; were it full, the request fails (EBUSY), never hangs.
+        auto queue = [&](unsigned s) {
+            const IoRequest& r = reqs[slots[s].req];
+            const int64_t done = slots[s].done;
+            if (!ring_.queue_read(r.fd, r.dst + done, static_cast<uint32_t>(r.length - done),
+                                  static_cast<uint64_t>(r.offset + done), s)) {
+                err.record_errno(r, EBUSY, r.offset + done);
+                release(s);
+            }
+        };
+        auto complete = [&](uint64_t user_data, int res) {
+            const unsigned s = static_cast<unsigned>(user_data);
+            const IoRequest& r = reqs[slots[s].req];
+            if (res == -EINTR || res == -EAGAIN) {
+                queue(s);  // retry as is
+            } else if (res < 0) {
+                err.record_errno(r, -res, r.offset + slots[s].done);
+                release(s);
+            } else {
+                slots[s].done += res;
+                bytes += res;
+                bool more = res > 0 && slots[s].done < r.length && !stopped_at_eof(r, slots[s].done);
+                if (more && !err.failed()) {
+                    queue(s);  // short read: the remainder
+                } else {
+                    if (slots[s].done < r.need) err.record_short(r, slots[s].done);
+                    release(s);
+                }
+            }
+        };
 
         for (;;) {
+            // After the first error nothing new is queued; what is in flight is drained.
             while (!err.failed() && next < reqs.size() && inflight < depth_) {
                 if (reqs[next].length == 0) {
                     ++next;
@@ -330,64 +318,31 @@ class Uring {
                 unsigned s = free_slots.back();
                 free_slots.pop_back();
                 slots[s] = {next++, 0};
-                queue(s);
                 ++inflight;
+                queue(s);
             }
             if (inflight == 0) break;
-            int rc = io_uring_submit_and_wait(&ring_, 1);
-            if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+            int rc = ring_.submit_and_wait(1);
+            if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) {
                 // The ring itself failed: wait for what the kernel took, then start a fresh ring.
                 const IoRequest& r = reqs[next - 1];
                 err.record_errno(r, -rc, r.offset);
-                unsigned pending = io_uring_sq_ready(&ring_);
-                inflight -= std::min(inflight, pending);
-                while (inflight > 0) {
-                    struct io_uring_cqe* cqe;
-                    if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
-                    io_uring_cqe_seen(&ring_, cqe);
-                    --inflight;
+                inflight -= std::min(inflight, ring_.sq_pending());  // never submitted
+                while (inflight > 0 && ring_.wait(1) == 0) {
+                    inflight -= std::min(inflight, ring_.reap([](uint64_t, int) {}));
                 }
-                io_uring_queue_exit(&ring_);
-                ok_ = false;
                 init(depth_);
                 return bytes;
             }
-            unsigned head;
-            unsigned seen = 0;
-            struct io_uring_cqe* cqe;
-            io_uring_for_each_cqe(&ring_, head, cqe) {
-                ++seen;
-                unsigned s = static_cast<unsigned>(reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe)));
-                const IoRequest& r = reqs[slots[s].req];
-                int res = cqe->res;
-                if (res == -EINTR || res == -EAGAIN) {
-                    queue(s);  // retry as is
-                } else if (res < 0) {
-                    err.record_errno(r, -res, r.offset + slots[s].done);
-                    free_slots.push_back(s);
-                    --inflight;
-                } else {
-                    slots[s].done += res;
-                    bytes += res;
-                    bool more = res > 0 && slots[s].done < r.length && !stopped_at_eof(r, slots[s].done);
-                    if (more && !err.failed()) {
-                        queue(s);  // short read: the remainder
-                    } else {
-                        finish(s);
-                    }
-                }
-            }
-            io_uring_cq_advance(&ring_, seen);
+            ring_.reap(complete);  // EAGAIN, EBUSY: completions to reap first, then submit again
         }
         return bytes;
     }
 
  private:
-    struct io_uring ring_ {};
+    IoUring ring_;
     unsigned depth_ = 0;
-    bool ok_ = false;
 };
-#endif  // DISKFLOW_HAVE_LIBURING
 
 struct OpenFile {
     int fd = -1;
@@ -435,15 +390,14 @@ class Reader {
         if (backend == "pread") {
             backend_ = "pread";
         } else {
-#ifdef DISKFLOW_HAVE_LIBURING
-            const auto& probe = uring_probe();
-            int rc = probe.first ? 0 : -ENOSYS;
-            std::string why = probe.second;
-            if (probe.first) {
+            int probe_err = 0;
+            std::string why = uring_unavailable(&probe_err);
+            int rc = -probe_err;
+            if (why.empty()) {
                 uring_ = std::make_unique<Uring>();
                 rc = uring_->init(static_cast<unsigned>(queue_depth));
                 if (rc < 0) {
-                    why = "io_uring_queue_init(" + std::to_string(queue_depth) + ") failed: " + errno_text(-rc);
+                    why = "io_uring_setup(" + std::to_string(queue_depth) + " entries) failed: " + errno_text(-rc);
                     uring_.reset();
                 }
             }
@@ -455,13 +409,6 @@ class Reader {
                 backend_ = "pread";
                 fallback_reason_ = why;
             }
-#else
-            if (backend == "uring") {
-                throw py::value_error("backend 'uring' unavailable: this build has no liburing "
-                                      "(install liburing-dev and rebuild)");
-            }
-            backend_ = "pread";
-#endif
         }
     }
 
@@ -729,9 +676,7 @@ class Reader {
 
     int64_t execute(const std::vector<IoRequest>& reqs, ErrorSlot& err) {
         if (reqs.empty()) return 0;
-#ifdef DISKFLOW_HAVE_LIBURING
         if (uring_ && uring_->ok()) return uring_->run(reqs, err);
-#endif
         if (!pool_) pool_ = std::make_unique<PreadPool>(threads_);
         return pool_->run(reqs, err);
     }
@@ -771,9 +716,7 @@ class Reader {
         }
         release_bounce();
         pool_.reset();
-#ifdef DISKFLOW_HAVE_LIBURING
         uring_.reset();
-#endif
     }
 
     int queue_depth_;
@@ -789,9 +732,7 @@ class Reader {
     std::vector<OpenFile> files_;
     std::vector<std::string> paths_;
     std::unique_ptr<PreadPool> pool_;
-#ifdef DISKFLOW_HAVE_LIBURING
-    std::unique_ptr<Uring> uring_;
-#endif
+    std::unique_ptr<Uring> uring_;  // null with the pread backend
     uint8_t* bounce_ = nullptr;
     int64_t bounce_size_ = 0;
 
@@ -860,6 +801,9 @@ void register_reader(py::module_& m) {
         .def("close", &Reader::close);
     m.def("aligned_empty", &aligned_empty, py::arg("nbytes"), "A 4096-aligned uint8 array of nbytes bytes.");
     m.attr("ALIGN") = kAlign;
+    m.def(
+        "uring_unavailable", [] { return uring_unavailable(); },
+        "'' when io_uring is usable in this process (probed once), else why not.");
 }
 
 }  // namespace diskflow

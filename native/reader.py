@@ -10,10 +10,10 @@ and disk-cache pages into pinned host memory while Python keeps training (DESIGN
 * In direct mode every offset, length and buffer address must be a multiple of ``ALIGN`` (4096);
   a misaligned request raises ``ValueError`` before anything is read. Allocate buffers with
   :func:`aligned_empty` (or use pinned torch tensors via ``.numpy()``, which are page-aligned).
-* Backends: ``"uring"`` (io_uring via liburing, when compiled in and usable at run time) keeps
-  ``queue_depth`` requests in flight from one thread; ``"pread"`` runs ``threads`` blocking
-  ``pread`` threads. ``"auto"`` takes io_uring when it can, else pread (with a ``RuntimeWarning``
-  when io_uring is compiled in but refused at run time).
+* Backends: ``"uring"`` (io_uring through its system calls, in every build; used when the kernel
+  allows it at run time, see :func:`uring_unavailable`) keeps ``queue_depth`` requests in flight
+  from one thread; ``"pread"`` runs ``threads`` blocking ``pread`` threads. ``"auto"`` takes
+  io_uring when it can, else pread with a ``RuntimeWarning`` saying why.
 * :meth:`DirectReader.read_rows` reads fixed-size rows at arbitrary byte offsets by reading each
   distinct 4 KiB page once (adjacent pages merged into one request) and copying the rows out.
 * Errors are Python exceptions naming the file and the offset: ``OSError`` (``FileNotFoundError``
@@ -38,8 +38,6 @@ import numpy as np
 
 from . import _native
 
-HAVE_URING: bool = bool(_native.have_liburing)
-"""True when the extension was compiled with liburing (io_uring may still be refused at run time)."""
 ALIGN: int = int(_native.ALIGN)
 """O_DIRECT granularity: offsets, lengths and buffer addresses are multiples of it."""
 ShortReadError: type[OSError] = _native.ShortReadError
@@ -47,6 +45,13 @@ BACKENDS = ("auto", "uring", "pread")
 # read_rows defaults: the longest run of adjacent pages read as one request, and the staging buffer.
 DEFAULT_MERGE_BYTES = 1 << 20
 DEFAULT_BOUNCE_BYTES = 32 << 20
+
+
+def uring_unavailable() -> str:
+    """``""`` when io_uring is usable in this process, else why not (e.g. ``"io_uring_setup failed:
+    Operation not permitted"`` under a seccomp filter). Probed once per process: a small ring reads
+    one byte from a pipe."""
+    return str(_native.uring_unavailable())
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:

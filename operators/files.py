@@ -34,6 +34,17 @@ MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 
 
+def byte_offsets(rows: np.ndarray, row_bytes: int, base: int | np.ndarray = 0) -> np.ndarray:
+    """int64 byte offsets ``base + rows * row_bytes`` of fixed-size rows in a file.
+
+    Ids and addresses are stored as int32 where they fit, and NumPy keeps an int32 array's
+    dtype when it is multiplied by a Python int: a row past 2 GiB / row_bytes would wrap to a
+    negative offset. Every offset computed from a row, id, slot or address goes through here,
+    promoted to int64 before the multiplication.
+    """
+    return np.asarray(rows).astype(np.int64, copy=False) * np.int64(row_bytes) + np.asarray(base, np.int64)
+
+
 def tmp_name(path: str | os.PathLike[str]) -> Path:
     """A unique temporary sibling of `path` (same filesystem, so rename is atomic)."""
     p = Path(path)

@@ -13,10 +13,12 @@ exactly as the plan says (DiskGNN §5.3, Fig. 7), in three stages joined by boun
 1. **load** — the batch's packed segments (one request per non-empty (batch, shard) segment at
    its 4096-aligned offset, length padded to 4096), its disk-cache rows (page-merged) and, for
    the Ginex layout, its store rows (one O_DIRECT request per row), read by the native reader
-   into an aligned staging buffer (GIL released); segment crcs checked.
-2. **assemble** — one gather into the batch's feature tensor: GPU tier, CPU tier, staged rows;
-   then the planned CPU-tier inserts. On CUDA: pinned staging, one non-blocking copy on the
-   stage's own stream, the gather on the device.
+   (GIL released) into fixed, aligned staging buffers: a batch larger than one buffer is loaded
+   in pieces (a segment cut at a row), so staging never holds more than the buffers' bytes.
+2. **assemble** — per batch, one gather of its GPU- and CPU-tier rows into its feature matrix
+   (from a pool of reused matrices), then each piece's rows to their positions, segment crcs
+   checked; then the planned CPU-tier inserts. On CUDA: pinned staging, non-blocking copies on
+   the stage's own stream, gathers and index copies on the device.
 3. **graph** — the stored sample (ids, local edges, per-hop counts) and `y = labels[n_id]`.
 
 The consumer (the training loop, stage 4) joins the two paths in batch order. With
@@ -49,7 +51,7 @@ from ..native.reader import DirectReader, aligned_empty
 from .batches import Sample, batch_data
 from .checksum import crc32
 from .errors import ConfigError, InputError
-from .files import ALIGN, format_bytes
+from .files import ALIGN, byte_offsets, format_bytes
 from .packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -62,7 +64,7 @@ from .packed import (
     padded,
 )
 from .samples import Buffer, SampleRecord
-from .tiers import in_flight_batches
+from .tiers import assembled_batches, staging_buffers, staging_piece_bytes
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
 # the loader's own for one-request-per-row reads, and the native reader's for page-merged reads.
@@ -95,42 +97,54 @@ def _open(reader: Any, path: Path) -> int:
 
 # ---------------------------------------------------------------------------- memory budget
 
-def staging_buffers(queue_depth: int, sequential: bool = False) -> int:
-    """Aligned staging buffers the load stage cycles through."""
-    return 1 if sequential else queue_depth + 2
+def io_buffer_bytes(row_reads: bool = True) -> int:
+    """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
+    dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
+    return 2 * BOUNCE_BYTES if row_reads else 0
 
 
-def io_buffer_bytes(num_shards: int, queue_depth: int, sequential: bool = False, row_reads: bool = True) -> int:
-    """Host bytes beyond whole batches: segment padding in the staging buffers and bounce buffers."""
-    return staging_buffers(queue_depth, sequential) * (num_shards + 1) * ALIGN + (2 * BOUNCE_BYTES if row_reads else 0)
+def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
+    """Staging buffers a loader allocates: the load stage's (`staging_buffers`) and, on CUDA, one more
+    through which the assemble stage moves CPU-tier rows to the device."""
+    return staging_buffers(queue_depth, sequential) + (1 if torch.device(device).type == "cuda" else 0)
 
 
-def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, int]:
+def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, Any]:
     """The host and device bytes a loader over `ds` uses, from the manifest (nothing is read).
 
-    ``host_bytes`` = CPU tier + in-flight batches x largest batch + I/O buffers (+ the GPU tier
-    itself when training on the CPU, where it is host memory too).
+    ``host_bytes`` (what ``--cpu-memory`` must hold) = CPU tier + staging buffers + I/O buffers
+    (+ the GPU tier itself when training on the CPU, where it is host memory too). The staging
+    buffers carry disk rows only, in pieces (`tiers.staging_piece_bytes`), never whole batches.
+    ``assembled_bytes``: the batch matrices alive at once (`tiers.assembled_batches` x the largest
+    batch), on the device on CUDA, else part of the training process's host working set.
     """
     rb = ds.row_bytes
     max_rows = int(ds.manifest["round"].get("max_batch_rows", 0))
     row_reads = bool(ds.dcache_files) or not ds.manifest.get("config", {}).get("packing", True)
-    plan = {
+    buffers = staging_count(device, queue_depth, sequential)
+    piece = staging_piece_bytes(max_rows, rb, ds.num_shards)
+    plan: dict[str, Any] = {
         "row_bytes": rb,
         "max_batch_rows": max_rows,
-        "in_flight_batches": in_flight_batches(queue_depth, sequential),
+        "staging_buffers": buffers,
+        "staging_piece_bytes": piece,
+        "staging_bytes": buffers * piece,
+        "assembled_batches": assembled_batches(queue_depth, sequential),
+        "assembled_bytes": assembled_batches(queue_depth, sequential) * max_rows * rb,
+        "assembled_on": "device" if device.type == "cuda" else "host",
         "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
         "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
-        "batch_bytes": in_flight_batches(queue_depth, sequential) * max_rows * rb,
-        "io_buffer_bytes": io_buffer_bytes(ds.num_shards, queue_depth, sequential, row_reads),
+        "io_buffer_bytes": io_buffer_bytes(row_reads),
     }
-    plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["batch_bytes"] + plan["io_buffer_bytes"] + (
+    plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"] + (
         plan["gpu_tier_bytes"] if device.type != "cuda" else 0)
     plan["device_bytes"] = plan["gpu_tier_bytes"] if device.type == "cuda" else 0
     return plan
 
 
-def check_memory(plan: dict[str, int], cpu_memory: int | None, gpu_memory: int | None) -> None:
-    """Refuse, before anything is allocated, a run that cannot fit its budgets (naming the option).
+def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int | None) -> None:
+    """Refuse, before anything is allocated, a run that cannot fit its budgets (naming the option and
+    the smallest budget that works).
 
     Raises:
         ConfigError: ``--cpu-memory`` below ``host_bytes``, or ``--gpu-memory`` below the GPU tier.
@@ -138,17 +152,17 @@ def check_memory(plan: dict[str, int], cpu_memory: int | None, gpu_memory: int |
     if cpu_memory is not None and plan["host_bytes"] > cpu_memory:
         raise ConfigError("--cpu-memory", (
             f"{format_bytes(cpu_memory)} ({cpu_memory:,} bytes) is too small: the CPU tier "
-            f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['in_flight_batches']} batches in flight x "
-            f"{plan['max_batch_rows']:,} rows x {plan['row_bytes']} bytes ({format_bytes(plan['batch_bytes'])}) + I/O "
+            f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['staging_buffers']} staging buffers x "
+            f"{format_bytes(plan['staging_piece_bytes'])} ({format_bytes(plan['staging_bytes'])}) + I/O "
             f"buffers ({format_bytes(plan['io_buffer_bytes'])})"
             + (f" + the GPU tier held in host memory ({format_bytes(plan['gpu_tier_bytes'])})"
                if plan["device_bytes"] == 0 and plan["gpu_tier_bytes"] else "")
-            + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it, lower "
-              "--queue-depth, or prepare with a smaller CPU tier"))
+            + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
+              "or prepare with a smaller CPU tier"))
     if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
         raise ConfigError("--gpu-memory", (
             f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
-            f"({plan['device_bytes']:,} bytes); raise it or prepare with a smaller --gpu-memory"))
+            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller --gpu-memory"))
 
 
 # ---------------------------------------------------------------------------- pipeline plumbing
@@ -218,17 +232,24 @@ _END = object()   # end of a stage's stream
 
 
 @dataclass
-class _Staged:
-    """A batch after the load stage: its record and its disk rows in an aligned staging buffer."""
+class _Piece:
+    """Some of a batch's disk rows after the load stage, in one staging buffer.
+
+    A batch is one or more pieces, in order: the first opens it (the assemble stage gathers its
+    GPU- and CPU-tier rows), the last closes it (checksums complete, CPU-tier inserts). A batch
+    with no disk rows is one piece with no buffer.
+    """
 
     batch: int
     record: IndexRecord
-    buffer: np.ndarray          # the staging buffer (returned to the pool after assembly)
-    rows: np.ndarray            # [k + d + s, dim] view: packed rows, disk-cache rows, store rows
-    miss_pos: np.ndarray        # n_id positions of those rows
-    miss_row: np.ndarray        # row of `rows` for each position
+    buffer: np.ndarray | None   # the staging buffer (back to the pool after assembly), None: no disk rows
+    rows: np.ndarray            # [m, dim] view into the buffer
+    pos: np.ndarray             # int64 [m]: the n_id position of each row
+    first: bool
+    last: bool
     yield_it: bool              # False while fast-forwarding the CPU tier
-    segments: list[tuple[int, int, int]] = field(default_factory=list)   # (shard, byte in buffer, bytes): crc due
+    segments: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    """(shard, byte in buffer, bytes, the segment ends here) of each packed segment part: crc due."""
 
 
 @dataclass
@@ -309,6 +330,8 @@ class PackedLoader:
         self._buffers: list[np.ndarray] = []
         self._matrices: list[np.ndarray] = []   # batch feature matrices, reused once no batch holds them
         self._bounce: np.ndarray | None = None
+        self._tier_buffer: np.ndarray | None = None
+        self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
         self._shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._init_tiers()
         self.counts = _Counts()
@@ -400,11 +423,14 @@ class PackedLoader:
         """Staging buffers (pinned on CUDA) and the row-read bounce buffer, sized from the manifest."""
         if self._buffers:
             return
-        cap = int(padded(self.memory["max_batch_rows"] * self.row_bytes)) + self.ds.num_shards * ALIGN
+        cap = int(self.memory["staging_piece_bytes"])
         for _ in range(staging_buffers(self.queue_depth, not self.pipelined)):
             buf = aligned_empty(cap)
             self._pin(buf)
             self._buffers.append(buf)
+        if self._device_path:      # CPU-tier rows reach the device through a pinned buffer of their own
+            self._tier_buffer = aligned_empty(cap)
+            self._pin(self._tier_buffer)
         self._bounce = aligned_empty(BOUNCE_BYTES)
         if self.device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
@@ -425,6 +451,7 @@ class PackedLoader:
                 torch.cuda.cudart().cudaHostUnregister(ptr)
         self._pinned.clear()
         self._buffers.clear()
+        self._tier_buffer = None
         self._matrices.clear()
         if self._own_reader:
             with contextlib.suppress(Exception):
@@ -480,20 +507,24 @@ class PackedLoader:
         if first != self._tier_next:
             raise InputError(ds.path, f"starts at batch {first}, but the CPU tier stands before batch {self._tier_next}")
         memory = memory_plan(ds, self.device, self.queue_depth, not self.pipelined)
-        grow = memory["max_batch_rows"] > self.memory["max_batch_rows"]
+        grow = memory["staging_piece_bytes"] > self.memory["staging_piece_bytes"]
         if not grow:        # the staging buffers stay as large as they are
-            extra = (self.memory["max_batch_rows"] - memory["max_batch_rows"]) * memory["in_flight_batches"] \
-                * memory["row_bytes"]
-            memory.update(max_batch_rows=self.memory["max_batch_rows"], batch_bytes=memory["batch_bytes"] + extra,
-                          host_bytes=memory["host_bytes"] + extra)
+            memory["host_bytes"] += self.memory["staging_bytes"] - memory["staging_bytes"]
+            memory.update(staging_piece_bytes=self.memory["staging_piece_bytes"],
+                          staging_bytes=self.memory["staging_bytes"])
+        taller = memory["max_batch_rows"] > self.memory["max_batch_rows"]
+        if not taller:      # and so do the pooled batch matrices
+            memory.update(max_batch_rows=self.memory["max_batch_rows"], assembled_bytes=self.memory["assembled_bytes"])
         check_memory(memory, self._cpu_memory, None)
         self.close_files()
-        if grow:            # larger batches: new staging buffers
+        if grow:            # larger pieces: new staging buffers
             for ptr in self._pinned:
                 with contextlib.suppress(Exception):
                     torch.cuda.cudart().cudaHostUnregister(ptr)
             self._pinned.clear()
             self._buffers.clear()
+            self._tier_buffer = None
+        if taller:
             self._matrices.clear()
         self.ds, self.path, self.memory = ds, ds.path, memory
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
@@ -538,60 +569,101 @@ class PackedLoader:
     def _superbatches(self, lo: int, hi: int) -> list[SuperbatchEntry]:
         return [s for s in self.superbatches if s.first_batch < hi and s.first_batch + s.batches > lo]
 
-    def _load(self, g: int, rec: IndexRecord, buf: np.ndarray, yield_it: bool) -> _Staged:
-        """Read batch `g`'s disk rows into `buf`: packed segments, disk-cache rows, store rows."""
-        rb, dim = self.row_bytes, self.dim
+    def _pieces(self, g: int, rec: IndexRecord, take: Callable[[], np.ndarray], yield_it: bool) -> Iterator[_Piece]:
+        """Read batch `g`'s disk rows, piece by piece, each into a staging buffer from `take()`.
+
+        Packed segments first (page-aligned requests, one per segment or segment part; a segment
+        that does not fit the rest of a buffer is cut at a row), then disk-cache rows, then store
+        rows. However large the batch, the load stage holds at most one buffer's worth of it.
+        """
+        rb = self.row_bytes
         src, idx = rec.src, rec.idx
         self.ds._check_bounds(rec, int(self.ds.gpu_ids.shape[0]), int(self.cpu.shape[0]), rec.packed_rows,
                               self._dcache_rows[rec.dcache] if 0 <= rec.dcache < len(self._dcache_rows) else None)
         rows_k = rec.seg_rows.astype(np.int64)
-        nz = np.flatnonzero(rows_k)
-        k = int(rows_k.sum())
-        nbytes = rows_k[nz] * rb
-        lengths = padded(nbytes).astype(np.int64)
-        out_off = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        first_row = np.r_[0, np.cumsum(rows_k)].astype(np.int64)     # packed rows are shard-major
+        ppos = np.flatnonzero(src == SRC_PACKED)
+        if ppos.size != int(first_row[-1]):
+            raise InputError(self.ds.round_dir / "index", f"batch {g}: {ppos.size} packed positions, the segments "
+                                                          f"hold {int(first_row[-1])} rows")
+        packed_pos = np.empty(ppos.size, np.int64)
+        packed_pos[idx[ppos]] = ppos                    # n_id position of the batch's packed row r
         dpos = np.flatnonzero(src == SRC_DCACHE)
         spos = np.flatnonzero(src == SRC_STORE)
-        need = max(int(lengths.sum()), (k + dpos.size + spos.size) * rb)
-        if need > buf.nbytes:
-            raise InputError(self.path / "manifest.json", f"batch {g} needs {need:,} staging bytes, more than the "
-                                                          f"{buf.nbytes:,} sized from round.max_batch_rows")
-        segments: list[tuple[int, int, int]] = []
-        if nz.size:
-            handles = np.array([self._handle(self.ds.part_paths[p]) for p in nz], np.int64)
-            offsets = rec.seg_offset[nz].astype(np.int64)
-            try:
-                self.reader.read(handles, offsets, lengths, buf, out_off)
-            except OSError as e:
-                p = next((int(p) for p in nz if str(self.ds.part_paths[p]) == str(e.filename)), int(nz[0]))
-                raise InputError(self.ds.part_paths[p], f"truncated or unreadable: batch {g}, shard {p} needs bytes "
-                                                        f"[{int(rec.seg_offset[p])}, "
-                                                        f"{int(rec.seg_offset[p] + padded(rows_k[p] * rb))}) "
-                                                        f"({e.strerror or e})") from e
-            dst = 0
-            for j, p in enumerate(nz.tolist()):    # per shard: close the padding gap
-                n, s = int(nbytes[j]), int(out_off[j])
-                if dst != s:
-                    buf[dst:dst + n] = buf[s:s + n]
-                if self.check_crc:                 # checked by the assemble stage, while this one reads on
-                    segments.append((p, dst, n))
-                dst += n
-        rows = buf[:(k + dpos.size + spos.size) * rb].view(self.dtype).reshape(-1, dim)
-        if dpos.size:
-            path = self.ds.dcache_path(rec.dcache)
-            try:
-                self.reader.read_rows(self._handle(path), idx[dpos] * rb, rb, rows[k:k + dpos.size].reshape(-1).view(np.uint8))
-            except OSError as e:
-                raise InputError(path, f"batch {g}: disk-cache read failed ({e.strerror or e})") from e
-        if spos.size:
-            self._read_store_rows(g, idx[spos], rows[k + dpos.size:])
-        miss_pos = np.flatnonzero(src >= SRC_PACKED)
-        miss_row = np.empty(miss_pos.size, np.int64)
-        msrc = src[miss_pos]
-        miss_row[msrc == SRC_PACKED] = idx[miss_pos[msrc == SRC_PACKED]]
-        miss_row[msrc == SRC_DCACHE] = k + np.arange(dpos.size)
-        miss_row[msrc == SRC_STORE] = k + dpos.size + np.arange(spos.size)
-        return _Staged(g, rec, buf, rows, miss_pos, miss_row, yield_it, segments)
+        cap = int(self.memory["staging_piece_bytes"])
+        per_piece = max(1, (cap - 2 * ALIGN) // rb)     # rows of a row-read piece
+        specs: list[tuple[str, Any]] = []
+        parts: list[tuple[int, int, int, int, int]] = []    # (shard, first row, end row, file offset, length)
+        used = 0
+        for p in np.flatnonzero(rows_k).tolist():
+            off, n, r0 = int(rec.seg_offset[p]), int(rows_k[p]), 0
+            while r0 < n:
+                start = (off + r0 * rb) // ALIGN * ALIGN
+                r1 = min(n, (start + (cap - used) // ALIGN * ALIGN - off) // rb)
+                if r1 <= r0:
+                    if not parts:
+                        raise InputError(self.path / "manifest.json", f"batch {g}: a {rb}-byte row does not fit a "
+                                                                      f"{cap}-byte staging buffer")
+                    specs.append(("packed", parts))
+                    parts, used = [], 0
+                    continue
+                length = int(padded(off + r1 * rb)) - start
+                parts.append((p, r0, r1, start, length))
+                used += length
+                r0 = r1
+        if parts:
+            specs.append(("packed", parts))
+        specs += [("dcache", dpos[a:a + per_piece]) for a in range(0, dpos.size, per_piece)]
+        specs += [("store", spos[a:a + per_piece]) for a in range(0, spos.size, per_piece)]
+        if not specs:
+            yield _Piece(g, rec, None, np.zeros((0, self.dim), self.dtype), np.zeros(0, np.int64), True, True, yield_it)
+            return
+        for i, (kind, what) in enumerate(specs):
+            buf = take()
+            segments: list[tuple[int, int, int, bool]] = []
+            if kind == "packed":
+                pos, nbytes = self._read_packed(g, rec, what, buf, segments, packed_pos, first_row, rows_k)
+            else:
+                pos, nbytes = what, what.size * rb
+            rows = buf[:nbytes].view(self.dtype).reshape(-1, self.dim)
+            if kind == "dcache":
+                path = self.ds.dcache_path(rec.dcache)
+                try:
+                    self.reader.read_rows(self._handle(path), byte_offsets(idx[pos], rb), rb, buf[:nbytes])
+                except OSError as e:
+                    raise InputError(path, f"batch {g}: disk-cache read failed ({e.strerror or e})") from e
+            elif kind == "store":
+                self._read_store_rows(g, idx[pos], rows)
+            yield _Piece(g, rec, buf, rows, pos, i == 0, i == len(specs) - 1, yield_it, segments)
+
+    def _read_packed(self, g: int, rec: IndexRecord, parts: list[tuple[int, int, int, int, int]], buf: np.ndarray,
+                     segments: list[tuple[int, int, int, bool]], packed_pos: np.ndarray, first_row: np.ndarray,
+                     rows_k: np.ndarray) -> tuple[np.ndarray, int]:
+        """Read segment parts into `buf` with one batch of requests, then close the padding gaps so the
+        rows lie back to back; returns their n_id positions and their bytes."""
+        rb = self.row_bytes
+        lengths = np.array([x[4] for x in parts], np.int64)
+        out_off = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64)
+        handles = np.array([self._handle(self.ds.part_paths[x[0]]) for x in parts], np.int64)
+        try:
+            self.reader.read(handles, np.array([x[3] for x in parts], np.int64), lengths, buf, out_off)
+        except OSError as e:
+            p = next((x[0] for x in parts if str(self.ds.part_paths[x[0]]) == str(e.filename)), parts[0][0])
+            raise InputError(self.ds.part_paths[p], f"truncated or unreadable: batch {g}, shard {p} needs bytes "
+                                                    f"[{int(rec.seg_offset[p])}, "
+                                                    f"{int(rec.seg_offset[p] + padded(rows_k[p] * rb))}) "
+                                                    f"({e.strerror or e})") from e
+        dst = 0
+        pos = []
+        for (p, r0, r1, start, _), at in zip(parts, out_off.tolist(), strict=True):
+            s, n = at + int(rec.seg_offset[p]) + r0 * rb - start, (r1 - r0) * rb
+            if dst != s:
+                buf[dst:dst + n] = buf[s:s + n]
+            if self.check_crc:                 # checked by the assemble stage, while this one reads on
+                segments.append((p, dst, n, r1 == int(rows_k[p])))
+            pos.append(packed_pos[int(first_row[p]) + r0:int(first_row[p]) + r1])
+            dst += n
+        return np.concatenate(pos), dst
 
     def _read_store_rows(self, g: int, ids: np.ndarray, out: np.ndarray) -> None:
         """The Ginex baseline: one O_DIRECT request per row, at shard data offset + local row x row_bytes.
@@ -608,7 +680,7 @@ class PackedLoader:
         shard_handle, shard_base, shard_size = self._shard_files
         shard = ids // store.shard_rows
         handles, sizes = shard_handle[shard], shard_size[shard]
-        offsets = shard_base[shard] + ids * rb
+        offsets = byte_offsets(ids, rb, shard_base[shard])
         start = offsets - offsets % ALIGN
         length = padded(offsets + rb) - start
         tail = start + length > sizes
@@ -645,44 +717,82 @@ class PackedLoader:
             raise InputError(e.filename or self.path, f"batch {g}: read failed ({e.strerror or e})") from e
 
     # ------------------------------------------------------------------ stage 2: assemble
-    def _verify(self, st: _Staged) -> None:
-        """Check the crc32 of every packed segment the load stage staged (an InputError names file and batch)."""
-        rec = st.record
-        for p, start, n in st.segments:
-            if crc32(st.buffer[start:start + n].data) != int(rec.seg_crc[p]):
-                raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {st.batch}, shard {p} (segment "
+    def _verify(self, pc: _Piece, crcs: dict[int, int]) -> None:
+        """Fold piece `pc`'s packed bytes into their segments' crc32; check each segment it completes (an
+        InputError names the file and the batch)."""
+        rec = pc.record
+        for p, start, n, ends in pc.segments:
+            assert pc.buffer is not None
+            crc = crc32(pc.buffer[start:start + n].data, crcs.pop(p, 0))
+            if not ends:
+                crcs[p] = crc
+            elif crc != int(rec.seg_crc[p]):
+                raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {pc.batch}, shard {p} (segment "
                                                         f"at byte {int(rec.seg_offset[p])}, {int(rec.seg_rows[p])} rows)")
 
-    def _assemble(self, st: _Staged) -> torch.Tensor | None:
-        """Verify batch `st.batch`'s staged segments, gather its features, apply its CPU-tier inserts."""
-        rec = st.record
-        self._verify(st)
+    def _assemble(self, pc: _Piece) -> torch.Tensor | None:
+        """Place piece `pc`'s rows in its batch's feature matrix; the batch's matrix once `pc` is its last.
+
+        The first piece of a batch gathers its GPU- and CPU-tier rows; the last checks the
+        remaining checksums and applies the batch's CPU-tier inserts (after every read of the tier).
+        """
+        rec = pc.record
+        if pc.first:
+            self._open_batch = (self._begin_device(rec) if self._device_path else self._begin_host(rec),
+                                self._insert_slots(rec), {})
+        assert self._open_batch is not None
+        x, slots, crcs = self._open_batch
+        self._verify(pc, crcs)
+        if pc.rows.shape[0]:
+            if self._device_path:
+                self._place_device(x, slots, pc)
+            else:
+                _native.copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
+        if not pc.last:
+            return None
+        self._open_batch = None
+        if crcs:
+            raise InputError(self.path / "manifest.json", f"batch {pc.batch}: segments of shards {sorted(crcs)} "
+                                                          "were not read to their end")
         if self._device_path:
-            x_t = self._assemble_device(st)
-        else:       # every row moved once (native row copies), into a matrix no earlier batch still holds
-            x = self._batch_matrix(rec.src.shape[0])
-            for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
-                pos = np.flatnonzero(rec.src == code)
-                if pos.size:
-                    _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
-            _native.copy_rows(x, st.miss_pos, st.rows, st.miss_row)
+            self._finish_device(x, rec)
+            x_t = x
+        else:
             if rec.insert_pos.size:
                 _native.copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
                                   np.ascontiguousarray(rec.insert_pos, np.int64))
             x_t = torch.from_numpy(x)
-        self._tier_next = st.batch + 1
-        if st.yield_it:
+        self._tier_next = pc.batch + 1
+        if pc.yield_it:
             self.counts.rows += np.bincount(rec.src, minlength=5)[:5]
-            self.counts.useful_bytes += int(st.miss_pos.size) * self.row_bytes
-        return x_t if st.yield_it else None
+            self.counts.useful_bytes += int(np.count_nonzero(rec.src >= SRC_PACKED)) * self.row_bytes
+        return x_t if pc.yield_it else None
+
+    def _begin_host(self, rec: IndexRecord) -> np.ndarray:
+        """A batch matrix with the batch's GPU- and CPU-tier rows in place (native row copies)."""
+        x = self._batch_matrix(rec.src.shape[0])
+        for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
+            pos = np.flatnonzero(rec.src == code)
+            if pos.size:
+                _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
+        return x
+
+    def _insert_slots(self, rec: IndexRecord) -> np.ndarray | None:
+        """Per n_id position, the CPU-tier slot its row is inserted into (-1: none); only on the device path,
+        where inserts of disk rows are applied from host memory as the rows pass."""
+        if not self._device_path or not rec.insert_pos.size:
+            return None
+        slots = np.full(rec.src.shape[0], -1, np.int64)
+        slots[rec.insert_pos] = rec.insert_slot
+        return slots
 
     def _batch_matrix(self, n: int) -> np.ndarray:
         """An [n, dim] matrix for a batch's features: a pooled one that nothing references any more.
 
         A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix
         is handed out again only when no batch (no tensor, no view) still refers to it, so a
-        caller may keep its batches; the pool holds at most the batches in flight, which the
-        memory plan already reserves.
+        caller may keep its batches; the pool holds at most the assembled batches in flight
+        (`assembled_batches`, which the memory plan reports).
         """
         rows = int(self.memory["max_batch_rows"])
         if n <= rows:
@@ -690,45 +800,63 @@ class PackedLoader:
                 if sys.getrefcount(m) <= 3:     # the pool, this loop, getrefcount: nobody else
                     return m[:n]
         m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
-        if n <= rows and len(self._matrices) < int(self.memory["in_flight_batches"]):
+        if n <= rows and len(self._matrices) < int(self.memory["assembled_batches"]):
             self._matrices.append(m)
         return m[:n]
 
-    def _assemble_device(self, st: _Staged) -> torch.Tensor:
-        """Host rows (staged + CPU tier) -> one pinned block -> one async copy -> one gather on the device.
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device, non_blocking=True)
 
-        The device work is gathers only (`index_select`), deterministic and free of scatters:
-        ``x = cat(gpu_tier[gpu_idx], host_block)[where]``, `where` mapping each n_id position to
-        its row of that concatenation.
+    def _begin_device(self, rec: IndexRecord) -> torch.Tensor:
+        """The batch's matrix on the device, its GPU-tier rows gathered there and its CPU-tier rows copied in
+        through the pinned tier buffer (a piece at a time).
+
+        The device work is gathers and index copies to distinct rows, deterministic: ``x[gpos] =
+        gpu_tier[idx]``, then ``x[pos] = rows`` for every host piece.
         """
-        rec = st.record
         n = rec.src.shape[0]
-        cpos = np.flatnonzero(rec.src == SRC_CPU)
         gpos = np.flatnonzero(rec.src == SRC_GPU)
-        m = st.rows.shape[0]
-        host = st.buffer[:(m + cpos.size) * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
-        host[m:] = self.cpu[rec.idx[cpos]]                 # CPU-tier rows join the staged rows in pinned memory
-        host_pos = np.concatenate([st.miss_pos, cpos])
-        host_row = np.concatenate([st.miss_row, np.arange(m, m + cpos.size)])
-        where = np.empty(n, np.int64)
-        where[gpos] = np.arange(gpos.size)
-        where[host_pos] = gpos.size + host_row
-        dev = self.device
+        cpos = np.flatnonzero(rec.src == SRC_CPU)
+        dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
         gpu = self.gpu if isinstance(self.gpu, torch.Tensor) else torch.from_numpy(self.gpu)
+        tier = self._tier_buffer
+        assert tier is not None
+        per = max(1, tier.nbytes // self.row_bytes)
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            h = torch.from_numpy(host).to(dev, non_blocking=True)
-            g = gpu.index_select(0, torch.from_numpy(rec.idx[gpos]).to(dev, non_blocking=True))
-            x = torch.cat([g, h]).index_select(0, torch.from_numpy(where).to(dev, non_blocking=True))
-        if self._stream is not None:
-            self._stream.synchronize()    # x is complete, and the staging buffer may be reused
-        if rec.insert_pos.size:       # inserted rows come from host memory unless the plan inserts GPU-tier rows
-            rows = where[rec.insert_pos] - gpos.size
-            on_host = rows >= 0
-            self.cpu[rec.insert_slot[on_host]] = host[rows[on_host]]
-            if not on_host.all():
-                sel = torch.from_numpy(rec.insert_pos[~on_host]).to(dev)
-                self.cpu[rec.insert_slot[~on_host]] = x.index_select(0, sel).cpu().numpy()
+            x = torch.empty((n, self.dim), dtype=dtype, device=self.device)
+            if gpos.size:
+                x.index_copy_(0, self._to_device(gpos), gpu.index_select(0, self._to_device(rec.idx[gpos])))
+            for a in range(0, cpos.size, per):
+                sel = cpos[a:a + per]
+                host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
+                _native.copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
+                                  np.ascontiguousarray(rec.idx[sel], np.int64))
+                x.index_copy_(0, self._to_device(sel), self._to_device(host))
+                if self._stream is not None:
+                    self._stream.synchronize()     # the tier buffer is refilled next
         return x
+
+    def _place_device(self, x: torch.Tensor, slots: np.ndarray | None, pc: _Piece) -> None:
+        """Copy a piece's host rows to their positions in the device matrix; apply the inserts of those rows
+        from host memory (every CPU-tier read of the batch is done: its first piece did them)."""
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            x.index_copy_(0, self._to_device(pc.pos), self._to_device(pc.rows))
+        if slots is not None:
+            to = slots[pc.pos]
+            sel = np.flatnonzero(to >= 0)
+            if sel.size:
+                _native.copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
+        if self._stream is not None:
+            self._stream.synchronize()    # the staging buffer goes back to the pool
+
+    def _finish_device(self, x: torch.Tensor, rec: IndexRecord) -> None:
+        """Inserts of rows that came from the tiers, not the disk (rare): read back from the device matrix."""
+        if not rec.insert_pos.size:
+            return
+        tiered = rec.src[rec.insert_pos] < SRC_PACKED
+        if tiered.any():
+            sel = torch.from_numpy(np.ascontiguousarray(rec.insert_pos[tiered], np.int64)).to(self.device)
+            self.cpu[rec.insert_slot[tiered]] = x.index_select(0, sel).cpu().numpy()
 
     # ------------------------------------------------------------------ stage 3: graph
     def _samples(self, lo: int, hi: int) -> Iterator[tuple[int, SampleRecord]]:
@@ -785,15 +913,20 @@ class PackedLoader:
         ck = self.clocks
         samples = self._samples(begin, end)
         for g, rec in self._records(lo, end):
-            t0 = time.perf_counter()
-            st = self._load(g, rec, buf, g >= begin)
-            t1 = time.perf_counter()
-            x = self._assemble(st)
-            t2 = time.perf_counter()
-            ck["load"].busy += t1 - t0
-            ck["assemble"].busy += t2 - t1
+            pieces = self._pieces(g, rec, lambda: buf, g >= begin)
+            x = None
+            while True:         # each piece is assembled before the next one reuses the buffer
+                t0 = time.perf_counter()
+                pc = next(pieces, None)
+                t1 = time.perf_counter()
+                ck["load"].busy += t1 - t0
+                if pc is None:
+                    break
+                x = self._assemble(pc)
+                ck["assemble"].busy += time.perf_counter() - t1
             if x is None:
                 continue
+            t2 = time.perf_counter()
             gs, s = next(samples)
             y = self._graph(s)
             ck["graph"].busy += time.perf_counter() - t2
@@ -812,22 +945,27 @@ class PackedLoader:
         ck = self.clocks
 
         def load() -> None:
+            clock = ck["load"]
             for g, rec in self._records(lo, end):
-                buf = pipe.get(free, ck["load"])
-                t = time.perf_counter()
-                st = self._load(g, rec, buf, g >= begin)
-                ck["load"].busy += time.perf_counter() - t
-                pipe.put(loaded, st, ck["load"])
-            pipe.put(loaded, _END, ck["load"])
+                pieces = self._pieces(g, rec, lambda: pipe.get(free, clock), g >= begin)
+                while True:
+                    waited, t = clock.starved, time.perf_counter()
+                    pc = next(pieces, None)
+                    clock.busy += time.perf_counter() - t - (clock.starved - waited)   # not the wait for a buffer
+                    if pc is None:
+                        break
+                    pipe.put(loaded, pc, clock)
+            pipe.put(loaded, _END, clock)
 
         def assemble() -> None:
-            while (st := pipe.get(loaded, ck["assemble"])) is not _END:
+            while (pc := pipe.get(loaded, ck["assemble"])) is not _END:
                 t = time.perf_counter()
-                x = self._assemble(st)
-                free.put(st.buffer)
+                x = self._assemble(pc)
+                if pc.buffer is not None:
+                    free.put(pc.buffer)
                 ck["assemble"].busy += time.perf_counter() - t
                 if x is not None:
-                    pipe.put(assembled, (st.batch, st.record, x), ck["assemble"])
+                    pipe.put(assembled, (pc.batch, pc.record, x), ck["assemble"])
             pipe.put(assembled, _END, ck["assemble"])
 
         def graph() -> None:

@@ -137,6 +137,24 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     return buf.view(dtype).reshape(shard.rows, dim), done
 
 
+class _LazyShard:
+    """A shard's rows, read (once, sequentially) on first use.
+
+    A shard that no batch misses and no tier or disk cache holds is never read: on a graph
+    whose hot rows sit in a few shards, the packing pass reads only those.
+    """
+
+    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> None:
+        self.shard, self.dtype, self.dim, self.chunk = shard, dtype, dim, chunk
+        self.bytes_read = 0
+        self._rows: np.ndarray | None = None
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows, self.bytes_read = _read_shard(self.shard, self.dtype, self.dim, self.chunk)
+        return self._rows
+
+
 def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: threading.Event | None = None,
                 chunk: int = 8 << 20) -> int:
     """Read the store's first shards into the page cache, up to `budget_bytes`; return the bytes read.
@@ -321,7 +339,7 @@ def _local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
     return local
 
 
-def _write_targets(targets: Sequence[RowTarget], feats: np.ndarray, shard: FeatureShard, row_bytes: int) -> int:
+def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: FeatureShard, row_bytes: int) -> int:
     """Scatter the shard's rows of every target file; return the row bytes written."""
     written = 0
     for t in targets:
@@ -329,6 +347,7 @@ def _write_targets(targets: Sequence[RowTarget], feats: np.ndarray, shard: Featu
         sel = np.flatnonzero((ids >= shard.row_start) & (ids < shard.row_stop))
         if not sel.size:
             continue
+        feats = shard_rows.rows()
         need = t.offset + ids.shape[0] * row_bytes
         try:
             size = os.stat(t.path).st_size
@@ -395,7 +414,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     col = offsets[:, p] if offsets.ndim == 2 else offsets
     n = col.shape[0]
     shard = store.shards[p]
-    feats, bytes_read = _read_shard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
 
     crc = np.zeros(n, dtype=np.int64)
     rows_total = 0
@@ -414,7 +433,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
                         raise ValueError(f"batch {i}, shard {p}: segment offset {col[i]} does not follow the "
                                          f"previous segment (at {w.position}); offsets and routes disagree")
                     seg = local[bounds[j]:bounds[j + 1]]
-                    crc[i] = w.rows(feats, seg)
+                    if seg.size:
+                        crc[i] = w.rows(feats.rows(), seg)
                     nbytes = seg.shape[0] * rb
                     w.zeros(int(padded(nbytes)) - nbytes)
                     rows_total += seg.shape[0]
@@ -423,7 +443,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             w.close()
             os.close(fd)
     target_bytes = _write_targets(list(tier_targets or []) + list(dcache_targets or []), feats, shard, rb)
-    return {"shard": p, "crc": crc, "rows": rows_total, "bytes_read": bytes_read, "bytes_written": rows_total * rb,
+    return {"shard": p, "crc": crc, "rows": rows_total, "bytes_read": feats.bytes_read, "bytes_written": rows_total * rb,
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
 
 
@@ -435,9 +455,9 @@ def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequenc
     """
     store = Store(store_path)
     shard = store.shards[p]
-    feats, bytes_read = _read_shard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
     written = _write_targets(list(targets), feats, shard, store.row_bytes)
-    return {"shard": p, "bytes_read": bytes_read, "target_bytes_written": written}
+    return {"shard": p, "bytes_read": feats.bytes_read, "target_bytes_written": written}
 
 
 # ---------------------------------------------------------------------------- naive baseline

@@ -18,7 +18,6 @@ from ..flow.options import byte_budget as budget
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.errors import ConfigError
-from ..operators.files import format_bytes
 from ..operators.store import Store
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
@@ -73,33 +72,34 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
 
 def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int | str | None,
                    disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int, queue_depth: int = 2,
-                   sequential: bool = False) -> dict[str, Any]:
+                   sequential: bool = False, device: str = "cpu") -> dict[str, Any]:
     """What `prepare` must be given so the trainer later fits `cpu_memory` with this queue depth.
 
     `cpu_memory` is the trainer's whole host budget for features (bytes, ``"2GiB"`` or
-    ``"10%"`` of the feature bytes): CPU tier + staging of the batches in flight + the
-    loader's I/O buffers. `prepare` reserves the staging itself (it knows the largest batch)
-    and is given the rest. Without `cpu_memory`: 10% of the features for the CPU tier plus
-    the staging of the worst-case batch for these fanouts.
+    ``"10%"`` of the feature bytes): CPU tier + staging buffers + the loader's I/O buffers.
+    `prepare` sizes the staging from the largest sampled batch and reserves it and the I/O
+    buffers out of the budget (naming the smallest budget that works when it cannot); the CPU
+    tier gets the rest. Without `cpu_memory`: 10% of the features for the CPU tier plus the
+    staging and I/O buffers for the worst-case batch of these fanouts.
 
     Returns:
-        ``cpu_total`` (the trainer's budget), ``cpu_memory`` (prepare's), ``staging_batches``,
-        ``gpu_memory`` and ``disk_budget`` in bytes.
+        ``cpu_total`` and ``cpu_memory`` (the trainer's budget; prepare's is the same),
+        ``io_reserve`` (the I/O buffers prepare reserves), ``staging_batches`` (staging
+        buffers), ``gpu_memory`` and ``disk_budget`` in bytes.
     """
-    from ..operators.load import in_flight_batches, io_buffer_bytes
+    from ..operators.load import io_buffer_bytes, staging_count
+    from ..operators.tiers import staging_piece_bytes
 
-    reserve = io_buffer_bytes(len(store.shards), queue_depth, sequential)
-    staging = in_flight_batches(queue_depth, sequential)
+    reserve = io_buffer_bytes()
+    staging = staging_count(device, queue_depth, sequential)
     cpu = budget(cpu_memory, "--cpu-memory", store.feature_bytes)
     if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
         rows = batch_size
         for f in fanouts:
             rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
-        cpu = staging * min(rows, store.num_nodes) * store.row_bytes + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE)
-    if cpu <= reserve:
-        raise ConfigError("--cpu-memory", f"{format_bytes(cpu)} does not even hold the loader's I/O buffers "
-                                          f"({format_bytes(reserve)})")
-    return {"cpu_total": cpu, "cpu_memory": cpu - reserve, "staging_batches": staging,
+        cpu = (staging * staging_piece_bytes(min(rows, store.num_nodes), store.row_bytes, len(store.shards))
+               + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE))
+    return {"cpu_total": cpu, "cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
             "gpu_memory": budget(gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
             "disk_budget": budget(disk_budget, "--disk-budget", store.feature_bytes)}
 
@@ -114,7 +114,7 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
             progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
             cpu_memory: int | str | None = None, gpu_memory: int | str = 0, disk_budget: int | str | None = None,
             superbatch_size: int = 64, queue_depth: int = 2, sequential: bool = False, check_crc: bool = True,
-            resume: bool = False, force: bool = False) -> dict[str, Any]:
+            resume: bool = False, force: bool = False, readahead: int | None = None) -> dict[str, Any]:
         """Prepare `store` into ``run_dir/packed`` (or `packed`) and train on it; write report.json.
 
         Budgets are bytes, ``"2GiB"`` or a share of the feature bytes (``"10%"``). `cpu_memory`
@@ -123,7 +123,8 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
         of the worst-case batch for these fanouts (whatever the real batches leave unused
         goes to the CPU tier).
         Other options are the in-memory pipeline's (same seed: same batches, same samples) and
-        the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`).
+        the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead` is prepare's
+        (feature bytes read into the page cache while sampling and planning).
         """
         st = Store(store)
         rdir = Path(run_dir)
@@ -131,11 +132,15 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
             raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
         dev = "cuda" if str(device).startswith("cuda") else "cpu"
-        budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential)
+        budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
+                                 device=dev)
         cpu, gpu = budgets["cpu_total"], budgets["gpu_memory"]
         options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                    "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
-                   "staging_batches": budgets["staging_batches"], "disk_budget": budgets["disk_budget"]}
+                   "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
+                   "disk_budget": budgets["disk_budget"]}
+        if readahead is not None:
+            options["readahead"] = readahead
         result = prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"], **options)
         report = train_and_report(
             out, rdir, progress=progress, on_epoch=on_epoch,

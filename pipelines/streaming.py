@@ -91,7 +91,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     rdir.mkdir(parents=True, exist_ok=True)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
-    budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth)
+    budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth,
+                             device=device or "cpu")
     gpu = budgets["gpu_memory"]
     on_gpu = device is not None and str(device).startswith("cuda")
     train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads,
@@ -102,6 +103,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
+                       io_reserve=budgets["io_reserve"],
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait)
     cfg.validate()

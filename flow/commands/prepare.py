@@ -70,12 +70,12 @@ def _run(args: argparse.Namespace) -> int:
 
     disk = None if str(args.disk_budget).lower() in ("none", "") else args.disk_budget
     budgets = packed_budgets(store, args.cpu_memory, args.gpu_memory, disk, args.fanouts, args.batch_size,
-                             args.queue_depth)
+                             args.queue_depth, device=args.device)
     options = {
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
         "device": args.device, "fanouts": tuple(args.fanouts), "batch_size": args.batch_size,
         "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
-        "staging_batches": budgets["staging_batches"], "minhash_k": args.minhash_k,
+        "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
         "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0}
     pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
@@ -94,7 +94,12 @@ def _run(args: argparse.Namespace) -> int:
         ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
         ("CPU tier", (f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
                       f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts")),
-        ("staging reserve", format_bytes(f["staging_bytes"])),
+        ("trainer's --cpu-memory", (f"{format_bytes(budgets['cpu_total'])}: CPU tier "
+                                    f"{format_bytes(f['cpu_rows'] * f['row_bytes'])} + staged misses "
+                                    f"{format_bytes(f['staging_bytes'])} + I/O buffers "
+                                    f"{format_bytes(f.get('io_buffer_bytes', budgets['io_reserve']))}")),
+        ("assembled batches", (f"up to {f['max_batch_rows']:,} rows = {format_bytes(f['max_batch_rows'] * f['row_bytes'])}"
+                               f" each, {'on the device' if args.device == 'cuda' else 'in the training process'}")),
         ("disk reads (misses)", f"{f['misses']:,} rows = {format_bytes(f['plan_miss_bytes'])} ({f['misses'] / acc:.1%})"),
         ("disk used", format_bytes(f.get("disk_used_bytes", 0)) + (
             f" of {format_bytes(f['disk_budget_bytes'])} budget" if f.get("disk_budget_bytes") else "")),

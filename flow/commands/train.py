@@ -151,6 +151,8 @@ def print_summary(report: dict[str, Any]) -> None:
         print(f"final test acc {_fmt(final.get('test_acc'))}  best val {_fmt(final.get('best_val_acc'))}  "
               f"test at best val {_fmt(final.get('test_acc_at_best_val'))}")
     mem = report["memory"]
-    print(f"memory: plan {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
-          f"{mem['in_flight_batches']} batches in flight {format_bytes(mem['batch_bytes'])}), "
+    print(f"memory: features {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
+          f"staged misses {format_bytes(mem['staging_bytes'])} in {mem['staging_buffers']} buffers, I/O buffers "
+          f"{format_bytes(mem['io_buffer_bytes'])}); assembled batches {format_bytes(mem['assembled_bytes'])} "
+          f"({mem['assembled_batches']} on the {mem['assembled_on']}); "
           f"peak RSS {format_bytes(report['peak_rss_bytes'])}, wall {_fmt(report.get('wall_s'), '.1f')} s")

@@ -17,7 +17,7 @@ from diskflow.operators.errors import ConfigError
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
-        "--feature-budget", "5MiB", "--threads", "1", "--bw-bytes", str(1 << 20)]
+        "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20)]
 KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_amplification", "peak_rss_bytes",
         "test_acc", "losses")
 
@@ -92,7 +92,7 @@ def test_memory_limits(compared: tuple[dict, str, Path]) -> None:
         assert f["no_cgroup"] and f["cgroup_limit_bytes"] is None and "NO memory limits" in printed
         return
     assert f["cgroup"].startswith(("v1 ", "v2 ")) and not f["no_cgroup"]
-    assert f["cgroup_limit_bytes"] == f["allowance_bytes"] + f["feature_budget_bytes"] == f["allowance_bytes"] + (5 << 20)
+    assert f["cgroup_limit_bytes"] == f["allowance_bytes"] + f["feature_budget_bytes"] == f["allowance_bytes"] + (3500 << 10)
     assert f["allowance_bytes"] >= 1.25 * f["allowance_probe_rss_bytes"]
     for name, p in f["pipelines"].items():
         if name == "inmemory":
@@ -132,8 +132,9 @@ def test_a_budget_that_cannot_hold_the_staging_is_one_clear_error(tiny_store: Pa
     rc = main([*argv, "--feature-budget", "10%", "--no-cgroup"])
     err = capsys.readouterr().err
     assert rc == 2
-    assert "--feature-budget: 75.47 KiB (10.0% of the 754.75 KiB of features) cannot hold the trainer's staging: 9 " \
-           "batches in flight at queue depth 2" in err
+    assert "--feature-budget: 75.47 KiB (10.0% of the 754.75 KiB of features) cannot hold the trainer's 4 staging " \
+           "buffers of 316.00 KiB (1.23 MiB) and 2.00 MiB of I/O buffers with any CPU tier; the smallest budget " \
+           "that works is 3.23 MiB" in err
     assert not (tmp_path / "packed").exists()
     assert main([*argv, "--pipelines", "belady,pyg"]) == 2
     assert "--pipelines" in capsys.readouterr().err

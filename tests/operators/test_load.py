@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.batches import TRAIN_STREAM, InMemoryLoader
 from diskflow.operators.errors import ConfigError, InputError
-from diskflow.operators.load import PackedLoader, in_flight_batches, make_reader, memory_plan
+from diskflow.operators.load import PackedLoader, make_reader, memory_plan
 from diskflow.operators.packed import ROUND_DIR, SRC_PACKED, PackedDataset, padded
 from diskflow.operators.sample import NeighborSampler
 from diskflow.operators.store import Store
+from diskflow.operators.tiers import staging_piece_bytes
 from torch_geometric.nn import GraphSAGE
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
@@ -317,9 +318,11 @@ def test_the_memory_budget_is_checked_before_anything_starts(layouts: dict[str, 
     ds = PackedDataset(layouts["belady"])
     plan = memory_plan(ds, torch.device("cpu"), 2, False)
     rb, m = ds.row_bytes, int(ds.manifest["round"]["max_batch_rows"])
-    assert plan["in_flight_batches"] == in_flight_batches(2) == 9
-    assert plan["batch_bytes"] == 9 * m * rb and plan["cpu_tier_bytes"] == CPU_ROWS * rb
+    piece = staging_piece_bytes(m, rb, ds.num_shards)
+    assert plan["staging_buffers"] == 4 and plan["staging_bytes"] == 4 * piece and plan["cpu_tier_bytes"] == CPU_ROWS * rb
+    assert plan["assembled_batches"] == 5 and plan["assembled_bytes"] == 5 * m * rb and plan["assembled_on"] == "host"
     need = plan["host_bytes"]
+    assert need == plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"]
     with pytest.raises(ConfigError, match=rf"--cpu-memory: .*need at least {need:,} bytes"):
         PackedLoader(layouts["belady"], cpu_memory=need - 1)
     PackedLoader(layouts["belady"], cpu_memory=need).close()
@@ -329,7 +332,29 @@ def test_the_memory_budget_is_checked_before_anything_starts(layouts: dict[str, 
     # the GPU tier is host memory on a CPU run, device memory (checked against --gpu-memory) on CUDA
     gpu_plan = memory_plan(PackedDataset(layouts["gpu-tier"]), torch.device("cpu"), 2, False)
     assert gpu_plan["gpu_tier_bytes"] == GPU_ROWS * rb and gpu_plan["host_bytes"] == gpu_plan["cpu_tier_bytes"] + \
-        gpu_plan["batch_bytes"] + gpu_plan["io_buffer_bytes"] + gpu_plan["gpu_tier_bytes"]
+        gpu_plan["staging_bytes"] + gpu_plan["io_buffer_bytes"] + gpu_plan["gpu_tier_bytes"]
+
+
+@pytest.mark.parametrize("layout", ["belady", "ginex", "dcache", "gpu-tier"])
+@pytest.mark.parametrize("device_path", [False, True], ids=["host", "device-path"])
+def test_batches_larger_than_a_staging_buffer_load_in_pieces(layouts: dict[str, Path], tiny_store: Path,
+                                                             layout: str, device_path: bool) -> None:
+    """Staging buffers of a few rows: every batch is read in many pieces (segments cut at rows), still exact,
+    at queue depth 1 and sequentially."""
+    feats = Store(tiny_store).read_features()
+    with PackedLoader(layouts[layout]) as ref:
+        expect = [b.x.clone() for b in ref]
+    for kw in ({"queue_depth": 1}, {"pipelined": False}):
+        with PackedLoader(layouts[layout], **kw) as loader:
+            loader._device_path = device_path
+            rb = loader.row_bytes
+            loader.memory["staging_piece_bytes"] = 3 * 4096 + 5 * rb    # a few rows, cut anywhere in a page
+            got = []
+            for b in loader:
+                assert torch.equal(b.x, torch.from_numpy(feats[b.n_id.numpy()]))
+                got.append(b.x.clone())
+            assert len(got) == len(expect) and all(torch.equal(a, c) for a, c in zip(got, expect, strict=True))
+            assert all(buf.nbytes == 3 * 4096 + 5 * rb for buf in loader._buffers)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])

@@ -23,8 +23,9 @@ from diskflow.flow.commands import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.errors import ConfigError, DiskflowError
-from diskflow.operators.load import in_flight_batches, io_buffer_bytes
+from diskflow.operators.load import io_buffer_bytes
 from diskflow.operators.store import Store
+from diskflow.operators.tiers import staging_buffers, staging_piece_bytes
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
@@ -58,8 +59,8 @@ def max_rows(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
 def budget(tiny_store: Path, max_rows: int) -> Callable[[int], int]:
     """A trainer budget (pipelined, queue depth 2) with room for `rows` CPU-tier rows."""
     st = Store(tiny_store)
-    return lambda rows: (in_flight_batches(2) * max_rows * st.row_bytes + io_buffer_bytes(len(st.shards), 2)
-                         + rows * st.row_bytes)
+    return lambda rows: (staging_buffers(2) * staging_piece_bytes(max_rows, st.row_bytes, len(st.shards))
+                         + io_buffer_bytes() + rows * st.row_bytes)
 
 
 @pytest.mark.parametrize("pipeline", [belady, diskgnn, ginex], ids=["belady", "diskgnn", "ginex"])
@@ -106,6 +107,21 @@ def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget:
         diskgnn.run(tiny_store, tmp_path, queue_depth=0, **SETTINGS)
 
 
+@pytest.mark.parametrize("pipeline", [belady, ginex], ids=["belady", "ginex"])
+def test_a_budget_error_names_the_smallest_budget_that_works(pipeline: Any, tiny_store: Path, tmp_path: Path) -> None:
+    """One error, one figure: the budget it names runs (with an empty CPU tier), a byte less does not."""
+    import re
+
+    with pytest.raises(ConfigError, match="--cpu-memory: .*smallest budget that works") as err:
+        pipeline.run(tiny_store, tmp_path / "tiny", cpu_memory="1KiB", **SETTINGS)
+    need = int(re.search(r"\(([\d,]+) bytes, with an empty CPU tier\)", str(err.value)).group(1).replace(",", ""))
+    with pytest.raises(ConfigError, match=f"smallest budget that works is .*{need:,} bytes"):
+        pipeline.run(tiny_store, tmp_path / "less", cpu_memory=need - 1, **SETTINGS)
+    report = pipeline.run(tiny_store, new_run_dir(tmp_path, "need"), cpu_memory=need, **SETTINGS)
+    assert report["prepare"]["figures"]["cpu_rows"] == 0 and report["memory"]["host_bytes"] <= need
+    assert len(report["epochs"]) == SETTINGS["epochs"]
+
+
 # ----------------------------------------------------------------------------- diskflow train
 
 @pytest.fixture(scope="module")
@@ -113,7 +129,7 @@ def packed(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory, budget: C
     out = tmp_path_factory.mktemp("packed") / "belady"
     with dask.config.set(scheduler="sync"):
         belady.prepare(tiny_store, out, fanouts=(5, 5), batch_size=256, superbatch_size=4, epochs=2, seed=1,
-                       staging_batches=9, cpu_memory=budget(400) - io_buffer_bytes(5, 2), quiet=True)
+                       staging_batches=4, cpu_memory=budget(400) - io_buffer_bytes(), quiet=True)
     return out
 
 
