@@ -251,9 +251,15 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return prefix + body_len.to_bytes(2, "little") + text
 
 
-def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shape: tuple[int, ...]) -> np.memmap:
+def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shape: tuple[int, ...], *,
+                       reserve: bool = True) -> np.memmap:
     """Create (zero-filled, its blocks reserved: see `preallocate`) an .npy file with data at offset 4096;
-    return a writable memmap."""
+    return a writable memmap.
+
+    ``reserve=False`` leaves the file sparse (holes read as zeros, blocks taken as rows are written):
+    for a file of which only some rows will ever be written, at the price of a SIGBUS instead of
+    an error should the disk fill while writing through the map.
+    """
     dt = np.dtype(dtype)
     header = _npy_header(dt, shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -261,7 +267,10 @@ def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shap
         with open(path, "wb") as f:
             f.write(header)
             f.flush()
-            preallocate(f.fileno(), ALIGN + nbytes)
+            if reserve:
+                preallocate(f.fileno(), ALIGN + nbytes)
+            else:
+                f.truncate(ALIGN + nbytes)
     except OSError:
         Path(path).unlink(missing_ok=True)      # no half-reserved file is left on a full disk
         raise

@@ -16,9 +16,9 @@ from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.errors import DiskFullError
 
 # A round whose samples and plans (~4 MB) fit the 20 MiB disk and whose packed segments (~25 MB) do not.
-ROUND = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--epochs", "8",
-         "--cpu-memory", "3.5MiB", "--workers", "1", "--readahead", "0"]
-CFG = PrepareConfig(fanouts=(4, 3), batch_size=64, superbatch_size=4, epochs=8, cpu_memory=int(1.45 * 2**20),
+ROUND = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--epochs", "12",
+         "--cpu-memory", "3MiB", "--workers", "1", "--readahead", "0"]
+CFG = PrepareConfig(fanouts=(4, 3), batch_size=64, superbatch_size=4, epochs=8, cpu_memory=int(1.0 * 2**20),
                     readahead=0)
 
 

@@ -74,7 +74,7 @@ def sparse_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shards = []
     for p, lo in enumerate(range(0, N, SHARD_ROWS)):
         hi = min(N, lo + SHARD_ROWS)
-        mm = create_aligned_npy(out / "features" / f"part-{p:05d}.npy", np.float32, (hi - lo, DIM))
+        mm = create_aligned_npy(out / "features" / f"part-{p:05d}.npy", np.float32, (hi - lo, DIM), reserve=False)
         mine = active[(active >= lo) & (active < hi)]
         if mine.size:
             mm[mine - lo] = features_of(mine)
