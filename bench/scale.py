@@ -20,15 +20,18 @@ How it is measured (DESIGN.md §9):
   the size of a cheap preprocessing box: the topology (indptr + indices) plus ``--worker-memory``
   (2 GiB) per Dask worker. The workers are processes the child starts, so they are in that cgroup
   too (checked: each worker reports its own cgroup). Dask's own per-worker memory limit is off, so
-  the kernel's cgroup is the only limit. The peak RSS of every task is measured, not assumed: a
-  worker plugin (`TaskMemory`) resets the worker's ``VmHWM`` when a task starts executing and reads
-  it when the task ends (one thread per worker, so one task at a time); the table shows the largest
-  task per phase and, per task group, the largest and the worker's baseline before any task. train
-  runs in a cgroup of the feature budget plus an allowance measured as `bench compare` does (peak
-  RSS of a probe that imports torch and PyG, loads the stored samples and trains the largest batch,
-  + 25%, + the other assembled batches the CPU trainer holds); its "task" is the trainer process,
-  whose ``VmHWM`` is read after the last batch. Nothing in prepare or train can hold O(features):
-  their cgroups are a fraction of the feature bytes.
+  the kernel's cgroup is the only limit. The peak memory of every task is measured, not assumed
+  (`bench.taskmemory`): a worker plugin resets the worker's ``VmHWM`` when a task starts executing
+  and reads it when the task ends (one thread per worker, so one task at a time), and a thread
+  samples its anonymous memory (``RssAnon + RssShmem``) every 10 ms. RSS also counts mapped file
+  pages (the memory-mapped topology of a sample task, shared libraries), which are page cache,
+  charged to whichever cgroup read them first; the anonymous peak is what a task itself holds. The
+  table shows the largest task per phase and, per task group, both peaks and the worker's baseline
+  before any task. train runs in a cgroup of the feature budget plus an allowance measured as
+  `bench compare` does (peak RSS of a probe that imports torch and PyG, loads the stored samples and
+  trains the largest batch, + 25%, + the other assembled batches the CPU trainer holds); its "task"
+  is the trainer process, whose ``VmHWM`` is read after the last batch. Nothing in prepare or train
+  can hold O(features): their cgroups are a fraction of the feature bytes.
 * **Disk traffic** of a phase is ``read_bytes`` and ``write_bytes - cancelled_write_bytes`` of
   ``/proc/self/io`` in the child, read after its cluster has closed: every worker it reaped has
   added its counters by then (checked against what the workers read themselves just before). The
@@ -353,8 +356,9 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
     """One epoch of the packed pipeline; its own clock, disk counters and peak RSS from inside."""
     from ..operators.trainer import train_packed
     from .prepare import proc_io
-    from .taskmemory import status_bytes
+    from .taskmemory import AnonPeak, rss_parts
 
+    anon = AnonPeak()                       # from the start: loading the CPU tier is part of the task
     st: dict[str, Any] = {"count": 0, "n": 0}
 
     def on_start(epoch: int, batches: int) -> None:
@@ -364,9 +368,11 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
         st["count"] += 1
         if st["count"] == st["n"]:
             io = proc_io()
+            parts = rss_parts()
             st["epoch"] = {"seconds": time.perf_counter() - st["t0"], "cpu_s": _cpu_self() - st["cpu0"],
                            "read_bytes": io.get("read_bytes", 0) - st["io0"].get("read_bytes", 0),
-                           "batches": st["count"], "peak_rss_bytes": status_bytes("VmHWM")}
+                           "batches": st["count"], "peak_rss_bytes": parts.get("VmHWM", 0),
+                           "peak_anon_bytes": anon.peak(), "rss_at_end": parts}
 
     run_dir = Path(spec["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -468,14 +474,16 @@ def _launch(name: str, spec: dict[str, Any], work: Path, limit: int | None, time
     groups: dict[str, dict[str, Any]] = {}
     for w in workers:
         for g, v in w["groups"].items():
-            acc = groups.setdefault(g, {"tasks": 0, "peak_rss_bytes": 0, "seconds": 0.0})
+            acc = groups.setdefault(g, {"tasks": 0, "peak_rss_bytes": 0, "peak_anon_bytes": 0, "seconds": 0.0})
             acc["tasks"] += v["tasks"]
             acc["seconds"] += v["seconds"]
             acc["peak_rss_bytes"] = max(acc["peak_rss_bytes"], v["peak_rss_bytes"])
+            acc["peak_anon_bytes"] = max(acc["peak_anon_bytes"], v["peak_anon_bytes"])
     result = child.get("result") or {}
     if name == "train":
         ep = result.get("epoch") or {}
         groups = {"train-epoch": {"tasks": 1, "peak_rss_bytes": int(ep.get("peak_rss_bytes", 0)),
+                                  "peak_anon_bytes": int(ep.get("peak_anon_bytes", 0)),
                                   "seconds": float(ep.get("seconds", 0.0))}}
     peak_group = max(groups, key=lambda g: groups[g]["peak_rss_bytes"]) if groups else None
     new = sorted(set(after) - set(before))
@@ -493,11 +501,13 @@ def _launch(name: str, spec: dict[str, Any], work: Path, limit: int | None, time
         "floor_s": floor_s, "over_floor": r.wall_s / floor_s if floor_s > 0 else None,
         "cgroup_limit_bytes": limit, "cgroup_peak_bytes": r.cgroup_peak_bytes, "oom_kills": r.oom_kills,
         "cgroup": r.cgroup, "child_cgroup": child.get("cgroup"),
-        "workers": [{k: w[k] for k in ("pid", "threads", "baseline_rss_bytes", "cgroup", "hwm_resettable")}
+        "workers": [{k: w[k] for k in ("pid", "threads", "baseline_rss_bytes", "baseline_anon_bytes", "cgroup",
+                                       "hwm_resettable")}
                     for w in workers],
         "workers_in_cgroup": all(w["cgroup"] == child.get("cgroup") for w in workers) if workers else None,
         "tasks": groups, "peak_task": peak_group,
         "peak_task_rss_bytes": groups[peak_group]["peak_rss_bytes"] if peak_group else None,
+        "peak_task_anon_bytes": max(v["peak_anon_bytes"] for v in groups.values()) if groups else None,
         "driver_peak_rss_bytes": child.get("driver_peak_rss_bytes"),
         "files_created": len(new), "bytes_created": int(sum(after[p] for p in new)),
         "result": result,
@@ -604,7 +614,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"bench scale: {args.nodes:,} nodes x {args.dim} {args.dtype} = {format_bytes(feature_bytes)} of "
               f"features ({feature_bytes / ram:.2f}x this machine's {format_bytes(ram)} of RAM); disk plan: peak "
               f"{format_bytes(plan.peak(free_raw))} of {format_bytes(free0)} free"
-              + ("; the raw input is deleted after ingest to make room" if free_raw else ""), flush=True)
+              + ("; the raw input is deleted after ingest unless the packed dataset's worst case then fits "
+                 "next to it" if free_raw else ""), flush=True)
 
         read_bw, write_bw = disk_bandwidth(work, args.bw_bytes)
         floors = Floors(read_bw, write_bw)
@@ -668,6 +679,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "phases": phases,
         "peak_task_rss_bytes": max(p["peak_task_rss_bytes"] or 0 for p in phases.values()),
+        "peak_task_anon_bytes": max(p["peak_task_anon_bytes"] or 0 for p in phases.values()),
         "peak_task_rss_under_limit": all(limits_ok) if limits_ok else None,
         "cgroup_limit_bytes": pre_limit, "prepare_cgroup_limit_bytes": prep_limit,
         "train_cgroup_limit_bytes": train_limit, "worker_memory_bytes": worker_memory, "workers": workers,
@@ -724,11 +736,12 @@ def _print(f: dict[str, Any]) -> None:
         rows.append({"phase": name, "wall s": p["wall_s"], "CPU s": p["cpu_s"],
                      "cgroup limit": _b(p["cgroup_limit_bytes"]), "cgroup peak": _b(p["cgroup_peak_bytes"]),
                      "peak task RSS": _b(p["peak_task_rss_bytes"]), "largest task": p["peak_task"] or "-",
+                     "peak task anon": _b(p["peak_task_anon_bytes"]),
                      "disk read": _b(p["read_bytes"]), "disk write": _b(p["write_bytes"]),
                      "floor s": p["floor_s"], "x floor": "-" if p["over_floor"] is None else f"{p['over_floor']:.2f}",
                      "files": p["files_created"], "bytes created": _b(p["bytes_created"])})
     print_table(title, rows, ["phase", "wall s", "CPU s", "cgroup limit", "cgroup peak", "peak task RSS",
-                              "largest task", "disk read", "disk write", "floor s", "x floor", "files",
+                              "largest task", "peak task anon", "disk read", "disk write", "floor s", "x floor", "files",
                               "bytes created"])
     print(f"floor: the phase's disk bytes at the disk's sequential bandwidths measured in this run (read "
           f"{_b(f['seq_read_bw'])}/s, write {_b(f['seq_write_bw'])}/s, O_DIRECT, {_b(f['bw_bytes'])}). disk read/write: "
@@ -739,10 +752,11 @@ def _print(f: dict[str, Any]) -> None:
         base = max((w["baseline_rss_bytes"] for w in p["workers"]), default=None)
         for g, v in sorted(p["tasks"].items(), key=lambda kv: -kv[1]["peak_rss_bytes"]):
             rows.append({"phase": name, "task group": g, "tasks": v["tasks"], "peak RSS": _b(v["peak_rss_bytes"]),
-                         "task s": v["seconds"], "worker baseline": _b(base)})
+                         "peak anon": _b(v["peak_anon_bytes"]), "task s": v["seconds"], "worker baseline": _b(base)})
     print_table("peak RSS per task (Dask workers: VmHWM reset when a task starts, one task per worker at a time; "
-                "train: the trainer process up to its last batch)", rows,
-                ["phase", "task group", "tasks", "peak RSS", "task s", "worker baseline"])
+                "train: the trainer process up to its last batch); peak anon: RssAnon + RssShmem sampled every "
+                "10 ms (RSS also counts mapped page cache: the topology, libraries)", rows,
+                ["phase", "task group", "tasks", "peak RSS", "peak anon", "task s", "worker baseline"])
     pr, tr = f["prepare"], f["train"]
     ep = tr["epoch"] or {}
     print(f"prepare: {pr['batches']} batches, {pr['accesses']:,} accesses, CPU tier {pr['cpu_rows']:,} rows, "
@@ -751,7 +765,7 @@ def _print(f: dict[str, Any]) -> None:
           f"epoch disk read {_b(ep.get('read_bytes'))} (loader {_b(tr['loader_bytes_read'])}, read amplification "
           f"{tr['read_amplification'] or float('nan'):.3f})")
     print(f"disk: planned peak {_b(plan['peak'])} of {_b(plan['free_bytes'])} free, observed peak "
-          f"{_b(f['disk_peak_bytes'])} (raw {_b(plan['raw'])}, store "
+          f"{_b(f['disk_peak_bytes'])} (the filesystem's: other users' writes count too) (raw {_b(plan['raw'])}, store "
           f"{_b(plan['store'])}, spill {_b(plan['spill'])}, packed worst case {_b(plan['packed'])}); actual raw "
           f"{_b(f['raw_bytes'])}, store {_b(f['store_bytes'])}, packed {_b(f['packed_bytes_on_disk'])}"
           + (f"; raw input deleted after ingest ({_b(f['raw_freed_bytes'])})" if f["raw_freed_bytes"] else "")

@@ -66,7 +66,9 @@ def test_every_phase_has_its_figures(scaled: tuple[dict, str, Path]) -> None:
         assert p["over_floor"] is None or p["over_floor"] == pytest.approx(p["wall_s"] / p["floor_s"])
         assert p["write_bytes"] == p["dirtied_bytes"] - p["cancelled_write_bytes"] >= 0, name
         assert GROUPS[name] <= set(p["tasks"]), (name, sorted(p["tasks"]))
-        assert all(v["tasks"] >= 1 and v["peak_rss_bytes"] > 0 for v in p["tasks"].values()), name
+        assert all(v["tasks"] >= 1 and v["peak_rss_bytes"] > 0 and v["peak_anon_bytes"] > 0
+                   for v in p["tasks"].values()), name
+        assert p["peak_task_anon_bytes"] == max(v["peak_anon_bytes"] for v in p["tasks"].values()), name
         assert p["peak_task_rss_bytes"] == max(v["peak_rss_bytes"] for v in p["tasks"].values()), name
         assert p["tasks"][p["peak_task"]]["peak_rss_bytes"] == p["peak_task_rss_bytes"], name
         assert f"{name} " in printed, name
@@ -78,6 +80,7 @@ def test_every_phase_has_its_figures(scaled: tuple[dict, str, Path]) -> None:
         for v in p["tasks"].values():        # a task's peak includes the baseline of the worker it ran on
             assert v["peak_rss_bytes"] >= min(w["baseline_rss_bytes"] for w in p["workers"]) // 2
     assert f["peak_task_rss_bytes"] == max(p["peak_task_rss_bytes"] for p in f["phases"].values())
+    assert f["peak_task_anon_bytes"] == max(p["peak_task_anon_bytes"] for p in f["phases"].values())
     assert "peak RSS per task" in printed and "largest task" in printed
 
 
@@ -127,6 +130,7 @@ def test_memory_limits(scaled: tuple[dict, str, Path]) -> None:
     for name, p in ph.items():
         assert p["cgroup_limit_bytes"] >= p["cgroup_peak_bytes"] > 0 and not p["oom_kills"], name
         assert p["peak_task_rss_bytes"] < p["cgroup_limit_bytes"], name
+        assert p["peak_task_anon_bytes"] < p["cgroup_limit_bytes"], name
         assert p["child_cgroup"].endswith(f"scale-{name}-{os.getpid()}"), name
     for name in ("synth", "ingest", "prepare"):                # the Dask workers are in the phase's cgroup
         assert ph[name]["workers_in_cgroup"] is True, name
@@ -168,3 +172,30 @@ def test_a_work_directory_holding_other_outputs_is_refused(tmp_path: Path) -> No
     rc, _, err = _cli(["bench", "scale", *TINY, "--workdir", str(tmp_path)])
     assert rc == 2 and "--workdir:" in err and "store" in err and MARKER in err
     assert (tmp_path / "store").is_dir()
+
+
+def _hold(nbytes: int) -> int:
+    import time
+
+    import numpy as np
+    a = np.ones(nbytes // 8)          # touched: resident
+    time.sleep(0.1)                   # longer than the anonymous-memory sampler's period
+    return int(a[-1])
+
+
+def test_task_memory_sees_what_each_task_holds() -> None:
+    """The worker plugin's per-task peaks: a task holding 200 MiB shows it, a tiny task after it does not."""
+    from diskflow.bench.scale import _measured_cluster
+    from distributed import default_client
+
+    with _measured_cluster(1) as out:
+        client = default_client()
+        assert client.submit(_hold, 200 << 20, key="big-1").result() == 1
+        assert client.submit(_hold, 1 << 20, key="small-1").result() == 1
+    (w,) = out["workers"]
+    big, small = w["groups"]["big"], w["groups"]["small"]
+    assert big["tasks"] == small["tasks"] == 1 and w["hwm_resettable"]
+    assert big["peak_rss_bytes"] >= w["baseline_rss_bytes"] + (200 << 20)
+    assert big["peak_anon_bytes"] >= w["baseline_anon_bytes"] + (200 << 20)
+    assert small["peak_rss_bytes"] < big["peak_rss_bytes"] - (150 << 20)    # the HWM was reset in between
+    assert small["peak_anon_bytes"] < big["peak_anon_bytes"] - (150 << 20)
