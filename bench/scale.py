@@ -614,8 +614,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"bench scale: {args.nodes:,} nodes x {args.dim} {args.dtype} = {format_bytes(feature_bytes)} of "
               f"features ({feature_bytes / ram:.2f}x this machine's {format_bytes(ram)} of RAM); disk plan: peak "
               f"{format_bytes(plan.peak(free_raw))} of {format_bytes(free0)} free"
-              + ("; the raw input is deleted after ingest unless the packed dataset's worst case then fits "
-                 "next to it" if free_raw else ""), flush=True)
+              + ("; the raw input is deleted after ingest to make room" if free_raw else ""), flush=True)
 
         read_bw, write_bw = disk_bandwidth(work, args.bw_bytes)
         floors = Floors(read_bw, write_bw)
@@ -644,7 +643,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         topology = _du(store_dir / "indptr.npy") + _du(store_dir / "indices.npy")
         store_bytes = _du(store_dir)
         raw_freed = 0
-        if plan.packed > _free(work) - DISK_RESERVE:
+        if free_raw or plan.packed > _free(work) - DISK_RESERVE:     # planned, or others took the room since
             if plan.packed > _free(work) + raw_bytes - DISK_RESERVE:
                 raise _no_room(plan.packed, f"packed, worst case, {format_bytes(plan.packed)} next to the store's "
                                f"{format_bytes(store_bytes)}, even with the raw input deleted", work, _free(work))
@@ -764,9 +763,9 @@ def _print(f: dict[str, Any]) -> None:
           f"train: epoch {tr['epoch_s']:.1f} s, loss {tr['loss']:.4f}, train acc {tr['train_acc']:.3f}, "
           f"epoch disk read {_b(ep.get('read_bytes'))} (loader {_b(tr['loader_bytes_read'])}, read amplification "
           f"{tr['read_amplification'] or float('nan'):.3f})")
-    print(f"disk: planned peak {_b(plan['peak'])} of {_b(plan['free_bytes'])} free, observed peak "
-          f"{_b(f['disk_peak_bytes'])} (the filesystem's: other users' writes count too) (raw {_b(plan['raw'])}, store "
-          f"{_b(plan['store'])}, spill {_b(plan['spill'])}, packed worst case {_b(plan['packed'])}); actual raw "
+    print(f"disk: planned peak {_b(plan['peak'])} of {_b(plan['free_bytes'])} free (raw {_b(plan['raw'])}, store "
+          f"{_b(plan['store'])}, spill {_b(plan['spill'])}, packed worst case {_b(plan['packed'])}); observed peak "
+          f"{_b(f['disk_peak_bytes'])} (the filesystem's: other users' writes count too); actual raw "
           f"{_b(f['raw_bytes'])}, store {_b(f['store_bytes'])}, packed {_b(f['packed_bytes_on_disk'])}"
           + (f"; raw input deleted after ingest ({_b(f['raw_freed_bytes'])})" if f["raw_freed_bytes"] else "")
           + "; everything removed at the end unless --keep")

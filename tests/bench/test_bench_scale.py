@@ -199,3 +199,21 @@ def test_task_memory_sees_what_each_task_holds() -> None:
     assert big["peak_anon_bytes"] >= w["baseline_anon_bytes"] + (200 << 20)
     assert small["peak_rss_bytes"] < big["peak_rss_bytes"] - (150 << 20)    # the HWM was reset in between
     assert small["peak_anon_bytes"] < big["peak_anon_bytes"] - (150 << 20)
+
+
+def test_the_raw_input_goes_when_the_packed_dataset_needs_its_room(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With free space for the ingest peak but not for raw + store + packed, the raw input is deleted after ingest."""
+    from diskflow.bench import scale
+
+    plan = byte_plan(NODES, DIM, 4, 15.0, 0.03, 128, (4, 4), 5 << 20, 1 << 30, 16 << 20)
+    assert plan.ingest_peak < plan.raw + plan.store + plan.packed
+    monkeypatch.setattr(scale, "_free", lambda _: plan.raw + plan.store + plan.packed - 1 + scale.DISK_RESERVE)
+    out = tmp_path / "f.json"
+    rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(tmp_path / "w"), "--json", str(out)]
+                            + ([] if CGROUPS else ["--no-cgroup"]))
+    assert rc == 0, err
+    f = json.loads(out.read_text())
+    assert f["byte_plan"]["free_raw_planned"] and f["raw_freed_bytes"] == f["raw_bytes"] > 0
+    assert "the raw input is deleted after ingest" in printed and "raw input deleted after ingest" in printed
+    assert f["train"]["losses_finite"] and not (tmp_path / "w").exists()
