@@ -14,9 +14,11 @@ more page cache than its limit:
 The cgroup ``diskflow-<name>-<pid>`` is made at the top of the hierarchy and removed afterwards.
 The child joins it before it runs anything: it is started as ``sh -c 'echo $$ > cgroup.procs &&
 exec "$@"' ...``, so the process that writes its pid is the one that becomes the command. Its true
-disk traffic and peak RSS come from ``wait4``: ``ru_inblock`` is ``read_bytes`` of
-``/proc/<pid>/io`` in 512-byte units, summed over the child's threads and every descendant it
-waited for; ``ru_maxrss`` is the largest RSS among them.
+disk traffic, CPU time and peak RSS come from ``wait4``: ``ru_inblock`` and ``ru_oublock`` are
+``read_bytes`` and ``write_bytes`` of ``/proc/<pid>/io`` in 512-byte units, summed over the child's
+threads and every descendant it waited for (``write_bytes`` counts pages when they are dirtied, so
+it includes pages truncated before writeback: ``cancelled_write_bytes``, which rusage lacks);
+``ru_utime + ru_stime`` is their CPU time; ``ru_maxrss`` is the largest RSS among them.
 """
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ class LimitedRun:
 
     `read_bytes` is the block-device read traffic of the child and its waited-for descendants
     (``/proc/<pid>/io`` read_bytes, from ``wait4``'s ``ru_inblock``): page-cache hits do not
-    count, O_DIRECT reads and page faults that go to the disk do. `cgroup_peak_bytes` is the
-    cgroup's peak charge (anonymous memory + page cache); None without a cgroup.
+    count, O_DIRECT reads and page faults that go to the disk do. `write_bytes` is ``write_bytes``
+    of the same processes (pages dirtied, cancelled ones included) and `cpu_s` their user + system
+    CPU seconds. `cgroup_peak_bytes` is the cgroup's peak charge (anonymous memory + page cache);
+    None without a cgroup.
     """
 
     returncode: int
@@ -65,6 +69,8 @@ class LimitedRun:
     cgroup_peak_bytes: int | None = None
     oom_kills: int | None = None
     timed_out: bool = False
+    write_bytes: int = 0
+    cpu_s: float = 0.0
 
 
 def find_hierarchy(mounts: str | None = None) -> Hierarchy | None:
@@ -273,7 +279,8 @@ def run_limited(argv: Sequence[str], *, name: str, limit_bytes: int | None, env:
             peak_rss_bytes=int(usage.ru_maxrss) * 1024, limit_bytes=limit_bytes,
             cgroup=None if cg is None else f"v{cg.version} {cg.path}",
             cgroup_peak_bytes=None if cg is None else cg.peak_bytes(),
-            oom_kills=None if cg is None else cg.oom_kills(), timed_out=timed_out)
+            oom_kills=None if cg is None else cg.oom_kills(), timed_out=timed_out,
+            write_bytes=int(usage.ru_oublock) * 512, cpu_s=float(usage.ru_utime + usage.ru_stime))
     finally:
         if cg is not None:
             cg.remove()

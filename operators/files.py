@@ -16,6 +16,7 @@ import errno
 import hashlib
 import io
 import json
+import mmap
 import os
 import re
 import shutil
@@ -277,6 +278,37 @@ def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shap
     if nbytes == 0:
         return np.zeros(shape, dtype=dt)  # type: ignore[return-value]
     return np.memmap(path, dtype=dt, mode="r+", offset=ALIGN, shape=shape)
+
+
+def read_into(src: np.ndarray, out: np.ndarray, chunk: int = 64 << 20) -> None:
+    """``out[...] = src``; when `src` is a whole memory-mapped array (``np.load(..., mmap_mode="r")``),
+    its bytes are read from the file (pread, `chunk` at a time) instead of faulted in through the map.
+
+    Copying through the map leaves every page of `src` mapped into this process: its RSS then
+    counts a second copy of what it loaded (page cache, reclaimable, but resident and counted until
+    the kernel needs it back). Read with pread, those pages are page cache only. Anything else (a
+    plain array, a slice of a map, another dtype or shape) is copied as usual.
+
+    Raises:
+        InputError: the file is shorter than the map says (naming the file and offset).
+    """
+    contiguous = out.flags.c_contiguous and src.flags.c_contiguous
+    if not (isinstance(src, np.memmap) and isinstance(src.base, mmap.mmap) and src.filename and contiguous
+            and src.dtype == out.dtype and src.shape == out.shape):
+        out[...] = src
+        return
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    fd = os.open(src.filename, os.O_RDONLY)
+    try:
+        done = 0
+        while done < view.nbytes:
+            n = os.preadv(fd, [view[done:done + chunk]], src.offset + done)
+            if n <= 0:
+                raise InputError(src.filename, f"file ends at byte {src.offset + done}, expected "
+                                               f"{src.offset + view.nbytes} (truncated?)")
+            done += n
+    finally:
+        os.close(fd)
 
 
 def save_aligned_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:

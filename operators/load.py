@@ -51,7 +51,7 @@ from ..native.reader import DirectReader, aligned_empty
 from .batches import Sample, batch_data
 from .checksum import crc32
 from .errors import ConfigError, InputError
-from .files import ALIGN, byte_offsets, format_bytes
+from .files import ALIGN, byte_offsets, format_bytes, read_into
 from .packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -374,7 +374,7 @@ class PackedLoader:
 
     def _reset_tier(self) -> None:
         """The CPU tier as at round start (``cpu_init``), positioned before batch 0."""
-        self.cpu[:] = self._cpu_init_rows
+        read_into(self._cpu_init_rows, self.cpu)     # pread: the file's pages are not mapped in as well
         self.cpu_ids[:] = self.ds.cpu_ids
         self._tier_next = 0
 

@@ -146,7 +146,7 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
                  sequential: bool = False, check_crc: bool = True, resume: bool = False,
                  store: str | os.PathLike[str] | None = None, threads: int | None = None,
                  on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-                 on_start: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
+                 on_start: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict[str, Any]:
     """Train on a packed dataset with the four-stage pipeline; checkpoint every epoch into `run_dir`.
 
     Args:
@@ -170,6 +170,10 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
         on_epoch: called with each epoch's record when it is complete.
         on_batch: called with 1 after each trained batch (progress bars).
         on_start: called with (epoch index, batches in it) before each epoch.
+        evaluate: False skips val/test evaluation altogether (accuracies None). Evaluation samples
+            and gathers from the store through its memory maps, random reads whose cost grows with
+            the store; a benchmark that times only the training epochs of a store far larger than
+            memory turns it off.
 
     Returns:
         The report: inmemory's keys (`config`, `dataset`, `epochs`, `final`, `stage_s`,
@@ -193,7 +197,8 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
     try:
         with deterministic(), deferred_interrupt() as interrupt:
             report = _Run(loader, run_dir, dev, model, hidden, num_layers, lr, dropout, heads, seed, eval_every,
-                          resume, store, interrupt, on_epoch, on_batch, on_start).train(time.perf_counter() - t0)
+                          resume, store, interrupt, on_epoch, on_batch, on_start,
+                          evaluate).train(time.perf_counter() - t0)
     finally:
         loader.close()
         torch.set_num_threads(old_threads)
@@ -210,8 +215,9 @@ class _Run:
                  num_layers: int | None, lr: float, dropout: float, heads: int, seed: int | None, eval_every: int,
                  resume: bool, store: str | os.PathLike[str] | None, interrupt: threading.Event,
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
-                 on_start: Callable[[int, int], Any] | None) -> None:
+                 on_start: Callable[[int, int], Any] | None, evaluate: bool = True) -> None:
         self.loader = loader
+        self.evaluate = evaluate
         self.run_dir = run_dir
         self.dev = dev
         self.interrupt = interrupt
@@ -239,6 +245,8 @@ class _Run:
             if store is not None:
                 raise
             self.store_note = f"evaluation skipped: {e}"
+        if not evaluate:
+            self.store_note = "evaluation skipped: turned off (evaluate=False)"
 
     # ------------------------------------------------------------------ pieces
     def _fingerprint(self) -> str:
@@ -291,7 +299,7 @@ class _Run:
             net = build_model(cfg.model, loader.dim, cfg.hidden, loader.num_classes, int(cfg.num_layers or 1),
                               dropout=cfg.dropout, heads=cfg.heads).to(dev)
             opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-        evals = self._eval_loaders()
+        evals = self._eval_loaders() if self.evaluate else {}
         records: list[dict[str, Any]] = []
         start_epoch, start_batch, partial = 0, 0, None
         if self.resume and not self.data_only:

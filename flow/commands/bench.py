@@ -18,6 +18,7 @@ BENCHES = {
     "reader": "direct-I/O reader backends next to fio: sequential MB/s, random 4 KiB IOPS, page-merged rows",
     "stream": "streaming vs prepare-then-train on the split cluster: stream_s, prepare_s, train_s, GPU-worker idle fraction",
     "compare": "every pipeline on one dataset and the same samples, each in its own memory cgroup, side by side",
+    "scale": "a run whose features exceed this machine's RAM: synth, ingest, prepare, train, each in a memory cgroup",
 }
 
 

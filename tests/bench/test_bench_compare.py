@@ -202,3 +202,14 @@ def test_page_cache_counts_against_the_limit(tmp_path: Path) -> None:
 def test_a_timeout_kills_the_child() -> None:
     r = cgroup.run_limited(["sleep", "30"], name="slow", limit_bytes=None, timeout_s=0.3)
     assert r.timed_out and r.returncode == -9 and r.wall_s < 10
+
+
+def test_writes_and_cpu_time_of_waited_for_descendants_are_counted(tmp_path: Path) -> None:
+    """A grandchild's writes and CPU time reach the parent through wait4 (no cgroup needed)."""
+    out = tmp_path / "w.bin"
+    grandchild = (f"import os, time\nf = open({str(out)!r}, 'wb'); f.write(os.urandom(8 << 20)); f.flush(); "
+                  "os.fsync(f.fileno())\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass")
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}], check=True)"
+    r = cgroup.run_limited([sys.executable, "-c", child], name="writes", limit_bytes=None)
+    assert r.returncode == 0
+    assert r.write_bytes >= 8 << 20 and r.cpu_s >= 0.3

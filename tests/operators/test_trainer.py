@@ -141,6 +141,14 @@ def test_evaluation_is_skipped_when_the_store_is_unreachable(packed: Path, tmp_p
         train_packed(copy, run, threads=1, store=tmp_path / "nowhere", **MODEL)
 
 
+
+def test_evaluation_can_be_turned_off(packed: Path, pipelined: dict[str, Any], tmp_path: Path) -> None:
+    """evaluate=False trains the very same epochs and evaluates nothing."""
+    r = train_packed(packed, tmp_path, threads=1, evaluate=False, **MODEL)
+    assert [e["losses"] for e in r["epochs"]] == [e["losses"] for e in pipelined["epochs"]]
+    assert all(e["val_acc"] is None and e["test_acc"] is None and e["stage_s"]["eval"] == 0 for e in r["epochs"])
+    assert r["final"]["test_acc"] is None and "turned off" in r["dataset"]["note"]
+
 # ----------------------------------------------------------------------------- checkpoints
 
 KILL_AFTER_EPOCH_1 = textwrap.dedent("""
