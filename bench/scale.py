@@ -263,14 +263,15 @@ def _files(root: Path) -> dict[str, int]:
 
 
 class DiskWatch:
-    """The most bytes the run's filesystem lost against its free space at the start, sampled every
-    `interval` seconds on a thread (other users of the disk count too: an upper bound of ours)."""
+    """The most bytes allocated under the work directory beyond what it held at the start, sampled
+    every `interval` seconds on a thread (our own files only: other users of the disk, writing or
+    freeing, do not move it)."""
 
     def __init__(self, path: Path, interval: float = 1.0) -> None:
         import threading
 
         self.path = path
-        self.free0 = _free(path)
+        self.used0 = _du(path)
         self.peak = 0
         self._stop = threading.Event()
         self._interval = interval
@@ -283,7 +284,7 @@ class DiskWatch:
 
     def sample(self) -> None:
         with contextlib.suppress(OSError):
-            self.peak = max(self.peak, self.free0 - _free(self.path))
+            self.peak = max(self.peak, _du(self.path) - self.used0)   # a file gone mid-walk: next sample
 
     def start(self) -> None:
         self._thread.start()
@@ -765,7 +766,7 @@ def _print(f: dict[str, Any]) -> None:
           f"{tr['read_amplification'] or float('nan'):.3f})")
     print(f"disk: planned peak {_b(plan['peak'])} of {_b(plan['free_bytes'])} free (raw {_b(plan['raw'])}, store "
           f"{_b(plan['store'])}, spill {_b(plan['spill'])}, packed worst case {_b(plan['packed'])}); observed peak "
-          f"{_b(f['disk_peak_bytes'])} (the filesystem's: other users' writes count too); actual raw "
+          f"{_b(f['disk_peak_bytes'])} (bytes allocated under the work directory, sampled every second); actual raw "
           f"{_b(f['raw_bytes'])}, store {_b(f['store_bytes'])}, packed {_b(f['packed_bytes_on_disk'])}"
           + (f"; raw input deleted after ingest ({_b(f['raw_freed_bytes'])})" if f["raw_freed_bytes"] else "")
           + "; everything removed at the end unless --keep")
