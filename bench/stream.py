@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     evaluate_once = args.epochs + 1      # val/test after the last epoch only, offline and streamed alike
     train_opts = {"model": args.model, "hidden": args.hidden, "lr": 3e-3, "dropout": 0.2, "seed": args.seed,
                   "threads": args.threads, "device": args.device, "eval_every": evaluate_once,
-                  "cpu_memory": budgets["cpu_total"]}
+                  "cpu_memory": budgets["cpu_memory"]}
     affinity = sorted(os.sched_getaffinity(0))
     runs: dict[str, list[float]] = {"prepare": [], "train": [], "contended": [], "stream": []}
     losses: list[list[float]] = []         # offline and streamed, every repeat
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                     cpu_memory=budgets["cpu_total"], threads=args.threads,
+                                     cpu_memory=budgets["cpu_memory"], threads=args.threads,
                                      eval_every=evaluate_once, store=str(store.path))
             scfg = StreamConfig(train=tcfg, cpu_memory=budgets["cpu_memory"], io_reserve=budgets["io_reserve"],
                                 staging_batches=budgets["staging_batches"], window=args.window,

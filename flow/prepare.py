@@ -260,8 +260,7 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     with open(out_path + ".tmp", "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
     os.replace(out_path + ".tmp", out_path)
-    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
-            "io_buffer_bytes": cfg.io_reserve}
+    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
 
 
 def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
@@ -502,10 +501,11 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         batch_misses = np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats])
         miss_rows = int(batch_misses.sum())
         pad_per_batch = P * (packed_fmt.ALIGN - 1)
+        max_batch_rows = max(int(s["max_nodes"]) for s in summaries)
         figures: dict[str, Any] = {
             "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
             "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
-            "io_buffer_bytes": tiers.get("io_buffer_bytes", 0), "max_batch_rows": max(int(s["max_nodes"]) for s in summaries),
+            "io_buffer_bytes": cfg.io_reserve, "max_batch_rows": max_batch_rows,
             "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
             "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
             "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
@@ -605,8 +605,7 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
                 "num_classes": store.num_classes, "labels": "labels.npy",
                 "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
                           "cpu_policy": cfg.cpu_policy},
-                "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows":
-                          max(int(s["max_nodes"]) for s in summaries),
+                "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,
                           "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
                                             "first_batch": r.round_first_batch} for r in refs]},
                 "files": {"parts": parts, "dcache": dcache},

@@ -83,7 +83,7 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
     staging and I/O buffers for the worst-case batch of these fanouts.
 
     Returns:
-        ``cpu_total`` and ``cpu_memory`` (the trainer's budget; prepare's is the same),
+        ``cpu_memory`` (the trainer's whole budget, which prepare is given too),
         ``io_reserve`` (the I/O buffers prepare reserves), ``staging_batches`` (staging
         buffers), ``gpu_memory`` and ``disk_budget`` in bytes.
     """
@@ -99,7 +99,7 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
             rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
         cpu = (staging * staging_piece_bytes(min(rows, store.num_nodes), store.row_bytes, len(store.shards))
                + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE))
-    return {"cpu_total": cpu, "cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
+    return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
             "gpu_memory": budget(gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
             "disk_budget": budget(disk_budget, "--disk-budget", store.feature_bytes)}
 
@@ -134,7 +134,7 @@ def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, An
         dev = "cuda" if str(device).startswith("cuda") else "cpu"
         budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
                                  device=dev)
-        cpu, gpu = budgets["cpu_total"], budgets["gpu_memory"]
+        cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
         options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                    "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
                    "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],

@@ -97,7 +97,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     on_gpu = device is not None and str(device).startswith("cuda")
     train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads,
                               seed=seed, eval_every=eval_every, epochs=epochs, fanouts=tuple(fanouts),
-                              batch_size=batch_size, cpu_memory=budgets["cpu_total"],
+                              batch_size=batch_size, cpu_memory=budgets["cpu_memory"],
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
                               threads=threads, store=str(st.path.resolve()))
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,

@@ -53,7 +53,7 @@ def prepared(store: Path, out: Path, staging: int, **kw: object) -> Path:
 
 @pytest.fixture(scope="module")
 def staging(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
-    """One batch of the round's largest sample (from a throwaway run)."""
+    """One staging buffer, sized for the round's largest batch (from a throwaway run)."""
     with dask.config.set(scheduler="sync"):
         r = prepare(tiny_store, tmp_path_factory.mktemp("staging") / "p",
                     PrepareConfig(**BASE, cpu_memory=1 << 30, staging_batches=1), quiet=True)  # type: ignore[arg-type]
