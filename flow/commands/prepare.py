@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
         ("CPU tier", (f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
                       f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts")),
-        ("trainer's --cpu-memory", (f"{format_bytes(budgets['cpu_memory'])}: CPU tier "
+        ("--cpu-memory", (f"{format_bytes(budgets['cpu_memory'])}: CPU tier "
                                     f"{format_bytes(f['cpu_rows'] * f['row_bytes'])} + staged misses "
                                     f"{format_bytes(f['staging_bytes'])} + I/O buffers "
                                     f"{format_bytes(f['io_buffer_bytes'])}")),
