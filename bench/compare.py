@@ -13,11 +13,15 @@ packed segments) and ``belady`` (Belady CPU tier + packed segments). How they ar
   of the exact pipelines must equal inmemory's batch for batch.
 * **Out of core.** Each pipeline runs in its own process (``python -m diskflow.bench.compare
   --child``), and each out-of-core one in its own memory cgroup (`bench.cgroup`, page cache counted)
-  with the SAME limit: a fixed allowance for the process itself plus the feature budget
-  (``--feature-budget``, 10% of the feature bytes). The allowance is measured: the peak RSS of a
-  process that imports torch and PyG, loads the labels and every stored sample, and runs the
-  model forward and backward on the largest batch, plus 25%. The packed pipelines get the feature
-  budget as their ``--cpu-memory`` (CPU tier + staging buffers + I/O buffers);
+  with the SAME limits: an allowance for the process itself plus the feature budget
+  (``--feature-budget``, 10% of the feature bytes). The allowance is measured, once per kind of
+  run, so that neither leaves the page cache room the run does not need: for the data-path runs
+  (``--model none``), the peak RSS of a process that imports torch and PyG and loads the labels
+  and every stored sample, plus 25%, plus the assembled batches the trainer holds; for the model
+  runs, the peak RSS of that process after it has also run the model forward and backward on
+  the largest batch, plus 25%, plus the other assembled batches. The data-path and model runs
+  of a pipeline are therefore two child processes, each in its own cgroup. The packed pipelines
+  get the feature budget as their ``--cpu-memory`` (CPU tier + staging buffers + I/O buffers);
   mmap may fill it, and whatever the allowance overstates, with page cache. inmemory runs
   without a limit.
 * **Cold start.** Before every run (the child does it) the store's and the packed datasets' files are evicted from the
@@ -29,7 +33,7 @@ packed segments) and ``belady`` (Belady CPU tier + packed segments). How they ar
   pipeline's plan sends to disk (belady's plan for mmap: the fewest any reader with this budget
   must fetch). Evaluation (test accuracy) follows the last epoch, after the child has left its
   cgroup: it is not part of any figure but the accuracy.
-* **Data path and model.** Each pipeline's process makes two runs: ``--model none`` (the
+* **Data path and model.** Each pipeline makes two runs: ``--model none`` (the
   batches are built and dropped: the data path alone) and GraphSAGE; belady's four more: GraphSAGE
   with ``--sequential`` (no overlap between load, assemble and train; the table gives the most
   overlap could save, the shorter of data path and compute), its data path without crc checks,
@@ -334,7 +338,7 @@ def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float)
     """
     from .cgroup import run_limited
 
-    name = spec["pipeline"]
+    name = spec["pipeline"] + (f"-{spec['group']}" if spec.get("group") else "")
     spec_path = work / "runs" / f"{name}.spec.json"
     out_path = work / "runs" / f"{name}.out.json"
     out_path.unlink(missing_ok=True)
@@ -407,8 +411,9 @@ def _reset_hwm() -> None:
 
 
 def _probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """What the process itself needs: torch and PyG imported, labels and every stored sample loaded, and a
-    forward and backward pass of the model on the largest batch (features zero)."""
+    """What the process itself needs: torch and PyG imported, labels and every stored sample loaded (the
+    data path's own memory), then a forward and backward pass of the model on the largest batch (features
+    zero; a model run's)."""
     import torch
 
     from ..operators.batches import batch_data
@@ -428,6 +433,7 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
             held.append(s)
             if largest is None or s.n_id.shape[0] > largest.n_id.shape[0]:
                 largest = s
+    data_rss = _hwm()
     torch.manual_seed(0)
     net = build_model("sage", ds.dim, spec["hidden"], int(ds.manifest["num_classes"]), len(spec["fanouts"]))
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
@@ -439,7 +445,8 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
             loss = torch.nn.functional.cross_entropy(forward(net, data), data.y[:data.batch_size])
             loss.backward()
             opt.step()
-    return {"peak_rss_bytes": _hwm(), "largest_batch_rows": n, "samples_held": len(held)}
+    return {"peak_rss_bytes": _hwm(), "data_peak_rss_bytes": data_rss, "largest_batch_rows": n,
+            "samples_held": len(held)}
 
 
 class _Enough(Exception):
@@ -563,7 +570,10 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
         amp = d["measured_read_bytes"] / u if u else None
     runs = [r for c in children for r in c["runs"].values()]
     peaks = [r["train_peak_rss_bytes"] for r in runs if r.get("train_peak_rss_bytes")]
-    cg = [c["cgroup_peak_bytes"] for c in children if c.get("cgroup_peak_bytes") is not None]
+    def group(key: str, g: str) -> list[Any]:
+        return [c["groups"][g].get(key) for c in children if g in c.get("groups", {})]
+
+    cg = {g: [x for x in group("cgroup_peak_bytes", g) if x is not None] for g in ("data", "model")}
     errors = {f"{k} (repeat {i + 1})": r["error"] for i, c in enumerate(children) for k, r in c["runs"].items()
               if "error" in r}
     losses = [[e["losses"] for e in rr["report"]["epochs"]] for c in children
@@ -578,14 +588,16 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
         "useful_bytes": None if useful is None else int(useful.sum()),
         "read_amplification": amp,
         "peak_rss_bytes": max(peaks) if peaks else None,
-        "cgroup_peak_bytes": max(cg) if cg else None,
-        "cgroup_limit_bytes": children[0].get("limit_bytes") if children else None,
+        "cgroup_peak_bytes": max(cg["model"]) if cg["model"] else None,
+        "data_cgroup_peak_bytes": max(cg["data"]) if cg["data"] else None,
+        "cgroup_limit_bytes": (group("limit_bytes", "model") or [None])[0],
+        "data_cgroup_limit_bytes": (group("limit_bytes", "data") or [None])[0],
         "test_acc": (rep.get("final") or {}).get("test_acc"),
         "losses": losses[0] if losses else None,
         "losses_repeatable": all(x == losses[0] for x in losses) if losses else None,
         "cut_short": (d or {}).get("cut") or (m or {}).get("cut"),
-        "process_read_bytes": [c.get("process_read_bytes") for c in children],
-        "wall_s": [c.get("wall_s") for c in children],
+        "process_read_bytes": {g: group("process_read_bytes", g) for g in ("data", "model")},
+        "wall_s": {g: group("wall_s", g) for g in ("data", "model")},
         "errors": errors or None,
     }
 
@@ -597,6 +609,11 @@ def _loader_bw(run: dict[str, Any]) -> float | None:
         return None
     busy = rep["stages"]["load"]["busy_s"]
     return rep["io"]["bytes_read"] / busy if busy > 0 else None
+
+
+def _allowance(rss: int, held: int) -> int:
+    """A cgroup allowance: a probe's peak RSS plus the margin, plus bytes the probe did not hold, rounded up."""
+    return -(-(int(rss * (1 + ALLOWANCE_MARGIN)) + held) // _ROUND) * _ROUND
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -656,15 +673,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         probe = _launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
         if "error" in probe:
             raise InputError(runs_dir, f"the allowance probe failed ({probe['error']})")
-        probe_rss = int(probe["peak_rss_bytes"])
-        held = (fit["assembled_batches"] - 1) * fit["assembled_batch_bytes"]   # the probe holds one of them
-        allowance = -(-(int(probe_rss * (1 + ALLOWANCE_MARGIN)) + held) // _ROUND) * _ROUND
+        probe_rss, data_rss = int(probe["peak_rss_bytes"]), int(probe["data_peak_rss_bytes"])
+        pool = fit["assembled_batches"] * fit["assembled_batch_bytes"]
+        allowance = _allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one of them
+        data_allowance = _allowance(data_rss, pool)
     else:
         from ..operators.files import parse_bytes
 
-        probe_rss = None
-        allowance = parse_bytes(args.allowance, "--allowance")
-    limit = None if args.no_cgroup else allowance + budget
+        probe_rss = data_rss = None
+        allowance = data_allowance = parse_bytes(args.allowance, "--allowance")
+    limits = {"data": None if args.no_cgroup else data_allowance + budget,
+              "model": None if args.no_cgroup else allowance + budget}
     warmup = 2 * args.superbatch_size if args.baseline_warmup is None else args.baseline_warmup
     if args.baseline_batches and warmup + args.baseline_batches >= batches:
         raise ConfigError("--baseline-batches", f"{warmup} warm-up + {args.baseline_batches} measured batches do not "
@@ -673,25 +692,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     children: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for repeat in range(args.repeats):      # interleaved: every pipeline once per repeat
         for name in names:
-            runs: list[dict[str, Any]] = [{"kind": "data", "model": "none", "sequential": False},
-                                          {"kind": "model", "model": "sage", "sequential": False}]
+            groups: dict[str, list[dict[str, Any]]] = {
+                "data": [{"kind": "data", "model": "none", "sequential": False}],
+                "model": [{"kind": "model", "model": "sage", "sequential": False}]}
             if name == "belady":
-                runs += [{"kind": "sequential", "model": "sage", "sequential": True},
-                         {"kind": "data_nocrc", "model": "none", "sequential": False, "check_crc": False},
-                         {"kind": "io_model", "model": args.io_model, "sequential": False, "threads": args.io_threads},
-                         {"kind": "io_sequential", "model": args.io_model, "sequential": True,
-                          "threads": args.io_threads}]
-            spec = {**shared, "pipeline": name, "drop": [str(p) for p in droppable],
-                    "packed": str(prepared[name]["path"]) if name in prepared else None,
-                    "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
-                    else None,
-                    "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
-            print(f"running {name}: {', '.join(r['kind'] for r in runs)} (repeat {repeat + 1}/{args.repeats}) ...",
-                  flush=True)
-            child = _launch(spec, work, None if name == "inmemory" else limit, args.timeout)
+                groups["data"].append({"kind": "data_nocrc", "model": "none", "sequential": False, "check_crc": False})
+                groups["model"] += [{"kind": "sequential", "model": "sage", "sequential": True},
+                                    {"kind": "io_model", "model": args.io_model, "sequential": False,
+                                     "threads": args.io_threads},
+                                    {"kind": "io_sequential", "model": args.io_model, "sequential": True,
+                                     "threads": args.io_threads}]
+            child: dict[str, Any] = {"runs": {}, "groups": {}}
+            for group, runs in groups.items():
+                spec = {**shared, "pipeline": name, "group": group, "drop": [str(p) for p in droppable],
+                        "packed": str(prepared[name]["path"]) if name in prepared else None,
+                        "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
+                        else None,
+                        "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
+                print(f"running {name}: {', '.join(r['kind'] for r in runs)} (repeat {repeat + 1}/{args.repeats}) ...",
+                      flush=True)
+                done = _launch(spec, work, None if name == "inmemory" else limits[group], args.timeout)
+                child["runs"].update(done.pop("runs"))
+                child["groups"][group] = done
+                if "error" in done:
+                    print(f"  {name} ({group}) failed: {done['error']}", flush=True)
             children[name].append(child)
-            if "error" in child:
-                print(f"  {name} failed: {child['error']}", flush=True)
     _drop(droppable)
 
     belady_useful = _useful_bytes(ref)
@@ -742,8 +767,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pipelines": pipelines, "ratios": ratios, "losses_identical": identical,
         "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
         "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allowance,
-        "allowance_probe_rss_bytes": probe_rss, "allowance_margin": ALLOWANCE_MARGIN if probe_rss else None,
-        "cgroup_limit_bytes": limit, "cgroup": None if hierarchy is None else f"v{hierarchy.version} {hierarchy.root}",
+        "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
+        "data_allowance_probe_rss_bytes": data_rss, "allowance_margin": ALLOWANCE_MARGIN if probe_rss else None,
+        "cgroup_limit_bytes": limits["model"], "data_cgroup_limit_bytes": limits["data"], "cgroup": None if hierarchy is None else f"v{hierarchy.version} {hierarchy.root}",
         "no_cgroup": bool(args.no_cgroup), "page_cache_drop": "posix_fadvise(POSIX_FADV_DONTNEED) on every file of "
         "the store and the packed datasets before each run", "read_ahead_kb": _read_ahead_kb(store.shards[0].path),
         "budget_split": fit, "max_batch_rows": max_rows, "samples_identical": samples_identical,
@@ -781,17 +807,19 @@ def _s(x: float | None, spec: str = ".2f") -> str:
 def _print(f: dict[str, Any]) -> None:
     c, ds = f["config"], f["dataset"]
     cg = ("NO memory limits (--no-cgroup): the out-of-core figures are not out of core" if f["no_cgroup"] else
-          f"each out-of-core pipeline in its own memory cgroup ({f['cgroup']}) limited to "
-          f"{_b(f['cgroup_limit_bytes'])} = allowance {_b(f['allowance_bytes'])} + feature budget "
-          f"{_b(f['feature_budget_bytes'])}; page cache counted")
-    allowance = ("given with --allowance" if f["allowance_probe_rss_bytes"] is None else
-                 f"measured: peak RSS {_b(f['allowance_probe_rss_bytes'])} of a process importing torch/PyG, "
-                 f"holding labels and all samples, training the largest batch; + {f['allowance_margin']:.0%}; "
-                 f"+ the {f['budget_split']['assembled_batches'] - 1} other assembled batches a CPU trainer holds "
-                 f"at queue depth {f['config']['queue_depth']} "
-                 f"({_b((f['budget_split']['assembled_batches'] - 1) * f['budget_split']['assembled_batch_bytes'])}; "
-                 "on a GPU they live in device memory)")
+          f"each out-of-core pipeline's runs in memory cgroups ({f['cgroup']}), page cache counted: data path "
+          f"(--model none) limited to {_b(f['data_cgroup_limit_bytes'])} = allowance {_b(f['data_allowance_bytes'])}"
+          f" + feature budget {_b(f['feature_budget_bytes'])}; model runs to {_b(f['cgroup_limit_bytes'])} = "
+          f"allowance {_b(f['allowance_bytes'])} + feature budget")
     split = f["budget_split"]
+    pool, one = split["assembled_batches"], split["assembled_batch_bytes"]
+    allowance = ("given with --allowance (both kinds of run)" if f["allowance_probe_rss_bytes"] is None else
+                 f"measured: data path = peak RSS {_b(f['data_allowance_probe_rss_bytes'])} of a process importing "
+                 f"torch/PyG and holding labels and all samples, + {f['allowance_margin']:.0%}, + the {pool} "
+                 f"assembled batches of the largest batch a CPU trainer holds at queue depth "
+                 f"{f['config']['queue_depth']} ({_b(pool * one)}; on a GPU they live in device memory); model = "
+                 f"peak RSS {_b(f['allowance_probe_rss_bytes'])} of that process after training the largest batch, "
+                 f"+ {f['allowance_margin']:.0%}, + the {pool - 1} other assembled batches ({_b((pool - 1) * one)})")
     title = (f"compare on {ds['nodes']:,} nodes x {ds['dim']} {ds['dtype']} ({_b(f['feature_bytes'])} of features, "
              f"{ds['shards']} shards), {ds['train']:,} training nodes: {f['epochs']} epochs x "
              f"{f['batches_per_epoch']} batches of {c['batch_size']}, fanouts {','.join(map(str, c['fanouts']))}, "
@@ -816,10 +844,11 @@ def _print(f: dict[str, Any]) -> None:
         rows.append({"pipeline": name, "data epoch s": _s(p["data_epoch_s"]), "disk floor s": _s(p["disk_floor_s"]),
                      "sage epoch s": _s(p["epoch_s"]), "disk read": _b(p["disk_read_bytes"]), "plan misses": _b(p["plan_miss_bytes"]),
                      "read amp": _s(p["read_amplification"], ".3g"), "peak RSS": _b(p["peak_rss_bytes"]),
-                     "cgroup peak": _b(p["cgroup_peak_bytes"]), "test acc": _s(p["test_acc"], ".4f"),
+                     "cgroup peak data": _b(p["data_cgroup_peak_bytes"]),
+                     "cgroup peak model": _b(p["cgroup_peak_bytes"]), "test acc": _s(p["test_acc"], ".4f"),
                      "note": ", ".join(note)})
     print_table(title, rows, ["pipeline", "data epoch s", "disk floor s", "sage epoch s", "disk read", "plan misses",
-                              "read amp", "peak RSS", "cgroup peak", "test acc", "note"])
+                              "read amp", "peak RSS", "cgroup peak data", "cgroup peak model", "test acc", "note"])
     print(f"disk floor: an epoch's disk read at the disk's sequential bandwidth. "
           f"disk read: /proc/self/io read_bytes of the run's training epochs (data-path run, whole round); "
           f"sample files ({_b(f['sample_bytes'])}) read before each epoch's clock; page cache dropped before every "

@@ -93,12 +93,22 @@ def test_memory_limits(compared: tuple[dict, str, Path]) -> None:
         return
     assert f["cgroup"].startswith(("v1 ", "v2 ")) and not f["no_cgroup"]
     assert f["cgroup_limit_bytes"] == f["allowance_bytes"] + f["feature_budget_bytes"] == f["allowance_bytes"] + (3500 << 10)
+    assert f["data_cgroup_limit_bytes"] == f["data_allowance_bytes"] + f["feature_budget_bytes"]
     assert f["allowance_bytes"] >= 1.25 * f["allowance_probe_rss_bytes"]
+    # the data path is measured without the model: its probe peaks lower, and its allowance carries every
+    # assembled batch (the model's carries the ones the probe did not hold)
+    split = f["budget_split"]
+    assert 0 < f["data_allowance_probe_rss_bytes"] <= f["allowance_probe_rss_bytes"]
+    assert f["data_allowance_bytes"] >= 1.25 * f["data_allowance_probe_rss_bytes"] + \
+        split["assembled_batches"] * split["assembled_batch_bytes"]
+    assert "data path (--model none) limited to" in printed
     for name, p in f["pipelines"].items():
         if name == "inmemory":
             assert p["cgroup_limit_bytes"] is None and p["cgroup_peak_bytes"] is None
+            assert p["data_cgroup_limit_bytes"] is None and p["data_cgroup_peak_bytes"] is None
         else:
             assert p["cgroup_limit_bytes"] == f["cgroup_limit_bytes"] >= p["cgroup_peak_bytes"] > 0, name
+            assert p["data_cgroup_limit_bytes"] == f["data_cgroup_limit_bytes"] >= p["data_cgroup_peak_bytes"] > 0, name
     assert _leftovers() == []
 
 
@@ -111,12 +121,15 @@ def test_repeats_keep_each_runs_fastest() -> None:
         return {"runs": {"data": {"epochs": epochs, "partial": None, "report": None, "train_peak_rss_bytes": 5},
                          "model": {"epochs": [{**e, "seconds": model_s} for e in epochs], "partial": None,
                                    "report": report, "train_peak_rss_bytes": 7}},
-                "cgroup_peak_bytes": 9, "limit_bytes": 10}
+                "groups": {"data": {"cgroup_peak_bytes": 8, "limit_bytes": 9},
+                           "model": {"cgroup_peak_bytes": 9, "limit_bytes": 10}}}
 
     s = _summary([child(2.0, 5.0, 0.5), child(1.0, 6.0, 0.7)], 6, 2, None, None)
     assert (s["data_epoch_s"], s["epoch_s"], s["test_acc"]) == (1.0, 5.0, 0.5)
     assert s["data_epoch_s_repeats"] == [2.0, 1.0] and s["epoch_s_repeats"] == [5.0, 6.0]
     assert s["disk_read_bytes"] == 200 and s["peak_rss_bytes"] == 7 and s["losses_repeatable"] is True
+    assert (s["data_cgroup_peak_bytes"], s["data_cgroup_limit_bytes"]) == (8, 9)
+    assert (s["cgroup_peak_bytes"], s["cgroup_limit_bytes"]) == (9, 10)
 
 
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
