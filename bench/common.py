@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..operators.files import atomic_path, write_json
-from ..operators.outputs import OutputKind, replace_foreign
+from ..operators.formats.files import atomic_path, write_json
+from ..operators.formats.outputs import OutputKind, replace_foreign
 
 BENCH_MARKER = ".diskflow-bench.json"
 # A benchmark's --workdir: marked by BENCH_MARKER; older ones (no marker) are recognised by

@@ -79,9 +79,9 @@ from typing import Any
 import numpy as np
 
 from ..flow.options import fanouts_option
-from ..operators.checksum import crc32
-from ..operators.errors import ConfigError, InputError
-from ..operators.files import format_bytes, read_manifest
+from ..operators.formats.checksum import crc32
+from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady")
@@ -187,8 +187,8 @@ def _check_args(args: argparse.Namespace) -> list[str]:
 
 def _dataset(args: argparse.Namespace, work: Path) -> Any:
     """The store: --dataset, bench prepare's cached synthetic graph when its config matches, else a new one."""
-    from ..operators.store import Store
-    from ..operators.synth import SynthConfig
+    from ..operators.formats.store import Store
+    from ..operators.ingest.synth import SynthConfig
     from .prepare import DEFAULT_WORKDIR as PREPARE_WORKDIR
     from .prepare import TEST_FRAC, VAL_FRAC, make_dataset
 
@@ -210,8 +210,8 @@ def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: 
     Also the assembled batches the CPU trainer holds besides (each the whole largest batch): they are the
     training step's input, not features kept for later, and the cgroup's allowance carries them.
     """
-    from ..operators.load import io_buffer_bytes, staging_count
-    from ..operators.tiers import assembled_batches, staging_piece_bytes
+    from ..operators.prepare.tiers import assembled_batches, staging_piece_bytes
+    from ..operators.train.loader import io_buffer_bytes, staging_count
 
     buffers = staging_count("cpu", queue_depth, False)
     piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))
@@ -255,7 +255,7 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
 
 def _samples_files(packed: Path) -> dict[int, list[Path]]:
     """The stored sample files of a packed dataset, per epoch, in training order."""
-    from ..operators.packed import PackedDataset, samples_name
+    from ..operators.formats.packed import PackedDataset, samples_name
 
     with PackedDataset(packed) as ds:
         files: dict[int, list[Path]] = {}
@@ -282,7 +282,7 @@ def _same_samples(prepared: dict[str, dict[str, Any]]) -> bool:
 
 def _useful_bytes(packed: Path) -> np.ndarray:
     """Per batch of the round (global order), the bytes its plan reads from disk: packed, disk-cache, store rows."""
-    from ..operators.packed import SRC_PACKED, PackedDataset
+    from ..operators.formats.packed import SRC_PACKED, PackedDataset
 
     with PackedDataset(packed) as ds:
         useful = np.zeros(ds.num_batches, np.int64)
@@ -416,11 +416,11 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
     zero; a model run's)."""
     import torch
 
-    from ..operators.batches import batch_data
-    from ..operators.models import build_model
-    from ..operators.packed import PackedDataset
-    from ..operators.train import deterministic, forward
-    from ..operators.trainer import train_packed  # noqa: F401  (what a run imports)
+    from ..operators.formats.packed import PackedDataset
+    from ..operators.train.batches import batch_data
+    from ..operators.train.loop import deterministic, forward
+    from ..operators.train.models import build_model
+    from ..operators.train.trainer import train_packed  # noqa: F401  (what a run imports)
     from ..pipelines import inmemory, mmap  # noqa: F401
 
     ds = PackedDataset(spec["samples"])
@@ -507,7 +507,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] | None = None
     try:
         if spec["pipeline"] in PACKED:
-            from ..operators.trainer import train_packed
+            from ..operators.train.trainer import train_packed
 
             report = train_packed(spec["packed"], run_dir, cpu_memory=spec["cpu_memory"],
                                   queue_depth=spec["queue_depth"], sequential=run["sequential"],
@@ -678,7 +678,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         allowance = _allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one of them
         data_allowance = _allowance(data_rss, pool)
     else:
-        from ..operators.files import parse_bytes
+        from ..operators.formats.files import parse_bytes
 
         probe_rss = data_rss = None
         allowance = data_allowance = parse_bytes(args.allowance, "--allowance")

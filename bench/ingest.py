@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..operators.errors import ConfigError
-from ..operators.files import format_bytes
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import format_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 MIN_BW_FILE = 1 << 30  # bandwidth is measured on at least this many bytes
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..flow.cluster import dask_client
     from ..flow.ingest import run_ingest
     from ..flow.synth import run_synth
-    from ..operators.synth import SynthConfig
+    from ..operators.ingest.synth import SynthConfig
 
     if args.nodes < 2:
         raise ConfigError("--nodes", f"must be >= 2, got {args.nodes}")

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.errors import ConfigError
-from ..operators.plan import initial_fill, plan_belady, plan_static, static_tier
+from ..operators.formats.errors import ConfigError
+from ..operators.prepare.plan import initial_fill, plan_belady, plan_static, static_tier
 from .common import print_table
 
 

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from ..flow.options import fanouts_option
-from ..operators.errors import ConfigError
-from ..operators.files import config_hash, format_bytes
-from ..operators.tiers import staging_piece_bytes
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import config_hash, format_bytes
+from ..operators.prepare.tiers import staging_piece_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
@@ -192,7 +192,7 @@ def make_dataset(args: argparse.Namespace, work: Path) -> Path:
     from ..flow.cluster import dask_client
     from ..flow.ingest import run_ingest
     from ..flow.synth import run_synth
-    from ..operators.synth import SynthConfig
+    from ..operators.ingest.synth import SynthConfig
 
     cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, dtype=args.dtype, avg_degree=args.avg_degree,
                       train_frac=args.train_frac, val_frac=VAL_FRAC, test_frac=TEST_FRAC, seed=args.seed,
@@ -211,7 +211,7 @@ def max_batch_rows(store: Any, prep_cfg: Any, work: Path) -> int:
     hash of the store and the sampling config, so the CPU budget can be the tier plus exactly that
     reserve.
     """
-    from ..operators.superbatch import round_layout, sample_superbatch
+    from ..operators.prepare.superbatch import round_layout, sample_superbatch
 
     key = prep_cfg.sample_key(config_hash(store.manifest))
     cache = work / f"max-batch-rows-{key[:16]}.json"
@@ -246,10 +246,10 @@ def routes_from_packed(packed: Path, store: Any, out_dir: Path, select: np.ndarr
     Returns:
         (route paths, seg_rows [n, P], segment CRCs from the index [n, P]) of the routed batches.
     """
-    from ..operators.packed import SRC_DCACHE, SRC_PACKED, PackedDataset
-    from ..operators.plan import BatchPlan
-    from ..operators.route import RouteFile, route_superbatch
-    from ..operators.samples import read_n_ids
+    from ..operators.formats.packed import SRC_DCACHE, SRC_PACKED, PackedDataset
+    from ..operators.formats.plan import BatchPlan
+    from ..operators.formats.samples import read_n_ids
+    from ..operators.prepare.route import RouteFile, route_superbatch
 
     def route(key: str, first: int, epoch: int, n_ids: list[np.ndarray], records: list[Any]) -> str:
         plans = []
@@ -298,10 +298,10 @@ def routes_from_packed(packed: Path, store: Any, out_dir: Path, select: np.ndarr
 def static_plan_misses(packed: Path, num_nodes: int, cpu_rows: int) -> dict[str, int]:
     """Plan DiskGNN's static CPU tier (the round's hottest rows, `cpu_rows` slots) over a packed
     dataset's samples, with its GPU tier; return the access counts."""
-    from ..operators.count import count_superbatch, dense_counts, merge_counts
-    from ..operators.packed import PackedDataset
-    from ..operators.plan import plan_static, static_tier
-    from ..operators.samples import read_n_ids
+    from ..operators.formats.packed import PackedDataset
+    from ..operators.formats.samples import read_n_ids
+    from ..operators.prepare.count import count_superbatch, dense_counts, merge_counts
+    from ..operators.prepare.plan import plan_static, static_tier
 
     with PackedDataset(packed) as ds:
         paths = [ds.round_dir / f"samples/{sb.key}.arrow" for sb in ds.superbatches]
@@ -337,8 +337,8 @@ def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool)
 
 
 def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
-    from ..operators.pack import pack_shard
-    from ..operators.packed import part_name
+    from ..operators.formats.packed import part_name
+    from ..operators.prepare.pack import pack_shard
 
     out_dir.mkdir(parents=True, exist_ok=True)
     drop_store(store)
@@ -352,7 +352,7 @@ def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, ou
 
 
 def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
-    from ..operators.pack import pack_naive
+    from ..operators.prepare.pack import pack_naive
 
     out_dir.mkdir(parents=True, exist_ok=True)
     drop_store(store)
@@ -384,8 +384,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build (or reuse) the dataset, then measure (a)-(d); print the tables and return the figures."""
     from ..flow.prepare import PrepareConfig
-    from ..operators.route import segment_offsets
-    from ..operators.store import Store
+    from ..operators.formats.store import Store
+    from ..operators.prepare.route import segment_offsets
 
     _check_args(args)
     work = Path(args.workdir).absolute()

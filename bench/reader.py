@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..native.reader import ALIGN, DirectReader, aligned_empty
-from ..operators.errors import ConfigError
-from ..operators.files import format_bytes, parse_bytes
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import format_bytes, parse_bytes
 from .common import drop_page_cache, print_table
 
 MiB = 1 << 20

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.errors import ConfigError
-from ..operators.sample import NeighborSampler, SampledBatch, check_fanouts, numpy_sample
+from ..operators.formats.errors import ConfigError
+from ..operators.prepare.sample import NeighborSampler, SampledBatch, check_fanouts, numpy_sample
 from .common import print_table
 
 # Pareto shape of the generated in-degrees: 2 gives a heavy tail with a finite mean.
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     if args.dataset:
-        from ..operators.store import Store
+        from ..operators.formats.store import Store
 
         store = Store(args.dataset)
         indptr, indices = store.indptr, store.indices

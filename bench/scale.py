@@ -69,8 +69,8 @@ from typing import Any
 import numpy as np
 
 from ..flow.options import byte_budget, fanouts_option
-from ..operators.errors import ConfigError, DiskflowError, InputError
-from ..operators.files import format_bytes, parse_bytes
+from ..operators.formats.errors import ConfigError, DiskflowError, InputError
+from ..operators.formats.files import format_bytes, parse_bytes
 from .common import print_table
 
 DEFAULT_NODES = 14_000_000         # x 512 float32 = 26.7 GiB of features
@@ -197,9 +197,9 @@ class BytePlan:
 def byte_plan(nodes: int, dim: int, itemsize: int, avg_degree: float, train_frac: float, batch_size: int,
               fanouts: tuple[int, ...], budget: int, memory_budget: int, bw_bytes: int) -> BytePlan:
     """The `BytePlan` of a run at these sizes (worst cases where the true figure is not known yet)."""
-    from ..operators.ingest import shard_rows_for
-    from ..operators.ingest_edges import indices_dtype, is_packed
-    from ..operators.packed import ALIGN
+    from ..operators.formats.packed import ALIGN
+    from ..operators.ingest.edges import indices_dtype, is_packed
+    from ..operators.ingest.raw import shard_rows_for
 
     row_bytes = dim * itemsize
     edges = math.ceil(nodes * avg_degree * EDGE_SLACK)
@@ -228,8 +228,8 @@ def smallest_budget(rows: int, row_bytes: int, shards: int, queue_depth: int) ->
     """The least feature budget the trainer can run in: its staging buffers for batches of `rows` rows
     and its I/O buffers, with an empty CPU tier (prepare checks it again with the largest batch it
     sampled)."""
-    from ..operators.load import io_buffer_bytes, staging_count
-    from ..operators.tiers import staging_piece_bytes
+    from ..operators.prepare.tiers import staging_piece_bytes
+    from ..operators.train.loader import io_buffer_bytes, staging_count
 
     return staging_count("cpu", queue_depth, False) * staging_piece_bytes(rows, row_bytes, shards) + io_buffer_bytes()
 
@@ -322,8 +322,8 @@ def _measured_cluster(workers: int) -> Iterator[dict[str, Any]]:
 
 def _child_synth(spec: dict[str, Any]) -> dict[str, Any]:
     from ..flow.synth import run_synth
-    from ..operators.files import read_manifest
-    from ..operators.synth import SynthConfig
+    from ..operators.formats.files import read_manifest
+    from ..operators.ingest.synth import SynthConfig
 
     raw = run_synth(SynthConfig(**spec["synth"]), spec["raw"])
     m = read_manifest(raw) or {}
@@ -340,7 +340,7 @@ def _child_ingest(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
-    from ..operators.store import Store
+    from ..operators.formats.store import Store
     from ..pipelines import belady
     from ..pipelines._packed import packed_budgets
 
@@ -355,7 +355,7 @@ def _child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
     """One epoch of the packed pipeline; its own clock, disk counters and peak RSS from inside."""
-    from ..operators.trainer import train_packed
+    from ..operators.train.trainer import train_packed
     from .prepare import proc_io
     from .taskmemory import AnonPeak, rss_parts
 
@@ -543,7 +543,7 @@ def _cleanup(work: Path, keep: bool) -> None:
 
 def _allowance(store: Any, packed: Path, budget: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The train cgroup's allowance, measured as bench compare does (a probe child, + 25%, + batches held)."""
-    from ..operators.files import read_manifest
+    from ..operators.formats.files import read_manifest
     from .compare import _ROUND, ALLOWANCE_MARGIN, _budget_fit
     from .compare import _launch as launch_probe
 
@@ -582,7 +582,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not budget or budget <= 0:
         raise ConfigError("--feature-budget", f"must be > 0, got {args.feature_budget!r}")
     readahead = byte_budget(args.readahead, "--readahead", feature_bytes) or 0
-    from ..operators.ingest import shard_rows_for
+    from ..operators.ingest.raw import shard_rows_for
 
     shards = -(-args.nodes // shard_rows_for(memory_budget, args.dim * itemsize, args.nodes))
     rows = worst_batch_rows(args.nodes, args.batch_size, tuple(args.fanouts))
@@ -638,7 +638,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print("ingest ...", flush=True)
         phases["ingest"] = _launch("ingest", {**base, "memory_budget": memory_budget}, work, pre_limit, args.timeout,
                                    floors, [raw])
-        from ..operators.store import Store
+        from ..operators.formats.store import Store
 
         store = Store(store_dir)
         topology = _du(store_dir / "indptr.npy") + _du(store_dir / "indices.npy")

@@ -125,8 +125,8 @@ def _store(args: argparse.Namespace) -> Path:
 
     from ..flow.ingest import run_ingest
     from ..flow.synth import run_synth
-    from ..operators.files import read_manifest
-    from ..operators.synth import SynthConfig
+    from ..operators.formats.files import read_manifest
+    from ..operators.ingest.synth import SynthConfig
 
     work = Path(args.work) / f"n{args.nodes}-d{args.dim}-t{args.train_frac}-s{args.seed}"
     if read_manifest(work / "store") is None:
@@ -191,14 +191,15 @@ def _prepare_until(stop: threading.Event, store: Path, work: Path, cfg: Any, cpu
 
 def _warm_up() -> bool:
     """Runs on the GPU worker: import the trainer (torch, PyG) before anything is measured."""
-    from ..operators import stream_train, trainer  # noqa: F401
+    from ..operators.stream import train as stream_train  # noqa: F401
+    from ..operators.train import trainer  # noqa: F401
 
     return True
 
 
 def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str, Any]:
     """The offline trainer as a task on the GPU worker (its device and threads)."""
-    from ..operators.trainer import train_packed
+    from ..operators.train.trainer import train_packed
 
     t = time.perf_counter()
     report = train_packed(packed, run_dir, **options)
@@ -257,9 +258,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..flow.prepare import PrepareConfig, prepare
     from ..flow.roles import stream_client
     from ..flow.stream import StreamConfig, StreamRun
-    from ..operators.errors import ConfigError
-    from ..operators.store import Store
-    from ..operators.stream_train import StreamTrainConfig
+    from ..operators.formats.errors import ConfigError
+    from ..operators.formats.store import Store
+    from ..operators.stream.train import StreamTrainConfig
     from ..pipelines._packed import packed_budgets
 
     if args.repeats < 1:

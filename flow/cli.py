@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..operators.errors import DiskflowError, is_disk_full
+from ..operators.formats.errors import DiskflowError, is_disk_full
 
 # Subcommand modules, in the order `diskflow --help` lists them.
 COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")

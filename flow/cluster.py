@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from ..operators.errors import ConfigError, DiskflowError
+from ..operators.formats.errors import ConfigError, DiskflowError
 
 
 @contextlib.contextmanager

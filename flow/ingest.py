@@ -34,9 +34,28 @@ from typing import Any
 import dask
 import numpy as np
 
-from ..operators.errors import ConfigError, InputError
-from ..operators.files import ALIGN, fingerprint, staging_dir
-from ..operators.ingest import (
+from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.files import ALIGN, fingerprint, staging_dir
+from ..operators.formats.outputs import check_free_space, check_replaceable
+from ..operators.formats.store import STORE_FORMAT, STORE_KIND
+from ..operators.ingest.edges import (
+    EdgeSpill,
+    allocate_npy,
+    compact_group,
+    csc_group,
+    indices_dtype,
+    is_packed,
+    scan_edges,
+)
+from ..operators.ingest.features import (
+    FeatureFile,
+    check_same_schema,
+    scan_features,
+    units_overlapping,
+    write_feature_shard,
+)
+from ..operators.ingest.nodes import ingest_nodes
+from ..operators.ingest.raw import (
     SPILL_DIR,
     RawFiles,
     check_memory_budget,
@@ -51,25 +70,6 @@ from ..operators.ingest import (
     store_manifest,
     table_num_rows,
 )
-from ..operators.ingest_edges import (
-    EdgeSpill,
-    allocate_npy,
-    compact_group,
-    csc_group,
-    indices_dtype,
-    is_packed,
-    scan_edges,
-)
-from ..operators.ingest_features import (
-    FeatureFile,
-    check_same_schema,
-    scan_features,
-    units_overlapping,
-    write_feature_shard,
-)
-from ..operators.ingest_nodes import ingest_nodes
-from ..operators.outputs import check_free_space, check_replaceable
-from ..operators.store import STORE_FORMAT, STORE_KIND
 from .progress import compute
 
 

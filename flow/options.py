@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ..operators.errors import ConfigError
-from ..operators.files import parse_bytes
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import parse_bytes
 
 
 def positive_int(option: str) -> Callable[[str], int]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..operators.errors import ConfigError, InputError
+from ..operators.formats.errors import ConfigError, InputError
 
 PACKAGE = "diskflow.pipelines"
 

@@ -32,8 +32,8 @@ from typing import Any
 import dask
 from distributed import WorkerPlugin
 
-from ..operators.errors import ConfigError, DiskflowError
-from ..operators.files import parse_bytes
+from ..operators.formats.errors import ConfigError, DiskflowError
+from ..operators.formats.files import parse_bytes
 from . import allocator
 
 PLUGIN_NAME = "diskflow"
@@ -85,7 +85,7 @@ class DiskflowPlugin(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker: Any) -> None:
-        from ..operators.stream_ship import ScratchSpace
+        from ..operators.stream.ship import ScratchSpace
 
         self.address = str(worker.address)
         self.is_gpu = float(worker.state.total_resources.get(GPU, 0)) > 0
@@ -120,7 +120,7 @@ class DiskflowPlugin(WorkerPlugin):
 
     def describe(self) -> dict[str, Any]:
         """What the driver prints and records about this worker (imports the trainer, so it warms up)."""
-        from ..operators import stream_train  # noqa: F401 - torch and PyG load now, not in the first train task
+        from ..operators.stream import train as stream_train  # noqa: F401 - torch and PyG load now, not in the first train task
 
         free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else None
         return {"address": self.address, "gpu": self.is_gpu, "device": self.resolved_device(),

@@ -36,11 +36,9 @@ from typing import Any
 import dask
 import numpy as np
 
-from ..operators import packed as packed_fmt
-from ..operators.count import count_superbatch, dense_counts, merge_counts
-from ..operators.diskcache import build_layout
-from ..operators.errors import ConfigError, DiskFullError
-from ..operators.files import (
+from ..operators.formats import packed as packed_fmt
+from ..operators.formats.errors import ConfigError, DiskFullError
+from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
     config_hash,
@@ -52,9 +50,8 @@ from ..operators.files import (
     write_json,
     write_manifest,
 )
-from ..operators.outputs import OutputKind, check_free_space, check_replaceable, replace_foreign
-from ..operators.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
-from ..operators.packed import (
+from ..operators.formats.outputs import OutputKind, check_free_space, check_replaceable, replace_foreign
+from ..operators.formats.packed import (
     PACKED_FORMAT,
     PACKED_KIND,
     PACKED_VERSION,
@@ -68,9 +65,13 @@ from ..operators.packed import (
     samples_name,
     write_index_file,
 )
-from ..operators.plan import (
-    SRC_MISS,
-    SuperbatchPlan,
+from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_plan
+from ..operators.formats.samples import read_n_ids
+from ..operators.formats.store import Store
+from ..operators.prepare.count import count_superbatch, dense_counts, merge_counts
+from ..operators.prepare.diskcache import build_layout
+from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
+from ..operators.prepare.plan import (
     WindowTrace,
     initial_fill,
     plan_belady,
@@ -78,12 +79,14 @@ from ..operators.plan import (
     static_tier,
     trace_window,
 )
-from ..operators.planfile import load_plan, save_plan
-from ..operators.route import route_superbatch, segment_offsets, write_index
-from ..operators.samples import read_n_ids
-from ..operators.store import Store
-from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout, sample_superbatch_bytes
-from ..operators.tiers import staging_buffers, tier_sizes
+from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
+from ..operators.prepare.superbatch import (
+    SuperbatchRef,
+    check_round_config,
+    round_layout,
+    sample_superbatch_bytes,
+)
+from ..operators.prepare.tiers import staging_buffers, tier_sizes
 from .progress import compute
 
 CPU_POLICIES = ("belady", "static")
@@ -638,8 +641,8 @@ def _read_ahead(store: Store, cfg: PrepareConfig) -> Iterator[None]:
 def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray, seg_rows: np.ndarray,
                         row_bytes: int) -> float:
     """Pages a loader reads over useful bytes: padded packed segments + page-merged disk-cache rows."""
-    from ..operators.packed import read_index_file
-    from ..operators.reorder import pages_touched
+    from ..operators.formats.packed import read_index_file
+    from ..operators.prepare.reorder import pages_touched
 
     useful = int(seg_rows.sum()) * row_bytes
     pages = int(packed_fmt.padded(seg_rows * row_bytes).sum())

@@ -24,7 +24,7 @@ from typing import Any
 
 import dask
 
-from ..operators.errors import ConfigError
+from ..operators.formats.errors import ConfigError
 from .plugin import GPU, config_env, worker_config
 
 
@@ -118,7 +118,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     """
     from distributed import Client, LocalCluster
 
-    from ..operators.errors import DiskflowError
+    from ..operators.formats.errors import DiskflowError
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if scheduler:

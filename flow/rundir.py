@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..operators.errors import InputError
-from ..operators.files import atomic_path, write_json
-from ..operators.outputs import OutputKind, replace_foreign
+from ..operators.formats.errors import InputError
+from ..operators.formats.files import atomic_path, write_json
+from ..operators.formats.outputs import OutputKind, replace_foreign
 
 REPORT = "report.json"
 CURVES = "curves.png"

@@ -53,12 +53,14 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.count import merge_counts
-from ..operators.errors import ConfigError, DiskflowError, InputError
-from ..operators.files import config_hash
-from ..operators.plan import initial_fill, plan_belady, plan_static, static_tier
-from ..operators.store import Store
-from ..operators.stream_pack import (
+from ..operators.formats.errors import ConfigError, DiskflowError, InputError
+from ..operators.formats.files import config_hash
+from ..operators.formats.store import Store
+from ..operators.prepare.count import merge_counts
+from ..operators.prepare.plan import initial_fill, plan_belady, plan_static, static_tier
+from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
+from ..operators.prepare.tiers import tier_sizes
+from ..operators.stream.pack import (
     Bundle,
     count_bytes,
     pack_base,
@@ -67,8 +69,6 @@ from ..operators.stream_pack import (
     sample_n_ids,
     stream_header,
 )
-from ..operators.superbatch import SuperbatchRef, check_round_config, round_layout
-from ..operators.tiers import tier_sizes
 from .options import parse_int
 from .plugin import GPU, PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .progress import bar
@@ -299,7 +299,7 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
 
     `after` is the base bundle's ship result for a superbatch (its tier files are linked in).
     """
-    from ..operators.stream_ship import drop_source, held_files, stage_bundle
+    from ..operators.stream.ship import drop_source, held_files, stage_bundle
 
     t0 = time.time()
     plugin = _plugin()
@@ -330,7 +330,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     The staged directory is deleted in the background (`ScratchSpace.discard`), so the next
     ``train`` task starts at once.
     """
-    from ..operators.stream_train import StreamTrainer
+    from ..operators.stream.train import StreamTrainer
 
     t0 = time.time()
     plugin = _plugin()
@@ -700,7 +700,7 @@ class StreamRun:
             self._trained(k, fut.result())
 
     def _failed(self, kind: str, k: int, fut: Any) -> None:
-        from ..operators.stream_ship import ShipVerifyError
+        from ..operators.stream.ship import ShipVerifyError
 
         exc = fut.exception()
         what = f"{kind}-{self.refs[k].key}" if k >= 0 else kind
@@ -781,13 +781,13 @@ class StreamRun:
             self._ckpt_pending.pop(0).result()
 
     def _save_checkpoint(self, ck: dict[str, Any]) -> None:
-        from ..operators.checkpoint import save_checkpoint
+        from ..operators.train.checkpoint import save_checkpoint
 
         st = ck["state"]
         self.last_checkpoint = save_checkpoint(self.ckpt_root, int(st["epoch"]), int(st["batch"]), st, ck["arrays"])
 
     def _load_resume(self) -> tuple[int, dict[str, Any] | None, np.ndarray | None]:
-        from ..operators.checkpoint import latest_checkpoint, load_checkpoint
+        from ..operators.train.checkpoint import latest_checkpoint, load_checkpoint
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None:

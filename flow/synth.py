@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.files import staging_dir, write_manifest
-from ..operators.importers import RAW_FORMAT, RAW_KIND, RAW_VERSION
-from ..operators.outputs import check_free_space, check_replaceable
-from ..operators.store import SPLITS
-from ..operators.synth import SynthConfig, synth_part
+from ..operators.formats.files import staging_dir, write_manifest
+from ..operators.formats.outputs import check_free_space, check_replaceable
+from ..operators.formats.store import SPLITS
+from ..operators.ingest.importers import RAW_FORMAT, RAW_KIND, RAW_VERSION
+from ..operators.ingest.synth import SynthConfig, synth_part
 from .progress import compute
 
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..operators.files import atomic_path, format_bytes
+from ..operators.formats.files import atomic_path, format_bytes
 
 TIMELINE = "timeline.png"
 COLORS = {"sample": "#8ecae6", "plan": "#219ebc", "pack": "#023047", "ship": "#ffb703", "train": "#fb8500"}

@@ -32,15 +32,15 @@ from torch_geometric.data import Data
 
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
-from ..operators.batches import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader, to_data
-from ..operators.errors import ConfigError, InputError
-from ..operators.files import config_hash
-from ..operators.models import build_model
-from ..operators.packed import PackedDataset
-from ..operators.sample import NeighborSampler
-from ..operators.store import Store
-from ..operators.train import TrainConfig, deterministic, evaluate, train_epoch
-from ..operators.trainer import DATA_ONLY
+from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.files import config_hash
+from ..operators.formats.packed import PackedDataset
+from ..operators.formats.store import Store
+from ..operators.prepare.sample import NeighborSampler
+from ..operators.train.batches import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader, to_data
+from ..operators.train.loop import TrainConfig, deterministic, evaluate, train_epoch
+from ..operators.train.models import build_model
+from ..operators.train.trainer import DATA_ONLY
 
 NAME = "inmemory"
 EpochHook = Callable[[dict[str, Any]], None]

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..operators.errors import ConfigError, InputError
-from ..operators.store import Store
+from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.store import Store
 from .inmemory import EpochHook, gathered_run
 
 NAME = "mmap"

@@ -25,8 +25,8 @@ from ..flow.roles import stream_client
 from ..flow.rundir import plot_curves, write_report
 from ..flow.stream import StreamConfig, StreamRun
 from ..flow.timeline import plot_timeline
-from ..operators.errors import ConfigError
-from ..operators.store import Store
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.store import Store
 from ._packed import packed_budgets
 
 NAME = "streaming"
@@ -84,7 +84,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         gpu_wait: seconds to wait for a GPU-resource worker to join.
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
     """
-    from ..operators.stream_train import StreamTrainConfig
+    from ..operators.stream.train import StreamTrainConfig
 
     st = Store(_local(store))
     rdir = Path(run_dir)

@@ -12,7 +12,7 @@ import pytest
 def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A raw dataset (edges/, features/, nodes/) of 4111 nodes with 47-dim features."""
     from diskflow.flow.synth import run_synth
-    from diskflow.operators.synth import SynthConfig
+    from diskflow.operators.ingest.synth import SynthConfig
 
     out = tmp_path_factory.mktemp("raw") / "tiny"
     with dask.config.set(scheduler="sync"):

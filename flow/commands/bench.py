@@ -41,7 +41,7 @@ _WORKDIRS = ("workdir", "work")     # the benchmarks' work-directory options (`-
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.outputs import replace_foreign
+    from ...operators.formats.outputs import replace_foreign
     from ..rundir import RUN_KIND
 
     workdirs = [getattr(args, dest) for dest in _WORKDIRS if getattr(args, dest, None)]

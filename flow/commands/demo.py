@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ...operators.files import format_bytes
+from ...operators.formats.files import format_bytes
 from ..options import fanouts_option, positive_int
 
 
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.synth import SynthConfig
+    from ...operators.ingest.synth import SynthConfig
     from ...pipelines import inmemory
     from ..cluster import dask_client
     from ..ingest import run_ingest

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.files import format_bytes
+from ...operators.formats.files import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
-    from ...operators.ingest import find_raw_files
-    from ...operators.outputs import check_replaceable
-    from ...operators.store import STORE_KIND
+    from ...operators.formats.outputs import check_replaceable
+    from ...operators.formats.store import STORE_KIND
+    from ...operators.ingest.raw import find_raw_files
     from ..cluster import dask_client
     from ..ingest import run_ingest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ...operators.files import format_bytes
+from ...operators.formats.files import format_bytes
 from ..options import byte_budget, fanouts_option, positive_int
 
 PIPELINES = ("belady", "diskgnn", "ginex")
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.store import Store
+    from ...operators.formats.store import Store
     from ..cluster import dask_client
     from ..prepare import check_outputs
 

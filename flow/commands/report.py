@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.errors import InputError
-from ...operators.files import format_bytes
+from ...operators.formats.errors import InputError
+from ...operators.formats.files import format_bytes
 from ..rundir import read_report
 from ..timeline import TIMELINE, key_numbers, plot_timeline
 

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ...operators.errors import ConfigError
+from ...operators.formats.errors import ConfigError
 from ..options import parse_int
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import new_run_dir

@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ...operators.files import format_bytes
-from ...operators.synth import SynthConfig
+from ...operators.formats.files import format_bytes
+from ...operators.ingest.synth import SynthConfig
 from ..options import positive_int
 
 _D = SynthConfig()
@@ -79,8 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.importers import RAW_KIND
-    from ...operators.outputs import check_replaceable
+    from ...operators.formats.outputs import check_replaceable
+    from ...operators.ingest.importers import RAW_KIND
     from ..cluster import dask_client
     from ..synth import run_synth
 

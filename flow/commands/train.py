@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...operators.errors import ConfigError, DiskflowError, InputError
-from ...operators.files import format_bytes, read_manifest, write_json
+from ...operators.formats.errors import ConfigError, DiskflowError, InputError
+from ...operators.formats.files import format_bytes, read_manifest, write_json
 from ..options import positive_int
 from ..rundir import REPORT, RUN_INFO, new_run_dir, use_run_dir
 
@@ -85,7 +85,7 @@ def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.trainer import CHECKPOINTS
+    from ...operators.train.trainer import CHECKPOINTS
     from ...pipelines._packed import train_and_report
     from ..options import byte_budget as budget
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ...operators.files import format_bytes
-from ...operators.verify import verify
+from ...operators.formats.files import format_bytes
+from ...operators.formats.verify import verify
 from ..options import positive_int
 
 

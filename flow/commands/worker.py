@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.errors import ConfigError
-from ...operators.files import parse_bytes
+from ...operators.formats.errors import ConfigError
+from ...operators.formats.files import parse_bytes
 from ..roles import run_dask_cli, set_worker_config, worker_argv
 
 

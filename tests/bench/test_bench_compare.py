@@ -13,7 +13,7 @@ import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.common import drop_page_cache
 from diskflow.flow.cli import main
-from diskflow.operators.errors import ConfigError
+from diskflow.operators.formats.errors import ConfigError
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",

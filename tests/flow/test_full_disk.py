@@ -13,7 +13,7 @@ import dask
 import pytest
 from diskflow.flow.cli import main
 from diskflow.flow.prepare import PrepareConfig, prepare
-from diskflow.operators.errors import DiskFullError
+from diskflow.operators.formats.errors import DiskFullError
 
 # A round whose samples and plans (~4 MB) fit the 20 MiB disk and whose packed segments (~25 MB) do not.
 ROUND = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--epochs", "12",

@@ -13,9 +13,9 @@ import pytest
 import scipy.sparse as sp
 from dask.callbacks import Callback
 from diskflow.flow.ingest import IngestResult, run_ingest
-from diskflow.operators.errors import ConfigError, InputError
-from diskflow.operators.ingest import write_raw_dataset
-from diskflow.operators.store import SPLITS, Store
+from diskflow.operators.formats.errors import ConfigError, InputError
+from diskflow.operators.formats.store import SPLITS, Store
+from diskflow.operators.ingest.raw import write_raw_dataset
 
 N, E, DIM = 1013, 5003, 7
 

@@ -19,13 +19,20 @@ import numpy as np
 import pytest
 from dask.callbacks import Callback
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
-from diskflow.operators import pack as pack_mod
-from diskflow.operators.errors import ConfigError
-from diskflow.operators.packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, SRC_STORE, PackedDataset
-from diskflow.operators.samples import read_n_ids
-from diskflow.operators.store import Store
-from diskflow.operators.superbatch import round_layout, sample_superbatch
-from diskflow.operators.verify import verify
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.packed import (
+    SRC_CPU,
+    SRC_DCACHE,
+    SRC_GPU,
+    SRC_PACKED,
+    SRC_STORE,
+    PackedDataset,
+)
+from diskflow.operators.formats.samples import read_n_ids
+from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.verify import verify
+from diskflow.operators.prepare import pack as pack_mod
+from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
 CPU_ROWS = 600          # CPU-tier rows on top of the staging reserve: far fewer than the rows a round touches
@@ -192,7 +199,7 @@ def test_replay_catches_a_flipped_byte(flavours: dict, features: np.ndarray, ref
     """The exactness check above can fail: a flipped byte in a part file is caught by both checks."""
     import shutil
 
-    from diskflow.operators.errors import InputError
+    from diskflow.operators.formats.errors import InputError
 
     out = tmp_path / "copy"
     shutil.copytree(flavours["belady"][0].path, out)

@@ -12,8 +12,8 @@ from typing import Any
 import dask
 import pytest
 from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
-from diskflow.operators.store import Store
-from diskflow.operators.verify import verify
+from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.verify import verify
 
 distributed = pytest.importorskip("distributed")
 
@@ -92,7 +92,7 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
     pids = set(client.run(os.getpid).values())
 
     def slow_first_part_write(marker_dir: str) -> None:   # runs in each worker process
-        from diskflow.operators import pack
+        from diskflow.operators.prepare import pack
 
         real = getattr(pack, "_real_write_all", pack._write_all)
         pack._real_write_all = real

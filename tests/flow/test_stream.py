@@ -25,9 +25,9 @@ from diskflow.flow.commands import report as report_cmd
 from diskflow.flow.roles import stream_client
 from diskflow.flow.rundir import new_run_dir
 from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
-from diskflow.operators import stream_ship
-from diskflow.operators.checkpoint import latest_checkpoint, load_checkpoint
-from diskflow.operators.errors import ConfigError, DiskflowError, InputError
+from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputError
+from diskflow.operators.stream import ship as stream_ship
+from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
 
 distributed = pytest.importorskip("distributed")
@@ -258,7 +258,7 @@ def test_unreachable_scheduler_is_a_clear_error() -> None:
 
 def test_no_gpu_worker_is_a_clear_error(tiny_store: Path, tmp_path: Path) -> None:
     from diskflow.flow.stream import StreamConfig, StreamRun
-    from diskflow.operators.stream_train import StreamTrainConfig
+    from diskflow.operators.stream.train import StreamTrainConfig
 
     cfg = StreamConfig(train=StreamTrainConfig(), fanouts=(5, 5), batch_size=256, superbatch_size=3, gpu_wait_s=0.5)
     with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
@@ -281,7 +281,7 @@ def test_run_command_options() -> None:
     assert resume_dir(argparse.Namespace(resume=None)) is None
     with pytest.raises(InputError, match="no checkpoints to resume from"):
         resume_dir(argparse.Namespace(resume="/nonexistent"))
-    from diskflow.operators.stream_train import StreamTrainConfig
+    from diskflow.operators.stream.train import StreamTrainConfig
 
     base = stream_mod.StreamConfig(train=StreamTrainConfig())
     assert base.fingerprint("s") == stream_mod.StreamConfig(train=StreamTrainConfig(), window=5).fingerprint("s")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from dask.sizeof import sizeof
 from diskflow.flow.stream import PlanResult, SampleResult, Tiers
-from diskflow.operators.plan import BatchPlan, SuperbatchPlan
-from diskflow.operators.stream_pack import Bundle
+from diskflow.operators.formats.plan import BatchPlan, SuperbatchPlan
+from diskflow.operators.stream.pack import Bundle
 
 
 def _plan(n: int) -> BatchPlan:

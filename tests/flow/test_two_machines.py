@@ -27,7 +27,7 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
 import dask
 from dask.utils import key_split
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.checkpoint import latest_checkpoint, load_checkpoint
+from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
 
 distributed = pytest.importorskip("distributed")

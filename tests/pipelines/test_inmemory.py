@@ -14,7 +14,7 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
 from diskflow.flow.cli import main
 from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.operators.errors import ConfigError, InputError
+from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.pipelines import inmemory
 
 # Small and quick, but the same settings for both models, so the gap is the graph's doing.

@@ -24,12 +24,18 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
 
 import dask
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.files import create_aligned_npy, save_aligned_npy, write_manifest
-from diskflow.operators.ingest import store_manifest
-from diskflow.operators.load import PackedLoader
-from diskflow.operators.packed import ROUND_DIR, IndexRecord, PackedDataset, read_index_file, write_index_file
-from diskflow.operators.store import SPLITS, Store
-from diskflow.operators.verify import verify
+from diskflow.operators.formats.files import create_aligned_npy, save_aligned_npy, write_manifest
+from diskflow.operators.formats.packed import (
+    ROUND_DIR,
+    IndexRecord,
+    PackedDataset,
+    read_index_file,
+    write_index_file,
+)
+from diskflow.operators.formats.store import SPLITS, Store
+from diskflow.operators.formats.verify import verify
+from diskflow.operators.ingest.raw import store_manifest
+from diskflow.operators.train.loader import PackedLoader
 from diskflow.pipelines import belady, diskgnn, ginex, mmap
 
 GIB4 = 1 << 32

@@ -22,10 +22,10 @@ from diskflow.flow import cli
 from diskflow.flow.commands import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.operators.errors import ConfigError, DiskflowError
-from diskflow.operators.load import io_buffer_bytes
-from diskflow.operators.store import Store
-from diskflow.operators.tiers import staging_buffers, staging_piece_bytes
+from diskflow.operators.formats.errors import ConfigError, DiskflowError
+from diskflow.operators.formats.store import Store
+from diskflow.operators.prepare.tiers import staging_buffers, staging_piece_bytes
+from diskflow.operators.train.loader import io_buffer_bytes
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,

@@ -1,0 +1,3 @@
+"""The on-disk formats and what every stage shares: errors, files, checksums, output directories, the
+store, stored samples, plans and packed datasets, and their verification. Imports nothing else from
+`operators`, so a format can be read without the code that writes it."""

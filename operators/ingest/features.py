@@ -1,0 +1,243 @@
+"""Ingest of node features into row-range shards.
+
+Two steps:
+
+1. `scan_features`, once per feature file: checks the schema (``node_id`` integer,
+   ``x`` fixed_size_list<float32|float16, dim>), validates ids against N, and records
+   the node-id range of every independently readable unit (Parquet row group, IPC
+   record batch) by reading the ``node_id`` column only.
+2. `write_feature_shard`, once per output shard [lo, hi): reads just the units whose
+   id range overlaps it, scatters their rows into the shard buffer, and checks that
+   every row of the range arrived exactly once and is finite. The shard is an .npy
+   with its data at byte 4096 (see `operators.files.create_aligned_npy`).
+
+Duplicate detection is vectorised with a per-slot stamp: the running number of the
+input row that filled the slot. A slot already stamped is a repeat from an earlier
+batch; a slot whose stamp is not the row just written is a repeat within the batch.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..formats.errors import InputError
+from ..formats.files import ALIGN, create_aligned_npy, tmp_name
+from .raw import (
+    TableUnit,
+    check_id_range,
+    int_column,
+    iter_units_batches,
+    require_columns,
+    table_schema,
+    table_units,
+)
+
+FEATURE_COLUMNS = ("node_id", "x")
+FEATURE_DTYPES: dict[pa.DataType, np.dtype] = {pa.float32(): np.dtype(np.float32), pa.float16(): np.dtype(np.float16)}
+
+
+@dataclass(frozen=True)
+class FeatureUnit:
+    """A readable unit of a feature file and the node-id range it holds."""
+
+    unit: TableUnit
+    min_id: int
+    max_id: int
+
+
+@dataclass(frozen=True)
+class FeatureFile:
+    """What a scan learned about one feature file."""
+
+    path: str
+    dtype: str       # numpy name: "float32" or "float16"
+    dim: int
+    units: tuple[FeatureUnit, ...]  # non-empty units only
+    rows: int
+
+    @property
+    def arrow_type(self) -> str:
+        """The canonical Arrow type of ``x`` (e.g. ``fixed_size_list<item: float>[47]``)."""
+        return str(pa.list_(pa.from_numpy_dtype(np.dtype(self.dtype)), self.dim))
+
+
+def feature_type(schema: pa.Schema, path: Path) -> tuple[np.dtype, int]:
+    """(dtype, dim) of the ``x`` column; InputError unless it is fixed_size_list<float32|float16, dim>."""
+    require_columns(schema, FEATURE_COLUMNS, path)
+    t = schema.field("x").type
+    if not pa.types.is_fixed_size_list(t):
+        raise InputError(path, f"column 'x' has type {t}, expected fixed_size_list<float32|float16, dim> "
+                               "(one fixed-length vector per node)")
+    if t.value_type not in FEATURE_DTYPES:
+        raise InputError(path, f"column 'x' has item type {t.value_type}, expected float32 or float16 "
+                               "(cast the features before ingest)")
+    if t.list_size < 1:
+        raise InputError(path, f"column 'x' has dim {t.list_size}, expected at least 1")
+    if not pa.types.is_integer(schema.field("node_id").type):
+        raise InputError(path, f"column 'node_id' has type {schema.field('node_id').type}, expected int64")
+    return FEATURE_DTYPES[t.value_type], int(t.list_size)
+
+
+def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int = 1 << 20) -> FeatureFile:
+    """Check one feature file's schema and ids; record each unit's node-id range.
+
+    Raises:
+        InputError: naming the file, for a missing column, a wrong ``x`` type, a null or
+        out-of-range node id (with its row), or an unreadable file.
+    """
+    p = Path(path)
+    dtype, dim = feature_type(table_schema(p), p)
+    all_units = table_units(p)
+    lo = np.full(len(all_units), np.iinfo(np.int64).max)
+    hi = np.full(len(all_units), -1)
+    for unit, row0, batch in iter_units_batches(all_units, ("node_id",), batch_rows):
+        ids = int_column(batch, "node_id", p, row0)
+        check_id_range(ids, num_nodes, p, row0, "node_id")
+        if len(ids):
+            lo[unit.index] = min(lo[unit.index], int(ids.min()))
+            hi[unit.index] = max(hi[unit.index], int(ids.max()))
+    units = [FeatureUnit(u, int(lo[u.index]), int(hi[u.index])) for u in all_units if hi[u.index] >= 0]
+    return FeatureFile(str(p), dtype.name, dim, tuple(units), sum(u.unit.rows for u in units))
+
+
+def check_same_schema(files: Sequence[FeatureFile]) -> tuple[np.dtype, int]:
+    """The common (dtype, dim) of all feature files; InputError naming the first file that differs."""
+    first = files[0]
+    for f in files[1:]:
+        if (f.dtype, f.dim) != (first.dtype, first.dim):
+            raise InputError(f.path, f"schema mismatch between feature shards: x is {f.arrow_type} here "
+                                     f"but {first.arrow_type} in {first.path}")
+    return np.dtype(first.dtype), first.dim
+
+
+def units_overlapping(files: Sequence[FeatureFile], lo: int, hi: int) -> list[TableUnit]:
+    """The units that may hold rows of node ids [lo, hi)."""
+    return [u.unit for f in files for u in f.units if u.max_id >= lo and u.min_id < hi]
+
+
+def _features(batch: pa.RecordBatch, dim: int, path: Path, row0: int) -> np.ndarray:
+    """The ``x`` column of a batch as an (rows, dim) numpy view; InputError on nulls."""
+    col = batch.column("x")
+    if col.null_count:
+        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(path, f"feature row {row0 + row} is null")
+    flat = col.flatten()
+    if flat.null_count:
+        row = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]) // dim
+        raise InputError(path, f"feature row {row0 + row} holds a null value")
+    return flat.to_numpy().reshape(-1, dim)
+
+
+def _is_run(ids: np.ndarray) -> bool:
+    """Whether `ids` are consecutive ascending integers (checked without a Python loop)."""
+    return int(ids[-1]) - int(ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all())
+
+
+def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[str], *, lo: int, hi: int,
+                        dtype: np.dtype | str, dim: int, features_dir: str | os.PathLike[str],
+                        allow_nonfinite: bool = False, batch_rows: int = 1 << 16) -> dict[str, Any]:
+    """Write the feature shard of node ids [lo, hi) from the input units that overlap it.
+
+    Args:
+        units: input units whose id range overlaps [lo, hi) (from `units_overlapping`).
+        out_path: the shard file (written under a temporary name, then renamed).
+        lo, hi: the shard's node-id range.
+        dtype, dim: the common feature type (`check_same_schema`).
+        features_dir: the input features directory, named by a "missing rows" error.
+        allow_nonfinite: accept NaN and inf values.
+        batch_rows: input rows decoded at a time.
+
+    Returns:
+        The manifest entry of the shard (path relative to the store is filled by the caller).
+
+    Raises:
+        InputError: naming the file and an example node id, for a repeated node row, a
+        missing one, a null, or a NaN/inf value.
+    """
+    dt = np.dtype(dtype)
+    rows = hi - lo
+    buf = np.empty((rows, dim), dt)
+    stamp = np.full(rows, -1, np.int64)  # running number of the input row that filled each slot
+    batch_starts: list[int] = []          # running number of each batch's first row ...
+    batch_paths: list[Path] = []          # ... and its file, to name the earlier file of a repeat
+    seen = 0
+    for unit, row0, batch in iter_units_batches(units, FEATURE_COLUMNS, batch_rows):
+        path = unit.path
+        ids = int_column(batch, "node_id", path, row0)
+        x = _features(batch, dim, path, row0)
+        if not len(ids):
+            continue
+        if _is_run(ids):  # ascending consecutive ids (the usual layout): slices, no gathers
+            a, b = max(lo - int(ids[0]), 0), min(hi - int(ids[0]), len(ids))
+            if b <= a:
+                continue
+            pos: np.ndarray = np.arange(a, b)
+            ids, x = ids[a:b], x[a:b]
+            slot: slice | np.ndarray = slice(int(ids[0]) - lo, int(ids[0]) - lo + len(ids))
+        else:
+            pos = np.flatnonzero((ids >= lo) & (ids < hi))
+            if not len(pos):
+                continue
+            if len(pos) < len(ids):
+                ids, x = ids[pos], x[pos]
+            slot = ids - lo
+        if not allow_nonfinite and not np.isfinite(x).all():
+            i = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise InputError(path, f"non-finite feature value (NaN or inf) for node {int(ids[i])} at row "
+                                   f"{row0 + int(pos[i])} (pass --allow-nonfinite to accept it)")
+        number = seen + np.arange(len(ids), dtype=np.int64)
+        earlier = stamp[slot]
+        if (earlier >= 0).any():
+            i = int(np.flatnonzero(earlier >= 0)[0])
+            first = batch_paths[int(np.searchsorted(batch_starts, earlier[i], side="right")) - 1]
+            where = "an earlier row of this file" if first == path else f"a row of {first}"
+            raise InputError(path, f"duplicate feature row for node {int(ids[i])} at row {row0 + int(pos[i])} "
+                                   f"({where} already gave it)")
+        stamp[slot] = number
+        clash = stamp[slot] != number if isinstance(slot, np.ndarray) else np.zeros(0, bool)
+        if clash.any():
+            i = int(np.flatnonzero(clash)[0])
+            rows_of = row0 + pos[ids == ids[i]][:2]
+            raise InputError(path, f"duplicate feature row for node {int(ids[i])} at rows "
+                                   f"{int(rows_of[0])} and {int(rows_of[1])}")
+        buf[slot] = x
+        batch_starts.append(seen)
+        batch_paths.append(path)
+        seen += len(ids)
+    missing = stamp < 0
+    if missing.any():
+        v = lo + int(np.flatnonzero(missing)[0])
+        raise InputError(features_dir, f"no feature row for node {v} ({int(missing.sum())} of nodes {lo}..{hi - 1} "
+                                       "missing; every node needs exactly one row)")
+    _write_aligned(Path(out_path), buf)
+    return {"row_start": int(lo), "rows": int(rows), "offset": ALIGN, "nbytes": int(buf.nbytes)}
+
+
+def _write_aligned(path: Path, array: np.ndarray) -> None:
+    """Write `array` as an aligned .npy under a temporary name, fsync, rename.
+
+    Unlike `files.atomic_path` this never creates the parent directory, so a task that
+    outlives a failed run cannot resurrect its deleted staging directory.
+    """
+    tmp = tmp_name(path)
+    create_aligned_npy(tmp, array.dtype, array.shape)
+    try:
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            view = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:done + (64 << 20)], ALIGN + done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,617 @@
+"""Batched feature packing (DiskGNN §5.2): one task per feature shard, each raw byte read once.
+
+`pack_shard` reads shard p of the store with large sequential reads, then, for every batch
+of the round in order, gathers that batch's packed rows living in shard p (numpy fancy
+indexing into a large write buffer) and appends them to ``part-p.bin`` as one 4096-aligned
+segment; the file is written sequentially under a temporary name and renamed when complete,
+so a killed task never leaves a part file that looks finished. The same task writes the
+rows of the disk caches, the GPU tier and the CPU tier's initial state that live in its
+shard, into files preallocated before packing (`prepare_targets`); rows of one such file
+come from every shard, so they are scattered through a shared memory map, never one write
+per row.
+
+`pack_naive` is the benchmark's baseline, DiskGNN's "individual packing": batch by batch,
+every needed row is fetched with its own random read (page cache dropped first), so rows
+shared by several batches are read several times. Both produce byte-identical part files.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..formats.checksum import crc32
+from ..formats.errors import InputError
+from ..formats.files import ALIGN, atomic_path, create_aligned_npy, save_npy
+from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
+from ..formats.store import FeatureShard, Store
+from .route import RouteFile
+
+READ_CHUNK = 64 << 20     # bytes per sequential read of a shard
+WRITE_BUFFER = 32 << 20   # bytes gathered before one write to a part file
+
+
+@dataclass(frozen=True)
+class RowTarget:
+    """A preallocated rows file that takes row ``k`` = features[ids[k]] at ``offset + k * row_bytes``.
+
+    ``ids`` is an int array or the path of an ``.npy`` holding it; ids < 0 are empty rows
+    (left zero).
+    """
+
+    path: str | os.PathLike[str]
+    ids: np.ndarray | str | os.PathLike[str]
+    offset: int = 0
+
+    def load_ids(self) -> np.ndarray:
+        if isinstance(self.ids, np.ndarray):
+            return self.ids.astype(np.int64, copy=False)
+        try:
+            return np.asarray(np.load(self.ids, mmap_mode="r"), dtype=np.int64)
+        except (OSError, ValueError) as e:
+            raise InputError(self.ids, f"unreadable ids array ({e})") from e
+
+
+def prepare_targets(packed_dir: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: np.ndarray,
+                    cache_nodes: Sequence[np.ndarray], dtype: np.dtype | str, dim: int
+                    ) -> tuple[list[RowTarget], list[RowTarget]]:
+    """Write the tier and disk-cache id files and preallocate their rows files, before packing.
+
+    Creates ``gpu_ids.npy``/``gpu_cache.npy``, ``cpu_ids.npy``/``cpu_init.npy`` (aligned .npy,
+    rows at byte 4096) and per segment g ``round-0/dcache-g.ids.npy``/``dcache-g.bin``.
+
+    Returns:
+        (tier_targets, dcache_targets) to pass to every `pack_shard` task.
+    """
+    root = Path(packed_dir)
+    dt = np.dtype(dtype)
+    tiers = []
+    for name, ids in (("gpu", gpu_ids), ("cpu", cpu_ids)):
+        ids = np.asarray(ids, dtype=np.int64)
+        ids_path, rows_path = root / f"{name}_ids.npy", root / ("gpu_cache.npy" if name == "gpu" else "cpu_init.npy")
+        save_npy(ids_path, ids)
+        with atomic_path(rows_path) as tmp:
+            mm = create_aligned_npy(tmp, dt, (ids.shape[0], dim))
+            del mm
+        tiers.append(RowTarget(rows_path, ids_path, ALIGN))
+    caches = []
+    rnd = root / ROUND_DIR
+    for g, nodes in enumerate(cache_nodes):
+        ids_path, rows_path = rnd / dcache_ids_name(g), rnd / dcache_name(g)
+        save_npy(ids_path, np.asarray(nodes, dtype=np.int64))
+        create_row_file(rows_path, len(nodes), dim * dt.itemsize)
+        caches.append(RowTarget(rows_path, ids_path, 0))
+    return tiers, caches
+
+
+# ---------------------------------------------------------------------------- helpers
+
+_THREAD = threading.local()
+
+
+def _shard_buffer(nbytes: int) -> np.ndarray:
+    """A byte buffer of `nbytes` reused by this thread's pack tasks.
+
+    A fresh 64 MiB array per shard costs the kernel zeroing every page of it again; the
+    buffer is only ever live inside one task, and a thread runs one task at a time.
+    """
+    buf = getattr(_THREAD, "shard", None)
+    if buf is None or buf.shape[0] < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        _THREAD.shard = buf
+    return buf[:nbytes]
+
+
+def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> tuple[np.ndarray, int]:
+    """Shard rows [rows, dim] in RAM, read with large sequential preads; also the bytes read."""
+    nbytes = shard.rows * dim * dtype.itemsize
+    buf = _shard_buffer(nbytes)
+    done = 0
+    try:
+        fd = os.open(shard.path, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    try:
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
+        while done < nbytes:
+            got = os.preadv(fd, [buf[done:done + min(chunk, nbytes - done)].data], shard.offset + done)
+            if got <= 0:
+                raise InputError(shard.path, f"truncated feature shard: {nbytes} bytes expected from byte "
+                                             f"{shard.offset}, file ends after {done}")
+            done += got
+    except OSError as e:
+        raise InputError(shard.path, f"read failed at byte {shard.offset + done} ({e.strerror or e})") from e
+    finally:
+        os.close(fd)
+    return buf.view(dtype).reshape(shard.rows, dim), done
+
+
+class _LazyShard:
+    """A shard's rows, read (once, sequentially) on first use.
+
+    A shard that no batch misses and no tier or disk cache holds is never read: on a graph
+    whose hot rows sit in a few shards, the packing pass reads only those.
+    """
+
+    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> None:
+        self.shard, self.dtype, self.dim, self.chunk = shard, dtype, dim, chunk
+        self.bytes_read = 0
+        self._rows: np.ndarray | None = None
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows, self.bytes_read = _read_shard(self.shard, self.dtype, self.dim, self.chunk)
+        return self._rows
+
+
+def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: threading.Event | None = None,
+                chunk: int = 8 << 20) -> int:
+    """Read the store's first shards into the page cache, up to `budget_bytes`; return the bytes read.
+
+    Meant for a background thread while preparation is busy with sampling and planning and the
+    disk is otherwise idle: the pack tasks of those shards then find their bytes cached, so
+    part of the one pass over the features overlaps the CPU-bound phases. Every byte is still
+    read from the disk once. Whole shards only (stops before one that would pass the budget);
+    returns early when `stop` is set; I/O errors end the warm-up quietly (packing reports them).
+    """
+    store = Store(store_path)
+    buf = np.empty(chunk, dtype=np.uint8)
+    done = 0
+    for shard in store.shards:
+        nbytes = shard.rows * store.row_bytes
+        if done + nbytes > budget_bytes or (stop is not None and stop.is_set()):
+            break
+        try:
+            fd = os.open(shard.path, os.O_RDONLY)
+        except OSError:
+            break
+        try:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
+            off = 0
+            while off < nbytes and not (stop is not None and stop.is_set()):
+                got = os.preadv(fd, [buf[:min(chunk, nbytes - off)]], shard.offset + off)
+                if got <= 0:
+                    break
+                off += got
+            done += off
+        except OSError:
+            break
+        finally:
+            os.close(fd)
+    return done
+
+
+def _write_all(fd: int, view: np.ndarray, path: Path) -> None:
+    data = view.reshape(-1).view(np.uint8).data
+    while data.nbytes:
+        try:
+            n = os.write(fd, data)
+        except OSError as e:
+            raise InputError(path, f"write failed ({e.strerror or e})") from e
+        data = data[n:]
+
+
+def _open_new(path: Path) -> tuple[int, bool]:
+    """Create `path` for large aligned appends: with O_DIRECT where the filesystem takes it, else buffered.
+
+    Part files are written once and not read back by the packing machine, so O_DIRECT skips
+    the page-cache copy and the dirty-page writeback throttling (buffered writes of a round's
+    packed bytes ran 5-9x slower than O_DIRECT on the benchmark VM) and keeps them out of memory.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        with contextlib.suppress(OSError):   # EINVAL: e.g. tmpfs refuses O_DIRECT
+            return os.open(path, flags | direct, 0o644), True
+    return os.open(path, flags, 0o644), False
+
+
+def _clear_direct(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+
+
+class _SegmentWriter:
+    """Appends segments to a part file through two large page-aligned buffers (large writes, in file order).
+
+    While one buffer is written by a background thread, the task gathers rows into the other,
+    so gathering and checksumming overlap the disk instead of alternating with it (one write in
+    flight at a time keeps the file sequential). With ``direct`` (an O_DIRECT descriptor) only
+    whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
+    carries the rest (< ALIGN bytes) to the front of the next buffer. Segments are padded to
+    ALIGN, so the last flush of a part file is whole pages too. `close` must follow, also on error.
+    """
+
+    def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False) -> None:
+        self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
+        n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
+        self._bufs = [self._aligned(n), self._aligned(n)]
+        self._cur = 0
+        self.buf = self._bufs[0]
+        self.fill = 0
+        self.written = 0   # bytes handed to the file, padding included
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
+        self._pending: Future[None] | None = None
+
+    @staticmethod
+    def _aligned(n: int) -> np.ndarray:
+        raw = np.empty(n + ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        return raw[start:start + n]                             # page-aligned, as O_DIRECT requires
+
+    @property
+    def position(self) -> int:
+        return self.written + self.fill
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()                                    # re-raises the writer's InputError
+
+    def flush(self) -> None:
+        n = self.fill - self.fill % ALIGN if self.direct else self.fill
+        if not n:
+            return
+        tail = self.fill - n
+        nxt = self._bufs[1 - self._cur]
+        self._wait()                                            # nxt's previous write is done
+        nxt[:tail] = self.buf[n:self.fill]
+        self._pending = self._pool.submit(_write_all, self.fd, self.buf[:n], self.path)
+        self.written += n
+        self.buf, self._cur, self.fill = nxt, 1 - self._cur, tail
+
+    def finish(self) -> None:
+        """Write everything buffered (the last segment is padded, so whole pages when direct)."""
+        self.flush()
+        self._wait()
+        if self.fill:   # not page-aligned: finish with a buffered write
+            _clear_direct(self.fd)
+            self.direct = False
+            _write_all(self.fd, self.buf[:self.fill], self.path)
+            self.written += self.fill
+            self.fill = 0
+
+    def close(self) -> None:
+        """Wait for the write in flight (errors of an abandoned file are dropped) and stop the writer."""
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._pool.shutdown(wait=True)
+
+    def rows(self, feats: np.ndarray, local: np.ndarray) -> int:
+        """Append feats[local] (rows already range-checked); return the crc32 of their bytes."""
+        crc, t, rb = 0, 0, self.row_bytes
+        while t < local.shape[0]:
+            if self.buf.shape[0] - self.fill < rb:
+                self.flush()
+            k = min(local.shape[0] - t, (self.buf.shape[0] - self.fill) // rb)
+            dst = self.buf[self.fill:self.fill + k * rb]
+            np.take(feats, local[t:t + k], axis=0, out=dst.view(feats.dtype).reshape(k, feats.shape[1]), mode="clip")
+            crc = crc32(dst.data, crc)
+            self.fill += k * rb
+            t += k
+        return crc
+
+    def zeros(self, n: int) -> None:
+        while n:
+            if self.fill == self.buf.shape[0]:
+                self.flush()
+            k = min(n, self.buf.shape[0] - self.fill)
+            self.buf[self.fill:self.fill + k] = 0
+            self.fill += k
+            n -= k
+
+
+def _routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> Iterator[RouteFile]:
+    """The routing files in order, checked to cover batches 0..num_batches-1 exactly once."""
+    nxt = 0
+    for rp in route_paths:
+        route = RouteFile(rp)
+        try:
+            if route.first_batch != nxt:
+                raise InputError(route.path, f"starts at batch {route.first_batch}, expected {nxt} "
+                                             "(routing files must be passed in round order)")
+            nxt += route.num_batches
+            if nxt > num_batches:
+                raise InputError(route.path, f"routes batches up to {nxt - 1}, the offsets cover {num_batches}")
+            yield route
+        finally:
+            route.close()
+    if nxt != num_batches:
+        raise ValueError(f"routing files cover {nxt} batches, the segment offsets {num_batches}")
+
+
+def _local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
+    ids = route.shard_ids(p)
+    local = ids - shard.row_start
+    if local.size and (local.min() < 0 or local.max() >= shard.rows):
+        raise InputError(route.path, f"shard {p}: packed node id outside rows [{shard.row_start}, {shard.row_stop})")
+    return local
+
+
+def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: FeatureShard, row_bytes: int) -> int:
+    """Scatter the shard's rows of every target file; return the row bytes written."""
+    written = 0
+    for t in targets:
+        ids = t.load_ids()
+        sel = np.flatnonzero((ids >= shard.row_start) & (ids < shard.row_stop))
+        if not sel.size:
+            continue
+        feats = shard_rows.rows()
+        need = t.offset + ids.shape[0] * row_bytes
+        try:
+            size = os.stat(t.path).st_size
+        except OSError as e:
+            raise InputError(t.path, f"target rows file missing ({e.strerror or e}); preallocate it before packing") from e
+        if size < need:
+            raise InputError(t.path, f"target rows file has {size} bytes, {ids.shape[0]} rows need {need}")
+        mm = np.memmap(t.path, dtype=feats.dtype, mode="r+", offset=t.offset, shape=(ids.shape[0], feats.shape[1]))
+        try:
+            mm[sel] = feats[ids[sel] - shard.row_start]
+            mm.flush()
+        finally:
+            del mm
+        written += sel.size * row_bytes
+    return written
+
+
+def _proc_read_bytes() -> int:
+    """This process's `read_bytes` from /proc/self/io (bytes that really came from the block device)."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+# ---------------------------------------------------------------------------- batched packing
+
+def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence[str | os.PathLike[str]],
+               seg_offsets: np.ndarray, part_path: str | os.PathLike[str], *,
+               dcache_targets: Sequence[RowTarget] | None = None, tier_targets: Sequence[RowTarget] | None = None,
+               row_bytes: int | None = None, read_chunk: int = READ_CHUNK, write_buffer: int = WRITE_BUFFER
+               ) -> dict[str, Any]:
+    """The batched packing task of shard p: read the shard once, write part-p.bin and its target rows.
+
+    Args:
+        store_path: the ingested store.
+        p: the shard index.
+        route_paths: the round's routing files, in round order.
+        seg_offsets: int64 [n, P] (or shard p's column [n]) from `route.segment_offsets`.
+        part_path: where part-p.bin goes (written under a temporary name, renamed at the end).
+        dcache_targets: disk-cache rows files (from `prepare_targets`); rows of shard p are written.
+        tier_targets: GPU-tier and CPU-init rows files (from `prepare_targets`).
+        row_bytes: expected row size (checked against the store), optional.
+        read_chunk: bytes per sequential read of the shard.
+        write_buffer: bytes gathered before each write to the part file.
+
+    Returns:
+        ``{"shard", "crc" (int64 [n], crc32 per segment), "rows", "bytes_read" (raw shard bytes),
+        "bytes_written" (packed row bytes), "file_bytes" (part file size, padding included),
+        "target_bytes_written", "seconds"}``.
+    """
+    t0 = time.perf_counter()
+    store = Store(store_path)
+    if not 0 <= p < len(store.shards):
+        raise ValueError(f"shard {p} out of range: the store has {len(store.shards)} shards")
+    rb = store.row_bytes
+    if row_bytes is not None and row_bytes != rb:
+        raise ValueError(f"row_bytes {row_bytes} does not match the store's {rb}")
+    offsets = np.asarray(seg_offsets, dtype=np.int64)
+    col = offsets[:, p] if offsets.ndim == 2 else offsets
+    n = col.shape[0]
+    shard = store.shards[p]
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+
+    crc = np.zeros(n, dtype=np.int64)
+    rows_total = 0
+    part = Path(part_path)
+    with atomic_path(part) as tmp:
+        fd, direct = _open_new(tmp)
+        w = _SegmentWriter(fd, part, write_buffer, rb, direct)
+        try:
+            for route in _routes(route_paths, n):
+                local = _local_rows(route, p, shard)
+                counts = route.seg_rows[:, p]
+                bounds = np.r_[0, np.cumsum(counts)]
+                for j in range(route.num_batches):
+                    i = route.first_batch + j
+                    if w.position != col[i]:
+                        raise ValueError(f"batch {i}, shard {p}: segment offset {col[i]} does not follow the "
+                                         f"previous segment (at {w.position}); offsets and routes disagree")
+                    seg = local[bounds[j]:bounds[j + 1]]
+                    if seg.size:
+                        crc[i] = w.rows(feats.rows(), seg)
+                    nbytes = seg.shape[0] * rb
+                    w.zeros(int(padded(nbytes)) - nbytes)
+                    rows_total += seg.shape[0]
+            w.finish()
+        finally:
+            w.close()
+            os.close(fd)
+    target_bytes = _write_targets(list(tier_targets or []) + list(dcache_targets or []), feats, shard, rb)
+    return {"shard": p, "crc": crc, "rows": rows_total, "bytes_read": feats.bytes_read, "bytes_written": rows_total * rb,
+            "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
+
+
+def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequence[RowTarget],
+                    read_chunk: int = READ_CHUNK) -> dict[str, Any]:
+    """Fill the tier/disk-cache rows that live in shard p, with no packed segments (the Ginex layout).
+
+    Reads shard p once, sequentially, like `pack_shard`.
+    """
+    store = Store(store_path)
+    shard = store.shards[p]
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    written = _write_targets(list(targets), feats, shard, store.row_bytes)
+    return {"shard": p, "bytes_read": feats.bytes_read, "target_bytes_written": written}
+
+
+# ---------------------------------------------------------------------------- naive baseline
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _evict(maps: Sequence[mmap.mmap], shards: Sequence[FeatureShard]) -> None:
+    """Evict the shards from the page cache, including the pages our own maps hold."""
+    for m in maps:
+        m.madvise(mmap.MADV_DONTNEED)   # unmap our pages first: the page cache cannot drop mapped pages
+    for s in shards:
+        _drop_cache(s.path)
+
+
+def pack_naive(store_path: str | os.PathLike[str], route_paths: Sequence[str | os.PathLike[str]],
+               seg_offsets: np.ndarray, part_dir: str | os.PathLike[str], *, drop_cache: bool = True,
+               drop_every_batch: bool = False) -> dict[str, Any]:
+    """Individual packing (the benchmark's baseline): batch by batch, one random read per row.
+
+    Each shard is mapped with ``MADV_RANDOM`` (no readahead), so gathering a batch's rows
+    faults in exactly the pages holding them: one small random read per row, vectorised
+    (no Python loop per row). Rows needed by several batches are read again unless the page
+    cache still holds them; `drop_every_batch` evicts it before every batch (the worst case).
+
+    Args:
+        store_path: the ingested store.
+        route_paths: the round's routing files, in round order.
+        seg_offsets: int64 [n, P] from `route.segment_offsets`.
+        part_dir: directory receiving part-PPPPP.bin for every shard (temp names, renamed at the end).
+        drop_cache: evict the shards from the page cache before starting.
+        drop_every_batch: evict them before every batch.
+
+    Returns:
+        ``{"crc" (int64 [n, P]), "rows", "bytes_read" (rows x row_bytes fetched),
+        "disk_read_bytes" (/proc/self/io delta), "bytes_written", "seconds"}``.
+    """
+    t0 = time.perf_counter()
+    io0 = _proc_read_bytes()
+    store = Store(store_path)
+    rb, P = store.row_bytes, len(store.shards)
+    offsets = np.asarray(seg_offsets, dtype=np.int64)
+    n = offsets.shape[0]
+    if offsets.ndim != 2 or offsets.shape[1] != P:
+        raise ValueError(f"seg_offsets must be [batches, {P}], got {offsets.shape}")
+    if drop_cache:
+        for s in store.shards:
+            _drop_cache(s.path)
+    crc = np.zeros((n, P), dtype=np.int64)
+    end = np.zeros(P, dtype=np.int64)   # end of the last segment written to each part file
+    rows_total = 0
+    maps: list[mmap.mmap] = []
+    shards: list[np.ndarray] = []
+    try:
+        for s in store.shards:
+            if s.rows == 0:
+                shards.append(np.zeros((0, store.feature_dim), store.feature_dtype))
+                continue
+            with open(s.path, "rb") as f:
+                maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            maps[-1].madvise(mmap.MADV_RANDOM)
+            shards.append(np.frombuffer(maps[-1], dtype=store.feature_dtype, count=s.rows * store.feature_dim,
+                                        offset=s.offset).reshape(s.rows, store.feature_dim))
+        with contextlib.ExitStack() as stack:
+            tmps = [stack.enter_context(atomic_path(Path(part_dir) / part_name(p))) for p in range(P)]
+            fds = [os.open(t, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for t in tmps]
+            try:
+                for route in _routes(route_paths, n):
+                    local = [_local_rows(route, p, store.shards[p]) for p in range(P)]
+                    bounds = np.vstack([np.zeros((1, P), np.int64), np.cumsum(route.seg_rows, axis=0)])
+                    for j in range(route.num_batches):
+                        i = route.first_batch + j
+                        if drop_every_batch:
+                            _evict(maps, store.shards)
+                        for p in range(P):
+                            rows = local[p][bounds[j, p]:bounds[j + 1, p]]
+                            end[p] = offsets[i, p] + padded(rows.size * rb)
+                            if not rows.size:
+                                continue
+                            seg = np.ascontiguousarray(shards[p][rows])   # one page fault (random read) per row
+                            data = seg.reshape(-1).view(np.uint8).data
+                            crc[i, p] = crc32(data)
+                            os.pwritev(fds[p], [data, bytes(int(padded(data.nbytes)) - data.nbytes)], int(offsets[i, p]))
+                            rows_total += rows.size
+                for p in range(P):
+                    os.ftruncate(fds[p], int(end[p]))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        shards.clear()   # release the buffer exports before closing the maps
+        for m in maps:
+            m.close()
+    io1 = _proc_read_bytes()
+    return {"crc": crc, "rows": rows_total, "bytes_read": rows_total * rb,
+            "disk_read_bytes": (io1 - io0) if io0 >= 0 and io1 >= 0 else -1,
+            "bytes_written": rows_total * rb, "seconds": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------------- a whole round, serially
+
+def pack_round(store_path: str | os.PathLike[str], packed_dir: str | os.PathLike[str],
+               superbatches: Sequence[tuple[str, int, Sequence[np.ndarray], Sequence[Any]]], layout: Any,
+               gpu_ids: np.ndarray, cpu_ids: np.ndarray, work_dir: str | os.PathLike[str] | None = None
+               ) -> dict[str, Any]:
+    """Route, pack and index a whole round in this process (what `prepare` spreads over Dask tasks).
+
+    Writes everything of the packed dataset except the samples and the manifest: the tier
+    files, ``round-0/part-*.bin``, ``round-0/dcache-*``, ``round-0/index/*.arrow``.
+
+    Args:
+        store_path: the ingested store.
+        packed_dir: the packed dataset directory being built.
+        superbatches: per superbatch in round order, ``(key, first_batch, n_ids, batch_plans)``.
+        layout: the round's `DiskCacheLayout`, or None for packed only.
+        gpu_ids: node per GPU slot; cpu_ids: node per CPU slot at round start (-1 empty).
+        work_dir: where the routing files go (default ``packed_dir/round-0/route``; removed after).
+
+    Returns:
+        ``{"files": {"parts": [{path, bytes}], "dcache": [{path, rows, crc}]}, "seg_rows", "pack": [per-shard
+        results], "routes": [per-superbatch results]}``; paths are relative to `packed_dir`.
+    """
+    import shutil
+
+    from ..formats.packed import file_crc, index_name
+    from .route import route_superbatch, segment_offsets, write_index
+
+    store = Store(store_path)
+    root = Path(packed_dir)
+    rnd = root / ROUND_DIR
+    work = Path(work_dir) if work_dir is not None else rnd / "route"
+    P = len(store.shards)
+    routes = [route_superbatch(key, n_ids, plans, layout, first, store.shard_rows, P, work / f"{key}.npz")
+              for key, first, n_ids, plans in superbatches]
+    seg_rows = np.concatenate([r["seg_rows"] for r in routes]) if routes else np.zeros((0, P), np.int64)
+    offsets, part_bytes = segment_offsets(seg_rows, store.row_bytes)
+    cache_nodes = [] if layout is None or layout.segment_size is None else list(layout.cache_nodes)
+    tiers, caches = prepare_targets(root, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
+    route_paths = [r["path"] for r in routes]
+    results = [pack_shard(store_path, p, route_paths, offsets, rnd / part_name(p), dcache_targets=caches,
+                          tier_targets=tiers) for p in range(P)]
+    crc = np.stack([r["crc"] for r in results], axis=1) if results else np.zeros((seg_rows.shape[0], 0), np.int64)
+    for r in routes:
+        sl = slice(r["first_batch"], r["first_batch"] + r["batches"])
+        write_index(r["key"], r["path"], offsets[sl], crc[sl], rnd / index_name(r["key"]))
+    dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(nodes),
+               "crc": file_crc(rnd / dcache_name(g), 0, len(nodes) * store.row_bytes)}
+              for g, nodes in enumerate(cache_nodes)]
+    parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
+    if work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"files": {"parts": parts, "dcache": dcache}, "seg_rows": seg_rows, "pack": results, "routes": routes}

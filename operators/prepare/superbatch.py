@@ -1,0 +1,105 @@
+"""Offline sampling of a round: epochs -> shuffled minibatches -> superbatches -> sample files.
+
+A round is E epochs. Epoch e's training seeds are shuffled and cut into minibatches by
+`batches.seed_batches` and sampled with `batches.batch_seed`, exactly as the in-memory
+trainer does, so an out-of-core run sees the very same samples. Superbatch k of epoch e
+holds batches [k*S, (k+1)*S); each is sampled by one task into one Arrow IPC file.
+Sampling memory-maps the topology and never touches the feature shards.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..formats.errors import ConfigError
+from ..formats.files import write_bytes
+from ..formats.samples import id_type, record_batch, samples_bytes
+from ..formats.store import Store
+from .seeds import TRAIN_STREAM, batch_seed, seed_batches
+
+
+@dataclass(frozen=True)
+class SuperbatchRef:
+    """Where superbatch k of epoch e sits in the round (global batch indices are epoch-major)."""
+
+    epoch: int
+    index: int                 # superbatch index within the epoch
+    first_batch: int           # batch index within the epoch
+    num_batches: int
+    round_first_batch: int     # global batch index within the round
+
+    @property
+    def key(self) -> str:
+        return f"e{self.epoch}-s{self.index:05d}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.key}.arrow"
+
+
+def check_round_config(batch_size: int, superbatch_size: int, epochs: int, fanouts: Sequence[int]) -> None:
+    """Reject configs that cannot describe a round, naming the option."""
+    if batch_size < 1:
+        raise ConfigError("--batch-size", f"must be >= 1, got {batch_size}")
+    if superbatch_size < 1:
+        raise ConfigError("--superbatch-size", f"must be >= 1 batch, got {superbatch_size}")
+    if epochs < 1:
+        raise ConfigError("--epochs", f"must be >= 1, got {epochs}")
+    if len(fanouts) == 0:
+        raise ConfigError("--fanouts", "must name at least one hop (e.g. 10,10,10)")
+    if any(int(f) < -1 for f in fanouts):
+        raise ConfigError("--fanouts", f"each fanout must be >= -1 (-1 = all neighbours), got {list(fanouts)}")
+
+
+def round_layout(num_train: int, batch_size: int, superbatch_size: int, epochs: int) -> list[SuperbatchRef]:
+    """All superbatches of a round, in training order."""
+    if num_train == 0:
+        raise ConfigError("--dataset", "the store has no training nodes (split 'train' is empty)")
+    per_epoch = -(-num_train // batch_size)
+    refs = []
+    for e in range(epochs):
+        for k, first in enumerate(range(0, per_epoch, superbatch_size)):
+            n = min(superbatch_size, per_epoch - first)
+            refs.append(SuperbatchRef(e, k, first, n, e * per_epoch + first))
+    return refs
+
+
+def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.PathLike[str], ref: SuperbatchRef,
+                      batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None) -> dict:
+    """Sample every minibatch of one superbatch and write them to `out_path` (Arrow IPC).
+
+    Returns a small summary: batches, accesses (sum of n_id lengths), the largest batch's
+    node count, and sampled edges.
+    """
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
+    write_bytes(out_path, data)
+    return {**summary, "path": str(Path(out_path))}
+
+
+def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
+                            fanouts: Sequence[int], seed: int, num_threads: int | None = None
+                            ) -> tuple[pa.Buffer, dict]:
+    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary."""
+    from .sample import NeighborSampler
+
+    store = Store(store_path)
+    store.populate_topology()
+    sampler = NeighborSampler(store.indptr, store.indices, list(fanouts), num_threads=num_threads)
+    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed)
+    records, accesses, max_nodes, edges = [], 0, 0, 0
+    ids = id_type(store.num_nodes)
+    for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
+        s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+        records.append(record_batch(j, s, ids))
+        n = int(s.n_id.shape[0])
+        accesses += n
+        max_nodes = max(max_nodes, n)
+        edges += int(s.edge_index.shape[1])
+    data = samples_bytes(records, {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
+                                   "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size})
+    return data, {"key": ref.key, "batches": ref.num_batches, "accesses": accesses, "max_nodes": max_nodes,
+                  "edges": edges}

@@ -1,0 +1,117 @@
+"""Memory tiers from byte budgets: how many rows the GPU and CPU tiers hold, and which rows.
+
+Budgets are bytes given by the user (`--gpu-memory`, `--cpu-memory`), never row counts.
+The GPU tier is static for the round: the hottest rows by access count. The CPU budget is
+the whole host memory for features on the training machine: the CPU tier, the staging
+buffers through which the load stage passes a batch's disk rows (its packed misses, its
+disk-cache and store rows, in pieces of at most `STAGING_PIECE_BYTES`) and the loader's I/O
+buffers. Staging and I/O buffers are reserved out of it first; the CPU tier gets the rest.
+
+The assembled batches (each batch's whole feature matrix, ``n_id`` rows) are not features
+held for later: they are the input of one training step, in device memory on a GPU, and
+belong to the training process's own working set (`assembled_batches`), not to this budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.errors import ConfigError
+from ..formats.files import ALIGN, format_bytes
+
+DEVICES = ("cpu", "cuda")
+# The most row bytes one staging buffer carries: a larger batch is loaded in several pieces, so
+# the staging reserve does not grow with the batch (4 pieces at queue depth 2: 128 MiB).
+STAGING_PIECE_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class TierSizes:
+    """Rows per tier and the bytes they stand for."""
+
+    gpu_rows: int
+    cpu_rows: int
+    staging_bytes: int
+    row_bytes: int
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.gpu_rows * self.row_bytes
+
+    @property
+    def cpu_bytes(self) -> int:
+        return self.cpu_rows * self.row_bytes
+
+
+def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int, device: str,
+               max_batch_rows: int, staging_batches: int, num_shards: int = 0, io_reserve: int = 0) -> TierSizes:
+    """Turn byte budgets into tier row counts, or fail naming the option and the smallest budget that works.
+
+    Args:
+        gpu_budget: bytes of GPU memory for the static GPU tier (0 on a CPU-only run).
+        cpu_budget: bytes of host memory for features: CPU tier + staging + `io_reserve`.
+        row_bytes: bytes of one feature row.
+        num_nodes: rows in the dataset (no tier needs more).
+        device: the training device, "cpu" or "cuda".
+        max_batch_rows: the largest minibatch's node count in the round.
+        staging_batches: staging buffers the trainer keeps in flight (`staging_buffers`).
+        num_shards: feature shards (a staging buffer has room for one segment's padding per shard).
+        io_reserve: the loader's other I/O buffers (`load.io_buffer_bytes`), reserved too.
+    """
+    if device not in DEVICES:
+        raise ConfigError("--device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
+    if gpu_budget < 0 or cpu_budget < 0:
+        raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+    if device == "cpu" and gpu_budget > 0:
+        raise ConfigError("--gpu-memory", f"a GPU tier of {format_bytes(gpu_budget)} was asked for on a CPU-only run "
+                          "(--device cpu); use --gpu-memory 0 or train with --device cuda")
+    if staging_batches < 1:
+        raise ConfigError("--staging-batches", f"must be >= 1, got {staging_batches}")
+    staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
+    need = staging + io_reserve
+    if cpu_budget < need:
+        raise ConfigError("--cpu-memory", f"{format_bytes(cpu_budget)} cannot hold the trainer's staging buffers "
+                          f"({staging_batches} x {format_bytes(staging // staging_batches)} for batches of up to "
+                          f"{max_batch_rows:,} rows = {format_bytes(staging)}) and I/O buffers "
+                          f"({format_bytes(io_reserve)}); the smallest budget that works is {format_bytes(need)} "
+                          f"({need:,} bytes, with an empty CPU tier)")
+    gpu_rows = min(num_nodes, gpu_budget // row_bytes)
+    cpu_rows = min(num_nodes - gpu_rows, (cpu_budget - need) // row_bytes)
+    return TierSizes(int(gpu_rows), int(cpu_rows), int(staging), int(row_bytes))
+
+
+def staging_piece_bytes(max_batch_rows: int, row_bytes: int, num_shards: int) -> int:
+    """Bytes of one staging buffer: the disk rows of a batch of up to `max_batch_rows` rows, or a
+    `STAGING_PIECE_BYTES` piece of them, with room for each shard segment's page padding."""
+    rows = min(STAGING_PIECE_BYTES, max(1, max_batch_rows) * row_bytes)
+    return -(-rows // ALIGN) * ALIGN + (num_shards + 2) * ALIGN
+
+
+def hottest(frequency: np.ndarray, rows: int, exclude: np.ndarray | None = None) -> np.ndarray:
+    """The `rows` most accessed nodes (ties: lower id first), never-accessed nodes left out; int64 ids."""
+    freq = np.asarray(frequency)
+    if rows <= 0:
+        return np.zeros(0, np.int64)
+    cand = np.flatnonzero(freq > 0)
+    if exclude is not None and len(exclude):
+        cand = cand[~np.isin(cand, exclude)]
+    if cand.shape[0] > rows:
+        # stable sort on -count keeps ascending id order among equal counts
+        cand = cand[np.argsort(-freq[cand], kind="stable")[:rows]]
+    else:
+        cand = cand[np.argsort(-freq[cand], kind="stable")]
+    return cand.astype(np.int64)
+
+
+def staging_buffers(queue_depth: int, sequential: bool = False) -> int:
+    """Staging buffers the load stage cycles through: the piece being loaded, ``queue_depth``
+    loaded pieces queued and the one being assembled (sequential: one)."""
+    return 1 if sequential else queue_depth + 2
+
+
+def assembled_batches(queue_depth: int, sequential: bool = False) -> int:
+    """Assembled batch matrices alive at once: the one being assembled, ``queue_depth`` queued,
+    the one training and the previous one the training loop still holds while it fetches the
+    next (sequential: the one training and the previous one)."""
+    return 2 if sequential else queue_depth + 3

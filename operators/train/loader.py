@@ -1,0 +1,1038 @@
+"""`PackedLoader`: NeighborLoader-shaped batches from a packed dataset, read with direct I/O.
+
+A stock PyG training loop runs over it unchanged::
+
+    loader = PackedLoader("PACKED")
+    for batch in loader:
+        out = model(batch.x, batch.edge_index)[:batch.batch_size]
+        loss = F.cross_entropy(out, batch.y[:batch.batch_size])
+
+Each batch is `operators.batches.batch_data` of the round's stored sample, with `x` assembled
+exactly as the plan says (DiskGNN §5.3, Fig. 7), in three stages joined by bounded queues:
+
+1. **load** — the batch's packed segments (one request per non-empty (batch, shard) segment at
+   its 4096-aligned offset, length padded to 4096), its disk-cache rows (page-merged) and, for
+   the Ginex layout, its store rows (one O_DIRECT request per row), read by the native reader
+   (GIL released) into fixed, aligned staging buffers: a batch larger than one buffer is loaded
+   in pieces (a segment cut at a row), so staging never holds more than the buffers' bytes.
+2. **assemble** — per batch, one gather of its GPU- and CPU-tier rows into its feature matrix
+   (from a pool of reused matrices), then each piece's rows to their positions, segment crcs
+   checked; then the planned CPU-tier inserts. On CUDA: pinned staging, non-blocking copies on
+   the stage's own stream, gathers and index copies on the device.
+3. **graph** — the stored sample (ids, local edges, per-hop counts) and `y = labels[n_id]`.
+
+The consumer (the training loop, stage 4) joins the two paths in batch order. With
+``pipelined=False`` the same stages run one after another in the caller's thread.
+
+The CPU tier is state: batch i's rows depend on every earlier batch's inserts, so the loader
+tracks the position of its tier (`tier_position`) and fast-forwards (runs load + assemble
+without yielding) when asked for a later start, or restarts from ``cpu_init`` for an earlier
+one. `tier_state`/`restore_tier` let a checkpoint save and restore it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+from ...native import _native
+from ...native.reader import DirectReader, aligned_empty
+from ..formats.checksum import crc32
+from ..formats.errors import ConfigError, InputError
+from ..formats.files import ALIGN, byte_offsets, format_bytes, read_into
+from ..formats.packed import (
+    SRC_CPU,
+    SRC_DCACHE,
+    SRC_GPU,
+    SRC_PACKED,
+    SRC_STORE,
+    IndexRecord,
+    PackedDataset,
+    SuperbatchEntry,
+    padded,
+)
+from ..formats.samples import Buffer, SampleRecord
+from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
+from .batches import Sample, batch_data
+
+# Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
+# the loader's own for one-request-per-row reads, and the native reader's for page-merged reads.
+BOUNCE_BYTES = 1 << 20
+# Longest run of adjacent pages the reader merges into one request for disk-cache rows.
+MERGE_BYTES = 256 << 10
+# How often a blocked stage looks up from its queue to see whether the pipeline was stopped.
+_POLL_S = 0.05
+SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
+
+
+# ---------------------------------------------------------------------------- the reader
+
+def make_reader(queue_depth: int = 64, threads: int = 4, direct: bool = True) -> DirectReader:
+    """The native direct-I/O reader (io_uring, else a pread pool), its row-read buffer bounded.
+
+    Its bounce buffer for page-merged row reads is `BOUNCE_BYTES`, which the memory budget counts.
+    """
+    return DirectReader(queue_depth=queue_depth, threads=threads, backend="auto", direct=direct,
+                        merge_bytes=MERGE_BYTES, bounce_bytes=BOUNCE_BYTES)
+
+
+def _open(reader: Any, path: Path) -> int:
+    """Open `path` with the reader; a missing file is an InputError naming it."""
+    try:
+        return int(reader.open(str(path)))
+    except OSError as e:
+        raise InputError(path, f"cannot open for reading ({e.strerror or e})") from e
+
+
+# ---------------------------------------------------------------------------- memory budget
+
+def io_buffer_bytes(row_reads: bool = True) -> int:
+    """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
+    dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
+    return 2 * BOUNCE_BYTES if row_reads else 0
+
+
+def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
+    """Staging buffers a loader allocates: the load stage's (`staging_buffers`) and, on CUDA, one more
+    through which the assemble stage moves CPU-tier rows to the device."""
+    return staging_buffers(queue_depth, sequential) + (1 if torch.device(device).type == "cuda" else 0)
+
+
+def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, Any]:
+    """The host and device bytes a loader over `ds` uses, from the manifest (nothing is read).
+
+    ``host_bytes`` (what ``--cpu-memory`` must hold) = CPU tier + staging buffers + I/O buffers
+    (+ the GPU tier itself when training on the CPU, where it is host memory too). The staging
+    buffers carry disk rows only, in pieces (`tiers.staging_piece_bytes`), never whole batches.
+    ``assembled_bytes``: the batch matrices alive at once (`tiers.assembled_batches` x the largest
+    batch), on the device on CUDA, else part of the training process's host working set.
+    """
+    rb = ds.row_bytes
+    max_rows = int(ds.manifest["round"].get("max_batch_rows", 0))
+    row_reads = bool(ds.dcache_files) or not ds.manifest.get("config", {}).get("packing", True)
+    buffers = staging_count(device, queue_depth, sequential)
+    piece = staging_piece_bytes(max_rows, rb, ds.num_shards)
+    plan: dict[str, Any] = {
+        "row_bytes": rb,
+        "max_batch_rows": max_rows,
+        "staging_buffers": buffers,
+        "staging_piece_bytes": piece,
+        "staging_bytes": buffers * piece,
+        "assembled_batches": assembled_batches(queue_depth, sequential),
+        "assembled_bytes": assembled_batches(queue_depth, sequential) * max_rows * rb,
+        "assembled_on": "device" if device.type == "cuda" else "host",
+        "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
+        "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
+        "io_buffer_bytes": io_buffer_bytes(row_reads),
+    }
+    plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"] + (
+        plan["gpu_tier_bytes"] if device.type != "cuda" else 0)
+    plan["device_bytes"] = plan["gpu_tier_bytes"] if device.type == "cuda" else 0
+    return plan
+
+
+def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int | None) -> None:
+    """Refuse, before anything is allocated, a run that cannot fit its budgets (naming the option and
+    the smallest budget that works).
+
+    Raises:
+        ConfigError: ``--cpu-memory`` below ``host_bytes``, or ``--gpu-memory`` below the GPU tier.
+    """
+    if cpu_memory is not None and plan["host_bytes"] > cpu_memory:
+        raise ConfigError("--cpu-memory", (
+            f"{format_bytes(cpu_memory)} ({cpu_memory:,} bytes) is too small: the CPU tier "
+            f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['staging_buffers']} staging buffers x "
+            f"{format_bytes(plan['staging_piece_bytes'])} ({format_bytes(plan['staging_bytes'])}) + I/O "
+            f"buffers ({format_bytes(plan['io_buffer_bytes'])})"
+            + (f" + the GPU tier held in host memory ({format_bytes(plan['gpu_tier_bytes'])})"
+               if plan["device_bytes"] == 0 and plan["gpu_tier_bytes"] else "")
+            + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
+              "or prepare with a smaller CPU tier"))
+    if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
+        raise ConfigError("--gpu-memory", (
+            f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
+            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller --gpu-memory"))
+
+
+# ---------------------------------------------------------------------------- pipeline plumbing
+
+class _Stopped(Exception):
+    """Raised inside a stage when the pipeline was asked to stop (never escapes the loader)."""
+
+
+@dataclass
+class StageClock:
+    """Seconds a stage spent working (`busy`), waiting for input (`starved`) and for room (`blocked`)."""
+
+    busy: float = 0.0
+    starved: float = 0.0
+    blocked: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"busy_s": self.busy, "starved_s": self.starved, "blocked_s": self.blocked}
+
+
+class _Pipe:
+    """Bounded queues between stage threads, a stop flag, and the first error of any stage."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+        self.stop.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.stop.is_set():
+            raise _Stopped()
+
+    def put(self, q: queue.Queue, item: Any, clock: StageClock) -> None:
+        t = time.perf_counter()
+        try:
+            while True:
+                self.check()
+                try:
+                    q.put(item, timeout=_POLL_S)
+                    return
+                except queue.Full:
+                    continue
+        finally:
+            clock.blocked += time.perf_counter() - t
+
+    def get(self, q: queue.Queue, clock: StageClock) -> Any:
+        t = time.perf_counter()
+        try:
+            while True:
+                try:
+                    return q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    self.check()
+        finally:
+            clock.starved += time.perf_counter() - t
+
+
+_END = object()   # end of a stage's stream
+
+
+@dataclass
+class _Piece:
+    """Some of a batch's disk rows after the load stage, in one staging buffer.
+
+    A batch is one or more pieces, in order: the first opens it (the assemble stage gathers its
+    GPU- and CPU-tier rows), the last closes it (checksums complete, CPU-tier inserts). A batch
+    with no disk rows is one piece with no buffer.
+    """
+
+    batch: int
+    record: IndexRecord
+    buffer: np.ndarray | None   # the staging buffer (back to the pool after assembly), None: no disk rows
+    rows: np.ndarray            # [m, dim] view into the buffer
+    pos: np.ndarray             # int64 [m]: the n_id position of each row
+    first: bool
+    last: bool
+    yield_it: bool              # False while fast-forwarding the CPU tier
+    segments: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    """(shard, byte in buffer, bytes, the segment ends here) of each packed segment part: crc due."""
+
+
+@dataclass
+class _Counts:
+    """Rows per source (GPU, CPU, packed, disk cache, store) over the yielded batches."""
+
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(5, np.int64))
+    useful_bytes: int = 0
+
+
+# ---------------------------------------------------------------------------- the loader
+
+class PackedLoader:
+    """Iterate a packed dataset's round as PyG `Data` batches (NeighborLoader's fields).
+
+    Args:
+        packed_dir: a finished packed dataset (`diskflow prepare`).
+        device: "cpu" or a CUDA device. On CUDA the GPU tier is a device tensor, the CPU tier
+            and the staging buffers are pinned, and `batch.x` is assembled on the device.
+        cpu_memory: host-memory budget in bytes (CPU tier + in-flight batches + I/O buffers);
+            checked before anything is allocated. None: not checked.
+        queue_depth: capacity of each queue between stages.
+        pipelined: run load / assemble / graph in their own threads (False: one after another).
+        check_crc: check every packed segment's crc32 (a mismatch is an InputError naming the
+            file, the batch and the shard).
+        reader: a reader with the native `DirectReader` interface (default: `make_reader()`).
+        store: the store the dataset was prepared from (default: the manifest's); needed only
+            by the Ginex layout, which reads its misses from the store's shard files.
+        gpu_memory: device budget in bytes for the GPU tier; checked like ``cpu_memory``.
+        held: index and samples files held in memory instead of on disk (`PackedDataset`'s
+            ``held``; a streamed superbatch).
+
+    Iterating yields every batch of the round (all its epochs) in order; `set_epoch` selects
+    one epoch (and optionally a first batch within it), as a trainer does.
+    """
+
+    def __init__(self, packed_dir: str | os.PathLike[str], device: str | torch.device = "cpu",
+                 cpu_memory: int | None = None, queue_depth: int = 2, pipelined: bool = True,
+                 check_crc: bool = True, reader: Any = None, *, store: str | os.PathLike[str] | None = None,
+                 gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None) -> None:
+        if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+            raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError("--device", f"not a torch device: {device!r}") from e
+        if self.device.type not in ("cpu", "cuda"):
+            raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
+        self.ds = PackedDataset(packed_dir, held)
+        self.path = self.ds.path
+        self.queue_depth = queue_depth
+        self.pipelined = bool(pipelined)
+        self.check_crc = bool(check_crc)
+        self.dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
+        self.memory = memory_plan(self.ds, self.device, queue_depth, not self.pipelined)
+        check_memory(self.memory, cpu_memory, gpu_memory)
+        self._cpu_memory = cpu_memory
+        self.num_classes = int(self.ds.manifest.get("num_classes", 0))
+        self.labels = self._labels()
+        self._store_path = store
+        self._store: Any = None
+        self._own_reader = reader is None
+        self.reader = reader if reader is not None else make_reader()
+        self._handles: dict[Path, int] = {}
+        self._file_sizes: dict[int, int] = {}
+        self._dcache_rows = [int(f["rows"]) for f in self.ds.dcache_files]
+        self.superbatches = sorted(self.ds.superbatches, key=lambda s: s.first_batch)
+        self.num_batches = self.ds.num_batches
+        self._epoch: int | None = None
+        self._start = 0
+        self._stream: Any = None
+        # Assemble with the device path (pinned block + gathers on the device); always on CUDA. Tests
+        # switch it on for a CPU loader to check the same index arithmetic without a GPU.
+        self._device_path = self.device.type == "cuda"
+        self._pinned: list[int] = []
+        self._buffers: list[np.ndarray] = []
+        self._matrices: list[np.ndarray] = []   # batch feature matrices, reused once no batch holds them
+        self._bounce: np.ndarray | None = None
+        self._tier_buffer: np.ndarray | None = None
+        self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
+        self._shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._init_tiers()
+        self.counts = _Counts()
+        self.clocks: dict[str, StageClock] = {k: StageClock() for k in ("load", "assemble", "graph", "train")}
+        self.stage_s: dict[str, float] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ setup
+    def _labels(self) -> np.ndarray:
+        name = self.ds.manifest.get("labels")
+        if not name:
+            raise InputError(self.path / "manifest.json", "no labels (prepared by an older version; re-run "
+                                                          "`diskflow prepare --force`)")
+        p = self.path / str(name)
+        try:
+            labels = np.load(p)
+        except (OSError, ValueError) as e:
+            raise InputError(p, f"unreadable labels ({e})") from e
+        if labels.shape != (self.ds.num_nodes,) or labels.dtype.kind not in "iu":
+            raise InputError(p, f"expected int labels [{self.ds.num_nodes}], found {labels.dtype}{list(labels.shape)}")
+        return labels.astype(np.int64, copy=False)
+
+    def _init_tiers(self) -> None:
+        gpu = np.array(self.ds.gpu_cache)
+        self.gpu: Any
+        if self.device.type == "cuda":
+            self.gpu = torch.from_numpy(gpu).to(self.device)
+            torch.cuda.synchronize(self.device)      # the assemble stage reads it from its own stream
+        else:
+            self.gpu = gpu
+        self._cpu_init_rows = self.ds.cpu_init
+        c = self.ds.cpu_ids.shape[0]
+        if self.device.type == "cuda":
+            dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
+            self.cpu = torch.empty((c, self.dim), dtype=dtype, pin_memory=True).numpy()
+        else:
+            self.cpu = np.empty((c, self.dim), dtype=self.dtype)
+        self.cpu_ids = np.empty(c, np.int64)
+        self._reset_tier()
+
+    def _reset_tier(self) -> None:
+        """The CPU tier as at round start (``cpu_init``), positioned before batch 0."""
+        read_into(self._cpu_init_rows, self.cpu)     # pread: the file's pages are not mapped in as well
+        self.cpu_ids[:] = self.ds.cpu_ids
+        self._tier_next = 0
+
+    @property
+    def tier_position(self) -> int:
+        """The global batch whose inserts the CPU tier takes next (all earlier ones are applied)."""
+        return self._tier_next
+
+    def tier_state(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """(position, rows [C, dim], ids [C]) of the CPU tier: what a checkpoint saves (no copy)."""
+        return self._tier_next, self.cpu, self.cpu_ids
+
+    def restore_tier(self, position: int, rows: np.ndarray | None = None, ids: np.ndarray | None = None) -> None:
+        """Set the CPU tier to a saved state at `position` (None rows: the round-start tier, position 0)."""
+        if rows is None:
+            self._reset_tier()
+            return
+        if rows.shape != self.cpu.shape or rows.dtype != self.cpu.dtype or ids is None or ids.shape != self.cpu_ids.shape:
+            raise InputError(self.path, f"saved CPU tier {rows.dtype}{list(rows.shape)} does not fit this dataset's "
+                                        f"{self.cpu.dtype}{list(self.cpu.shape)}")
+        if not 0 <= position <= self.num_batches:
+            raise InputError(self.path, f"saved CPU tier position {position} is outside the round")
+        self.cpu[:] = rows
+        self.cpu_ids[:] = ids
+        self._tier_next = int(position)
+
+    def _handle(self, path: Path) -> int:
+        h = self._handles.get(path)
+        if h is None:
+            h = self._handles[path] = _open(self.reader, path)
+            try:
+                self._file_sizes[h] = path.stat().st_size
+            except OSError as e:
+                raise InputError(path, f"cannot stat ({e.strerror or e})") from e
+        return h
+
+    @property
+    def store(self) -> Any:
+        """The store (opened and checked against the manifest on first use: Ginex rows, evaluation)."""
+        if self._store is None:
+            from ..formats.verify import open_store
+            self._store = open_store(self.ds, self._store_path)
+        return self._store
+
+    def _alloc(self) -> None:
+        """Staging buffers (pinned on CUDA) and the row-read bounce buffer, sized from the manifest."""
+        if self._buffers:
+            return
+        cap = int(self.memory["staging_piece_bytes"])
+        for _ in range(staging_buffers(self.queue_depth, not self.pipelined)):
+            buf = aligned_empty(cap)
+            self._pin(buf)
+            self._buffers.append(buf)
+        if self._device_path:      # CPU-tier rows reach the device through a pinned buffer of their own
+            self._tier_buffer = aligned_empty(cap)
+            self._pin(self._tier_buffer)
+        self._bounce = aligned_empty(BOUNCE_BYTES)
+        if self.device.type == "cuda" and self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+
+    def _pin(self, buf: np.ndarray) -> None:
+        if self.device.type != "cuda" or buf.nbytes == 0:
+            return
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0))
+        self._pinned.append(buf.ctypes.data)
+
+    def close(self) -> None:
+        """Release the buffers and files (the loader cannot be iterated afterwards)."""
+        if self._closed:
+            return
+        self._closed = True
+        for ptr in self._pinned:
+            with contextlib.suppress(Exception):
+                torch.cuda.cudart().cudaHostUnregister(ptr)
+        self._pinned.clear()
+        self._buffers.clear()
+        self._tier_buffer = None
+        self._matrices.clear()
+        if self._own_reader:
+            with contextlib.suppress(Exception):
+                self.reader.close()
+        self.ds.close()
+
+    def __enter__(self) -> PackedLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------------------------------ streaming
+    def close_files(self) -> None:
+        """Close the reader's handles and the dataset's files (a consumed superbatch can then be deleted)."""
+        for h in self._handles.values():
+            with contextlib.suppress(Exception):
+                self.reader.close_file(h)
+        self._handles.clear()
+        self._file_sizes.clear()
+        self._shard_files = None
+        self.ds.close()
+
+    def follow(self, packed_dir: str | os.PathLike[str], held: Mapping[str, Buffer] | None = None) -> None:
+        """Go on with the round from another packed directory holding its next superbatch(es) (streaming).
+
+        A streamed round reaches the training machine one superbatch at a time, each staged as
+        its own packed directory with the same tiers. The loader keeps what it carries across
+        them: the CPU tier and its position, the GPU tier (on the device), the reader and the
+        staging buffers (re-allocated only when a batch is larger than any before). The new
+        directory must continue the round at `tier_position`; the memory budget is re-checked.
+        `held`: its index and samples files when they are held in memory (`PackedDataset`).
+
+        Raises:
+            InputError: the new directory's features or tiers differ from this loader's, or its
+                first batch is not `tier_position`.
+            ConfigError: its batches no longer fit the ``cpu_memory`` budget.
+        """
+        if self._closed:
+            raise RuntimeError("the loader is closed")
+        ds = PackedDataset(packed_dir, held)
+        shape = (ds.dtype, ds.dim, ds.num_shards, ds.num_nodes, ds.gpu_ids.shape[0], ds.cpu_ids.shape[0])
+        mine = (self.ds.dtype, self.dim, self.ds.num_shards, self.ds.num_nodes, self.ds.gpu_ids.shape[0],
+                self.cpu_ids.shape[0])
+        if shape != mine:
+            raise InputError(ds.path, f"(dtype, dim, shards, nodes, GPU rows, CPU rows) {shape} differ from the "
+                                      f"loader's {mine}")
+        first = min((s.first_batch for s in ds.superbatches), default=self._tier_next)
+        if first != self._tier_next:
+            raise InputError(ds.path, f"starts at batch {first}, but the CPU tier stands before batch {self._tier_next}")
+        memory = memory_plan(ds, self.device, self.queue_depth, not self.pipelined)
+        grow = memory["staging_piece_bytes"] > self.memory["staging_piece_bytes"]
+        if not grow:        # the staging buffers stay as large as they are
+            memory["host_bytes"] += self.memory["staging_bytes"] - memory["staging_bytes"]
+            memory.update(staging_piece_bytes=self.memory["staging_piece_bytes"],
+                          staging_bytes=self.memory["staging_bytes"])
+        taller = memory["max_batch_rows"] > self.memory["max_batch_rows"]
+        if not taller:      # and so do the pooled batch matrices
+            memory.update(max_batch_rows=self.memory["max_batch_rows"], assembled_bytes=self.memory["assembled_bytes"])
+        check_memory(memory, self._cpu_memory, None)
+        self.close_files()
+        if grow:            # larger pieces: new staging buffers
+            for ptr in self._pinned:
+                with contextlib.suppress(Exception):
+                    torch.cuda.cudart().cudaHostUnregister(ptr)
+            self._pinned.clear()
+            self._buffers.clear()
+            self._tier_buffer = None
+        if taller:
+            self._matrices.clear()
+        self.ds, self.path, self.memory = ds, ds.path, memory
+        self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
+        self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
+        self.num_batches = ds.num_batches
+        self._epoch, self._start = None, 0
+
+    # ------------------------------------------------------------------ selection
+    def epochs(self) -> list[int]:
+        """The epochs of the round, in order."""
+        return sorted({s.epoch for s in self.superbatches})
+
+    def set_epoch(self, epoch: int | None, start: int = 0) -> None:
+        """Iterate only `epoch`'s batches from its `start`-th (None: the whole round from batch `start`)."""
+        if epoch is not None and epoch not in self.epochs():
+            raise ConfigError("epoch", f"the round has epochs {self.epochs()}, not {epoch}")
+        first, end = self._range(epoch)
+        if not 0 <= start <= end - first:
+            raise ConfigError("start", f"batch {start} is outside the selection of {end - first} batches")
+        self._epoch, self._start = epoch, int(start)
+
+    def _range(self, epoch: int | None) -> tuple[int, int]:
+        sbs = [s for s in self.superbatches if epoch is None or s.epoch == epoch]
+        return sbs[0].first_batch, sbs[-1].first_batch + sbs[-1].batches
+
+    def epoch_range(self, epoch: int) -> tuple[int, int]:
+        """Global batches [first, end) of `epoch` in the round."""
+        return self._range(epoch)
+
+    def __len__(self) -> int:
+        first, end = self._range(self._epoch)
+        return end - first - self._start
+
+    # ------------------------------------------------------------------ stage 1: load
+    def _records(self, lo: int, hi: int) -> Iterator[tuple[int, IndexRecord]]:
+        for sb in self._superbatches(lo, hi):
+            for j, rec in enumerate(self.ds.index(sb.key)):
+                g = sb.first_batch + j
+                if lo <= g < hi:
+                    yield g, rec
+
+    def _superbatches(self, lo: int, hi: int) -> list[SuperbatchEntry]:
+        return [s for s in self.superbatches if s.first_batch < hi and s.first_batch + s.batches > lo]
+
+    def _pieces(self, g: int, rec: IndexRecord, take: Callable[[], np.ndarray], yield_it: bool) -> Iterator[_Piece]:
+        """Read batch `g`'s disk rows, piece by piece, each into a staging buffer from `take()`.
+
+        Packed segments first (page-aligned requests, one per segment or segment part; a segment
+        that does not fit the rest of a buffer is cut at a row), then disk-cache rows, then store
+        rows. However large the batch, the load stage holds at most one buffer's worth of it.
+        """
+        rb = self.row_bytes
+        src, idx = rec.src, rec.idx
+        self.ds._check_bounds(rec, int(self.ds.gpu_ids.shape[0]), int(self.cpu.shape[0]), rec.packed_rows,
+                              self._dcache_rows[rec.dcache] if 0 <= rec.dcache < len(self._dcache_rows) else None)
+        rows_k = rec.seg_rows.astype(np.int64)
+        first_row = np.r_[0, np.cumsum(rows_k)].astype(np.int64)     # packed rows are shard-major
+        ppos = np.flatnonzero(src == SRC_PACKED)
+        if ppos.size != int(first_row[-1]):
+            raise InputError(self.ds.round_dir / "index", f"batch {g}: {ppos.size} packed positions, the segments "
+                                                          f"hold {int(first_row[-1])} rows")
+        packed_pos = np.empty(ppos.size, np.int64)
+        packed_pos[idx[ppos]] = ppos                    # n_id position of the batch's packed row r
+        dpos = np.flatnonzero(src == SRC_DCACHE)
+        spos = np.flatnonzero(src == SRC_STORE)
+        cap = int(self.memory["staging_piece_bytes"])
+        per_piece = max(1, (cap - 2 * ALIGN) // rb)     # rows of a row-read piece
+        specs: list[tuple[str, Any]] = []
+        parts: list[tuple[int, int, int, int, int]] = []    # (shard, first row, end row, file offset, length)
+        used = 0
+        for p in np.flatnonzero(rows_k).tolist():
+            off, n, r0 = int(rec.seg_offset[p]), int(rows_k[p]), 0
+            while r0 < n:
+                start = (off + r0 * rb) // ALIGN * ALIGN
+                r1 = min(n, (start + (cap - used) // ALIGN * ALIGN - off) // rb)
+                if r1 <= r0:
+                    if not parts:
+                        raise InputError(self.path / "manifest.json", f"batch {g}: a {rb}-byte row does not fit a "
+                                                                      f"{cap}-byte staging buffer")
+                    specs.append(("packed", parts))
+                    parts, used = [], 0
+                    continue
+                length = int(padded(off + r1 * rb)) - start
+                parts.append((p, r0, r1, start, length))
+                used += length
+                r0 = r1
+        if parts:
+            specs.append(("packed", parts))
+        specs += [("dcache", dpos[a:a + per_piece]) for a in range(0, dpos.size, per_piece)]
+        specs += [("store", spos[a:a + per_piece]) for a in range(0, spos.size, per_piece)]
+        if not specs:
+            yield _Piece(g, rec, None, np.zeros((0, self.dim), self.dtype), np.zeros(0, np.int64), True, True, yield_it)
+            return
+        for i, (kind, what) in enumerate(specs):
+            buf = take()
+            segments: list[tuple[int, int, int, bool]] = []
+            if kind == "packed":
+                pos, nbytes = self._read_packed(g, rec, what, buf, segments, packed_pos, first_row, rows_k)
+            else:
+                pos, nbytes = what, what.size * rb
+            rows = buf[:nbytes].view(self.dtype).reshape(-1, self.dim)
+            if kind == "dcache":
+                path = self.ds.dcache_path(rec.dcache)
+                try:
+                    self.reader.read_rows(self._handle(path), byte_offsets(idx[pos], rb), rb, buf[:nbytes])
+                except OSError as e:
+                    raise InputError(path, f"batch {g}: disk-cache read failed ({e.strerror or e})") from e
+            elif kind == "store":
+                self._read_store_rows(g, idx[pos], rows)
+            yield _Piece(g, rec, buf, rows, pos, i == 0, i == len(specs) - 1, yield_it, segments)
+
+    def _read_packed(self, g: int, rec: IndexRecord, parts: list[tuple[int, int, int, int, int]], buf: np.ndarray,
+                     segments: list[tuple[int, int, int, bool]], packed_pos: np.ndarray, first_row: np.ndarray,
+                     rows_k: np.ndarray) -> tuple[np.ndarray, int]:
+        """Read segment parts into `buf` with one batch of requests, then close the padding gaps so the
+        rows lie back to back; returns their n_id positions and their bytes."""
+        rb = self.row_bytes
+        lengths = np.array([x[4] for x in parts], np.int64)
+        out_off = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64)
+        handles = np.array([self._handle(self.ds.part_paths[x[0]]) for x in parts], np.int64)
+        try:
+            self.reader.read(handles, np.array([x[3] for x in parts], np.int64), lengths, buf, out_off)
+        except OSError as e:
+            p = next((x[0] for x in parts if str(self.ds.part_paths[x[0]]) == str(e.filename)), parts[0][0])
+            raise InputError(self.ds.part_paths[p], f"truncated or unreadable: batch {g}, shard {p} needs bytes "
+                                                    f"[{int(rec.seg_offset[p])}, "
+                                                    f"{int(rec.seg_offset[p] + padded(rows_k[p] * rb))}) "
+                                                    f"({e.strerror or e})") from e
+        dst = 0
+        pos = []
+        for (p, r0, r1, start, _), at in zip(parts, out_off.tolist(), strict=True):
+            s, n = at + int(rec.seg_offset[p]) + r0 * rb - start, (r1 - r0) * rb
+            if dst != s:
+                buf[dst:dst + n] = buf[s:s + n]
+            if self.check_crc:                 # checked by the assemble stage, while this one reads on
+                segments.append((p, dst, n, r1 == int(rows_k[p])))
+            pos.append(packed_pos[int(first_row[p]) + r0:int(first_row[p]) + r1])
+            dst += n
+        return np.concatenate(pos), dst
+
+    def _read_store_rows(self, g: int, ids: np.ndarray, out: np.ndarray) -> None:
+        """The Ginex baseline: one O_DIRECT request per row, at shard data offset + local row x row_bytes.
+
+        A row whose last page runs past the end of its shard file (the file is not padded) is
+        read with `read_rows`, which allows that; all others through the loader's bounce buffer.
+        """
+        store, rb, isz = self.store, self.row_bytes, self.dtype.itemsize
+        if self._shard_files is None:    # per shard: handle, byte offset of row 0, file size
+            hs = [self._handle(s.path) for s in store.shards]
+            self._shard_files = (np.array(hs, np.int64),
+                                 np.array([s.offset - s.row_start * rb for s in store.shards], np.int64),
+                                 np.array([self._file_sizes[h] for h in hs], np.int64))
+        shard_handle, shard_base, shard_size = self._shard_files
+        shard = ids // store.shard_rows
+        handles, sizes = shard_handle[shard], shard_size[shard]
+        offsets = byte_offsets(ids, rb, shard_base[shard])
+        start = offsets - offsets % ALIGN
+        length = padded(offsets + rb) - start
+        tail = start + length > sizes
+        bounce = self._bounce
+        assert bounce is not None
+        flat_out = out.reshape(-1).view(np.uint8)
+        body = np.flatnonzero(~tail)
+        cum = np.cumsum(length[body])
+        i = 0
+        while i < body.size:     # rounds of whole requests that fit the bounce buffer
+            base = cum[i - 1] if i else 0
+            j = max(i + 1, int(np.searchsorted(cum, base + bounce.nbytes, side="right")))
+            sel = body[i:j]
+            dst = np.concatenate([[0], np.cumsum(length[sel])[:-1]]).astype(np.int64)
+            self._read(handles[sel], start[sel], length[sel], bounce, dst, g)
+            first = (dst + offsets[sel] - start[sel]) // isz
+            elems = bounce.view(self.dtype)
+            out[sel] = elems[first[:, None] + np.arange(self.dim)[None, :]]
+            i = j
+        for h in np.unique(handles[tail]).tolist():     # per shard: the rows in its last, partial page
+            sel = np.flatnonzero(tail & (handles == h))
+            tmp = np.empty(sel.size * rb, np.uint8)
+            try:
+                self.reader.read_rows(h, offsets[sel], rb, tmp)
+            except OSError as e:
+                raise InputError(e.filename or self.path, f"batch {g}: store row read failed ({e.strerror or e})") from e
+            flat_out.reshape(-1, rb)[sel] = tmp.reshape(-1, rb)
+
+    def _read(self, handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray,
+              out_offsets: np.ndarray, g: int) -> None:
+        try:
+            self.reader.read(handles, offsets, lengths, out, out_offsets)
+        except OSError as e:
+            raise InputError(e.filename or self.path, f"batch {g}: read failed ({e.strerror or e})") from e
+
+    # ------------------------------------------------------------------ stage 2: assemble
+    def _verify(self, pc: _Piece, crcs: dict[int, int]) -> None:
+        """Fold piece `pc`'s packed bytes into their segments' crc32; check each segment it completes (an
+        InputError names the file and the batch)."""
+        rec = pc.record
+        for p, start, n, ends in pc.segments:
+            assert pc.buffer is not None
+            crc = crc32(pc.buffer[start:start + n].data, crcs.pop(p, 0))
+            if not ends:
+                crcs[p] = crc
+            elif crc != int(rec.seg_crc[p]):
+                raise InputError(self.ds.part_paths[p], f"checksum mismatch in batch {pc.batch}, shard {p} (segment "
+                                                        f"at byte {int(rec.seg_offset[p])}, {int(rec.seg_rows[p])} rows)")
+
+    def _assemble(self, pc: _Piece) -> torch.Tensor | None:
+        """Place piece `pc`'s rows in its batch's feature matrix; the batch's matrix once `pc` is its last.
+
+        The first piece of a batch gathers its GPU- and CPU-tier rows; the last checks the
+        remaining checksums and applies the batch's CPU-tier inserts (after every read of the tier).
+        """
+        rec = pc.record
+        if pc.first:
+            self._open_batch = (self._begin_device(rec) if self._device_path else self._begin_host(rec),
+                                self._insert_slots(rec), {})
+        assert self._open_batch is not None
+        x, slots, crcs = self._open_batch
+        self._verify(pc, crcs)
+        if pc.rows.shape[0]:
+            if self._device_path:
+                self._place_device(x, slots, pc)
+            else:
+                _native.copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
+        if not pc.last:
+            return None
+        self._open_batch = None
+        if crcs:
+            raise InputError(self.path / "manifest.json", f"batch {pc.batch}: segments of shards {sorted(crcs)} "
+                                                          "were not read to their end")
+        if self._device_path:
+            self._finish_device(x, rec)
+            x_t = x
+        else:
+            if rec.insert_pos.size:
+                _native.copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
+                                  np.ascontiguousarray(rec.insert_pos, np.int64))
+            x_t = torch.from_numpy(x)
+        self._tier_next = pc.batch + 1
+        if pc.yield_it:
+            self.counts.rows += np.bincount(rec.src, minlength=5)[:5]
+            self.counts.useful_bytes += int(np.count_nonzero(rec.src >= SRC_PACKED)) * self.row_bytes
+        return x_t if pc.yield_it else None
+
+    def _begin_host(self, rec: IndexRecord) -> np.ndarray:
+        """A batch matrix with the batch's GPU- and CPU-tier rows in place (native row copies)."""
+        x = self._batch_matrix(rec.src.shape[0])
+        for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
+            pos = np.flatnonzero(rec.src == code)
+            if pos.size:
+                _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
+        return x
+
+    def _insert_slots(self, rec: IndexRecord) -> np.ndarray | None:
+        """Per n_id position, the CPU-tier slot its row is inserted into (-1: none); only on the device path,
+        where inserts of disk rows are applied from host memory as the rows pass."""
+        if not self._device_path or not rec.insert_pos.size:
+            return None
+        slots = np.full(rec.src.shape[0], -1, np.int64)
+        slots[rec.insert_pos] = rec.insert_slot
+        return slots
+
+    def _batch_matrix(self, n: int) -> np.ndarray:
+        """An [n, dim] matrix for a batch's features: a pooled one that nothing references any more.
+
+        A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix
+        is handed out again only when no batch (no tensor, no view) still refers to it, so a
+        caller may keep its batches; the pool holds at most the assembled batches in flight
+        (`assembled_batches`, which the memory plan reports).
+        """
+        rows = int(self.memory["max_batch_rows"])
+        if n <= rows:
+            for m in self._matrices:
+                if sys.getrefcount(m) <= 3:     # the pool, this loop, getrefcount: nobody else
+                    return m[:n]
+        m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
+        if n <= rows and len(self._matrices) < int(self.memory["assembled_batches"]):
+            self._matrices.append(m)
+        return m[:n]
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device, non_blocking=True)
+
+    def _begin_device(self, rec: IndexRecord) -> torch.Tensor:
+        """The batch's matrix on the device, its GPU-tier rows gathered there and its CPU-tier rows copied in
+        through the pinned tier buffer (a piece at a time).
+
+        The device work is gathers and index copies to distinct rows, deterministic: ``x[gpos] =
+        gpu_tier[idx]``, then ``x[pos] = rows`` for every host piece.
+        """
+        n = rec.src.shape[0]
+        gpos = np.flatnonzero(rec.src == SRC_GPU)
+        cpos = np.flatnonzero(rec.src == SRC_CPU)
+        dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
+        gpu = self.gpu if isinstance(self.gpu, torch.Tensor) else torch.from_numpy(self.gpu)
+        tier = self._tier_buffer
+        assert tier is not None
+        per = max(1, tier.nbytes // self.row_bytes)
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            x = torch.empty((n, self.dim), dtype=dtype, device=self.device)
+            if gpos.size:
+                x.index_copy_(0, self._to_device(gpos), gpu.index_select(0, self._to_device(rec.idx[gpos])))
+            for a in range(0, cpos.size, per):
+                sel = cpos[a:a + per]
+                host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
+                _native.copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
+                                  np.ascontiguousarray(rec.idx[sel], np.int64))
+                x.index_copy_(0, self._to_device(sel), self._to_device(host))
+                if self._stream is not None:
+                    self._stream.synchronize()     # the tier buffer is refilled next
+        return x
+
+    def _place_device(self, x: torch.Tensor, slots: np.ndarray | None, pc: _Piece) -> None:
+        """Copy a piece's host rows to their positions in the device matrix; apply the inserts of those rows
+        from host memory (every CPU-tier read of the batch is done: its first piece did them)."""
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            x.index_copy_(0, self._to_device(pc.pos), self._to_device(pc.rows))
+        if slots is not None:
+            to = slots[pc.pos]
+            sel = np.flatnonzero(to >= 0)
+            if sel.size:
+                _native.copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
+        if self._stream is not None:
+            self._stream.synchronize()    # the staging buffer goes back to the pool
+
+    def _finish_device(self, x: torch.Tensor, rec: IndexRecord) -> None:
+        """Inserts of rows that came from the tiers, not the disk (rare): read back from the device matrix."""
+        if not rec.insert_pos.size:
+            return
+        tiered = rec.src[rec.insert_pos] < SRC_PACKED
+        if tiered.any():
+            sel = torch.from_numpy(np.ascontiguousarray(rec.insert_pos[tiered], np.int64)).to(self.device)
+            self.cpu[rec.insert_slot[tiered]] = x.index_select(0, sel).cpu().numpy()
+
+    # ------------------------------------------------------------------ stage 3: graph
+    def _samples(self, lo: int, hi: int) -> Iterator[tuple[int, SampleRecord]]:
+        for sb in self._superbatches(lo, hi):
+            count = 0
+            for j, s in enumerate(self.ds.samples(sb.key)):
+                count += 1
+                g = sb.first_batch + j
+                if lo <= g < hi:
+                    yield g, s
+            if count != sb.batches:
+                raise InputError(self.ds.round_dir / "samples", f"superbatch {sb.key} holds {count} samples, the "
+                                                                f"manifest says {sb.batches}")
+
+    def _graph(self, s: SampleRecord) -> torch.Tensor:
+        if not s.n_id.flags.writeable or s.n_id.dtype != np.int64:    # memory-mapped from the samples file (torch
+            s.n_id = s.n_id.astype(np.int64)                            # wants its own) or int32 there (PyG: int64)
+        n_id = s.n_id
+        if n_id.size and (int(n_id.min()) < 0 or int(n_id.max()) >= self.labels.shape[0]):
+            raise InputError(self.ds.round_dir / "samples", f"batch {s.batch}: node id out of range")
+        return torch.from_numpy(self.labels[n_id])
+
+    def _join(self, g: int, rec: IndexRecord, x: torch.Tensor, s: SampleRecord, y: torch.Tensor) -> Data:
+        if x.shape[0] != s.n_id.shape[0]:
+            raise InputError(self.ds.round_dir / "index", f"batch {g}: the index addresses {x.shape[0]} rows, the "
+                                                          f"sample has {s.n_id.shape[0]} nodes")
+        if rec.insert_pos.size:
+            self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
+        return batch_data(cast(Sample, s), x, y)
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[Data]:
+        if self._closed:
+            raise RuntimeError("the loader is closed")
+        self._alloc()
+        first, end = self._range(self._epoch)
+        begin = first + self._start
+        if self._tier_next > begin:
+            self._reset_tier()       # the tier is past the start: replay from the round's start
+        lo = self._tier_next          # batches [lo, begin) only advance the CPU tier
+        self.stage_s = {"load": 0.0, "assemble": 0.0, "graph": 0.0}
+        before = {k: StageClock(**vars(c)) for k, c in self.clocks.items()}
+        try:
+            if self.pipelined:
+                yield from self._pipelined(lo, begin, end)
+            else:
+                yield from self._sequential(lo, begin, end)
+        finally:
+            for k in ("load", "assemble", "graph"):
+                self.stage_s[k] = self.clocks[k].busy - before[k].busy
+
+    def _sequential(self, lo: int, begin: int, end: int) -> Iterator[Data]:
+        buf = self._buffers[0]
+        ck = self.clocks
+        samples = self._samples(begin, end)
+        for g, rec in self._records(lo, end):
+            pieces = self._pieces(g, rec, lambda: buf, g >= begin)
+            x = None
+            while True:         # each piece is assembled before the next one reuses the buffer
+                t0 = time.perf_counter()
+                pc = next(pieces, None)
+                t1 = time.perf_counter()
+                ck["load"].busy += t1 - t0
+                if pc is None:
+                    break
+                x = self._assemble(pc)
+                ck["assemble"].busy += time.perf_counter() - t1
+            if x is None:
+                continue
+            t2 = time.perf_counter()
+            gs, s = next(samples)
+            y = self._graph(s)
+            ck["graph"].busy += time.perf_counter() - t2
+            assert gs == g
+            yield self._join(g, rec, x, s, y)
+
+    def _pipelined(self, lo: int, begin: int, end: int) -> Iterator[Data]:
+        pipe = _Pipe()
+        q = self.queue_depth
+        free: queue.Queue = queue.Queue()
+        for b in self._buffers:
+            free.put(b)
+        loaded: queue.Queue = queue.Queue(q)
+        assembled: queue.Queue = queue.Queue(q)
+        graphs: queue.Queue = queue.Queue(q)
+        ck = self.clocks
+
+        def load() -> None:
+            clock = ck["load"]
+            for g, rec in self._records(lo, end):
+                pieces = self._pieces(g, rec, lambda: pipe.get(free, clock), g >= begin)
+                while True:
+                    waited, t = clock.starved, time.perf_counter()
+                    pc = next(pieces, None)
+                    clock.busy += time.perf_counter() - t - (clock.starved - waited)   # not the wait for a buffer
+                    if pc is None:
+                        break
+                    pipe.put(loaded, pc, clock)
+            pipe.put(loaded, _END, clock)
+
+        def assemble() -> None:
+            while (pc := pipe.get(loaded, ck["assemble"])) is not _END:
+                t = time.perf_counter()
+                x = self._assemble(pc)
+                if pc.buffer is not None:
+                    free.put(pc.buffer)
+                ck["assemble"].busy += time.perf_counter() - t
+                if x is not None:
+                    pipe.put(assembled, (pc.batch, pc.record, x), ck["assemble"])
+            pipe.put(assembled, _END, ck["assemble"])
+
+        def graph() -> None:
+            for g, s in self._samples(begin, end):
+                t = time.perf_counter()
+                y = self._graph(s)
+                ck["graph"].busy += time.perf_counter() - t
+                pipe.put(graphs, (g, s, y), ck["graph"])
+            pipe.put(graphs, _END, ck["graph"])
+
+        threads = [threading.Thread(target=_guard(pipe, fn), name=f"diskflow-{fn.__name__}", daemon=True)
+                   for fn in (load, assemble, graph)]
+        for t in threads:
+            t.start()
+        try:
+            expect = begin
+            while True:
+                item = pipe.get(assembled, ck["train"])
+                gitem = pipe.get(graphs, ck["train"])
+                if item is _END or gitem is _END:
+                    if item is not gitem:
+                        raise InputError(self.path, "the index and the samples hold different numbers of batches")
+                    break
+                g, rec, x = item
+                gs, s, y = gitem
+                if not g == gs == expect:
+                    raise InputError(self.path, f"batch order broken: features of {g}, graph of {gs}, expected {expect}")
+                if self.device.type == "cuda":
+                    x.record_stream(torch.cuda.current_stream(self.device))
+                data = self._join(g, rec, x, s, y)
+                del item, gitem, x, y
+                expect += 1
+                yield data
+                del data
+            if expect != end:
+                raise InputError(self.path, f"the round ended after batch {expect}, expected {end}")
+        except _Stopped:
+            pass
+        finally:
+            pipe.stop.set()
+            for t in threads:
+                t.join()
+        if pipe.error is not None:
+            raise pipe.error
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative figures: stage clocks, reader counters, rows per source."""
+        rows = {name: int(n) for name, n in zip(SOURCES, self.counts.rows.tolist())}
+        total = sum(rows.values())
+        return {
+            "stages": {k: c.as_dict() for k, c in self.clocks.items()},
+            "io": {**{k: float(v) for k, v in dict(self.reader.counters()).items()},
+                   "backend": str(getattr(self.reader, "backend", type(self.reader).__name__)),
+                   "useful_bytes": self.counts.useful_bytes},
+            "tiers": {"rows": rows, "total": total,
+                      "rates": {k: (v / total if total else None) for k, v in rows.items()}},
+        }
+
+
+def _guard(pipe: _Pipe, fn: Callable[[], None]) -> Callable[[], None]:
+    """Run a stage; its first exception stops the pipeline and is re-raised to the consumer."""
+    def run() -> None:
+        try:
+            fn()
+        except _Stopped:
+            pass
+        except BaseException as e:   # noqa: BLE001 - handed to the consumer thread
+            pipe.fail(e)
+    run.__name__ = fn.__name__
+    return run

@@ -1,0 +1,195 @@
+"""The training loop every pipeline shares: one epoch over `Data` batches, and minibatch evaluation.
+
+The loop knows nothing about where a batch came from: an `InMemoryLoader` gathering from
+RAM and a loader reading packed files feed it the same `Data` objects (NeighborLoader's
+fields), so with the same model seed and the same samples they give the same losses.
+Loss and accuracy use only the first `batch_size` rows of a batch (its seeds).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Data
+
+from ..formats.errors import ConfigError
+from .models import MODELS, EdgeFreeMLP, supports_trim
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how; validated on construction (errors name the CLI option).
+
+    `fanouts[k]` is the number of neighbours sampled at hop k (-1: all of them);
+    `num_layers` defaults to the number of hops.
+    """
+
+    model: str = "sage"
+    hidden: int = 128
+    num_layers: int | None = None
+    fanouts: tuple[int, ...] = (10, 10, 10)
+    batch_size: int = 1024
+    epochs: int = 3
+    lr: float = 3e-3
+    dropout: float = 0.2
+    heads: int = 4
+    seed: int = 0
+    eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError("--model", f"unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        fanouts = tuple(self.fanouts)
+        if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
+            raise ConfigError("--fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
+                                           f"got {list(self.fanouts)}")
+        object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
+        if self.num_layers is None:
+            object.__setattr__(self, "num_layers", len(fanouts))
+        for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
+                              ("--batch-size", self.batch_size), ("--epochs", self.epochs),
+                              ("--eval-every", self.eval_every), ("--heads", self.heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("--lr", f"expected a positive number, got {self.lr!r}")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ConfigError("--dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError("--seed", f"expected an integer >= 0, got {self.seed!r}")
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Run the block with `torch.use_deterministic_algorithms(enabled)`, then restore the old setting.
+
+    On CPU this costs next to nothing (uninitialised-memory filling is switched off); on
+    CUDA it selects deterministic scatter kernels and needs cuBLAS's fixed workspace, which
+    is requested here before the first cuBLAS call if the user has not set it.
+    """
+    import torch.utils.deterministic as tud
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = tud.fill_uninitialized_memory  # type: ignore[attr-defined]
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled)
+    tud.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+        tud.fill_uninitialized_memory = was_fill  # type: ignore[attr-defined]
+
+
+def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
+    """Logits of the batch's seeds: `model(x, edge_index)[:batch_size]` (features cast to float32).
+
+    When the model allows it (`models.supports_trim`) and has one layer per sampled hop,
+    the per-hop counts are passed too, so layer k skips what cannot reach the seeds: the
+    same logits (bit for bit without dropout; dropout draws fewer masks) for less work. The
+    edge-free MLP sees the seeds' rows only, for the same reason.
+    """
+    x = batch.x.float()
+    if isinstance(model, EdgeFreeMLP):    # a seed's logits read its own row only: skip the neighbours
+        return model(x[:batch.batch_size])
+    hops = getattr(batch, "num_sampled_edges", None)
+    if hops is not None and supports_trim(model) and len(hops) == getattr(model, "num_layers", None):
+        out = model(x, batch.edge_index, num_sampled_nodes_per_hop=list(batch.num_sampled_nodes),
+                    num_sampled_edges_per_hop=list(hops))
+    else:
+        out = model(x, batch.edge_index)
+    return out[:batch.batch_size]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch.optim.Optimizer,
+                device: str | torch.device) -> dict[str, Any]:
+    """Train one epoch: forward, cross entropy on the seeds, backward, step, batch by batch.
+
+    Args:
+        model: called as `model(x, edge_index)`, already on `device`.
+        loader: yields `Data` batches; if it has a `stage_s` dict (seconds per stage of the
+            iteration it just ran, e.g. `sample`, `gather`), those are reported too.
+        optimizer: steps `model`'s parameters.
+        device: where the batch is moved before the forward pass.
+
+    Returns:
+        `loss` (mean over seeds), `losses` (one float per batch, in order), `train_acc`
+        (accuracy on the seeds while training), `seeds`, `batches`, `seconds` (the epoch's
+        wall time) and `stage_s`: the loader's stages, with the copy to the device added to
+        `gather`, and `train` (forward, backward and step).
+    """
+    device = torch.device(device)
+    model.train()
+    losses: list[float] = []
+    total_loss = 0.0
+    correct = 0
+    seen = 0
+    move_s = 0.0
+    train_s = 0.0
+    start = time.perf_counter()
+    for batch in loader:
+        t0 = time.perf_counter()
+        batch = batch.to(device, non_blocking=True)
+        _sync(device)
+        t1 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        logits = forward(model, batch)
+        target = batch.y[:batch.batch_size]
+        loss = F.cross_entropy(logits, target)
+        loss.backward()
+        optimizer.step()
+        value = float(loss.item())  # also waits for the device, so the train time is complete
+        hits = int((logits.detach().argmax(dim=-1) == target).sum())
+        t2 = time.perf_counter()
+        move_s += t1 - t0
+        train_s += t2 - t1
+        losses.append(value)
+        total_loss += value * batch.batch_size
+        correct += hits
+        seen += batch.batch_size
+    seconds = time.perf_counter() - start
+    stage_s = {name: float(s) for name, s in dict(getattr(loader, "stage_s", {})).items()}
+    stage_s["gather"] = stage_s.get("gather", 0.0) + move_s
+    stage_s["train"] = train_s
+    return {
+        "loss": total_loss / seen if seen else math.nan,
+        "losses": losses,
+        "train_acc": correct / seen if seen else math.nan,
+        "seeds": seen,
+        "batches": len(losses),
+        "seconds": seconds,
+        "stage_s": stage_s,
+    }
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: Iterable[Data], device: str | torch.device) -> float:
+    """Accuracy of `model` on the seeds of every batch of `loader` (minibatch inference; NaN if empty)."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    correct = 0
+    seen = 0
+    try:
+        for batch in loader:
+            batch = batch.to(device, non_blocking=True)
+            pred = forward(model, batch).argmax(dim=-1)
+            correct += int((pred == batch.y[:batch.batch_size]).sum())
+            seen += batch.batch_size
+    finally:
+        model.train(was_training)
+    return correct / seen if seen else math.nan

@@ -1,0 +1,44 @@
+"""Access counting: per-superbatch counts (dense and sorting paths) and their tree merge."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from diskflow.operators.formats.samples import record_batch, write_samples
+from diskflow.operators.prepare.count import count_superbatch, dense_counts, merge_counts
+
+
+def _superbatch(path: Path, n_ids: list[np.ndarray]) -> Path:
+    recs = [record_batch(i, SimpleNamespace(n_id=n, edge_index=np.zeros((2, 0), np.int64), num_sampled_nodes=[len(n)],
+                                            num_sampled_edges=[], batch_size=len(n))) for i, n in enumerate(n_ids)]
+    write_samples(path, recs)
+    return path
+
+
+def test_counts_match_a_bincount_reference_on_both_paths(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    n_ids = [rng.choice(997, size=s, replace=False).astype(np.int64) for s in (5, 300, 71)]
+    path = _superbatch(tmp_path / "e0-s00000.arrow", n_ids)
+    ref = np.bincount(np.concatenate(n_ids), minlength=997)
+    for ids, counts in (count_superbatch(path), count_superbatch(path, num_nodes=997)):
+        assert ids.dtype == counts.dtype == np.int64
+        assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
+        assert np.array_equal(dense_counts((ids, counts), 997), ref)
+
+
+def test_merge_of_sorted_parts_equals_the_sum() -> None:
+    rng = np.random.default_rng(5)
+    parts, ref = [], np.zeros(2000, np.int64)
+    for n in (0, 1, 400, 1500, 37):
+        ids, counts = np.unique(rng.integers(0, 2000, n), return_counts=True)
+        parts.append((ids.astype(np.int64), counts.astype(np.int64)))
+        ref[ids] += counts
+    # pairwise, as the count-merge tree does, and all at once
+    tree = parts
+    while len(tree) > 1:
+        tree = [merge_counts(*tree[i:i + 2]) for i in range(0, len(tree), 2)]
+    for ids, counts in (tree[0], merge_counts(*parts)):
+        assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
+    empty = merge_counts((np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    assert empty[0].size == 0 and empty[1].size == 0

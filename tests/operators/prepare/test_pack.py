@@ -1,0 +1,223 @@
+"""Routing, batched packing and plan replay: read-once, bit-exact, and the naive baseline agrees."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401
+
+from diskflow.operators.formats.errors import InputError
+from diskflow.operators.formats.files import ALIGN
+from diskflow.operators.formats.packed import (
+    ROUND_DIR,
+    SRC_CPU,
+    SRC_DCACHE,
+    SRC_GPU,
+    SRC_PACKED,
+    PackedDataset,
+    part_name,
+)
+from diskflow.operators.formats.plan import SRC_MISS, BatchPlan
+from diskflow.operators.formats.store import Store
+from diskflow.operators.prepare.diskcache import build_layout
+from diskflow.operators.prepare.pack import RowTarget, pack_naive, pack_shard
+from diskflow.operators.prepare.route import RouteFile, route_superbatch, segment_offsets
+from packed_rounds import (
+    Round,
+    build_packed,
+    sample_round,
+    tight_layout,
+)
+
+
+@pytest.fixture(scope="module")
+def rnd(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Round:
+    return sample_round(tiny_store, tmp_path_factory.mktemp("round"))
+
+
+@pytest.fixture(scope="module", params=["packed-only", "disk-cache"])
+def packed(request: pytest.FixtureRequest, rnd: Round, tmp_path_factory: pytest.TempPathFactory):
+    store = Store(rnd.store)
+    if request.param == "packed-only":
+        layout = build_layout(rnd.misses(), store.row_bytes, 1 << 40, len(store.shards) * (ALIGN - 1))
+        assert layout.segment_size is None
+    else:
+        layout = tight_layout(rnd, store.row_bytes, len(store.shards))
+        assert layout.segment_size is not None and sum(len(c) for c in layout.cache_nodes) > 0
+    out = tmp_path_factory.mktemp(request.param)
+    return out, layout, build_packed(rnd, out, layout)
+
+
+# ---------------------------------------------------------------------------- unit tests
+
+def test_segment_offsets_are_aligned_and_contiguous() -> None:
+    rows = np.array([[3, 0], [0, 50], [22, 1], [0, 0]], dtype=np.int64)
+    off, size = segment_offsets(rows, row_bytes=188)
+    assert np.array_equal(off[:, 0], [0, 4096, 4096, 12288])      # 3 rows -> 1 page; 22 rows (4136 B) -> 2 pages
+    assert np.array_equal(off[:, 1], [0, 0, 12288, 16384])        # 50 rows = 9400 B -> 3 pages
+    assert np.array_equal(size, [12288, 16384])
+    assert (off % ALIGN == 0).all()
+
+
+def test_route_translates_misses_to_shard_major_packed_rows(tmp_path: Path) -> None:
+    # shard_rows 10: node 25 in shard 2, 3 in shard 0, 17 in shard 1, 4 in shard 0, 40 in shard 4.
+    n_id = np.array([7, 25, 3, 17, 9, 4, 40], dtype=np.int64)
+    src = np.array([SRC_GPU, SRC_MISS, SRC_MISS, SRC_MISS, SRC_CPU, SRC_MISS, SRC_MISS], dtype=np.uint8)
+    idx = np.array([0, 0, 1, 2, 5, 3, 4], dtype=np.int64)
+    plan = BatchPlan(src, idx, np.array([1], np.int64), np.array([2], np.int64))
+    all_miss = BatchPlan(np.full(2, SRC_MISS, np.uint8), np.arange(2, dtype=np.int64), np.zeros(0, np.int64),
+                         np.zeros(0, np.int64))
+    out = route_superbatch("e0-s00003", [n_id, np.array([41, 1])], [plan, all_miss], None, 12, 10, 5,
+                           tmp_path / "r.npz")
+    assert out["seg_rows"].tolist() == [[2, 1, 1, 0, 1], [1, 0, 0, 0, 1]]
+    route = RouteFile(out["path"])
+    assert (route.key, route.epoch, route.first_batch) == ("e0-s00003", 0, 12)
+    assert [route.shard_ids(p).tolist() for p in range(5)] == [[3, 4, 1], [17], [25], [], [40, 41]]
+    r0, r1 = route.records(np.zeros((2, 5), np.int64), np.zeros((2, 5), np.int64))
+    packed_order = np.array([3, 4, 17, 25, 40])                    # shard-major, miss order within a shard
+    assert np.array_equal(r0.src, [SRC_GPU, SRC_PACKED, SRC_PACKED, SRC_PACKED, SRC_CPU, SRC_PACKED, SRC_PACKED])
+    assert np.array_equal(packed_order[r0.idx[r0.src == SRC_PACKED]], n_id[src == SRC_MISS])
+    assert r0.idx[0] == 0 and r0.idx[4] == 5
+    assert (r0.insert_pos.tolist(), r0.insert_slot.tolist()) == ([1], [2])
+    assert np.array_equal(np.array([1, 41])[r1.idx], [41, 1]) and r1.batch == 13 and r1.dcache == -1
+    route.close()
+
+
+def test_route_rejects_a_plan_that_does_not_cover_the_sample(tmp_path: Path) -> None:
+    plan = BatchPlan(np.zeros(3, np.uint8), np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="batch 0"):
+        route_superbatch("e0-s00000", [np.arange(4)], [plan], None, 0, 10, 1, tmp_path / "r.npz")
+    assert not (tmp_path / "r.npz").exists()
+
+
+# ---------------------------------------------------------------------------- a real round
+
+def test_pack_reads_each_shard_once_and_writes_each_packed_byte_once(packed, rnd: Round) -> None:
+    out, layout, res = packed
+    store = Store(rnd.store)
+    rows_per_shard = res["seg_rows"].sum(axis=0)
+    for p, r in enumerate(res["pack"]):
+        assert r["bytes_read"] == store.shards[p].rows * store.row_bytes          # the shard, once
+        assert r["bytes_written"] == rows_per_shard[p] * store.row_bytes          # its packed rows, once
+        assert r["file_bytes"] == res["files"]["parts"][p]["bytes"] == os.path.getsize(out / ROUND_DIR / part_name(p))
+    # every GPU, live CPU and disk-cache row is written by exactly one shard's task
+    live = rnd.gpu_ids.shape[0] + int((rnd.cpu_ids >= 0).sum()) + sum(len(c) for c in (layout.cache_nodes or []))
+    assert sum(r["target_bytes_written"] for r in res["pack"]) == live * store.row_bytes
+    assert int(res["seg_rows"].sum()) == sum(int((layout.in_cache[i] == 0).sum()) for i in range(len(layout.in_cache)))
+    assert not list(out.rglob(".*.tmp-*"))
+
+
+def test_replay_is_bit_exact_on_every_batch(packed, rnd: Round) -> None:
+    out, layout, _ = packed
+    store = Store(rnd.store)
+    ds = PackedDataset(out)
+    n_ids = [n for ns in rnd.n_ids for n in ns]
+    seen = np.zeros(4, dtype=np.int64)
+    count = 0
+    for (b, feats), (_, r) in zip(ds.replay(), ds.batches()):
+        assert b == count
+        assert feats.tobytes() == store.gather(n_ids[b]).tobytes()
+        seen += np.bincount(r.src, minlength=4)
+        count += 1
+    assert count == ds.num_batches == len(n_ids)
+    assert seen[SRC_GPU] > 0 and seen[SRC_CPU] > 0 and seen[SRC_PACKED] > 0       # every tier is exercised
+    assert (seen[SRC_DCACHE] > 0) == (layout.segment_size is not None)
+    # the CPU tier really changes over the round (inserts) and is read after being changed
+    assert sum(p.insert_pos.shape[0] for ps in rnd.plans for p in ps) > 0
+    ds.close()
+
+
+def test_naive_packing_writes_identical_part_files(packed, rnd: Round, tmp_path: Path) -> None:
+    out, layout, res = packed
+    store = Store(rnd.store)
+    sbs = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    routes = [route_superbatch(k, n, p, layout, f, store.shard_rows, len(store.shards), tmp_path / f"{k}.npz")
+              for k, f, n, p in sbs]
+    offsets, _ = segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)
+    naive = pack_naive(rnd.store, [r["path"] for r in routes], offsets, tmp_path / "naive")
+    for p in range(len(store.shards)):
+        a = (out / ROUND_DIR / part_name(p)).read_bytes()
+        b = (tmp_path / "naive" / part_name(p)).read_bytes()
+        assert a == b, f"part {p} differs"
+        assert np.array_equal(naive["crc"][:, p], res["pack"][p]["crc"])
+    assert naive["rows"] == int(res["seg_rows"].sum())
+
+
+def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(rnd.store)
+    sb = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    routes = [route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / f"{k}.npz")
+              for k, f, n, p in sb]
+    offsets, _ = segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)
+    import diskflow.operators.prepare.pack as pack_mod
+
+    calls = {"n": 0}
+    real = pack_mod._write_all
+
+    def dying(fd, view, path):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("worker killed")
+        real(fd, view, path)
+
+    monkeypatch.setattr(pack_mod, "_write_all", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "part-00001.bin", write_buffer=8192)
+    assert calls["n"] == 2
+    assert not (tmp_path / "part-00001.bin").exists() and not list(tmp_path.glob(".part-*"))
+
+
+def test_pack_errors_name_the_file(rnd: Round, tmp_path: Path) -> None:
+    store = Store(rnd.store)
+    k, f, n, p = rnd.refs[0].key, 0, rnd.n_ids[0], rnd.plans[0]
+    route = route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / "r.npz")
+    offsets, _ = segment_offsets(route["seg_rows"], store.row_bytes)
+    with pytest.raises(InputError, match="missing.npz"):
+        pack_shard(rnd.store, 0, [tmp_path / "missing.npz"], offsets, tmp_path / "part.bin")
+    Path(route["path"]).write_bytes(Path(route["path"]).read_bytes()[:100])
+    with pytest.raises(InputError, match="r.npz"):
+        pack_shard(rnd.store, 0, [route["path"]], offsets, tmp_path / "part.bin")
+    target = RowTarget(tmp_path / "absent.bin", np.array([0, 1]), 0)
+    route = route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / "r2.npz")
+    with pytest.raises(InputError, match="absent.bin"):
+        pack_shard(rnd.store, 0, [route["path"]], offsets, tmp_path / "part.bin", tier_targets=[target])
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_all_miss_round_without_tiers_replays_exactly(rnd: Round, tmp_path: Path) -> None:
+    # hand-made all-miss plans, no GPU or CPU tier, packed only: every row comes from a part file
+    plans = [[BatchPlan(np.full(n.shape[0], SRC_MISS, np.uint8), np.arange(n.shape[0], dtype=np.int64),
+                        np.zeros(0, np.int64), np.zeros(0, np.int64)) for n in ns] for ns in rnd.n_ids]
+    bare = Round(rnd.store, rnd.samples, rnd.refs, rnd.n_ids, plans, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    res = build_packed(bare, tmp_path / "p", None)
+    store = Store(rnd.store)
+    n_ids = [n for ns in rnd.n_ids for n in ns]
+    assert int(res["seg_rows"].sum()) == sum(n.shape[0] for n in n_ids)
+    with PackedDataset(tmp_path / "p") as ds:
+        assert ds.gpu_cache.shape == (0, store.feature_dim) and ds.cpu_init.shape == (0, store.feature_dim)
+        for b, feats in ds.replay():
+            assert feats.tobytes() == store.gather(n_ids[b]).tobytes()
+
+
+def test_warm_shards_reads_whole_shards_within_the_budget(tiny_store: Path) -> None:
+    import threading
+
+    from diskflow.operators.formats.store import Store
+    from diskflow.operators.prepare.pack import warm_shards
+
+    store = Store(tiny_store)
+    shard = store.shards[0].rows * store.row_bytes
+    assert warm_shards(tiny_store, 0) == 0
+    assert warm_shards(tiny_store, shard - 1) == 0                 # never a partial shard
+    assert warm_shards(tiny_store, 2 * shard + 5) == 2 * shard
+    everything = sum(s.rows for s in store.shards) * store.row_bytes
+    assert warm_shards(tiny_store, 1 << 40) == everything
+    stop = threading.Event()
+    stop.set()
+    assert warm_shards(tiny_store, 1 << 40, stop) == 0

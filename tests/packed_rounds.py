@@ -1,0 +1,84 @@
+"""A sampled, planned round of a store, and its packed dataset, as the preparation builds them: shared by the
+tests of packing (`tests/operators/prepare/test_pack.py`) and of verification (`.../formats/test_verify.py`)."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from diskflow.operators.formats.files import ALIGN, config_hash, write_manifest
+from diskflow.operators.formats.packed import ROUND_DIR, samples_name
+from diskflow.operators.formats.plan import SRC_MISS, BatchPlan
+from diskflow.operators.formats.samples import read_n_ids
+from diskflow.operators.formats.store import Store
+from diskflow.operators.prepare.count import count_superbatch, dense_counts, merge_counts
+from diskflow.operators.prepare.diskcache import build_layout
+from diskflow.operators.prepare.pack import pack_round
+from diskflow.operators.prepare.plan import initial_fill, plan_belady
+from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
+from diskflow.operators.prepare.tiers import hottest
+
+BATCH, SUPERBATCH, EPOCHS, FANOUTS, SEED = 200, 4, 2, (5, 5), 3
+GPU_ROWS, CPU_ROWS = 150, 300
+
+
+@dataclass
+class Round:
+    store: Path
+    samples: Path                       # a round directory holding samples/{key}.arrow
+    refs: list                          # SuperbatchRef per superbatch
+    n_ids: list[list[np.ndarray]]       # per superbatch, per batch
+    plans: list[list[BatchPlan]]        # per superbatch, per batch (real Belady planner)
+    gpu_ids: np.ndarray                 # sorted (the planner's GPU slot = position)
+    cpu_ids: np.ndarray                 # CPU tier at round start
+
+    def misses(self) -> list[np.ndarray]:
+        return [n[p.src == SRC_MISS] for ns, ps in zip(self.n_ids, self.plans) for n, p in zip(ns, ps)]
+
+
+def sample_round(store: Path, out: Path) -> Round:
+    """Sample a 2-epoch round of tiny_store and plan it with static GPU + Belady CPU tiers."""
+    refs = round_layout(Store(store).split_ids("train").shape[0], BATCH, SUPERBATCH, EPOCHS)
+    paths = [out / ROUND_DIR / samples_name(r.key) for r in refs]
+    for ref, path in zip(refs, paths):
+        sample_superbatch(store, path, ref, BATCH, FANOUTS, SEED, num_threads=1)
+    n_ids = [read_n_ids(p) for p in paths]
+    freq = dense_counts(merge_counts(*(count_superbatch(p) for p in paths)), Store(store).num_nodes)
+    gpu = np.sort(hottest(freq, GPU_ROWS))
+    cache = initial_fill(n_ids[0] + (n_ids[1] if len(n_ids) > 1 else []), CPU_ROWS, freq, gpu)
+    cpu_ids, plans = cache.copy(), []
+    for k, batches in enumerate(n_ids):
+        sp = plan_belady(batches, n_ids[k + 1] if k + 1 < len(n_ids) else [], CPU_ROWS, cache, gpu, freq)
+        plans.append(sp.batches)
+        cache = sp.final_cache
+    return Round(store, out, refs, n_ids, plans, gpu, cpu_ids)
+
+
+def build_packed(rnd: Round, out: Path, layout) -> dict:
+    """Pack `rnd` into `out` (a copy of its samples + everything packing writes + a manifest)."""
+    shutil.copytree(rnd.samples / ROUND_DIR / "samples", out / ROUND_DIR / "samples")
+    sbs = [(r.key, r.round_first_batch, n, p) for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    res = pack_round(rnd.store, out, sbs, layout, rnd.gpu_ids, rnd.cpu_ids)
+    store = Store(rnd.store)
+    write_manifest(out, {
+        "format": "diskflow-packed", "version": 1, "dtype": str(store.feature_dtype), "dim": store.feature_dim,
+        "row_bytes": store.row_bytes, "num_nodes": store.num_nodes, "num_shards": len(store.shards),
+        "store": {"path": str(rnd.store), "manifest_hash": config_hash(store.manifest)},
+        "round": {"epochs": EPOCHS, "batches": sum(r.num_batches for r in rnd.refs),
+                  "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
+                                    "first_batch": r.round_first_batch} for r in rnd.refs]},
+        "files": res["files"],
+    })
+    return res
+
+
+def tight_layout(rnd: Round, row_bytes: int, num_shards: int):
+    """A disk-cache layout: a budget between 'one segment' and 'everything packed'."""
+    misses = rnd.misses()
+    pad = num_shards * (ALIGN - 1)
+    packed_only = build_layout(misses, row_bytes, 1 << 40, pad).search.packed_only_bytes
+    distinct = np.unique(np.concatenate(misses)).shape[0] * row_bytes + len(misses) * pad + ALIGN
+    return build_layout(misses, row_bytes, (packed_only + distinct) // 2, pad)
+
+
