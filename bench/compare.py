@@ -85,7 +85,6 @@ from ..operators.formats.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady")
-PACKED = ("belady", "diskgnn", "ginex")
 BASELINES = ("mmap", "ginex")        # the ones --baseline-batches cuts short by default
 RUN_ORDER = ("belady", "diskgnn", "ginex", "mmap", "inmemory")
 DEFAULT_WORKDIR = Path("bench-data") / "compare"
@@ -103,7 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .prepare import DEFAULT_NODES
 
     p.add_argument("--pipelines", default=",".join(PIPELINES),
-                   help=f"comma-separated pipelines to compare (default all: {','.join(PIPELINES)}); belady is "
+                   help=f"comma-separated pipelines to compare (default all: {','.join(PIPELINES)}), built-in names "
+                        "or .py files that define a diskflow.Pipeline with the packed loader; belady is "
                         "always prepared, its samples feed inmemory and mmap")
     p.add_argument("--dataset", metavar="STORE", help="an ingested store to use instead of the synthetic graph")
     p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
@@ -158,10 +158,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> list[str]:
-    names = [n.strip() for n in str(args.pipelines).split(",") if n.strip()]
-    unknown = [n for n in names if n not in PIPELINES]
-    if not names or unknown:
-        raise ConfigError("--pipelines", f"expected names from {', '.join(PIPELINES)}, got {args.pipelines!r}")
+    """Check the options; the pipelines in run order. Sets ``args.definitions`` (name -> `diskflow.Pipeline`)."""
+    from ..flow.pipeline import load_pipeline, pipeline_names
+
+    given = pipeline_names(args.pipelines)
+    unknown = [n for n in given if n not in PIPELINES and not n.endswith(".py")]
+    if not given or unknown:
+        raise ConfigError("--pipelines", f"expected names from {', '.join(PIPELINES)} or .py files defining a "
+                                         f"diskflow.Pipeline, got {args.pipelines!r}")
+    defs = {n: load_pipeline(n) for n in [*given, "belady"]}
+    users = [n for n in given if n.endswith(".py")]
+    for path in users:
+        d = defs[path]
+        if d.loader != "packed":
+            raise ConfigError("--pipelines", f"{path}: the {d.name} pipeline uses the {d.loader} loader; compare "
+                                             "takes pipelines with the packed loader (inmemory and mmap are built in)")
+        if d.name in PIPELINES or sum(defs[u].name == d.name for u in users) > 1:
+            raise ConfigError("--pipelines", f"{path}: its pipeline's name {d.name!r} is taken; give it another name")
+    args.definitions = {d.name: d for d in defs.values()}
+    names = [defs[n].name for n in given]
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
                           ("--hidden", args.hidden), ("--queue-depth", args.queue_depth), ("--repeats", args.repeats),
@@ -173,14 +188,15 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     if args.baseline_warmup is not None and args.baseline_warmup < 0:
         raise ConfigError("--baseline-warmup", f"must be >= 0, got {args.baseline_warmup}")
     cut = [n.strip() for n in str(args.cut_short).split(",") if n.strip()]
-    if any(n not in PIPELINES for n in cut):
-        raise ConfigError("--cut-short", f"expected names from {', '.join(PIPELINES)}, got {args.cut_short!r}")
+    if any(n not in PIPELINES and n not in args.definitions for n in cut):
+        raise ConfigError("--cut-short", f"expected names from {', '.join(args.definitions)}, got {args.cut_short!r}")
     args.cut_short = cut
     if args.threads is not None and args.threads < 1:
         raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout}")
-    return [n for n in RUN_ORDER if n in names]
+    order = [*RUN_ORDER[:3], *(defs[u].name for u in users), *RUN_ORDER[3:]]
+    return [n for n in order if n in names]
 
 
 # ---------------------------------------------------------------------------- the dataset and its samples
@@ -235,20 +251,18 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
     """Prepare belady (always) and the other packed pipelines asked for, cached under `work`/packed."""
     import dask
 
-    from ..pipelines import belady, diskgnn, ginex
-
-    modules = {"belady": belady, "diskgnn": diskgnn, "ginex": ginex}
     out: dict[str, dict[str, Any]] = {}
-    for name in PACKED:
-        if name != "belady" and name not in names:
+    for name in ["belady", *(n for n in names if n != "belady")]:
+        pipeline = args.definitions[name]
+        if pipeline.loader != "packed":
             continue
         path = work / "packed" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         with dask.config.set(scheduler="threads"):
-            r = modules[name].prepare(store.path, path, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
-                                      staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
-                                      batch_size=args.batch_size, superbatch_size=args.superbatch_size,
-                                      epochs=args.epochs, seed=args.seed, quiet=True)
+            r = pipeline.prepare(store.path, path, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
+                                 staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
+                                 batch_size=args.batch_size, superbatch_size=args.superbatch_size,
+                                 epochs=args.epochs, seed=args.seed, quiet=True)
         out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
     return out
 
@@ -506,7 +520,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
               "on_start": on_start}
     report: dict[str, Any] | None = None
     try:
-        if spec["pipeline"] in PACKED:
+        if spec["packed"] is not None:
             from ..operators.train.trainer import train_packed
 
             report = train_packed(spec["packed"], run_dir, cpu_memory=spec["cpu_memory"],

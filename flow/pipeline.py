@@ -1,23 +1,156 @@
-"""Finding a pipeline: a module of `diskflow.pipelines` by name, or a user's own `.py` file.
+"""`diskflow.Pipeline`: a pipeline stated as one declarative object, and finding one by name or file.
 
-A pipeline is any module with `run(store, run_dir, **options) -> dict` (the report).
-`diskflow run inmemory`, `diskflow run pipelines/inmemory.py` and `diskflow run
-my_pipeline.py` all work: a path whose file name matches a built-in pipeline and that is
-not a file of its own loads the built-in one.
+A pipeline says how a round's data reaches the trainer, not how to train: how batches are
+drawn, the sampler and its fanouts, which rows the GPU and CPU tiers hold (a built-in policy
+name or the user's own function over access counts), whether misses are packed into
+per-batch segments, whether a segmented disk cache may stand in when disk is short, and the
+loader that feeds the one training session. The built-in pipelines (``diskflow.pipelines``)
+are instances, a few lines each; a user's ``.py`` file defines one the same way::
+
+    import numpy as np
+    import diskflow
+
+    def warm_half(counts, rows, exclude):          # the CPU tier: every other of the hottest rows
+        hot = np.argsort(-counts, kind="stable")
+        return hot[~np.isin(hot, exclude)][: 2 * rows : 2]
+
+    pipeline = diskflow.Pipeline("warm-half", cpu_tier=warm_half)
+
+and ``diskflow prepare my.py``, ``diskflow run my.py`` and ``diskflow bench compare
+--pipelines belady,my.py`` take it. `load_pipeline` finds a pipeline by built-in name or
+path; a path whose file name matches a built-in pipeline and that is not a file of its own
+loads the built-in one.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import pkgutil
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ..operators.formats.errors import ConfigError, InputError
+from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 
 PACKAGE = "diskflow.pipelines"
+USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
+# loader -> the function that trains with it ("module:function"; imported only when a run starts)
+LOADERS = {"packed": "diskflow.pipelines._packed:run_packed", "memory": "diskflow.pipelines.inmemory:run",
+           "mmap": "diskflow.pipelines.mmap:run", "stream": "diskflow.pipelines.streaming:run"}
+BATCHES = ("shuffled",)       # each epoch a fresh permutation of the training seeds, cut into batches
+SAMPLERS = ("neighbor",)      # uniform neighbour sampling per hop (PyG NeighborLoader's), native
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How a round's features reach the trainer: the one way a pipeline is stated.
+
+    Attributes:
+        name: the pipeline's name (reports, run directories, the packed dataset's manifest).
+        loader: what feeds the training session: ``"packed"`` (prepare a packed dataset, then
+            the pipelined direct-I/O trainer), ``"memory"`` (every feature in RAM),
+            ``"mmap"`` (features through memory maps and the page cache) or ``"stream"``
+            (prepared on CPU workers superbatch by superbatch, trained on the GPU worker).
+        batches: how seeds are cut into batches; ``"shuffled"``: a seeded permutation per epoch.
+        sampler: ``"neighbor"``: uniform sampling of `fanouts` neighbours per hop.
+        fanouts: the default fanouts (a run's ``fanouts=`` overrides them); -1 = all neighbours.
+        gpu_tier: ``"hottest"`` or a function ``(counts, rows, exclude) -> node ids``.
+        cpu_tier: ``"belady"`` (planned per superbatch), ``"static"`` (hottest outside the GPU
+            tier) or such a function (a static tier).
+        packing: pack every miss into page-aligned per-batch segments; False: read misses row
+            by row from the store (Ginex).
+        disk_cache: when packing exceeds the disk budget, keep a MinHash-ordered segmented disk
+            cache instead (DiskGNN); False: such a budget is an error.
+        description: one line for listings.
+    """
+
+    name: str
+    loader: str = "packed"
+    batches: str = "shuffled"
+    sampler: str = "neighbor"
+    fanouts: tuple[int, ...] = (10, 10, 10)
+    gpu_tier: Policy = "hottest"
+    cpu_tier: Policy = "belady"
+    packing: bool = True
+    disk_cache: bool = True
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
+            raise ConfigError("Pipeline.name", f"expected a short name without spaces or slashes, got {self.name!r}")
+        for what, value, allowed in (("loader", self.loader, tuple(LOADERS)), ("batches", self.batches, BATCHES),
+                                     ("sampler", self.sampler, SAMPLERS)):
+            if value not in allowed:
+                raise ConfigError(f"Pipeline.{what}", f"expected one of {', '.join(allowed)}, got {value!r}")
+        try:
+            fanouts = tuple(int(f) for f in self.fanouts)
+        except (TypeError, ValueError):
+            raise ConfigError("Pipeline.fanouts", f"expected integers >= -1, got {self.fanouts!r}") from None
+        if not fanouts or any(f < -1 for f in fanouts):
+            raise ConfigError("Pipeline.fanouts", f"expected one or more integers >= -1, got {self.fanouts!r}")
+        object.__setattr__(self, "fanouts", fanouts)
+        check_policy(self.gpu_tier, "gpu")
+        check_policy(self.cpu_tier, "cpu")
+        if not self.packing and self.disk_cache:
+            object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
+        if self.loader != "packed" and (self.cpu_tier != "belady" or self.gpu_tier != "hottest" or not self.packing):
+            raise ConfigError("Pipeline.loader", f"tier policies and packing are the packed loader's; the "
+                                                 f"{self.loader} loader takes the defaults")
+
+    def with_options(self, **changes: Any) -> Pipeline:
+        """A copy with some fields changed (e.g. ``belady.with_options(name="mine", packing=False)``)."""
+        return replace(self, **changes)
+
+    def prepare_config(self, **options: Any) -> Any:
+        """The `flow.prepare.PrepareConfig` of this pipeline with `options` (budgets, fanouts, ...)."""
+        from .prepare import PrepareConfig
+
+        fixed = {"pipeline": self.name, "cpu_policy": self.cpu_tier, "gpu_policy": self.gpu_tier,
+                 "packing": self.packing, "disk_cache": self.disk_cache}
+        clash = sorted(set(options) & set(fixed))
+        if clash:
+            raise ConfigError(clash[0], f"fixed by the {self.name} pipeline ({clash[0]}={fixed[clash[0]]!r})")
+        options.setdefault("fanouts", self.fanouts)
+        return PrepareConfig(**fixed, **{**options, "fanouts": tuple(options["fanouts"])})
+
+    def prepare(self, store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
+                quiet: bool = False, **options: Any) -> Any:
+        """Sample, plan and pack `store` into the packed dataset `out` (`flow.prepare.prepare`); its result."""
+        from .prepare import prepare
+
+        if self.loader not in ("packed", "stream"):
+            raise ConfigError("PIPELINE", f"the {self.name} pipeline ({self.loader} loader) prepares nothing")
+        return prepare(store, out, self.prepare_config(**options), force=force, quiet=quiet)
+
+    def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
+        """Train with this pipeline's loader (preparing first where it packs); the report."""
+        options.setdefault("fanouts", self.fanouts)
+        module, _, function = LOADERS[self.loader].partition(":")
+        train = getattr(importlib.import_module(module), function)
+        if self.loader == "packed":
+            return train(self, store, run_dir, **options)
+        return train(store, run_dir, **options)
+
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        """The keyword options `run` takes (its loader's), for callers that check options before a run."""
+        module, _, function = LOADERS[self.loader].partition(":")
+        params = dict(inspect.signature(getattr(importlib.import_module(module), function)).parameters)
+        for first in ("pipeline", "store", "run_dir"):
+            params.pop(first, None)
+        return params
+
+    def describe(self) -> dict[str, Any]:
+        """The definition as JSON values (policy functions by name and code hash)."""
+        return {"name": self.name, "loader": self.loader, "batches": self.batches, "sampler": self.sampler,
+                "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
+                "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache}
 
 
 def available_pipelines() -> list[str]:
@@ -26,11 +159,12 @@ def available_pipelines() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
 
 
-def load_pipeline(name_or_path: str | os.PathLike[str]) -> ModuleType:
-    """Import a pipeline by built-in name or from a `.py` file, checking that it defines `run`.
+def load_pipeline(name_or_path: str | os.PathLike[str]) -> Pipeline:
+    """The `Pipeline` of a built-in name or of a `.py` file that defines one (at module level).
 
     Raises:
-        ConfigError: unknown name (the message lists the available ones) or no `run`.
+        ConfigError: unknown name (the message lists the available ones), a file that defines
+            no `Pipeline`, or several.
         InputError: the file exists but cannot be imported.
     """
     text = os.fspath(name_or_path)
@@ -44,10 +178,40 @@ def load_pipeline(name_or_path: str | os.PathLike[str]) -> ModuleType:
     else:
         what = f"no such file {text!r}" if looks_like_path else f"unknown pipeline {text!r}"
         raise ConfigError("PIPELINE", f"{what}; available: {', '.join(builtin) or '(none)'}, "
-                                      "or the path of a .py file that defines run(store, run_dir, ...)")
-    if not callable(getattr(module, "run", None)):
-        raise ConfigError("PIPELINE", f"{text!r} defines no run(store, run_dir, ...) function")
-    return module
+                                      "or the path of a .py file that defines a diskflow.Pipeline")
+    return pipeline_of(module, text)
+
+
+def pipeline_of(module: ModuleType, text: str) -> Pipeline:
+    """The one `Pipeline` a module defines at module level (``PIPELINE`` first, if it has one)."""
+    if isinstance(getattr(module, "PIPELINE", None), Pipeline):
+        return module.PIPELINE
+    found = {id(v): v for v in vars(module).values() if isinstance(v, Pipeline)}
+    if len(found) != 1:
+        raise ConfigError("PIPELINE", f"{text!r} defines {'no' if not found else len(found)} diskflow.Pipeline "
+                                      "objects at module level; it must define exactly one (e.g. "
+                                      "pipeline = diskflow.Pipeline(\"mine\", cpu_tier=my_policy))")
+    return _by_reference(next(iter(found.values())), module)
+
+
+def _by_reference(pipeline: Pipeline, module: ModuleType) -> Pipeline:
+    """`pipeline` with the policy functions of a user's file replaced by `FilePolicy` references, so that Dask
+    workers in other processes import the file themselves instead of unpickling a function they cannot find."""
+    source = getattr(module, "__file__", None)
+    if source is None or not module.__name__.startswith(USER_MODULE):
+        return pipeline
+    changes = {}
+    for field_name in ("gpu_tier", "cpu_tier"):
+        fn = getattr(pipeline, field_name)
+        name = getattr(fn, "__qualname__", "")
+        if callable(fn) and getattr(fn, "__module__", None) == module.__name__ and getattr(module, name, None) is fn:
+            changes[field_name] = FilePolicy(source, name)
+    return replace(pipeline, **changes) if changes else pipeline
+
+
+def pipeline_names(text: str) -> list[str]:
+    """Split a comma-separated list of pipeline names and ``.py`` paths."""
+    return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
 def _builtin_at(path: Path, builtin: list[str]) -> ModuleType | None:
@@ -63,7 +227,7 @@ def _builtin_at(path: Path, builtin: list[str]) -> ModuleType | None:
 
 def _import_file(path: Path) -> ModuleType:
     """Import a user's pipeline file as a fresh module."""
-    name = f"diskflow_user_pipeline_{abs(hash(str(path.resolve())))}"
+    name = f"{USER_MODULE}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise InputError(path, "cannot be imported as a Python module")

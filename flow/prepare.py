@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
     config_hash,
+    format_bytes,
     raise_if_disk_full,
     read_manifest,
     save_npy,
@@ -76,9 +77,9 @@ from ..operators.prepare.plan import (
     initial_fill,
     plan_belady,
     plan_static,
-    static_tier,
     trace_window,
 )
+from ..operators.prepare.policies import Policy, check_policy, choose_tier, planned, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
 from ..operators.prepare.superbatch import (
     SuperbatchRef,
@@ -89,7 +90,6 @@ from ..operators.prepare.superbatch import (
 from ..operators.prepare.tiers import staging_buffers, tier_sizes
 from .progress import compute
 
-CPU_POLICIES = ("belady", "static")
 WORK_FORMAT = "diskflow-prepare-cache"
 WORK_MARKER = ".diskflow-work.json"     # marks ``OUT.work`` as prepare's cache (see `WORK_KIND`)
 # ``OUT.work``: prepare's cache; older ones (no marker) are recognised by their entries alone
@@ -102,8 +102,10 @@ class PrepareConfig:
     """Everything that shapes a packed dataset (budgets in bytes)."""
 
     pipeline: str = "belady"
-    cpu_policy: str = "belady"          # "belady" (dynamic, planned) or "static" (most frequent rows)
+    cpu_policy: Policy = "belady"       # "belady" (planned), "static" (most frequent rows) or a function
+    gpu_policy: Policy = "hottest"      # "hottest" or a function (operators.prepare.policies)
     packing: bool = True                # False: misses are read row by row from the store (Ginex)
+    disk_cache: bool = True             # False: a disk budget that packing exceeds is an error, not a disk cache
     fanouts: tuple[int, ...] = (10, 10, 10)
     batch_size: int = 1024
     superbatch_size: int = 64
@@ -121,8 +123,8 @@ class PrepareConfig:
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
-        if self.cpu_policy not in CPU_POLICIES:
-            raise ConfigError("cpu_policy", f"expected one of {CPU_POLICIES}, got {self.cpu_policy!r}")
+        check_policy(self.cpu_policy, "cpu")
+        check_policy(self.gpu_policy, "gpu")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError("--device", f"expected cpu or cuda, got {self.device!r}")
         if self.device == "cpu" and self.gpu_memory > 0:
@@ -143,18 +145,26 @@ class PrepareConfig:
         if self.sampler_threads < 1:
             raise ConfigError("--sampler-threads", f"must be >= 1, got {self.sampler_threads}")
 
+    def describe(self) -> dict[str, Any]:
+        """The config as JSON values (a policy function by its `policy_id`): what a manifest records."""
+        return {**asdict(self), "cpu_policy": policy_id(self.cpu_policy), "gpu_policy": policy_id(self.gpu_policy),
+                "fanouts": list(self.fanouts)}
+
     # The config subsets each cached stage depends on.
     def sample_key(self, store_hash: str) -> str:
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed})
 
     def plan_key(self, sample_key: str) -> str:
-        return config_hash({"samples": sample_key, "cpu_policy": self.cpu_policy, "gpu": self.gpu_memory,
+        policies = {"cpu_policy": policy_id(self.cpu_policy)} if self.gpu_policy == "hottest" else \
+            {"cpu_policy": policy_id(self.cpu_policy), "gpu_policy": policy_id(self.gpu_policy)}
+        return config_hash({"samples": sample_key, **policies, "gpu": self.gpu_memory,
                             "cpu": self.cpu_memory, "device": self.device, "staging": self.staging_batches,
                             "io": self.io_reserve})
 
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
+                            **({} if self.disk_cache else {"disk_cache": False}),
                             "k": self.minhash_k, "version": PACKED_VERSION, "layout": 2})
 
 
@@ -202,7 +212,7 @@ def _trace_task(i: int, sample_paths: list[str], tiers_path: str, num_nodes: int
 
 
 def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tiers_path: str,
-               counts_path: str, cpu_policy: str, trace: WindowTrace | None = None) -> SuperbatchPlan:
+               counts_path: str, belady: bool, trace: WindowTrace | None = None) -> SuperbatchPlan:
     """Plan superbatch i from the previous plan's final cache state (chained) and its window trace.
 
     The chain only plans: writing the plan file and routing are tasks of their own, off the chain.
@@ -210,7 +220,7 @@ def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tie
     batches = read_n_ids(sample_paths[i])
     with np.load(tiers_path) as z:
         gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
-    if cpu_policy == "static":
+    if not belady:      # a static CPU tier (built-in or the user's policy)
         plan = plan_static(batches, cpu_init, gpu_ids)
     else:
         freq = np.load(counts_path, mmap_mode="r")
@@ -253,13 +263,13 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     read = min(num_nodes, int(np.count_nonzero(freq)))
     sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, read, cfg.device, max_rows,
                        cfg.staging_batches, num_shards, cfg.io_reserve)
-    gpu_ids = np.sort(static_tier(freq, sizes.gpu_rows, np.zeros(0, np.int64)))
-    if cfg.cpu_policy == "static":
-        cpu_ids = static_tier(freq, sizes.cpu_rows, gpu_ids)
-        cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
-    else:
+    gpu_ids = np.sort(choose_tier(cfg.gpu_policy, freq, sizes.gpu_rows, np.zeros(0, np.int64), "gpu"))
+    if planned(cfg.cpu_policy):
         first = [b for p in first_paths for b in read_n_ids(p)]
         cpu_ids = initial_fill(first, sizes.cpu_rows, freq, gpu_ids)
+    else:
+        cpu_ids = choose_tier(cfg.cpu_policy, freq, sizes.cpu_rows, gpu_ids, "cpu")
+        cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
     with open(out_path + ".tmp", "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
     os.replace(out_path + ".tmp", out_path)
@@ -469,10 +479,10 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
             prev: Any = None
             plan_tasks = []
             for i, r in enumerate(refs):
-                trace = None if cfg.cpu_policy == "static" else \
+                trace = None if not planned(cfg.cpu_policy) else \
                     dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
                 prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                                cfg.cpu_policy, trace, dask_key_name=f"plan-{r.key}-{tok}")
+                                                planned(cfg.cpu_policy), trace, dask_key_name=f"plan-{r.key}-{tok}")
                 plan_tasks.append(prev)
             save_tasks = [dask.delayed(_save_plan_task)(planned, str(pdir / f"{r.key}.npz"),
                                                         dask_key_name=f"plan-save-{r.key}-{tok}")
@@ -549,7 +559,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
                 parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)]
                 figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
             else:
-                if cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
+                if cfg.disk_cache and cfg.disk_budget is not None and \
+                        miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
                     layout_path = str(work / "layout.pkl")
                     (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
                                                                     pad_per_batch, cfg.minhash_k, cfg.seed,
@@ -567,6 +578,11 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
                              for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
                 seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
                 offsets, part_bytes = segment_offsets(seg_rows, rb)
+                if not cfg.disk_cache and cfg.disk_budget is not None and int(part_bytes.sum()) > cfg.disk_budget:
+                    raise ConfigError("--disk-budget", (
+                        f"packing every miss takes {format_bytes(int(part_bytes.sum()))} of disk, more than "
+                        f"{format_bytes(cfg.disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
+                        "(disk_cache=False); raise --disk-budget or leave it out"))
                 cache_nodes: list[np.ndarray] = []
                 if layout_path is not None:
                     import pickle
@@ -601,13 +617,13 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
                 shutil.rmtree(work / "route", ignore_errors=True)
             manifest = {
                 "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
-                "config": {**asdict(cfg), "fanouts": list(cfg.fanouts)}, "config_hash": k_key,
+                "config": cfg.describe(), "config_hash": k_key,
                 "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
                 "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
                 "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
                 "num_classes": store.num_classes, "labels": "labels.npy",
                 "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
-                          "cpu_policy": cfg.cpu_policy},
+                          "cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)},
                 "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,
                           "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
                                             "first_batch": r.round_first_batch} for r in refs]},
@@ -656,21 +672,3 @@ def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray
     if dc_batches:
         pages += pages_touched(dc_batches, row_bytes) * packed_fmt.ALIGN
     return pages / useful if useful else 1.0
-
-
-def preparer(pipeline: str, **policy: Any) -> Callable[..., PrepareResult]:
-    """A pipeline's `prepare(store, out, **options)`: `prepare` with the pipeline's fixed policy.
-
-    `policy` fixes some `PrepareConfig` fields (e.g. ``cpu_policy="static"``); `options`
-    are the remaining fields (budgets, fanouts, ...).
-    """
-    def prepare_pipeline(store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
-                         quiet: bool = False, **options: Any) -> PrepareResult:
-        clash = sorted(set(options) & set(policy))
-        if clash:
-            raise ConfigError(clash[0], f"fixed by the {pipeline} pipeline ({clash[0]}={policy[clash[0]]!r})")
-        return prepare(store, out, PrepareConfig(pipeline=pipeline, **policy, **options), force=force, quiet=quiet)
-
-    prepare_pipeline.__doc__ = f"Prepare a packed dataset with the {pipeline} pipeline ({policy})."
-    prepare_pipeline.config = lambda **options: PrepareConfig(pipeline=pipeline, **policy, **options)  # type: ignore[attr-defined]
-    return prepare_pipeline

@@ -1,9 +1,9 @@
 """What the packed pipelines (belady, diskgnn, ginex) share: prepare a packed dataset, then train on it.
 
-`runner(name, prepare)` makes a pipeline's ``run(store, run_dir, **options)`` for
-``diskflow run``: it prepares into ``run_dir/packed`` (or ``packed=``) with the pipeline's
-policy, sizing the staging reserve from the trainer's own in-flight count, and trains with
-the pipelined trainer (`operators.trainer`). `train_and_report` is the training half, also
+`run_packed(pipeline, store, run_dir, **options)` is what `diskflow.Pipeline.run` does for
+the packed loader: it prepares into ``run_dir/packed`` (or ``packed=``) with the pipeline's
+policies, sizing the staging reserve from the trainer's own in-flight count, and trains with
+the pipelined trainer (`operators.train.trainer`). `train_and_report` is the training half, also
 behind ``diskflow train PACKED``: it shows progress bars and writes ``report.json`` and
 ``curves.png`` into the run directory.
 """
@@ -106,54 +106,51 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
             "disk_budget": budget(disk_budget, "--disk-budget", store.feature_bytes)}
 
 
-def runner(name: str, prepare: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
-    """A packed pipeline's ``run(store, run_dir, **options)``: prepare with its policy, then train."""
+def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
+               packed: str | os.PathLike[str] | None = None, model: str = "sage", hidden: int = 128,
+               num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
+               epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4, seed: int = 0,
+               device: str = "cpu", eval_every: int = 1, threads: int | None = None, progress: bool = True,
+               on_epoch: Callable[[dict[str, Any]], None] | None = None, cpu_memory: int | str | None = None,
+               gpu_memory: int | str = 0, disk_budget: int | str | None = None, superbatch_size: int = 64,
+               queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
+               force: bool = False, readahead: int | None = None) -> dict[str, Any]:
+    """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
+    write report.json.
 
-    def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, packed: str | os.PathLike[str] | None = None,
-            model: str = "sage", hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
-            batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4,
-            seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
-            progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
-            cpu_memory: int | str | None = None, gpu_memory: int | str = 0, disk_budget: int | str | None = None,
-            superbatch_size: int = 64, queue_depth: int = 2, sequential: bool = False, check_crc: bool = True,
-            resume: bool = False, force: bool = False, readahead: int | None = None) -> dict[str, Any]:
-        """Prepare `store` into ``run_dir/packed`` (or `packed`) and train on it; write report.json.
-
-        Budgets are bytes, ``"2GiB"`` or a share of the feature bytes (``"10%"``). `cpu_memory`
-        is the trainer's whole host budget for features: CPU tier + staging of the batches in
-        flight + I/O buffers; by default 10% of the features for the CPU tier plus the staging
-        of the worst-case batch for these fanouts (whatever the real batches leave unused
-        goes to the CPU tier).
-        Other options are the in-memory pipeline's (same seed: same batches, same samples) and
-        the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead` is prepare's
-        (feature bytes read into the page cache while sampling and planning).
-        """
-        st = Store(store)
-        rdir = Path(run_dir)
-        out = Path(packed) if packed is not None else rdir / "packed"
-        if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
-            raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
-        dev = "cuda" if str(device).startswith("cuda") else "cpu"
-        budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
-                                 device=dev)
-        cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
-        options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
-                   "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
-                   "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
-                   "disk_budget": budgets["disk_budget"]}
-        if readahead is not None:
-            options["readahead"] = readahead
-        result = prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"], **options)
-        report = train_and_report(
-            out, rdir, progress=progress, on_epoch=on_epoch,
-            extra={"pipeline": name, "prepare": {"path": str(out), "skipped": result.skipped,
-                                                 "seconds": result.seconds, "phases": result.phases,
-                                                 "figures": result.figures}},
-            model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads, seed=seed,
-            device=device, eval_every=eval_every, cpu_memory=cpu, gpu_memory=gpu if dev == "cuda" else None,
-            queue_depth=queue_depth, sequential=sequential, check_crc=check_crc, resume=resume, store=st.path,
-            threads=threads)
-        return report
-
-    run.__doc__ = (run.__doc__ or "").replace("Prepare `store`", f"Prepare `store` with the {name} policy")
-    return run
+    Budgets are bytes, ``"2GiB"`` or a share of the feature bytes (``"10%"``). `cpu_memory`
+    is the trainer's whole host budget for features: CPU tier + staging of the batches in
+    flight + I/O buffers; by default 10% of the features for the CPU tier plus the staging
+    of the worst-case batch for these fanouts (whatever the real batches leave unused
+    goes to the CPU tier).
+    Other options are the in-memory pipeline's (same seed: same batches, same samples) and
+    the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead` is prepare's
+    (feature bytes read into the page cache while sampling and planning).
+    """
+    st = Store(store)
+    rdir = Path(run_dir)
+    out = Path(packed) if packed is not None else rdir / "packed"
+    if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+        raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
+                             device=dev)
+    cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
+    options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
+               "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
+               "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
+               "disk_budget": budgets["disk_budget"]}
+    if readahead is not None:
+        options["readahead"] = readahead
+    result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
+                              **options)
+    report = train_and_report(
+        out, rdir, progress=progress, on_epoch=on_epoch,
+        extra={"pipeline": pipeline.name, "definition": pipeline.describe(), "prepare": {"path": str(out), "skipped": result.skipped,
+                                             "seconds": result.seconds, "phases": result.phases,
+                                             "figures": result.figures}},
+        model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads, seed=seed,
+        device=device, eval_every=eval_every, cpu_memory=cpu, gpu_memory=gpu if dev == "cuda" else None,
+        queue_depth=queue_depth, sequential=sequential, check_crc=check_crc, resume=resume, store=st.path,
+        threads=threads)
+    return report

@@ -10,9 +10,8 @@ DiskGNN's CPU tier is static, Ginex reads its misses row by row.
 """
 from __future__ import annotations
 
-from ..flow.prepare import preparer
-from ._packed import runner
+from ..flow.pipeline import Pipeline
 
-NAME = "belady"
-prepare = preparer(NAME, cpu_policy="belady", packing=True)
-run = runner(NAME, prepare)
+PIPELINE = Pipeline("belady", cpu_tier="belady", packing=True, disk_cache=True,
+                    description="Belady CPU tier + batched packing + segmented disk cache (default)")
+NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

@@ -5,9 +5,8 @@
 """
 from __future__ import annotations
 
-from ..flow.prepare import preparer
-from ._packed import runner
+from ..flow.pipeline import Pipeline
 
-NAME = "diskgnn"
-prepare = preparer(NAME, cpu_policy="static", packing=True)
-run = runner(NAME, prepare)
+PIPELINE = Pipeline("diskgnn", cpu_tier="static", packing=True, disk_cache=True,
+                    description="DiskGNN: static tiers by access counts + batched packing + segmented disk cache")
+NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

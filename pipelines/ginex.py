@@ -8,9 +8,8 @@ blocks; the trainer reads every miss from the store's feature shards.
 """
 from __future__ import annotations
 
-from ..flow.prepare import preparer
-from ._packed import runner
+from ..flow.pipeline import Pipeline
 
-NAME = "ginex"
-prepare = preparer(NAME, cpu_policy="belady", packing=False)
-run = runner(NAME, prepare)
+PIPELINE = Pipeline("ginex", cpu_tier="belady", packing=False, disk_cache=False,
+                    description="Ginex: Belady CPU tier, misses read row by row with O_DIRECT")
+NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

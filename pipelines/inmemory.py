@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from ..flow.pipeline import Pipeline
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.formats.errors import ConfigError, InputError
@@ -357,3 +358,6 @@ def _final(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train_s": sum(r["epoch_s"] for r in records),
         "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
     }
+
+
+PIPELINE = Pipeline("inmemory", loader="memory", description="every feature in RAM: the accuracy reference and speed ceiling")

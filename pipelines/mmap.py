@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..flow.pipeline import Pipeline
 from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.store import Store
 from .inmemory import EpochHook, gathered_run
@@ -113,3 +114,6 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
     options = dict(locals())    # exactly the arguments above
     del options["advice"]
     return gathered_run(NAME, features=lambda st: MappedFeatures(st, advice), **options)
+
+
+PIPELINE = Pipeline("mmap", loader="mmap", description="PyG+: features gathered through memory maps and the page cache")

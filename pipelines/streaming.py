@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..flow.pipeline import Pipeline
 from ..flow.roles import stream_client
 from ..flow.rundir import plot_curves, write_report
 from ..flow.stream import StreamConfig, StreamRun
@@ -116,3 +117,6 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     plot_curves(rdir, report)
     plot_timeline(rdir, report)
     return report
+
+
+PIPELINE = Pipeline("streaming", loader="stream", description="belady's layout prepared on CPU workers while the GPU worker trains")

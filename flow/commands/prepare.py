@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
+from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
 from ..options import byte_budget, fanouts_option, positive_int
-
-PIPELINES = ("belady", "diskgnn", "ginex")
+from ..pipeline import load_pipeline
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,9 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "options does nothing; changing an option redoes only what depends on it. Once the packed bytes "
                     "are known (after planning) they are checked against the free space of PACKED's filesystem "
                     "before anything is packed.")
-    p.add_argument("pipeline", choices=PIPELINES, metavar="PIPELINE",
+    p.add_argument("pipeline", metavar="PIPELINE",
                    help="belady (default policy: Belady CPU tier + packing + disk cache), diskgnn (static tiers + "
-                        "packing + disk cache) or ginex (Belady CPU tier, no packing)")
+                        "packing + disk cache), ginex (Belady CPU tier, no packing), or the path of a .py file "
+                        "that defines a diskflow.Pipeline with the packed loader")
     p.add_argument("--dataset", required=True, metavar="STORE", help="an ingested store (from `diskflow ingest`)")
     p.add_argument("--out", required=True, metavar="PACKED",
                    help="packed dataset directory to create (its cache goes to PACKED.work); an existing PACKED or "
@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "CPUs busy, so that part of the packing pass overlaps them; bytes or a share of the "
                         "features (25%%); 0 turns it off (default %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the training device (default: cpu)")
-    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=(10, 10, 10),
-                   help="neighbours sampled per hop (default: 10,10,10)")
+    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=None,
+                   help="neighbours sampled per hop (default: the pipeline's, 10,10,10 for the built-in ones)")
     p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1024, help="seeds per minibatch (default 1024)")
     p.add_argument("--superbatch-size", type=int, default=64, metavar="S",
                    help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default 64)")
@@ -65,19 +65,24 @@ def _run(args: argparse.Namespace) -> int:
     from ..prepare import check_outputs
 
     store = Store(args.dataset)   # a bad store fails before a cluster starts
-    pipeline = importlib.import_module(f"diskflow.pipelines.{args.pipeline}")
+    pipeline = load_pipeline(args.pipeline)
+    if pipeline.loader != "packed":
+        raise ConfigError("PIPELINE", f"the {pipeline.name} pipeline uses the {pipeline.loader} loader and prepares "
+                                      "nothing; `diskflow prepare` takes pipelines with the packed loader")
     from ...pipelines._packed import packed_budgets
 
+    fanouts = tuple(args.fanouts) if args.fanouts is not None else pipeline.fanouts
+
     disk = None if str(args.disk_budget).lower() in ("none", "") else args.disk_budget
-    budgets = packed_budgets(store, args.cpu_memory, args.gpu_memory, disk, args.fanouts, args.batch_size,
+    budgets = packed_budgets(store, args.cpu_memory, args.gpu_memory, disk, fanouts, args.batch_size,
                              args.queue_depth, device=args.device)
     options = {
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
-        "device": args.device, "fanouts": tuple(args.fanouts), "batch_size": args.batch_size,
+        "device": args.device, "fanouts": fanouts, "batch_size": args.batch_size,
         "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
         "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0}
-    pipeline.prepare.config(**options).validate()   # bad options fail before a cluster starts
+    pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)
@@ -85,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     if r.skipped:
         print(f"{r.path}: up to date (same store and options; --force redoes it)")
         return 0
-    print(f"prepared {args.pipeline}: {store.path} -> {r.path} in {r.seconds:.1f}s "
+    print(f"prepared {pipeline.name}: {store.path} -> {r.path} in {r.seconds:.1f}s "
           f"({', '.join(f'{k} {v:.1f}s' for k, v in r.phases.items())})")
     acc = max(1, int(f["accesses"]))
     rows = [

@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
     pipeline = load_pipeline(args.pipeline)
-    params = inspect.signature(pipeline.run).parameters
+    params = pipeline.parameters()
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for name in options:
         if not takes_any and name not in params:
@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     extras = {"progress": not args.no_progress, "on_epoch": _print_epoch}
     options.update({k: v for k, v in extras.items() if takes_any or k in params})
 
-    label = getattr(pipeline, "NAME", None) or args.pipeline.rsplit("/", 1)[-1].removesuffix(".py")
+    label = pipeline.name
     run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{options.get('model', 'sage')}")
     print(f"run directory: {run_dir}")
     try:

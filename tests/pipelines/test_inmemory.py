@@ -105,14 +105,17 @@ def test_bad_options_and_inputs_raise_clear_errors(tiny_store: Path, tmp_path: P
 
 def test_pipelines_are_found_by_name_or_path(tmp_path: Path) -> None:
     assert "inmemory" in available_pipelines()
-    assert load_pipeline("inmemory") is inmemory
-    assert load_pipeline(inmemory.__file__) is inmemory
-    assert load_pipeline("pipelines/inmemory.py") is inmemory  # the form DESIGN.md uses, from anywhere
+    assert load_pipeline("inmemory") is inmemory.PIPELINE
+    assert load_pipeline(inmemory.__file__) is inmemory.PIPELINE
+    assert load_pipeline("pipelines/inmemory.py") is inmemory.PIPELINE  # the form DESIGN.md uses, from anywhere
     with pytest.raises(ConfigError, match=r"PIPELINE: unknown pipeline 'nope'; available: .*inmemory"):
         load_pipeline("nope")
-    (tmp_path / "norun.py").write_text("x = 1\n")
-    with pytest.raises(ConfigError, match="defines no run"):
+    (tmp_path / "norun.py").write_text("def run(store, run_dir):\n    return {}\n")
+    with pytest.raises(ConfigError, match="defines no diskflow.Pipeline objects at module level"):
         load_pipeline(tmp_path / "norun.py")
+    (tmp_path / "two.py").write_text("import diskflow\na = diskflow.Pipeline('a')\nb = diskflow.Pipeline('b')\n")
+    with pytest.raises(ConfigError, match="defines 2 diskflow.Pipeline objects"):
+        load_pipeline(tmp_path / "two.py")
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
     with pytest.raises(InputError, match="broken.py: failed to import"):
         load_pipeline(tmp_path / "broken.py")
@@ -142,20 +145,6 @@ def test_cli_run_prints_epochs_stages_and_report(tiny_store: Path, tmp_path: Pat
     assert report["config"]["hidden"] == 16 and report["config"]["fanouts"] == [5, 5]
     assert report_path.parent.parent == tmp_path and report_path.parent.name.endswith("inmemory-sage")
 
-
-def test_cli_runs_a_user_pipeline_file(tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    user = tmp_path / "mine.py"
-    user.write_text(
-        "import json\n"
-        "def run(store, run_dir, *, epochs=1):\n"
-        "    report = {'epochs': [{'epoch': e + 1, 'loss': 1.0 / (e + 1)} for e in range(epochs)]}\n"
-        "    (run_dir / 'report.json').write_text(json.dumps(report))\n"
-        "    return report\n")
-    assert main(["run", str(user), "--dataset", str(tiny_store), "--epochs", "2", "--runs-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "epoch   2  loss 0.5000" in out
-    assert main(["run", str(user), "--dataset", str(tiny_store), "--hidden", "8", "--runs-dir", str(tmp_path)]) == 2
-    assert "--hidden: pipeline" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -1,0 +1,143 @@
+"""Tier policies: which rows the GPU and CPU tiers hold, by a built-in name or a user's function.
+
+A policy function receives the round's access counts and returns the rows of a static tier::
+
+    def my_tier(counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
+        '''counts: int64 [num_nodes] accesses per node over the round; rows: the most the tier
+        holds (from the byte budget); exclude: ids already in a faster tier. Returns node ids.'''
+
+Built-in names: the GPU tier ``"hottest"`` (the most accessed rows, DiskGNN and Ginex alike);
+the CPU tier ``"belady"`` (a cache planned per superbatch with Belady's rule, its contents
+change between batches: Ginex) or ``"static"`` (the most accessed rows outside the GPU tier,
+fixed for the round: DiskGNN). A function makes a static tier, planned like ``"static"``.
+A policy is identified in cache keys and manifests by its name, or by the function's
+qualified name and a hash of its code, so editing the function re-plans.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from ..formats.errors import ConfigError
+from .plan import static_tier
+
+TierPolicy = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
+Policy = str | TierPolicy   # a built-in name or a function
+GPU_POLICIES = ("hottest",)
+CPU_POLICIES = ("belady", "static")
+
+
+class FilePolicy:
+    """A policy function of a user's ``.py`` file, by path and name: what travels to Dask workers.
+
+    A function of a file imported under a made-up module name cannot be pickled by reference
+    (a worker cannot import that module), so the pipeline carries this instead; each process
+    imports the file once, on first call.
+    """
+
+    _loaded: ClassVar[dict[tuple[str, str], Callable[..., np.ndarray]]] = {}   # per process
+
+    def __init__(self, path: str | os.PathLike[str], name: str) -> None:
+        self.path, self.name = os.fspath(path), name
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return FilePolicy, (self.path, self.name)
+
+    def __repr__(self) -> str:
+        return f"FilePolicy({self.path!r}, {self.name!r})"
+
+    @property
+    def function(self) -> Callable[..., np.ndarray]:
+        """The function itself (the file imported in this process on first use)."""
+        key = (self.path, self.name)
+        if key not in FilePolicy._loaded:
+            import importlib.util
+
+            digest = hashlib.sha256(self.path.encode()).hexdigest()[:16]
+            spec = importlib.util.spec_from_file_location(f"diskflow_user_policy_{digest}", self.path)
+            if spec is None or spec.loader is None:
+                raise ConfigError("PIPELINE", f"{self.path}: cannot be imported for its policy {self.name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            FilePolicy._loaded[key] = getattr(module, self.name)
+        return FilePolicy._loaded[key]
+
+    def __call__(self, counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
+        return self.function(counts, rows, exclude)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FilePolicy) and (self.path, self.name) == (other.path, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.name))
+
+
+def check_policy(policy: object, which: str) -> None:
+    """Raise `ConfigError` unless `policy` is a built-in name of tier `which` ("gpu"/"cpu") or a callable."""
+    names = GPU_POLICIES if which == "gpu" else CPU_POLICIES
+    if callable(policy):
+        return
+    if not isinstance(policy, str) or policy not in names:
+        raise ConfigError(f"{which}_tier", f"expected one of {', '.join(names)} or a function "
+                                           f"(counts, rows, exclude) -> node ids, got {policy!r}")
+
+
+def policy_id(policy: Policy) -> str:
+    """A stable name for `policy`: the built-in name, or ``module.qualname#hash`` of a function's code."""
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, FilePolicy):
+        policy = policy.function
+    module = str(getattr(policy, "__module__", "?"))
+    source = inspect.getsourcefile(policy) if inspect.isfunction(policy) else None
+    if source and module.startswith(("diskflow_user_pipeline", "diskflow_user_policy")):   # a user's file, imported under a made-up name
+        module = Path(source).stem
+    name = f"{module}.{getattr(policy, '__qualname__', type(policy).__name__)}"
+    try:
+        code = inspect.getsource(policy).encode()
+    except (OSError, TypeError):
+        code = repr(getattr(policy, "__code__", policy)).encode()
+    return f"{name}#{hashlib.sha256(code).hexdigest()[:12]}"
+
+
+def planned(policy: Policy) -> bool:
+    """Whether the CPU tier is planned batch by batch (Belady) rather than fixed for the round."""
+    return policy == "belady"
+
+
+def choose_tier(policy: Policy, counts: np.ndarray, rows: int, exclude: np.ndarray, which: str) -> np.ndarray:
+    """The rows of a static tier (int64 node ids, at most `rows`, none in `exclude`), chosen by `policy`.
+
+    A user's function is called with a read-only view of the counts and its answer checked:
+    ids in range, distinct, outside `exclude`, at most `rows` of them. Raises `ConfigError`
+    naming the policy otherwise.
+    """
+    if isinstance(policy, str):
+        return static_tier(counts, rows, exclude)
+    view = np.asarray(counts).view()
+    view.flags.writeable = False
+    try:
+        ids = policy(view, int(rows), np.asarray(exclude, np.int64))
+    except Exception as e:
+        raise ConfigError(f"{which}_tier", f"the policy {policy_id(policy)} failed: {type(e).__name__}: {e}") from e
+    ids = np.asarray(ids)
+    fault = None
+    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+        fault = f"returned {ids.dtype} of shape {ids.shape}, not a 1-d array of node ids"
+    elif ids.shape[0] > rows:
+        fault = f"returned {ids.shape[0]:,} ids for a tier of {rows:,} rows"
+    elif ids.size and (ids.min() < 0 or ids.max() >= np.asarray(counts).shape[0]):
+        fault = f"returned ids outside 0..{np.asarray(counts).shape[0] - 1}"
+    elif np.unique(ids).shape[0] != ids.shape[0]:
+        fault = "returned the same id twice"
+    elif len(exclude) and np.isin(ids, exclude).any():
+        fault = "returned ids of a faster tier (`exclude`)"
+    if fault is not None:
+        raise ConfigError(f"{which}_tier", f"the policy {policy_id(policy)} {fault}")
+    return ids.astype(np.int64, copy=False)

@@ -1,0 +1,118 @@
+"""A user's own pipeline, as the README shows it: one `.py` file that imports only `diskflow`'s public names and
+defines a `diskflow.Pipeline` with its own CPU tier policy, taken by `diskflow prepare`, `diskflow train`,
+`diskflow run` and `diskflow bench compare --pipelines`."""
+from __future__ import annotations
+
+import json
+import warnings
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401
+
+from diskflow.flow.cli import main
+
+import diskflow
+
+# what the README shows, word for word (tests/pipelines/test_user_pipeline.py keeps them equal)
+USER_PIPELINE = '''\
+import numpy as np
+import diskflow
+
+
+def every_other_hot_row(counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
+    """The CPU tier: every other row of the most accessed ones outside the GPU tier."""
+    hot = np.argsort(-counts, kind="stable")
+    hot = hot[(counts[hot] > 0) & ~np.isin(hot, exclude)]
+    return hot[::2][:rows]
+
+
+pipeline = diskflow.Pipeline("every-other", cpu_tier=every_other_hot_row, packing=True)
+'''
+SMALL = ["--fanouts", "4,4", "--batch-size", "256", "--superbatch-size", "4", "--epochs", "2"]
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("mine") / "every_other.py"
+    path.write_text(USER_PIPELINE)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+def test_the_readme_shows_this_file() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert USER_PIPELINE in readme
+
+
+def test_the_file_defines_a_public_pipeline(user_file: Path) -> None:
+    p = diskflow.load_pipeline(user_file)
+    assert isinstance(p, diskflow.Pipeline) and p.name == "every-other" and p.loader == "packed"
+    assert p.describe()["cpu_tier"].startswith("every_other.every_other_hot_row#")   # file stem, function, code hash
+    with pytest.raises(diskflow.ConfigError, match="Pipeline.loader"):
+        diskflow.Pipeline("bad", loader="disk")
+    with pytest.raises(diskflow.ConfigError, match="cpu_tier: expected one of belady, static or a function"):
+        diskflow.Pipeline("bad", cpu_tier="lru")
+
+
+def test_prepare_then_train_uses_the_users_tier(user_file: Path, tiny_store: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "packed"
+    rc = main(["prepare", str(user_file), "--dataset", str(tiny_store), "--out", str(out), "--cpu-memory", "8MiB",
+               "--workers", "1", *SMALL])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "prepared every-other" in printed.out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["pipeline"] == "every-other" and manifest["config"]["cpu_policy"].startswith("every_other.every_other_hot_row#")
+    # the CPU tier is exactly what the function returns for the round's access counts
+    from diskflow.operators.formats.packed import PackedDataset
+
+    with PackedDataset(out) as ds:
+        cpu, gpu = np.asarray(ds.cpu_ids), np.asarray(ds.gpu_ids)
+        n_ids = [np.asarray(s.n_id) for sb in ds.superbatches for s in ds.samples(sb.key)]
+        counts = np.bincount(np.concatenate(n_ids), minlength=ds.num_nodes).astype(np.int64)
+    policy = diskflow.load_pipeline(user_file).cpu_tier
+    expected = policy(counts, cpu.shape[0], gpu)
+    assert expected.shape[0] > 0 and np.array_equal(cpu[cpu >= 0], expected)
+    assert np.all(cpu[expected.shape[0]:] == -1)        # the rest of the tier's slots stay empty
+    rc = main(["train", str(out), "--runs-dir", str(tmp_path / "runs"), "--hidden", "8",
+               "--threads", "1", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert "epoch   2" in capsys.readouterr().out
+
+
+def test_run_trains_with_it(user_file: Path, tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", str(user_file), "--dataset", str(tiny_store), "--runs-dir", str(tmp_path), "--epochs", "1",
+               "--fanouts", "4,4", "--hidden", "8", "--threads", "1", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    report = json.loads(Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text())
+    assert report["pipeline"] == "every-other" and report["definition"]["cpu_tier"].startswith("every_other.every_other_hot_row#")
+
+
+def test_bench_compare_takes_it(user_file: Path, tiny_store: Path, tmp_path: Path) -> None:
+    printed = StringIO()
+    with redirect_stdout(printed):
+        rc = main(["bench", "compare", "--dataset", str(tiny_store), "--pipelines", f"inmemory,{user_file}",
+                   "--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2",
+                   "--hidden", "16", "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20),
+                   "--no-cgroup", "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "f.json")])
+    assert rc == 0, printed.getvalue()
+    f = json.loads((tmp_path / "f.json").read_text())
+    assert sorted(f["pipelines"]) == ["every-other", "inmemory"]
+    mine = f["pipelines"]["every-other"]
+    assert mine["losses"] == f["pipelines"]["inmemory"]["losses"]      # exact: only where rows come from differs
+    assert mine["plan_miss_bytes"] > 0 and mine["disk_read_bytes"] >= mine["plan_miss_bytes"]
