@@ -123,8 +123,8 @@ class PrepareConfig:
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
-        check_policy(self.cpu_policy, "cpu")
-        check_policy(self.gpu_policy, "gpu")
+        check_policy(self.cpu_policy, "cpu", "cpu_policy")
+        check_policy(self.gpu_policy, "gpu", "gpu_policy")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError("--device", f"expected cpu or cuda, got {self.device!r}")
         if self.device == "cpu" and self.gpu_memory > 0:

@@ -78,14 +78,15 @@ class FilePolicy:
         return hash((self.path, self.name))
 
 
-def check_policy(policy: object, which: str) -> None:
-    """Raise `ConfigError` unless `policy` is a built-in name of tier `which` ("gpu"/"cpu") or a callable."""
+def check_policy(policy: object, which: str, option: str | None = None) -> None:
+    """Raise `ConfigError` (naming `option`, by default ``{which}_tier``) unless `policy` is a built-in name of
+    tier `which` ("gpu"/"cpu") or a callable."""
     names = GPU_POLICIES if which == "gpu" else CPU_POLICIES
     if callable(policy):
         return
     if not isinstance(policy, str) or policy not in names:
-        raise ConfigError(f"{which}_tier", f"expected one of {', '.join(names)} or a function "
-                                           f"(counts, rows, exclude) -> node ids, got {policy!r}")
+        raise ConfigError(option or f"{which}_tier", f"expected one of {', '.join(names)} or a function "
+                                                     f"(counts, rows, exclude) -> node ids, got {policy!r}")
 
 
 def policy_id(policy: Policy) -> str:

@@ -155,4 +155,4 @@ def test_samples_that_do_not_match_the_run_are_refused(tiny_store: Path, packed:
 
 def test_mmap_is_a_pipeline_diskflow_run_finds() -> None:
     assert "mmap" in available_pipelines()
-    assert load_pipeline("mmap") is mmap and load_pipeline("pipelines/mmap.py") is mmap
+    assert load_pipeline("mmap") is mmap.PIPELINE and load_pipeline("pipelines/mmap.py") is mmap.PIPELINE

@@ -83,7 +83,7 @@ def test_run_prepares_into_the_run_dir_and_matches_inmemory(pipeline: Any, tiny_
 
 
 def test_run_is_reachable_as_diskflow_run(tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert load_pipeline("ginex").run is ginex.run
+    assert load_pipeline("ginex") is ginex.PIPELINE and ginex.run == ginex.PIPELINE.run
     code = cli.main(["run", "belady", "--dataset", str(tiny_store), "--epochs", "1", "--fanouts", "5,5",
                      "--batch-size", "256", "--hidden", "16", "--threads", "1", "--runs-dir", str(tmp_path),
                      "--no-progress"])
