@@ -47,6 +47,7 @@ import torch
 from torch_geometric.data import Data
 
 from ...native import _native
+from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
@@ -66,11 +67,9 @@ from ..formats.samples import Buffer, SampleRecord
 from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
 from .batches import Sample, batch_data
 
-# Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
-# the loader's own for one-request-per-row reads, and the native reader's for page-merged reads.
-BOUNCE_BYTES = 1 << 20
-# Longest run of adjacent pages the reader merges into one request for disk-cache rows.
-MERGE_BYTES = 256 << 10
+# Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of the
+# engine's DEFAULT_BOUNCE_BYTES (native/constants.h): the loader's own for one-request-per-row reads,
+# and the native reader's for page-merged reads (the reader's defaults, merge size included).
 # How often a blocked stage looks up from its queue to see whether the pipeline was stopped.
 _POLL_S = 0.05
 SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
@@ -78,13 +77,13 @@ SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
 
 # ---------------------------------------------------------------------------- the reader
 
-def make_reader(queue_depth: int = 64, threads: int = 4, direct: bool = True) -> DirectReader:
-    """The native direct-I/O reader (io_uring, else a pread pool), its row-read buffer bounded.
+def make_reader(direct: bool = True) -> DirectReader:
+    """The native direct-I/O reader (io_uring, else a pread pool) with the engine's defaults.
 
-    Its bounce buffer for page-merged row reads is `BOUNCE_BYTES`, which the memory budget counts.
+    Its bounce buffer for page-merged row reads is `DEFAULT_BOUNCE_BYTES`, which the memory budget
+    counts (`io_buffer_bytes`).
     """
-    return DirectReader(queue_depth=queue_depth, threads=threads, backend="auto", direct=direct,
-                        merge_bytes=MERGE_BYTES, bounce_bytes=BOUNCE_BYTES)
+    return DirectReader(backend="auto", direct=direct)
 
 
 def _open(reader: Any, path: Path) -> int:
@@ -100,7 +99,7 @@ def _open(reader: Any, path: Path) -> int:
 def io_buffer_bytes(row_reads: bool = True) -> int:
     """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
     dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
-    return 2 * BOUNCE_BYTES if row_reads else 0
+    return 2 * DEFAULT_BOUNCE_BYTES if row_reads else 0
 
 
 def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
@@ -431,7 +430,7 @@ class PackedLoader:
         if self._device_path:      # CPU-tier rows reach the device through a pinned buffer of their own
             self._tier_buffer = aligned_empty(cap)
             self._pin(self._tier_buffer)
-        self._bounce = aligned_empty(BOUNCE_BYTES)
+        self._bounce = aligned_empty(DEFAULT_BOUNCE_BYTES)
         if self.device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
 
