@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ...native import _native
 from ...native.constants import DEFAULT_BOUNCE_BYTES
+from ...native.kernels import copy_rows
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
@@ -746,7 +746,7 @@ class PackedLoader:
             if self._device_path:
                 self._place_device(x, slots, pc)
             else:
-                _native.copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
+                copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
         if not pc.last:
             return None
         self._open_batch = None
@@ -758,7 +758,7 @@ class PackedLoader:
             x_t = x
         else:
             if rec.insert_pos.size:
-                _native.copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
+                copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
                                   np.ascontiguousarray(rec.insert_pos, np.int64))
             x_t = torch.from_numpy(x)
         self._tier_next = pc.batch + 1
@@ -773,7 +773,7 @@ class PackedLoader:
         for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
             pos = np.flatnonzero(rec.src == code)
             if pos.size:
-                _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
+                copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
         return x
 
     def _insert_slots(self, rec: IndexRecord) -> np.ndarray | None:
@@ -828,7 +828,7 @@ class PackedLoader:
             for a in range(0, cpos.size, per):
                 sel = cpos[a:a + per]
                 host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
-                _native.copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
+                copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
                                   np.ascontiguousarray(rec.idx[sel], np.int64))
                 x.index_copy_(0, self._to_device(sel), self._to_device(host))
                 if self._stream is not None:
@@ -844,7 +844,7 @@ class PackedLoader:
             to = slots[pc.pos]
             sel = np.flatnonzero(to >= 0)
             if sel.size:
-                _native.copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
+                copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
         if self._stream is not None:
             self._stream.synchronize()    # the staging buffer goes back to the pool
 
