@@ -88,6 +88,13 @@ View<T> input(const py::object& obj, const char* name) {
     return View<T>{static_cast<const T*>(a.data()), static_cast<int64_t>(a.shape(0))};
 }
 
+// As `input`, for an argument that may be None (then `*present` is false and the view empty).
+template <typename T>
+View<T> optional_input(const py::object& obj, const char* name, bool* present) {
+    *present = !obj.is_none();
+    return *present ? input<T>(obj, name) : View<T>{};
+}
+
 // A 2-D C-contiguous matrix as rows of bytes (any dtype); `writable` for destinations.
 RowMatrix matrix(const py::object& obj, const char* name, bool writable) {
     py::array a = as_array(obj, name, "rows");
@@ -373,9 +380,8 @@ py::dict belady_plan_py(const py::object& nodes_obj, const py::object& offsets_o
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto init_cache = input<int64_t>(init_obj, "init_cache");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
-    View<int64_t> freq;
-    const bool has_freq = !freq_obj.is_none();
-    if (has_freq) freq = input<int64_t>(freq_obj, "frequency");
+    bool has_freq;
+    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     py::array_t<uint8_t> src(plan_end);
     py::array_t<int64_t> idx(plan_end);
@@ -443,9 +449,8 @@ py::array_t<int64_t> belady_initial_fill_py(const py::object& nodes_obj, const p
     const auto nodes = input<int64_t>(nodes_obj, "nodes");
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
-    View<int64_t> freq;
-    const bool has_freq = !freq_obj.is_none();
-    if (has_freq) freq = input<int64_t>(freq_obj, "frequency");
+    bool has_freq;
+    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
     std::vector<int64_t> chosen;
     {
         py::gil_scoped_release release;
