@@ -318,7 +318,6 @@ struct Miss {
     bool operator<(const Miss& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
 };
 
-
 // Per-access inputs of a simulation. State is kept per key: a dense local id (the hash path,
 // `Dense` false: keys[t], first_use and gpu_slot indexed by local id) or the node id itself (the
 // dense path, `Dense` true: first_use indexed by node, gpu_slot per access or empty for none).
