@@ -22,8 +22,8 @@
 // (next uses, first uses indexed by node id) needs only the window's ids and can be built ahead,
 // in parallel; the simulation, chained superbatch to superbatch, keeps its state per node id.
 // Both produce identical plans.
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
+// No Python here: bindings.cpp checks the arrays and releases the GIL.
+#include "belady.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -33,43 +33,16 @@
 #include <utility>
 #include <vector>
 
-namespace py = pybind11;
-
 namespace diskflow {
 namespace {
 
-constexpr int32_t kNoUse = std::numeric_limits<int32_t>::max();  // no next use inside the window
+constexpr int32_t kNoUse = kBeladyNoUse;                          // no next use inside the window
 constexpr uint64_t kFarBase = uint64_t{1} << 62;                  // far rows: above every batch index
 constexpr uint64_t kFarSpan = uint64_t{1} << 61;                  // frequencies are clamped to this
 constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max(); // no evidence of future use
 
 // ---------------------------------------------------------------------------------------------
-// Input checking: zero-copy views of 1-D C-contiguous numpy arrays of an exact dtype.
-
-template <typename T>
-struct View {
-    const T* data = nullptr;
-    int64_t size = 0;
-    const T& operator[](int64_t i) const { return data[i]; }
-};
-
-template <typename T>
-View<T> input(const py::object& obj, const char* name, const char* dtype_name) {
-    if (!py::isinstance<py::array>(obj))
-        throw py::value_error(std::string(name) + ": expected a numpy array of " + dtype_name);
-    auto arr = py::reinterpret_borrow<py::array>(obj);
-    // Equivalent, not identical: an array that crossed a pickle (a Dask worker) carries an equal
-    // dtype object of its own.
-    if (!py::detail::npy_api::get().PyArray_EquivTypes_(arr.dtype().ptr(), py::dtype::of<T>().ptr()))
-        throw py::value_error(std::string(name) + ": expected dtype " + dtype_name + ", got " +
-                              std::string(py::str(arr.dtype())));
-    if (arr.ndim() != 1)
-        throw py::value_error(std::string(name) + ": expected a 1-D array, got " +
-                              std::to_string(arr.ndim()) + " dimensions");
-    if (!(arr.flags() & py::array::c_style))
-        throw py::value_error(std::string(name) + ": expected a C-contiguous array");
-    return View<T>{static_cast<const T*>(arr.data()), static_cast<int64_t>(arr.shape(0))};
-}
+// Input checking.
 
 // Offsets must split `total` accesses into batches: offsets[0] = 0, non-decreasing, last = total.
 void check_offsets(const View<int64_t>& offsets, int64_t total) {
@@ -345,11 +318,6 @@ struct Miss {
     bool operator<(const Miss& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
 };
 
-struct PlanOut {
-    std::vector<int64_t> ins_pos, ins_slot, ins_off, final_cache;
-    int64_t hits = 0, misses = 0, gpu_hits = 0;
-};
-
 // Per-access inputs of a simulation. State is kept per key: a dense local id (the hash path,
 // `Dense` false: keys[t], first_use and gpu_slot indexed by local id) or the node id itself (the
 // dense path, `Dense` true: first_use indexed by node, gpu_slot per access or empty for none).
@@ -368,7 +336,7 @@ struct SimInput {
 template <bool Dense>
 void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
               int64_t capacity, const View<int64_t>& init_cache, const Ranker& rank, uint8_t* src, int64_t* idx,
-              PlanOut& out) {
+              BeladyPlan& out) {
     auto key_at = [&](int64_t t) -> int64_t { return Dense ? nodes[t] : in.keys[t]; };
     auto gpu_at = [&](int64_t t, int64_t key) -> int32_t {
         if (Dense) return in.gpu_slot ? in.gpu_slot[t] : -1;
@@ -481,293 +449,185 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
         out.final_cache[s] = cache[s] < 0 ? -1 : (Dense ? cache[s] : in.ids->node(static_cast<int32_t>(cache[s])));
 }
 
-template <typename T>
-py::array_t<T> to_numpy(std::vector<T>&& v) {
-    auto* heap_vec = new std::vector<T>(std::move(v));
-    py::capsule owner(heap_vec, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-    return py::array_t<T>({static_cast<py::ssize_t>(heap_vec->size())}, {sizeof(T)}, heap_vec->data(), owner);
-}
-
-// Frequency: None, or int64 [N]; returns the view and its length (-1 for None).
-View<int64_t> frequency_view(const py::object& frequency, int64_t& freq_len) {
-    if (frequency.is_none()) { freq_len = -1; return {}; }
-    View<int64_t> f = input<int64_t>(frequency, "frequency", "int64");
-    freq_len = f.size;
-    return f;
-}
-
 // Capacity in [0, 2^31 - 1) and one init_cache entry per slot.
 void check_capacity(int64_t capacity, const View<int64_t>& init_cache) {
     if (capacity < 0 || capacity >= std::numeric_limits<int32_t>::max())
-        throw py::value_error("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
+        throw std::invalid_argument("capacity: must be in [0, 2^31 - 1), got " + std::to_string(capacity));
     if (init_cache.size != capacity)
-        throw py::value_error("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
-                              std::to_string(capacity));
-}
-
-// The accesses of the first n_plan batches (offsets checked against the trace's `total` accesses).
-int64_t planned_accesses(const View<int64_t>& offsets, int64_t total, int64_t n_plan) {
-    check_offsets(offsets, total);
-    if (n_plan < 0 || n_plan > offsets.size - 1)
-        throw py::value_error("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
-    return offsets[n_plan];
-}
-
-py::dict plan_dict(py::array_t<uint8_t>&& src, py::array_t<int64_t>&& idx, PlanOut& out) {
-    py::dict d;
-    d["src"] = src;
-    d["idx"] = idx;
-    d["insert_pos"] = to_numpy(std::move(out.ins_pos));
-    d["insert_slot"] = to_numpy(std::move(out.ins_slot));
-    d["insert_offsets"] = to_numpy(std::move(out.ins_off));
-    d["final_cache"] = to_numpy(std::move(out.final_cache));
-    d["hits"] = out.hits;
-    d["misses"] = out.misses;
-    d["gpu_hits"] = out.gpu_hits;
-    return d;
-}
-
-py::dict plan(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan, int64_t capacity,
-              const py::object& init_obj, const py::object& gpu_obj, const py::object& freq_obj) {
-    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
-    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
-    const auto init_cache = input<int64_t>(init_obj, "init_cache", "int64");
-    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
-    int64_t freq_len;
-    const auto freq = frequency_view(freq_obj, freq_len);
-    check_capacity(capacity, init_cache);
-    const int64_t plan_end = planned_accesses(offsets, nodes.size, n_plan);
-    py::array_t<uint8_t> src(plan_end);
-    py::array_t<int64_t> idx(plan_end);
-    uint8_t* src_p = src.mutable_data();
-    int64_t* idx_p = idx.mutable_data();
-    PlanOut out;
-    {
-        py::gil_scoped_release release;
-        check_sorted_unique(gpu_ids, "gpu_ids");
-        std::vector<int64_t> resident;
-        for (int64_t s = 0; s < capacity; ++s) {
-            if (init_cache[s] >= 0) resident.push_back(init_cache[s]);
-            else if (init_cache[s] != -1)
-                throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " +
-                                            std::to_string(init_cache[s]) + " (expected a node id or -1)");
-        }
-        Trace tr(capacity + nodes.size / 4, freq_len);  // a guess at the distinct nodes; the table grows
-        build_trace(tr, nodes, offsets, plan_end, gpu_ids, freq_len, resident);
-        // The initial cache's nodes were mapped first: slot order gives local ids 0, 1, ...
-        for (size_t r = 0; r < resident.size(); ++r) {
-            bool fresh;
-            if (tr.ids.get(resident[r], fresh) != static_cast<int32_t>(r))
-                throw std::invalid_argument("init_cache: node " + std::to_string(resident[r]) +
-                                            " is held by two slots");
-            if (tr.gpu_slot[r] >= 0)
-                throw std::invalid_argument("init_cache: node " + std::to_string(resident[r]) +
-                                            " belongs to the GPU tier");
-        }
-        SimInput in;
-        in.keys = tr.local.data();
-        in.first_use = tr.first_use.data();
-        in.gpu_slot = tr.gpu_slot.data();
-        in.next_use = tr.next_use.data();
-        in.num_keys = tr.ids.size();
-        in.n_window = offsets.size - 1;
-        in.ids = &tr.ids;
-        simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src_p, idx_p, out);
-    }
-    return plan_dict(std::move(src), std::move(idx), out);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The dense path in two steps, so that the trace (the costlier, independent half) of superbatch
-// k + 1 can be built while superbatch k is simulated: `trace` needs only the window's ids, the
-// GPU tier and N; `simulate_dense` needs the previous plan's final cache.
-
-// Backward sweep over the window with every state array indexed by node id: next use per planned
-// access, first use per node (int32 [N]), GPU slot per planned access (empty without a GPU tier).
-py::dict trace(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan, const py::object& gpu_obj,
-               int64_t num_nodes) {
-    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
-    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
-    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
-    if (num_nodes < 0) throw py::value_error("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
-    const int64_t plan_end = planned_accesses(offsets, nodes.size, n_plan);
-    py::array_t<int32_t> next_use(plan_end);
-    py::array_t<int32_t> first_use(num_nodes);
-    py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
-    int32_t* nu = next_use.mutable_data();
-    int32_t* fu = first_use.mutable_data();
-    int32_t* gs = gpu_slot.mutable_data();
-    {
-        py::gil_scoped_release release;
-        check_sorted_unique(gpu_ids, "gpu_ids");
-        const uint64_t limit = static_cast<uint64_t>(num_nodes);
-        for (int64_t t = 0; t < nodes.size; ++t)
-            if (static_cast<uint64_t>(nodes[t]) >= limit) {
-                if (nodes[t] < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(nodes[t]));
-                throw std::invalid_argument("frequency: has " + std::to_string(num_nodes) + " entries but node id " +
-                                            std::to_string(nodes[t]) + " occurs");
-            }
-        std::fill(fu, fu + num_nodes, kNoUse);
-        for (int64_t b = offsets.size - 2; b >= 0; --b) {
-            const int32_t bi = static_cast<int32_t>(b);
-            for (int64_t t = offsets[b + 1] - 1; t >= offsets[b]; --t) {
-                if (t >= kPrefetchAhead) __builtin_prefetch(&fu[nodes[t - kPrefetchAhead]]);
-                int32_t& last = fu[nodes[t]];
-                if (last == bi)
-                    throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
-                                                std::to_string(b));
-                if (t < plan_end) nu[t] = last;
-                last = bi;
-            }
-        }
-        if (gpu_ids.size) {
-            if (gpu_ids[gpu_ids.size - 1] >= num_nodes)
-                throw std::invalid_argument("gpu_ids: node " + std::to_string(gpu_ids[gpu_ids.size - 1]) +
-                                            " is beyond the " + std::to_string(num_nodes) + " nodes");
-            std::vector<int32_t> slot(static_cast<size_t>(num_nodes), -1);
-            for (int64_t g = 0; g < gpu_ids.size; ++g) slot[gpu_ids[g]] = static_cast<int32_t>(g);
-            for (int64_t t = 0; t < plan_end; ++t) {
-                if (t + kPrefetchAhead < plan_end) __builtin_prefetch(&slot[nodes[t + kPrefetchAhead]]);
-                gs[t] = slot[nodes[t]];
-            }
-        }
-    }
-    py::dict d;
-    d["next_use"] = next_use;
-    d["first_use"] = first_use;
-    d["gpu_slot"] = gpu_slot;
-    return d;
-}
-
-// Simulates the planned batches of a window from its `trace` (per-node state, no id mapping).
-py::dict simulate_dense(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_window, int64_t capacity,
-                        const py::object& init_obj, const py::object& gpu_obj, const py::object& freq_obj,
-                        const py::object& next_obj, const py::object& first_obj, const py::object& gslot_obj) {
-    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
-    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
-    const auto init_cache = input<int64_t>(init_obj, "init_cache", "int64");
-    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
-    const auto freq = input<int64_t>(freq_obj, "frequency", "int64");
-    const auto next_use = input<int32_t>(next_obj, "next_use", "int32");
-    const auto first_use = input<int32_t>(first_obj, "first_use", "int32");
-    const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot", "int32");
-    check_capacity(capacity, init_cache);
-    check_offsets(offsets, nodes.size);
-    const int64_t n_plan = offsets.size - 1;
-    if (n_window < n_plan) throw py::value_error("n_window: smaller than the planned batches");
-    if (next_use.size != nodes.size) throw py::value_error("next_use: one entry per planned access expected");
-    if (first_use.size != freq.size) throw py::value_error("first_use: one entry per node of the frequency array expected");
-    if (gpu_slot.size != 0 && gpu_slot.size != nodes.size)
-        throw py::value_error("gpu_slot: one entry per planned access (or none) expected");
-    if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
-        throw py::value_error("gpu_slot: does not match gpu_ids (trace built with another GPU tier?)");
-    py::array_t<uint8_t> src(nodes.size);
-    py::array_t<int64_t> idx(nodes.size);
-    uint8_t* src_p = src.mutable_data();
-    int64_t* idx_p = idx.mutable_data();
-    PlanOut out;
-    {
-        py::gil_scoped_release release;
-        const uint64_t limit = static_cast<uint64_t>(freq.size);
-        std::vector<char> held(static_cast<size_t>(freq.size), 0);
-        for (int64_t s = 0; s < capacity; ++s) {
-            const int64_t node = init_cache[s];
-            if (node == -1) continue;
-            if (static_cast<uint64_t>(node) >= limit)
-                throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " + std::to_string(node) +
-                                            " (expected a node id below " + std::to_string(freq.size) + " or -1)");
-            if (held[node]) throw std::invalid_argument("init_cache: node " + std::to_string(node) + " is held by two slots");
-            held[node] = 1;
-            if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node))
-                throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
-        }
-        for (int64_t t = 0; t < nodes.size; ++t)
-            if (static_cast<uint64_t>(nodes[t]) >= limit)
-                throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
-                                            std::to_string(freq.size) + ")");
-        SimInput in;
-        in.first_use = first_use.data;
-        in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
-        in.next_use = next_use.data;
-        in.num_keys = freq.size;
-        in.n_window = n_window;
-        simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src_p, idx_p, out);
-    }
-    return plan_dict(std::move(src), std::move(idx), out);
-}
-
-// The (at most) `capacity` non-GPU nodes with the soonest first use, then the higher frequency,
-// then the lower id, in that order.
-py::array_t<int64_t> initial_fill(const py::object& nodes_obj, const py::object& offsets_obj, int64_t capacity,
-                                  const py::object& gpu_obj, const py::object& freq_obj) {
-    const auto nodes = input<int64_t>(nodes_obj, "nodes", "int64");
-    const auto offsets = input<int64_t>(offsets_obj, "offsets", "int64");
-    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids", "int64");
-    int64_t freq_len;
-    const auto freq = frequency_view(freq_obj, freq_len);
-    if (capacity < 0) throw py::value_error("capacity: must be >= 0, got " + std::to_string(capacity));
-    std::vector<int64_t> chosen;
-    {
-        py::gil_scoped_release release;
-        check_offsets(offsets, nodes.size);
-        check_sorted_unique(gpu_ids, "gpu_ids");
-        Trace tr(nodes.size / 4, freq_len);
-        build_trace(tr, nodes, offsets, 0, gpu_ids, freq_len, {});
-        // Every candidate first used before batch `last` is chosen, and some used in `last`: only
-        // those are ordered (a histogram of first uses finds `last`).
-        const int64_t n_batches = offsets.size - 1;
-        std::vector<int64_t> per_batch(static_cast<size_t>(n_batches) + 1, 0);
-        for (int32_t u = 0; u < tr.ids.size(); ++u)
-            if (tr.gpu_slot[u] < 0) ++per_batch[tr.first_use[u]];
-        int32_t last = static_cast<int32_t>(n_batches);
-        for (int64_t b = 0, seen = 0; b < n_batches; ++b) {
-            seen += per_batch[b];
-            if (seen >= capacity) { last = static_cast<int32_t>(b); break; }
-        }
-        struct Cand { int32_t first; int64_t neg_freq; int64_t node; };
-        std::vector<Cand> cands;
-        for (int32_t u = 0; u < tr.ids.size(); ++u) {
-            if (tr.gpu_slot[u] >= 0 || tr.first_use[u] > last) continue;
-            const int64_t node = tr.ids.node(u);
-            cands.push_back({tr.first_use[u], freq_len >= 0 ? -freq[node] : 0, node});
-        }
-        auto better = [](const Cand& a, const Cand& b) {
-            if (a.first != b.first) return a.first < b.first;
-            if (a.neg_freq != b.neg_freq) return a.neg_freq < b.neg_freq;
-            return a.node < b.node;
-        };
-        const size_t k = std::min<size_t>(static_cast<size_t>(capacity), cands.size());
-        std::nth_element(cands.begin(), cands.begin() + k, cands.end(), better);
-        std::sort(cands.begin(), cands.begin() + k, better);
-        chosen.reserve(k);
-        for (size_t i = 0; i < k; ++i) chosen.push_back(cands[i].node);
-    }
-    return to_numpy(std::move(chosen));
+        throw std::invalid_argument("init_cache: has " + std::to_string(init_cache.size) + " slots, capacity is " +
+                                    std::to_string(capacity));
 }
 
 }  // namespace
 
-void register_belady(py::module_& m) {
-    m.def("belady_plan", &plan, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"), py::arg("capacity"),
-          py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"),
-          "Belady CPU-cache plan of the first n_plan batches of a concatenated trace (the rest is lookahead).\n"
-          "nodes/offsets/init_cache/gpu_ids/frequency: int64 1-D C-contiguous (frequency may be None).\n"
-          "Returns a dict: src (uint8), idx, insert_pos, insert_slot, insert_offsets, final_cache (int64),\n"
-          "hits, misses, gpu_hits. Raises ValueError on bad input.");
-    m.def("belady_trace", &trace, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"), py::arg("gpu_ids"),
-          py::arg("num_nodes"),
-          "The window trace of the dense planner: next_use (int32 per access of the first n_plan batches),\n"
-          "first_use (int32 [num_nodes], 2^31-1 = unused) and gpu_slot (int32 per planned access, empty\n"
-          "without a GPU tier). Raises ValueError on bad input.");
-    m.def("belady_simulate", &simulate_dense, py::arg("nodes"), py::arg("offsets"), py::arg("n_window"),
-          py::arg("capacity"), py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"), py::arg("next_use"),
-          py::arg("first_use"), py::arg("gpu_slot"),
-          "belady_plan's result for the planned batches (nodes/offsets) of a window traced by belady_trace;\n"
-          "n_window: batches of the whole window. Raises ValueError on bad input.");
-    m.def("belady_initial_fill", &initial_fill, py::arg("nodes"), py::arg("offsets"), py::arg("capacity"),
-          py::arg("gpu_ids"), py::arg("frequency"),
-          "The <= capacity non-GPU nodes of the trace with the soonest first use (then higher frequency,\n"
-          "then lower id), best first. Raises ValueError on bad input.");
+int64_t belady_planned_accesses(View<int64_t> offsets, int64_t total, int64_t n_plan) {
+    check_offsets(offsets, total);
+    if (n_plan < 0 || n_plan > offsets.size - 1)
+        throw std::invalid_argument("n_plan: " + std::to_string(n_plan) + " is not in [0, number of batches]");
+    return offsets[n_plan];
+}
+
+void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int64_t capacity,
+                 View<int64_t> init_cache, View<int64_t> gpu_ids, const View<int64_t>* frequency, uint8_t* src,
+                 int64_t* idx, BeladyPlan& out) {
+    const int64_t freq_len = frequency != nullptr ? frequency->size : -1;  // -1: no frequency
+    const View<int64_t> freq = frequency != nullptr ? *frequency : View<int64_t>{};
+    check_capacity(capacity, init_cache);
+    const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
+    check_sorted_unique(gpu_ids, "gpu_ids");
+    std::vector<int64_t> resident;
+    for (int64_t s = 0; s < capacity; ++s) {
+        if (init_cache[s] >= 0) resident.push_back(init_cache[s]);
+        else if (init_cache[s] != -1)
+            throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " +
+                                        std::to_string(init_cache[s]) + " (expected a node id or -1)");
+    }
+    Trace tr(capacity + nodes.size / 4, freq_len);  // a guess at the distinct nodes; the table grows
+    build_trace(tr, nodes, offsets, plan_end, gpu_ids, freq_len, resident);
+    // The initial cache's nodes were mapped first: slot order gives local ids 0, 1, ...
+    for (size_t r = 0; r < resident.size(); ++r) {
+        bool fresh;
+        if (tr.ids.get(resident[r], fresh) != static_cast<int32_t>(r))
+            throw std::invalid_argument("init_cache: node " + std::to_string(resident[r]) + " is held by two slots");
+        if (tr.gpu_slot[r] >= 0)
+            throw std::invalid_argument("init_cache: node " + std::to_string(resident[r]) +
+                                        " belongs to the GPU tier");
+    }
+    SimInput in;
+    in.keys = tr.local.data();
+    in.first_use = tr.first_use.data();
+    in.gpu_slot = tr.gpu_slot.data();
+    in.next_use = tr.next_use.data();
+    in.num_keys = tr.ids.size();
+    in.n_window = offsets.size - 1;
+    in.ids = &tr.ids;
+    simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src, idx, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dense path in two steps, so that the trace (the costlier, independent half) of superbatch
+// k + 1 can be built while superbatch k is simulated: `belady_trace` needs only the window's ids,
+// the GPU tier and N; `belady_simulate` needs the previous plan's final cache.
+
+// Backward sweep over the window with every state array indexed by node id.
+void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,
+                  int64_t num_nodes, int32_t* nu, int32_t* fu, int32_t* gs) {
+    if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
+    const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
+    check_sorted_unique(gpu_ids, "gpu_ids");
+    const uint64_t limit = static_cast<uint64_t>(num_nodes);
+    for (int64_t t = 0; t < nodes.size; ++t)
+        if (static_cast<uint64_t>(nodes[t]) >= limit) {
+            if (nodes[t] < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(nodes[t]));
+            throw std::invalid_argument("frequency: has " + std::to_string(num_nodes) + " entries but node id " +
+                                        std::to_string(nodes[t]) + " occurs");
+        }
+    std::fill(fu, fu + num_nodes, kNoUse);
+    for (int64_t b = offsets.size - 2; b >= 0; --b) {
+        const int32_t bi = static_cast<int32_t>(b);
+        for (int64_t t = offsets[b + 1] - 1; t >= offsets[b]; --t) {
+            if (t >= kPrefetchAhead) __builtin_prefetch(&fu[nodes[t - kPrefetchAhead]]);
+            int32_t& last = fu[nodes[t]];
+            if (last == bi)
+                throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
+                                            std::to_string(b));
+            if (t < plan_end) nu[t] = last;
+            last = bi;
+        }
+    }
+    if (gpu_ids.size) {
+        if (gpu_ids[gpu_ids.size - 1] >= num_nodes)
+            throw std::invalid_argument("gpu_ids: node " + std::to_string(gpu_ids[gpu_ids.size - 1]) +
+                                        " is beyond the " + std::to_string(num_nodes) + " nodes");
+        std::vector<int32_t> slot(static_cast<size_t>(num_nodes), -1);
+        for (int64_t g = 0; g < gpu_ids.size; ++g) slot[gpu_ids[g]] = static_cast<int32_t>(g);
+        for (int64_t t = 0; t < plan_end; ++t) {
+            if (t + kPrefetchAhead < plan_end) __builtin_prefetch(&slot[nodes[t + kPrefetchAhead]]);
+            gs[t] = slot[nodes[t]];
+        }
+    }
+}
+
+// Simulates the planned batches of a window from its trace (per-node state, no id mapping).
+void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, View<int64_t> freq, View<int32_t> next_use,
+                     View<int32_t> first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
+    check_capacity(capacity, init_cache);
+    check_offsets(offsets, nodes.size);
+    const int64_t n_plan = offsets.size - 1;
+    if (n_window < n_plan) throw std::invalid_argument("n_window: smaller than the planned batches");
+    if (next_use.size != nodes.size) throw std::invalid_argument("next_use: one entry per planned access expected");
+    if (first_use.size != freq.size)
+        throw std::invalid_argument("first_use: one entry per node of the frequency array expected");
+    if (gpu_slot.size != 0 && gpu_slot.size != nodes.size)
+        throw std::invalid_argument("gpu_slot: one entry per planned access (or none) expected");
+    if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
+        throw std::invalid_argument("gpu_slot: does not match gpu_ids (trace built with another GPU tier?)");
+    const uint64_t limit = static_cast<uint64_t>(freq.size);
+    std::vector<char> held(static_cast<size_t>(freq.size), 0);
+    for (int64_t s = 0; s < capacity; ++s) {
+        const int64_t node = init_cache[s];
+        if (node == -1) continue;
+        if (static_cast<uint64_t>(node) >= limit)
+            throw std::invalid_argument("init_cache: slot " + std::to_string(s) + " holds " + std::to_string(node) +
+                                        " (expected a node id below " + std::to_string(freq.size) + " or -1)");
+        if (held[node]) throw std::invalid_argument("init_cache: node " + std::to_string(node) + " is held by two slots");
+        held[node] = 1;
+        if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node))
+            throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
+    }
+    for (int64_t t = 0; t < nodes.size; ++t)
+        if (static_cast<uint64_t>(nodes[t]) >= limit)
+            throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
+                                        std::to_string(freq.size) + ")");
+    SimInput in;
+    in.first_use = first_use.data;
+    in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
+    in.next_use = next_use.data;
+    in.num_keys = freq.size;
+    in.n_window = n_window;
+    simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src, idx, out);
+}
+
+std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
+                                         View<int64_t> gpu_ids, const View<int64_t>* frequency) {
+    const int64_t freq_len = frequency != nullptr ? frequency->size : -1;
+    const View<int64_t> freq = frequency != nullptr ? *frequency : View<int64_t>{};
+    if (capacity < 0) throw std::invalid_argument("capacity: must be >= 0, got " + std::to_string(capacity));
+    check_offsets(offsets, nodes.size);
+    check_sorted_unique(gpu_ids, "gpu_ids");
+    Trace tr(nodes.size / 4, freq_len);
+    build_trace(tr, nodes, offsets, 0, gpu_ids, freq_len, {});
+    // Every candidate first used before batch `last` is chosen, and some used in `last`: only
+    // those are ordered (a histogram of first uses finds `last`).
+    const int64_t n_batches = offsets.size - 1;
+    std::vector<int64_t> per_batch(static_cast<size_t>(n_batches) + 1, 0);
+    for (int32_t u = 0; u < tr.ids.size(); ++u)
+        if (tr.gpu_slot[u] < 0) ++per_batch[tr.first_use[u]];
+    int32_t last = static_cast<int32_t>(n_batches);
+    for (int64_t b = 0, seen = 0; b < n_batches; ++b) {
+        seen += per_batch[b];
+        if (seen >= capacity) { last = static_cast<int32_t>(b); break; }
+    }
+    struct Cand { int32_t first; int64_t neg_freq; int64_t node; };
+    std::vector<Cand> cands;
+    for (int32_t u = 0; u < tr.ids.size(); ++u) {
+        if (tr.gpu_slot[u] >= 0 || tr.first_use[u] > last) continue;
+        const int64_t node = tr.ids.node(u);
+        cands.push_back({tr.first_use[u], freq_len >= 0 ? -freq[node] : 0, node});
+    }
+    auto better = [](const Cand& a, const Cand& b) {
+        if (a.first != b.first) return a.first < b.first;
+        if (a.neg_freq != b.neg_freq) return a.neg_freq < b.neg_freq;
+        return a.node < b.node;
+    };
+    const size_t k = std::min<size_t>(static_cast<size_t>(capacity), cands.size());
+    std::nth_element(cands.begin(), cands.begin() + k, cands.end(), better);
+    std::sort(cands.begin(), cands.begin() + k, better);
+    std::vector<int64_t> chosen;
+    chosen.reserve(k);
+    for (size_t i = 0; i < k; ++i) chosen.push_back(cands[i].node);
+    return chosen;
 }
 
 }  // namespace diskflow

@@ -1,30 +1,9 @@
-// Direct-I/O reader: many read requests in flight, from files opened with O_DIRECT, into
-// caller-provided buffers, with the GIL released.
-//
-// Backends (picked per reader):
-//   uring  io_uring through its system calls (uring.h; always compiled, no liburing), used when the
-//          once-per-process probe and the reader's own io_uring_setup succeed at run time: one ring
-//          per reader, `queue_depth` requests in flight, submitted and reaped by the calling thread.
-//   pread  a pool of `threads` persistent threads, each issuing blocking pread(2) calls; `threads`
-//          requests in flight.
-//
-// Discipline (as DGL GraphBolt's direct-I/O reader): in O_DIRECT mode every offset, length and
-// buffer address is a multiple of kAlign, checked before anything is submitted (ValueError, never a
-// crash); requests are split at kMaxRequestBytes; a short read is resubmitted for the remainder, and a
-// read that meets the end of file first is a short-read error; after the first error no new request
-// is submitted, but those in flight are drained before the error is raised. Where the file system
-// refuses O_DIRECT (EINVAL on open, e.g. tmpfs) the file is opened buffered and the binding warns.
-//
-// `read_rows` reads fixed-size rows at arbitrary byte offsets (rows may straddle pages, repeat, or be
-// unaligned): it reads each distinct 4 KiB page the rows touch exactly once, adjacent pages merged
-// into one request of at most `merge_bytes`, into an aligned bounce buffer, then copies the rows out.
+// Direct-I/O reader engine (see reader.h for the backends, the discipline and the errors): the
+// pread pool, the io_uring driver loop, request checks and read_rows' page merging. No Python here.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,58 +11,32 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
+#include "reader.h"
 #include "uring.h"
-
-namespace py = pybind11;
 
 namespace diskflow {
 namespace {
 
-// O_DIRECT granularity we enforce: offsets, lengths and buffer addresses are multiples of it.
-constexpr int64_t kAlign = 4096;
-constexpr int kPageShift = 12;  // log2(kAlign)
-// Requests larger than this are split: keeps the pread threads busy on one big request, and fits
-// io_uring's 32-bit length field.
-constexpr int64_t kMaxRequestBytes = 4 << 20;
-// read_rows: the longest run of adjacent pages read as one request, and the bounce buffer size.
-constexpr int64_t kDefaultMergeBytes = 1 << 20;
-constexpr int64_t kDefaultBounceBytes = 32 << 20;
-
-static_assert((int64_t{1} << kPageShift) == kAlign, "kPageShift must match kAlign");
-static_assert(kMaxRequestBytes <= int64_t{UINT32_MAX}, "an io_uring read's length is 32 bits");
-
 inline bool aligned(int64_t v) { return (v & (kAlign - 1)) == 0; }
 inline int64_t round_up(int64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
-
-// Python type of short-read errors (an OSError subclass), created at module registration.
-PyObject* g_short_read_error = nullptr;
-
-// An I/O failure, translated into an OSError(errno, message, path) (or ShortReadError) for Python.
-struct IoFailure : std::exception {
-    int err;
-    std::string path;
-    std::string message;
-    bool short_read;
-
-    IoFailure(int err_, std::string path_, std::string message_, bool short_read_ = false)
-        : err(err_), path(std::move(path_)), message(std::move(message_)), short_read(short_read_) {}
-    const char* what() const noexcept override { return message.c_str(); }
-};
 
 std::string errno_text(int err) {
     char buf[256];
     // GNU strerror_r may return a static string instead of filling buf.
     return std::string(strerror_r(err, buf, sizeof buf));
 }
+
+}  // namespace
 
 // One read request as executed: whole bytes [offset, offset + length) of fd into dst; `need` is the
 // number of leading bytes that must be read (< length only for read_rows' last page at end of file).
@@ -130,13 +83,13 @@ class ErrorSlot {
         std::string where = "request of " + std::to_string(req_.length) + " bytes at offset " +
                             std::to_string(req_.offset);
         if (short_) {
-            throw IoFailure(EIO, path,
+            throw IoError(EIO, path,
                             "short read at offset " + std::to_string(at_) + ": end of file before the " +
                                 where + " was complete (" + std::to_string(at_ - req_.offset) +
                                 " bytes read)",
                             true);
         }
-        throw IoFailure(err_, path, errno_text(err_) + " reading at offset " + std::to_string(at_) + " (" +
+        throw IoError(err_, path, errno_text(err_) + " reading at offset " + std::to_string(at_) + " (" +
                                         where + ")");
     }
 
@@ -149,6 +102,8 @@ class ErrorSlot {
     IoRequest req_{};
     int64_t at_ = 0;
 };
+
+namespace {
 
 // After `done` bytes of a request were read, is the rest of it past the end of file? A direct read
 // that stops at an unaligned position has met the end of file (and cannot be resumed there).
@@ -173,6 +128,8 @@ int64_t pread_request(const IoRequest& r, ErrorSlot& err) {
     if (done < r.need) err.record_short(r, done);
     return done;
 }
+
+}  // namespace
 
 // A pool of persistent threads that run batches of pread requests, one batch at a time.
 class PreadPool {
@@ -344,466 +301,331 @@ class Uring {
     unsigned depth_ = 0;
 };
 
-struct OpenFile {
-    int fd = -1;
-    bool direct = false;
-    std::string path;
-};
+namespace {
 
-// The raw pointer and size of a writable, C-contiguous uint8 buffer (numpy array, memoryview...).
-struct OutBuffer {
-    py::buffer_info info;
-    uint8_t* ptr;
-    int64_t nbytes;
-};
-
-OutBuffer out_buffer(const py::buffer& out, const char* what) {
-    py::buffer_info info = out.request(true);  // writable, or BufferError
-    if (info.itemsize != 1 || (info.format != "B" && info.format != "b" && info.format != "c")) {
-        throw py::value_error(std::string(what) + ": expected a uint8 buffer, got format '" + info.format + "'");
-    }
-    int64_t expect = 1;
-    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-        if (info.shape[d] > 1 && info.strides[d] != expect) {
-            throw py::value_error(std::string(what) + ": the buffer must be C-contiguous");
-        }
-        expect *= info.shape[d];
-    }
-    auto* ptr = static_cast<uint8_t*>(info.ptr);
-    int64_t nbytes = info.size;
-    return OutBuffer{std::move(info), ptr, nbytes};
-}
-
-using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
-class Reader {
- public:
-    Reader(int queue_depth, int threads, const std::string& backend, bool direct)
-        : queue_depth_(queue_depth), threads_(threads), direct_(direct) {
-        if (queue_depth < 1) throw py::value_error("queue_depth must be >= 1, got " + std::to_string(queue_depth));
-        if (threads < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(threads));
-        if (backend != "auto" && backend != "uring" && backend != "pread") {
-            throw py::value_error("backend must be 'auto', 'uring' or 'pread', got '" + backend + "'");
-        }
-        merge_bytes_ = kDefaultMergeBytes;
-        bounce_capacity_ = kDefaultBounceBytes;
-        if (backend == "pread") {
-            backend_ = "pread";
-        } else {
-            int probe_err = 0;
-            std::string why = uring_unavailable(&probe_err);
-            int rc = -probe_err;
-            if (why.empty()) {
-                uring_ = std::make_unique<Uring>();
-                rc = uring_->init(static_cast<unsigned>(queue_depth));
-                if (rc < 0) {
-                    why = "io_uring_setup(" + std::to_string(queue_depth) + " entries) failed: " + errno_text(-rc);
-                    uring_.reset();
-                }
-            }
-            if (rc == 0) {
-                backend_ = "uring";
-            } else if (backend == "uring") {
-                throw IoFailure(-rc, "", "backend 'uring' unavailable: " + why);
-            } else {
-                backend_ = "pread";
-                fallback_reason_ = why;
-            }
-        }
-    }
-
-    ~Reader() { close_all(); }
-
-    const std::string& backend() const { return backend_; }
-    const std::string& fallback_reason() const { return fallback_reason_; }
-    int queue_depth() const { return queue_depth_; }
-    int threads() const { return threads_; }
-
-    // Opens `path`; returns (handle, direct, why O_DIRECT was refused or "").
-    std::tuple<int, bool, std::string> open(const std::string& path) {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        check_open_reader();
-        bool direct = direct_;
-        std::string refused;
-        int fd = -1;
-        if (direct) {
-            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-            if (fd < 0 && errno == EINVAL) {
-                refused = "the file system refuses O_DIRECT (" + errno_text(EINVAL) + ")";
-                direct = false;
-            }
-        }
-        if (!direct) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            int e = errno;
-            throw IoFailure(e, path, errno_text(e) + " (opening for reading)");
-        }
-        struct stat st {};
-        int e = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : S_ISREG(st.st_mode) ? 0 : EINVAL;
-        if (e != 0) {
-            ::close(fd);
-            throw IoFailure(e, path, errno_text(e) + " (opening for reading: not a regular file)");
-        }
-        files_.push_back({fd, direct, path});
-        paths_.push_back(path);
-        return {static_cast<int>(files_.size() - 1), direct, refused};
-    }
-
-    bool is_direct(int handle) {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        return file(handle).direct;
-    }
-
-    std::string path_of(int handle) {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        return file(handle).path;
-    }
-
-    void close_file(int handle) {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        OpenFile& f = file(handle);
-        ::close(f.fd);
-        f.fd = -1;
-    }
-
-    void close() {
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        close_all();
-        closed_ = true;
-    }
-
-    void read(const I64Array& handles, const I64Array& offsets, const I64Array& lengths, const py::buffer& out,
-              const I64Array& out_offsets) {
-        const int64_t n = offsets.size();
-        if (handles.size() != n || lengths.size() != n || out_offsets.size() != n) {
-            throw py::value_error("read: handles, offsets, lengths and out_offsets must have the same length (" +
-                                  std::to_string(handles.size()) + ", " + std::to_string(n) + ", " +
-                                  std::to_string(lengths.size()) + ", " + std::to_string(out_offsets.size()) + ")");
-        }
-        OutBuffer buf = out_buffer(out, "read: out");
-        const int64_t* h = handles.data();
-        const int64_t* off = offsets.data();
-        const int64_t* len = lengths.data();
-        const int64_t* dst = out_offsets.data();
-
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        auto t0 = std::chrono::steady_clock::now();
-        std::vector<IoRequest> reqs;
-        reqs.reserve(static_cast<size_t>(n));
-        int64_t requested = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            const OpenFile& f = file(h[i]);
-            if (off[i] < 0 || len[i] < 0 || dst[i] < 0 || dst[i] > buf.nbytes || len[i] > buf.nbytes - dst[i]) {
-                throw py::value_error(f.path + ": request " + std::to_string(i) + " (offset " + std::to_string(off[i]) +
-                                      ", length " + std::to_string(len[i]) + ", out_offset " + std::to_string(dst[i]) +
-                                      ") is negative or does not fit the output buffer of " +
-                                      std::to_string(buf.nbytes) + " bytes");
-            }
-            uint8_t* p = buf.ptr + dst[i];
-            if (f.direct && !(aligned(off[i]) && aligned(len[i]) && aligned(static_cast<int64_t>(
-                                                                          reinterpret_cast<uintptr_t>(p))))) {
-                throw py::value_error(misaligned(f.path, off[i], len[i], p));
-            }
-            requested += len[i];
-            for (int64_t o = 0; o < len[i]; o += kMaxRequestBytes) {
-                int64_t l = std::min(kMaxRequestBytes, len[i] - o);
-                reqs.push_back({f.fd, static_cast<int32_t>(h[i]), f.direct, off[i] + o, l, l, p + o});
-            }
-        }
-        ErrorSlot err;
-        int64_t got = execute(reqs, err);
-        account(requested, got, static_cast<int64_t>(reqs.size()), t0);
-        err.raise_if_failed(paths_);
-    }
-
-    void read_rows(int64_t handle, const I64Array& row_offsets, int64_t row_bytes, const py::buffer& out) {
-        if (row_bytes <= 0) throw py::value_error("read_rows: row_bytes must be > 0, got " + std::to_string(row_bytes));
-        const int64_t n = row_offsets.size();
-        OutBuffer buf = out_buffer(out, "read_rows: out");
-        if (buf.nbytes != n * row_bytes) {
-            throw py::value_error("read_rows: out holds " + std::to_string(buf.nbytes) + " bytes, expected " +
-                                  std::to_string(n) + " rows x " + std::to_string(row_bytes) + " bytes");
-        }
-        const int64_t* offs = row_offsets.data();
-
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        auto t0 = std::chrono::steady_clock::now();
-        const OpenFile& f = file(handle);
-        for (int64_t i = 0; i < n; ++i) {
-            if (offs[i] < 0) {
-                throw py::value_error(f.path + ": read_rows: negative row offset " + std::to_string(offs[i]) +
-                                      " (row " + std::to_string(i) + ")");
-            }
-        }
-        // Rows by offset (stable: equal offsets keep their order).
-        std::vector<int64_t> order(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) order[i] = i;
-        if (!std::is_sorted(offs, offs + n)) {
-            std::stable_sort(order.begin(), order.end(), [offs](int64_t a, int64_t b) { return offs[a] < offs[b]; });
-        }
-        // Runs of touched pages, cut into chunks of at most merge_bytes.
-        struct Chunk {
-            int64_t first_page;
-            int64_t pages;
-            int64_t need;  // bytes of the chunk that rows use (the rest may lie past the end of file)
-        };
-        std::vector<Chunk> chunks;
-        const int64_t max_pages = std::max<int64_t>(1, merge_bytes_ >> kPageShift);
-        auto flush = [&](int64_t first, int64_t last, int64_t end_byte) {
-            for (int64_t s = first; s <= last; s += max_pages) {
-                int64_t e = std::min(last, s + max_pages - 1);
-                int64_t need = e == last ? end_byte - (s << kPageShift) : (e - s + 1) << kPageShift;
-                chunks.push_back({s, e - s + 1, need});
-            }
-        };
-        int64_t run_first = -1, run_last = -1, run_end = 0;
-        for (int64_t k = 0; k < n; ++k) {
-            int64_t o = offs[order[k]];
-            int64_t fp = o >> kPageShift, lp = (o + row_bytes - 1) >> kPageShift;
-            if (run_first >= 0 && fp <= run_last + 1) {
-                run_last = std::max(run_last, lp);
-                run_end = std::max(run_end, o + row_bytes);
-            } else {
-                if (run_first >= 0) flush(run_first, run_last, run_end);
-                run_first = fp;
-                run_last = lp;
-                run_end = o + row_bytes;
-            }
-        }
-        if (run_first >= 0) flush(run_first, run_last, run_end);
-
-        // Rounds of chunks that fit the bounce buffer: read, then copy the rows' bytes out.
-        ErrorSlot err;
-        int64_t got = 0, issued = 0;
-        size_t c = 0;
-        int64_t lo = 0;  // first sorted row that may still intersect the current chunk
-        while (c < chunks.size() && !err.failed()) {
-            int64_t total = 0;
-            size_t c_end = c;
-            while (c_end < chunks.size() &&
-                   (c_end == c || total + (chunks[c_end].pages << kPageShift) <= bounce_capacity_)) {
-                total += chunks[c_end++].pages << kPageShift;
-            }
-            uint8_t* bounce = bounce_buffer(total);
-            std::vector<IoRequest> reqs;
-            int64_t pos = 0;
-            for (size_t k = c; k < c_end; ++k) {
-                int64_t len = chunks[k].pages << kPageShift;
-                reqs.push_back({f.fd, static_cast<int32_t>(handle), f.direct, chunks[k].first_page << kPageShift, len,
-                                chunks[k].need, bounce + pos});
-                pos += len;
-            }
-            got += execute(reqs, err);
-            issued += static_cast<int64_t>(reqs.size());
-            if (err.failed()) break;
-            pos = 0;
-            for (size_t k = c; k < c_end; ++k) {
-                const int64_t cs = chunks[k].first_page << kPageShift;
-                const int64_t ce = cs + (chunks[k].pages << kPageShift);
-                while (lo < n && offs[order[lo]] + row_bytes <= cs) ++lo;
-                for (int64_t j = lo; j < n && offs[order[j]] < ce; ++j) {
-                    const int64_t ro = offs[order[j]];
-                    const int64_t s = std::max(ro, cs), e = std::min(ro + row_bytes, ce);
-                    std::memcpy(buf.ptr + order[j] * row_bytes + (s - ro), bounce + pos + (s - cs),
-                                static_cast<size_t>(e - s));
-                }
-                pos += ce - cs;
-            }
-            c = c_end;
-        }
-        account(n * row_bytes, got, issued, t0);
-        err.raise_if_failed(paths_);
-    }
-
-    py::dict counters() {
-        std::lock_guard<std::mutex> lk(stats_mu_);
-        py::dict d;
-        d["bytes_requested"] = static_cast<double>(bytes_requested_);
-        d["bytes_read"] = static_cast<double>(bytes_read_);
-        d["requests"] = static_cast<double>(requests_);
-        d["seconds"] = seconds_;
-        return d;
-    }
-
-    void reset_counters() {
-        std::lock_guard<std::mutex> lk(stats_mu_);
-        bytes_requested_ = bytes_read_ = requests_ = 0;
-        seconds_ = 0.0;
-    }
-
-    void set_merge_bytes(int64_t merge_bytes, int64_t bounce_bytes) {
-        if (merge_bytes < kAlign || merge_bytes > kMaxRequestBytes || !aligned(merge_bytes)) {
-            throw py::value_error("merge_bytes must be a multiple of 4096 in [4096, 4 MiB], got " +
-                                  std::to_string(merge_bytes));
-        }
-        if (bounce_bytes < merge_bytes) {
-            throw py::value_error("bounce_bytes must be >= merge_bytes, got " + std::to_string(bounce_bytes));
-        }
-        py::gil_scoped_release release;
-        std::lock_guard<std::mutex> lk(mu_);
-        merge_bytes_ = merge_bytes;
-        bounce_capacity_ = round_up(bounce_bytes);
-    }
-
- private:
-    void check_open_reader() const {
-        if (closed_) throw py::value_error("the reader is closed");
-    }
-
-    // The open file of a handle, or ValueError. Call with mu_ held.
-    OpenFile& file(int64_t handle) {
-        check_open_reader();
-        if (handle < 0 || handle >= static_cast<int64_t>(files_.size()) || files_[handle].fd < 0) {
-            throw py::value_error("bad handle " + std::to_string(handle) + ": not a file open in this reader");
-        }
-        return files_[handle];
-    }
-
-    static std::string misaligned(const std::string& path, int64_t offset, int64_t length, const uint8_t* p) {
-        char addr[32];
-        std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(p));
-        return path + ": misaligned O_DIRECT request at offset " + std::to_string(offset) + ", length " +
-               std::to_string(length) + ", buffer address " + addr +
-               " (each must be a multiple of 4096; allocate buffers with aligned_empty(), or open with direct=False)";
-    }
-
-    int64_t execute(const std::vector<IoRequest>& reqs, ErrorSlot& err) {
-        if (reqs.empty()) return 0;
-        if (uring_ && uring_->ok()) return uring_->run(reqs, err);
-        if (!pool_) pool_ = std::make_unique<PreadPool>(threads_);
-        return pool_->run(reqs, err);
-    }
-
-    // The bounce buffer, grown to at least `nbytes` (page-aligned: it is an anonymous mapping).
-    uint8_t* bounce_buffer(int64_t nbytes) {
-        if (nbytes > bounce_size_) {
-            release_bounce();
-            void* p = mmap(nullptr, static_cast<size_t>(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                           -1, 0);
-            if (p == MAP_FAILED) throw std::bad_alloc();
-            bounce_ = static_cast<uint8_t*>(p);
-            bounce_size_ = nbytes;
-        }
-        return bounce_;
-    }
-
-    void release_bounce() {
-        if (bounce_ != nullptr) munmap(bounce_, static_cast<size_t>(bounce_size_));
-        bounce_ = nullptr;
-        bounce_size_ = 0;
-    }
-
-    void account(int64_t requested, int64_t got, int64_t requests, std::chrono::steady_clock::time_point t0) {
-        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard<std::mutex> lk(stats_mu_);
-        bytes_requested_ += requested;
-        bytes_read_ += got;
-        requests_ += requests;
-        seconds_ += dt;
-    }
-
-    void close_all() {
-        for (auto& f : files_) {
-            if (f.fd >= 0) ::close(f.fd);
-            f.fd = -1;
-        }
-        release_bounce();
-        pool_.reset();
-        uring_.reset();
-    }
-
-    int queue_depth_;
-    int threads_;
-    bool direct_;
-    std::string backend_;
-    std::string fallback_reason_;
-    int64_t merge_bytes_;
-    int64_t bounce_capacity_;
-
-    std::mutex mu_;  // everything below; taken with the GIL released
-    bool closed_ = false;
-    std::vector<OpenFile> files_;
-    std::vector<std::string> paths_;
-    std::unique_ptr<PreadPool> pool_;
-    std::unique_ptr<Uring> uring_;  // null with the pread backend
-    uint8_t* bounce_ = nullptr;
-    int64_t bounce_size_ = 0;
-
-    std::mutex stats_mu_;  // the counters
-    int64_t bytes_requested_ = 0;
-    int64_t bytes_read_ = 0;
-    int64_t requests_ = 0;
-    double seconds_ = 0.0;
-};
-
-// A 4096-aligned, zero-filled uint8 array of `nbytes` (an anonymous mapping, unmapped with the array).
-py::array aligned_empty(int64_t nbytes) {
-    if (nbytes < 0) throw py::value_error("aligned_empty: nbytes must be >= 0, got " + std::to_string(nbytes));
-    size_t size = static_cast<size_t>(std::max<int64_t>(round_up(nbytes), kAlign));
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    auto* owner = new std::pair<void*, size_t>(p, size);
-    py::capsule free_when_done(owner, [](void* o) {
-        auto* m = static_cast<std::pair<void*, size_t>*>(o);
-        munmap(m->first, m->second);
-        delete m;
-    });
-    return py::array(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(nbytes)}, {py::ssize_t{1}},
-                     static_cast<uint8_t*>(p), free_when_done);
+std::string misaligned(const std::string& path, int64_t offset, int64_t length, const uint8_t* p) {
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(p));
+    return path + ": misaligned O_DIRECT request at offset " + std::to_string(offset) + ", length " +
+           std::to_string(length) + ", buffer address " + addr + " (each must be a multiple of " +
+           std::to_string(kAlign) + "; allocate buffers with aligned_empty(), or open with direct=False)";
 }
 
 }  // namespace
 
-void register_reader(py::module_& m) {
-    g_short_read_error = PyErr_NewExceptionWithDoc(
-        "diskflow.native._native.ShortReadError",
-        "A read met the end of the file before the requested length (an OSError, errno EIO).", PyExc_OSError,
-        nullptr);
-    if (g_short_read_error == nullptr) throw py::error_already_set();
-    m.attr("ShortReadError") = py::handle(g_short_read_error);
-
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const IoFailure& e) {
-            PyObject* type = e.short_read ? g_short_read_error : PyExc_OSError;
-            py::tuple args = e.path.empty() ? py::tuple(py::make_tuple(e.err, e.message))
-                                            : py::tuple(py::make_tuple(e.err, e.message, e.path));
-            PyErr_SetObject(type, args.ptr());
+Reader::Reader(int queue_depth, int threads, const std::string& backend, bool direct)
+    : queue_depth_(queue_depth), threads_(threads), direct_(direct) {
+    if (queue_depth < 1) throw std::invalid_argument("queue_depth must be >= 1, got " + std::to_string(queue_depth));
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(threads));
+    if (backend != "auto" && backend != "uring" && backend != "pread") {
+        throw std::invalid_argument("backend must be 'auto', 'uring' or 'pread', got '" + backend + "'");
+    }
+    if (backend == "pread") {
+        backend_ = "pread";
+        return;
+    }
+    int probe_err = 0;
+    std::string why = uring_unavailable(&probe_err);
+    int rc = -probe_err;
+    if (why.empty()) {
+        uring_ = std::make_unique<Uring>();
+        rc = uring_->init(static_cast<unsigned>(queue_depth));
+        if (rc < 0) {
+            why = "io_uring_setup(" + std::to_string(queue_depth) + " entries) failed: " + errno_text(-rc);
+            uring_.reset();
         }
-    });
-
-    py::class_<Reader>(m, "DirectReader", "Direct-I/O reader (use diskflow.native.reader.DirectReader).")
-        .def(py::init<int, int, const std::string&, bool>(), py::arg("queue_depth"), py::arg("threads"),
-             py::arg("backend"), py::arg("direct"))
-        .def_property_readonly("backend", &Reader::backend)
-        .def_property_readonly("fallback_reason", &Reader::fallback_reason)
-        .def_property_readonly("queue_depth", &Reader::queue_depth)
-        .def_property_readonly("threads", &Reader::threads)
-        .def("open", &Reader::open, py::arg("path"))
-        .def("is_direct", &Reader::is_direct, py::arg("handle"))
-        .def("path_of", &Reader::path_of, py::arg("handle"))
-        .def("close_file", &Reader::close_file, py::arg("handle"))
-        .def("read", &Reader::read, py::arg("handles"), py::arg("offsets"), py::arg("lengths"), py::arg("out"),
-             py::arg("out_offsets"))
-        .def("read_rows", &Reader::read_rows, py::arg("handle"), py::arg("row_offsets"), py::arg("row_bytes"),
-             py::arg("out"))
-        .def("set_merge_bytes", &Reader::set_merge_bytes, py::arg("merge_bytes"), py::arg("bounce_bytes"))
-        .def("counters", &Reader::counters)
-        .def("reset_counters", &Reader::reset_counters)
-        .def("close", &Reader::close);
-    m.def("aligned_empty", &aligned_empty, py::arg("nbytes"), "A 4096-aligned uint8 array of nbytes bytes.");
-    m.attr("ALIGN") = kAlign;
-    m.def(
-        "uring_unavailable", [] { return uring_unavailable(); },
-        "'' when io_uring is usable in this process (probed once), else why not.");
+    }
+    if (rc == 0) {
+        backend_ = "uring";
+    } else if (backend == "uring") {
+        throw IoError(-rc, "", "backend 'uring' unavailable: " + why);
+    } else {
+        backend_ = "pread";
+        fallback_reason_ = why;
+    }
 }
+
+Reader::~Reader() { close_all(); }
+
+OpenedFile Reader::open(const std::string& path) {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_reader();
+    bool direct = direct_;
+    std::string refused;
+    int fd = -1;
+    if (direct) {
+        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (fd < 0 && errno == EINVAL) {
+            refused = "the file system refuses O_DIRECT (" + errno_text(EINVAL) + ")";
+            direct = false;
+        }
+    }
+    if (!direct) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        throw IoError(e, path, errno_text(e) + " (opening for reading)");
+    }
+    struct stat st {};
+    int e = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : S_ISREG(st.st_mode) ? 0 : EINVAL;
+    if (e != 0) {
+        ::close(fd);
+        throw IoError(e, path, errno_text(e) + " (opening for reading: not a regular file)");
+    }
+    files_.push_back({fd, direct, path});
+    paths_.push_back(path);
+    return {static_cast<int>(files_.size() - 1), direct, refused};
+}
+
+bool Reader::is_direct(int64_t handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return file(handle).direct;
+}
+
+std::string Reader::path_of(int64_t handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return file(handle).path;
+}
+
+void Reader::close_file(int64_t handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    OpenFile& f = file(handle);
+    ::close(f.fd);
+    f.fd = -1;
+}
+
+void Reader::close() {
+    std::lock_guard<std::mutex> lk(mu_);
+    close_all();
+    closed_ = true;
+}
+
+void Reader::read(const int64_t* h, const int64_t* off, const int64_t* len, const int64_t* dst, int64_t n,
+                  uint8_t* out, int64_t out_bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<IoRequest> reqs;
+    reqs.reserve(static_cast<size_t>(n));
+    int64_t requested = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const OpenFile& f = file(h[i]);
+        if (off[i] < 0 || len[i] < 0 || dst[i] < 0 || dst[i] > out_bytes || len[i] > out_bytes - dst[i]) {
+            throw std::invalid_argument(f.path + ": request " + std::to_string(i) + " (offset " +
+                                        std::to_string(off[i]) + ", length " + std::to_string(len[i]) +
+                                        ", out_offset " + std::to_string(dst[i]) +
+                                        ") is negative or does not fit the output buffer of " +
+                                        std::to_string(out_bytes) + " bytes");
+        }
+        uint8_t* p = out + dst[i];
+        if (f.direct &&
+            !(aligned(off[i]) && aligned(len[i]) && aligned(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p))))) {
+            throw std::invalid_argument(misaligned(f.path, off[i], len[i], p));
+        }
+        requested += len[i];
+        for (int64_t o = 0; o < len[i]; o += kMaxRequestBytes) {
+            int64_t l = std::min(kMaxRequestBytes, len[i] - o);
+            reqs.push_back({f.fd, static_cast<int32_t>(h[i]), f.direct, off[i] + o, l, l, p + o});
+        }
+    }
+    ErrorSlot err;
+    int64_t got = execute(reqs, err);
+    account(requested, got, static_cast<int64_t>(reqs.size()), t0);
+    err.raise_if_failed(paths_);
+}
+
+void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t row_bytes, uint8_t* out,
+                       int64_t out_bytes) {
+    if (row_bytes <= 0) throw std::invalid_argument("read_rows: row_bytes must be > 0, got " + std::to_string(row_bytes));
+    if (out_bytes != n * row_bytes) {
+        throw std::invalid_argument("read_rows: out holds " + std::to_string(out_bytes) + " bytes, expected " +
+                                    std::to_string(n) + " rows x " + std::to_string(row_bytes) + " bytes");
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    auto t0 = std::chrono::steady_clock::now();
+    const OpenFile& f = file(handle);
+    for (int64_t i = 0; i < n; ++i) {
+        if (offs[i] < 0) {
+            throw std::invalid_argument(f.path + ": read_rows: negative row offset " + std::to_string(offs[i]) +
+                                        " (row " + std::to_string(i) + ")");
+        }
+    }
+    // Rows by offset (stable: equal offsets keep their order).
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    if (!std::is_sorted(offs, offs + n)) {
+        std::stable_sort(order.begin(), order.end(), [offs](int64_t a, int64_t b) { return offs[a] < offs[b]; });
+    }
+    // Runs of touched pages, cut into chunks of at most merge_bytes.
+    struct Chunk {
+        int64_t first_page;
+        int64_t pages;
+        int64_t need;  // bytes of the chunk that rows use (the rest may lie past the end of file)
+    };
+    std::vector<Chunk> chunks;
+    const int64_t max_pages = std::max<int64_t>(1, merge_bytes_ >> kPageShift);
+    auto flush = [&](int64_t first, int64_t last, int64_t end_byte) {
+        for (int64_t s = first; s <= last; s += max_pages) {
+            int64_t e = std::min(last, s + max_pages - 1);
+            int64_t need = e == last ? end_byte - (s << kPageShift) : (e - s + 1) << kPageShift;
+            chunks.push_back({s, e - s + 1, need});
+        }
+    };
+    int64_t run_first = -1, run_last = -1, run_end = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        int64_t o = offs[order[k]];
+        int64_t fp = o >> kPageShift, lp = (o + row_bytes - 1) >> kPageShift;
+        if (run_first >= 0 && fp <= run_last + 1) {
+            run_last = std::max(run_last, lp);
+            run_end = std::max(run_end, o + row_bytes);
+        } else {
+            if (run_first >= 0) flush(run_first, run_last, run_end);
+            run_first = fp;
+            run_last = lp;
+            run_end = o + row_bytes;
+        }
+    }
+    if (run_first >= 0) flush(run_first, run_last, run_end);
+
+    // Rounds of chunks that fit the bounce buffer: read, then copy the rows' bytes out.
+    ErrorSlot err;
+    int64_t got = 0, issued = 0;
+    size_t c = 0;
+    int64_t lo = 0;  // first sorted row that may still intersect the current chunk
+    while (c < chunks.size() && !err.failed()) {
+        int64_t total = 0;
+        size_t c_end = c;
+        while (c_end < chunks.size() &&
+               (c_end == c || total + (chunks[c_end].pages << kPageShift) <= bounce_capacity_)) {
+            total += chunks[c_end++].pages << kPageShift;
+        }
+        uint8_t* bounce = bounce_buffer(total);
+        std::vector<IoRequest> reqs;
+        int64_t pos = 0;
+        for (size_t k = c; k < c_end; ++k) {
+            int64_t len = chunks[k].pages << kPageShift;
+            reqs.push_back({f.fd, static_cast<int32_t>(handle), f.direct, chunks[k].first_page << kPageShift, len,
+                            chunks[k].need, bounce + pos});
+            pos += len;
+        }
+        got += execute(reqs, err);
+        issued += static_cast<int64_t>(reqs.size());
+        if (err.failed()) break;
+        pos = 0;
+        for (size_t k = c; k < c_end; ++k) {
+            const int64_t cs = chunks[k].first_page << kPageShift;
+            const int64_t ce = cs + (chunks[k].pages << kPageShift);
+            while (lo < n && offs[order[lo]] + row_bytes <= cs) ++lo;
+            for (int64_t j = lo; j < n && offs[order[j]] < ce; ++j) {
+                const int64_t ro = offs[order[j]];
+                const int64_t s = std::max(ro, cs), e = std::min(ro + row_bytes, ce);
+                std::memcpy(out + order[j] * row_bytes + (s - ro), bounce + pos + (s - cs), static_cast<size_t>(e - s));
+            }
+            pos += ce - cs;
+        }
+        c = c_end;
+    }
+    account(n * row_bytes, got, issued, t0);
+    err.raise_if_failed(paths_);
+}
+
+ReaderCounters Reader::counters() {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    return stats_;
+}
+
+void Reader::reset_counters() {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_ = ReaderCounters{};
+}
+
+void Reader::set_merge_bytes(int64_t merge_bytes, int64_t bounce_bytes) {
+    if (merge_bytes < kAlign || merge_bytes > kMaxRequestBytes || !aligned(merge_bytes)) {
+        throw std::invalid_argument("merge_bytes must be a multiple of " + std::to_string(kAlign) + " in [" +
+                                    std::to_string(kAlign) + ", " + std::to_string(kMaxRequestBytes >> 20) +
+                                    " MiB], got " + std::to_string(merge_bytes));
+    }
+    if (bounce_bytes < merge_bytes) {
+        throw std::invalid_argument("bounce_bytes must be >= merge_bytes, got " + std::to_string(bounce_bytes));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    merge_bytes_ = merge_bytes;
+    bounce_capacity_ = round_up(bounce_bytes);
+}
+
+int64_t Reader::merge_bytes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return merge_bytes_;
+}
+
+int64_t Reader::bounce_bytes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return bounce_capacity_;
+}
+
+void Reader::check_open_reader() const {
+    if (closed_) throw std::invalid_argument("the reader is closed");
+}
+
+Reader::OpenFile& Reader::file(int64_t handle) {
+    check_open_reader();
+    if (handle < 0 || handle >= static_cast<int64_t>(files_.size()) || files_[handle].fd < 0) {
+        throw std::invalid_argument("bad handle " + std::to_string(handle) + ": not a file open in this reader");
+    }
+    return files_[handle];
+}
+
+int64_t Reader::execute(const std::vector<IoRequest>& reqs, ErrorSlot& err) {
+    if (reqs.empty()) return 0;
+    if (uring_ && uring_->ok()) return uring_->run(reqs, err);
+    if (!pool_) pool_ = std::make_unique<PreadPool>(threads_);
+    return pool_->run(reqs, err);
+}
+
+// The bounce buffer, grown to at least `nbytes` (page-aligned: it is an anonymous mapping).
+uint8_t* Reader::bounce_buffer(int64_t nbytes) {
+    if (nbytes > bounce_size_) {
+        release_bounce();
+        void* p = mmap(nullptr, static_cast<size_t>(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        bounce_ = static_cast<uint8_t*>(p);
+        bounce_size_ = nbytes;
+    }
+    return bounce_;
+}
+
+void Reader::release_bounce() {
+    if (bounce_ != nullptr) munmap(bounce_, static_cast<size_t>(bounce_size_));
+    bounce_ = nullptr;
+    bounce_size_ = 0;
+}
+
+void Reader::account(int64_t requested, int64_t got, int64_t requests, std::chrono::steady_clock::time_point t0) {
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.bytes_requested += requested;
+    stats_.bytes_read += got;
+    stats_.requests += requests;
+    stats_.seconds += dt;
+}
+
+void Reader::close_all() {
+    for (auto& f : files_) {
+        if (f.fd >= 0) ::close(f.fd);
+        f.fd = -1;
+    }
+    release_bounce();
+    pool_.reset();
+    uring_.reset();
+}
+
+void* alloc_aligned(int64_t nbytes, size_t* mapped) {
+    if (nbytes < 0) throw std::invalid_argument("aligned_empty: nbytes must be >= 0, got " + std::to_string(nbytes));
+    const size_t size = static_cast<size_t>(std::max<int64_t>(round_up(nbytes), kAlign));
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    *mapped = size;
+    return p;
+}
+
+void free_aligned(void* p, size_t mapped) { munmap(p, mapped); }
 
 }  // namespace diskflow

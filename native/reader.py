@@ -1,4 +1,4 @@
-"""Direct-I/O reader: the thin Python binding of `reader.cpp`.
+"""Direct-I/O reader: the thin Python wrapper of `reader.cpp` (bound in `bindings.cpp`).
 
 Reads lists of (file, offset, length) requests straight from disk into caller-provided buffers,
 with many requests in flight and the GIL released, so a loader thread can stream packed segments
@@ -37,14 +37,10 @@ from typing import Any
 import numpy as np
 
 from . import _native
+from .constants import ALIGN, DEFAULT_BOUNCE_BYTES, DEFAULT_MERGE_BYTES, DEFAULT_QUEUE_DEPTH, DEFAULT_THREADS
 
-ALIGN: int = int(_native.ALIGN)
-"""O_DIRECT granularity: offsets, lengths and buffer addresses are multiples of it."""
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
-# read_rows defaults: the longest run of adjacent pages read as one request, and the staging buffer.
-DEFAULT_MERGE_BYTES = 1 << 20
-DEFAULT_BOUNCE_BYTES = 32 << 20
 
 
 def uring_unavailable() -> str:
@@ -80,6 +76,8 @@ def _as_out(out: Any) -> Any:
 class DirectReader:
     """Reads many requests in flight from files opened with O_DIRECT (see the module docstring).
 
+    The defaults are the engine's (`diskflow.native.constants`, defined in `native/constants.h`).
+
     Args:
         queue_depth: requests in flight with io_uring (the ring size).
         threads: pread threads (requests in flight with the pread backend).
@@ -95,12 +93,13 @@ class DirectReader:
     streams. Usable as a context manager (closes its files).
     """
 
-    def __init__(self, queue_depth: int = 64, threads: int = 4, backend: str = "auto", direct: bool = True,
-                 *, merge_bytes: int = DEFAULT_MERGE_BYTES, bounce_bytes: int = DEFAULT_BOUNCE_BYTES) -> None:
+    def __init__(self, queue_depth: int = DEFAULT_QUEUE_DEPTH, threads: int = DEFAULT_THREADS, backend: str = "auto",
+                 direct: bool = True, *, merge_bytes: int = DEFAULT_MERGE_BYTES,
+                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct))
-        self._impl.set_merge_bytes(int(merge_bytes), int(bounce_bytes))
+        self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct), int(merge_bytes),
+                                          int(bounce_bytes))
         self.backend: str = self._impl.backend
         if self._impl.fallback_reason:
             warnings.warn(f"io_uring unavailable ({self._impl.fallback_reason}); reading with "
@@ -110,6 +109,21 @@ class DirectReader:
     def queue_depth(self) -> int:
         """Requests in flight with io_uring."""
         return int(self._impl.queue_depth)
+
+    @property
+    def threads(self) -> int:
+        """pread threads (requests in flight with the pread backend)."""
+        return int(self._impl.threads)
+
+    @property
+    def merge_bytes(self) -> int:
+        """read_rows' longest request of merged adjacent pages."""
+        return int(self._impl.merge_bytes)
+
+    @property
+    def bounce_bytes(self) -> int:
+        """read_rows' staging buffer (rounded up to ALIGN)."""
+        return int(self._impl.bounce_bytes)
 
     def open(self, path: str | os.PathLike[str]) -> int:
         """Open a file for reading; returns its handle.
@@ -190,3 +204,6 @@ class DirectReader:
 
     def __repr__(self) -> str:
         return f"DirectReader(backend={self.backend!r}, queue_depth={self.queue_depth})"
+
+
+__all__ = ["ALIGN", "BACKENDS", "DirectReader", "ShortReadError", "aligned_empty", "uring_unavailable"]

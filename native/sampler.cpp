@@ -17,12 +17,9 @@
 // per-chunk buffers and merges them serially in chunk order (the dedup that assigns local ids
 // must see edges in order); the merge of chunk c overlaps with the sampling of later chunks.
 // The dedup uses a scratch array of N entries owned by the sampler, reset through the batch's
-// own node list, and a mutex makes concurrent calls on one object safe. The GIL is released
-// during all of it; the graph arrays are read in place.
+// own node list, and a mutex makes concurrent calls on one object safe. The graph arrays are read
+// in place. No Python here: bindings.cpp binds it, with the GIL released during all of it.
 #include "sampler.h"
-
-#include <pybind11/numpy.h>
-#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,12 +30,11 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
-
-namespace py = pybind11;
 
 namespace diskflow {
 namespace {
@@ -342,31 +338,7 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
     if (error) std::rethrow_exception(error);
 }
 
-std::string dtype_str(const py::array& a) { return py::str(py::object(a.dtype())).cast<std::string>(); }
-
-void require_1d_contiguous(const py::array& a, const char* name) {
-    if (a.ndim() != 1) {
-        throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + " dimensions");
-    }
-    if (!(a.flags() & py::array::c_style)) {
-        throw py::value_error(std::string(name) + " must be C-contiguous (pass np.ascontiguousarray(...))");
-    }
-}
-
-template <typename T>
-bool has_dtype(const py::array& a) {
-    return py::isinstance<py::array_t<T>>(a);
-}
-
-// Wraps a buffer into a numpy array without copying (the array owns the buffer).
-py::array_t<int64_t> to_numpy(std::unique_ptr<int64_t[]> data, std::vector<py::ssize_t> shape) {
-    if (!data) return py::array_t<int64_t>(std::move(shape));  // empty
-    int64_t* raw = data.release();
-    py::capsule owner(raw, [](void* p) { delete[] static_cast<int64_t*>(p); });
-    return py::array_t<int64_t>(std::move(shape), raw, owner);
-}
-
-// The sampled subgraph before it becomes numpy arrays.
+// The sampled subgraph, in the sampler's growable buffers.
 struct Sample {
     PodBuffer<int64_t> n_id;
     PodBuffer<int64_t> edge_index;  // [2, E] row-major
@@ -374,43 +346,30 @@ struct Sample {
     std::vector<int64_t> num_sampled_edges;
 };
 
-class NeighborSampler {
- public:
-    NeighborSampler(py::array indptr, py::array indices, std::vector<int64_t> fanouts, int num_threads)
-        : indptr_(std::move(indptr)), indices_(std::move(indices)), fanouts_(std::move(fanouts)),
-          num_threads_(num_threads) {
-        if (!has_dtype<int64_t>(indptr_)) throw py::value_error("indptr must be int64, got " + dtype_str(indptr_));
-        require_1d_contiguous(indptr_, "indptr");
-        if (indptr_.size() < 1) throw py::value_error("indptr must have N+1 >= 1 entries, got 0");
-        if (has_dtype<int64_t>(indices_)) {
-            indices64_ = true;
-        } else if (!has_dtype<int32_t>(indices_)) {
-            throw py::value_error("indices must be int32 or int64, got " + dtype_str(indices_));
-        }
-        require_1d_contiguous(indices_, "indices");
-        if (fanouts_.empty()) throw py::value_error("fanouts must name at least one hop, got []");
+}  // namespace
+
+struct NeighborSampler::Impl {
+    Impl(const int64_t* indptr, int64_t num_nodes, const void* indices, bool indices64, int64_t num_edges,
+         std::vector<int64_t> fanouts, int num_threads)
+        : indptr_ptr_(indptr), indices_ptr_(indices), indices64_(indices64), num_nodes_(num_nodes),
+          num_edges_(num_edges), fanouts_(std::move(fanouts)), num_threads_(num_threads) {
+        if (num_nodes_ < 0) throw std::invalid_argument("indptr must have N+1 >= 1 entries, got 0");
+        if (fanouts_.empty()) throw std::invalid_argument("fanouts must name at least one hop, got []");
         for (size_t h = 0; h < fanouts_.size(); ++h) {
             if (fanouts_[h] < -1) {
-                throw py::value_error("fanouts[" + std::to_string(h) + "] = " + std::to_string(fanouts_[h]) +
-                                      " must be >= 0, or -1 for all neighbours");
+                throw std::invalid_argument("fanouts[" + std::to_string(h) + "] = " + std::to_string(fanouts_[h]) +
+                                            " must be >= 0, or -1 for all neighbours");
             }
         }
-        if (num_threads_ < 1) throw py::value_error("num_threads must be >= 1, got " + std::to_string(num_threads_));
-        indptr_ptr_ = static_cast<const int64_t*>(indptr_.data());
-        indices_ptr_ = indices_.data();
-        num_nodes_ = static_cast<int64_t>(indptr_.size()) - 1;
-        num_edges_ = static_cast<int64_t>(indices_.size());
+        if (num_threads_ < 1) {
+            throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(num_threads_));
+        }
         check_indptr();
     }
 
-    py::tuple sample(const py::array& seeds, uint64_t seed) {
-        if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds must be int64, got " + dtype_str(seeds));
-        require_1d_contiguous(seeds, "seeds");
-        const int64_t* seed_ptr = static_cast<const int64_t*>(seeds.data());
-        const int64_t batch = static_cast<int64_t>(seeds.size());
+    SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed) {
         Sample out;
         {
-            py::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(mu_);
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
@@ -418,39 +377,34 @@ class NeighborSampler {
                 run(static_cast<const int32_t*>(indices_ptr_), seed_ptr, batch, seed, out);
             }
         }
-        const auto n = static_cast<py::ssize_t>(out.n_id.size());
-        const auto e = static_cast<py::ssize_t>(out.edge_index.size() / 2);
-        return py::make_tuple(to_numpy(out.n_id.release(), {n}), to_numpy(out.edge_index.release(), {2, e}),
-                              py::cast(out.num_sampled_nodes), py::cast(out.num_sampled_edges));
+        SampledSubgraph g;
+        g.num_nodes = static_cast<int64_t>(out.n_id.size());
+        g.num_edges = static_cast<int64_t>(out.edge_index.size() / 2);
+        g.n_id = out.n_id.release();
+        g.edge_index = out.edge_index.release();
+        g.num_sampled_nodes = std::move(out.num_sampled_nodes);
+        g.num_sampled_edges = std::move(out.num_sampled_edges);
+        return g;
     }
 
-    int64_t num_nodes() const { return num_nodes_; }
-    int64_t num_edges() const { return num_edges_; }
-    const std::vector<int64_t>& fanouts() const { return fanouts_; }
-    int num_threads() const { return num_threads_; }
-
- private:
-    // indptr[0] == 0, non-decreasing, indptr[N] == len(indices): one pass, GIL released.
+    // indptr[0] == 0, non-decreasing, indptr[N] == len(indices): one pass.
     void check_indptr() const {
         const int64_t* p = indptr_ptr_;
-        if (p[0] != 0) throw py::value_error("indptr[0] must be 0, got " + std::to_string(p[0]));
+        if (p[0] != 0) throw std::invalid_argument("indptr[0] must be 0, got " + std::to_string(p[0]));
         int64_t bad = -1;
-        {
-            py::gil_scoped_release nogil;
-            for (int64_t i = 0; i < num_nodes_; ++i) {
-                if (p[i + 1] < p[i]) {
-                    bad = i;
-                    break;
-                }
+        for (int64_t i = 0; i < num_nodes_; ++i) {
+            if (p[i + 1] < p[i]) {
+                bad = i;
+                break;
             }
         }
         if (bad >= 0) {
-            throw py::value_error("indptr is not non-decreasing: indptr[" + std::to_string(bad + 1) + "] = " +
+            throw std::invalid_argument("indptr is not non-decreasing: indptr[" + std::to_string(bad + 1) + "] = " +
                                   std::to_string(p[bad + 1]) + " < indptr[" + std::to_string(bad) + "] = " +
                                   std::to_string(p[bad]));
         }
         if (p[num_nodes_] != num_edges_) {
-            throw py::value_error("indptr[-1] = " + std::to_string(p[num_nodes_]) +
+            throw std::invalid_argument("indptr[-1] = " + std::to_string(p[num_nodes_]) +
                                   " does not match len(indices) = " + std::to_string(num_edges_));
         }
     }
@@ -477,14 +431,14 @@ class NeighborSampler {
         for (int64_t b = 0; b < batch; ++b) {
             const int64_t s = seeds[b];
             if (s < 0 || s >= num_nodes_) {
-                throw py::value_error("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
+                throw std::invalid_argument("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
                                       " is out of range [0, " + std::to_string(num_nodes_) + ")");
             }
             if (local_[s] != kAbsent) {
-                throw py::value_error("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
+                throw std::invalid_argument("seeds[" + std::to_string(b) + "] = " + std::to_string(s) +
                                       " duplicates seeds[" + std::to_string(local_[s]) + "]; seeds must be unique");
             }
-            if (b >= std::numeric_limits<int32_t>::max()) throw py::value_error("batch of more than 2^31-1 seeds");
+            if (b >= std::numeric_limits<int32_t>::max()) throw std::invalid_argument("batch of more than 2^31-1 seeds");
             local_[s] = static_cast<int32_t>(b);
             n_id.resize(b + 1);
             n_id.data()[b] = s;
@@ -569,7 +523,7 @@ class NeighborSampler {
     template <typename Idx>
     void merge_chunk(const Idx* indices, size_t hop, const ChunkOut& ch, PodBuffer<int64_t>& n_id) {
         if (ch.bad_pos >= 0) {
-            throw py::value_error("indices[" + std::to_string(ch.bad_pos) + "] = " +
+            throw std::invalid_argument("indices[" + std::to_string(ch.bad_pos) + "] = " +
                                   std::to_string(static_cast<int64_t>(indices[ch.bad_pos])) + " is out of range [0, " +
                                   std::to_string(num_nodes_) + ") (hop " + std::to_string(hop) + ")");
         }
@@ -578,7 +532,7 @@ class NeighborSampler {
         // Each edge adds at most one node: refuse a batch whose local ids could overflow int32.
         size_t n = n_id.size();
         if (n + static_cast<size_t>(n_nbrs) >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-            throw py::value_error("a batch could reach 2^31-1 nodes; use smaller batches or fanouts");
+            throw std::invalid_argument("a batch could reach 2^31-1 nodes; use smaller batches or fanouts");
         }
         size_t e = rows_.size();
         rows_.resize(e + static_cast<size_t>(n_nbrs));
@@ -603,8 +557,7 @@ class NeighborSampler {
         n_id.resize(n);
     }
 
-    py::array indptr_, indices_;  // the caller's buffers, referenced (not copied) and kept alive
-    const int64_t* indptr_ptr_ = nullptr;
+    const int64_t* indptr_ptr_ = nullptr;  // the caller's arrays, referenced (not copied)
     const void* indices_ptr_ = nullptr;
     bool indices64_ = false;
     int64_t num_nodes_ = 0, num_edges_ = 0;
@@ -621,30 +574,20 @@ class NeighborSampler {
     PodBuffer<int64_t> out_count_;  // edges sampled for each frontier node, by local id
 };
 
-}  // namespace
+NeighborSampler::NeighborSampler(const int64_t* indptr, int64_t num_nodes, const void* indices, bool indices64,
+                                 int64_t num_edges, std::vector<int64_t> fanouts, int num_threads)
+    : impl_(std::make_unique<Impl>(indptr, num_nodes, indices, indices64, num_edges, std::move(fanouts),
+                                   num_threads)) {}
 
-void register_sampler(py::module_& m) {
-    py::class_<NeighborSampler>(m, "NeighborSampler", R"doc(
-Uniform multi-hop neighbor sampler over a CSC graph (PyG NeighborLoader semantics).
+NeighborSampler::~NeighborSampler() = default;
 
-Args:
-    indptr: int64 [N+1], C-contiguous; referenced, not copied.
-    indices: int32 or int64 [E], C-contiguous; source node of every in-edge, grouped by destination.
-    fanouts: per hop, neighbours to sample per frontier node (-1 = all).
-    num_threads: worker threads per hop (the output does not depend on it).
-)doc")
-        .def(py::init<py::array, py::array, std::vector<int64_t>, int>(), py::arg("indptr"), py::arg("indices"),
-             py::arg("fanouts"), py::arg("num_threads") = 1)
-        .def("sample", &NeighborSampler::sample, py::arg("seeds"), py::arg("seed"), R"doc(
-Sample the subgraph around unique int64 `seeds`; deterministic in `seed`.
-
-Returns:
-    (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)
-)doc")
-        .def_property_readonly("num_nodes", &NeighborSampler::num_nodes)
-        .def_property_readonly("num_edges", &NeighborSampler::num_edges)
-        .def_property_readonly("fanouts", &NeighborSampler::fanouts)
-        .def_property_readonly("num_threads", &NeighborSampler::num_threads);
+SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed) {
+    return impl_->sample(seeds, batch, seed);
 }
+
+int64_t NeighborSampler::num_nodes() const { return impl_->num_nodes_; }
+int64_t NeighborSampler::num_edges() const { return impl_->num_edges_; }
+const std::vector<int64_t>& NeighborSampler::fanouts() const { return impl_->fanouts_; }
+int NeighborSampler::num_threads() const { return impl_->num_threads_; }
 
 }  // namespace diskflow

@@ -1,12 +1,49 @@
-// Neighbor sampler over a CSC graph (PyG NeighborLoader semantics, homogeneous, disjoint=False).
-// See sampler.cpp for the algorithm; this header only exposes the pybind11 registration.
+// Neighbor sampler engine over a CSC graph (PyG NeighborLoader semantics, homogeneous,
+// disjoint=False). Plain C++ over raw pointers; bindings.cpp checks the arrays, keeps them alive
+// and releases the GIL. See sampler.cpp for the algorithm and its determinism.
+//
+// Errors: std::invalid_argument naming the offending entry (an inconsistent indptr, a seed out of
+// range or repeated, a corrupt indices entry, bad fanouts or thread count).
 #pragma once
 
-#include <pybind11/pybind11.h>
+#include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace diskflow {
 
-// Adds the class `NeighborSampler` to the extension module.
-void register_sampler(pybind11::module_& m);
+// One sampled subgraph. The arrays are handed over to the caller (zero-copy into numpy).
+struct SampledSubgraph {
+    std::unique_ptr<int64_t[]> n_id;        // [num_nodes]: seeds first, then discovery order
+    int64_t num_nodes = 0;
+    std::unique_ptr<int64_t[]> edge_index;  // [2, num_edges] row-major, local ids
+    int64_t num_edges = 0;
+    std::vector<int64_t> num_sampled_nodes;  // [batch, n_1 .. n_L]
+    std::vector<int64_t> num_sampled_edges;  // [e_1 .. e_L]
+};
+
+class NeighborSampler {
+ public:
+    // indptr: int64 [num_nodes + 1]; indices: int32 (`indices64` false) or int64 [num_edges]. Both
+    // are referenced, not copied: they must outlive the sampler, unchanged. Checks indptr (one pass).
+    NeighborSampler(const int64_t* indptr, int64_t num_nodes, const void* indices, bool indices64,
+                    int64_t num_edges, std::vector<int64_t> fanouts, int num_threads);
+    ~NeighborSampler();
+    NeighborSampler(const NeighborSampler&) = delete;
+    NeighborSampler& operator=(const NeighborSampler&) = delete;
+
+    // The subgraph around `batch` unique seeds; a pure function of (graph, seeds, fanouts, seed).
+    // Calls on one object are serialised (a mutex); each is parallel inside.
+    SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed);
+
+    int64_t num_nodes() const;
+    int64_t num_edges() const;
+    const std::vector<int64_t>& fanouts() const;
+    int num_threads() const;
+
+ private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace diskflow

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...native.constants import ALIGN  # array data is padded to the O_DIRECT granularity
 from .errors import ConfigError, DiskFullError, InputError, is_disk_full
 
-ALIGN = 4096
 MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 

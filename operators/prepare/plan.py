@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...native import _native
+from ...native import kernels
 from ..formats.errors import ConfigError
 from ..formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, BatchPlan, SuperbatchPlan
 
@@ -75,7 +75,7 @@ def trace_window(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray],
         ValueError: malformed ids (negative, >= `num_nodes`, repeated in a batch) or `gpu_ids`.
     """
     nodes, offsets = _concat([*batches, *lookahead], "batches")
-    out = _native.belady_trace(nodes, offsets, len(batches), _ids(gpu_ids, "gpu_ids"), int(num_nodes))
+    out = kernels.belady_trace(nodes, offsets, len(batches), _ids(gpu_ids, "gpu_ids"), int(num_nodes))
     return WindowTrace(out["next_use"], out["first_use"], out["gpu_slot"],
                        np.diff(offsets[:len(batches) + 1]), len(batches) + len(lookahead))
 
@@ -121,14 +121,14 @@ def plan_belady(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], 
         if trace is not None:
             raise ValueError("trace: a prebuilt trace needs the frequency array")
         nodes, offsets = _concat([*batches, *lookahead], "batches")
-        out = _native.belady_plan(nodes, offsets, len(batches), cap, init, gpu, None)
+        out = kernels.belady_plan(nodes, offsets, len(batches), cap, init, gpu, None)
     else:
         if trace is None:
             trace = trace_window(batches, lookahead, gpu, freq.shape[0])
         nodes, offsets = _concat(batches, "batches")
         if not np.array_equal(np.diff(offsets), trace.batch_sizes):
             raise ValueError("trace: traced for other batches (batch sizes differ)")
-        out = _native.belady_simulate(nodes, offsets, trace.window_batches, cap, init, gpu, freq,
+        out = kernels.belady_simulate(nodes, offsets, trace.window_batches, cap, init, gpu, freq,
                                       trace.next_use, trace.first_use, trace.gpu_slot)
     cuts = offsets[1:len(batches)]
     icuts = out["insert_offsets"][1:-1]
@@ -161,7 +161,7 @@ def initial_fill(batches: Sequence[np.ndarray], capacity: int, frequency: np.nda
     nodes, offsets = _concat(batches, "batches")
     gpu = _ids(gpu_ids, "gpu_ids")
     freq = _frequency(frequency)
-    chosen = _native.belady_initial_fill(nodes, offsets, cap, gpu, freq)
+    chosen = kernels.belady_initial_fill(nodes, offsets, cap, gpu, freq)
     if freq is not None and chosen.shape[0] < cap:
         extra = static_tier(freq, cap - chosen.shape[0], np.concatenate([gpu, chosen]))
         chosen = np.concatenate([chosen, extra])

@@ -100,7 +100,7 @@ class NeighborSampler:
     """
 
     def __init__(self, indptr: Any, indices: Any, fanouts: Sequence[int], num_threads: int | None = None) -> None:
-        from ...native import NativeNeighborSampler
+        from ...native.kernels import NeighborSampler as NativeNeighborSampler
 
         self.fanouts = check_fanouts(fanouts)
         threads = (os.cpu_count() or 1) if num_threads is None else int(num_threads)

@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ...native import _native
+from ...native.constants import DEFAULT_BOUNCE_BYTES
+from ...native.kernels import copy_rows
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
@@ -66,11 +67,9 @@ from ..formats.samples import Buffer, SampleRecord
 from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
 from .batches import Sample, batch_data
 
-# Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of this size:
-# the loader's own for one-request-per-row reads, and the native reader's for page-merged reads.
-BOUNCE_BYTES = 1 << 20
-# Longest run of adjacent pages the reader merges into one request for disk-cache rows.
-MERGE_BYTES = 256 << 10
+# Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of the
+# engine's DEFAULT_BOUNCE_BYTES (native/constants.h): the loader's own for one-request-per-row reads,
+# and the native reader's for page-merged reads (the reader's defaults, merge size included).
 # How often a blocked stage looks up from its queue to see whether the pipeline was stopped.
 _POLL_S = 0.05
 SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
@@ -78,13 +77,13 @@ SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
 
 # ---------------------------------------------------------------------------- the reader
 
-def make_reader(queue_depth: int = 64, threads: int = 4, direct: bool = True) -> DirectReader:
-    """The native direct-I/O reader (io_uring, else a pread pool), its row-read buffer bounded.
+def make_reader(direct: bool = True) -> DirectReader:
+    """The native direct-I/O reader (io_uring, else a pread pool) with the engine's defaults.
 
-    Its bounce buffer for page-merged row reads is `BOUNCE_BYTES`, which the memory budget counts.
+    Its bounce buffer for page-merged row reads is `DEFAULT_BOUNCE_BYTES`, which the memory budget
+    counts (`io_buffer_bytes`).
     """
-    return DirectReader(queue_depth=queue_depth, threads=threads, backend="auto", direct=direct,
-                        merge_bytes=MERGE_BYTES, bounce_bytes=BOUNCE_BYTES)
+    return DirectReader(backend="auto", direct=direct)
 
 
 def _open(reader: Any, path: Path) -> int:
@@ -100,7 +99,7 @@ def _open(reader: Any, path: Path) -> int:
 def io_buffer_bytes(row_reads: bool = True) -> int:
     """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
     dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
-    return 2 * BOUNCE_BYTES if row_reads else 0
+    return 2 * DEFAULT_BOUNCE_BYTES if row_reads else 0
 
 
 def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
@@ -431,7 +430,7 @@ class PackedLoader:
         if self._device_path:      # CPU-tier rows reach the device through a pinned buffer of their own
             self._tier_buffer = aligned_empty(cap)
             self._pin(self._tier_buffer)
-        self._bounce = aligned_empty(BOUNCE_BYTES)
+        self._bounce = aligned_empty(DEFAULT_BOUNCE_BYTES)
         if self.device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
 
@@ -747,7 +746,7 @@ class PackedLoader:
             if self._device_path:
                 self._place_device(x, slots, pc)
             else:
-                _native.copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
+                copy_rows(x, pc.pos, pc.rows, np.arange(pc.rows.shape[0], dtype=np.int64))
         if not pc.last:
             return None
         self._open_batch = None
@@ -759,7 +758,7 @@ class PackedLoader:
             x_t = x
         else:
             if rec.insert_pos.size:
-                _native.copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
+                copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
                                   np.ascontiguousarray(rec.insert_pos, np.int64))
             x_t = torch.from_numpy(x)
         self._tier_next = pc.batch + 1
@@ -774,7 +773,7 @@ class PackedLoader:
         for code, tier in ((SRC_GPU, self.gpu), (SRC_CPU, self.cpu)):
             pos = np.flatnonzero(rec.src == code)
             if pos.size:
-                _native.copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
+                copy_rows(x, pos, tier, np.ascontiguousarray(rec.idx[pos], np.int64))
         return x
 
     def _insert_slots(self, rec: IndexRecord) -> np.ndarray | None:
@@ -829,7 +828,7 @@ class PackedLoader:
             for a in range(0, cpos.size, per):
                 sel = cpos[a:a + per]
                 host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
-                _native.copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
+                copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
                                   np.ascontiguousarray(rec.idx[sel], np.int64))
                 x.index_copy_(0, self._to_device(sel), self._to_device(host))
                 if self._stream is not None:
@@ -845,7 +844,7 @@ class PackedLoader:
             to = slots[pc.pos]
             sel = np.flatnonzero(to >= 0)
             if sel.size:
-                _native.copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
+                copy_rows(self.cpu, np.ascontiguousarray(to[sel]), pc.rows, sel.astype(np.int64))
         if self._stream is not None:
             self._stream.synchronize()    # the staging buffer goes back to the pool
 

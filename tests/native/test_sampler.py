@@ -263,10 +263,10 @@ GOOD_INDICES = np.array([1, 2, 0, 0, 3], dtype=np.int32)
 
 
 @pytest.mark.parametrize(("indptr", "indices", "match"), [
-    (GOOD_INDPTR.astype(np.int32), GOOD_INDICES, "indptr must be int64, got int32"),
-    (GOOD_INDPTR, GOOD_INDICES.astype(np.float32), "indices must be int32 or int64, got float32"),
-    (GOOD_INDPTR, np.repeat(GOOD_INDICES, 2)[::2], "indices must be C-contiguous"),
-    (GOOD_INDPTR.reshape(1, -1), GOOD_INDICES, "indptr must be 1-D"),
+    (GOOD_INDPTR.astype(np.int32), GOOD_INDICES, "indptr: expected dtype int64, got int32"),
+    (GOOD_INDPTR, GOOD_INDICES.astype(np.float32), "indices: expected dtype int32 or int64, got float32"),
+    (GOOD_INDPTR, np.repeat(GOOD_INDICES, 2)[::2], "indices: expected a C-contiguous array"),
+    (GOOD_INDPTR.reshape(1, -1), GOOD_INDICES, "indptr: expected a 1-D array"),
     (np.array([0, 3, 2, 5, 5]), GOOD_INDICES, r"indptr is not non-decreasing: indptr\[2\] = 2 < indptr\[1\] = 3"),
     (np.array([0, 2, 3, 5, 6]), GOOD_INDICES, r"indptr\[-1\] = 6 does not match len\(indices\) = 5"),
     (np.array([1, 2, 3, 5, 5]), GOOD_INDICES, r"indptr\[0\] must be 0"),
@@ -280,7 +280,7 @@ def test_bad_graph(indptr: np.ndarray, indices: np.ndarray, match: str) -> None:
     (np.array([1, 4]), r"seeds\[1\] = 4 is out of range \[0, 4\)"),
     (np.array([-1]), r"seeds\[0\] = -1 is out of range"),
     (np.array([2, 0, 2]), r"seeds\[2\] = 2 duplicates seeds\[0\]"),
-    (np.array([0.0, 1.0]), "seeds must be int64, got float64"),
+    (np.array([0.0, 1.0]), "seeds: expected dtype int64, got float64"),
 ], ids=["too-big", "negative", "duplicate", "float"])
 def test_bad_seeds(seeds: np.ndarray, match: str) -> None:
     sampler = NeighborSampler(GOOD_INDPTR, GOOD_INDICES, [2, 2], 2)

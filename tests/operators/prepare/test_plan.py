@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from diskflow.native import _native
+from diskflow.native import kernels
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, SuperbatchPlan
 from diskflow.operators.prepare.plan import (
@@ -344,15 +344,15 @@ def test_bad_input_is_refused() -> None:
 def test_native_binding_checks_arrays_without_copying() -> None:
     nodes, offsets, empty = ids(1, 2), ids(0, 2), NO_GPU
     with pytest.raises(ValueError, match="nodes: expected dtype int64, got int32"):
-        _native.belady_plan(nodes.astype(np.int32), offsets, 1, 0, empty, empty, None)
+        kernels.belady_plan(nodes.astype(np.int32), offsets, 1, 0, empty, empty, None)
     with pytest.raises(ValueError, match="nodes: expected a C-contiguous array"):
-        _native.belady_plan(ids(1, 0, 2, 0)[::2], offsets, 1, 0, empty, empty, None)
+        kernels.belady_plan(ids(1, 0, 2, 0)[::2], offsets, 1, 0, empty, empty, None)
     with pytest.raises(ValueError, match="offsets: last offset 2 != number of accesses 3"):
-        _native.belady_plan(ids(1, 2, 3), offsets, 1, 0, empty, empty, None)
+        kernels.belady_plan(ids(1, 2, 3), offsets, 1, 0, empty, empty, None)
     with pytest.raises(ValueError, match="n_plan: 2 is not in"):
-        _native.belady_plan(nodes, offsets, 2, 0, empty, empty, None)
+        kernels.belady_plan(nodes, offsets, 2, 0, empty, empty, None)
     with pytest.raises(ValueError, match="frequency: expected a numpy array"):
-        _native.belady_plan(nodes, offsets, 1, 0, empty, empty, [1, 2, 3])
+        kernels.belady_plan(nodes, offsets, 1, 0, empty, empty, [1, 2, 3])
 
 
 def test_plan_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
@@ -393,7 +393,7 @@ def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
     batches, lookahead = trace[:6], trace[6:10]
     nodes = np.concatenate(batches + lookahead)
     offsets = np.r_[0, np.cumsum([b.shape[0] for b in batches + lookahead])].astype(np.int64)
-    one = _native.belady_plan(nodes, offsets, len(batches), cap,
+    one = kernels.belady_plan(nodes, offsets, len(batches), cap,
                               np.full(cap, -1, np.int64) if init is None else init, gpu, freq)
     prebuilt = trace_window(batches, lookahead, gpu, freq.shape[0])
     two = plan_belady(batches, [], cap, init, gpu, freq, trace=prebuilt)

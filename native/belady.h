@@ -1,0 +1,71 @@
+// Belady CPU-cache planner engine (Ginex §3.4, batch-granular, with bypass): plain C++ over raw
+// arrays; bindings.cpp checks the numpy arrays, allocates the outputs and releases the GIL. See
+// belady.cpp for the model and the algorithm.
+//
+// A trace is a concatenation of batches: `nodes` holds every batch's node ids (unique within a
+// batch), `offsets` [B + 1] cuts it into batches. The first `n_plan` batches are planned, the rest
+// is lookahead. Per planned access the plan says where the row is read from (src: 0 GPU tier,
+// 1 CPU cache, 2 miss) and at which index (idx: GPU slot, CPU slot, or the miss's rank in its
+// batch); per batch, which missed rows are inserted into which CPU slots.
+//
+// Errors: std::invalid_argument naming the input and the offending entry.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace diskflow {
+
+// A read-only view of a 1-D array.
+template <typename T>
+struct View {
+    const T* data = nullptr;
+    int64_t size = 0;
+    const T& operator[](int64_t i) const { return data[i]; }
+};
+
+// first_use / next_use entry of a node with no use inside the window.
+constexpr int32_t kBeladyNoUse = std::numeric_limits<int32_t>::max();
+
+// What a plan holds besides its per-access src/idx (which are written to caller memory).
+struct BeladyPlan {
+    std::vector<int64_t> ins_pos;      // per insert: position of the missed row in its batch
+    std::vector<int64_t> ins_slot;     // per insert: the CPU slot it goes to
+    std::vector<int64_t> ins_off;      // [n_plan + 1]: the inserts of batch b are [ins_off[b], ins_off[b+1])
+    std::vector<int64_t> final_cache;  // [capacity]: node per slot after the last planned batch, -1 empty
+    int64_t hits = 0, misses = 0, gpu_hits = 0;
+};
+
+// The accesses of the first `n_plan` batches: the length of a plan's src/idx. Checks `offsets`
+// against the trace's `total` accesses and `n_plan` against the number of batches.
+int64_t belady_planned_accesses(View<int64_t> offsets, int64_t total, int64_t n_plan);
+
+// The plan of the first `n_plan` batches with a CPU cache of `capacity` slots starting as
+// `init_cache` (node per slot, -1 empty), never caching the sorted unique `gpu_ids`. `frequency`
+// (per-node access counts [N], or nullptr) breaks ties between rows with no use in the window.
+// `src`, `idx`: belady_planned_accesses(offsets, nodes.size, n_plan) entries each.
+void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int64_t capacity,
+                 View<int64_t> init_cache, View<int64_t> gpu_ids, const View<int64_t>* frequency, uint8_t* src,
+                 int64_t* idx, BeladyPlan& out);
+
+// The window trace of the node-indexed planner (belady_simulate), independent of the cache, so it
+// can be built ahead: next use per planned access (`next_use`, planned accesses), first use per
+// node (`first_use`, num_nodes entries, kBeladyNoUse = none) and GPU slot per planned access
+// (`gpu_slot`, planned accesses; not written when gpu_ids is empty).
+void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,
+                  int64_t num_nodes, int32_t* next_use, int32_t* first_use, int32_t* gpu_slot);
+
+// belady_plan's result for the planned batches (`nodes`/`offsets`: those batches only) of a window
+// of `n_window` batches traced by belady_trace; `frequency` is required. `src`, `idx`: nodes.size
+// entries each.
+void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, View<int64_t> frequency, View<int32_t> next_use,
+                     View<int32_t> first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
+
+// The (at most) `capacity` non-GPU nodes of the trace with the soonest first use (then the higher
+// frequency, then the lower id), best first.
+std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
+                                         View<int64_t> gpu_ids, const View<int64_t>* frequency);
+
+}  // namespace diskflow

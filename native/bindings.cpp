@@ -1,0 +1,525 @@
+// The Python binding of the native engine (pybind11): the one file that knows about Python.
+//
+// The engine files (reader, sampler, belady, rows, uring) are plain C++ over raw pointers. This file
+//   * checks every array argument (dtype, dimensions, C-contiguity, writability) and hands the
+//     engine raw pointers into the caller's memory, without copying;
+//   * releases the GIL around every engine call that may take long (all of them but the trivial
+//     getters), so loader, sampler and planner threads run beside the Python interpreter;
+//   * wraps engine outputs as numpy arrays that own the engine's buffers (zero-copy);
+//   * maps the engine's exceptions to Python's: IoError -> OSError(errno, message, path) or
+//     ShortReadError (an OSError subclass); std::invalid_argument -> ValueError;
+//     std::out_of_range -> IndexError; std::bad_alloc -> MemoryError (the last three by pybind11);
+//   * exports the named constants of constants.h (read in Python through diskflow.native.constants).
+//
+// Use the kernels through their Python wrappers (diskflow.native: kernels.py, reader.py), never
+// `_native` directly: the wrappers document and type them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "belady.h"
+#include "constants.h"
+#include "reader.h"
+#include "rows.h"
+#include "sampler.h"
+#include "uring.h"
+
+namespace py = pybind11;
+
+namespace diskflow {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Array checks: zero-copy views of the caller's arrays, or ValueError naming the argument.
+
+template <typename T>
+const char* dtype_name();
+template <>
+const char* dtype_name<int64_t>() { return "int64"; }
+template <>
+const char* dtype_name<int32_t>() { return "int32"; }
+
+// Whether `a` has dtype T. Equivalent, not identical: an array that crossed a pickle (a Dask
+// worker) carries an equal dtype object of its own.
+template <typename T>
+bool has_dtype(const py::array& a) {
+    return py::detail::npy_api::get().PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<T>().ptr());
+}
+
+std::string dtype_str(const py::array& a) { return py::str(py::object(a.dtype())).cast<std::string>(); }
+
+// `obj` as a numpy array; `expected` says of what, for the error.
+py::array as_array(const py::object& obj, const char* name, const std::string& expected) {
+    if (!py::isinstance<py::array>(obj)) {
+        throw py::value_error(std::string(name) + ": expected a numpy array of " + expected + ", got " +
+                              std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+    }
+    return py::reinterpret_borrow<py::array>(obj);
+}
+
+// The array must have `ndim` dimensions and be C-contiguous.
+void check_layout(const py::array& a, const char* name, py::ssize_t ndim) {
+    if (a.ndim() != ndim) {
+        throw py::value_error(std::string(name) + ": expected a " + std::to_string(ndim) + "-D array, got " +
+                              std::to_string(a.ndim()) + " dimensions");
+    }
+    if (!(a.flags() & py::array::c_style)) {
+        throw py::value_error(std::string(name) +
+                              ": expected a C-contiguous array (pass np.ascontiguousarray(...))");
+    }
+}
+
+// A 1-D C-contiguous array of exactly dtype T, viewed in place.
+template <typename T>
+View<T> input(const py::object& obj, const char* name) {
+    py::array a = as_array(obj, name, dtype_name<T>());
+    if (!has_dtype<T>(a)) {
+        throw py::value_error(std::string(name) + ": expected dtype " + dtype_name<T>() + ", got " + dtype_str(a));
+    }
+    check_layout(a, name, 1);
+    return View<T>{static_cast<const T*>(a.data()), static_cast<int64_t>(a.shape(0))};
+}
+
+// As `input`, for an argument that may be None (then `*present` is false and the view empty).
+template <typename T>
+View<T> optional_input(const py::object& obj, const char* name, bool* present) {
+    *present = !obj.is_none();
+    return *present ? input<T>(obj, name) : View<T>{};
+}
+
+// A 2-D C-contiguous matrix as rows of bytes (any dtype); `writable` for destinations.
+RowMatrix matrix(const py::object& obj, const char* name, bool writable) {
+    py::array a = as_array(obj, name, "rows");
+    check_layout(a, name, 2);
+    if (writable && !a.writeable()) throw py::value_error(std::string(name) + ": the array is read-only");
+    return {static_cast<char*>(const_cast<void*>(a.data())), static_cast<int64_t>(a.shape(0)),
+            static_cast<int64_t>(a.shape(1)) * static_cast<int64_t>(a.itemsize())};
+}
+
+// The raw pointer and size of a writable, C-contiguous uint8 buffer (numpy array, memoryview...).
+struct OutBuffer {
+    py::buffer_info info;
+    uint8_t* ptr;
+    int64_t nbytes;
+};
+
+OutBuffer out_buffer(const py::buffer& out, const char* what) {
+    py::buffer_info info = out.request(true);  // writable, or BufferError
+    if (info.itemsize != 1 || (info.format != "B" && info.format != "b" && info.format != "c")) {
+        throw py::value_error(std::string(what) + ": expected a uint8 buffer, got format '" + info.format + "'");
+    }
+    int64_t expect = 1;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+        if (info.shape[d] > 1 && info.strides[d] != expect) {
+            throw py::value_error(std::string(what) + ": the buffer must be C-contiguous");
+        }
+        expect *= info.shape[d];
+    }
+    auto* ptr = static_cast<uint8_t*>(info.ptr);
+    int64_t nbytes = info.size;
+    return OutBuffer{std::move(info), ptr, nbytes};
+}
+
+// Integer request arrays of the reader: any integer array, converted to int64 when it is not.
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// ---------------------------------------------------------------------------------------------
+// Engine outputs as numpy arrays that own the engine's buffers (no copy).
+
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+    auto* heap_vec = new std::vector<T>(std::move(v));
+    py::capsule owner(heap_vec, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    return py::array_t<T>({static_cast<py::ssize_t>(heap_vec->size())}, {sizeof(T)}, heap_vec->data(), owner);
+}
+
+py::array_t<int64_t> to_numpy(std::unique_ptr<int64_t[]> data, std::vector<py::ssize_t> shape) {
+    if (!data) return py::array_t<int64_t>(std::move(shape));  // empty
+    int64_t* raw = data.release();
+    py::capsule owner(raw, [](void* p) { delete[] static_cast<int64_t*>(p); });
+    return py::array_t<int64_t>(std::move(shape), raw, owner);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exceptions.
+
+// Python type of short-read errors (an OSError subclass), created at module initialisation.
+PyObject* g_short_read_error = nullptr;
+
+void register_exceptions(py::module_& m) {
+    g_short_read_error = PyErr_NewExceptionWithDoc(
+        "diskflow.native._native.ShortReadError",
+        "A read met the end of the file before the requested length (an OSError, errno EIO).", PyExc_OSError,
+        nullptr);
+    if (g_short_read_error == nullptr) throw py::error_already_set();
+    m.attr("ShortReadError") = py::handle(g_short_read_error);
+
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const IoError& e) {
+            PyObject* type = e.short_read() ? g_short_read_error : PyExc_OSError;
+            py::tuple args = e.path().empty() ? py::tuple(py::make_tuple(e.err(), e.what()))
+                                              : py::tuple(py::make_tuple(e.err(), e.what(), e.path()));
+            PyErr_SetObject(type, args.ptr());
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Constants (constants.h), read in Python through diskflow.native.constants.
+
+void register_constants(py::module_& m) {
+    m.attr("ALIGN") = kAlign;
+    m.attr("MAX_REQUEST_BYTES") = kMaxRequestBytes;
+    m.attr("DEFAULT_QUEUE_DEPTH") = kDefaultQueueDepth;
+    m.attr("DEFAULT_THREADS") = kDefaultThreads;
+    m.attr("DEFAULT_MERGE_BYTES") = kDefaultMergeBytes;
+    m.attr("DEFAULT_BOUNCE_BYTES") = kDefaultBounceBytes;
+    m.attr("BELADY_NO_USE") = kBeladyNoUse;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct-I/O reader (reader.h).
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+void reader_read(Reader& r, const I64Array& handles, const I64Array& offsets, const I64Array& lengths,
+                 const py::buffer& out, const I64Array& out_offsets) {
+    const int64_t n = offsets.size();
+    if (handles.size() != n || lengths.size() != n || out_offsets.size() != n) {
+        throw py::value_error("read: handles, offsets, lengths and out_offsets must have the same length (" +
+                              std::to_string(handles.size()) + ", " + std::to_string(n) + ", " +
+                              std::to_string(lengths.size()) + ", " + std::to_string(out_offsets.size()) + ")");
+    }
+    OutBuffer buf = out_buffer(out, "read: out");
+    py::gil_scoped_release release;
+    r.read(handles.data(), offsets.data(), lengths.data(), out_offsets.data(), n, buf.ptr, buf.nbytes);
+}
+
+void reader_read_rows(Reader& r, int64_t handle, const I64Array& row_offsets, int64_t row_bytes,
+                      const py::buffer& out) {
+    OutBuffer buf = out_buffer(out, "read_rows: out");
+    py::gil_scoped_release release;
+    r.read_rows(handle, row_offsets.data(), row_offsets.size(), row_bytes, buf.ptr, buf.nbytes);
+}
+
+py::dict reader_counters(Reader& r) {
+    ReaderCounters c = r.counters();
+    py::dict d;
+    d["bytes_requested"] = static_cast<double>(c.bytes_requested);
+    d["bytes_read"] = static_cast<double>(c.bytes_read);
+    d["requests"] = static_cast<double>(c.requests);
+    d["seconds"] = c.seconds;
+    return d;
+}
+
+// A kAlign-aligned, zero-filled uint8 array of `nbytes` (an anonymous mapping, unmapped with the array).
+py::array aligned_empty(int64_t nbytes) {
+    size_t mapped = 0;
+    void* p = alloc_aligned(nbytes, &mapped);
+    auto* owner = new std::pair<void*, size_t>(p, mapped);
+    py::capsule free_when_done(owner, [](void* o) {
+        auto* m = static_cast<std::pair<void*, size_t>*>(o);
+        free_aligned(m->first, m->second);
+        delete m;
+    });
+    return py::array(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(nbytes)}, {py::ssize_t{1}},
+                     static_cast<uint8_t*>(p), free_when_done);
+}
+
+void register_reader(py::module_& m) {
+    py::class_<Reader>(m, "DirectReader", "Direct-I/O reader (use diskflow.native.reader.DirectReader).")
+        .def(py::init([](int queue_depth, int threads, const std::string& backend, bool direct, int64_t merge_bytes,
+                         int64_t bounce_bytes) {
+                 py::gil_scoped_release release;  // the io_uring probe and ring setup are system calls
+                 auto r = std::make_unique<Reader>(queue_depth, threads, backend, direct);
+                 r->set_merge_bytes(merge_bytes, bounce_bytes);
+                 return r;
+             }),
+             py::arg("queue_depth") = kDefaultQueueDepth, py::arg("threads") = kDefaultThreads,
+             py::arg("backend") = "auto", py::arg("direct") = true, py::arg("merge_bytes") = kDefaultMergeBytes,
+             py::arg("bounce_bytes") = kDefaultBounceBytes)
+        .def_property_readonly("backend", &Reader::backend)
+        .def_property_readonly("fallback_reason", &Reader::fallback_reason)
+        .def_property_readonly("queue_depth", &Reader::queue_depth)
+        .def_property_readonly("threads", &Reader::threads)
+        .def_property_readonly("merge_bytes",
+                               [](Reader& r) {
+                                   py::gil_scoped_release release;  // waits for the reader's lock
+                                   return r.merge_bytes();
+                               })
+        .def_property_readonly("bounce_bytes",
+                               [](Reader& r) {
+                                   py::gil_scoped_release release;
+                                   return r.bounce_bytes();
+                               })
+        .def(
+            "open",
+            [](Reader& r, const std::string& path) {
+                OpenedFile f = r.open(path);
+                return std::make_tuple(f.handle, f.direct, f.refused);
+            },
+            py::arg("path"), Release(), "(handle, direct, why O_DIRECT was refused or '')")
+        .def("is_direct", &Reader::is_direct, py::arg("handle"), Release())
+        .def("path_of", &Reader::path_of, py::arg("handle"), Release())
+        .def("close_file", &Reader::close_file, py::arg("handle"), Release())
+        .def("read", &reader_read, py::arg("handles"), py::arg("offsets"), py::arg("lengths"), py::arg("out"),
+             py::arg("out_offsets"))
+        .def("read_rows", &reader_read_rows, py::arg("handle"), py::arg("row_offsets"), py::arg("row_bytes"),
+             py::arg("out"))
+        .def("set_merge_bytes", &Reader::set_merge_bytes, py::arg("merge_bytes"), py::arg("bounce_bytes"), Release())
+        .def("counters", &reader_counters)
+        .def("reset_counters", &Reader::reset_counters)
+        .def("close", &Reader::close, Release());
+    m.def("aligned_empty", &aligned_empty, py::arg("nbytes"), "A 4096-aligned uint8 array of nbytes bytes.");
+    m.def(
+        "uring_unavailable", [] { return uring_unavailable(); }, Release(),
+        "'' when io_uring is usable in this process (probed once), else why not.");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Neighbor sampler (sampler.h).
+
+// The engine and the caller's graph arrays it reads in place, kept alive as long as it lives.
+struct PySampler {
+    py::array indptr, indices;
+    std::unique_ptr<NeighborSampler> engine;
+};
+
+std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std::vector<int64_t> fanouts,
+                                        int num_threads) {
+    if (!has_dtype<int64_t>(indptr)) throw py::value_error("indptr: expected dtype int64, got " + dtype_str(indptr));
+    check_layout(indptr, "indptr", 1);
+    if (indptr.size() < 1) throw py::value_error("indptr: must have N+1 >= 1 entries, got 0");
+    const bool indices64 = has_dtype<int64_t>(indices);
+    if (!indices64 && !has_dtype<int32_t>(indices)) {
+        throw py::value_error("indices: expected dtype int32 or int64, got " + dtype_str(indices));
+    }
+    check_layout(indices, "indices", 1);
+    auto s = std::make_unique<PySampler>();
+    const auto* indptr_ptr = static_cast<const int64_t*>(indptr.data());
+    const int64_t num_nodes = static_cast<int64_t>(indptr.size()) - 1;
+    const void* indices_ptr = indices.data();
+    const int64_t num_edges = static_cast<int64_t>(indices.size());
+    s->indptr = std::move(indptr);
+    s->indices = std::move(indices);
+    {
+        py::gil_scoped_release release;  // the constructor checks indptr in one pass
+        s->engine = std::make_unique<NeighborSampler>(indptr_ptr, num_nodes, indices_ptr, indices64, num_edges,
+                                                      std::move(fanouts), num_threads);
+    }
+    return s;
+}
+
+py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed) {
+    if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
+    check_layout(seeds, "seeds", 1);
+    SampledSubgraph g;
+    {
+        py::gil_scoped_release release;
+        g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed);
+    }
+    return py::make_tuple(to_numpy(std::move(g.n_id), {static_cast<py::ssize_t>(g.num_nodes)}),
+                          to_numpy(std::move(g.edge_index), {2, static_cast<py::ssize_t>(g.num_edges)}),
+                          py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
+}
+
+void register_sampler(py::module_& m) {
+    py::class_<PySampler>(m, "NeighborSampler", R"doc(
+Uniform multi-hop neighbor sampler over a CSC graph (PyG NeighborLoader semantics).
+
+Args:
+    indptr: int64 [N+1], C-contiguous; referenced, not copied.
+    indices: int32 or int64 [E], C-contiguous; source node of every in-edge, grouped by destination.
+    fanouts: per hop, neighbours to sample per frontier node (-1 = all).
+    num_threads: worker threads per hop (the output does not depend on it).
+)doc")
+        .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"), py::arg("fanouts"),
+             py::arg("num_threads") = 1)
+        .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), R"doc(
+Sample the subgraph around unique int64 `seeds`; deterministic in `seed`.
+
+Returns:
+    (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)
+)doc")
+        .def_property_readonly("num_nodes", [](const PySampler& s) { return s.engine->num_nodes(); })
+        .def_property_readonly("num_edges", [](const PySampler& s) { return s.engine->num_edges(); })
+        .def_property_readonly("fanouts", [](const PySampler& s) { return s.engine->fanouts(); })
+        .def_property_readonly("num_threads", [](const PySampler& s) { return s.engine->num_threads(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Belady planner (belady.h).
+
+py::dict plan_dict(py::array_t<uint8_t>&& src, py::array_t<int64_t>&& idx, BeladyPlan& out) {
+    py::dict d;
+    d["src"] = src;
+    d["idx"] = idx;
+    d["insert_pos"] = to_numpy(std::move(out.ins_pos));
+    d["insert_slot"] = to_numpy(std::move(out.ins_slot));
+    d["insert_offsets"] = to_numpy(std::move(out.ins_off));
+    d["final_cache"] = to_numpy(std::move(out.final_cache));
+    d["hits"] = out.hits;
+    d["misses"] = out.misses;
+    d["gpu_hits"] = out.gpu_hits;
+    return d;
+}
+
+py::dict belady_plan_py(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan, int64_t capacity,
+                        const py::object& init_obj, const py::object& gpu_obj, const py::object& freq_obj) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets");
+    const auto init_cache = input<int64_t>(init_obj, "init_cache");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
+    bool has_freq;
+    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
+    const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
+    py::array_t<uint8_t> src(plan_end);
+    py::array_t<int64_t> idx(plan_end);
+    uint8_t* src_p = src.mutable_data();
+    int64_t* idx_p = idx.mutable_data();
+    BeladyPlan out;
+    {
+        py::gil_scoped_release release;
+        belady_plan(nodes, offsets, n_plan, capacity, init_cache, gpu_ids, has_freq ? &freq : nullptr, src_p, idx_p,
+                    out);
+    }
+    return plan_dict(std::move(src), std::move(idx), out);
+}
+
+py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan,
+                         const py::object& gpu_obj, int64_t num_nodes) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
+    const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
+    py::array_t<int32_t> next_use(plan_end);
+    py::array_t<int32_t> first_use(std::max<int64_t>(num_nodes, 0));  // negative: the engine says so
+    py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
+    int32_t* nu = next_use.mutable_data();
+    int32_t* fu = first_use.mutable_data();
+    int32_t* gs = gpu_slot.mutable_data();
+    {
+        py::gil_scoped_release release;
+        belady_trace(nodes, offsets, n_plan, gpu_ids, num_nodes, nu, fu, gs);
+    }
+    py::dict d;
+    d["next_use"] = next_use;
+    d["first_use"] = first_use;
+    d["gpu_slot"] = gpu_slot;
+    return d;
+}
+
+py::dict belady_simulate_py(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_window,
+                            int64_t capacity, const py::object& init_obj, const py::object& gpu_obj,
+                            const py::object& freq_obj, const py::object& next_obj, const py::object& first_obj,
+                            const py::object& gslot_obj) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets");
+    const auto init_cache = input<int64_t>(init_obj, "init_cache");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
+    const auto freq = input<int64_t>(freq_obj, "frequency");
+    const auto next_use = input<int32_t>(next_obj, "next_use");
+    const auto first_use = input<int32_t>(first_obj, "first_use");
+    const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot");
+    py::array_t<uint8_t> src(nodes.size);
+    py::array_t<int64_t> idx(nodes.size);
+    uint8_t* src_p = src.mutable_data();
+    int64_t* idx_p = idx.mutable_data();
+    BeladyPlan out;
+    {
+        py::gil_scoped_release release;
+        belady_simulate(nodes, offsets, n_window, capacity, init_cache, gpu_ids, freq, next_use, first_use, gpu_slot,
+                        src_p, idx_p, out);
+    }
+    return plan_dict(std::move(src), std::move(idx), out);
+}
+
+py::array_t<int64_t> belady_initial_fill_py(const py::object& nodes_obj, const py::object& offsets_obj,
+                                            int64_t capacity, const py::object& gpu_obj, const py::object& freq_obj) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes");
+    const auto offsets = input<int64_t>(offsets_obj, "offsets");
+    const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
+    bool has_freq;
+    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
+    std::vector<int64_t> chosen;
+    {
+        py::gil_scoped_release release;
+        chosen = belady_initial_fill(nodes, offsets, capacity, gpu_ids, has_freq ? &freq : nullptr);
+    }
+    return to_numpy(std::move(chosen));
+}
+
+void register_belady(py::module_& m) {
+    m.def("belady_plan", &belady_plan_py, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"),
+          py::arg("capacity"), py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"),
+          "Belady CPU-cache plan of the first n_plan batches of a concatenated trace (the rest is lookahead).\n"
+          "nodes/offsets/init_cache/gpu_ids/frequency: int64 1-D C-contiguous (frequency may be None).\n"
+          "Returns a dict: src (uint8), idx, insert_pos, insert_slot, insert_offsets, final_cache (int64),\n"
+          "hits, misses, gpu_hits. Raises ValueError on bad input.");
+    m.def("belady_trace", &belady_trace_py, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"),
+          py::arg("gpu_ids"), py::arg("num_nodes"),
+          "The window trace of the dense planner: next_use (int32 per access of the first n_plan batches),\n"
+          "first_use (int32 [num_nodes], BELADY_NO_USE = unused) and gpu_slot (int32 per planned access,\n"
+          "empty without a GPU tier). Raises ValueError on bad input.");
+    m.def("belady_simulate", &belady_simulate_py, py::arg("nodes"), py::arg("offsets"), py::arg("n_window"),
+          py::arg("capacity"), py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"), py::arg("next_use"),
+          py::arg("first_use"), py::arg("gpu_slot"),
+          "belady_plan's result for the planned batches (nodes/offsets) of a window traced by belady_trace;\n"
+          "n_window: batches of the whole window. Raises ValueError on bad input.");
+    m.def("belady_initial_fill", &belady_initial_fill_py, py::arg("nodes"), py::arg("offsets"), py::arg("capacity"),
+          py::arg("gpu_ids"), py::arg("frequency"),
+          "The <= capacity non-GPU nodes of the trace with the soonest first use (then higher frequency,\n"
+          "then lower id), best first. Raises ValueError on bad input.");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row copies (rows.h).
+
+void copy_rows_py(const py::object& out, const py::object& out_pos, const py::object& src,
+                  const py::object& src_rows) {
+    const RowMatrix o = matrix(out, "out", true);
+    const RowMatrix s = matrix(src, "src", false);
+    const py::array out_a = py::reinterpret_borrow<py::array>(out), src_a = py::reinterpret_borrow<py::array>(src);
+    if (!out_a.dtype().is(src_a.dtype()) &&
+        !py::detail::npy_api::get().PyArray_EquivTypes_(out_a.dtype().ptr(), src_a.dtype().ptr())) {
+        throw py::value_error("src: dtype " + dtype_str(src_a) + " differs from out's " + dtype_str(out_a));
+    }
+    const auto op = input<int64_t>(out_pos, "out_pos");
+    const auto sp = input<int64_t>(src_rows, "src_rows");
+    if (op.size != sp.size) {
+        throw py::value_error("out_pos and src_rows differ in length (" + std::to_string(op.size) + " and " +
+                              std::to_string(sp.size) + ")");
+    }
+    py::gil_scoped_release release;
+    copy_rows(o, op.data, s, sp.data, op.size);
+}
+
+void register_rows(py::module_& m) {
+    m.def("copy_rows", &copy_rows_py, py::arg("out"), py::arg("out_pos"), py::arg("src"), py::arg("src_rows"),
+          "out[out_pos[i]] = src[src_rows[i]] for every i: 2-D C-contiguous matrices of one dtype and width,\n"
+          "int64 positions; one memcpy per row, GIL released. Raises ValueError on mismatched arrays and\n"
+          "IndexError (before copying anything) on a position out of range.");
+}
+
+}  // namespace
+}  // namespace diskflow
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, row copies, Belady";
+    diskflow::register_exceptions(m);
+    diskflow::register_constants(m);
+    diskflow::register_sampler(m);
+    diskflow::register_belady(m);
+    diskflow::register_reader(m);
+    diskflow::register_rows(m);
+}

@@ -1,0 +1,191 @@
+"""Thin, typed Python wrappers of the native kernels (`_native`, built from `native/*.cpp`).
+
+Operators call these, never `_native` itself: each wrapper states its arguments and results in
+Python's terms, and the binding (`native/bindings.cpp`) checks the arrays, releases the GIL and
+maps the engine's errors (ValueError for bad input, IndexError for a row position out of range).
+No wrapper copies its arrays: they are passed to the engine as they are, so they must already have
+the dtype and layout stated (1-D C-contiguous int64 unless said otherwise).
+
+Kernels:
+    NeighborSampler: multi-hop uniform neighbor sampling (sampler.cpp); operators use it through
+        `diskflow.operators.prepare.sample.NeighborSampler`, which checks fanouts and converts seeds.
+    belady_plan, belady_trace, belady_simulate, belady_initial_fill: the Belady CPU-cache planner
+        (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
+    copy_rows: one-pass row gather/scatter between feature matrices (rows.cpp).
+
+The direct-I/O reader has its own wrapper module, `diskflow.native.reader`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypedDict
+
+import numpy as np
+
+from . import _native
+
+
+class NeighborSampler:
+    """Uniform multi-hop neighbor sampler over a CSC graph (PyG NeighborLoader semantics).
+
+    Args:
+        indptr: int64 [N+1], C-contiguous; referenced, not copied (kept alive by the sampler).
+        indices: int32 or int64 [E], C-contiguous; the source node of every in-edge, grouped by
+            destination; referenced, not copied.
+        fanouts: per hop, neighbours to sample per frontier node (-1 = all).
+        num_threads: worker threads per hop (the output does not depend on it).
+
+    Raises:
+        ValueError: arrays of the wrong dtype or layout, an inconsistent indptr, bad fanouts.
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: Sequence[int], num_threads: int = 1) -> None:
+        self._impl = _native.NeighborSampler(indptr, indices, [int(f) for f in fanouts], int(num_threads))
+
+    @property
+    def num_nodes(self) -> int:
+        """N, the graph's node count."""
+        return int(self._impl.num_nodes)
+
+    @property
+    def num_edges(self) -> int:
+        """E, the graph's edge count."""
+        return int(self._impl.num_edges)
+
+    @property
+    def fanouts(self) -> list[int]:
+        """Neighbours sampled per frontier node, per hop (-1 = all)."""
+        return list(self._impl.fanouts)
+
+    @property
+    def num_threads(self) -> int:
+        """Worker threads per hop."""
+        return int(self._impl.num_threads)
+
+    def sample(self, seeds: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int).
+
+        Returns:
+            (n_id int64 [n], edge_index int64 [2, e] of local ids, num_sampled_nodes per hop with the
+            seeds first, num_sampled_edges per hop). The arrays own their memory (no copy was made).
+
+        Raises:
+            ValueError: seeds not int64, out of range or repeated; a corrupt `indices` entry.
+        """
+        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed))
+        return n_id, edge_index, list(nodes), list(edges)
+
+
+class BeladyPlanArrays(TypedDict):
+    """A Belady plan as the kernel returns it (see `diskflow.operators.prepare.plan`)."""
+
+    src: np.ndarray             # uint8 per planned access: 0 GPU tier, 1 CPU cache, 2 miss
+    idx: np.ndarray             # int64 per planned access: GPU slot, CPU slot or the miss's rank
+    insert_pos: np.ndarray      # int64 per insert: position of the missed row in its batch
+    insert_slot: np.ndarray     # int64 per insert: the CPU slot it goes to
+    insert_offsets: np.ndarray  # int64 [n_plan + 1]: each batch's inserts
+    final_cache: np.ndarray     # int64 [capacity]: node per slot after the plan, -1 empty
+    hits: int
+    misses: int
+    gpu_hits: int
+
+
+class BeladyTraceArrays(TypedDict):
+    """A window trace for `belady_simulate`."""
+
+    next_use: np.ndarray   # int32 per planned access: the next window batch using its node
+    first_use: np.ndarray  # int32 [num_nodes]: first window batch using each node (BELADY_NO_USE: none)
+    gpu_slot: np.ndarray   # int32 per planned access: GPU slot or -1 (empty without a GPU tier)
+
+
+def belady_plan(nodes: np.ndarray, offsets: np.ndarray, n_plan: int, capacity: int, init_cache: np.ndarray,
+                gpu_ids: np.ndarray, frequency: np.ndarray | None) -> BeladyPlanArrays:
+    """Belady CPU-cache plan of the first `n_plan` batches of a trace (the rest is lookahead).
+
+    Args:
+        nodes: every batch's node ids, concatenated (unique within a batch).
+        offsets: [B + 1] batch boundaries in `nodes`.
+        n_plan: batches to plan (<= B).
+        capacity: CPU-cache slots.
+        init_cache: [capacity] node per slot, -1 empty.
+        gpu_ids: sorted unique node ids of the GPU tier (never cached on the CPU).
+        frequency: per-node access counts [N] to rank rows with no use in the window, or None.
+
+    Raises:
+        ValueError: malformed arrays or ids.
+    """
+    out: BeladyPlanArrays = _native.belady_plan(nodes, offsets, int(n_plan), int(capacity), init_cache, gpu_ids,
+                                                frequency)
+    return out
+
+
+def belady_trace(nodes: np.ndarray, offsets: np.ndarray, n_plan: int, gpu_ids: np.ndarray,
+                 num_nodes: int) -> BeladyTraceArrays:
+    """The window trace of the node-indexed planner, built ahead of `belady_simulate`.
+
+    Args:
+        nodes, offsets: the window (planned batches, then lookahead), as for `belady_plan`.
+        n_plan: the planned batches.
+        gpu_ids: sorted unique node ids of the GPU tier.
+        num_nodes: N (ids must be below it).
+
+    Raises:
+        ValueError: malformed arrays or ids.
+    """
+    out: BeladyTraceArrays = _native.belady_trace(nodes, offsets, int(n_plan), gpu_ids, int(num_nodes))
+    return out
+
+
+def belady_simulate(nodes: np.ndarray, offsets: np.ndarray, n_window: int, capacity: int, init_cache: np.ndarray,
+                    gpu_ids: np.ndarray, frequency: np.ndarray, next_use: np.ndarray, first_use: np.ndarray,
+                    gpu_slot: np.ndarray) -> BeladyPlanArrays:
+    """`belady_plan`'s result for the planned batches of a window traced by `belady_trace`.
+
+    Args:
+        nodes, offsets: the planned batches only.
+        n_window: batches of the whole traced window.
+        capacity, init_cache, gpu_ids: as for `belady_plan`.
+        frequency: per-node access counts [N] (required).
+        next_use, first_use, gpu_slot: the trace's int32 arrays.
+
+    Raises:
+        ValueError: malformed arrays or ids, or a trace that does not fit the inputs.
+    """
+    out: BeladyPlanArrays = _native.belady_simulate(nodes, offsets, int(n_window), int(capacity), init_cache,
+                                                    gpu_ids, frequency, next_use, first_use, gpu_slot)
+    return out
+
+
+def belady_initial_fill(nodes: np.ndarray, offsets: np.ndarray, capacity: int, gpu_ids: np.ndarray,
+                        frequency: np.ndarray | None) -> np.ndarray:
+    """The (at most) `capacity` non-GPU nodes of the trace with the soonest first use (then the higher
+    frequency, then the lower id), best first, as int64.
+
+    Raises:
+        ValueError: malformed arrays or ids.
+    """
+    chosen: np.ndarray = _native.belady_initial_fill(nodes, offsets, int(capacity), gpu_ids, frequency)
+    return chosen
+
+
+def copy_rows(out: np.ndarray, out_pos: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
+    """``out[out_pos[i]] = src[src_rows[i]]`` for every i, in one pass (one memcpy per row).
+
+    numpy's ``out[pos] = src[idx]`` makes a gathered temporary and then scatters it, doubling the
+    memory traffic; this reads each source row once and writes it in place.
+
+    Args:
+        out: 2-D C-contiguous, writable.
+        out_pos: int64 [n] row positions in `out`.
+        src: 2-D C-contiguous, of `out`'s dtype and width.
+        src_rows: int64 [n] row positions in `src`.
+
+    Raises:
+        ValueError: arrays of the wrong shape, layout or dtype, or of different lengths.
+        IndexError: a position out of range (checked before anything is copied).
+    """
+    _native.copy_rows(out, out_pos, src, src_rows)
+
+
+__all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
+           "belady_simulate", "belady_trace", "copy_rows"]

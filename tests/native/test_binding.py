@@ -1,0 +1,138 @@
+"""The boundary between the native engine and Python: one binding file, wrappers for every kernel,
+constants defined once in C++.
+
+* Engine files (`native/*.cpp`, `native/*.h` but `bindings.cpp`) know nothing of Python; only
+  `bindings.cpp` includes pybind11.
+* No module outside `native/` imports `_native`: operators, flow, pipelines and bench go through
+  the wrappers (`diskflow.native.kernels`, `diskflow.native.reader`, `diskflow.native.constants`).
+* The constants Python uses (alignment, the reader's defaults) are the engine's, and the reader,
+  the loader and the on-disk formats use exactly those.
+* `copy_rows` through its wrapper: the copy, and its errors (the binding's checks, the engine's).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diskflow.native import _native, constants, kernels
+from diskflow.native.reader import DirectReader
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("diskflow", "flow", "operators", "pipelines", "bench")
+
+
+def _imports_native_binding(tree: ast.AST) -> list[int]:
+    """Lines of `tree` that import the compiled module `_native` (in any spelling)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if "_native" in module.split(".") or any(a.name == "_native" for a in node.names):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Import) and any("_native" in a.name.split(".") for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_binding_import_check_sees_every_spelling() -> None:
+    for src in ("from ...native import _native", "from diskflow.native._native import copy_rows",
+                "import diskflow.native._native", "from ..native import kernels, _native"):
+        assert _imports_native_binding(ast.parse(src)) == [1], src
+    assert _imports_native_binding(ast.parse("from ...native import kernels")) == []
+
+
+def test_no_module_outside_native_imports_the_binding() -> None:
+    offenders = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for line in _imports_native_binding(ast.parse(path.read_text(), str(path))):
+                offenders.append(f"{path.relative_to(REPO)}:{line}")
+    assert not offenders, f"import the wrappers in diskflow.native instead of _native: {offenders}"
+
+
+def test_engine_files_know_nothing_of_python() -> None:
+    sources = sorted(p for p in (REPO / "native").iterdir() if p.suffix in (".cpp", ".h"))
+    assert {p.name for p in sources} >= {"bindings.cpp", "reader.cpp", "reader.h", "sampler.cpp", "sampler.h",
+                                         "belady.cpp", "belady.h", "rows.cpp", "rows.h", "uring.cpp", "uring.h",
+                                         "constants.h"}
+    python = re.compile(r"pybind11|py::|Python\.h|PyObject")
+    mixed = [p.name for p in sources if p.name != "bindings.cpp" and python.search(p.read_text())]
+    assert not mixed, f"engine files must not use pybind11 or the Python C API: {mixed}"
+    assert "PYBIND11_MODULE" in (REPO / "native" / "bindings.cpp").read_text()
+
+
+def test_constants_are_the_engines() -> None:
+    exported = {name: getattr(constants, name) for name in constants.__all__}
+    assert exported == {name: int(getattr(_native, name)) for name in constants.__all__}
+    assert constants.ALIGN == 4096
+    assert constants.DEFAULT_MERGE_BYTES % constants.ALIGN == 0
+    assert constants.ALIGN <= constants.DEFAULT_MERGE_BYTES <= constants.MAX_REQUEST_BYTES
+    assert constants.DEFAULT_BOUNCE_BYTES >= constants.DEFAULT_MERGE_BYTES
+    assert constants.BELADY_NO_USE == 2**31 - 1
+
+
+def test_reader_loader_and_formats_use_the_engines_constants() -> None:
+    from diskflow.native import reader
+    from diskflow.operators.formats import files
+    from diskflow.operators.train import loader
+
+    assert reader.ALIGN == files.ALIGN == constants.ALIGN
+    with DirectReader(backend="pread") as r:  # the Python defaults are the engine's
+        assert (r.queue_depth, r.threads) == (constants.DEFAULT_QUEUE_DEPTH, constants.DEFAULT_THREADS)
+        assert (r.merge_bytes, r.bounce_bytes) == (constants.DEFAULT_MERGE_BYTES, constants.DEFAULT_BOUNCE_BYTES)
+    binding = _native.DirectReader()  # the binding's own defaults are the same constants
+    assert (binding.queue_depth, binding.threads, binding.merge_bytes, binding.bounce_bytes) == (
+        constants.DEFAULT_QUEUE_DEPTH, constants.DEFAULT_THREADS, constants.DEFAULT_MERGE_BYTES,
+        constants.DEFAULT_BOUNCE_BYTES)
+    binding.close()
+    r = loader.make_reader()
+    try:
+        assert (r.merge_bytes, r.bounce_bytes) == (constants.DEFAULT_MERGE_BYTES, constants.DEFAULT_BOUNCE_BYTES)
+    finally:
+        r.close()
+    # The memory budget counts the loader's bounce buffer and the reader's, each of the default size.
+    assert loader.io_buffer_bytes() == 2 * constants.DEFAULT_BOUNCE_BYTES
+    assert loader.io_buffer_bytes(row_reads=False) == 0
+    with DirectReader(backend="pread", merge_bytes=8 * constants.ALIGN, bounce_bytes=10 * constants.ALIGN + 1) as r:
+        assert (r.merge_bytes, r.bounce_bytes) == (8 * constants.ALIGN, 11 * constants.ALIGN)  # rounded up
+
+
+def test_copy_rows() -> None:
+    src = np.arange(7 * 5, dtype=np.float32).reshape(7, 5)  # identity-like rows: row i starts at 5 i
+    out = np.zeros((4, 5), dtype=np.float32)
+    kernels.copy_rows(out, np.array([3, 0, 2], dtype=np.int64), src, np.array([6, 1, 1], dtype=np.int64))
+    expect = np.zeros_like(out)
+    expect[[3, 0, 2]] = src[[6, 1, 1]]
+    assert np.array_equal(out, expect)
+    kernels.copy_rows(out, np.zeros(0, np.int64), src, np.zeros(0, np.int64))  # nothing to copy
+    assert np.array_equal(out, expect)
+
+
+def test_copy_rows_errors() -> None:
+    src = np.arange(12, dtype=np.int64).reshape(4, 3)
+    out = np.zeros((2, 3), dtype=np.int64)
+    pos = np.array([0, 1], dtype=np.int64)
+    with pytest.raises(IndexError, match=r"row 1: out_pos 2 \(of 2\)"):
+        kernels.copy_rows(out, np.array([0, 2], dtype=np.int64), src, pos)
+    assert not out.any()  # checked before anything is copied
+    with pytest.raises(IndexError, match=r"src_rows -1 \(of 4\)"):
+        kernels.copy_rows(out, pos, src, np.array([0, -1], dtype=np.int64))
+    with pytest.raises(ValueError, match="src: dtype int32 differs from out's int64"):
+        kernels.copy_rows(out, pos, src.astype(np.int32), pos)
+    with pytest.raises(ValueError, match="row size differs"):
+        kernels.copy_rows(out, pos, src[:, :2].copy(), pos)
+    with pytest.raises(ValueError, match="out_pos: expected dtype int64, got int32"):
+        kernels.copy_rows(out, pos.astype(np.int32), src, pos)
+    with pytest.raises(ValueError, match="differ in length"):
+        kernels.copy_rows(out, pos, src, pos[:1])
+    with pytest.raises(ValueError, match="out: expected a 2-D array, got 1 dimensions"):
+        kernels.copy_rows(out.reshape(-1), pos, src, pos)
+    with pytest.raises(ValueError, match="src: expected a C-contiguous array"):
+        kernels.copy_rows(out, pos, src[::2], pos)
+    readonly = out.copy()
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        kernels.copy_rows(readonly, pos, src, pos)
