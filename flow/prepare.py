@@ -41,6 +41,7 @@ from ..operators.formats.errors import ConfigError, DiskFullError
 from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
+    atomic_path,
     config_hash,
     raise_if_disk_full,
     read_manifest,
@@ -260,9 +261,8 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     else:
         first = [b for p in first_paths for b in read_n_ids(p)]
         cpu_ids = initial_fill(first, sizes.cpu_rows, freq, gpu_ids)
-    with open(out_path + ".tmp", "wb") as f:
+    with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
-    os.replace(out_path + ".tmp", out_path)
     return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
 
 
@@ -287,9 +287,8 @@ def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int,
     if exact <= disk_budget:
         return {"segment_size": None, "disk_bytes": exact, "segments": 0}
     layout = build_layout(misses, row_bytes, disk_budget, pad_bytes_per_batch=pad_per_batch, k=k, seed=seed)
-    with open(out_path + ".tmp", "wb") as f:
+    with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
         pickle.dump(layout, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(out_path + ".tmp", out_path)
     return {"segment_size": layout.segment_size, "disk_bytes": int(layout.disk_bytes),
             "segments": len(layout.cache_nodes)}
 
