@@ -37,7 +37,7 @@ import dask
 import numpy as np
 
 from ..operators.formats import packed as packed_fmt
-from ..operators.formats.errors import ConfigError, DiskFullError
+from ..operators.formats.errors import ConfigError, DiskFullError, InputError
 from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
@@ -179,6 +179,14 @@ def _drop_stale(work: Path, name: str, keep: Path) -> None:
     for d in work.glob(f"{name}-*"):
         if d != keep and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _written_manifest(stage: Path) -> dict[str, Any]:
+    """A cache stage's manifest just written, read back (as a later run reads it: JSON values only)."""
+    manifest = read_manifest(stage)
+    if manifest is None:
+        raise InputError(stage / MANIFEST, "missing right after it was written (removed by another process?)")
+    return manifest
 
 
 def _remove_orphans(root: Path) -> None:
@@ -438,9 +446,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=quiet or None)
         save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
         write_manifest(sdir, {"key": s_key, "summaries": summaries})
-        s_manifest = read_manifest(sdir)
+        s_manifest = _written_manifest(sdir)
         _drop_stale(work, "samples", sdir)
-    assert s_manifest is not None
     summaries = s_manifest["summaries"]
     sample_paths = [str(sdir / r.filename) for r in refs]
     phases["sample"] = time.perf_counter() - t
@@ -487,9 +494,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
             done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
             stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
             write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
-            p_manifest = read_manifest(pdir)
+            p_manifest = _written_manifest(pdir)
             _drop_stale(work, "plans", pdir)
-        assert p_manifest is not None
         plan_stats = p_manifest["plans"]
         plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
         tiers = p_manifest["tiers"]

@@ -689,7 +689,8 @@ class PackedLoader:
         length = padded(offsets + rb) - start
         tail = start + length > sizes
         bounce = self._bounce
-        assert bounce is not None
+        if bounce is None:
+            raise RuntimeError("the loader's bounce buffer is not allocated (is the loader closed?)")
         flat_out = out.reshape(-1).view(np.uint8)
         body = np.flatnonzero(~tail)
         cum = np.cumsum(length[body])
@@ -724,10 +725,13 @@ class PackedLoader:
     def _verify(self, pc: _Piece, crcs: dict[int, int]) -> None:
         """Fold piece `pc`'s packed bytes into their segments' crc32; check each segment it completes (an
         InputError names the file and the batch)."""
-        rec = pc.record
+        rec, buf = pc.record, pc.buffer
+        if not pc.segments:
+            return
+        if buf is None:
+            raise RuntimeError(f"batch {pc.batch}: a piece with packed segments but no staging buffer")
         for p, start, n, ends in pc.segments:
-            assert pc.buffer is not None
-            crc = crc32(pc.buffer[start:start + n].data, crcs.pop(p, 0))
+            crc = crc32(buf[start:start + n].data, crcs.pop(p, 0))
             if not ends:
                 crcs[p] = crc
             elif crc != int(rec.seg_crc[p]):
@@ -744,7 +748,8 @@ class PackedLoader:
         if pc.first:
             self._open_batch = (self._begin_device(rec) if self._device_path else self._begin_host(rec),
                                 self._insert_slots(rec), {})
-        assert self._open_batch is not None
+        if self._open_batch is None:
+            raise RuntimeError(f"batch {pc.batch}: a later piece reached the assemble stage before its first")
         x, slots, crcs = self._open_batch
         self._verify(pc, crcs)
         if pc.rows.shape[0]:
@@ -867,7 +872,8 @@ class PackedLoader:
         dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
         gpu = self.gpu if isinstance(self.gpu, torch.Tensor) else torch.from_numpy(self.gpu)
         tier = self._tier_buffer
-        assert tier is not None
+        if tier is None:
+            raise RuntimeError("the loader's CPU-tier buffer is not allocated (is the loader closed?)")
         per = max(1, tier.nbytes // self.row_bytes)
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
             x = torch.empty((n, self.dim), dtype=dtype, device=self.device)
@@ -976,10 +982,13 @@ class PackedLoader:
             if x is None:
                 continue
             t2 = time.perf_counter()
-            gs, s = next(samples)
+            got = next(samples, None)
+            if got is None or got[0] != g:
+                raise InputError(self.path, "the index and the samples hold different numbers of batches" if got is None
+                                 else f"batch order broken: features of {g}, graph of {got[0]}")
+            s = got[1]
             y = self._graph(s)
             ck["graph"].busy += time.perf_counter() - t2
-            assert gs == g
             yield self._join(g, rec, x, s, y)
 
     def _pipelined(self, lo: int, begin: int, end: int) -> Iterator[Data]:

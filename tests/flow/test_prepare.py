@@ -20,8 +20,9 @@ import dask
 import numpy as np
 import pytest
 from dask.callbacks import Callback
+from diskflow.flow import prepare as prepare_mod
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
-from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -421,6 +422,16 @@ def test_cache_files_are_written_under_names_the_orphan_cleaner_knows_and_fsynce
         assert fnmatch(src.name, ".*.tmp-*"), f"{dst.name} was written as {src.name}, a name the orphan cleaner misses"
         if dst.name != WORK_MARKER and dst.parent.name != "route":
             assert str(src.parent.resolve() / src.name) in synced, f"{dst.name} was renamed into place unsynced"
+
+
+def test_a_cache_manifest_gone_after_writing_is_an_input_error(tiny_store: Path, cpu_budget: int, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage's manifest that cannot be read back right after it was written stops prepare with an InputError
+    naming it (an explicit check, not an assert that ``python -O`` removes)."""
+    monkeypatch.setattr(prepare_mod, "read_manifest", lambda directory: None)
+    with pytest.raises(InputError, match="missing right after it was written") as e:
+        prepare(tiny_store, tmp_path / "out", PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True)
+    assert Path(e.value.path).name == "manifest.json" and Path(e.value.path).parent.name.startswith("samples-")
 
 
 def read_figures(out: Path) -> dict[str, Any]:

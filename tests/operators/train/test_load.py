@@ -168,6 +168,22 @@ def test_released_matrices_are_reused_and_only_they(pipelined: bool, layouts: di
     assert x.numpy().tobytes() == store.gather(n_id).tobytes(), "a batch never released was written again"
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "sequential"])
+@pytest.mark.parametrize("samples", ["none", "shifted"])
+def test_samples_out_of_step_with_the_index_are_input_errors(pipelined: bool, samples: str,
+                                                             layouts: dict[str, Path]) -> None:
+    """Features and graphs are joined batch by batch: a samples stream that runs out or is out of order stops
+    the loader with an InputError in both modes (an explicit check, not an assert that ``python -O`` removes)."""
+    with PackedLoader(layouts["belady"], pipelined=pipelined) as loader:
+        stored = loader._samples
+        loader._samples = (lambda lo, hi: iter(())) if samples == "none" else \
+            (lambda lo, hi: ((g + 1, s) for g, s in stored(lo, hi)))                  # type: ignore[method-assign]
+        match = "different numbers of batches" if samples == "none" else "batch order broken: features of 0, graph of 1"
+        with pytest.raises(InputError, match=match):
+            list(loader)
+    assert stage_threads() == []
+
+
 @pytest.mark.parametrize("name", ["belady", "ginex", "dcache", "gpu-tier"])
 def test_the_device_assembly_path_is_exact_too(name: str, layouts: dict[str, Path], store: Store) -> None:
     """The CUDA path's arithmetic (pinned block of staged + CPU rows, one gather after the GPU rows), run on
