@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ..flow.options import parse_fanouts
 from ..operators.formats.errors import ConfigError
-from ..operators.prepare.sample import NeighborSampler, SampledBatch, check_fanouts, numpy_sample
+from ..operators.prepare.sample import NeighborSampler, SampledBatch, numpy_sample
 from .common import print_table
 
 # Pareto shape of the generated in-degrees: 2 gives a heavy tail with a finite mean.
@@ -55,17 +56,6 @@ def generate_graph(num_nodes: int, avg_degree: float, seed: int) -> tuple[np.nda
     return indptr, indices
 
 
-def _parse_fanouts(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError("--fanouts", f"{text!r} is not a comma-separated list of integers") from None
-    try:
-        return check_fanouts(values)
-    except ConfigError as e:
-        raise ConfigError("--fanouts", e.fault) from None
-
-
 def _check_positive(option: str, value: int) -> None:
     if value < 1:
         raise ConfigError(option, f"{value} must be >= 1")
@@ -73,7 +63,7 @@ def _check_positive(option: str, value: int) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Sample the same seed batches natively and with numpy; print the table; return the figures."""
-    fanouts = _parse_fanouts(args.fanouts)
+    fanouts = list(parse_fanouts(args.fanouts))
     for option, value in (("--batch-size", args.batch_size), ("--batches", args.batches),
                           ("--numpy-batches", args.numpy_batches)):
         _check_positive(option, value)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
+from ..operators.prepare.sample import check_fanouts
 
 
 def positive_int(option: str) -> Callable[[str], int]:
@@ -21,17 +22,26 @@ def positive_int(option: str) -> Callable[[str], int]:
     return parse
 
 
+def parse_fanouts(text: str, option: str = "--fanouts") -> tuple[int, ...]:
+    """Per-hop fanouts such as ``10,15,-1`` (-1: all neighbours): the one parser of every command's and
+    benchmark's fanouts option; the values are checked by the sampler's own rule (`check_fanouts`).
+
+    Raises:
+        ConfigError: naming `option`: a piece that is not an integer, or a value below -1.
+    """
+    try:
+        return tuple(check_fanouts([int(t) for t in text.split(",")]))
+    except (ValueError, ConfigError):
+        raise ConfigError(option, f"expected comma-separated integers >= -1, got {text!r}") from None
+
+
 def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
-    """Parser for per-hop fanouts such as `10,15,20` (-1 = all neighbours)."""
+    """`parse_fanouts` as an argparse ``type``."""
     def parse(text: str) -> tuple[int, ...]:
         try:
-            values = tuple(int(t) for t in text.split(",") if t.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{option}: expected comma-separated integers >= -1, got {text!r}") from None
-        if not values or any(v < -1 for v in values):
-            raise argparse.ArgumentTypeError(f"{option}: expected comma-separated integers >= -1, got {text!r}")
-        return values
+            return parse_fanouts(text, option)
+        except ConfigError as e:  # -> argparse's own message format
+            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 

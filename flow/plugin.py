@@ -27,7 +27,7 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 from distributed import WorkerPlugin
@@ -35,6 +35,9 @@ from distributed import WorkerPlugin
 from ..operators.formats.errors import ConfigError, DiskflowError
 from ..operators.formats.files import parse_bytes
 from . import allocator
+
+if TYPE_CHECKING:
+    from ..operators.stream.ship import ScratchSpace
 
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
@@ -128,10 +131,15 @@ class DiskflowPlugin(WorkerPlugin):
                 "allocator": self.allocator}
 
     # ------------------------------------------------------------------ runs
-    def open_job(self, run: str, start_index: int) -> Job:
-        """The run's state on this (GPU) worker, created with its scratch directory on first use."""
+    def gpu_space(self) -> ScratchSpace:
+        """This GPU worker's scratch space; a ConfigError on a worker without the ``GPU`` resource."""
         if not self.is_gpu or self.space is None:
             raise ConfigError("resources", f"worker {self.address} has no {GPU} resource but was given a GPU task")
+        return self.space
+
+    def open_job(self, run: str, start_index: int) -> Job:
+        """The run's state on this (GPU) worker, created with its scratch directory on first use."""
+        self.gpu_space()
         with self._lock:
             job = self.jobs.get(run)
             if job is None:

@@ -37,10 +37,11 @@ import dask
 import numpy as np
 
 from ..operators.formats import packed as packed_fmt
-from ..operators.formats.errors import ConfigError, DiskFullError
+from ..operators.formats.errors import ConfigError, DiskFullError, InputError
 from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
+    atomic_path,
     config_hash,
     format_bytes,
     raise_if_disk_full,
@@ -190,6 +191,14 @@ def _drop_stale(work: Path, name: str, keep: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _written_manifest(stage: Path) -> dict[str, Any]:
+    """A cache stage's manifest just written, read back (as a later run reads it: JSON values only)."""
+    manifest = read_manifest(stage)
+    if manifest is None:
+        raise InputError(stage / MANIFEST, "missing right after it was written (removed by another process?)")
+    return manifest
+
+
 def _remove_orphans(root: Path) -> None:
     """Delete temp files of tasks killed mid-write (their retries wrote the real files under other names)."""
     for p in list(root.rglob(".*.tmp-*")):
@@ -270,9 +279,8 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     else:
         cpu_ids = choose_tier(cfg.cpu_policy, freq, sizes.cpu_rows, gpu_ids, "cpu")
         cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
-    with open(out_path + ".tmp", "wb") as f:
+    with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
-    os.replace(out_path + ".tmp", out_path)
     return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
 
 
@@ -297,9 +305,8 @@ def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int,
     if exact <= disk_budget:
         return {"segment_size": None, "disk_bytes": exact, "segments": 0}
     layout = build_layout(misses, row_bytes, disk_budget, pad_bytes_per_batch=pad_per_batch, k=k, seed=seed)
-    with open(out_path + ".tmp", "wb") as f:
+    with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
         pickle.dump(layout, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(out_path + ".tmp", out_path)
     return {"segment_size": layout.segment_size, "disk_bytes": int(layout.disk_bytes),
             "segments": len(layout.cache_nodes)}
 
@@ -449,9 +456,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=quiet or None)
         save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
         write_manifest(sdir, {"key": s_key, "summaries": summaries})
-        s_manifest = read_manifest(sdir)
+        s_manifest = _written_manifest(sdir)
         _drop_stale(work, "samples", sdir)
-    assert s_manifest is not None
     summaries = s_manifest["summaries"]
     sample_paths = [str(sdir / r.filename) for r in refs]
     phases["sample"] = time.perf_counter() - t
@@ -498,9 +504,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
             done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
             stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
             write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
-            p_manifest = read_manifest(pdir)
+            p_manifest = _written_manifest(pdir)
             _drop_stale(work, "plans", pdir)
-        assert p_manifest is not None
         plan_stats = p_manifest["plans"]
         plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
         tiers = p_manifest["tiers"]

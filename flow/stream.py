@@ -304,21 +304,21 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     t0 = time.time()
     plugin = _plugin()
     job = plugin.open_job(run, start_index) if bundle.key == "base" else plugin.job(run)
-    assert plugin.space is not None
+    space = plugin.gpu_space()
     name = f"{run}/{bundle.key}"
     hold = held_files(bundle)       # index and samples: held in memory (the result) while the budget allows
     held_bytes = sum(bundle.sizes[rel] for rel in hold)
-    if not plugin.space.try_hold(name, held_bytes):
+    if not space.try_hold(name, held_bytes):
         hold, held_bytes = [], 0
     try:
-        plugin.space.reserve(name, bundle.nbytes - held_bytes)
+        space.reserve(name, bundle.nbytes - held_bytes)
         out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
     except BaseException:
-        plugin.space.release(name)
+        space.release(name)
         raise
-    disk = plugin.space.observe(job.root)
+    disk = space.observe(job.root)
     drop_source(bundle)
-    return {**out, "disk_bytes": disk, "usage": plugin.space.usage(),
+    return {**out, "disk_bytes": disk, "usage": space.usage(),
             "meta": {k: v for k, v in bundle.meta.items() if k != "timing"},
             "timing": {**bundle.meta.get("timing", {}), "ship": _stamp(t0)}}
 
@@ -335,6 +335,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     t0 = time.time()
     plugin = _plugin()
     job = plugin.job(run)
+    space = plugin.gpu_space()
     with job.lock:
         if job.next_index != entry["index"]:
             raise GpuStateLost(f"the GPU worker {plugin.address} expected superbatch {job.next_index} of run {run}, "
@@ -343,14 +344,13 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
         out = job.trainer.train(shipped["dir"], entry, shipped["held"])
         job.trainer.release()
-        assert plugin.space is not None
-        plugin.space.discard(f"{run}/{entry['key']}", shipped["dir"])
+        space.discard(f"{run}/{entry['key']}", shipped["dir"])
         job.next_index += 1
         if checkpoint:
             state, arrays = job.trainer.checkpoint()
             out["checkpoint"] = {"state": state, "arrays": arrays}
     out["timing"] = {**shipped["timing"], "train": _stamp(t0)}
-    out["usage"] = plugin.space.usage()
+    out["usage"] = space.usage()
     out["pack"] = shipped.get("meta", {})
     out["bytes"] = int(shipped.get("bytes", 0))
     out["held_bytes"] = int(shipped.get("held_bytes", 0))

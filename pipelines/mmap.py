@@ -81,7 +81,8 @@ class MappedFeatures:
         return self.store.gather(node_ids, self.shards)
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        assert dim == 0
+        if dim != 0:
+            raise ValueError(f"features are gathered by rows (dim 0), not along dim {dim}")
         return torch.from_numpy(self.gather(index.numpy()))
 
 

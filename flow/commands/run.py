@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...operators.formats.errors import ConfigError
-from ..options import parse_int
+from ..options import parse_fanouts, parse_int
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import new_run_dir
 from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
@@ -49,18 +49,6 @@ def parse_float(option: str, text: str) -> float:
         return float(text)
     except ValueError:
         raise ConfigError(option, f"expected a number, got {text!r}") from None
-
-
-def parse_fanouts(text: str) -> list[int]:
-    """'10,10,-1' -> [10, 10, -1]; each an integer >= -1 (-1: all neighbours)."""
-    fault = f"expected comma-separated integers >= -1, got {text!r}"
-    try:
-        fanouts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ConfigError("--fanouts", fault) from None
-    if any(f < -1 for f in fanouts):
-        raise ConfigError("--fanouts", fault)
-    return fanouts
 
 
 # option attribute -> (flag, parser)

@@ -199,7 +199,9 @@ def _raw_run_batches(run: list[TableUnit], columns: list[str], batch_rows: int
         return
     reader = _open_ipc(path)
     if kind == "batch":
-        assert isinstance(reader, ipc.RecordBatchFileReader)
+        if not isinstance(reader, ipc.RecordBatchFileReader):
+            raise InputError(path, "its record batches were listed from an Arrow IPC file, but it now holds an IPC "
+                                   "stream (the file changed while it was being read)")
         for u in run:
             for row, b in _slices(reader.get_batch(u.index).select(columns), u.row_start, batch_rows):
                 yield u, row, b

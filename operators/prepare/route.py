@@ -60,18 +60,20 @@ def _stable_order(shard: np.ndarray, num_shards: int) -> np.ndarray:
     return np.argsort(shard, kind="stable")
 
 
-def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.ndarray | None,
-               row: np.ndarray | None, shard_rows: int, num_shards: int, where: str
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One batch: (src, idx) in index form, its per-shard packed row counts, its packed ids in packed order."""
+def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, layout: tuple[np.ndarray, np.ndarray] | None,
+               shard_rows: int, num_shards: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One batch: (src, idx) in index form, its per-shard packed row counts, its packed ids in packed order.
+
+    `layout`: the batch's (in_cache, row) from the disk-cache layout, per miss; None: no layout.
+    """
     miss_pos = np.flatnonzero(src == SRC_MISS)
     if miss_pos.size and not np.array_equal(idx[miss_pos], np.arange(miss_pos.size)):
         raise ValueError(f"{where}: the plan's miss numbers are not 0..k-1 in n_id order")
     m = miss_pos.size
-    if in_cache is None:
-        in_cache = np.zeros(m, dtype=bool)
-        row = np.arange(m, dtype=np.int64)
-    assert row is not None
+    if layout is None:                               # every miss is packed, in miss order
+        in_cache, row = np.zeros(m, dtype=bool), np.arange(m, dtype=np.int64)
+    else:
+        in_cache, row = layout
     if in_cache.shape[0] != m or row.shape[0] != m:
         raise ValueError(f"{where}: the layout lists {in_cache.shape[0]} misses, the plan {m}")
     packed_pos = miss_pos[~in_cache]                  # n_id positions of the packed rows
@@ -136,11 +138,9 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         src, idx = np.asarray(plan.src), np.asarray(plan.idx)
         if src.shape != n_id.shape or idx.shape != n_id.shape:
             raise ValueError(f"{where}: plan covers {src.shape[0]} positions, the sample has {n_id.shape[0]}")
-        in_cache = row = None
-        if layout is not None:
-            in_cache = np.asarray(layout.in_cache[i], dtype=bool)
-            row = np.asarray(layout.row[i], dtype=np.int64)
-        s, x, counts, ids = _translate(n_id, src, idx, in_cache, row, shard_rows, num_shards, where)
+        cached = None if layout is None else (np.asarray(layout.in_cache[i], dtype=bool),
+                                              np.asarray(layout.row[i], dtype=np.int64))
+        s, x, counts, ids = _translate(n_id, src, idx, cached, shard_rows, num_shards, where)
         if segmented and (s == SRC_DCACHE).any():
             dcache[j] = int(layout.segment_of_batch[i])
         srcs.append(s)

@@ -16,9 +16,10 @@ exactly as the plan says (DiskGNN §5.3, Fig. 7), in three stages joined by boun
    (GIL released) into fixed, aligned staging buffers: a batch larger than one buffer is loaded
    in pieces (a segment cut at a row), so staging never holds more than the buffers' bytes.
 2. **assemble** — per batch, one gather of its GPU- and CPU-tier rows into its feature matrix
-   (from a pool of reused matrices), then each piece's rows to their positions, segment crcs
-   checked; then the planned CPU-tier inserts. On CUDA: pinned staging, non-blocking copies on
-   the stage's own stream, gathers and index copies on the device.
+   (lent from a pool of reused matrices until the consumer calls `release`), then each piece's
+   rows to their positions, segment crcs checked; then the planned CPU-tier inserts. On CUDA:
+   pinned staging, non-blocking copies on the stage's own stream, gathers and index copies on
+   the device.
 3. **graph** — the stored sample (ids, local edges, per-hop counts) and `y = labels[n_id]`.
 
 The consumer (the training loop, stage 4) joins the two paths in batch order. With
@@ -34,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -327,7 +327,11 @@ class PackedLoader:
         self._device_path = self.device.type == "cuda"
         self._pinned: list[int] = []
         self._buffers: list[np.ndarray] = []
-        self._matrices: list[np.ndarray] = []   # batch feature matrices, reused once no batch holds them
+        # Pooled batch feature matrices: each lent to one batch until the consumer gives it back (`release`).
+        self._matrices: list[np.ndarray] = []
+        self._free: list[np.ndarray] = []                           # pooled and not lent
+        self._lent: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # data pointer -> (matrix, the batch's x)
+        self._pool_lock = threading.Lock()                          # the assemble thread lends, the consumer releases
         self._bounce: np.ndarray | None = None
         self._tier_buffer: np.ndarray | None = None
         self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
@@ -451,7 +455,7 @@ class PackedLoader:
         self._pinned.clear()
         self._buffers.clear()
         self._tier_buffer = None
-        self._matrices.clear()
+        self._drop_pool()
         if self._own_reader:
             with contextlib.suppress(Exception):
                 self.reader.close()
@@ -524,7 +528,7 @@ class PackedLoader:
             self._buffers.clear()
             self._tier_buffer = None
         if taller:
-            self._matrices.clear()
+            self._drop_pool()
         self.ds, self.path, self.memory = ds, ds.path, memory
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
@@ -684,7 +688,8 @@ class PackedLoader:
         length = padded(offsets + rb) - start
         tail = start + length > sizes
         bounce = self._bounce
-        assert bounce is not None
+        if bounce is None:
+            raise RuntimeError("the loader's bounce buffer is not allocated (is the loader closed?)")
         flat_out = out.reshape(-1).view(np.uint8)
         body = np.flatnonzero(~tail)
         cum = np.cumsum(length[body])
@@ -719,10 +724,13 @@ class PackedLoader:
     def _verify(self, pc: _Piece, crcs: dict[int, int]) -> None:
         """Fold piece `pc`'s packed bytes into their segments' crc32; check each segment it completes (an
         InputError names the file and the batch)."""
-        rec = pc.record
+        rec, buf = pc.record, pc.buffer
+        if not pc.segments:
+            return
+        if buf is None:
+            raise RuntimeError(f"batch {pc.batch}: a piece with packed segments but no staging buffer")
         for p, start, n, ends in pc.segments:
-            assert pc.buffer is not None
-            crc = crc32(pc.buffer[start:start + n].data, crcs.pop(p, 0))
+            crc = crc32(buf[start:start + n].data, crcs.pop(p, 0))
             if not ends:
                 crcs[p] = crc
             elif crc != int(rec.seg_crc[p]):
@@ -739,7 +747,8 @@ class PackedLoader:
         if pc.first:
             self._open_batch = (self._begin_device(rec) if self._device_path else self._begin_host(rec),
                                 self._insert_slots(rec), {})
-        assert self._open_batch is not None
+        if self._open_batch is None:
+            raise RuntimeError(f"batch {pc.batch}: a later piece reached the assemble stage before its first")
         x, slots, crcs = self._open_batch
         self._verify(pc, crcs)
         if pc.rows.shape[0]:
@@ -761,6 +770,8 @@ class PackedLoader:
                 copy_rows(self.cpu, np.ascontiguousarray(rec.insert_slot, np.int64), x,
                                   np.ascontiguousarray(rec.insert_pos, np.int64))
             x_t = torch.from_numpy(x)
+            if not pc.yield_it:
+                self._reclaim(x)        # a fast-forwarded batch: its matrix is free again at once
         self._tier_next = pc.batch + 1
         if pc.yield_it:
             self.counts.rows += np.bincount(rec.src, minlength=5)[:5]
@@ -786,22 +797,63 @@ class PackedLoader:
         return slots
 
     def _batch_matrix(self, n: int) -> np.ndarray:
-        """An [n, dim] matrix for a batch's features: a pooled one that nothing references any more.
+        """An [n, dim] matrix for a batch's features: a pooled one not lent to any batch, else a fresh one.
 
-        A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix
-        is handed out again only when no batch (no tensor, no view) still refers to it, so a
-        caller may keep its batches; the pool holds at most the assembled batches in flight
-        (`assembled_batches`, which the memory plan reports).
+        A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix is
+        lent to the batch it is yielded in (`_lend`) and handed out again only after the consumer
+        gave it back (`release`), so a batch the caller keeps is never written again; without
+        releases every batch gets a matrix of its own. The pool holds at most the assembled batches
+        in flight (`assembled_batches`, which the memory plan reports).
         """
         rows = int(self.memory["max_batch_rows"])
-        if n <= rows:
-            for m in self._matrices:
-                if sys.getrefcount(m) <= 3:     # the pool, this loop, getrefcount: nobody else
-                    return m[:n]
-        m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
-        if n <= rows and len(self._matrices) < int(self.memory["assembled_batches"]):
-            self._matrices.append(m)
-        return m[:n]
+        with self._pool_lock:
+            if n <= rows and self._free:
+                return self._free.pop()[:n]
+            m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
+            if n <= rows and len(self._matrices) < int(self.memory["assembled_batches"]):
+                self._matrices.append(m)
+            return m[:n]
+
+    def _lend(self, x: torch.Tensor) -> None:
+        """Record that the batch about to be yielded holds `x`'s matrix (if pooled) until `release`."""
+        if x.device.type == "cpu":
+            with self._pool_lock:
+                m = next((m for m in self._matrices if m.ctypes.data == x.data_ptr()), None)
+                if m is not None:
+                    self._lent[x.data_ptr()] = (m, x)
+
+    def release(self, batch: Data | torch.Tensor) -> None:
+        """Give `batch`'s feature matrix back to the loader: later batches may be written into it.
+
+        A training loop calls it once it is done with a batch (after the step), so batch matrices
+        are reused instead of allocated; after it, `batch.x` must not be read. A batch never
+        released keeps its features for as long as the caller holds it. Releasing a batch whose
+        matrix is not pooled (a device batch, one beyond the pool) or was released already does
+        nothing.
+        """
+        x = batch.x if isinstance(batch, Data) else batch
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return
+        with self._pool_lock:
+            lease = self._lent.get(x.data_ptr())
+            if lease is not None and lease[1] is x:     # this batch's own lease, not a later batch's
+                del self._lent[x.data_ptr()]
+                self._free.append(lease[0])
+
+    def _reclaim(self, x: np.ndarray | None = None) -> None:
+        """Put back in the pool `x`'s matrix (a batch assembled but not yielded), or with None, once no
+        stage runs, every pooled matrix that is neither free nor lent (batches a stopped pipeline dropped)."""
+        with self._pool_lock:
+            out = [m for m in self._matrices if not any(m is f for f in self._free)
+                   and not any(m is lent for lent, _ in self._lent.values())]
+            self._free += [m for m in out if x is None or m.ctypes.data == x.ctypes.data]
+
+    def _drop_pool(self) -> None:
+        """Forget the pooled matrices (batches still lent keep theirs)."""
+        with self._pool_lock:
+            self._matrices.clear()
+            self._free.clear()
+            self._lent.clear()
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
@@ -819,7 +871,8 @@ class PackedLoader:
         dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
         gpu = self.gpu if isinstance(self.gpu, torch.Tensor) else torch.from_numpy(self.gpu)
         tier = self._tier_buffer
-        assert tier is not None
+        if tier is None:
+            raise RuntimeError("the loader's CPU-tier buffer is not allocated (is the loader closed?)")
         per = max(1, tier.nbytes // self.row_bytes)
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
             x = torch.empty((n, self.dim), dtype=dtype, device=self.device)
@@ -884,6 +937,7 @@ class PackedLoader:
                                                           f"sample has {s.n_id.shape[0]} nodes")
         if rec.insert_pos.size:
             self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
+        self._lend(x)
         return batch_data(cast(Sample, s), x, y)
 
     # ------------------------------------------------------------------ iteration
@@ -904,6 +958,7 @@ class PackedLoader:
             else:
                 yield from self._sequential(lo, begin, end)
         finally:
+            self._reclaim()          # every stage has stopped: matrices of batches never yielded are free
             for k in ("load", "assemble", "graph"):
                 self.stage_s[k] = self.clocks[k].busy - before[k].busy
 
@@ -926,10 +981,13 @@ class PackedLoader:
             if x is None:
                 continue
             t2 = time.perf_counter()
-            gs, s = next(samples)
+            got = next(samples, None)
+            if got is None or got[0] != g:
+                raise InputError(self.path, "the index and the samples hold different numbers of batches" if got is None
+                                 else f"batch order broken: features of {g}, graph of {got[0]}")
+            s = got[1]
             y = self._graph(s)
             ck["graph"].busy += time.perf_counter() - t2
-            assert gs == g
             yield self._join(g, rec, x, s, y)
 
     def _pipelined(self, lo: int, begin: int, end: int) -> Iterator[Data]:

@@ -8,9 +8,11 @@ fails too).
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from dataclasses import replace
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,9 @@ import dask
 import numpy as np
 import pytest
 from dask.callbacks import Callback
+from diskflow.flow import prepare as prepare_mod
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
-from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -390,6 +393,45 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
         "no stale intermediates"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh-a", "fresh-a.work", "fresh-b", "fresh-b.work",
                                                          "fresh-c", "fresh-c.work", "out", "out.work"]
+
+
+def test_cache_files_are_written_under_names_the_orphan_cleaner_knows_and_fsynced(
+        tiny_store: Path, cpu_budget: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file prepare renames into its cache (``OUT.work``) was written under a temporary name that the
+    orphan cleaner removes after a crash; all but the run's scratch (the cache marker, the routes) were
+    fsynced before the rename."""
+    synced: set[str] = set()
+    renamed: list[tuple[Path, Path]] = []
+    fsync, rename = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    def recording_replace(src: Any, dst: Any) -> None:
+        renamed.append((Path(src), Path(dst)))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    prepare(tiny_store, tmp_path / "out", PrepareConfig(**BASE, cpu_memory=cpu_budget, disk_budget=3 << 20), quiet=True)
+    work = (tmp_path / "out.work").resolve()
+    cached = [(src, dst) for src, dst in renamed if work in dst.resolve().parents]
+    assert {"tiers.npz", "layout.pkl"} <= {dst.name for _, dst in cached}
+    for src, dst in cached:
+        assert fnmatch(src.name, ".*.tmp-*"), f"{dst.name} was written as {src.name}, a name the orphan cleaner misses"
+        if dst.name != WORK_MARKER and dst.parent.name != "route":
+            assert str(src.parent.resolve() / src.name) in synced, f"{dst.name} was renamed into place unsynced"
+
+
+def test_a_cache_manifest_gone_after_writing_is_an_input_error(tiny_store: Path, cpu_budget: int, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage's manifest that cannot be read back right after it was written stops prepare with an InputError
+    naming it (an explicit check, not an assert that ``python -O`` removes)."""
+    monkeypatch.setattr(prepare_mod, "read_manifest", lambda directory: None)
+    with pytest.raises(InputError, match="missing right after it was written") as e:
+        prepare(tiny_store, tmp_path / "out", PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True)
+    assert Path(e.value.path).name == "manifest.json" and Path(e.value.path).parent.name.startswith("samples-")
 
 
 def read_figures(out: Path) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from typing import Any
 
 import dask
 import pytest
+
+distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
-
-distributed = pytest.importorskip("distributed")
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 5,
         "disk_budget": 3 << 20, "device": "cuda"}   # segmented disk cache + GPU tier: every target file is shared

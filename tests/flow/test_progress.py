@@ -10,9 +10,9 @@ from pathlib import Path
 
 import dask
 import pytest
-from diskflow.flow.progress import compute
 
-distributed = pytest.importorskip("distributed")
+distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
+from diskflow.flow.progress import compute
 
 
 def _fail(i: int) -> int:

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
+
 with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
     warnings.simplefilter("ignore", DeprecationWarning)
     import torch_geometric.nn  # noqa: F401
@@ -29,8 +31,6 @@ from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputE
 from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
-
-distributed = pytest.importorskip("distributed")
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "superbatch_size": 3}
@@ -319,6 +319,26 @@ def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path
         with dask.config.set({"diskflow.keep-freed-memory": setting}):
             plugin.setup(worker(gpu))
         assert plugin.allocator.startswith(expected), (setting, gpu, plugin.allocator)
+
+
+def test_gpu_tasks_on_a_worker_without_the_gpu_resource_are_config_errors(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker without the GPU resource has no scratch space: a GPU task that reaches it is refused with a
+    ConfigError naming the resource (an explicit check, not an assert that ``python -O`` removes)."""
+    from types import SimpleNamespace
+
+    from diskflow.flow.plugin import DiskflowPlugin, Job
+
+    plugin = DiskflowPlugin()
+    plugin.setup(SimpleNamespace(address="inproc://cpu", local_directory=str(tmp_path),
+                                 state=SimpleNamespace(total_resources={})))
+    with pytest.raises(ConfigError, match="resources: worker inproc://cpu has no GPU resource"):
+        plugin.gpu_space()
+    plugin.jobs["r"] = Job("r", tmp_path / "r", 0)        # a run's state this worker should never hold
+    monkeypatch.setattr(stream_mod, "_plugin", lambda: plugin)
+    with pytest.raises(ConfigError, match="has no GPU resource"):
+        stream_mod.train_task("r", {"dir": str(tmp_path)}, {"index": 0, "key": "e0-s00000"}, None, "cpu", "f", None,
+                              False)
 
 
 def test_a_worker_started_by_hand_reads_its_settings_from_the_environment(tmp_path: Path,

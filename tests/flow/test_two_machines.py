@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
+
 with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
     warnings.simplefilter("ignore", DeprecationWarning)
     import torch_geometric.nn  # noqa: F401
@@ -29,8 +31,6 @@ from dask.utils import key_split
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
-
-distributed = pytest.importorskip("distributed")
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 2}

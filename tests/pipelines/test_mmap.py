@@ -106,6 +106,16 @@ def test_stored_samples_loader_gathers_features_of_n_id(tiny_store: Path, packed
     assert loader.stage_s["sample"] > 0 and loader.stage_s["gather"] > 0
 
 
+def test_mapped_features_gather_rows_only(tiny_store: Path) -> None:
+    """`index_select` along dim 0 is the store's gather; any other dim is refused (also under ``python -O``)."""
+    st = Store(tiny_store)
+    feats = MappedFeatures(st)
+    ids = torch.tensor([5, 0, 5], dtype=torch.int64)
+    assert feats.index_select(0, ids).numpy().tobytes() == st.gather(ids.numpy()).tobytes()
+    with pytest.raises(ValueError, match="along dim 1"):
+        feats.index_select(1, ids)
+
+
 @pytest.mark.parametrize("pipeline", [inmemory, mmap], ids=["inmemory", "mmap"])
 def test_data_only_run_builds_every_batch_and_calls_the_hooks(pipeline: Any, tiny_store: Path, packed: Path,
                                                               tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from diskflow.operators.ingest.raw import (
     find_raw_files,
     group_buckets,
     iter_file_batches,
+    iter_units_batches,
     shard_rows_for,
     table_num_rows,
     table_units,
@@ -93,6 +94,21 @@ def test_corrupt_files_raise_input_errors_naming_them(tmp_path: Path) -> None:
     bad_ipc.write_bytes(b"\x00" * 10)
     with pytest.raises(InputError, match="unreadable Arrow IPC file"):
         table_units(bad_ipc)
+
+
+def test_an_ipc_file_rewritten_as_a_stream_after_listing_is_an_input_error(tmp_path: Path) -> None:
+    """Units listed from an IPC file (random access by batch) meet a stream when the file changed meanwhile."""
+    path = tmp_path / "features.arrow"
+    table = pa.table({"node_id": np.arange(7, dtype=np.int64)})
+    with pa.ipc.new_file(path, table.schema) as w:
+        w.write_table(table, max_chunksize=3)
+    units = table_units(path)
+    assert [u.kind for u in units] == ["batch"] * 3
+    with pa.ipc.new_stream(path, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(InputError, match="now holds an IPC stream") as e:
+        list(iter_units_batches(units, ["node_id"], 4))
+    assert e.value.path == str(path)
 
 
 def test_budget_and_sizing_helpers() -> None:

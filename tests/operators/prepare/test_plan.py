@@ -226,9 +226,14 @@ def test_chaining_with_short_lookahead_is_valid_and_carries_state() -> None:
     rng = np.random.default_rng(42)
     trace = random_trace(rng, 23, 90, 20, skew=1.1)
     freq = frequency_of(trace, 90)
-    plans = plan_chained(trace, 4, 12, freq, ids(1, 2), None)  # replay checks each plan
+    gpu = ids(1, 2)
+    plans = plan_chained(trace, 4, 12, freq, gpu, None)  # replay checks each plan
     assert plans[0].final_cache.shape == (12,)
-    assert sum(p.hits for p in plans) > 0 and all(p.gpu_hits >= 0 for p in plans)
+    assert sum(p.hits for p in plans) > 0
+    windows = [trace[i:i + 4] for i in range(0, len(trace), 4)]
+    gpu_hits = [sum(int(np.isin(b, gpu).sum()) for b in w) for w in windows]
+    assert sum(gpu_hits) > 0 and [p.gpu_hits for p in plans] == gpu_hits     # every access of a GPU row, each window
+    assert [p.hits + p.misses + p.gpu_hits for p in plans] == [sum(b.size for b in w) for w in windows]
     # A cold start fills the cache: no slot stays empty while missed rows have a future.
     assert (plans[0].final_cache >= 0).all()
 

@@ -5,6 +5,7 @@ memory budget checked before anything starts."""
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -128,6 +129,59 @@ def test_batches_kept_by_the_caller_are_never_overwritten(pipelined: bool, layou
         assert x.numpy().tobytes() == store.gather(n_id).tobytes(), f"batch {j} changed after it was yielded"
         assert torch.equal(again[j], x), j
     assert len({x.data_ptr() for _, x in kept}) == len(kept)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "sequential"])
+def test_a_held_batch_is_safe_without_reference_counts(pipelined: bool, layouts: dict[str, Path], store: Store,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reuse follows explicit releases, not reference counts: on an interpreter whose `sys.getrefcount`
+    says nothing (PyPy has no reference counts) the batches a caller holds still keep their rows."""
+    monkeypatch.setattr(sys, "getrefcount", lambda obj: 1)
+    with PackedLoader(layouts["belady"], pipelined=pipelined) as loader:
+        kept = [(b.n_id.numpy().copy(), b.x) for b in loader]
+    for j, (n_id, x) in enumerate(kept):
+        assert x.numpy().tobytes() == store.gather(n_id).tobytes(), f"batch {j} changed after it was yielded"
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "sequential"])
+def test_released_matrices_are_reused_and_only_they(pipelined: bool, layouts: dict[str, Path], store: Store) -> None:
+    """A loop that releases each batch after its step runs on the pool's few matrices; a batch it keeps
+    unreleased is never written again; a second release (or one of a foreign tensor) frees nothing."""
+    with PackedLoader(layouts["belady"], pipelined=pipelined) as loader:
+        pool = loader.memory["assembled_batches"]
+        held = None
+        ptrs = set()
+        for j, batch in enumerate(loader):
+            assert batch.x.numpy().tobytes() == store.gather(batch.n_id.numpy()).tobytes(), j
+            ptrs.add(batch.x.data_ptr())
+            if j == 1:
+                held = (batch.n_id.numpy().copy(), batch.x)     # kept, never released
+                continue
+            loader.release(batch)
+            loader.release(batch)                               # twice: must not free a later batch's lease
+            loader.release(torch.zeros(3, 4))
+        assert loader.num_batches > pool + 2 and len(ptrs) <= pool + 1
+        for batch in loader:                                    # a second pass, every batch released
+            loader.release(batch)
+    assert held is not None
+    n_id, x = held
+    assert x.numpy().tobytes() == store.gather(n_id).tobytes(), "a batch never released was written again"
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "sequential"])
+@pytest.mark.parametrize("samples", ["none", "shifted"])
+def test_samples_out_of_step_with_the_index_are_input_errors(pipelined: bool, samples: str,
+                                                             layouts: dict[str, Path]) -> None:
+    """Features and graphs are joined batch by batch: a samples stream that runs out or is out of order stops
+    the loader with an InputError in both modes (an explicit check, not an assert that ``python -O`` removes)."""
+    with PackedLoader(layouts["belady"], pipelined=pipelined) as loader:
+        stored = loader._samples
+        loader._samples = (lambda lo, hi: iter(())) if samples == "none" else \
+            (lambda lo, hi: ((g + 1, s) for g, s in stored(lo, hi)))                  # type: ignore[method-assign]
+        match = "different numbers of batches" if samples == "none" else "batch order broken: features of 0, graph of 1"
+        with pytest.raises(InputError, match=match):
+            list(loader)
+    assert stage_threads() == []
 
 
 @pytest.mark.parametrize("name", ["belady", "ginex", "dcache", "gpu-tier"])

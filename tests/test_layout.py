@@ -1,0 +1,34 @@
+"""The README's layout section describes the tree as it is: every stage folder of operators/, every pipeline,
+every benchmark and every test folder is named there, so a newcomer finds them from the README and `ls`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _layout() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1]
+    return section.split("\n## ", 1)[0]
+
+
+def _modules(folder: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / folder).glob("*.py") if not p.name.startswith("_"))
+
+
+def _folders(folder: str) -> list[str]:
+    return sorted(p.name for p in (ROOT / folder).iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def test_the_layout_section_names_every_stage_pipeline_benchmark_and_test_folder() -> None:
+    layout = _layout()
+    stages = _folders("operators")
+    assert stages == ["formats", "ingest", "prepare", "stream", "train"]
+    missing = [f"operators/{s}/" for s in stages if f"  {s}/ " not in layout]
+    missing += [f"pipelines/{p}" for p in _modules("pipelines") if p not in layout]
+    missing += [f"bench/{b}" for b in _modules("bench") if b not in {"cgroup", "common", "taskmemory"}   # helpers
+                and b not in layout]
+    missing += [f"tests/operators/{t}" for t in _folders("tests/operators") if t not in layout]
+    missing += [f"tests/{t}" for t in _folders("tests") if f"tests/{t}" not in layout]
+    assert missing == [], f"README.md's layout section does not mention {missing}"
