@@ -69,6 +69,7 @@ from ..operators.stream.pack import (
     sample_n_ids,
     stream_header,
 )
+from ..operators.train.record import final_block
 from .options import parse_int
 from .plugin import GPU, PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .progress import bar
@@ -290,6 +291,13 @@ def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str) -> Bun
     return bundle
 
 
+def _space(plugin: DiskflowPlugin) -> Any:
+    """The GPU worker's scratch space (`ScratchSpace`); a worker without one was given a GPU task by mistake."""
+    if plugin.space is None:
+        raise ConfigError("resources", f"worker {plugin.address} has no {GPU} resource but was given a GPU task")
+    return plugin.space
+
+
 def probe_task() -> dict[str, Any]:
     return _plugin().describe()
 
@@ -304,21 +312,21 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     t0 = time.time()
     plugin = _plugin()
     job = plugin.open_job(run, start_index) if bundle.key == "base" else plugin.job(run)
-    assert plugin.space is not None
+    space = _space(plugin)
     name = f"{run}/{bundle.key}"
     hold = held_files(bundle)       # index and samples: held in memory (the result) while the budget allows
     held_bytes = sum(bundle.sizes[rel] for rel in hold)
-    if not plugin.space.try_hold(name, held_bytes):
+    if not space.try_hold(name, held_bytes):
         hold, held_bytes = [], 0
     try:
-        plugin.space.reserve(name, bundle.nbytes - held_bytes)
+        space.reserve(name, bundle.nbytes - held_bytes)
         out = stage_bundle(bundle, job.root / bundle.key, base=None if bundle.key == "base" else job.base, hold=hold)
     except BaseException:
-        plugin.space.release(name)
+        space.release(name)
         raise
-    disk = plugin.space.observe(job.root)
+    disk = space.observe(job.root)
     drop_source(bundle)
-    return {**out, "disk_bytes": disk, "usage": plugin.space.usage(),
+    return {**out, "disk_bytes": disk, "usage": space.usage(),
             "meta": {k: v for k, v in bundle.meta.items() if k != "timing"},
             "timing": {**bundle.meta.get("timing", {}), "ship": _stamp(t0)}}
 
@@ -343,14 +351,13 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
         out = job.trainer.train(shipped["dir"], entry, shipped["held"])
         job.trainer.release()
-        assert plugin.space is not None
-        plugin.space.discard(f"{run}/{entry['key']}", shipped["dir"])
+        _space(plugin).discard(f"{run}/{entry['key']}", shipped["dir"])
         job.next_index += 1
         if checkpoint:
             state, arrays = job.trainer.checkpoint()
             out["checkpoint"] = {"state": state, "arrays": arrays}
     out["timing"] = {**shipped["timing"], "train": _stamp(t0)}
-    out["usage"] = plugin.space.usage()
+    out["usage"] = _space(plugin).usage()
     out["pack"] = shipped.get("meta", {})
     out["bytes"] = int(shipped.get("bytes", 0))
     out["held_bytes"] = int(shipped.get("held_bytes", 0))
@@ -828,9 +835,6 @@ class StreamRun:
         tl = self.timeline
         train_busy = sum(e["phases"]["train"]["end"] - e["phases"]["train"]["start"] for e in tl)
         end = max((e["trained"] for e in tl), default=0.0)
-        evaluated = [r for r in self.records if r.get("val_acc") is not None]
-        best = max(evaluated, key=lambda r: r["val_acc"], default=None)
-        last = evaluated[-1] if evaluated else None
         tcfg = self.cfg.train
         base_meta = self.base_info.get("meta", {}) if getattr(self, "base_info", None) else {}
         seen = getattr(self, "last_usage", {}) or {}
@@ -847,14 +851,7 @@ class StreamRun:
                         "batches": self.round_batches, "superbatches": self.n,
                         "feature_bytes": self.store.feature_bytes},
             "epochs": self.records,
-            "final": {
-                "test_acc": last["test_acc"] if last else None,
-                "best_val_acc": best["val_acc"] if best else None,
-                "best_epoch": best["epoch"] if best else None,
-                "test_acc_at_best_val": best["test_acc"] if best else None,
-                "train_s": sum(r["epoch_s"] for r in self.records),
-                "epoch_s_mean": sum(r["epoch_s"] for r in self.records) / len(self.records) if self.records else None,
-            },
+            "final": final_block(self.records),
             "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in self.records)
                         for k in ("load", "assemble", "graph", "gather", "train", "eval")},
             "stream": {
