@@ -6,16 +6,10 @@ import copy
 import inspect
 import math
 import threading
-import warnings
 from typing import Any
 
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from torch_geometric.data import Data
-
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.train.session import (
     EpochTally,
@@ -23,17 +17,17 @@ from diskflow.operators.train.session import (
     TrainSession,
     final_block,
     resolve_device,
+    torch_threads,
 )
+from torch_geometric.data import Data
 
 DIM, CLASSES, STAGES = 7, 3, ("sample", "gather", "train")
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with torch_threads(1):
+        yield
 
 
 def batches(count: int = 6, seeds: int = 29, nodes: int = 61, seed: int = 5) -> list[Data]:
