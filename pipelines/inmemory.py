@@ -36,7 +36,7 @@ from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
 from ..operators.prepare.sample import NeighborSampler
-from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, to_data
+from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ..operators.train.loop import deterministic
 from ..operators.train.session import (
     TrainConfig,
@@ -183,20 +183,13 @@ class StoredSamplesLoader:
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
+        yield from timed_data(self._samples(), self.features, self.labels, self.stage_s)
+
+    def _samples(self) -> Iterator[Any]:
         for sb in self._superbatches():
-            stored = self.ds.samples(sb.key)
-            while True:
-                t0 = time.perf_counter()
-                sample = next(stored, None)
-                if sample is None:
-                    break
+            for sample in self.ds.samples(sb.key):
                 sample.n_id = np.array(sample.n_id)    # mapped from the samples file; torch wants its own
-                t1 = time.perf_counter()
-                data = to_data(sample, self.features, self.labels)
-                t2 = time.perf_counter()
-                self.stage_s["sample"] += t1 - t0
-                self.stage_s["gather"] += t2 - t1
-                yield data
+                yield sample
 
 
 def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progress: bool,
