@@ -15,7 +15,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .config import DATA_ONLY, MODELS, TrainConfig
 from .loop import evaluate, train_epoch
 from .models import build_model
-from .record import final_block, num
+from .record import EpochTally, final_block, num
 
 __all__ = ["DATA_ONLY", "MODELS", "EpochTally", "StoreFeatures", "TrainConfig", "TrainSession", "eval_loaders",
            "final_block", "num", "resolve_device", "store_eval_loaders", "torch_threads"]
@@ -97,52 +96,6 @@ def store_eval_loaders(cfg: TrainConfig, store: Any, labels: np.ndarray) -> dict
     """`eval_loaders` over a store's memory maps: what a trainer without the features in RAM evaluates on."""
     sampler = NeighborSampler(store.indptr, store.indices, list(cfg.fanouts), num_threads=torch.get_num_threads())
     return eval_loaders(cfg, StoreFeatures(store), torch.from_numpy(labels), sampler, store.split_ids)
-
-
-# ---------------------------------------------------------------------------- the open epoch
-
-@dataclass
-class EpochTally:
-    """What an epoch has trained so far, over one loader or several (superbatches, a resumed epoch).
-
-    Its `state()` is what a mid-epoch checkpoint saves (plain lists and numbers), so a resumed
-    epoch's record covers the whole epoch.
-    """
-
-    stages: tuple[str, ...]
-    losses: list[float] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    correct: int = 0
-    seconds: float = 0.0
-    stage_s: dict[str, float] = field(default_factory=dict)
-    bytes_read: int = 0
-    requests: int = 0
-
-    def __post_init__(self) -> None:
-        self.stage_s = {k: float(self.stage_s.get(k, 0.0)) for k in self.stages}
-
-    def add(self, result: Mapping[str, Any]) -> None:
-        """Add a part's result (`loop.train_epoch`'s, or a data-only pass's)."""
-        self.losses += list(result["losses"])
-        self.sizes += list(result["sizes"])
-        self.correct += int(result["correct"])
-        self.seconds += float(result["seconds"])
-        for k in self.stages:
-            self.stage_s[k] += float(result["stage_s"].get(k, 0.0))
-
-    def state(self) -> dict[str, Any]:
-        return {"losses": list(self.losses), "sizes": list(self.sizes), "correct": self.correct,
-                "seconds": self.seconds, "stage_s": dict(self.stage_s), "bytes_read": self.bytes_read,
-                "requests": self.requests}
-
-    @classmethod
-    def from_state(cls, stages: tuple[str, ...], state: Mapping[str, Any] | None) -> EpochTally:
-        """The tally a checkpoint saved (None: an empty one); counters missing from older ones are 0."""
-        if not state:
-            return cls(stages)
-        return cls(stages, losses=list(state["losses"]), sizes=[int(s) for s in state["sizes"]],
-                   correct=int(state["correct"]), seconds=float(state["seconds"]), stage_s=dict(state["stage_s"]),
-                   bytes_read=int(state.get("bytes_read", 0)), requests=int(state.get("requests", 0)))
 
 
 class _Feed:
@@ -247,25 +200,7 @@ class TrainSession:
     def close_epoch(self, epoch: int) -> dict[str, Any]:
         """The record of epoch `epoch` (0-based) from the open tally, evaluated when due; appended to
         `records`, and the tally starts over."""
-        t = self.tally
-        seen = sum(t.sizes)
-        total = 0.0
-        for value, size in zip(t.losses, t.sizes):      # train_epoch's sum, in its order, over all the parts
-            total += value * size
-        trained = bool(t.losses) and seen > 0
-        record: dict[str, Any] = {
-            "epoch": epoch + 1,
-            "loss": num(total / seen) if trained else None,
-            "losses": list(t.losses),
-            "train_acc": num(t.correct / seen) if trained else None,
-            "val_acc": None, "test_acc": None,
-            "epoch_s": t.seconds,
-        }
-        if self.throughput:
-            record.update(seeds_per_s=seen / t.seconds if t.seconds > 0 else None,
-                          batches_per_s=len(t.sizes) / t.seconds if t.seconds > 0 else None,
-                          bytes_read=int(t.bytes_read), requests=int(t.requests))
-        record["stage_s"] = {**t.stage_s, "eval": 0.0}
+        record = self.tally.record(epoch, self.throughput)
         if self.cfg.due(epoch):
             self._evaluate(record)
         self.records.append(record)
