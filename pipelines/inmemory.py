@@ -1,16 +1,16 @@
 """The in-memory pipeline: every feature in RAM, sample and gather per batch, train.
 
 This is the accuracy reference and the speed ceiling for the out-of-core pipelines: they
-train the same model with the same loop (`operators.train`) on the same batches
-(`operators.batches`: same seed order, same sampling seeds), and differ only in where a
-batch's rows come from. Evaluation is minibatch inference with the training fanouts over
+train with the same session (`operators.train.session.TrainSession`) on the same batches
+(`operators.train.batches`: same seed order, same sampling seeds), and differ only in the
+loader, that is where a batch's rows come from. Evaluation is minibatch inference with the training fanouts over
 the validation and test seeds, on the same samples every epoch.
 
 With ``samples=PACKED`` the training batches are instead the stored samples of a packed
 dataset's round (`StoredSamplesLoader`), the very samples the packed pipelines train on,
 so a benchmark compares every pipeline on one set of samples with sampling out of the
 data path. ``model="none"`` runs the data path only (batches built, nothing trained), as
-the packed trainer does. `gathered_run` is the loop itself; ``pipelines.mmap`` reuses it
+the packed trainer does. `gathered_run` is the run itself; ``pipelines.mmap`` reuses it
 with features gathered from memory-mapped store shards instead of RAM.
 
     diskflow run inmemory --dataset STORE [--model sage|gcn|gat|mlp] ...
