@@ -69,6 +69,7 @@ from ..operators.stream.pack import (
     sample_n_ids,
     stream_header,
 )
+from ..operators.train.record import final_block
 from .options import parse_int
 from .plugin import GPU, PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .progress import bar
@@ -828,9 +829,6 @@ class StreamRun:
         tl = self.timeline
         train_busy = sum(e["phases"]["train"]["end"] - e["phases"]["train"]["start"] for e in tl)
         end = max((e["trained"] for e in tl), default=0.0)
-        evaluated = [r for r in self.records if r.get("val_acc") is not None]
-        best = max(evaluated, key=lambda r: r["val_acc"], default=None)
-        last = evaluated[-1] if evaluated else None
         tcfg = self.cfg.train
         base_meta = self.base_info.get("meta", {}) if getattr(self, "base_info", None) else {}
         seen = getattr(self, "last_usage", {}) or {}
@@ -847,14 +845,7 @@ class StreamRun:
                         "batches": self.round_batches, "superbatches": self.n,
                         "feature_bytes": self.store.feature_bytes},
             "epochs": self.records,
-            "final": {
-                "test_acc": last["test_acc"] if last else None,
-                "best_val_acc": best["val_acc"] if best else None,
-                "best_epoch": best["epoch"] if best else None,
-                "test_acc_at_best_val": best["test_acc"] if best else None,
-                "train_s": sum(r["epoch_s"] for r in self.records),
-                "epoch_s_mean": sum(r["epoch_s"] for r in self.records) / len(self.records) if self.records else None,
-            },
+            "final": final_block(self.records),
             "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in self.records)
                         for k in ("load", "assemble", "graph", "gather", "train", "eval")},
             "stream": {

@@ -1,23 +1,22 @@
 """The in-memory pipeline: every feature in RAM, sample and gather per batch, train.
 
 This is the accuracy reference and the speed ceiling for the out-of-core pipelines: they
-train the same model with the same loop (`operators.train`) on the same batches
-(`operators.batches`: same seed order, same sampling seeds), and differ only in where a
-batch's rows come from. Evaluation is minibatch inference with the training fanouts over
+train with the same session (`operators.train.session.TrainSession`) on the same batches
+(`operators.train.batches`: same seed order, same sampling seeds), and differ only in the
+loader, that is where a batch's rows come from. Evaluation is minibatch inference with the training fanouts over
 the validation and test seeds, on the same samples every epoch.
 
 With ``samples=PACKED`` the training batches are instead the stored samples of a packed
 dataset's round (`StoredSamplesLoader`), the very samples the packed pipelines train on,
 so a benchmark compares every pipeline on one set of samples with sampling out of the
 data path. ``model="none"`` runs the data path only (batches built, nothing trained), as
-the packed trainer does. `gathered_run` is the loop itself; ``pipelines.mmap`` reuses it
+the packed trainer does. `gathered_run` is the run itself; ``pipelines.mmap`` reuses it
 with features gathered from memory-mapped store shards instead of RAM.
 
     diskflow run inmemory --dataset STORE [--model sage|gcn|gat|mlp] ...
 """
 from __future__ import annotations
 
-import math
 import os
 import resource
 import time
@@ -38,19 +37,28 @@ from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
 from ..operators.prepare.sample import NeighborSampler
-from ..operators.train.batches import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, InMemoryLoader, to_data
-from ..operators.train.loop import TrainConfig, deterministic, evaluate, train_epoch
-from ..operators.train.models import build_model
-from ..operators.train.trainer import DATA_ONLY
+from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
+from ..operators.train.loop import deterministic
+from ..operators.train.session import (
+    TrainConfig,
+    TrainSession,
+    eval_loaders,
+    final_block,
+    resolve_device,
+    torch_threads,
+)
 
 NAME = "inmemory"
+STAGES = ("sample", "gather", "train")      # the in-memory loader's stages, and the step
 EpochHook = Callable[[dict[str, Any]], None]
 
 
-def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = "sage",
-        hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
-        batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4,
-        seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
+def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
+        hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
+        fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
+        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, dropout: float = TrainConfig.dropout,
+        heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str = "cpu",
+        eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
         samples: str | os.PathLike[str] | None = None, progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
         on_start: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
@@ -102,29 +110,19 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         The other arguments are `run`'s.
     """
     wall0 = time.perf_counter()
-    data_only = model == DATA_ONLY
-    cfg = TrainConfig(model="sage" if data_only else model, hidden=hidden, num_layers=num_layers,
-                      fanouts=tuple(fanouts), batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout,
-                      heads=heads, seed=seed, eval_every=eval_every)
-    dev = _device(device)
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigError("--threads", f"expected an integer >= 1, got {threads!r}")
+    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
+                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
+                      eval_every=eval_every, threads=threads)
+    dev = resolve_device(device)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
-
-    old_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        with deterministic():
-            report = _train(Store(store), run_dir, cfg, dev, threads, progress, on_epoch,
-                            _Run(name, model, features, samples, on_batch, on_start))
-    finally:
-        torch.set_num_threads(old_threads)
+    with torch_threads(cfg.threads), deterministic():
+        report = _train(Store(store), run_dir, cfg, dev, progress, on_epoch,
+                        _Run(name, features, samples, on_batch, on_start))
     report["wall_s"] = time.perf_counter() - wall0
     write_report(run_dir, report)
-    if not data_only:       # a data-only run has no losses or accuracies to plot
+    if not cfg.data_only:       # a data-only run has no losses or accuracies to plot
         plot_curves(run_dir, report)
     return report
 
@@ -132,10 +130,10 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
 class _Run:
     """What varies between the pipelines built on `gathered_run`, and the caller's hooks."""
 
-    def __init__(self, name: str, model: str, features: Callable[[Store], Any] | None,
+    def __init__(self, name: str, features: Callable[[Store], Any] | None,
                  samples: str | os.PathLike[str] | None, on_batch: Callable[[int], Any] | None,
                  on_start: Callable[[int, int], Any] | None) -> None:
-        self.name, self.model, self.features, self.samples = name, model, features, samples
+        self.name, self.features, self.samples = name, features, samples
         self.on_batch, self.on_start = on_batch, on_start
 
 
@@ -186,23 +184,16 @@ class StoredSamplesLoader:
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
+        yield from timed_data(self._samples(), self.features, self.labels, self.stage_s)
+
+    def _samples(self) -> Iterator[Any]:
         for sb in self._superbatches():
-            stored = self.ds.samples(sb.key)
-            while True:
-                t0 = time.perf_counter()
-                sample = next(stored, None)
-                if sample is None:
-                    break
+            for sample in self.ds.samples(sb.key):
                 sample.n_id = np.array(sample.n_id)    # mapped from the samples file; torch wants its own
-                t1 = time.perf_counter()
-                data = to_data(sample, self.features, self.labels)
-                t2 = time.perf_counter()
-                self.stage_s["sample"] += t1 - t0
-                self.stage_s["gather"] += t2 - t1
-                yield data
+                yield sample
 
 
-def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, threads: int | None, progress: bool,
+def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progress: bool,
            on_epoch: EpochHook | None, how: _Run) -> dict[str, Any]:
     t0 = time.perf_counter()
     features: Any
@@ -217,58 +208,30 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
     splits = {name: st.split_ids(name) for name in ("train", "val", "test")}
     _check_labels(st, labels, splits)
 
-    sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=threads)
-    loaders: dict[str, Any] = {
-        "train": (InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,
-                                 TRAIN_STREAM) if how.samples is None
-                  else StoredSamplesLoader(features, labels, how.samples, st, cfg)),
-        "val": InMemoryLoader(features, labels, sampler, splits["val"], cfg.batch_size, False, cfg.seed,
-                              VAL_STREAM),
-        "test": InMemoryLoader(features, labels, sampler, splits["test"], cfg.batch_size, False, cfg.seed,
-                               TEST_STREAM),
-    }
-    torch.manual_seed(cfg.seed)
-    net: torch.nn.Module | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    if how.model != DATA_ONLY:
-        net = build_model(cfg.model, st.feature_dim, cfg.hidden, st.num_classes, int(cfg.num_layers or 1),
-                          dropout=cfg.dropout, heads=cfg.heads).to(dev)
-        optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
+    train: InMemoryLoader | StoredSamplesLoader = (
+        InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed, TRAIN_STREAM)
+        if how.samples is None else StoredSamplesLoader(features, labels, how.samples, st, cfg))
+    evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__)
+    session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=STAGES, evals=lambda: evals)
 
-    records: list[dict[str, Any]] = []
     for epoch in range(cfg.epochs):
-        loaders["train"].set_epoch(epoch)
+        train.set_epoch(epoch)
         if how.on_start is not None:
-            how.on_start(epoch, len(loaders["train"]))
-        with bar(total=len(loaders["train"]), desc=f"{how.name} {how.model} epoch {epoch + 1}/{cfg.epochs}",
+            how.on_start(epoch, len(train))
+        with bar(total=len(train), desc=f"{how.name} {cfg.model} epoch {epoch + 1}/{cfg.epochs}",
                  unit="batch", disable=None if progress else True) as b:
-            feed = _Ticking(loaders["train"], b.update, how.on_batch)
-            if net is None or optimizer is None:
-                result = _data_epoch(feed)
-            else:
-                result = train_epoch(net, feed, optimizer, dev)
-        record: dict[str, Any] = {
-            "epoch": epoch + 1, "loss": _num(result["loss"]), "losses": result["losses"],
-            "train_acc": _num(result["train_acc"]), "val_acc": None, "test_acc": None,
-            "epoch_s": result["seconds"],
-            "stage_s": {"sample": result["stage_s"].get("sample", 0.0),
-                        "gather": result["stage_s"].get("gather", 0.0),
-                        "train": result["stage_s"]["train"], "eval": 0.0},
-        }
-        if net is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-            t_eval = time.perf_counter()
-            record["val_acc"] = _num(evaluate(net, loaders["val"], dev))
-            record["test_acc"] = _num(evaluate(net, loaders["test"], dev))
-            record["stage_s"]["eval"] = time.perf_counter() - t_eval
-        records.append(record)
+            session.train(train, on_batch=_ticks(b.update, how.on_batch))
+        record = session.close_epoch(epoch)
         if on_epoch is not None:
             on_epoch(record)
 
+    records = session.records
     return {
         "pipeline": how.name,
-        "title": f"{how.name}: {how.model}, fanouts {list(cfg.fanouts)}",
-        "config": {**asdict(cfg), "model": how.model, "fanouts": list(cfg.fanouts), "device": str(dev),
-                   "threads": threads, "torch_threads": torch.get_num_threads(),
+        "title": f"{how.name}: {cfg.model}, fanouts {list(cfg.fanouts)}",
+        "config": {**asdict(cfg), "fanouts": list(cfg.fanouts), "device": str(dev),
+                   "threads": cfg.threads, "torch_threads": torch.get_num_threads(),
                    "samples": None if how.samples is None else str(how.samples),
                    "features": "ram" if how.features is None else str(features)},
         "dataset": {"store": str(st.path), "nodes": st.num_nodes, "edges": st.num_edges,
@@ -277,55 +240,20 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, thread
                     "splits": {name: int(ids.shape[0]) for name, ids in splits.items()}},
         "load_s": load_s,
         "epochs": records,
-        "final": _final(records),
-        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in ("sample", "gather", "train", "eval")},
+        "final": final_block(records),
+        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in (*STAGES, "eval")},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "run_dir": str(run_dir),
     }
 
 
-class _Ticking:
-    """A loader that calls `tick(1)`, then `on_batch(1)`, after each batch it yields; keeps its `stage_s`."""
-
-    def __init__(self, loader: InMemoryLoader | StoredSamplesLoader, tick: Callable[[int], Any],
-                 on_batch: Callable[[int], Any] | None = None) -> None:
-        self.loader = loader
-        self.tick = tick
-        self.on_batch = on_batch
-
-    @property
-    def stage_s(self) -> dict[str, float]:
-        return self.loader.stage_s
-
-    def __iter__(self) -> Iterator[Data]:
-        for batch in self.loader:
-            yield batch
-            self.tick(1)
-            if self.on_batch is not None:
-                self.on_batch(1)
-
-
-def _data_epoch(feed: _Ticking) -> dict[str, Any]:
-    """One epoch of the data path only (model "none"): every batch built, nothing trained."""
-    start = time.perf_counter()
-    seen = batches = 0
-    for batch in feed:
-        seen += int(batch.batch_size)
-        batches += 1
-    return {"loss": math.nan, "losses": [], "train_acc": math.nan, "seeds": seen, "batches": batches,
-            "seconds": time.perf_counter() - start, "stage_s": {**feed.stage_s, "train": 0.0}}
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError("--device", f"not a torch device: {device!r}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
-    return dev
+def _ticks(tick: Callable[[int], Any], on_batch: Callable[[int], Any] | None) -> Callable[[int], None]:
+    """One per-batch callback: the progress bar's `tick`, then the caller's `on_batch`."""
+    def both(n: int) -> None:
+        tick(n)
+        if on_batch is not None:
+            on_batch(n)
+    return both
 
 
 def _check_labels(st: Store, labels: torch.Tensor, splits: dict[str, np.ndarray]) -> None:
@@ -339,25 +267,6 @@ def _check_labels(st: Store, labels: torch.Tensor, splits: dict[str, np.ndarray]
             raise InputError(st.path / st.manifest["labels"],
                              f"node {node} of split {name!r} has label {int(labels[node])}, "
                              f"expected 0..{st.num_classes - 1}")
-
-
-def _num(x: float) -> float | None:
-    """A float for the report; None for NaN (e.g. accuracy of an empty split)."""
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-def _final(records: list[dict[str, Any]]) -> dict[str, Any]:
-    evaluated = [r for r in records if r["val_acc"] is not None]
-    best = max(evaluated, key=lambda r: r["val_acc"], default=None)  # first epoch wins ties
-    last = evaluated[-1] if evaluated else None
-    return {
-        "test_acc": last["test_acc"] if last else None,
-        "best_val_acc": best["val_acc"] if best else None,
-        "best_epoch": best["epoch"] if best else None,
-        "test_acc_at_best_val": best["test_acc"] if best else None,
-        "train_s": sum(r["epoch_s"] for r in records),
-        "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
-    }
 
 
 PIPELINE = Pipeline("inmemory", loader="memory", description="every feature in RAM: the accuracy reference and speed ceiling")

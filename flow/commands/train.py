@@ -15,6 +15,7 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError, DiskflowError, InputError
 from ...operators.formats.files import format_bytes, read_manifest, write_json
+from ...operators.train.config import DATA_ONLY, MODELS, TrainConfig
 from ..options import positive_int
 from ..rundir import REPORT, RUN_INFO, new_run_dir, use_run_dir
 
@@ -27,18 +28,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "PACKED fixes the epochs, batches and samples. Budgets are checked before training starts; a "
                     "checkpoint is saved after every epoch (and on Ctrl-C); --resume continues from it.")
     p.add_argument("packed", metavar="PACKED", help="packed dataset directory")
-    p.add_argument("--model", default="sage", choices=("sage", "gcn", "gat", "mlp", "none"),
-                   help="sage (default), gcn, gat, mlp, or none (the data path only, for timing)")
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=128, help="hidden channels (default 128)")
+    d = TrainConfig()       # the defaults, from the one place they are set
+    p.add_argument("--model", default=d.model, choices=(*MODELS, DATA_ONLY),
+                   help=f"{', '.join(MODELS)} (default {d.model}), or {DATA_ONLY} (the data path only, for timing)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=d.hidden,
+                   help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
                    help="model layers (default: number of hops)")
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
-    p.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
-    p.add_argument("--heads", type=positive_int("--heads"), default=4, help="GAT attention heads (default 4)")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr:g})")
+    p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability (default {d.dropout:g})")
+    p.add_argument("--heads", type=positive_int("--heads"), default=d.heads,
+                   help=f"GAT attention heads (default {d.heads})")
     p.add_argument("--seed", type=int, default=None,
                    help="model-initialisation seed (default: the round's sampling seed)")
-    p.add_argument("--eval-every", type=positive_int("--eval-every"), default=1,
-                   help="evaluate val/test every N epochs (default 1)")
+    p.add_argument("--eval-every", type=positive_int("--eval-every"), default=d.eval_every,
+                   help=f"evaluate val/test every N epochs (default {d.eval_every})")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--cpu-memory", default=None, metavar="SIZE",
                    help="host memory for features (CPU tier + in-flight batches + I/O buffers), as bytes (4GiB) "

@@ -3,12 +3,12 @@
 `StreamTrainer` is what the GPU worker holds for a streamed run. Each call of `train` takes
 the next staged superbatch directory (a one-superbatch packed dataset), continues the
 `PackedLoader` into it (`PackedLoader.follow`: same CPU tier, same GPU tier, same buffers) and
-runs `operators.train.train_epoch` over its batches — the training math of every pipeline. The
-model is built after the same ``torch.manual_seed`` as `operators.trainer.train_packed`, the
-batches arrive in the same order with bit-exact features, and nothing else draws from torch's
-RNG between superbatches, so the per-batch losses and the final weights equal the offline
-(prepare-then-train) run's with the same seed. At an epoch's last superbatch the epoch's record
-is closed (val/test evaluated on the store when the worker can read it), in
+trains over its batches with the run's `operators.train.session.TrainSession` — the session
+every pipeline trains with, its open epoch carried across superbatches. The batches arrive in
+the same order with bit-exact features, and nothing else draws from torch's RNG between
+superbatches, so the per-batch losses and the final weights equal the offline
+(prepare-then-train) run's with the same seed. At an epoch's last superbatch the session closes
+the epoch's record (val/test evaluated on the store when the worker can read it), in
 `train_packed`'s format.
 
 `checkpoint` returns what resuming needs: model, optimizer, RNG, records, the position (the
@@ -18,8 +18,6 @@ those ids, so a resumed run re-reads them instead of saving them.
 from __future__ import annotations
 
 import copy
-import math
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,68 +29,24 @@ import torch
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
 from ..formats.samples import Buffer
-from ..prepare.sample import NeighborSampler
-from ..train.batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
+from ..train.config import TrainConfig
 from ..train.loader import PackedLoader
-from ..train.loop import TrainConfig, deterministic, evaluate, train_epoch
-from ..train.models import build_model
-from ..train.trainer import StoreFeatures
-
-_STAGES = ("load", "assemble", "graph", "gather", "train")
+from ..train.loop import deterministic
+from ..train.session import TrainSession, num, resolve_device, store_eval_loaders
+from ..train.trainer import STAGES
 
 
 @dataclass(frozen=True)
-class StreamTrainConfig:
-    """The model and trainer options of a streamed run (`train_packed`'s, with the round's shape)."""
+class StreamTrainConfig(TrainConfig):
+    """`TrainConfig` (model, training and round shape) plus the options of the loader the GPU worker
+    carries across superbatches (`PackedLoader`'s budgets, queue depth, checksums) and the store it
+    evaluates on."""
 
-    model: str = "sage"
-    hidden: int = 128
-    num_layers: int | None = None
-    lr: float = 3e-3
-    dropout: float = 0.2
-    heads: int = 4
-    seed: int = 0
-    eval_every: int = 1
-    epochs: int = 1
-    fanouts: tuple[int, ...] = (10, 10, 10)
-    batch_size: int = 1024
     cpu_memory: int | None = None
     gpu_memory: int | None = None
     queue_depth: int = 2
     check_crc: bool = True
-    threads: int | None = None
     store: str | None = None
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(model=self.model, hidden=self.hidden, num_layers=self.num_layers, fanouts=tuple(self.fanouts),
-                           batch_size=self.batch_size, epochs=self.epochs, lr=self.lr, dropout=self.dropout,
-                           heads=self.heads, seed=self.seed, eval_every=self.eval_every)
-
-
-def _num(x: float | None) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-class _Sizes:
-    """The loader as `train_epoch` sees it, recording every batch's seed count (for the epoch's mean)."""
-
-    def __init__(self, loader: PackedLoader) -> None:
-        self.loader = loader
-        self.sizes: list[int] = []
-
-    @property
-    def stage_s(self) -> dict[str, float]:
-        return self.loader.stage_s
-
-    def __iter__(self) -> Any:
-        for batch in self.loader:
-            self.sizes.append(int(batch.batch_size))
-            yield batch
-
-
-def _empty_partial() -> dict[str, Any]:
-    return {"losses": [], "sizes": [], "correct": 0, "seconds": 0.0, "stage_s": dict.fromkeys(_STAGES, 0.0),
-            "bytes_read": 0, "requests": 0}
 
 
 class StreamTrainer:
@@ -108,13 +62,7 @@ class StreamTrainer:
     def __init__(self, cfg: StreamTrainConfig, device: str, fingerprint: str, resume: dict[str, Any] | None = None
                  ) -> None:
         self.cfg = cfg
-        self.tcfg = cfg.train_config()
-        try:
-            self.dev = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ConfigError("--device", f"not a torch device: {device!r}") from e
-        if self.dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device", f"{device!r} requested but CUDA is not available on the GPU worker")
+        self.dev = resolve_device(device)
         self.fingerprint = fingerprint
         self.resume = resume
         if resume is not None and resume.get("fingerprint") != fingerprint:
@@ -123,18 +71,21 @@ class StreamTrainer:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         self.loader: PackedLoader | None = None
-        self.net: torch.nn.Module | None = None
-        self.opt: torch.optim.Optimizer | None = None
-        self.records: list[dict[str, Any]] = list(resume["records"]) if resume else []
-        self.partial: dict[str, Any] = dict(resume["partial"]) if resume and resume.get("partial") else _empty_partial()
+        self.session: TrainSession | None = None
         self.next_index = int(resume["stream_index"]) if resume else 0
         self.position = (int(resume["epoch"]), int(resume["batch"])) if resume else (0, 0)
-        self.evals: dict[str, InMemoryLoader] | None = None
         self.eval_note: str | None = None
 
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The closed epochs' records, a resumed checkpoint's included."""
+        if self.session is not None:
+            return self.session.records
+        return list(self.resume["records"]) if self.resume else []
+
     # ------------------------------------------------------------------ setup
-    def _start(self, sb_dir: Path, held: Mapping[str, Buffer] | None) -> None:
-        """The loader over the first staged superbatch, then the model (after the run's seed), or the resumed state."""
+    def _start(self, sb_dir: Path, held: Mapping[str, Buffer] | None) -> tuple[PackedLoader, TrainSession]:
+        """The loader over the first staged superbatch, then the session (seeded), or the resumed state."""
         cfg = self.cfg
         loader = PackedLoader(sb_dir, self.dev, cpu_memory=cfg.cpu_memory, queue_depth=cfg.queue_depth,
                               check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory, held=held)
@@ -142,39 +93,28 @@ class StreamTrainer:
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
             loader.restore_tier(first, np.array(loader.ds.cpu_init), np.array(loader.ds.cpu_ids))
         self.loader = loader
-        torch.manual_seed(self.tcfg.seed)
-        self.net = build_model(self.tcfg.model, loader.dim, self.tcfg.hidden, loader.num_classes,
-                               int(self.tcfg.num_layers or 1), dropout=self.tcfg.dropout, heads=self.tcfg.heads).to(self.dev)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=self.tcfg.lr)
+        self.session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
+                                    evals=self._eval_loaders)
         if self.resume is not None:
-            st = self.resume
-            try:
-                self.net.load_state_dict(st["model"])
-                self.opt.load_state_dict(st["optimizer"])
-                torch.set_rng_state(st["rng"])
-                if self.dev.type == "cuda" and st.get("cuda_rng"):
-                    torch.cuda.set_rng_state_all(st["cuda_rng"])
-            except (KeyError, RuntimeError, ValueError) as e:
-                raise InputError("checkpoint", f"corrupt checkpoint: cannot restore the training state ({e})") from e
+            self.session.load_state_dict(self.resume)
+        return loader, self.session
 
-    def _eval_loaders(self) -> dict[str, InMemoryLoader]:
-        if self.evals is not None:
-            return self.evals
-        self.evals = {}
-        assert self.loader is not None
+    def _started(self) -> tuple[PackedLoader, TrainSession]:
+        if self.loader is None or self.session is None:
+            raise RuntimeError("the stream trainer has not trained a superbatch yet")
+        return self.loader, self.session
+
+    def _eval_loaders(self) -> dict[str, Any]:
+        """The val/test loaders over the store, or none (noted) when the GPU worker cannot read it."""
         from ..formats.verify import open_store
 
+        loader, _ = self._started()
         try:
-            st = open_store(self.loader.ds, self.cfg.store)
+            st = open_store(loader.ds, self.cfg.store)
         except InputError as e:
             self.eval_note = f"evaluation skipped: the GPU worker cannot read the store ({e})"
-            return self.evals
-        sampler = NeighborSampler(st.indptr, st.indices, list(self.tcfg.fanouts), num_threads=torch.get_num_threads())
-        feats, labels = StoreFeatures(st), torch.from_numpy(self.loader.labels)
-        self.evals = {name: InMemoryLoader(feats, labels, sampler, st.split_ids(name), self.tcfg.batch_size,  # type: ignore[arg-type]
-                                           False, self.tcfg.seed, stream)
-                      for name, stream in (("val", VAL_STREAM), ("test", TEST_STREAM))}
-        return self.evals
+            return {}
+        return store_eval_loaders(self.cfg, st, loader.labels)
 
     # ------------------------------------------------------------------ one superbatch
     def train(self, sb_dir: str | Path, entry: dict[str, Any], held: Mapping[str, Buffer] | None = None
@@ -197,40 +137,29 @@ class StreamTrainer:
                                      f"expects {self.next_index}")
         sb_dir = Path(sb_dir)
         with deterministic():
-            if self.loader is None:
-                self._start(sb_dir, held)
+            if self.loader is None or self.session is None:
+                loader, session = self._start(sb_dir, held)
             else:
-                self.loader.follow(sb_dir, held)
-            loader, net, opt = self.loader, self.net, self.opt
-            assert loader is not None and net is not None and opt is not None
+                loader, session = self.loader, self.session
+                loader.follow(sb_dir, held)
             self._check_position(sb_dir, loader, entry)
             loader.set_epoch(int(entry["epoch"]))
-            feed = _Sizes(loader)
             io0 = loader.stats()["io"]
-            result = train_epoch(net, feed, opt, self.dev)
+            result = session.train(loader)
             io1 = loader.stats()["io"]
             self._check_tier(sb_dir, loader)
-            p = self.partial
-            p["losses"] += list(result["losses"])
-            p["sizes"] += feed.sizes
-            p["correct"] += round(result["train_acc"] * result["seeds"]) if result["losses"] else 0
-            p["seconds"] += float(result["seconds"])
-            for k in _STAGES:
-                p["stage_s"][k] = p["stage_s"].get(k, 0.0) + float(result["stage_s"].get(k, 0.0))
-            p["bytes_read"] += int(io1["bytes_read"] - io0["bytes_read"])
-            p["requests"] += int(io1["requests"] - io0["requests"])
+            session.count(io1["bytes_read"] - io0["bytes_read"], io1["requests"] - io0["requests"])
             out: dict[str, Any] = {"key": entry["key"], "index": entry["index"], "losses": list(result["losses"]),
-                                   "sizes": list(feed.sizes), "seconds": float(result["seconds"]),
-                                   "loss": _num(result["loss"]), "seeds": int(result["seeds"]),
+                                   "sizes": list(result["sizes"]), "seconds": float(result["seconds"]),
+                                   "loss": num(result["loss"]), "seeds": int(result["seeds"]),
                                    "seeds_per_s": result["seeds"] / result["seconds"] if result["seconds"] > 0 else None}
             self.next_index += 1
             epoch = int(entry["epoch"])
             self.position = (epoch, int(entry["epoch_batch"]) + int(entry["batches"]))
             if entry["epoch_end"]:
-                out["record"] = self._close_epoch(epoch)
+                out["record"] = session.close_epoch(epoch)
                 self.position = (epoch + 1, 0)
         return out
-
     def _check_position(self, sb_dir: Path, loader: PackedLoader, entry: dict[str, Any]) -> None:
         sbs = loader.superbatches
         if len(sbs) != 1 or sbs[0].key != entry["key"] or sbs[0].first_batch != entry["first_batch"]:
@@ -244,37 +173,6 @@ class StreamTrainer:
             raise InputError(sb_dir, "the CPU tier after this superbatch differs from the plan's (superbatches "
                                      "trained out of order, or a plan of another run)")
 
-    def _close_epoch(self, epoch: int) -> dict[str, Any]:
-        """The finished epoch's record (train_packed's format), evaluated when due."""
-        p = self.partial
-        seen = sum(p["sizes"])
-        total = 0.0
-        for value, size in zip(p["losses"], p["sizes"]):      # the same sum, in the same order, as train_epoch's
-            total += value * size
-        seconds = p["seconds"]
-        record: dict[str, Any] = {
-            "epoch": epoch + 1,
-            "loss": _num(total / seen) if p["losses"] and seen else None,
-            "losses": list(p["losses"]),
-            "train_acc": _num(p["correct"] / seen) if p["losses"] and seen else None,
-            "val_acc": None, "test_acc": None,
-            "epoch_s": seconds,
-            "seeds_per_s": seen / seconds if seconds > 0 else None,
-            "batches_per_s": len(p["sizes"]) / seconds if seconds > 0 else None,
-            "bytes_read": int(p["bytes_read"]), "requests": int(p["requests"]),
-            "stage_s": {**p["stage_s"], "eval": 0.0},
-        }
-        if (epoch + 1) % self.tcfg.eval_every == 0 or epoch + 1 == self.tcfg.epochs:
-            evals = self._eval_loaders()
-            if evals:
-                t = time.perf_counter()
-                record["val_acc"] = _num(evaluate(self.net, evals["val"], self.dev))    # type: ignore[arg-type]
-                record["test_acc"] = _num(evaluate(self.net, evals["test"], self.dev))  # type: ignore[arg-type]
-                record["stage_s"]["eval"] = time.perf_counter() - t
-        self.records.append(record)
-        self.partial = _empty_partial()
-        return record
-
     # ------------------------------------------------------------------ state
     def checkpoint(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(state, arrays) for `operators.checkpoint.save_checkpoint` at the current position.
@@ -283,21 +181,18 @@ class StreamTrainer:
         tier's node ids (``cpu_ids.npy``) where training continues. Everything is a copy: training
         may go on (the next superbatch) while the checkpoint is still being written.
         """
-        assert self.net is not None and self.opt is not None and self.loader is not None
+        loader, session = self._started()
         epoch, batch = self.position
-        state = {
-            "fingerprint": self.fingerprint, "epoch": epoch, "batch": batch, "stream_index": self.next_index,
-            "records": self.records, "partial": self.partial if self.partial["losses"] else None,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if self.dev.type == "cuda" else [],
-            "model": self.net.state_dict(), "optimizer": self.opt.state_dict(),
-        }
-        return copy.deepcopy(state), {"cpu_ids.npy": np.array(self.loader.cpu_ids)}
+        state = {"fingerprint": self.fingerprint, "epoch": epoch, "batch": batch, "stream_index": self.next_index,
+                 **session.state_dict()}
+        return copy.deepcopy(state), {"cpu_ids.npy": np.array(loader.cpu_ids)}
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's current weights (on the CPU)."""
-        assert self.net is not None
-        return {k: v.detach().cpu() for k, v in self.net.state_dict().items()}
+        _, session = self._started()
+        if session.model is None:
+            raise RuntimeError("a data-only stream (model 'none') has no weights")
+        return {k: v.detach().cpu() for k, v in session.model.state_dict().items()}
 
     def summary(self) -> dict[str, Any]:
         """Loader figures for the run's report: stage clocks, I/O counters, rows per tier, memory plan."""

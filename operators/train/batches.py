@@ -70,6 +70,23 @@ def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
     return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)))
 
 
+def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,
+               stage_s: dict[str, float]) -> Iterator[Data]:
+    """`to_data` of each sample `samples` yields, timing both halves into `stage_s`: ``sample``
+    (drawing the next sample: sampling it, or reading it) and ``gather`` (features, labels, `Data`)."""
+    while True:
+        t0 = time.perf_counter()
+        sample = next(samples, None)
+        if sample is None:
+            return
+        t1 = time.perf_counter()
+        data = to_data(sample, x, y)
+        t2 = time.perf_counter()
+        stage_s["sample"] += t1 - t0
+        stage_s["gather"] += t2 - t1
+        yield data
+
+
 class InMemoryLoader:
     """NeighborLoader-like iterator over `Data` batches, with features and labels in memory.
 
@@ -112,12 +129,6 @@ class InMemoryLoader:
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
         batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=self.shuffle)
-        for i, ids in enumerate(batches):
-            t0 = time.perf_counter()
-            sample = self.sampler.sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
-            t1 = time.perf_counter()
-            data = to_data(sample, self.features, self.labels)
-            t2 = time.perf_counter()
-            self.stage_s["sample"] += t1 - t0
-            self.stage_s["gather"] += t2 - t1
-            yield data
+        samples = (self.sampler.sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
+                   for i, ids in enumerate(batches))
+        yield from timed_data(samples, self.features, self.labels, self.stage_s)

@@ -12,58 +12,13 @@ import math
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from ..formats.errors import ConfigError
-from .models import MODELS, EdgeFreeMLP, supports_trim
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What to train and how; validated on construction (errors name the CLI option).
-
-    `fanouts[k]` is the number of neighbours sampled at hop k (-1: all of them);
-    `num_layers` defaults to the number of hops.
-    """
-
-    model: str = "sage"
-    hidden: int = 128
-    num_layers: int | None = None
-    fanouts: tuple[int, ...] = (10, 10, 10)
-    batch_size: int = 1024
-    epochs: int = 3
-    lr: float = 3e-3
-    dropout: float = 0.2
-    heads: int = 4
-    seed: int = 0
-    eval_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ConfigError("--model", f"unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
-        fanouts = tuple(self.fanouts)
-        if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
-            raise ConfigError("--fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
-                                           f"got {list(self.fanouts)}")
-        object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
-        if self.num_layers is None:
-            object.__setattr__(self, "num_layers", len(fanouts))
-        for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
-                              ("--batch-size", self.batch_size), ("--epochs", self.epochs),
-                              ("--eval-every", self.eval_every), ("--heads", self.heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError("--lr", f"expected a positive number, got {self.lr!r}")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ConfigError("--dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError("--seed", f"expected an integer >= 0, got {self.seed!r}")
+from .models import EdgeFreeMLP, supports_trim
 
 
 @contextlib.contextmanager
@@ -127,14 +82,15 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         device: where the batch is moved before the forward pass.
 
     Returns:
-        `loss` (mean over seeds), `losses` (one float per batch, in order), `train_acc`
-        (accuracy on the seeds while training), `seeds`, `batches`, `seconds` (the epoch's
-        wall time) and `stage_s`: the loader's stages, with the copy to the device added to
+        `loss` (mean over seeds), `losses` (one float per batch, in order), `sizes` (each
+        batch's seeds, in order), `train_acc` (accuracy on the seeds while training), `correct`
+        (its numerator), `seeds`, `batches`, `seconds` (the epoch's wall time) and `stage_s`: the loader's stages, with the copy to the device added to
         `gather`, and `train` (forward, backward and step).
     """
     device = torch.device(device)
     model.train()
     losses: list[float] = []
+    sizes: list[int] = []
     total_loss = 0.0
     correct = 0
     seen = 0
@@ -158,6 +114,7 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         move_s += t1 - t0
         train_s += t2 - t1
         losses.append(value)
+        sizes.append(int(batch.batch_size))
         total_loss += value * batch.batch_size
         correct += hits
         seen += batch.batch_size
@@ -168,7 +125,9 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
     return {
         "loss": total_loss / seen if seen else math.nan,
         "losses": losses,
+        "sizes": sizes,
         "train_acc": correct / seen if seen else math.nan,
+        "correct": correct,
         "seeds": seen,
         "batches": len(losses),
         "seconds": seconds,

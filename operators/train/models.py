@@ -12,8 +12,9 @@ from torch_geometric.nn import MLP
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from ..formats.errors import ConfigError
+from .config import MODELS
 
-MODELS = ("sage", "gcn", "gat", "mlp")
+__all__ = ["MODELS", "EdgeFreeMLP", "build_model", "supports_trim"]
 
 
 class EdgeFreeMLP(torch.nn.Module):

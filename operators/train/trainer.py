@@ -2,11 +2,10 @@
 
 Four stages as threads joined by bounded queues, batch order preserved (DiskGNN Fig. 7, two
 paths: load -> assemble -> train and graph -> train): stages 1-3 are `load.PackedLoader`'s,
-stage 4 (forward, backward, step) is `operators.train.train_epoch` in the caller's thread, so
-the training math is exactly the in-memory pipeline's. With the same seed, the packed round's
-batches are the in-memory pipeline's batches (`operators.superbatch` samples them with
-`seed_batches`/`batch_seed`), the model is built after the same `torch.manual_seed`, and the
-per-batch losses are identical.
+stage 4 (forward, backward, step) is the `session.TrainSession` every pipeline trains with, in
+the caller's thread, so the training math is the in-memory pipeline's by construction. With the
+same seed, the packed round's batches are the in-memory pipeline's batches (`prepare.superbatch`
+samples them with `seed_batches`/`batch_seed`), and the per-batch losses are identical.
 
 Memory: the budgets are checked before anything is allocated (`load.check_memory`). Each
 epoch drains the pipeline, so at an epoch boundary the CPU tier is exactly the plan's state
@@ -19,7 +18,6 @@ KeyboardInterrupt; a second Ctrl-C interrupts at once.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import resource
 import signal
@@ -32,63 +30,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
 
 from ..formats.errors import ConfigError, InputError
 from ..formats.files import config_hash
-from ..prepare.sample import NeighborSampler
-from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import DATA_ONLY, TrainConfig
 from .loader import PackedLoader
-from .loop import TrainConfig, deterministic, evaluate, train_epoch
-from .models import build_model
+from .loop import deterministic
+from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads
+
+__all__ = ["CHECKPOINTS", "DATA_ONLY", "deferred_interrupt", "train_packed"]
 
 CHECKPOINTS = "checkpoints"
-DATA_ONLY = "none"      # model name that runs only the data path (timing)
+STAGES = ("load", "assemble", "graph", "gather", "train")     # the packed loader's stages, and the step
 EpochHook = Callable[[dict[str, Any]], None]
-
-
-class StoreFeatures:
-    """The store's features as `InMemoryLoader` gathers them (`index_select`), read via `Store.gather`.
-
-    Evaluation then samples and batches exactly as the in-memory pipeline does (same seed
-    streams, same order), without a full in-RAM copy of the features.
-    """
-
-    device = torch.device("cpu")
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        assert dim == 0
-        return torch.from_numpy(self.store.gather(index.numpy()))
-
-
-class _Feed:
-    """The loader as `train_epoch` sees it: stops early (cleanly, between batches) when asked to."""
-
-    def __init__(self, loader: PackedLoader, interrupt: threading.Event,
-                 on_batch: Callable[[int], Any] | None) -> None:
-        self.loader = loader
-        self.interrupt = interrupt
-        self.on_batch = on_batch
-        self.sizes: list[int] = []
-        self.stopped = False
-
-    @property
-    def stage_s(self) -> dict[str, float]:
-        return self.loader.stage_s
-
-    def __iter__(self) -> Iterator[Data]:
-        for batch in self.loader:
-            if self.interrupt.is_set():
-                self.stopped = True
-                return
-            self.sizes.append(int(batch.batch_size))
-            yield batch
-            if self.on_batch is not None:
-                self.on_batch(1)
 
 
 @contextlib.contextmanager
@@ -111,22 +66,6 @@ def deferred_interrupt() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, old)
 
 
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError("--device", f"not a torch device: {device!r}") from e
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
-    return dev
-
-
-def _num(x: float | None) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
 def _tiers(rows: dict[str, int]) -> dict[str, Any]:
     total = sum(rows.values())
     return {"rows": rows, "total": total, "rates": {k: (v / total if total else None) for k, v in rows.items()}}
@@ -139,12 +78,13 @@ def _peak_rss() -> dict[str, int]:
             "rss_bytes": int(psutil.Process().memory_info().rss)}
 
 
-def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = "sage",
-                 hidden: int = 128, num_layers: int | None = None, lr: float = 3e-3, dropout: float = 0.2,
-                 heads: int = 4, seed: int | None = None, device: str = "cpu", eval_every: int = 1,
+def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
+                 hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
+                 lr: float = TrainConfig.lr, dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads,
+                 seed: int | None = None, device: str = "cpu", eval_every: int = TrainConfig.eval_every,
                  cpu_memory: int | None = None, gpu_memory: int | None = None, queue_depth: int = 2,
                  sequential: bool = False, check_crc: bool = True, resume: bool = False,
-                 store: str | os.PathLike[str] | None = None, threads: int | None = None,
+                 store: str | os.PathLike[str] | None = None, threads: int | None = TrainConfig.threads,
                  on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
                  on_start: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict[str, Any]:
     """Train on a packed dataset with the four-stage pipeline; checkpoint every epoch into `run_dir`.
@@ -185,54 +125,49 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigError("--threads", f"expected an integer >= 1, got {threads!r}")
-    dev = _device(device)
-    old_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    dev = resolve_device(device)
     t0 = time.perf_counter()
     loader = PackedLoader(packed, dev, cpu_memory=cpu_memory, queue_depth=queue_depth, pipelined=not sequential,
                           check_crc=check_crc, store=store, gpu_memory=gpu_memory)
     try:
-        with deterministic(), deferred_interrupt() as interrupt:
-            report = _Run(loader, run_dir, dev, model, hidden, num_layers, lr, dropout, heads, seed, eval_every,
-                          resume, store, interrupt, on_epoch, on_batch, on_start,
+        cfg = _round_config(loader, model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout,
+                            heads=heads, seed=seed, eval_every=eval_every, threads=threads)
+        with torch_threads(cfg.threads), deterministic(), deferred_interrupt() as interrupt:
+            report = _Run(loader, cfg, run_dir, dev, resume, store, interrupt, on_epoch, on_batch, on_start,
                           evaluate).train(time.perf_counter() - t0)
     finally:
         loader.close()
-        torch.set_num_threads(old_threads)
     report["config"].update(threads=threads, cpu_memory=cpu_memory, gpu_memory=gpu_memory, queue_depth=queue_depth,
                             sequential=bool(sequential), check_crc=bool(check_crc))
     report["wall_s"] = time.perf_counter() - wall0
     return report
 
 
-class _Run:
-    """One training run over a loader: model, optimizer, evaluation, checkpoints, records."""
+def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> TrainConfig:
+    """The run's `TrainConfig`: the caller's options, with fanouts, batch size, epochs (and by default the
+    seed) of the packed round."""
+    man = loader.ds.manifest
+    rc = man.get("config", {})
+    try:
+        fanouts, batch_size = tuple(rc["fanouts"]), int(rc["batch_size"])
+        epochs, seed = int(man["round"]["epochs"]), int(rc["seed"]) if seed is None else seed
+    except (KeyError, TypeError) as e:
+        raise InputError(loader.path / "manifest.json", f"malformed round config ({e})") from e
+    return TrainConfig(**options, fanouts=fanouts, batch_size=batch_size, epochs=epochs, seed=seed)
 
-    def __init__(self, loader: PackedLoader, run_dir: Path, dev: torch.device, model: str, hidden: int,
-                 num_layers: int | None, lr: float, dropout: float, heads: int, seed: int | None, eval_every: int,
-                 resume: bool, store: str | os.PathLike[str] | None, interrupt: threading.Event,
-                 on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
-                 on_start: Callable[[int, int], Any] | None, evaluate: bool = True) -> None:
-        self.loader = loader
+
+class _Run:
+    """One packed run: a `TrainSession` over the packed loader, checkpoints (with the CPU tier) and the report."""
+
+    def __init__(self, loader: PackedLoader, cfg: TrainConfig, run_dir: Path, dev: torch.device, resume: bool,
+                 store: str | os.PathLike[str] | None, interrupt: threading.Event, on_epoch: EpochHook | None,
+                 on_batch: Callable[[int], Any] | None, on_start: Callable[[int, int], Any] | None,
+                 evaluate: bool = True) -> None:
+        self.loader, self.cfg, self.dev = loader, cfg, dev
         self.evaluate = evaluate
         self.run_dir = run_dir
-        self.dev = dev
         self.interrupt = interrupt
         self.on_epoch, self.on_batch, self.on_start = on_epoch, on_batch, on_start
-        man = loader.ds.manifest
-        rc = man.get("config", {})
-        self.data_only = model == DATA_ONLY
-        try:
-            self.cfg = TrainConfig(model="sage" if self.data_only else model, hidden=hidden, num_layers=num_layers,
-                                   fanouts=tuple(rc["fanouts"]), batch_size=int(rc["batch_size"]),
-                                   epochs=int(man["round"]["epochs"]), lr=lr, dropout=dropout, heads=heads,
-                                   seed=int(rc["seed"]) if seed is None else seed, eval_every=eval_every)
-        except (KeyError, TypeError) as e:
-            raise InputError(loader.path / "manifest.json", f"malformed round config ({e})") from e
-        self.model_name = model
         self.resume = resume
         self.ckpt_root = run_dir / CHECKPOINTS
         self.store_note: str | None = None
@@ -252,34 +187,25 @@ class _Run:
     def _fingerprint(self) -> str:
         m = self.loader.ds.manifest
         return config_hash({"packed": m.get("config_hash"), "store": m.get("store", {}).get("manifest_hash"),
-                            "model": self.model_name, **{k: v for k, v in asdict(self.cfg).items() if k != "model"}})
+                            **self.cfg.resumable()})
 
-    def _eval_loaders(self) -> dict[str, InMemoryLoader]:
-        st = self.store
-        if st is None:
+    def _eval_loaders(self) -> dict[str, Any]:
+        if self.store is None:
             return {}
-        sampler = NeighborSampler(st.indptr, st.indices, list(self.cfg.fanouts), num_threads=torch.get_num_threads())
-        feats, labels = StoreFeatures(st), torch.from_numpy(self.loader.labels)
-        return {name: InMemoryLoader(feats, labels, sampler, st.split_ids(name), self.cfg.batch_size,  # type: ignore[arg-type]
-                                     False, self.cfg.seed, stream)
-                for name, stream in (("val", VAL_STREAM), ("test", TEST_STREAM))}
+        return store_eval_loaders(self.cfg, self.store, self.loader.labels)
 
-    def _save(self, epoch: int, batch: int, net: torch.nn.Module | None, opt: torch.optim.Optimizer | None,
-              records: list[dict[str, Any]], partial: dict[str, Any] | None, tier: str) -> Path:
+    def _save(self, session: TrainSession, epoch: int, batch: int, tier: str) -> Path:
         """Checkpoint at (epoch, batch). tier: "current" (the loader's tier, at an epoch boundary),
         "epoch-start" (the tier saved with this epoch's first checkpoint, linked), or "none"."""
-        state: dict[str, Any] = {
-            "fingerprint": self._fingerprint(), "epoch": epoch, "batch": batch, "records": records,
-            "partial": partial, "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if self.dev.type == "cuda" else [],
-            "model": net.state_dict() if net is not None else {},
-            "optimizer": opt.state_dict() if opt is not None else {},
-        }
+        state: dict[str, Any] = {"fingerprint": self._fingerprint(), "epoch": epoch, "batch": batch,
+                                 **session.state_dict()}
         arrays: dict[str, np.ndarray | Path] = {}
         if tier == "current":
             position, rows, ids = self.loader.tier_state()
             first, _ = self.loader.epoch_range(epoch)
-            assert position == first, (position, first)
+            if position != first:
+                raise RuntimeError(f"the CPU tier stands before batch {position}, not at epoch {epoch}'s first "
+                                   f"batch {first}: the epoch was not drained")
             arrays = {"cpu_rows.npy": rows, "cpu_ids.npy": ids}
         elif tier == "epoch-start" and self._tier_ckpt is not None and self._tier_ckpt[0] == epoch:
             for name in ("cpu_rows.npy", "cpu_ids.npy"):
@@ -291,22 +217,15 @@ class _Run:
 
     # ------------------------------------------------------------------ the loop
     def train(self, load_s: float) -> dict[str, Any]:
-        cfg, loader, dev = self.cfg, self.loader, self.dev
-        torch.manual_seed(cfg.seed)
-        net: torch.nn.Module | None = None
-        opt: torch.optim.Optimizer | None = None
-        if not self.data_only:
-            net = build_model(cfg.model, loader.dim, cfg.hidden, loader.num_classes, int(cfg.num_layers or 1),
-                              dropout=cfg.dropout, heads=cfg.heads).to(dev)
-            opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-        evals = self._eval_loaders() if self.evaluate else {}
-        records: list[dict[str, Any]] = []
-        start_epoch, start_batch, partial = 0, 0, None
-        if self.resume and not self.data_only:
+        cfg, loader = self.cfg, self.loader
+        session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
+                               evals=self._eval_loaders if self.evaluate else None)
+        start_epoch, start_batch = 0, 0
+        if self.resume and not cfg.data_only:
             latest = latest_checkpoint(self.ckpt_root)
             if latest is not None:
                 ck = load_checkpoint(latest)
-                start_epoch, start_batch, partial, records = self._restore(ck, net, opt)
+                start_epoch, start_batch = self._restore(ck, session)
                 self._tier_ckpt = (ck.epoch, ck.path)
         stats0 = loader.stats()
         for epoch in range(start_epoch, cfg.epochs):
@@ -314,53 +233,34 @@ class _Run:
             loader.set_epoch(epoch, start=start_batch)
             if self.on_start is not None:
                 self.on_start(epoch, end - first - start_batch)
-            feed = _Feed(loader, self.interrupt, self.on_batch)
-            before = loader.stats()
-            if net is None or opt is None:
-                result = self._data_only(feed)
-            else:
-                result = train_epoch(net, feed, opt, dev)
-            record = self._record(epoch, result, feed, partial, before)
-            if feed.stopped:                        # Ctrl-C: save where we are, then stop
-                if net is not None:
-                    self._save(epoch, start_batch + len(feed.sizes), net, opt, records, record["partial"],
-                               "epoch-start")
+            before = loader.stats()["io"]
+            part = session.train(loader, self.on_batch, self.interrupt)
+            after = loader.stats()["io"]
+            session.count(after["bytes_read"] - before["bytes_read"], after["requests"] - before["requests"])
+            if part["stopped"]:                     # Ctrl-C: save where we are (the open epoch too), then stop
+                if session.model is not None:
+                    self._save(session, epoch, start_batch + len(part["sizes"]), "epoch-start")
                 raise KeyboardInterrupt
-            record.pop("partial")
-            start_batch, partial = 0, None
-            if evals and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-                t = time.perf_counter()
-                record["val_acc"] = _num(evaluate(net, evals["val"], dev)) if net is not None else None
-                record["test_acc"] = _num(evaluate(net, evals["test"], dev)) if net is not None else None
-                record["stage_s"]["eval"] = time.perf_counter() - t
-            records.append(record)
-            if net is not None:
-                self._save(epoch + 1, 0, net, opt, records, None, "none" if epoch + 1 == cfg.epochs else "current")
+            start_batch = 0
+            record = session.close_epoch(epoch)
+            if session.model is not None:
+                self._save(session, epoch + 1, 0, "none" if epoch + 1 == cfg.epochs else "current")
             if self.on_epoch is not None:
                 self.on_epoch(record)
             if self.interrupt.is_set() and epoch + 1 < cfg.epochs:   # after the last epoch: just finish
                 raise KeyboardInterrupt
-        return self._report(records, load_s, stats0)
+        return self._report(session.records, load_s, stats0)
 
-    def _restore(self, ck: Checkpoint, net: torch.nn.Module | None, opt: torch.optim.Optimizer | None
-                 ) -> tuple[int, int, dict[str, Any] | None, list[dict[str, Any]]]:
+    def _restore(self, ck: Checkpoint, session: TrainSession) -> tuple[int, int]:
+        """Model, optimiser, RNG, records and open epoch from `ck`, and the CPU tier where it stopped."""
         st = ck.state
         if st.get("fingerprint") != self._fingerprint():
             raise ConfigError("--resume", f"the checkpoint {ck.path} was made with other options or another packed "
                                           "dataset; use the same options, or start a new run without --resume")
-        try:
-            if net is not None:
-                net.load_state_dict(st["model"])
-            if opt is not None:
-                opt.load_state_dict(st["optimizer"])
-            torch.set_rng_state(st["rng"])
-            if self.dev.type == "cuda" and st.get("cuda_rng"):
-                torch.cuda.set_rng_state_all(st["cuda_rng"])
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise InputError(ck.path, f"corrupt checkpoint: cannot restore the training state ({e})") from e
+        session.load_state_dict(st, ck.path)
         epoch, batch = ck.epoch, ck.batch
         if epoch >= self.cfg.epochs and batch == 0:
-            return epoch, 0, None, list(st["records"])
+            return epoch, 0
         rows, ids = ck.array("cpu_rows.npy"), ck.array("cpu_ids.npy")
         first, _ = self.loader.epoch_range(epoch)
         if rows is None:
@@ -370,50 +270,7 @@ class _Run:
         else:
             self.loader.restore_tier(first, np.asarray(rows), np.asarray(ids))
         self.resumed_from = str(ck.path)
-        return epoch, batch, st.get("partial"), list(st["records"])
-
-    def _data_only(self, feed: _Feed) -> dict[str, Any]:
-        start = time.perf_counter()
-        seen = batches = 0
-        for batch in feed:
-            seen += int(batch.batch_size)
-            batches += 1
-        return {"loss": math.nan, "losses": [], "train_acc": math.nan, "seeds": seen, "batches": batches,
-                "seconds": time.perf_counter() - start, "stage_s": dict(feed.stage_s)}
-
-    def _record(self, epoch: int, result: dict[str, Any], feed: _Feed, partial: dict[str, Any] | None,
-                before: dict[str, Any]) -> dict[str, Any]:
-        """One epoch's record; a resumed epoch's first part (`partial`) is merged in batch order."""
-        losses = list(result["losses"])
-        sizes = list(feed.sizes)
-        correct = round(result["train_acc"] * result["seeds"]) if result["losses"] else 0
-        seconds = result["seconds"]
-        stage = {k: float(result["stage_s"].get(k, 0.0)) for k in ("load", "assemble", "graph", "gather", "train")}
-        if partial is not None:
-            losses = list(partial["losses"]) + losses
-            sizes = list(partial["sizes"]) + sizes
-            correct += int(partial["correct"])
-            seconds += float(partial["seconds"])
-            stage = {k: v + float(partial["stage_s"].get(k, 0.0)) for k, v in stage.items()}
-        seen = sum(sizes)
-        total = 0.0
-        for value, size in zip(losses, sizes):      # the same sum, in the same order, as train_epoch's
-            total += value * size
-        after = self.loader.stats()
-        io = {k: after["io"][k] - before["io"][k] for k in ("bytes_read", "requests")}
-        return {
-            "epoch": epoch + 1,
-            "loss": _num(total / seen) if losses and seen else None,
-            "losses": losses,
-            "train_acc": _num(correct / seen) if losses and seen else None,
-            "val_acc": None, "test_acc": None,
-            "epoch_s": seconds,
-            "seeds_per_s": seen / seconds if seconds > 0 else None,
-            "batches_per_s": len(sizes) / seconds if seconds > 0 else None,
-            "bytes_read": int(io["bytes_read"]), "requests": int(io["requests"]),
-            "stage_s": {**stage, "eval": 0.0},
-            "partial": {"losses": losses, "sizes": sizes, "correct": correct, "seconds": seconds, "stage_s": stage},
-        }
+        return epoch, batch
 
     def _report(self, records: list[dict[str, Any]], load_s: float, stats0: dict[str, Any]) -> dict[str, Any]:
         cfg, loader = self.cfg, self.loader
@@ -425,15 +282,12 @@ class _Run:
         clocks["train"]["busy_s"] = sum(r["stage_s"]["train"] + r["stage_s"]["gather"] for r in records)
         io = {k: (v - stats0["io"].get(k, 0) if isinstance(v, (int, float)) else v) for k, v in stats["io"].items()}
         io["read_amplification"] = io["bytes_read"] / io["useful_bytes"] if io.get("useful_bytes") else None
-        evaluated = [r for r in records if r["val_acc"] is not None]
-        best = max(evaluated, key=lambda r: r["val_acc"], default=None)
-        last = evaluated[-1] if evaluated else None
         st = self.store
         splits = {name: int(st.split_ids(name).shape[0]) for name in ("train", "val", "test")} if st else None
         return {
             "pipeline": str(man.get("pipeline", "packed")),
-            "title": f"{man.get('pipeline', 'packed')} (packed): {self.model_name}, fanouts {list(cfg.fanouts)}",
-            "config": {**asdict(cfg), "model": self.model_name, "fanouts": list(cfg.fanouts), "device": str(self.dev),
+            "title": f"{man.get('pipeline', 'packed')} (packed): {cfg.model}, fanouts {list(cfg.fanouts)}",
+            "config": {**asdict(cfg), "fanouts": list(cfg.fanouts), "device": str(self.dev),
                        "torch_threads": torch.get_num_threads(), "packed": str(loader.path)},
             "dataset": {"packed": str(loader.path), "store": str(st.path) if st else None,
                         "nodes": loader.ds.num_nodes, "dim": loader.dim, "dtype": str(loader.dtype),
@@ -442,16 +296,8 @@ class _Run:
                         "note": self.store_note},
             "load_s": load_s,
             "epochs": records,
-            "final": {
-                "test_acc": last["test_acc"] if last else None,
-                "best_val_acc": best["val_acc"] if best else None,
-                "best_epoch": best["epoch"] if best else None,
-                "test_acc_at_best_val": best["test_acc"] if best else None,
-                "train_s": sum(r["epoch_s"] for r in records),
-                "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
-            },
-            "stage_s": {k: sum(r["stage_s"][k] for r in records)
-                        for k in ("load", "assemble", "graph", "gather", "train", "eval")},
+            "final": final_block(records),
+            "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in (*STAGES, "eval")},
             "stages": clocks,
             "queues": {
                 "depth": loader.queue_depth if loader.pipelined else 0,

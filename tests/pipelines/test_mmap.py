@@ -20,7 +20,7 @@ from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
-from diskflow.operators.train.loop import TrainConfig
+from diskflow.operators.train.session import TrainConfig
 from diskflow.pipelines import belady, inmemory, mmap
 from diskflow.pipelines.inmemory import StoredSamplesLoader
 from diskflow.pipelines.mmap import MappedFeatures

@@ -22,8 +22,9 @@ from diskflow.operators.train.batches import (
     seed_batches,
     to_data,
 )
-from diskflow.operators.train.loop import TrainConfig, deterministic, evaluate, forward, train_epoch
+from diskflow.operators.train.loop import deterministic, evaluate, forward, train_epoch
 from diskflow.operators.train.models import MODELS, build_model
+from diskflow.operators.train.session import TrainConfig
 
 NEIGHBORLOADER_FIELDS = {"x", "edge_index", "y", "n_id", "batch_size", "num_sampled_nodes", "num_sampled_edges"}
 

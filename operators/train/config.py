@@ -1,0 +1,89 @@
+"""The training options every pipeline shares, with their defaults in one place: `TrainConfig`.
+
+The in-memory, packed and streamed trainers all take a `TrainConfig` (the streamed one adds its
+loader's options, `operators.stream.train.StreamTrainConfig`), so a default or a check changes
+here once. Imports no torch: a config can be built, validated and pickled where no model runs
+(the Dask client of a streamed run, the CLI).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..formats.errors import ConfigError
+
+MODELS = ("sage", "gcn", "gat", "mlp")
+DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
+
+
+def _positive_int(option: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how; validated on construction (errors name the CLI option).
+
+    Attributes:
+        model: one of `MODELS`, or `DATA_ONLY` ("none": build every batch, train nothing).
+        hidden, num_layers, dropout, heads: the model's shape; `num_layers` defaults to the
+            number of hops (``len(fanouts)``).
+        fanouts: `fanouts[k]` neighbours sampled at hop k (-1: all of them).
+        batch_size, epochs, lr, seed: training; the same seed gives the same losses.
+        eval_every: evaluate val/test every this many epochs (and after the last one).
+        threads: torch's intra-op threads (None: torch's own setting). They may change the
+            order of floating-point sums, but not what a checkpoint resumes.
+    """
+
+    model: str = "sage"
+    hidden: int = 128
+    num_layers: int | None = None
+    fanouts: tuple[int, ...] = (10, 10, 10)
+    batch_size: int = 1024
+    epochs: int = 3
+    lr: float = 3e-3
+    dropout: float = 0.2
+    heads: int = 4
+    seed: int = 0
+    eval_every: int = 1
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS and self.model != DATA_ONLY:
+            raise ConfigError("--model", f"unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        fanouts = tuple(self.fanouts)
+        if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
+            raise ConfigError("--fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
+                                           f"got {list(self.fanouts)}")
+        object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
+        if self.num_layers is None:
+            object.__setattr__(self, "num_layers", len(fanouts))
+        for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
+                              ("--batch-size", self.batch_size), ("--epochs", self.epochs),
+                              ("--eval-every", self.eval_every), ("--heads", self.heads)):
+            _positive_int(option, value)
+        if self.threads is not None:
+            _positive_int("--threads", self.threads)
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
+            raise ConfigError("--lr", f"expected a positive number, got {self.lr!r}")
+        if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float))
+                                                  and 0.0 <= self.dropout < 1.0):
+            raise ConfigError("--dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError("--seed", f"expected an integer >= 0, got {self.seed!r}")
+
+    @property
+    def data_only(self) -> bool:
+        """Whether this run builds batches only (model "none"): no model, no losses, no evaluation."""
+        return self.model == DATA_ONLY
+
+    def due(self, epoch: int) -> bool:
+        """Whether val/test are evaluated after epoch `epoch` (0-based): every `eval_every`, and the last."""
+        return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
+
+    def resumable(self) -> dict[str, Any]:
+        """The options a checkpoint must match to be resumed: all of them but `threads`."""
+        return {k: v for k, v in asdict(self).items() if k != "threads"}
