@@ -73,14 +73,8 @@ from ..operators.formats.store import Store
 from ..operators.prepare.count import count_superbatch, dense_counts, merge_counts
 from ..operators.prepare.diskcache import build_layout
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
-from ..operators.prepare.plan import (
-    WindowTrace,
-    initial_fill,
-    plan_belady,
-    plan_static,
-    trace_window,
-)
-from ..operators.prepare.policies import Policy, check_policy, choose_tier, planned, policy_id
+from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
+from ..operators.prepare.policies import Policy, check_policy, choose_tiers, planned, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
 from ..operators.prepare.superbatch import (
     SuperbatchRef,
@@ -227,18 +221,12 @@ def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tie
     The chain only plans: writing the plan file and routing are tasks of their own, off the chain.
     """
     batches = read_n_ids(sample_paths[i])
+    lookahead = read_n_ids(sample_paths[i + 1]) if belady and trace is None and i + 1 < len(sample_paths) else []
     with np.load(tiers_path) as z:
         gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
-    if not belady:      # a static CPU tier (built-in or the user's policy)
-        plan = plan_static(batches, cpu_init, gpu_ids)
-    else:
-        freq = np.load(counts_path, mmap_mode="r")
-        init = cpu_init if prev is None else prev.final_cache
-        if trace is None:
-            trace = trace_window(batches, read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else [],
-                                 gpu_ids, freq.shape[0])
-        plan = plan_belady(batches, [], cpu_init.shape[0], init, gpu_ids, freq, trace=trace)
-    return plan
+    freq = np.load(counts_path, mmap_mode="r") if belady else None
+    return plan_superbatch(batches, lookahead, gpu_ids, cpu_init, freq, None if prev is None else prev.final_cache,
+                           belady, trace)
 
 
 def _save_plan_task(plan: SuperbatchPlan, out_path: str) -> dict:
@@ -272,13 +260,8 @@ def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_by
     read = min(num_nodes, int(np.count_nonzero(freq)))
     sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, read, cfg.device, max_rows,
                        cfg.staging_batches, num_shards, cfg.io_reserve)
-    gpu_ids = np.sort(choose_tier(cfg.gpu_policy, freq, sizes.gpu_rows, np.zeros(0, np.int64), "gpu"))
-    if planned(cfg.cpu_policy):
-        first = [b for p in first_paths for b in read_n_ids(p)]
-        cpu_ids = initial_fill(first, sizes.cpu_rows, freq, gpu_ids)
-    else:
-        cpu_ids = choose_tier(cfg.cpu_policy, freq, sizes.cpu_rows, gpu_ids, "cpu")
-        cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
+    gpu_ids, cpu_ids = choose_tiers(cfg.gpu_policy, cfg.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
+                                    lambda: [b for p in first_paths for b in read_n_ids(p)])
     with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
         np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
     return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}

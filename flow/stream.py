@@ -57,7 +57,8 @@ from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import config_hash
 from ..operators.formats.store import Store
 from ..operators.prepare.count import merge_counts
-from ..operators.prepare.plan import initial_fill, plan_belady, plan_static, static_tier
+from ..operators.prepare.plan import plan_superbatch
+from ..operators.prepare.policies import Policy, check_policy, choose_tiers, planned, policy_id
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import tier_sizes
 from ..operators.stream.pack import (
@@ -74,7 +75,6 @@ from .options import parse_int
 from .plugin import GPU, PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .progress import bar
 
-CPU_POLICIES = ("belady", "static")
 MAX_ROWS_MARGIN = 1.10      # staging reserve: the largest batch seen in the tier superbatches, plus 10%
 PHASES = ("sample", "plan", "pack", "ship", "train")
 
@@ -98,7 +98,8 @@ class StreamConfig:
     epochs: int = 1
     seed: int = 0
     sampler_threads: int = 1
-    cpu_policy: str = "belady"
+    cpu_policy: Policy = "belady"       # as PrepareConfig: "belady", "static" or a function
+    gpu_policy: Policy = "hottest"
     gpu_memory: int = 0
     cpu_memory: int = 0
     staging_batches: int = 3
@@ -113,8 +114,8 @@ class StreamConfig:
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
-        if self.cpu_policy not in CPU_POLICIES:
-            raise ConfigError("cpu_policy", f"expected one of {CPU_POLICIES}, got {self.cpu_policy!r}")
+        check_policy(self.cpu_policy, "cpu", "cpu_policy")
+        check_policy(self.gpu_policy, "gpu", "gpu_policy")
         for option, value in (("--window", self.window), ("--tier-superbatches", self.tier_superbatches),
                               ("--checkpoint-every", self.checkpoint_every), ("--staging-batches", self.staging_batches),
                               ("--sampler-threads", self.sampler_threads)):
@@ -125,9 +126,18 @@ class StreamConfig:
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigError("--device", f"expected cpu or cuda[:N], got {self.device!r}")
 
+    def describe(self) -> dict[str, Any]:
+        """The config as JSON values, policies by `policy_id` (the GPU policy only when not the default)."""
+        out = {**asdict(self), "cpu_policy": policy_id(self.cpu_policy)}
+        if self.gpu_policy == "hottest":
+            out.pop("gpu_policy")
+        else:
+            out["gpu_policy"] = policy_id(self.gpu_policy)
+        return out
+
     def fingerprint(self, store_hash: str) -> str:
         """What a checkpoint must match to be resumed (options that change results; not the window)."""
-        keep = {k: v for k, v in asdict(self).items()
+        keep = {k: v for k, v in self.describe().items()
                 if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train")}
         train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")}
         return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
@@ -237,19 +247,15 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult],
     sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, store.row_bytes, store.num_nodes,
                        "cuda" if device.startswith("cuda") else "cpu", max_rows, cfg.staging_batches,
                        len(store.shards), cfg.io_reserve)
-    gpu_ids = np.sort(static_tier(freq, sizes.gpu_rows, np.zeros(0, np.int64)))
-    if start_cpu_ids is not None:
+    gpu_ids, cpu_ids = choose_tiers(cfg.gpu_policy, cfg.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
+                                    lambda: [b for s in first[:2] for b in sample_n_ids(s.data, s.key)])
+    if start_cpu_ids is not None:      # resuming: the CPU tier as the checkpoint left it
         cpu_ids = np.asarray(start_cpu_ids, np.int64)
         if cpu_ids.shape[0] != sizes.cpu_rows:
             raise InputError("checkpoint cpu_ids.npy", f"holds {cpu_ids.shape[0]} CPU-tier slots, this run's budget "
                                                        f"gives {sizes.cpu_rows}; resume with the same options")
-    elif cfg.cpu_policy == "static":
-        cpu_ids = static_tier(freq, sizes.cpu_rows, gpu_ids)
-        cpu_ids = np.concatenate([cpu_ids, np.full(sizes.cpu_rows - cpu_ids.shape[0], -1, np.int64)])
-    else:
-        cpu_ids = initial_fill([b for s in first[:2] for b in sample_n_ids(s.data, s.key)], sizes.cpu_rows, freq, gpu_ids)
     config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
-              "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": cfg.cpu_policy, "gpu_memory": cfg.gpu_memory,
+              "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy), "gpu_memory": cfg.gpu_memory,
               "cpu_memory": cfg.cpu_memory, "device": device, "staging_batches": cfg.staging_batches,
               "tier_superbatches": cfg.tier_superbatches}
     header = stream_header(store, config, sizes.gpu_rows, sizes.cpu_rows, round_batches, cfg.epochs)
@@ -259,16 +265,13 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult],
 
 
 def plan_task(prev: PlanResult | None, sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers,
-              policy: str) -> PlanResult:
+              policy: Policy) -> PlanResult:
     """Plan one superbatch from the previous plan's final cache (the stream's start tier for the first)."""
     t0 = time.time()
     batches = sample_n_ids(sample.data, sample.key)
     ahead = sample_n_ids(lookahead.data, lookahead.key) if lookahead is not None else []
-    init = tiers.cpu_ids if prev is None else prev.final_cache
-    if policy == "static":
-        plan = plan_static(batches, tiers.cpu_ids, tiers.gpu_ids)
-    else:
-        plan = plan_belady(batches, ahead, tiers.cpu_ids.shape[0], init, tiers.gpu_ids, tiers.frequency)
+    plan = plan_superbatch(batches, ahead, tiers.gpu_ids, tiers.cpu_ids, tiers.frequency,
+                           None if prev is None else prev.final_cache, planned(policy))
     stats = {"hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits, "inserts": plan.inserts}
     return PlanResult(sample.key, plan.batches, plan.final_cache, stats, {"sample": sample.timing, "plan": _stamp(t0)})
 
@@ -838,7 +841,7 @@ class StreamRun:
         report: dict[str, Any] = {
             "pipeline": "streaming",
             "title": f"streaming: {tcfg.model}, fanouts {list(self.cfg.fanouts)}, window {self.cfg.window}",
-            "config": {**asdict(replace(self.cfg, train=None)), "fanouts": list(self.cfg.fanouts),
+            "config": {**replace(self.cfg, train=None).describe(), "fanouts": list(self.cfg.fanouts),
                        "train": {**asdict(tcfg), "fanouts": list(tcfg.fanouts)}, "device": getattr(self, "device", None)},
             "dataset": {"store": self.store_path, "nodes": self.store.num_nodes, "dim": self.store.feature_dim,
                         "dtype": str(self.store.feature_dtype), "num_classes": self.store.num_classes,

@@ -308,3 +308,20 @@ def _concat(batches: Sequence[np.ndarray], name: str) -> tuple[np.ndarray, np.nd
     np.cumsum([a.shape[0] for a in arrays], out=offsets[1:])
     nodes = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
     return nodes, offsets
+
+
+def plan_superbatch(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], gpu_ids: np.ndarray,
+                    cpu_ids: np.ndarray, frequency: np.ndarray, prev_cache: np.ndarray | None, belady: bool,
+                    trace: WindowTrace | None = None) -> SuperbatchPlan:
+    """One superbatch's plan under the round's tiers: the one place prepare and the stream plan.
+
+    A static CPU tier (`belady` False) keeps `cpu_ids` in its slots all round. A Belady tier
+    starts from the previous superbatch's final cache (`prev_cache`; `cpu_ids` for the first)
+    and looks ahead into `lookahead`, or uses `trace`, that window traced beforehand.
+    """
+    if not belady:
+        return plan_static(batches, cpu_ids, gpu_ids)
+    init = cpu_ids if prev_cache is None else prev_cache
+    if trace is not None:
+        return plan_belady(batches, [], cpu_ids.shape[0], init, gpu_ids, frequency, trace=trace)
+    return plan_belady(batches, lookahead, cpu_ids.shape[0], init, gpu_ids, frequency)

@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..formats.errors import ConfigError
-from .plan import static_tier
+from .plan import initial_fill, static_tier
 
 TierPolicy = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
 Policy = str | TierPolicy   # a built-in name or a function
@@ -142,3 +142,19 @@ def choose_tier(policy: Policy, counts: np.ndarray, rows: int, exclude: np.ndarr
     if fault is not None:
         raise ConfigError(f"{which}_tier", f"the policy {policy_id(policy)} {fault}")
     return ids.astype(np.int64, copy=False)
+
+
+def choose_tiers(gpu_policy: Policy, cpu_policy: Policy, counts: np.ndarray, gpu_rows: int, cpu_rows: int,
+                 first_batches: Callable[[], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU tier (sorted node ids) and the CPU tier's slots at round start (-1 = empty slot).
+
+    The one place both the offline preparation and the stream turn policies and row budgets into
+    tiers. A planned (Belady) CPU tier starts filled with the rows of `first_batches()` (called
+    only then: the first superbatches' batches); a static one holds what its policy chose, in
+    slot order, for the whole round.
+    """
+    gpu_ids = np.sort(choose_tier(gpu_policy, counts, gpu_rows, np.zeros(0, np.int64), "gpu"))
+    if planned(cpu_policy):
+        return gpu_ids, initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
+    ids = choose_tier(cpu_policy, counts, cpu_rows, gpu_ids, "cpu")
+    return gpu_ids, np.concatenate([ids, np.full(cpu_rows - ids.shape[0], -1, np.int64)])
