@@ -1,11 +1,16 @@
 """Shared fixtures: small synthetic graphs made once per session (odd sizes on purpose)."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import dask
 import pytest
+
+with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch_geometric.nn  # noqa: F401  (once, here: every test module may then import it)
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +34,24 @@ def tiny_store(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     with dask.config.set(scheduler="sync"):
         run_ingest(tiny_raw, out, shard_rows=1000)
     return out
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for the test (small graphs train fastest so, and the machine is shared)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def sync_dask() -> Iterator[None]:
+    """Dask's synchronous scheduler for the test (graphs run in the test's thread, in order)."""
+    with dask.config.set(scheduler="sync"):
+        yield
 
 
 class SmallDisk:

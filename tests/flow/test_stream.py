@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,6 @@ import torch
 
 distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
 
 import dask
 from diskflow.flow import stream as stream_mod
@@ -38,12 +34,7 @@ EMBEDDED: dict[str, Any] = {"workers": 1, "processes": False, "progress": False}
 PREP = ("sample", "plan", "pack")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _losses(report: dict[str, Any]) -> list[float]:

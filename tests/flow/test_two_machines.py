@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,6 @@ import torch
 
 distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
 
 import dask
 from dask.utils import key_split

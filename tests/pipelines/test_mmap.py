@@ -3,19 +3,13 @@ inmemory (online or on a packed dataset's samples), features never loaded, data-
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
-import dask
 from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, InputError
@@ -29,12 +23,7 @@ SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "b
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "progress": False}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

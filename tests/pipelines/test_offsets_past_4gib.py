@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
-import dask
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.formats.files import create_aligned_npy, save_aligned_npy, write_manifest
 from diskflow.operators.formats.packed import (

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 import dask
+import pytest
 from diskflow.flow import cli
 from diskflow.flow.commands import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
@@ -32,13 +25,7 @@ SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "b
                             "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "progress": False}
 
 
-@pytest.fixture(autouse=True)
-def _sync_and_one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with dask.config.set(scheduler="sync"):
-        yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "sync_dask")
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,10 @@ caught too.
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
-import dask
 import pytest
-import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 from diskflow.flow.rundir import new_run_dir
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
@@ -51,13 +43,7 @@ PINNED_LOSSES: list[str] = [
 PINNED_TEST_ACC = "0x1.8618618618618p-1"
 
 
-@pytest.fixture(autouse=True)
-def _sync_and_one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with dask.config.set(scheduler="sync"):
-        yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "sync_dask")
 
 
 def _hex(report: dict[str, Any]) -> tuple[list[str], str]:

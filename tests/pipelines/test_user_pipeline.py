@@ -4,7 +4,6 @@ defines a `diskflow.Pipeline` with its own CPU tier policy, taken by `diskflow p
 from __future__ import annotations
 
 import json
-import warnings
 from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
@@ -12,11 +11,6 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 from diskflow.flow.cli import main
 
 import diskflow

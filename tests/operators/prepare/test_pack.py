@@ -2,16 +2,10 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.files import ALIGN
 from diskflow.operators.formats.packed import (

@@ -8,18 +8,12 @@ import shutil
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import dask
 import numpy as np
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import ConfigError, InputError
@@ -36,12 +30,7 @@ CPU_ROWS, GPU_ROWS = 600, 250
 FIELDS = {"x", "edge_index", "y", "n_id", "batch_size", "num_sampled_nodes", "num_sampled_edges"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def prepared(store: Path, out: Path, staging: int, **kw: object) -> Path:

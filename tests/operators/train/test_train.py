@@ -1,16 +1,9 @@
 """Batches shaped like NeighborLoader's, the shared training loop, and the models."""
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import (
@@ -53,13 +46,7 @@ def graph():
     return homophilous_graph()
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small graphs train fastest on one thread (and the test machine is shared)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------------ seed batches and sampling seeds

@@ -10,18 +10,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 from typing import Any
 
 import dask
 import pytest
 import torch
-
-with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch_geometric.nn  # noqa: F401
-
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.formats.errors import ConfigError, InputError
@@ -36,12 +30,7 @@ MODEL = {"model": "sage", "hidden": 16, "lr": 0.01, "dropout": 0.2}
 CPU_ROWS = 500
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
