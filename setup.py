@@ -12,6 +12,7 @@ PACKAGES = {
     "diskflow": "diskflow",
     "diskflow.flow": "flow",
     "diskflow.flow.commands": "flow/commands",
+    "diskflow.flow.stream": "flow/stream",
     "diskflow.operators": "operators",
     **{f"diskflow.operators.{stage}": f"operators/{stage}" for stage in ("formats", "ingest", "prepare", "train", "stream")},
     "diskflow.native": "native",

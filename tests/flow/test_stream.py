@@ -23,6 +23,7 @@ from diskflow.flow.commands import report as report_cmd
 from diskflow.flow.roles import stream_client
 from diskflow.flow.rundir import new_run_dir
 from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
+from diskflow.flow.stream import tasks as stream_tasks
 from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputError
 from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -326,9 +327,9 @@ def test_gpu_tasks_on_a_worker_without_the_gpu_resource_are_config_errors(tmp_pa
     with pytest.raises(ConfigError, match="resources: worker inproc://cpu has no GPU resource"):
         plugin.gpu_space()
     plugin.jobs["r"] = Job("r", tmp_path / "r", 0)        # a run's state this worker should never hold
-    monkeypatch.setattr(stream_mod, "_plugin", lambda: plugin)
+    monkeypatch.setattr(stream_tasks, "_plugin", lambda: plugin)
     with pytest.raises(ConfigError, match="has no GPU resource"):
-        stream_mod.train_task("r", {"dir": str(tmp_path)}, {"index": 0, "key": "e0-s00000"}, None, "cpu", "f", None,
+        stream_tasks.train_task("r", {"dir": str(tmp_path)}, {"index": 0, "key": "e0-s00000"}, None, "cpu", "f", None,
                               False)
 
 

@@ -1,0 +1,69 @@
+"""The flags `diskflow run` adds for split and streamed runs, and `--resume RUN`."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...operators.formats.errors import ConfigError, InputError
+from ..options import parse_int
+
+# ---------------------------------------------------------------------------- `diskflow run` options
+
+def _int_at_least(option: str, minimum: int) -> Callable[[str], int]:
+    return lambda text: parse_int(option, text, minimum)
+
+
+def _float_at_least(option: str, minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(option, f"expected a number >= {minimum}, got {text!r}") from None
+        if not value >= minimum:
+            raise ConfigError(option, f"expected a number >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+# option attribute -> (flag, parser, help): the flags `diskflow run` adds for split and streamed runs
+RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "scheduler": ("--scheduler", str, "tcp://HOST:PORT of a running Dask scheduler (default: an embedded cluster)"),
+    "window": ("--window", _int_at_least("--window", 1),
+               "superbatches staged on the GPU worker / prepared ahead of training at most (default 2)"),
+    "workers": ("--workers", _int_at_least("--workers", 0), "CPU workers of the embedded cluster (default: cores - 1)"),
+    "scratch": ("--scratch", str, "the embedded GPU worker's scratch directory (default RUN/scratch)"),
+    "quota": ("--quota", str, "the embedded GPU worker's scratch quota, e.g. 10GiB (default: none)"),
+    "hold_memory": ("--hold-memory", str, ("the embedded GPU worker's memory for staged index and samples, which "
+                                           "skip the scratch disk while they fit (default 256MiB; 0: all on disk)")),
+    "stage": ("--stage", str, "an fsspec URL both machines reach; superbatches travel through it instead of Dask"),
+    "superbatch_size": ("--superbatch-size", _int_at_least("--superbatch-size", 1),
+                        "batches per superbatch (streaming default 32)"),
+    "tier_superbatches": ("--tier-superbatches", _int_at_least("--tier-superbatches", 1),
+                          "superbatches whose counts decide the GPU tier (default 2)"),
+    "checkpoint_every": ("--checkpoint-every", _int_at_least("--checkpoint-every", 1),
+                         "superbatches between checkpoints (default 1; also at every epoch's end)"),
+    "cpu_memory": ("--cpu-memory", str, "trainer host memory for features: bytes (4GiB) or a share (10%%)"),
+    "gpu_memory": ("--gpu-memory", str, "GPU memory for the GPU tier: bytes or a share of the features"),
+    "gpu_wait": ("--gpu-wait", _float_at_least("--gpu-wait", 0.0),
+                 "seconds to wait for a GPU-resource worker to join (default 60)"),
+    "resume": ("--resume", lambda text: True, ("continue the run in directory RUN from its last checkpoint "
+                                               "(same options; RUN is used instead of a new run directory)")),
+}
+
+
+def add_run_arguments(parser: Any) -> None:
+    """Add the split/streamed-run flags (`RUN_OPTIONS`, ``--resume RUN`` among them) to `diskflow run`'s parser."""
+    for name, (flag, _, text) in RUN_OPTIONS.items():
+        metavar = {"resume": "RUN", "scheduler": "ADDRESS", "stage": "URL"}.get(name, name.split("_")[0].upper())
+        parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
+
+
+def resume_dir(args: Any) -> Path | None:
+    """The run directory `--resume RUN` names (it must hold checkpoints), or None."""
+    if getattr(args, "resume", None) is None:
+        return None
+    path = Path(args.resume)
+    if not (path / "checkpoints").is_dir():
+        raise InputError(path, "no checkpoints to resume from (give the run directory of the interrupted run)")
+    return path

@@ -1,0 +1,79 @@
+"""A streamed run's configuration (`StreamConfig`) and the error that stops a run."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ...operators.formats.errors import ConfigError, DiskflowError
+from ...operators.formats.files import config_hash
+from ...operators.prepare.policies import Policy, check_policy, policy_id
+from ...operators.prepare.superbatch import check_round_config
+
+MAX_ROWS_MARGIN = 1.10      # staging reserve: the largest batch seen in the tier superbatches, plus 10%
+PHASES = ("sample", "plan", "pack", "ship", "train")
+
+
+class StreamStopped(DiskflowError):
+    """The streamed run had to stop (a lost worker or scheduler, a superbatch that fails verification)."""
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """A streamed run: the round, the tiers' budgets, the stream's window, and the trainer's options.
+
+    Budgets are bytes: `gpu_memory` the GPU tier, `cpu_memory` what the tiers may take of the
+    trainer's host memory (CPU tier + staging of `staging_batches` batches), as `PrepareConfig`.
+    """
+
+    train: Any                          # operators.stream_train.StreamTrainConfig
+    fanouts: tuple[int, ...] = (10, 10, 10)
+    batch_size: int = 1024
+    superbatch_size: int = 32
+    epochs: int = 1
+    seed: int = 0
+    sampler_threads: int = 1
+    cpu_policy: Policy = "belady"       # as PrepareConfig: "belady", "static" or a function
+    gpu_policy: Policy = "hottest"
+    gpu_memory: int = 0
+    cpu_memory: int = 0
+    staging_batches: int = 3
+    io_reserve: int = 0
+    tier_superbatches: int = 2
+    window: int = 2
+    stage: str | None = None
+    checkpoint_every: int = 1
+    device: str | None = None
+    gpu_wait_s: float = 60.0
+    poll_s: float = 0.5
+
+    def validate(self) -> None:
+        check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
+        check_policy(self.cpu_policy, "cpu", "cpu_policy")
+        check_policy(self.gpu_policy, "gpu", "gpu_policy")
+        for option, value in (("--window", self.window), ("--tier-superbatches", self.tier_superbatches),
+                              ("--checkpoint-every", self.checkpoint_every), ("--staging-batches", self.staging_batches),
+                              ("--sampler-threads", self.sampler_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
+        if self.gpu_memory < 0 or self.cpu_memory < 0:
+            raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError("--device", f"expected cpu or cuda[:N], got {self.device!r}")
+
+    def describe(self) -> dict[str, Any]:
+        """The config as JSON values, policies by `policy_id` (the GPU policy only when not the default)."""
+        out = {**asdict(self), "cpu_policy": policy_id(self.cpu_policy)}
+        if self.gpu_policy == "hottest":
+            out.pop("gpu_policy")
+        else:
+            out["gpu_policy"] = policy_id(self.gpu_policy)
+        return out
+
+    def fingerprint(self, store_hash: str) -> str:
+        """What a checkpoint must match to be resumed (options that change results; not the window)."""
+        keep = {k: v for k, v in self.describe().items()
+                if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train")}
+        train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")}
+        return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
+                            "train": {**train, "fanouts": list(train["fanouts"])}})

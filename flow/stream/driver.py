@@ -1,0 +1,489 @@
+"""The driver of a streamed run (`StreamRun`): submits each superbatch's tasks, keeps the window, checkpoints."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...operators.formats.errors import ConfigError, DiskflowError
+from ...operators.formats.files import config_hash
+from ...operators.formats.store import Store
+from ...operators.prepare.count import merge_counts
+from ...operators.prepare.superbatch import round_layout
+from ..plugin import GPU, DiskflowPlugin, GpuStateLost
+from ..progress import bar
+from .config import PHASES, StreamConfig, StreamStopped
+from .report import stream_report
+from .tasks import (
+    count_task,
+    finish_task,
+    pack_base_task,
+    pack_task,
+    plan_task,
+    probe_task,
+    sample_task,
+    ship_task,
+    tiers_task,
+    train_task,
+    worker_table,
+)
+
+# ---------------------------------------------------------------------------- the driver
+
+def _merge_tree(client: Any, parts: list[Any], tok: str, kw: dict[str, Any]) -> Any:
+    level = 0
+    while len(parts) > 1:
+        parts = [client.submit(merge_counts, *parts[i:i + 2], key=f"count-merge-{level}-{i // 2}-{tok}", **kw)
+                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+        level += 1
+    return parts[0]
+
+
+class StreamRun:
+    """Drive one streamed run on a connected `distributed.Client` (see the module docstring).
+
+    Args:
+        client: the client (embedded LocalCluster or a remote scheduler).
+        store: the ingested store (a path the CPU workers can read).
+        run_dir: the run directory (checkpoints go to ``run_dir/checkpoints``).
+        cfg: the run's configuration.
+        resume: continue from the latest checkpoint in `run_dir`.
+        progress: show a progress bar per phase (on a terminal).
+        on_epoch: called with each finished epoch's record.
+        on_superbatch: called with each trained superbatch's result (small dict).
+    """
+
+    def __init__(self, client: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], cfg: StreamConfig,
+                 *, resume: bool = False, progress: bool = True,
+                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 on_superbatch: Callable[[dict[str, Any]], None] | None = None) -> None:
+        cfg.validate()
+        self.client = client
+        self.store = Store(store)
+        self.store_path = str(self.store.path.resolve())
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.resume = resume
+        self.progress = progress
+        self.on_epoch, self.on_superbatch = on_epoch, on_superbatch
+        self.refs = round_layout(self.store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
+        self.n = len(self.refs)
+        self.round_batches = sum(r.num_batches for r in self.refs)
+        self.tok = f"{uuid.uuid4().int % 10**8:08d}"
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.run_dir.name).strip("-.") or "run"
+        self.run_id = f"{safe}-{self.tok}"
+        self.fingerprint = cfg.fingerprint(config_hash(self.store.manifest))
+        self.ckpt_root = self.run_dir / "checkpoints"
+        # futures per phase and superbatch, and what each watched future is
+        self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "plan", "ship", "train")}
+        self.watch: dict[Any, tuple[str, int]] = {}
+        self.shipped_ok: set[int] = set()
+        self.prepared: set[int] = set()
+        self.planned: set[int] = set()          # plans done
+        self.deferred: set[int] = set()         # due for preparation, waiting for the previous plan
+        self.reshipped: set[int] = set()
+        self.next_train = 0
+        self.timeline: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+        self.bars: dict[str, Any] = {}
+        self.last_checkpoint: Path | None = None
+        self._ckpt_writer: Any = None           # one background thread: checkpoints are written in order
+        self._ckpt_pending: list[Any] = []
+        self.trained = 0
+
+    # ------------------------------------------------------------------ cluster
+    def _workers(self) -> dict[str, dict[str, float]]:
+        try:
+            return self.client.run_on_scheduler(worker_table)
+        except Exception as e:   # any comm failure means the scheduler is gone
+            raise StreamStopped(f"lost the Dask scheduler ({type(e).__name__}: {e}); {self._where()}") from e
+
+    def _find_workers(self) -> None:
+        """The GPU worker this run uses (waits `gpu_wait_s` for one) and the CPU workers."""
+        deadline = time.monotonic() + self.cfg.gpu_wait_s
+        while True:
+            table = self._workers()
+            gpus = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) > 0)
+            if gpus:
+                break
+            if time.monotonic() > deadline:
+                raise StreamStopped(f"no worker with the {GPU} resource joined within {self.cfg.gpu_wait_s:.0f} s "
+                                    f"({len(table)} workers without it); start one with `diskflow worker SCHEDULER "
+                                    f"--gpu --scratch DIR` or `dask worker SCHEDULER --resources {GPU}=1`")
+            time.sleep(0.5)
+        self.gpu_addr = gpus[0]
+        if len(gpus) > 1:
+            print(f"note: {len(gpus)} GPU workers; this run trains on {self.gpu_addr}", file=sys.stderr)
+        self.cpu_addrs = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
+
+    def _check_health(self) -> None:
+        table = self._workers()
+        if self.gpu_addr not in table:
+            raise StreamStopped(f"the GPU worker {self.gpu_addr} left the cluster; {self._where()}")
+        if self.cpu_addrs:
+            alive = [a for a in self.cpu_addrs if a in table]
+            if not alive:
+                raise StreamStopped(f"every CPU worker this run was using ({', '.join(self.cpu_addrs)}) left the "
+                                    f"cluster; {self._where()}")
+            fresh = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
+            self.cpu_addrs = fresh     # later submissions use the workers there are now
+
+    def _where(self) -> str:
+        for fut in self._ckpt_pending:        # name the newest checkpoint that is really on disk
+            with contextlib.suppress(Exception):
+                fut.result()
+        ck = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
+        return (f"{self.trained} of {self.n} superbatches are trained and {ck}; continue with the same command and "
+                f"`--resume {self.run_dir}`")
+
+    def _cpu(self, k: int) -> dict[str, Any]:
+        kw: dict[str, Any] = {"priority": -k}
+        if self.cpu_addrs:
+            kw.update(workers=list(self.cpu_addrs), allow_other_workers=False)
+        return kw
+
+    def _gpu(self, priority: int, amount: float) -> dict[str, Any]:
+        return {"priority": priority, "resources": {GPU: amount}, "workers": [self.gpu_addr],
+                "allow_other_workers": False}
+
+    def _ship_priority(self, k: int) -> int:
+        """Ships (and ship-base, k = -1) in stream order, all before any waiting ``train`` (see `_submit_trains`)."""
+        return self.n + 1 - k
+
+    # ------------------------------------------------------------------ submission
+    def _watch(self, fut: Any, kind: str, k: int) -> Any:
+        self.watch[fut] = (kind, k)
+        return fut
+
+    def _sample(self, k: int) -> Any:
+        if k >= self.n:
+            return None
+        if k not in self.f["sample"]:
+            r = self.refs[k]
+            self.f["sample"][k] = self._watch(self.client.submit(
+                sample_task, self.store_path, r, self.cfg.batch_size, tuple(self.cfg.fanouts), self.cfg.seed,
+                self.cfg.sampler_threads, key=f"sample-{r.key}-{self.tok}", **self._cpu(k)), "sample", k)
+        return self.f["sample"][k]
+
+    def _prepare(self, k: int, attempt: int = 0) -> None:
+        """Submit plan (once), pack and ship of superbatch k (`attempt` > 0: pack and ship again).
+
+        Plan k (with its lookahead sample k+1) is submitted only once plan k-1 is done; until then
+        k waits in `deferred`. A CPU worker runs whatever task it holds that is ready, so a sample
+        submitted early would run ahead of pack k-1, whose plan had just finished but which the
+        scheduler had not handed over yet; each such sample delays a ``ship`` by its whole duration.
+        With more CPU workers, sampling runs ahead by one superbatch per extra worker (`_sample_lead`).
+        """
+        if not attempt and k not in self.f["plan"] and k > self.start and k - 1 not in self.planned:
+            self.deferred.add(k)
+            return
+        self.deferred.discard(k)
+        for j in range(k + 2, k + 2 + self._sample_lead()):
+            self._sample(j)
+        r, c = self.refs[k], self.client
+        suffix = f"-r{attempt}" if attempt else ""
+        if k not in self.f["plan"]:
+            prev = self.f["plan"][k - 1] if k > self.start else None
+            self.f["plan"][k] = self._watch(c.submit(
+                plan_task, prev, self._sample(k), self._sample(k + 1), self.tiers, self.cfg.cpu_policy,
+                key=f"plan-{r.key}-{self.tok}", **self._cpu(k)), "plan", k)
+        pack = self._watch(c.submit(
+            pack_task, self.store_path, r, self._sample(k), self.f["plan"][k], self.tiers, k, self.cfg.stage, self.run_id,
+            key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
+        self.f["ship"][k] = self._watch(c.submit(
+            ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
+            **self._gpu(self._ship_priority(k), 0)), "ship", k)
+        self.prepared.add(k)
+
+    def _sample_lead(self) -> int:
+        """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first,
+        at most the window (so what is held in workers' memory stays bounded by the window)."""
+        return min(max(0, len(self.cpu_addrs) - 1), self.cfg.window)
+
+    def _submit_trains(self) -> None:
+        """Submit train k for every shipped superbatch whose predecessor is submitted (in order).
+
+        Train k does not depend on train k-1: both wait on the GPU worker itself, which runs
+        them one at a time (each takes the whole ``GPU`` resource) in priority order, so train
+        k starts the moment k-1 ends instead of after a round trip to the scheduler. Ships carry
+        a higher priority than any train, so one waiting for the resource never holds a ship
+        back (the worker's queue of resource-restricted tasks is served strictly by priority).
+        """
+        while self.next_train < self.n and self.next_train in self.shipped_ok:
+            k, r = self.next_train, self.refs[self.next_train]
+            nxt = self.refs[k + 1] if k + 1 < self.n else None
+            entry = {"key": r.key, "index": k, "epoch": r.epoch, "first_batch": r.round_first_batch,
+                     "epoch_batch": r.first_batch, "batches": r.num_batches,
+                     "epoch_end": nxt is None or nxt.epoch != r.epoch}
+            ckpt = k + 1 == self.n or entry["epoch_end"] or (k - self.start + 1) % self.cfg.checkpoint_every == 0
+            self.f["train"][k] = self._watch(self.client.submit(
+                train_task, self.run_id, self.f["ship"][k], entry, self.cfg.train, self.device, self.fingerprint,
+                self.resume_state if k == self.start else None, ckpt, key=f"train-{r.key}-{self.tok}",
+                **self._gpu(-k, 1)), "train", k)
+            self.next_train += 1
+
+    def _release(self) -> None:
+        """Drop the futures no later submission needs (a pending task keeps its inputs on the workers itself).
+
+        Sample k feeds plan k-1 (lookahead), plan k and pack k; plan k feeds plan k+1 and pack k;
+        a pack can be submitted again until its ship succeeded; ship k feeds train k (a train's
+        own future is dropped once its result is handled).
+        """
+        f = self.f
+        for k in [k for k in f["sample"] if (k < self.start and k not in self.prepared)
+                  or (k in self.prepared and k in self.shipped_ok)]:
+            del f["sample"][k]
+        for k in [k for k in f["plan"] if k in self.shipped_ok and (k + 1 in self.prepared or k + 1 >= self.n)]:
+            del f["plan"][k]
+        for k in [k for k in f["ship"] if k in f["train"] or k < self.next_train]:
+            del f["ship"][k]
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, Any]:
+        wall0 = time.perf_counter()
+        c = self.client
+        c.register_plugin(DiskflowPlugin())
+        self._find_workers()
+        info = c.submit(probe_task, key=f"probe-{self.tok}", pure=False, **self._gpu(0, 0)).result()
+        self.gpu_info = info
+        self.device = self.cfg.device or str(info["device"])
+        self.start, self.resume_state, start_ids = 0, None, None
+        self.resumed_from: str | None = None
+        if self.resume:
+            self.start, self.resume_state, start_ids = self._load_resume()
+        if self.start >= self.n:
+            self.t_start = time.time()
+            return self._report(wall0, {}, {})
+        self.next_train = self.start
+        self.t_start = time.time()      # the stream's clock: from the first submission
+        self._open_bars()
+        try:
+            self._submit_head(start_ids)
+            self._prepare(self.start)     # the rest of the window once its plan is done
+            self._loop()
+            self._checkpoints_written()
+            finish = c.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False, **self._gpu(-self.n, 0))
+            done = finish.result()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            for b in self.bars.values():
+                b.close()
+            if self._ckpt_writer is not None:
+                self._ckpt_writer.shutdown(wait=True)
+        return self._report(wall0, done.get("summary", {}), done.get("usage", {}))
+
+    def _submit_head(self, start_ids: np.ndarray | None) -> None:
+        """Counts over the tier superbatches, the tiers, and the base bundle (pack-base, ship-base)."""
+        c = self.client
+        per_epoch0 = sum(1 for r in self.refs if r.epoch == 0)
+        t = min(self.cfg.tier_superbatches, per_epoch0)
+        firsts = [self._sample(k) for k in range(max(t, 2 if self.n > 1 else 1))]
+        kw = self._cpu(-1)
+        counts = [c.submit(count_task, firsts[k], self.store.num_nodes, key=f"count-{self.refs[k].key}-{self.tok}", **kw)
+                  for k in range(t)]
+        total = _merge_tree(c, counts, self.tok, kw)
+        self.tiers = self._watch(c.submit(tiers_task, total, firsts, self.store_path, replace(self.cfg, train=None),
+                                          self.device, self.round_batches, start_ids, key=f"tiers-{self.tok}", **kw),
+                                 "tiers", -1)
+        base = c.submit(pack_base_task, self.store_path, self.tiers, self.cfg.stage, self.run_id,
+                        key=f"pack-base-{self.tok}", **kw)
+        self.ship_base = self._watch(c.submit(ship_task, self.run_id, base, self.start, key=f"ship-base-{self.tok}",
+                                              **self._gpu(self._ship_priority(-1), 0)), "ship-base", -1)
+        self.base_info: dict[str, Any] = {}
+
+    def _loop(self) -> None:
+        """Wait for completions; a lost scheduler connection becomes a clear StreamStopped, not a traceback."""
+        from concurrent.futures import CancelledError
+
+        from distributed.comm import CommClosedError
+
+        try:
+            self._wait_all()
+        except DiskflowError:
+            raise
+        except (CancelledError, CommClosedError, OSError) as e:
+            raise StreamStopped(f"lost the connection to the Dask scheduler ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}); {self._where()}") from e
+
+    def _wait_all(self) -> None:
+        from distributed import wait
+
+        last_check = 0.0
+        while self.trained < self.n - self.start:
+            done = set()
+            try:
+                if self.watch:
+                    done, _ = wait(list(self.watch), timeout=self.cfg.poll_s, return_when="FIRST_COMPLETED")
+                else:
+                    time.sleep(self.cfg.poll_s)
+            except TimeoutError:
+                pass
+            if time.monotonic() - last_check > self.cfg.poll_s or not done:
+                self._check_health()
+                last_check = time.monotonic()
+            order = {kind: i for i, kind in enumerate(("tiers", "ship-base", *PHASES))}
+            for fut in sorted(done, key=lambda f: (self.watch[f][1], order[self.watch[f][0]])):   # stream order
+                kind, k = self.watch.pop(fut)
+                if fut.status == "cancelled":
+                    raise StreamStopped(f"task {kind} of superbatch {k} was cancelled (the scheduler lost it, or the "
+                                        f"connection to it was lost); {self._where()}")
+                if fut.status == "error":
+                    self._failed(kind, k, fut)
+                else:
+                    self._completed(kind, k, fut)
+            self._release()
+
+    def _completed(self, kind: str, k: int, fut: Any) -> None:
+        if kind in self.bars and k >= self.start:
+            self.bars[kind].update(1)
+        if kind == "plan":
+            self.planned.add(k)
+            if k == self.start:
+                self._open_window()
+            if k + 1 in self.deferred:
+                self._prepare(k + 1)
+        elif kind == "ship-base":
+            self.base_info = fut.result()
+        elif kind == "ship":
+            self.shipped_ok.add(k)
+            self._submit_trains()
+        elif kind == "train":
+            self._trained(k, fut.result())
+
+    def _failed(self, kind: str, k: int, fut: Any) -> None:
+        from ...operators.stream.ship import ShipVerifyError
+
+        exc = fut.exception()
+        what = f"{kind}-{self.refs[k].key}" if k >= 0 else kind
+        if kind == "ship" and isinstance(exc, ShipVerifyError) and k not in self.reshipped:
+            self.reshipped.add(k)
+            print(f"diskflow: superbatch {self.refs[k].key} failed verification on arrival ({exc}); shipping it again",
+                  file=sys.stderr, flush=True)
+            self._prepare(k, attempt=1)
+            return
+        if kind == "ship" and isinstance(exc, ShipVerifyError):
+            raise StreamStopped(f"superbatch {self.refs[k].key} failed verification on arrival twice ({exc}); "
+                                f"{self._where()}") from exc
+        if isinstance(exc, GpuStateLost):
+            raise StreamStopped(f"{exc}; {self._where()}") from exc
+        if isinstance(exc, DiskflowError):
+            raise exc
+        raise StreamStopped(f"task {what} failed: {type(exc).__name__}: {exc}; {self._where()}") from exc
+
+    def _open_window(self) -> None:
+        """Submit the preparation of the window's other superbatches.
+
+        Held back until the first superbatch's plan is done: until then the CPU workers are on
+        the stream's critical path (samples, counts, tiers, the first plan), and a sample of a
+        later superbatch that happens to be ready while one of those waits on the scheduler
+        would delay the first ``train`` by its whole duration. The window is full long before
+        the first superbatch has trained.
+        """
+        for k in range(self.start + 1, min(self.start + self.cfg.window, self.n)):
+            if k not in self.prepared:
+                self._prepare(k)        # k = start + 1 now, the rest each when its previous plan is done
+
+    def _trained(self, k: int, out: dict[str, Any]) -> None:
+        self.trained += 1
+        self.f["train"].pop(k, None)
+        ck = out.pop("checkpoint", None)
+        if ck is not None:
+            self._write_checkpoint(ck)
+        record = out.get("record")
+        if record is not None:
+            self.records.append(record)
+            if self.on_epoch is not None:
+                self.on_epoch(record)
+        self.timeline.append(self._timeline_entry(k, out))
+        self.last_usage = out.get("usage", {})
+        b = self.bars.get("train")
+        if b is not None and out.get("loss") is not None:
+            b.set_postfix(loss=f"{out['loss']:.4f}", seeds_s=f"{out.get('seeds_per_s') or 0:,.0f}", refresh=False)
+        if self.on_superbatch is not None:
+            self.on_superbatch({k2: v for k2, v in out.items() if k2 != "record"})
+        if k + self.cfg.window < self.n:
+            self._prepare(k + self.cfg.window)
+
+    def _timeline_entry(self, k: int, out: dict[str, Any]) -> dict[str, Any]:
+        r = self.refs[k]
+        phases = {name: {"start": t["t0"] - self.t_start, "end": t["t1"] - self.t_start, "worker": t["worker"]}
+                  for name, t in out["timing"].items()}
+        return {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": phases,
+                "prepared": phases["pack"]["end"], "shipped": phases["ship"]["end"], "trained": phases["train"]["end"],
+                "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
+                "held_bytes": out.get("held_bytes"),
+                "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
+
+    def _write_checkpoint(self, ck: dict[str, Any]) -> None:
+        """Save a checkpoint in the background (in order, one writer thread), so the driver goes on
+        submitting the next superbatches while it is written and synced; a failed write surfaces here
+        or at the end of the run."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._ckpt_writer is None:
+            self._ckpt_writer = ThreadPoolExecutor(1, thread_name_prefix="diskflow-checkpoint")
+        self._ckpt_pending.append(self._ckpt_writer.submit(self._save_checkpoint, ck))
+        while self._ckpt_pending and self._ckpt_pending[0].done():
+            self._ckpt_pending.pop(0).result()
+
+    def _checkpoints_written(self) -> None:
+        """Wait until the checkpoints being written are on disk (a failed write raises)."""
+        while self._ckpt_pending:
+            self._ckpt_pending.pop(0).result()
+
+    def _save_checkpoint(self, ck: dict[str, Any]) -> None:
+        from ...operators.train.checkpoint import save_checkpoint
+
+        st = ck["state"]
+        self.last_checkpoint = save_checkpoint(self.ckpt_root, int(st["epoch"]), int(st["batch"]), st, ck["arrays"])
+
+    def _load_resume(self) -> tuple[int, dict[str, Any] | None, np.ndarray | None]:
+        from ...operators.train.checkpoint import latest_checkpoint, load_checkpoint
+
+        latest = latest_checkpoint(self.ckpt_root)
+        if latest is None:
+            return 0, None, None
+        ck = load_checkpoint(latest)
+        st = ck.state
+        if st.get("fingerprint") != self.fingerprint or "stream_index" not in st:
+            raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset or "
+                                          "pipeline); use the same options, or start a new run without --resume")
+        self.records = list(st.get("records") or [])
+        self.last_checkpoint = latest
+        self.resumed_from = str(latest)
+        ids = ck.array("cpu_ids.npy")
+        return int(st["stream_index"]), st, None if ids is None else np.array(ids)
+
+    def _open_bars(self) -> None:
+        total = self.n - self.start
+        disable = None if self.progress else True
+        self.bars = {name: bar(total=total, desc=f"{name:<6}", unit="sb", disable=disable) for name in PHASES}
+
+    def _abort(self) -> None:
+        """Stop everything this run submitted; free the GPU worker's scratch if it is still there."""
+        # Releasing the futures is the cancellation: the scheduler forgets what no client wants (running
+        # tasks finish and their results are dropped). `client.cancel` would recurse into dependents this
+        # driver already released, which the scheduler asserts against.
+        for d in self.f.values():
+            d.clear()
+        self.watch.clear()
+        self.tiers = self.ship_base = None
+        with contextlib.suppress(Exception):
+            if self.client.status == "running" and self.gpu_addr in self._workers():
+                self.client.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False,
+                                   **self._gpu(-self.n, 0)).result(timeout=30)
+
+    # ------------------------------------------------------------------ the report
+    def _report(self, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+        return stream_report(self, wall0, summary, usage)

@@ -1,0 +1,52 @@
+"""The report of a streamed run: where the time went (per phase and worker), the GPU's idle share, scratch use."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+from ...operators.train.record import final_block
+
+
+def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """report.json of a finished streamed run (`StreamRun`): figures, timeline, trainer summary."""
+    wall = time.perf_counter() - wall0
+    tl = run.timeline
+    train_busy = sum(e["phases"]["train"]["end"] - e["phases"]["train"]["start"] for e in tl)
+    end = max((e["trained"] for e in tl), default=0.0)
+    tcfg = run.cfg.train
+    base_meta = run.base_info.get("meta", {}) if getattr(run, "base_info", None) else {}
+    seen = getattr(run, "last_usage", {}) or {}
+    scratch = {**seen, **usage}
+    for k in ("peak", "peak_disk", "peak_staged"):
+        scratch[k] = max(int(usage.get(k) or 0), int(seen.get(k) or 0))
+    report: dict[str, Any] = {
+        "pipeline": "streaming",
+        "title": f"streaming: {tcfg.model}, fanouts {list(run.cfg.fanouts)}, window {run.cfg.window}",
+        "config": {**replace(run.cfg, train=None).describe(), "fanouts": list(run.cfg.fanouts),
+                   "train": {**asdict(tcfg), "fanouts": list(tcfg.fanouts)}, "device": getattr(run, "device", None)},
+        "dataset": {"store": run.store_path, "nodes": run.store.num_nodes, "dim": run.store.feature_dim,
+                    "dtype": str(run.store.feature_dtype), "num_classes": run.store.num_classes,
+                    "batches": run.round_batches, "superbatches": run.n,
+                    "feature_bytes": run.store.feature_bytes},
+        "epochs": run.records,
+        "final": final_block(run.records),
+        "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in run.records)
+                    for k in ("load", "assemble", "graph", "gather", "train", "eval")},
+        "stream": {
+            "run": run.run_id, "window": run.cfg.window, "superbatches": run.n, "start_index": run.start,
+            "trained": run.trained, "gpu_worker": getattr(run, "gpu_addr", None),
+            "cpu_workers": getattr(run, "cpu_addrs", []), "gpu_info": getattr(run, "gpu_info", {}),
+            "stage": run.cfg.stage, "reshipped": [run.refs[k].key for k in sorted(run.reshipped)],
+            "stream_s": end, "train_busy_s": train_busy,
+            "gpu_idle_fraction": (1.0 - train_busy / end) if end > 0 else None,
+            "tiers": base_meta.get("tiers", {}), "scratch": scratch,
+        },
+        "timeline": tl,
+        "trainer": summary,
+        "checkpoint": str(run.last_checkpoint) if run.last_checkpoint else None,
+        "resumed_from": getattr(run, "resumed_from", None),
+        "run_dir": str(run.run_dir),
+        "wall_s": wall,
+    }
+    return report
