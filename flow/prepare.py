@@ -412,6 +412,50 @@ def _check_room(out: Path, nbytes: int) -> None:
     check_free_space({out: nbytes})
 
 
+@dataclass
+class _Run:
+    """What the phases of one `prepare` share: the inputs, the cache, the round and the task-key token."""
+
+    store: Store
+    out: Path
+    work: Path
+    cfg: PrepareConfig
+    refs: list[SuperbatchRef]
+    tok: str
+    quiet: bool
+
+    def show(self) -> bool | None:
+        """`compute`'s `disable` for a phase's progress bar."""
+        return self.quiet or None
+
+
+class _CachedStage:
+    """One cached stage of prepare's work directory, ``WORK/{name}-{key[:16]}``, finished by a manifest
+    holding its key: a finished stage with the same key is reused; anything else there is redone."""
+
+    def __init__(self, work: Path, name: str, key: str) -> None:
+        self.work, self.name, self.key = work, name, key
+        self.path = _stage_dir(work, name, key)
+
+    def cached(self) -> dict[str, Any] | None:
+        """The manifest of this stage if it finished for this key, else None."""
+        manifest = read_manifest(self.path)
+        return manifest if manifest is not None and manifest.get("key") == self.key else None
+
+    def start(self) -> Path:
+        """An empty directory for the stage (whatever an earlier, unfinished run left there removed)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir(parents=True)
+        return self.path
+
+    def finish(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Write the manifest (the stage is done), drop this stage's results for other keys; the manifest."""
+        write_manifest(self.path, {"key": self.key, **content})
+        manifest = _written_manifest(self.path)
+        _drop_stale(self.work, self.name, self.path)
+        return manifest
+
+
 def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[str, str, str, str], quiet: bool,
            t_start: float) -> PrepareResult:
     """The phases of `prepare` (sample, plan, pack) once `out` and its cache `work` may be written."""
@@ -419,211 +463,238 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
     # A per-run token ends every task key: a re-run on the same client never meets a cancelled
     # task of an earlier run under the same name (dashboard groups are unchanged: key_split
     # stops at the numeric token).
-    tok = f"{uuid.uuid4().int % 10**8:08d}"
+    run = _Run(store, out, work, cfg, round_layout(store.split_ids("train").shape[0], cfg.batch_size,
+                                                   cfg.superbatch_size, cfg.epochs),
+               f"{uuid.uuid4().int % 10**8:08d}", quiet)
     phases: dict[str, float] = {}
-    refs = round_layout(store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
-
-    # -- sample + count ------------------------------------------------------------------
     t = time.perf_counter()
-    sdir = _stage_dir(work, "samples", s_key)
-    s_manifest = read_manifest(sdir)
-    if s_manifest is None or s_manifest.get("key") != s_key:
-        shutil.rmtree(sdir, ignore_errors=True)
-        sdir.mkdir(parents=True)
-        tasks = [dask.delayed(_sample_task)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
-                                            list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
-                                            dask_key_name=f"sample-{r.key}-{tok}") for r in refs]
-        # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
-        counted = [dask.delayed(_count_task)(str(sdir / r.filename), store.num_nodes, done,
-                                                  dask_key_name=f"count-{r.key}-{tok}") for r, done in zip(refs, tasks)]
-        *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=quiet or None)
-        save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
-        write_manifest(sdir, {"key": s_key, "summaries": summaries})
-        s_manifest = _written_manifest(sdir)
-        _drop_stale(work, "samples", sdir)
-    summaries = s_manifest["summaries"]
-    sample_paths = [str(sdir / r.filename) for r in refs]
+    sdir, summaries = _sample_phase(run, s_key)
     phases["sample"] = time.perf_counter() - t
-
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
     # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
     with _read_ahead(store, cfg):
-        # -- tiers + plans -------------------------------------------------------------------------
         t = time.perf_counter()
-        early_routes: list[dict] | None = None   # routes computed alongside the plans
-        pdir = _stage_dir(work, "plans", p_key)
-        p_manifest = read_manifest(pdir)
-        if p_manifest is None or p_manifest.get("key") != p_key:
-            # the plan files alone hold a source byte and an int64 slot per access
-            check_free_space({work: sum(int(s["accesses"]) for s in summaries) * (1 + 8)})
-            shutil.rmtree(pdir, ignore_errors=True)
-            pdir.mkdir(parents=True)
-            max_rows = max(int(s["max_nodes"]) for s in summaries)
-            tiers_path = str(pdir / "tiers.npz")
-            (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
-                                                          store.row_bytes, max_rows, cfg, tiers_path, len(store.shards),
-                                                          dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
-            # The chain simulates the cache; each window is traced by its own task beforehand, so the
-            # traces run on the other cores while the chain advances.
-            prev: Any = None
-            plan_tasks = []
-            for i, r in enumerate(refs):
-                trace = None if not planned(cfg.cpu_policy) else \
-                    dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes, dask_key_name=f"trace-{r.key}-{tok}")
-                prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"),
-                                                planned(cfg.cpu_policy), trace, dask_key_name=f"plan-{r.key}-{tok}")
-                plan_tasks.append(prev)
-            save_tasks = [dask.delayed(_save_plan_task)(planned, str(pdir / f"{r.key}.npz"),
-                                                        dask_key_name=f"plan-save-{r.key}-{tok}")
-                          for r, planned in zip(refs, plan_tasks)]
-            # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
-            # superbatch as soon as it is planned, while the chain plans the next one.
-            (work / "route").mkdir(exist_ok=True)
-            route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
-                                                     len(store.shards), str(work / "route" / f"{r.key}.npz"), planned,
-                                                     dask_key_name=f"route-{r.key}-{tok}")
-                           for r, sp, planned in zip(refs, sample_paths, plan_tasks)] \
-                if cfg.packing and cfg.disk_budget is None else []
-            done = compute([*save_tasks, *route_tasks], desc="plan", disable=quiet or None)
-            stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
-            write_manifest(pdir, {"key": p_key, "tiers": tiers, "plans": stats})
-            p_manifest = _written_manifest(pdir)
-            _drop_stale(work, "plans", pdir)
-        plan_stats = p_manifest["plans"]
-        plan_paths = [str(pdir / f"{r.key}.npz") for r in refs]
-        tiers = p_manifest["tiers"]
+        pdir, planned_round, early_routes = _plan_phase(run, p_key, sdir, summaries)
         phases["plan"] = time.perf_counter() - t
-
-        # -- layout, route, pack, index: built in a staging dir, swapped into place --------------------
         t = time.perf_counter()
-        P = len(store.shards)
-        rb = store.row_bytes
-        num_batches = sum(r.num_batches for r in refs)
-        batch_misses = np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats])
-        miss_rows = int(batch_misses.sum())
-        pad_per_batch = P * (packed_fmt.ALIGN - 1)
-        max_batch_rows = max(int(s["max_nodes"]) for s in summaries)
-        figures: dict[str, Any] = {
-            "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
-            "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
-            "io_buffer_bytes": cfg.io_reserve, "max_batch_rows": max_batch_rows,
-            "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
-            "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
-            "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
-            "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
-            "disk_budget_bytes": cfg.disk_budget,
-        }
-        # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
-        # rows), and an index of at least a source byte and an int32 address per access
-        base_bytes = (store.num_nodes * 8 + (tiers["gpu_rows"] + tiers["cpu_rows"]) * (rb + 8) + 4 * ALIGN
-                      + figures["accesses"] * 5)
-        if early_routes is not None:    # packing everything: the routes already give the exact packed bytes
-            _check_room(out, base_bytes + int(segment_offsets(
-                np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in early_routes]), rb)[1].sum()))
-        else:
-            _check_room(out, base_bytes)
-        with staging_dir(out) as stage:
-            rnd = stage / ROUND_DIR
-            (rnd / "index").mkdir(parents=True)
-            (rnd / "samples").mkdir(parents=True)
-            for r, path in zip(refs, sample_paths):
-                os.link(path, rnd / samples_name(r.key))
-            save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
-            with np.load(pdir / "tiers.npz") as z:
-                gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
-            parts: list[dict[str, Any]] = []
-            dcache: list[dict[str, Any]] = []
-            layout_path: str | None = None
-            if not cfg.packing:
-                tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
-                                                         dask_key_name=f"index-{r.key}-{tok}")
-                         for r, sp, pp in zip(refs, sample_paths, plan_paths)]
-                compute(tasks, desc="index", disable=quiet or None)
-                tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-                compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
-                         for p in range(P)], desc="tiers", disable=quiet or None)
-                for p in range(P):     # no packed segments: empty part files keep the layout uniform
-                    (rnd / part_name(p)).touch()
-                parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)]
-                figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
-            else:
-                if cfg.disk_cache and cfg.disk_budget is not None and \
-                        miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
-                    layout_path = str(work / "layout.pkl")
-                    (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget,
-                                                                    pad_per_batch, cfg.minhash_k, cfg.seed,
-                                                                    store.shard_rows, layout_path,
-                                                                    dask_key_name=f"search-{tok}")], desc="search", disable=True)
-                    if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
-                        layout_path = None
-                    else:
-                        figures["segment_size"] = search["segment_size"]
-                (work / "route").mkdir(exist_ok=True)
-                routes = early_routes if early_routes is not None and layout_path is None else \
-                    compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
-                                                       str(work / "route" / f"{r.key}.npz"),
-                                                       dask_key_name=f"route-{r.key}-{tok}")
-                             for r, sp, pp in zip(refs, sample_paths, plan_paths)], desc="route", disable=quiet or None)
-                seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
-                offsets, part_bytes = segment_offsets(seg_rows, rb)
-                if not cfg.disk_cache and cfg.disk_budget is not None and int(part_bytes.sum()) > cfg.disk_budget:
-                    raise ConfigError("--disk-budget", (
-                        f"packing every miss takes {format_bytes(int(part_bytes.sum()))} of disk, more than "
-                        f"{format_bytes(cfg.disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
-                        "(disk_cache=False); raise --disk-budget or leave it out"))
-                cache_nodes: list[np.ndarray] = []
-                if layout_path is not None:
-                    import pickle
-                    with open(layout_path, "rb") as f:
-                        layout = pickle.load(f)
-                    cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
-                _check_room(out, base_bytes + int(part_bytes.sum())
-                            + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
-                tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype,
-                                                  store.feature_dim)
-                route_paths = [x["path"] for x in routes]
-                packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p],
-                                                          str(rnd / part_name(p)), dcache_targets=cache_t,
-                                                          tier_targets=tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
-                                 for p in range(P)], desc="pack", disable=quiet or None)
-                crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
-                compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                                   crc[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                                   str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
-                         for x in routes], desc="index", disable=quiet or None)
-                parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
-                dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
-                           "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
-                packed_bytes = int(sum(p["bytes"] for p in parts))
-                dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
-                figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,
-                               packed_rows=int(seg_rows.sum()), dcache_rows=int(sum(int(x["dcache_rows"]) for x in routes)),
-                               raw_bytes_read=int(sum(int(x["bytes_read"]) for x in packs)),
-                               packed_bytes_written=int(sum(int(x["bytes_written"]) for x in packs)))
-                figures["disk_used_bytes"] = packed_bytes + dcache_bytes
-                figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
-                shutil.rmtree(work / "route", ignore_errors=True)
-            manifest = {
-                "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
-                "config": cfg.describe(), "config_hash": k_key,
-                "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
-                "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
-                "num_nodes": store.num_nodes, "num_shards": P, "shard_rows": store.shard_rows,
-                "num_classes": store.num_classes, "labels": "labels.npy",
-                "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
-                          "cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)},
-                "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,
-                          "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
-                                            "first_batch": r.round_first_batch} for r in refs]},
-                "files": {"parts": parts, "dcache": dcache},
-                "figures": figures,
-            }
-            _remove_orphans(stage)
-            write_manifest(stage, manifest)
-        if layout_path is not None:
-            Path(layout_path).unlink(missing_ok=True)
+        figures = _pack_phase(run, (store_hash, k_key), sdir, summaries, pdir, planned_round, early_routes)
         phases["pack"] = time.perf_counter() - t
-        return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
+    return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
+
+
+def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
+    """Sample every superbatch and count its accesses (cached): the samples' directory and summaries."""
+    store, cfg, tok = run.store, run.cfg, run.tok
+    stage = _CachedStage(run.work, "samples", s_key)
+    manifest = stage.cached()
+    if manifest is None:
+        sdir = stage.start()
+        tasks = [dask.delayed(_sample_task)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
+                                            list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
+                                            dask_key_name=f"sample-{r.key}-{tok}") for r in run.refs]
+        # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
+        counted = [dask.delayed(_count_task)(str(sdir / r.filename), store.num_nodes, done,
+                                             dask_key_name=f"count-{r.key}-{tok}") for r, done in zip(run.refs, tasks)]
+        *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=run.show())
+        save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
+        manifest = stage.finish({"summaries": summaries})
+    return stage.path, manifest["summaries"]
+
+
+def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
+                ) -> tuple[Path, dict[str, Any], list[dict] | None]:
+    """Choose the tiers and plan every superbatch (cached): the plans' directory, their manifest (tiers and
+    per-superbatch figures) and, when every miss is packed, the routes computed alongside the plans."""
+    store, cfg, tok = run.store, run.cfg, run.tok
+    stage = _CachedStage(run.work, "plans", p_key)
+    manifest = stage.cached()
+    if manifest is not None:
+        return stage.path, manifest, None
+    # the plan files alone hold a source byte and an int64 slot per access
+    check_free_space({run.work: sum(int(s["accesses"]) for s in summaries) * (1 + 8)})
+    pdir = stage.start()
+    sample_paths = [str(sdir / r.filename) for r in run.refs]
+    max_rows = max(int(s["max_nodes"]) for s in summaries)
+    tiers_path = str(pdir / "tiers.npz")
+    (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
+                                                  store.row_bytes, max_rows, cfg, tiers_path, len(store.shards),
+                                                  dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
+    # The chain simulates the cache; each window is traced by its own task beforehand, so the
+    # traces run on the other cores while the chain advances.
+    belady = planned(cfg.cpu_policy)
+    prev: Any = None
+    plan_tasks = []
+    for i, r in enumerate(run.refs):
+        trace = dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes,
+                                          dask_key_name=f"trace-{r.key}-{tok}") if belady else None
+        prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"), belady, trace,
+                                        dask_key_name=f"plan-{r.key}-{tok}")
+        plan_tasks.append(prev)
+    save_tasks = [dask.delayed(_save_plan_task)(plan, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-save-{r.key}-{tok}")
+                  for r, plan in zip(run.refs, plan_tasks)]
+    # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
+    # superbatch as soon as it is planned, while the chain plans the next one.
+    (run.work / "route").mkdir(exist_ok=True)
+    route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+                                             len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
+                                             dask_key_name=f"route-{r.key}-{tok}")
+                   for r, sp, plan in zip(run.refs, sample_paths, plan_tasks)] \
+        if cfg.packing and cfg.disk_budget is None else []
+    done = compute([*save_tasks, *route_tasks], desc="plan", disable=run.show())
+    stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
+    return pdir, stage.finish({"tiers": tiers, "plans": stats}), early_routes
+
+
+def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[dict[str, Any]], pdir: Path,
+                planned_round: dict[str, Any], early_routes: list[dict] | None) -> dict[str, Any]:
+    """Layout, route, pack and index into a staging directory, then swap it into place as the packed
+    dataset (its manifest last); the dataset's figures."""
+    store, cfg = run.store, run.cfg
+    store_hash, k_key = keys
+    plan_stats, tiers = planned_round["plans"], planned_round["tiers"]
+    rb, num_batches = store.row_bytes, sum(r.num_batches for r in run.refs)
+    miss_rows = int(np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats]).sum())
+    max_batch_rows = max(int(s["max_nodes"]) for s in summaries)
+    figures: dict[str, Any] = {
+        "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
+        "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
+        "io_buffer_bytes": cfg.io_reserve, "max_batch_rows": max_batch_rows,
+        "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
+        "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
+        "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
+        "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
+        "disk_budget_bytes": cfg.disk_budget,
+    }
+    # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
+    # rows), and an index of at least a source byte and an int32 address per access
+    base_bytes = (store.num_nodes * 8 + (tiers["gpu_rows"] + tiers["cpu_rows"]) * (rb + 8) + 4 * ALIGN
+                  + figures["accesses"] * 5)
+    if early_routes is not None:    # packing everything: the routes already give the exact packed bytes
+        _check_room(run.out, base_bytes + int(segment_offsets(
+            np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in early_routes]), rb)[1].sum()))
+    else:
+        _check_room(run.out, base_bytes)
+    sample_paths = [str(sdir / r.filename) for r in run.refs]
+    plan_paths = [str(pdir / f"{r.key}.npz") for r in run.refs]
+    layout_path: str | None = None
+    with staging_dir(run.out) as stage:
+        rnd = stage / ROUND_DIR
+        (rnd / "index").mkdir(parents=True)
+        (rnd / "samples").mkdir(parents=True)
+        for r, path in zip(run.refs, sample_paths):
+            os.link(path, rnd / samples_name(r.key))
+        save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
+        with np.load(pdir / "tiers.npz") as z:
+            gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
+        if not cfg.packing:
+            parts, dcache = _index_store_reads(run, stage, sample_paths, plan_paths, gpu_ids, cpu_ids, figures)
+        else:
+            parts, dcache, layout_path = _pack_misses(run, stage, sample_paths, plan_paths, gpu_ids, cpu_ids, figures,
+                                                      early_routes, base_bytes, miss_rows)
+        manifest = {
+            "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
+            "config": cfg.describe(), "config_hash": k_key,
+            "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
+            "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
+            "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
+            "num_classes": store.num_classes, "labels": "labels.npy",
+            "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
+                      "cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)},
+            "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,
+                      "superbatches": [{"key": r.key, "epoch": r.epoch, "index": r.index, "batches": r.num_batches,
+                                        "first_batch": r.round_first_batch} for r in run.refs]},
+            "files": {"parts": parts, "dcache": dcache},
+            "figures": figures,
+        }
+        _remove_orphans(stage)
+        write_manifest(stage, manifest)
+    if layout_path is not None:
+        Path(layout_path).unlink(missing_ok=True)
+    return figures
+
+
+def _index_store_reads(run: _Run, stage: Path, sample_paths: list[str], plan_paths: list[str], gpu_ids: np.ndarray,
+                       cpu_ids: np.ndarray, figures: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """No packing (Ginex): index every miss as a read of its store row, write the tiers' rows; the part
+    files (empty) and disk-cache files (none) of the manifest."""
+    store, tok, P = run.store, run.tok, len(run.store.shards)
+    rnd = stage / ROUND_DIR
+    tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
+                                             dask_key_name=f"index-{r.key}-{tok}")
+             for r, sp, pp in zip(run.refs, sample_paths, plan_paths)]
+    compute(tasks, desc="index", disable=run.show())
+    tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
+    compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
+             for p in range(P)], desc="tiers", disable=run.show())
+    for p in range(P):     # no packed segments: empty part files keep the layout uniform
+        (rnd / part_name(p)).touch()
+    figures.update(packed_bytes=0, dcache_bytes=0, disk_used_bytes=0, read_amplification=None)
+    return [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": 0} for p in range(P)], []
+
+
+def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: list[str], gpu_ids: np.ndarray,
+                 cpu_ids: np.ndarray, figures: dict[str, Any], early_routes: list[dict] | None, base_bytes: int,
+                 miss_rows: int) -> tuple[list[dict], list[dict], str | None]:
+    """Packing: the disk-cache layout when the disk budget needs one, the routes, one sequential pass over
+    each shard writing packed segments, tier rows and disk-cache rows, and the index; the part files and
+    disk-cache files of the manifest, and the layout file to remove once the dataset is in place."""
+    store, cfg, work, tok = run.store, run.cfg, run.work, run.tok
+    P, rb, rnd = len(store.shards), store.row_bytes, stage / ROUND_DIR
+    num_batches = sum(r.num_batches for r in run.refs)
+    pad_per_batch = P * (packed_fmt.ALIGN - 1)
+    layout_path: str | None = None
+    if cfg.disk_cache and cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
+        layout_path = str(work / "layout.pkl")
+        (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget, pad_per_batch,
+                                                        cfg.minhash_k, cfg.seed, store.shard_rows, layout_path,
+                                                        dask_key_name=f"search-{tok}")], desc="search", disable=True)
+        if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
+            layout_path = None
+        else:
+            figures["segment_size"] = search["segment_size"]
+    (work / "route").mkdir(exist_ok=True)
+    routes = early_routes if early_routes is not None and layout_path is None else \
+        compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
+                                           str(work / "route" / f"{r.key}.npz"), dask_key_name=f"route-{r.key}-{tok}")
+                 for r, sp, pp in zip(run.refs, sample_paths, plan_paths)], desc="route", disable=run.show())
+    seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
+    offsets, part_bytes = segment_offsets(seg_rows, rb)
+    if not cfg.disk_cache and cfg.disk_budget is not None and int(part_bytes.sum()) > cfg.disk_budget:
+        raise ConfigError("--disk-budget", (
+            f"packing every miss takes {format_bytes(int(part_bytes.sum()))} of disk, more than "
+            f"{format_bytes(cfg.disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
+            "(disk_cache=False); raise --disk-budget or leave it out"))
+    cache_nodes: list[np.ndarray] = []
+    if layout_path is not None:
+        import pickle
+        with open(layout_path, "rb") as f:
+            layout = pickle.load(f)
+        cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
+    _check_room(run.out, base_bytes + int(part_bytes.sum()) + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
+    tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
+    route_paths = [x["path"] for x in routes]
+    packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
+                                              dcache_targets=cache_t, tier_targets=tier_t,
+                                              dask_key_name=f"pack-r0-p{p}-{tok}")
+                     for p in range(P)], desc="pack", disable=run.show())
+    crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
+    compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                       crc[x["first_batch"]:x["first_batch"] + x["batches"]],
+                                       str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
+             for x in routes], desc="index", disable=run.show())
+    parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
+    dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
+               "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
+    packed_bytes = int(sum(p["bytes"] for p in parts))
+    dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
+    figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,
+                   packed_rows=int(seg_rows.sum()), dcache_rows=int(sum(int(x["dcache_rows"]) for x in routes)),
+                   raw_bytes_read=int(sum(int(x["bytes_read"]) for x in packs)),
+                   packed_bytes_written=int(sum(int(x["bytes_written"]) for x in packs)))
+    figures["disk_used_bytes"] = packed_bytes + dcache_bytes
+    figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
+    shutil.rmtree(work / "route", ignore_errors=True)
+    return parts, dcache, layout_path
 
 
 @contextlib.contextmanager
