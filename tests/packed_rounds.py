@@ -2,20 +2,31 @@
 tests of packing (`tests/operators/prepare/test_pack.py`) and of verification (`.../formats/test_verify.py`)."""
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from diskflow.operators.formats.files import ALIGN, config_hash, write_manifest
-from diskflow.operators.formats.packed import ROUND_DIR, samples_name
+from diskflow.operators.formats.packed import (
+    ROUND_DIR,
+    dcache_name,
+    file_crc,
+    index_name,
+    part_name,
+    samples_name,
+)
 from diskflow.operators.formats.plan import SRC_MISS, BatchPlan
 from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.count import count_superbatch, dense_counts, merge_counts
 from diskflow.operators.prepare.diskcache import build_layout
-from diskflow.operators.prepare.pack import pack_round
+from diskflow.operators.prepare.pack import pack_shard, prepare_targets
 from diskflow.operators.prepare.plan import initial_fill, plan_belady
+from diskflow.operators.prepare.route import route_superbatch, segment_offsets, write_index
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
 from diskflow.operators.prepare.tiers import hottest
 
@@ -82,3 +93,50 @@ def tight_layout(rnd: Round, row_bytes: int, num_shards: int):
     return build_layout(misses, row_bytes, (packed_only + distinct) // 2, pad)
 
 
+def pack_round(store_path: str | os.PathLike[str], packed_dir: str | os.PathLike[str],
+               superbatches: Sequence[tuple[str, int, Sequence[np.ndarray], Sequence[Any]]], layout: Any,
+               gpu_ids: np.ndarray, cpu_ids: np.ndarray, work_dir: str | os.PathLike[str] | None = None
+               ) -> dict[str, Any]:
+    """Route, pack and index a whole round in this process, with the operators `flow.prepare` spreads over
+    Dask tasks (route_superbatch, pack_shard, write_index), so a test packs a round of its own plans.
+
+    Writes everything of the packed dataset except the samples and the manifest: the tier
+    files, ``round-0/part-*.bin``, ``round-0/dcache-*``, ``round-0/index/*.arrow``.
+
+    Args:
+        store_path: the ingested store.
+        packed_dir: the packed dataset directory being built.
+        superbatches: per superbatch in round order, ``(key, first_batch, n_ids, batch_plans)``.
+        layout: the round's `DiskCacheLayout`, or None for packed only.
+        gpu_ids: node per GPU slot; cpu_ids: node per CPU slot at round start (-1 empty).
+        work_dir: where the routing files go (default ``packed_dir/round-0/route``; removed after).
+
+    Returns:
+        ``{"files": {"parts": [{path, bytes}], "dcache": [{path, rows, crc}]}, "seg_rows", "pack": [per-shard
+        results], "routes": [per-superbatch results]}``; paths are relative to `packed_dir`.
+    """
+    store = Store(store_path)
+    root = Path(packed_dir)
+    rnd = root / ROUND_DIR
+    work = Path(work_dir) if work_dir is not None else rnd / "route"
+    P = len(store.shards)
+    routes = [route_superbatch(key, n_ids, plans, layout, first, store.shard_rows, P, work / f"{key}.npz")
+              for key, first, n_ids, plans in superbatches]
+    seg_rows = np.concatenate([r["seg_rows"] for r in routes]) if routes else np.zeros((0, P), np.int64)
+    offsets, part_bytes = segment_offsets(seg_rows, store.row_bytes)
+    cache_nodes = [] if layout is None or layout.segment_size is None else list(layout.cache_nodes)
+    tiers, caches = prepare_targets(root, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
+    route_paths = [r["path"] for r in routes]
+    results = [pack_shard(store_path, p, route_paths, offsets, rnd / part_name(p), dcache_targets=caches,
+                          tier_targets=tiers) for p in range(P)]
+    crc = np.stack([r["crc"] for r in results], axis=1) if results else np.zeros((seg_rows.shape[0], 0), np.int64)
+    for r in routes:
+        sl = slice(r["first_batch"], r["first_batch"] + r["batches"])
+        write_index(r["key"], r["path"], offsets[sl], crc[sl], rnd / index_name(r["key"]))
+    dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(nodes),
+               "crc": file_crc(rnd / dcache_name(g), 0, len(nodes) * store.row_bytes)}
+              for g, nodes in enumerate(cache_nodes)]
+    parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
+    if work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"files": {"parts": parts, "dcache": dcache}, "seg_rows": seg_rows, "pack": results, "routes": routes}
