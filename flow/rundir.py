@@ -127,3 +127,22 @@ def plot_curves(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> Path
     finally:
         plt.close(fig)
     return path
+
+
+def fmt(x: Any, spec: str = ".4f") -> str:
+    """A report figure for a table: ``-`` when absent."""
+    return "-" if x is None else format(x, spec)
+
+
+def print_epoch(record: dict[str, Any]) -> None:
+    """One line per finished epoch, as `diskflow run` and `diskflow train` print them (throughput and bytes
+    read when the record has them)."""
+    line = (f"epoch {record['epoch']:>3}  loss {fmt(record.get('loss'))}  train {fmt(record.get('train_acc'))}  "
+            f"val {fmt(record.get('val_acc'))}  test {fmt(record.get('test_acc'))}  {fmt(record.get('epoch_s'), '.2f')} s")
+    if record.get("seeds_per_s") is not None:
+        line += f"  {fmt(record['seeds_per_s'], ',.0f')} seeds/s"
+    if record.get("bytes_read") is not None:
+        from ..operators.formats.files import format_bytes
+
+        line += f"  {format_bytes(record['bytes_read'])} read"
+    print(line, flush=True)

@@ -14,7 +14,7 @@ from typing import Any
 from ...operators.formats.errors import ConfigError
 from ..options import parse_fanouts, parse_int
 from ..pipeline import available_pipelines, load_pipeline
-from ..rundir import new_run_dir
+from ..rundir import fmt, new_run_dir, print_epoch
 from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
 
 
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     for name in options:
         if not takes_any and name not in params:
             raise ConfigError(_OPTIONS[name][0], f"pipeline {args.pipeline!r} does not take this option")
-    extras = {"progress": not args.no_progress, "on_epoch": _print_epoch}
+    extras = {"progress": not args.no_progress, "on_epoch": print_epoch}
     options.update({k: v for k, v in extras.items() if takes_any or k in params})
 
     label = pipeline.name
@@ -92,20 +92,13 @@ def _run(args: argparse.Namespace) -> int:
         raise
     if "on_epoch" not in options:
         for record in report.get("epochs", []):
-            _print_epoch(record)
+            print_epoch(record)
     _print_summary(report)
     print(f"report: {run_dir / 'report.json'}")
     return 0
 
 
-def _fmt(x: Any, spec: str = ".4f") -> str:
-    return "-" if x is None else format(x, spec)
 
-
-def _print_epoch(record: dict[str, Any]) -> None:
-    print(f"epoch {record['epoch']:>3}  loss {_fmt(record.get('loss'))}  "
-          f"train {_fmt(record.get('train_acc'))}  val {_fmt(record.get('val_acc'))}  "
-          f"test {_fmt(record.get('test_acc'))}  {_fmt(record.get('epoch_s'), '.2f')} s", flush=True)
 
 
 def _print_summary(report: dict[str, Any]) -> None:
@@ -120,7 +113,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         for k in stages:
             print(f"  {k:<{width}}  {total[k]:9.3f} s")
     if final:
-        print(f"final test acc {_fmt(final.get('test_acc'))}  best val {_fmt(final.get('best_val_acc'))}  "
-              f"test at best val {_fmt(final.get('test_acc_at_best_val'))}")
+        print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
+              f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
     if report.get("peak_rss_bytes"):
-        print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {_fmt(report.get('wall_s'), '.1f')} s")
+        print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {fmt(report.get('wall_s'), '.1f')} s")

@@ -17,7 +17,7 @@ from ...operators.formats.errors import ConfigError, DiskflowError, InputError
 from ...operators.formats.files import format_bytes, read_manifest, write_json
 from ...operators.train.config import DATA_ONLY, MODELS, TrainConfig
 from ..options import positive_int
-from ..rundir import REPORT, RUN_INFO, new_run_dir, use_run_dir
+from ..rundir import REPORT, RUN_INFO, fmt, new_run_dir, print_epoch, use_run_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"run directory: {run_dir}")
     try:
         report = train_and_report(
-            packed, run_dir, progress=not args.no_progress, on_epoch=_print_epoch, model=args.model,
+            packed, run_dir, progress=not args.no_progress, on_epoch=print_epoch, model=args.model,
             hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, dropout=args.dropout, heads=args.heads,
             seed=args.seed, device=args.device, eval_every=args.eval_every, cpu_memory=cpu, gpu_memory=gpu,
             queue_depth=args.queue_depth, sequential=args.sequential, check_crc=not args.no_crc,
@@ -128,14 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(x: Any, spec: str = ".4f") -> str:
-    return "-" if x is None else format(x, spec)
 
-
-def _print_epoch(r: dict[str, Any]) -> None:
-    print(f"epoch {r['epoch']:>3}  loss {_fmt(r.get('loss'))}  train {_fmt(r.get('train_acc'))}  "
-          f"val {_fmt(r.get('val_acc'))}  test {_fmt(r.get('test_acc'))}  {_fmt(r.get('epoch_s'), '.2f')} s  "
-          f"{_fmt(r.get('seeds_per_s'), ',.0f')} seeds/s  {format_bytes(r.get('bytes_read') or 0)} read", flush=True)
 
 
 def print_summary(report: dict[str, Any]) -> None:
@@ -152,11 +145,11 @@ def print_summary(report: dict[str, Any]) -> None:
     print("rows from: " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if v))
     final = report.get("final") or {}
     if final.get("test_acc") is not None:
-        print(f"final test acc {_fmt(final.get('test_acc'))}  best val {_fmt(final.get('best_val_acc'))}  "
-              f"test at best val {_fmt(final.get('test_acc_at_best_val'))}")
+        print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
+              f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
     mem = report["memory"]
     print(f"memory: features {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
           f"staged misses {format_bytes(mem['staging_bytes'])} in {mem['staging_buffers']} buffers, I/O buffers "
           f"{format_bytes(mem['io_buffer_bytes'])}); assembled batches {format_bytes(mem['assembled_bytes'])} "
           f"({mem['assembled_batches']} on the {mem['assembled_on']}); "
-          f"peak RSS {format_bytes(report['peak_rss_bytes'])}, wall {_fmt(report.get('wall_s'), '.1f')} s")
+          f"peak RSS {format_bytes(report['peak_rss_bytes'])}, wall {fmt(report.get('wall_s'), '.1f')} s")

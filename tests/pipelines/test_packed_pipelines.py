@@ -150,16 +150,16 @@ def test_diskflow_train_resumes_the_unfinished_run(packed: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="--resume: no unfinished run"):
         train_cli([str(packed), "--resume", "--runs-dir", str(tmp_path), "--no-progress"])
-    real = train_cmd._print_epoch
+    real = train_cmd.print_epoch
 
     def stop_after_first(record: dict) -> None:
         real(record)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_cmd, "_print_epoch", stop_after_first)
+    monkeypatch.setattr(train_cmd, "print_epoch", stop_after_first)
     with pytest.raises(KeyboardInterrupt):
         train_cli([str(packed), "--hidden", "16", "--threads", "1", "--runs-dir", str(tmp_path), "--no-progress"])
-    monkeypatch.setattr(train_cmd, "_print_epoch", real)
+    monkeypatch.setattr(train_cmd, "print_epoch", real)
     (run_dir,) = tmp_path.iterdir()
     assert not (run_dir / "report.json").exists()
     capsys.readouterr()
