@@ -227,7 +227,7 @@ def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: 
     training step's input, not features kept for later, and the cgroup's allowance carries them.
     """
     from ..operators.prepare.tiers import assembled_batches, staging_piece_bytes
-    from ..operators.train.loader import io_buffer_bytes, staging_count
+    from ..operators.train.memory import io_buffer_bytes, staging_count
 
     buffers = staging_count("cpu", queue_depth, False)
     piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))

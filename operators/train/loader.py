@@ -51,7 +51,7 @@ from ...native.kernels import copy_rows
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import ALIGN, byte_offsets, format_bytes, read_into
+from ..formats.files import ALIGN, byte_offsets, read_into
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -64,14 +64,14 @@ from ..formats.packed import (
     padded,
 )
 from ..formats.samples import Buffer, SampleRecord
-from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
+from ..prepare.tiers import staging_buffers
 from .batches import Sample, batch_data
+from .memory import check_memory, memory_plan
+from .pipe import END, Pipe, StageClock, Stopped, guard
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of the
 # engine's DEFAULT_BOUNCE_BYTES (native/constants.h): the loader's own for one-request-per-row reads,
 # and the native reader's for page-merged reads (the reader's defaults, merge size included).
-# How often a blocked stage looks up from its queue to see whether the pipeline was stopped.
-_POLL_S = 0.05
 SOURCES = ("gpu", "cpu", "packed", "dcache", "store")
 
 
@@ -93,141 +93,6 @@ def _open(reader: Any, path: Path) -> int:
     except OSError as e:
         raise InputError(path, f"cannot open for reading ({e.strerror or e})") from e
 
-
-# ---------------------------------------------------------------------------- memory budget
-
-def io_buffer_bytes(row_reads: bool = True) -> int:
-    """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
-    dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
-    return 2 * DEFAULT_BOUNCE_BYTES if row_reads else 0
-
-
-def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
-    """Staging buffers a loader allocates: the load stage's (`staging_buffers`) and, on CUDA, one more
-    through which the assemble stage moves CPU-tier rows to the device."""
-    return staging_buffers(queue_depth, sequential) + (1 if torch.device(device).type == "cuda" else 0)
-
-
-def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, Any]:
-    """The host and device bytes a loader over `ds` uses, from the manifest (nothing is read).
-
-    ``host_bytes`` (what ``--cpu-memory`` must hold) = CPU tier + staging buffers + I/O buffers
-    (+ the GPU tier itself when training on the CPU, where it is host memory too). The staging
-    buffers carry disk rows only, in pieces (`tiers.staging_piece_bytes`), never whole batches.
-    ``assembled_bytes``: the batch matrices alive at once (`tiers.assembled_batches` x the largest
-    batch), on the device on CUDA, else part of the training process's host working set.
-    """
-    rb = ds.row_bytes
-    max_rows = int(ds.manifest["round"].get("max_batch_rows", 0))
-    row_reads = bool(ds.dcache_files) or not ds.manifest.get("config", {}).get("packing", True)
-    buffers = staging_count(device, queue_depth, sequential)
-    piece = staging_piece_bytes(max_rows, rb, ds.num_shards)
-    plan: dict[str, Any] = {
-        "row_bytes": rb,
-        "max_batch_rows": max_rows,
-        "staging_buffers": buffers,
-        "staging_piece_bytes": piece,
-        "staging_bytes": buffers * piece,
-        "assembled_batches": assembled_batches(queue_depth, sequential),
-        "assembled_bytes": assembled_batches(queue_depth, sequential) * max_rows * rb,
-        "assembled_on": "device" if device.type == "cuda" else "host",
-        "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
-        "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
-        "io_buffer_bytes": io_buffer_bytes(row_reads),
-    }
-    plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"] + (
-        plan["gpu_tier_bytes"] if device.type != "cuda" else 0)
-    plan["device_bytes"] = plan["gpu_tier_bytes"] if device.type == "cuda" else 0
-    return plan
-
-
-def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int | None) -> None:
-    """Refuse, before anything is allocated, a run that cannot fit its budgets (naming the option and
-    the smallest budget that works).
-
-    Raises:
-        ConfigError: ``--cpu-memory`` below ``host_bytes``, or ``--gpu-memory`` below the GPU tier.
-    """
-    if cpu_memory is not None and plan["host_bytes"] > cpu_memory:
-        raise ConfigError("--cpu-memory", (
-            f"{format_bytes(cpu_memory)} ({cpu_memory:,} bytes) is too small: the CPU tier "
-            f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['staging_buffers']} staging buffers x "
-            f"{format_bytes(plan['staging_piece_bytes'])} ({format_bytes(plan['staging_bytes'])}) + I/O "
-            f"buffers ({format_bytes(plan['io_buffer_bytes'])})"
-            + (f" + the GPU tier held in host memory ({format_bytes(plan['gpu_tier_bytes'])})"
-               if plan["device_bytes"] == 0 and plan["gpu_tier_bytes"] else "")
-            + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
-              "or prepare with a smaller CPU tier"))
-    if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
-        raise ConfigError("--gpu-memory", (
-            f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
-            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller --gpu-memory"))
-
-
-# ---------------------------------------------------------------------------- pipeline plumbing
-
-class _Stopped(Exception):
-    """Raised inside a stage when the pipeline was asked to stop (never escapes the loader)."""
-
-
-@dataclass
-class StageClock:
-    """Seconds a stage spent working (`busy`), waiting for input (`starved`) and for room (`blocked`)."""
-
-    busy: float = 0.0
-    starved: float = 0.0
-    blocked: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"busy_s": self.busy, "starved_s": self.starved, "blocked_s": self.blocked}
-
-
-class _Pipe:
-    """Bounded queues between stage threads, a stop flag, and the first error of any stage."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    def fail(self, exc: BaseException) -> None:
-        with self._lock:
-            if self.error is None:
-                self.error = exc
-        self.stop.set()
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.stop.is_set():
-            raise _Stopped()
-
-    def put(self, q: queue.Queue, item: Any, clock: StageClock) -> None:
-        t = time.perf_counter()
-        try:
-            while True:
-                self.check()
-                try:
-                    q.put(item, timeout=_POLL_S)
-                    return
-                except queue.Full:
-                    continue
-        finally:
-            clock.blocked += time.perf_counter() - t
-
-    def get(self, q: queue.Queue, clock: StageClock) -> Any:
-        t = time.perf_counter()
-        try:
-            while True:
-                try:
-                    return q.get(timeout=_POLL_S)
-                except queue.Empty:
-                    self.check()
-        finally:
-            clock.starved += time.perf_counter() - t
-
-
-_END = object()   # end of a stage's stream
 
 
 @dataclass
@@ -991,7 +856,7 @@ class PackedLoader:
             yield self._join(g, rec, x, s, y)
 
     def _pipelined(self, lo: int, begin: int, end: int) -> Iterator[Data]:
-        pipe = _Pipe()
+        pipe = Pipe()
         q = self.queue_depth
         free: queue.Queue = queue.Queue()
         for b in self._buffers:
@@ -1012,10 +877,10 @@ class PackedLoader:
                     if pc is None:
                         break
                     pipe.put(loaded, pc, clock)
-            pipe.put(loaded, _END, clock)
+            pipe.put(loaded, END, clock)
 
         def assemble() -> None:
-            while (pc := pipe.get(loaded, ck["assemble"])) is not _END:
+            while (pc := pipe.get(loaded, ck["assemble"])) is not END:
                 t = time.perf_counter()
                 x = self._assemble(pc)
                 if pc.buffer is not None:
@@ -1023,7 +888,7 @@ class PackedLoader:
                 ck["assemble"].busy += time.perf_counter() - t
                 if x is not None:
                     pipe.put(assembled, (pc.batch, pc.record, x), ck["assemble"])
-            pipe.put(assembled, _END, ck["assemble"])
+            pipe.put(assembled, END, ck["assemble"])
 
         def graph() -> None:
             for g, s in self._samples(begin, end):
@@ -1031,9 +896,9 @@ class PackedLoader:
                 y = self._graph(s)
                 ck["graph"].busy += time.perf_counter() - t
                 pipe.put(graphs, (g, s, y), ck["graph"])
-            pipe.put(graphs, _END, ck["graph"])
+            pipe.put(graphs, END, ck["graph"])
 
-        threads = [threading.Thread(target=_guard(pipe, fn), name=f"diskflow-{fn.__name__}", daemon=True)
+        threads = [threading.Thread(target=guard(pipe, fn), name=f"diskflow-{fn.__name__}", daemon=True)
                    for fn in (load, assemble, graph)]
         for t in threads:
             t.start()
@@ -1042,7 +907,7 @@ class PackedLoader:
             while True:
                 item = pipe.get(assembled, ck["train"])
                 gitem = pipe.get(graphs, ck["train"])
-                if item is _END or gitem is _END:
+                if item is END or gitem is END:
                     if item is not gitem:
                         raise InputError(self.path, "the index and the samples hold different numbers of batches")
                     break
@@ -1059,7 +924,7 @@ class PackedLoader:
                 del data
             if expect != end:
                 raise InputError(self.path, f"the round ended after batch {expect}, expected {end}")
-        except _Stopped:
+        except Stopped:
             pass
         finally:
             pipe.stop.set()
@@ -1080,16 +945,3 @@ class PackedLoader:
             "tiers": {"rows": rows, "total": total,
                       "rates": {k: (v / total if total else None) for k, v in rows.items()}},
         }
-
-
-def _guard(pipe: _Pipe, fn: Callable[[], None]) -> Callable[[], None]:
-    """Run a stage; its first exception stops the pipeline and is re-raised to the consumer."""
-    def run() -> None:
-        try:
-            fn()
-        except _Stopped:
-            pass
-        except BaseException as e:   # noqa: BLE001 - handed to the consumer thread
-            pipe.fail(e)
-    run.__name__ = fn.__name__
-    return run

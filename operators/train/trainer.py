@@ -7,7 +7,7 @@ the caller's thread, so the training math is the in-memory pipeline's by constru
 same seed, the packed round's batches are the in-memory pipeline's batches (`prepare.superbatch`
 samples them with `seed_batches`/`batch_seed`), and the per-batch losses are identical.
 
-Memory: the budgets are checked before anything is allocated (`load.check_memory`). Each
+Memory: the budgets are checked before anything is allocated (`memory.check_memory`). Each
 epoch drains the pipeline, so at an epoch boundary the CPU tier is exactly the plan's state
 there; that is when a checkpoint saves it (with model, optimizer, RNG and position). A first
 Ctrl-C stops training at the next batch boundary and saves a mid-epoch checkpoint (the

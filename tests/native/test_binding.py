@@ -77,7 +77,7 @@ def test_constants_are_the_engines() -> None:
 def test_reader_loader_and_formats_use_the_engines_constants() -> None:
     from diskflow.native import reader
     from diskflow.operators.formats import files
-    from diskflow.operators.train import loader
+    from diskflow.operators.train import loader, memory
 
     assert reader.ALIGN == files.ALIGN == constants.ALIGN
     with DirectReader(backend="pread") as r:  # the Python defaults are the engine's
@@ -94,8 +94,8 @@ def test_reader_loader_and_formats_use_the_engines_constants() -> None:
     finally:
         r.close()
     # The memory budget counts the loader's bounce buffer and the reader's, each of the default size.
-    assert loader.io_buffer_bytes() == 2 * constants.DEFAULT_BOUNCE_BYTES
-    assert loader.io_buffer_bytes(row_reads=False) == 0
+    assert memory.io_buffer_bytes() == 2 * constants.DEFAULT_BOUNCE_BYTES
+    assert memory.io_buffer_bytes(row_reads=False) == 0
     with DirectReader(backend="pread", merge_bytes=8 * constants.ALIGN, bounce_bytes=10 * constants.ALIGN + 1) as r:
         assert (r.merge_bytes, r.bounce_bytes) == (8 * constants.ALIGN, 11 * constants.ALIGN)  # rounded up
 

@@ -18,7 +18,7 @@ from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, DiskflowError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.tiers import staging_buffers, staging_piece_bytes
-from diskflow.operators.train.loader import io_buffer_bytes
+from diskflow.operators.train.memory import io_buffer_bytes
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,

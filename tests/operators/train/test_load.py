@@ -22,7 +22,8 @@ from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.prepare.tiers import staging_piece_bytes
 from diskflow.operators.train.batches import TRAIN_STREAM, InMemoryLoader
-from diskflow.operators.train.loader import PackedLoader, make_reader, memory_plan
+from diskflow.operators.train.loader import PackedLoader, make_reader
+from diskflow.operators.train.memory import memory_plan
 from torch_geometric.nn import GraphSAGE
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}

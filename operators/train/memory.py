@@ -1,0 +1,87 @@
+"""The memory a `PackedLoader` will use, computed from a packed dataset's manifest before anything is
+allocated, and the check of it against the run's budgets.
+
+Kept apart from the loader because the pipelines and the benchmarks size their budgets (memory
+cgroups, ``--cpu-memory`` defaults) with the same figures without opening a loader: the staging
+buffers (`staging_count` x `tiers.staging_piece_bytes`), the row-read bounce buffers
+(`io_buffer_bytes`), the tiers and the assembled batch matrices (`memory_plan`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...native.constants import DEFAULT_BOUNCE_BYTES
+from ..formats.errors import ConfigError
+from ..formats.files import format_bytes
+from ..formats.packed import PackedDataset
+from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
+
+
+def io_buffer_bytes(row_reads: bool = True) -> int:
+    """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
+    dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
+    return 2 * DEFAULT_BOUNCE_BYTES if row_reads else 0
+
+
+def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
+    """Staging buffers a loader allocates: the load stage's (`staging_buffers`) and, on CUDA, one more
+    through which the assemble stage moves CPU-tier rows to the device."""
+    return staging_buffers(queue_depth, sequential) + (1 if torch.device(device).type == "cuda" else 0)
+
+
+def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, Any]:
+    """The host and device bytes a loader over `ds` uses, from the manifest (nothing is read).
+
+    ``host_bytes`` (what ``--cpu-memory`` must hold) = CPU tier + staging buffers + I/O buffers
+    (+ the GPU tier itself when training on the CPU, where it is host memory too). The staging
+    buffers carry disk rows only, in pieces (`tiers.staging_piece_bytes`), never whole batches.
+    ``assembled_bytes``: the batch matrices alive at once (`tiers.assembled_batches` x the largest
+    batch), on the device on CUDA, else part of the training process's host working set.
+    """
+    rb = ds.row_bytes
+    max_rows = int(ds.manifest["round"].get("max_batch_rows", 0))
+    row_reads = bool(ds.dcache_files) or not ds.manifest.get("config", {}).get("packing", True)
+    buffers = staging_count(device, queue_depth, sequential)
+    piece = staging_piece_bytes(max_rows, rb, ds.num_shards)
+    plan: dict[str, Any] = {
+        "row_bytes": rb,
+        "max_batch_rows": max_rows,
+        "staging_buffers": buffers,
+        "staging_piece_bytes": piece,
+        "staging_bytes": buffers * piece,
+        "assembled_batches": assembled_batches(queue_depth, sequential),
+        "assembled_bytes": assembled_batches(queue_depth, sequential) * max_rows * rb,
+        "assembled_on": "device" if device.type == "cuda" else "host",
+        "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
+        "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
+        "io_buffer_bytes": io_buffer_bytes(row_reads),
+    }
+    plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"] + (
+        plan["gpu_tier_bytes"] if device.type != "cuda" else 0)
+    plan["device_bytes"] = plan["gpu_tier_bytes"] if device.type == "cuda" else 0
+    return plan
+
+
+def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int | None) -> None:
+    """Refuse, before anything is allocated, a run that cannot fit its budgets (naming the option and
+    the smallest budget that works).
+
+    Raises:
+        ConfigError: ``--cpu-memory`` below ``host_bytes``, or ``--gpu-memory`` below the GPU tier.
+    """
+    if cpu_memory is not None and plan["host_bytes"] > cpu_memory:
+        raise ConfigError("--cpu-memory", (
+            f"{format_bytes(cpu_memory)} ({cpu_memory:,} bytes) is too small: the CPU tier "
+            f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['staging_buffers']} staging buffers x "
+            f"{format_bytes(plan['staging_piece_bytes'])} ({format_bytes(plan['staging_bytes'])}) + I/O "
+            f"buffers ({format_bytes(plan['io_buffer_bytes'])})"
+            + (f" + the GPU tier held in host memory ({format_bytes(plan['gpu_tier_bytes'])})"
+               if plan["device_bytes"] == 0 and plan["gpu_tier_bytes"] else "")
+            + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
+              "or prepare with a smaller CPU tier"))
+    if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
+        raise ConfigError("--gpu-memory", (
+            f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
+            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller --gpu-memory"))
