@@ -1,8 +1,8 @@
 """The native engine's named constants, defined once in C++ (`native/constants.h`) and read here.
 
 Python code takes these numbers from here instead of restating them: the reader's defaults
-(`native/reader.py`), the loader's row-read buffers and memory budget
-(`operators/train/loader.py`), the on-disk formats' padding (`operators/formats/files.py`).
+(`native/reader.py`), the loader's row-read buffers and memory budget (`operators/train/loader.py`,
+`operators/train/memory.py`), the on-disk formats' padding (`operators/formats/files.py`).
 """
 from __future__ import annotations
 
