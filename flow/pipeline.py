@@ -38,6 +38,7 @@ from typing import Any
 
 from ..operators.formats.errors import ConfigError, InputError
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
+from ..operators.prepare.sample import check_fanouts
 
 PACKAGE = "diskflow.pipelines"
 USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
@@ -89,13 +90,9 @@ class Pipeline:
                                      ("sampler", self.sampler, SAMPLERS)):
             if value not in allowed:
                 raise ConfigError(f"Pipeline.{what}", f"expected one of {', '.join(allowed)}, got {value!r}")
-        try:
-            fanouts = tuple(int(f) for f in self.fanouts)
-        except (TypeError, ValueError):
-            raise ConfigError("Pipeline.fanouts", f"expected integers >= -1, got {self.fanouts!r}") from None
-        if not fanouts or any(f < -1 for f in fanouts):
-            raise ConfigError("Pipeline.fanouts", f"expected one or more integers >= -1, got {self.fanouts!r}")
-        object.__setattr__(self, "fanouts", fanouts)
+        if isinstance(self.fanouts, (str, bytes)) or not hasattr(self.fanouts, "__iter__"):
+            raise ConfigError("fanouts", f"expected a sequence of integers >= -1, got {self.fanouts!r}")
+        object.__setattr__(self, "fanouts", tuple(check_fanouts(self.fanouts)))    # the sampler's own check
         check_policy(self.gpu_tier, "gpu")
         check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
@@ -132,19 +129,22 @@ class Pipeline:
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""
         options.setdefault("fanouts", self.fanouts)
-        module, _, function = LOADERS[self.loader].partition(":")
-        train = getattr(importlib.import_module(module), function)
+        train = self._loader_function()
         if self.loader == "packed":
             return train(self, store, run_dir, **options)
         return train(store, run_dir, **options)
 
     def parameters(self) -> Mapping[str, inspect.Parameter]:
         """The keyword options `run` takes (its loader's), for callers that check options before a run."""
-        module, _, function = LOADERS[self.loader].partition(":")
-        params = dict(inspect.signature(getattr(importlib.import_module(module), function)).parameters)
+        params = dict(inspect.signature(self._loader_function()).parameters)
         for first in ("pipeline", "store", "run_dir"):
             params.pop(first, None)
         return params
+
+    def _loader_function(self) -> Any:
+        """The function that trains with this pipeline's loader (`LOADERS`), imported now."""
+        module, _, function = LOADERS[self.loader].partition(":")
+        return getattr(importlib.import_module(module), function)
 
     def describe(self) -> dict[str, Any]:
         """The definition as JSON values (policy functions by name and code hash)."""

@@ -59,6 +59,13 @@ def test_the_file_defines_a_public_pipeline(user_file: Path) -> None:
         diskflow.Pipeline("bad", loader="disk")
     with pytest.raises(diskflow.ConfigError, match="cpu_tier: expected one of belady, static or a function"):
         diskflow.Pipeline("bad", cpu_tier="lru")
+    with pytest.raises(diskflow.ConfigError, match="fanouts: hop 1: -2 must be >= 0"):
+        diskflow.Pipeline("bad", fanouts=(5, -2))
+    with pytest.raises(diskflow.ConfigError, match="fanouts: expected a sequence of integers"):
+        diskflow.Pipeline("bad", fanouts="10,10")
+    with pytest.raises(diskflow.ConfigError, match="Pipeline.loader: tier policies and packing"):
+        diskflow.Pipeline("bad", loader="memory", cpu_tier="static")
+    assert diskflow.Pipeline("ok", fanouts=[3, 2]).fanouts == (3, 2)
 
 
 def test_prepare_then_train_uses_the_users_tier(user_file: Path, tiny_store: Path, tmp_path: Path,
