@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from ...operators.formats.errors import InputError
 from ...operators.formats.store import Store
 from ...operators.prepare.plan import plan_superbatch
 from ...operators.prepare.policies import Policy, choose_tiers, planned, policy_id
@@ -134,12 +133,8 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult],
                        "cuda" if device.startswith("cuda") else "cpu", max_rows, cfg.staging_batches,
                        len(store.shards), cfg.io_reserve)
     gpu_ids, cpu_ids = choose_tiers(cfg.gpu_policy, cfg.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
-                                    lambda: [b for s in first[:2] for b in sample_n_ids(s.data, s.key)])
-    if start_cpu_ids is not None:      # resuming: the CPU tier as the checkpoint left it
-        cpu_ids = np.asarray(start_cpu_ids, np.int64)
-        if cpu_ids.shape[0] != sizes.cpu_rows:
-            raise InputError("checkpoint cpu_ids.npy", f"holds {cpu_ids.shape[0]} CPU-tier slots, this run's budget "
-                                                       f"gives {sizes.cpu_rows}; resume with the same options")
+                                    lambda: [b for s in first[:2] for b in sample_n_ids(s.data, s.key)],
+                                    cpu_slots=start_cpu_ids)     # resuming: the CPU tier as the checkpoint left it
     config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
               "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy), "gpu_memory": cfg.gpu_memory,
               "cpu_memory": cfg.cpu_memory, "device": device, "staging_batches": cfg.staging_batches,

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ..formats.errors import ConfigError, InputError
 from .plan import initial_fill, static_tier
 
 TierPolicy = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
@@ -145,15 +145,23 @@ def choose_tier(policy: Policy, counts: np.ndarray, rows: int, exclude: np.ndarr
 
 
 def choose_tiers(gpu_policy: Policy, cpu_policy: Policy, counts: np.ndarray, gpu_rows: int, cpu_rows: int,
-                 first_batches: Callable[[], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+                 first_batches: Callable[[], list[np.ndarray]], cpu_slots: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """The GPU tier (sorted node ids) and the CPU tier's slots at round start (-1 = empty slot).
 
     The one place both the offline preparation and the stream turn policies and row budgets into
     tiers. A planned (Belady) CPU tier starts filled with the rows of `first_batches()` (called
     only then: the first superbatches' batches); a static one holds what its policy chose, in
-    slot order, for the whole round.
+    slot order, for the whole round. `cpu_slots`, when given (a resumed stream: the slots its
+    checkpoint saved), is the CPU tier as it stands, checked against `cpu_rows`; no policy runs.
     """
     gpu_ids = np.sort(choose_tier(gpu_policy, counts, gpu_rows, np.zeros(0, np.int64), "gpu"))
+    if cpu_slots is not None:
+        slots = np.asarray(cpu_slots, np.int64)
+        if slots.shape != (cpu_rows,):
+            raise InputError("checkpoint cpu_ids.npy", f"holds {slots.shape[0]} CPU-tier slots, this run's budget "
+                                                       f"gives {cpu_rows}; resume with the same options")
+        return gpu_ids, slots
     if planned(cpu_policy):
         return gpu_ids, initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
     ids = choose_tier(cpu_policy, counts, cpu_rows, gpu_ids, "cpu")
