@@ -227,17 +227,21 @@ class PackedLoader(BatchAssembly):
         torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0))
         self._pinned.append(buf.ctypes.data)
 
-    def close(self) -> None:
-        """Release the buffers and files (the loader cannot be iterated afterwards)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _free_staging(self) -> None:
+        """Drop the staging and tier buffers, unpinning what was pinned (they are allocated again on demand)."""
         for ptr in self._pinned:
             with contextlib.suppress(Exception):
                 torch.cuda.cudart().cudaHostUnregister(ptr)
         self._pinned.clear()
         self._buffers.clear()
         self._tier_buffer = None
+
+    def close(self) -> None:
+        """Release the buffers and files (the loader cannot be iterated afterwards)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._free_staging()
         self._drop_pool()
         if self._own_reader:
             with contextlib.suppress(Exception):
@@ -304,12 +308,7 @@ class PackedLoader(BatchAssembly):
         check_memory(memory, self._cpu_memory, None)
         self.close_files()
         if grow:            # larger pieces: new staging buffers
-            for ptr in self._pinned:
-                with contextlib.suppress(Exception):
-                    torch.cuda.cudart().cudaHostUnregister(ptr)
-            self._pinned.clear()
-            self._buffers.clear()
-            self._tier_buffer = None
+            self._free_staging()
         if taller:
             self._drop_pool()
         self.ds, self.path, self.memory = ds, ds.path, memory
