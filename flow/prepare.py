@@ -48,7 +48,6 @@ from ..operators.formats.files import (
     read_manifest,
     save_npy,
     staging_dir,
-    write_bytes,
     write_json,
     write_manifest,
 )
@@ -70,22 +69,17 @@ from ..operators.formats.packed import (
 from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_plan
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
-from ..operators.prepare.count import count_superbatch, dense_counts, merge_counts
 from ..operators.prepare.diskcache import build_layout
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
-from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
-from ..operators.prepare.policies import Policy, check_policy, choose_tiers, planned, policy_id
+from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
-from ..operators.prepare.superbatch import (
-    SuperbatchRef,
-    check_round_config,
-    round_layout,
-    sample_superbatch_bytes,
-)
-from ..operators.prepare.tiers import staging_buffers, tier_sizes
+from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
+from ..operators.prepare.tiers import staging_buffers
+from .graph import PlanResult, PrepGraph, SampleResult, Tiers, TierSpec, delayed_submit
 from .progress import compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
+COUNTS = "counts.npz"                   # the sample stage's access counts over the round (sparse: ids, counts)
 WORK_MARKER = ".diskflow-work.json"     # marks ``OUT.work`` as prepare's cache (see `WORK_KIND`)
 # ``OUT.work``: prepare's cache; older ones (no marker) are recognised by their entries alone
 WORK_KIND = OutputKind("a diskflow prepare cache", markers=(WORK_MARKER,),
@@ -148,7 +142,8 @@ class PrepareConfig:
     # The config subsets each cached stage depends on.
     def sample_key(self, store_hash: str) -> str:
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
-                            "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed})
+                            "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
+                            "counts": COUNTS})
 
     def plan_key(self, sample_key: str) -> str:
         policies = {"cpu_policy": policy_id(self.cpu_policy)} if self.gpu_policy == "hottest" else \
@@ -204,67 +199,12 @@ def _remove_orphans(root: Path) -> None:
 
 # ---------------------------------------------------------------------------- tasks (thin wrappers)
 
-def _trace_task(i: int, sample_paths: list[str], tiers_path: str, num_nodes: int,
-                _tiers: Any = None) -> WindowTrace:
-    """Trace superbatch i's window (it and its lookahead, i + 1): independent of the chain."""
-    batches = read_n_ids(sample_paths[i])
-    lookahead = read_n_ids(sample_paths[i + 1]) if i + 1 < len(sample_paths) else []
-    with np.load(tiers_path) as z:
-        gpu_ids = z["gpu_ids"]
-    return trace_window(batches, lookahead, gpu_ids, num_nodes)
-
-
-def _plan_task(prev: SuperbatchPlan | None, i: int, sample_paths: list[str], tiers_path: str,
-               counts_path: str, belady: bool, trace: WindowTrace | None = None) -> SuperbatchPlan:
-    """Plan superbatch i from the previous plan's final cache state (chained) and its window trace.
-
-    The chain only plans: writing the plan file and routing are tasks of their own, off the chain.
-    """
-    batches = read_n_ids(sample_paths[i])
-    lookahead = read_n_ids(sample_paths[i + 1]) if belady and trace is None and i + 1 < len(sample_paths) else []
-    with np.load(tiers_path) as z:
-        gpu_ids, cpu_init = z["gpu_ids"], z["cpu_ids"]
-    freq = np.load(counts_path, mmap_mode="r") if belady else None
-    return plan_superbatch(batches, lookahead, gpu_ids, cpu_init, freq, None if prev is None else prev.final_cache,
-                           belady, trace)
-
-
-def _save_plan_task(plan: SuperbatchPlan, out_path: str) -> dict:
+def _save_plan_task(plan: PlanResult, out_path: str) -> dict:
     """Write one plan file (the plan stage's cache) and return its figures."""
-    save_plan(out_path, plan, parents=False)
+    save_plan(out_path, SuperbatchPlan(plan.batches, plan.final_cache, plan.stats["hits"], plan.stats["misses"],
+                                       plan.stats["gpu_hits"]), parents=False)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
-    return {"path": out_path, "hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits,
-            "inserts": plan.inserts, "batch_misses": misses}
-
-
-def _sample_task(store_path: str, out_path: str, ref: SuperbatchRef, batch_size: int, fanouts: list[int], seed: int,
-                 num_threads: int | None) -> dict:
-    """`sample_superbatch`, writing only into the samples directory the driver made (never recreating it)."""
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
-    write_bytes(out_path, data, parents=False)
-    return {**summary, "path": out_path}
-
-
-def _count_task(sample_path: str, num_nodes: int, _sampled: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Count one superbatch once its sample task (`_sampled`, its summary) has written the file."""
-    return count_superbatch(sample_path, num_nodes)
-
-
-def _tiers_task(counts_path: str, first_paths: list[str], num_nodes: int, row_bytes: int, max_rows: int,
-                cfg: PrepareConfig, out_path: str, num_shards: int = 0) -> dict:
-    """Choose the GPU tier (hottest rows) and the CPU tier's rows at round start.
-
-    No tier is larger than the rows the round reads at all: a budget beyond them stays unused.
-    """
-    freq = np.load(counts_path, mmap_mode="r")
-    read = min(num_nodes, int(np.count_nonzero(freq)))
-    sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, row_bytes, read, cfg.device, max_rows,
-                       cfg.staging_batches, num_shards, cfg.io_reserve)
-    gpu_ids, cpu_ids = choose_tiers(cfg.gpu_policy, cfg.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
-                                    lambda: [b for p in first_paths for b in read_n_ids(p)])
-    with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
-        np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
-    return {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes}
+    return {"path": out_path, **plan.stats, "batch_misses": misses}
 
 
 def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
@@ -328,16 +268,6 @@ def _store_index_task(ref: SuperbatchRef, sample_path: str, plan_path: str, num_
 def _index_task(key: str, route_path: str, offsets: np.ndarray, crc: np.ndarray, out_path: str) -> str:
     write_index(key, route_path, offsets, crc, out_path)
     return out_path
-
-
-def _tree_merge(parts: list[Any], tok: str) -> Any:
-    """Pairwise tree reduction of sparse counts (no task holds more than two inputs)."""
-    level = 0
-    while len(parts) > 1:
-        parts = [dask.delayed(merge_counts)(*parts[i:i + 2], dask_key_name=f"count-merge-{level}-{i // 2}-{tok}")
-                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
-        level += 1
-    return parts[0]
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -482,22 +412,27 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
     return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
 
 
+def _graph(run: _Run) -> PrepGraph:
+    """The preparation graph's builder for this run (`flow.graph`), its nodes as `dask.delayed`."""
+    cfg = run.cfg
+    return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
+                     cfg.cpu_policy, run.tok, delayed_submit)
+
+
 def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
     """Sample every superbatch and count its accesses (cached): the samples' directory and summaries."""
-    store, cfg, tok = run.store, run.cfg, run.tok
     stage = _CachedStage(run.work, "samples", s_key)
     manifest = stage.cached()
     if manifest is None:
         sdir = stage.start()
-        tasks = [dask.delayed(_sample_task)(str(store.path), str(sdir / r.filename), r, cfg.batch_size,
-                                            list(cfg.fanouts), cfg.seed, cfg.sampler_threads,
-                                            dask_key_name=f"sample-{r.key}-{tok}") for r in run.refs]
+        g = _graph(run)
+        samples = [g.sample(k, str(sdir / r.filename)) for k, r in enumerate(run.refs)]
         # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
-        counted = [dask.delayed(_count_task)(str(sdir / r.filename), store.num_nodes, done,
-                                             dask_key_name=f"count-{r.key}-{tok}") for r, done in zip(run.refs, tasks)]
-        *summaries, ids_counts = compute([*tasks, _tree_merge(counted, tok)], desc="sample", disable=run.show())
-        save_npy(sdir / "counts.npy", dense_counts(ids_counts, store.num_nodes))
-        manifest = stage.finish({"summaries": summaries})
+        *results, (ids, counts) = compute([*samples, g.counts(list(enumerate(samples)))], desc="sample",
+                                          disable=run.show())
+        with atomic_path(sdir / COUNTS, parents=False) as tmp, open(tmp, "wb") as f:
+            np.savez(f, ids=ids, counts=counts)
+        manifest = stage.finish({"summaries": [r.summary for r in results]})
     return stage.path, manifest["summaries"]
 
 
@@ -513,36 +448,38 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     # the plan files alone hold a source byte and an int64 slot per access
     check_free_space({run.work: sum(int(s["accesses"]) for s in summaries) * (1 + 8)})
     pdir = stage.start()
-    sample_paths = [str(sdir / r.filename) for r in run.refs]
-    max_rows = max(int(s["max_nodes"]) for s in summaries)
-    tiers_path = str(pdir / "tiers.npz")
-    (tiers,) = compute([dask.delayed(_tiers_task)(str(sdir / "counts.npy"), sample_paths[:2], store.num_nodes,
-                                                  store.row_bytes, max_rows, cfg, tiers_path, len(store.shards),
-                                                  dask_key_name=f"tiers-{tok}")], desc="tiers", disable=True)
+    # The sample stage's files, as the graph's sample results (the stage may come from an earlier run).
+    samples = [SampleResult(r.key, None, s, {}, path=str(sdir / r.filename)) for r, s in zip(run.refs, summaries)]
+    with np.load(sdir / COUNTS) as z:
+        total = (z["ids"], z["counts"])
+    g = _graph(run)
+    spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
+                    cfg.cpu_policy)
+    tiers = g.tiers(total, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
+                    out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
     # traces run on the other cores while the chain advances.
-    belady = planned(cfg.cpu_policy)
-    prev: Any = None
-    plan_tasks = []
-    for i, r in enumerate(run.refs):
-        trace = dask.delayed(_trace_task)(i, sample_paths, tiers_path, store.num_nodes,
-                                          dask_key_name=f"trace-{r.key}-{tok}") if belady else None
-        prev = dask.delayed(_plan_task)(prev, i, sample_paths, tiers_path, str(sdir / "counts.npy"), belady, trace,
-                                        dask_key_name=f"plan-{r.key}-{tok}")
-        plan_tasks.append(prev)
+    plans: list[Any] = []
+    for k in range(len(run.refs)):
+        plans.append(g.plan(k, plans[-1] if plans else None, samples[k],
+                            samples[k + 1] if k + 1 < len(samples) else None, tiers))
     save_tasks = [dask.delayed(_save_plan_task)(plan, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-save-{r.key}-{tok}")
-                  for r, plan in zip(run.refs, plan_tasks)]
+                  for r, plan in zip(run.refs, plans)]
     # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
     # superbatch as soon as it is planned, while the chain plans the next one.
     (run.work / "route").mkdir(exist_ok=True)
-    route_tasks = [dask.delayed(_route_task)(r, sp, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+    route_tasks = [dask.delayed(_route_task)(r, s.path, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
                                              len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
                                              dask_key_name=f"route-{r.key}-{tok}")
-                   for r, sp, plan in zip(run.refs, sample_paths, plan_tasks)] \
+                   for r, s, plan in zip(run.refs, samples, plans)] \
         if cfg.packing and cfg.disk_budget is None else []
-    done = compute([*save_tasks, *route_tasks], desc="plan", disable=run.show())
-    stats, early_routes = done[:len(save_tasks)], done[len(save_tasks):] or None
-    return pdir, stage.finish({"tiers": tiers, "plans": stats}), early_routes
+    done = compute([tiers, *save_tasks, *route_tasks], desc="plan", disable=run.show())
+    chosen, stats, early_routes = done[0], done[1:1 + len(save_tasks)], done[1 + len(save_tasks):] or None
+    return pdir, stage.finish({"tiers": _tier_figures(chosen), "plans": stats}), early_routes
+
+
+def _tier_figures(tiers: Tiers) -> dict[str, Any]:
+    return {k: tiers.figures[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
 
 
 def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[dict[str, Any]], pdir: Path,

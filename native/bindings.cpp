@@ -1,6 +1,6 @@
 // The Python binding of the native engine (pybind11): the one file that knows about Python.
 //
-// The engine files (reader, sampler, belady, rows, uring) are plain C++ over raw pointers. This file
+// The engine files (reader, sampler, belady, count, rows, uring) are plain C++ over raw pointers. This file
 //   * checks every array argument (dtype, dimensions, C-contiguity, writability) and hands the
 //     engine raw pointers into the caller's memory, without copying;
 //   * releases the GIL around every engine call that may take long (all of them but the trivial
@@ -27,6 +27,7 @@
 
 #include "belady.h"
 #include "constants.h"
+#include "count.h"
 #include "reader.h"
 #include "rows.h"
 #include "sampler.h"
@@ -485,15 +486,19 @@ void register_belady(py::module_& m) {
 // ---------------------------------------------------------------------------------------------
 // Row copies (rows.h).
 
-void copy_rows_py(const py::object& out, const py::object& out_pos, const py::object& src,
-                  const py::object& src_rows) {
-    const RowMatrix o = matrix(out, "out", true);
-    const RowMatrix s = matrix(src, "src", false);
+void check_same_dtype(const py::object& out, const py::object& src) {
     const py::array out_a = py::reinterpret_borrow<py::array>(out), src_a = py::reinterpret_borrow<py::array>(src);
     if (!out_a.dtype().is(src_a.dtype()) &&
         !py::detail::npy_api::get().PyArray_EquivTypes_(out_a.dtype().ptr(), src_a.dtype().ptr())) {
         throw py::value_error("src: dtype " + dtype_str(src_a) + " differs from out's " + dtype_str(out_a));
     }
+}
+
+void copy_rows_py(const py::object& out, const py::object& out_pos, const py::object& src,
+                  const py::object& src_rows) {
+    const RowMatrix o = matrix(out, "out", true);
+    const RowMatrix s = matrix(src, "src", false);
+    check_same_dtype(out, src);
     const auto op = input<int64_t>(out_pos, "out_pos");
     const auto sp = input<int64_t>(src_rows, "src_rows");
     if (op.size != sp.size) {
@@ -504,22 +509,72 @@ void copy_rows_py(const py::object& out, const py::object& out_pos, const py::ob
     copy_rows(o, op.data, s, sp.data, op.size);
 }
 
+void gather_rows_py(const py::object& out, const py::object& src, const py::object& src_rows) {
+    const RowMatrix o = matrix(out, "out", true);
+    const RowMatrix s = matrix(src, "src", false);
+    check_same_dtype(out, src);
+    const auto sp = input<int64_t>(src_rows, "src_rows");
+    py::gil_scoped_release release;
+    gather_rows(o, s, sp.data, sp.size);
+}
+
 void register_rows(py::module_& m) {
+    m.def("gather_rows", &gather_rows_py, py::arg("out"), py::arg("src"), py::arg("src_rows"),
+          "out[i] = src[src_rows[i]] for i < len(src_rows): 2-D C-contiguous matrices of one dtype and width,\n"
+          "int64 rows; one memcpy per row, GIL released. Raises ValueError on mismatched arrays and\n"
+          "IndexError (before copying anything) on a row out of range or too small an `out`.");
     m.def("copy_rows", &copy_rows_py, py::arg("out"), py::arg("out_pos"), py::arg("src"), py::arg("src_rows"),
           "out[out_pos[i]] = src[src_rows[i]] for every i: 2-D C-contiguous matrices of one dtype and width,\n"
           "int64 positions; one memcpy per row, GIL released. Raises ValueError on mismatched arrays and\n"
           "IndexError (before copying anything) on a position out of range.");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Access counting (count.h).
+
+py::tuple count_ids_py(const py::object& nodes_obj, int64_t num_nodes) {
+    const auto nodes = input<int64_t>(nodes_obj, "nodes");
+    std::vector<int64_t> ids, counts;
+    {
+        py::gil_scoped_release release;
+        count_ids(nodes.data, nodes.size, num_nodes, ids, counts);
+    }
+    return py::make_tuple(to_numpy(std::move(ids)), to_numpy(std::move(counts)));
+}
+
+py::tuple merge_counts_py(const py::object& ia, const py::object& ca, const py::object& ib, const py::object& cb) {
+    const auto ids_a = input<int64_t>(ia, "ids_a"), counts_a = input<int64_t>(ca, "counts_a");
+    const auto ids_b = input<int64_t>(ib, "ids_b"), counts_b = input<int64_t>(cb, "counts_b");
+    if (ids_a.size != counts_a.size || ids_b.size != counts_b.size)
+        throw py::value_error("merge_counts: ids and counts differ in length");
+    std::vector<int64_t> ids, counts;
+    {
+        py::gil_scoped_release release;
+        merge_count_pairs(ids_a.data, counts_a.data, ids_a.size, ids_b.data, counts_b.data, ids_b.size, ids, counts);
+    }
+    return py::make_tuple(to_numpy(std::move(ids)), to_numpy(std::move(counts)));
+}
+
+void register_count(py::module_& m) {
+    m.def("count_ids", &count_ids_py, py::arg("nodes"), py::arg("num_nodes"),
+          "(ids ascending, counts) of the int64 node ids in `nodes`, all in [0, num_nodes); GIL released.\n"
+          "Raises ValueError on an id out of range.");
+    m.def("merge_counts", &merge_counts_py, py::arg("ids_a"), py::arg("counts_a"), py::arg("ids_b"),
+          py::arg("counts_b"),
+          "The sum of two sparse counts (int64 ids strictly ascending, int64 counts): ids ascending.\n"
+          "GIL released. Raises ValueError on unsorted or negative ids.");
+}
+
 }  // namespace
 }  // namespace diskflow
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, row copies, Belady";
+    m.doc() = "diskflow native kernels (C++17): neighbor sampling, direct I/O, row copies, access counts, Belady";
     diskflow::register_exceptions(m);
     diskflow::register_constants(m);
     diskflow::register_sampler(m);
     diskflow::register_belady(m);
     diskflow::register_reader(m);
     diskflow::register_rows(m);
+    diskflow::register_count(m);
 }

@@ -11,7 +11,10 @@ Kernels:
         `diskflow.operators.prepare.sample.NeighborSampler`, which checks fanouts and converts seeds.
     belady_plan, belady_trace, belady_simulate, belady_initial_fill: the Belady CPU-cache planner
         (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
-    copy_rows: one-pass row gather/scatter between feature matrices (rows.cpp).
+    copy_rows, gather_rows: one-pass row copies between feature matrices (rows.cpp); packing gathers
+        every segment with `gather_rows`.
+    count_ids, merge_counts: sparse access counts of a superbatch and their pairwise sum (count.cpp);
+        operators use them through `diskflow.operators.prepare.count`.
 
 The direct-I/O reader has its own wrapper module, `diskflow.native.reader`.
 """
@@ -187,5 +190,41 @@ def copy_rows(out: np.ndarray, out_pos: np.ndarray, src: np.ndarray, src_rows: n
     _native.copy_rows(out, out_pos, src, src_rows)
 
 
+def gather_rows(out: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
+    """``out[:n] = src[src_rows]`` (n = ``len(src_rows)``) in one pass, without numpy's temporary.
+
+    Args:
+        out: 2-D C-contiguous, writable, with at least n rows (e.g. a view into a write buffer).
+        src: 2-D C-contiguous, of `out`'s dtype and width.
+        src_rows: int64 [n] row positions in `src`.
+
+    Raises:
+        ValueError: arrays of the wrong shape, layout or dtype.
+        IndexError: a row out of range, or `out` shorter than n rows (checked before copying).
+    """
+    _native.gather_rows(out, src, src_rows)
+
+
+def count_ids(nodes: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids ascending, counts), both int64, of the node ids in `nodes` (int64, all in [0, num_nodes)).
+
+    Raises:
+        ValueError: an id out of range.
+    """
+    ids, counts = _native.count_ids(nodes, int(num_nodes))
+    return ids, counts
+
+
+def merge_counts(ids_a: np.ndarray, counts_a: np.ndarray, ids_b: np.ndarray,
+                 counts_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of two sparse counts (int64 ids strictly ascending, int64 counts), ids ascending.
+
+    Raises:
+        ValueError: ids that are negative or not strictly ascending, or ids and counts of different lengths.
+    """
+    ids, counts = _native.merge_counts(ids_a, counts_a, ids_b, counts_b)
+    return ids, counts
+
+
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
-           "belady_simulate", "belady_trace", "copy_rows"]
+           "belady_simulate", "belady_trace", "copy_rows", "count_ids", "gather_rows", "merge_counts"]

@@ -22,4 +22,8 @@ struct RowMatrix {
 // Every position is checked before anything is copied: std::out_of_range names the first bad one.
 void copy_rows(RowMatrix out, const int64_t* out_pos, RowMatrix src, const int64_t* src_rows, int64_t n);
 
+// out[i] = src[src_rows[i]] for i in [0, n): a gather into consecutive rows (packing a segment),
+// `out` holding at least n rows. Checked first, as copy_rows.
+void gather_rows(RowMatrix out, RowMatrix src, const int64_t* src_rows, int64_t n);
+
 }  // namespace diskflow

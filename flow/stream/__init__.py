@@ -6,10 +6,12 @@ Per superbatch k of the round (epoch-major, so epoch e+1 is sampled while epoch 
     (CPU workers)        (chained: k-1)   (CPU workers)       (GPU worker)      (GPU worker, in order)
 
 plus, once: ``count-*`` over the first superbatches (``--tier-superbatches``), ``count-merge-*``,
-``tiers`` (GPU tier and the CPU tier's first content, as `flow.prepare` decides them),
-``pack-base`` and ``ship-base`` (the tier rows and labels). Plan k starts from plan k-1's CPU
-cache and looks ahead into superbatch k+1, exactly as offline; ``plan-*`` of the next epoch
-chains on this epoch's last plan.
+``tiers`` (GPU tier and the CPU tier's first content), ``header`` (the manifest fields every
+staged superbatch shares), ``pack-base`` and ``ship-base`` (the tier rows and labels). Sample,
+count, tiers, ``trace-*`` and plan are the preparation graph `diskflow prepare` runs too
+(`flow.graph`, the same task functions, builder and keys); the stream is its other sink. Plan k
+starts from plan k-1's CPU cache and looks ahead into superbatch k+1 (traced by ``trace-*``
+beside the chain), exactly as offline; ``plan-*`` of the next epoch chains on this epoch's last plan.
 
 Placement is by annotation at submission (``client.submit(..., resources=...)``; nothing is
 fused, so nothing can drop an annotation): ``train-*`` asks for ``GPU=1``; ``ship-*`` for
@@ -39,10 +41,10 @@ and re-reading the CPU tier's rows for the checkpoint's ids.
 """
 from __future__ import annotations
 
+from ..graph import MAX_ROWS_MARGIN, PlanResult, SampleResult, Tiers
 from .cli import RUN_OPTIONS, add_run_arguments, resume_dir
-from .config import MAX_ROWS_MARGIN, PHASES, StreamConfig, StreamStopped
+from .config import PHASES, StreamConfig, StreamStopped
 from .driver import StreamRun
-from .tasks import PlanResult, SampleResult, Tiers
 
 __all__ = ["MAX_ROWS_MARGIN", "PHASES", "RUN_OPTIONS", "PlanResult", "SampleResult", "StreamConfig", "StreamRun",
            "StreamStopped", "Tiers", "add_run_arguments", "resume_dir"]

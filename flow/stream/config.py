@@ -10,7 +10,6 @@ from ...operators.formats.files import config_hash
 from ...operators.prepare.policies import Policy, check_policy, policy_id
 from ...operators.prepare.superbatch import check_round_config
 
-MAX_ROWS_MARGIN = 1.10      # staging reserve: the largest batch seen in the tier superbatches, plus 10%
 PHASES = ("sample", "plan", "pack", "ship", "train")
 
 

@@ -8,7 +8,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +16,25 @@ import numpy as np
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
 from ...operators.formats.store import Store
-from ...operators.prepare.count import merge_counts
+from ...operators.prepare.policies import policy_id
 from ...operators.prepare.superbatch import round_layout
+from ..graph import PrepGraph, TierSpec
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
 from .config import PHASES, StreamConfig, StreamStopped
 from .report import stream_report
 from .tasks import (
-    count_task,
     finish_task,
+    header_task,
     pack_base_task,
     pack_task,
-    plan_task,
     probe_task,
-    sample_task,
     ship_task,
-    tiers_task,
     train_task,
     worker_table,
 )
 
 # ---------------------------------------------------------------------------- the driver
-
-def _merge_tree(client: Any, parts: list[Any], tok: str, kw: dict[str, Any]) -> Any:
-    level = 0
-    while len(parts) > 1:
-        parts = [client.submit(merge_counts, *parts[i:i + 2], key=f"count-merge-{level}-{i // 2}-{tok}", **kw)
-                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
-        level += 1
-    return parts[0]
 
 
 class StreamRun:
@@ -82,6 +71,8 @@ class StreamRun:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.run_dir.name).strip("-.") or "run"
         self.run_id = f"{safe}-{self.tok}"
         self.fingerprint = cfg.fingerprint(config_hash(self.store.manifest))
+        self.graph = PrepGraph(self.store_path, self.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
+                               cfg.cpu_policy, self.tok, self._submit_cpu)
         self.ckpt_root = self.run_dir / "checkpoints"
         # futures per phase and superbatch, and what each watched future is
         self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "plan", "ship", "train")}
@@ -164,14 +155,15 @@ class StreamRun:
         self.watch[fut] = (kind, k)
         return fut
 
+    def _submit_cpu(self, fn: Any, *args: Any, key: str, k: int) -> Any:
+        """The preparation graph's `Submit` (`flow.graph`): a future on the CPU workers, in stream order."""
+        return self.client.submit(fn, *args, key=key, **self._cpu(k))
+
     def _sample(self, k: int) -> Any:
         if k >= self.n:
             return None
         if k not in self.f["sample"]:
-            r = self.refs[k]
-            self.f["sample"][k] = self._watch(self.client.submit(
-                sample_task, self.store_path, r, self.cfg.batch_size, tuple(self.cfg.fanouts), self.cfg.seed,
-                self.cfg.sampler_threads, key=f"sample-{r.key}-{self.tok}", **self._cpu(k)), "sample", k)
+            self.f["sample"][k] = self._watch(self.graph.sample(k), "sample", k)
         return self.f["sample"][k]
 
     def _prepare(self, k: int, attempt: int = 0) -> None:
@@ -193,12 +185,11 @@ class StreamRun:
         suffix = f"-r{attempt}" if attempt else ""
         if k not in self.f["plan"]:
             prev = self.f["plan"][k - 1] if k > self.start else None
-            self.f["plan"][k] = self._watch(c.submit(
-                plan_task, prev, self._sample(k), self._sample(k + 1), self.tiers, self.cfg.cpu_policy,
-                key=f"plan-{r.key}-{self.tok}", **self._cpu(k)), "plan", k)
+            self.f["plan"][k] = self._watch(self.graph.plan(k, prev, self._sample(k), self._sample(k + 1), self.tiers),
+                                            "plan", k)
         pack = self._watch(c.submit(
-            pack_task, self.store_path, r, self._sample(k), self.f["plan"][k], self.tiers, k, self.cfg.stage, self.run_id,
-            key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
+            pack_task, self.store_path, r, self._sample(k), self.f["plan"][k], self.header, k, self.cfg.stage,
+            self.run_id, key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
         self.f["ship"][k] = self._watch(c.submit(
             ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
             **self._gpu(self._ship_priority(k), 0)), "ship", k)
@@ -290,12 +281,19 @@ class StreamRun:
         t = min(self.cfg.tier_superbatches, per_epoch0)
         firsts = [self._sample(k) for k in range(max(t, 2 if self.n > 1 else 1))]
         kw = self._cpu(-1)
-        counts = [c.submit(count_task, firsts[k], self.store.num_nodes, key=f"count-{self.refs[k].key}-{self.tok}", **kw)
-                  for k in range(t)]
-        total = _merge_tree(c, counts, self.tok, kw)
-        self.tiers = self._watch(c.submit(tiers_task, total, firsts, self.store_path, replace(self.cfg, train=None),
-                                          self.device, self.round_batches, start_ids, key=f"tiers-{self.tok}", **kw),
-                                 "tiers", -1)
+        cfg = self.cfg
+        device = "cuda" if self.device.startswith("cuda") else "cpu"
+        spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
+                        cfg.cpu_policy)
+        total = self.graph.counts([(k, firsts[k]) for k in range(t)])
+        self.tiers = self._watch(self.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
+                                                  start_cpu_ids=start_ids), "tiers", -1)
+        config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
+                  "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
+                  "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": self.device,
+                  "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches}
+        self.header = c.submit(header_task, self.store_path, self.tiers, config, self.round_batches, cfg.epochs,
+                               key=f"header-{self.tok}", **kw)
         base = c.submit(pack_base_task, self.store_path, self.tiers, self.cfg.stage, self.run_id,
                         key=f"pack-base-{self.tok}", **kw)
         self.ship_base = self._watch(c.submit(ship_task, self.run_id, base, self.start, key=f"ship-base-{self.tok}",
@@ -478,7 +476,7 @@ class StreamRun:
         for d in self.f.values():
             d.clear()
         self.watch.clear()
-        self.tiers = self.ship_base = None
+        self.tiers = self.ship_base = self.header = None
         with contextlib.suppress(Exception):
             if self.client.status == "running" and self.gpu_addr in self._workers():
                 self.client.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False,

@@ -1,76 +1,21 @@
-"""The tasks of a streamed run, as they run on the workers: sample, count, tiers, plan and pack on CPU workers;
-ship, train and finish on the GPU worker; and the small results they pass along."""
+"""The stream's own tasks, as they run on the workers: its sink of the preparation graph (`flow.graph`: sample,
+count, tiers, trace and plan) — the manifest header and pack on CPU workers — and ship, train and finish on the
+GPU worker."""
 from __future__ import annotations
 
 import contextlib
-import math
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...operators.formats.store import Store
-from ...operators.prepare.plan import plan_superbatch
-from ...operators.prepare.policies import Policy, choose_tiers, planned, policy_id
 from ...operators.prepare.superbatch import SuperbatchRef
-from ...operators.prepare.tiers import tier_sizes
-from ...operators.stream.pack import (
-    Bundle,
-    count_bytes,
-    pack_base,
-    pack_superbatch,
-    sample_bytes,
-    sample_n_ids,
-    stream_header,
-)
+from ...operators.stream.pack import Bundle, pack_base, pack_superbatch, stream_header
+from ..graph import PlanResult, SampleResult, Tiers, stamp
 from ..plugin import PLUGIN_NAME, DiskflowPlugin, GpuStateLost
-from .config import MAX_ROWS_MARGIN, StreamConfig, StreamStopped
-
-# ---------------------------------------------------------------------------- results of tasks
-
-@dataclass
-class SampleResult:
-    """A sampled superbatch: its Arrow IPC samples and summary, and when/where it was made."""
-
-    key: str
-    data: np.ndarray             # uint8: the samples file's bytes
-    summary: dict[str, Any]
-    timing: dict[str, Any]
-
-    def __sizeof__(self) -> int:      # what Dask's memory accounting (`dask.sizeof`) counts: the file's bytes
-        return object.__sizeof__(self) + self.data.nbytes
-
-
-@dataclass
-class Tiers:
-    """The run's tiers (decided once), the access counts the planner breaks ties with, and the manifest header."""
-
-    gpu_ids: np.ndarray
-    cpu_ids: np.ndarray          # the CPU tier where the stream starts (round start, or the checkpoint's)
-    frequency: np.ndarray
-    header: dict[str, Any]
-    figures: dict[str, Any]
-
-    def __sizeof__(self) -> int:      # `dask.sizeof`: the tiers' arrays
-        return object.__sizeof__(self) + self.gpu_ids.nbytes + self.cpu_ids.nbytes + self.frequency.nbytes
-
-
-@dataclass
-class PlanResult:
-    """A superbatch's plan and the CPU cache it leaves for the next one."""
-
-    key: str
-    batches: list[Any]
-    final_cache: np.ndarray
-    stats: dict[str, Any]
-    timing: dict[str, Any] = field(default_factory=dict)
-
-    def __sizeof__(self) -> int:      # `dask.sizeof`: the final cache and the batches' plans
-        return object.__sizeof__(self) + self.final_cache.nbytes + sum(sys.getsizeof(b) for b in self.batches)
-
+from .config import StreamStopped
 
 # ---------------------------------------------------------------------------- tasks (run on workers)
 
@@ -78,15 +23,6 @@ def _worker() -> Any:
     from distributed import get_worker
 
     return get_worker()
-
-
-def _stamp(t0: float) -> dict[str, Any]:
-    """When a task ran (wall clock, so machines compare) and on which worker."""
-    try:
-        addr = str(_worker().address)
-    except ValueError:
-        addr = "local"
-    return {"t0": t0, "t1": time.time(), "worker": addr}
 
 
 def _plugin() -> DiskflowPlugin:
@@ -106,64 +42,22 @@ def _local_tmp() -> str | None:
     return None
 
 
-def sample_task(store: str, ref: SuperbatchRef, batch_size: int, fanouts: tuple[int, ...], seed: int,
-                threads: int) -> SampleResult:
-    t0 = time.time()
-    data, summary = sample_bytes(store, ref, batch_size, fanouts, seed, threads)
-    return SampleResult(ref.key, data, summary, _stamp(t0))
+def header_task(store_path: str, tiers: Tiers, config: dict[str, Any], round_batches: int, epochs: int
+                ) -> dict[str, Any]:
+    """The manifest fields every superbatch directory of the stream shares (`stream_header`), once the tiers are known."""
+    return stream_header(Store(store_path), config, tiers.figures["gpu_rows"], tiers.figures["cpu_rows"], round_batches,
+                         epochs)
 
 
-def count_task(sample: SampleResult, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    return count_bytes(sample.data, num_nodes)
-
-
-def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: list[SampleResult], store_path: str, cfg: StreamConfig,
-               device: str, round_batches: int, start_cpu_ids: np.ndarray | None) -> Tiers:
-    """GPU tier (hottest rows) and the CPU tier's first content, from the tier superbatches' counts.
-
-    `cfg` comes without its trainer options (``train=None``): unpickling those would import torch
-    on a CPU worker that never trains.
-    """
-    store = Store(store_path)
-    freq = np.zeros(store.num_nodes, np.int64)
-    freq[counts[0]] = counts[1]
-    seen = max(int(s.summary["max_nodes"]) for s in first)
-    max_rows = min(store.num_nodes, math.ceil(seen * MAX_ROWS_MARGIN))
-    sizes = tier_sizes(cfg.gpu_memory, cfg.cpu_memory, store.row_bytes, store.num_nodes,
-                       "cuda" if device.startswith("cuda") else "cpu", max_rows, cfg.staging_batches,
-                       len(store.shards), cfg.io_reserve)
-    gpu_ids, cpu_ids = choose_tiers(cfg.gpu_policy, cfg.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
-                                    lambda: [b for s in first[:2] for b in sample_n_ids(s.data, s.key)],
-                                    cpu_slots=start_cpu_ids)     # resuming: the CPU tier as the checkpoint left it
-    config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
-              "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy), "gpu_memory": cfg.gpu_memory,
-              "cpu_memory": cfg.cpu_memory, "device": device, "staging_batches": cfg.staging_batches,
-              "tier_superbatches": cfg.tier_superbatches}
-    header = stream_header(store, config, sizes.gpu_rows, sizes.cpu_rows, round_batches, cfg.epochs)
-    figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
-               "max_batch_rows_reserved": max_rows}
-    return Tiers(gpu_ids, cpu_ids, freq, header, figures)
-
-
-def plan_task(prev: PlanResult | None, sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers,
-              policy: Policy) -> PlanResult:
-    """Plan one superbatch from the previous plan's final cache (the stream's start tier for the first)."""
-    t0 = time.time()
-    batches = sample_n_ids(sample.data, sample.key)
-    ahead = sample_n_ids(lookahead.data, lookahead.key) if lookahead is not None else []
-    plan = plan_superbatch(batches, ahead, tiers.gpu_ids, tiers.cpu_ids, tiers.frequency,
-                           None if prev is None else prev.final_cache, planned(policy))
-    stats = {"hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits, "inserts": plan.inserts}
-    return PlanResult(sample.key, plan.batches, plan.final_cache, stats, {"sample": sample.timing, "plan": _stamp(t0)})
-
-
-def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, tiers: Tiers, index: int,
-              stage: str | None, run: str) -> Bundle:
+def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, header: dict[str, Any],
+              index: int, stage: str | None, run: str) -> Bundle:
+    """The stream's sink of the preparation graph: route and pack one superbatch into a bundle."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
-    bundle = pack_superbatch(store, ref, sample.data, plan.batches, tiers.header, final_cache=plan.final_cache,
+    data = sample.data if sample.data is not None else np.fromfile(sample.path, np.uint8)  # type: ignore[arg-type]
+    bundle = pack_superbatch(store, ref, data, plan.batches, header, final_cache=plan.final_cache,
                              stream_index=index, url=url, tmp_dir=_local_tmp())
-    bundle.meta.update(timing={**plan.timing, "pack": _stamp(t0)}, plan=plan.stats)
+    bundle.meta.update(timing={**plan.timing, "pack": stamp(t0)}, plan=plan.stats)
     return bundle
 
 
@@ -171,7 +65,7 @@ def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str) -> Bun
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
     bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url)
-    bundle.meta.update(timing={"pack": _stamp(t0)}, tiers=tiers.figures)
+    bundle.meta.update(timing={"pack": stamp(t0)}, tiers=tiers.figures)
     return bundle
 
 
@@ -205,7 +99,7 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
     drop_source(bundle)
     return {**out, "disk_bytes": disk, "usage": space.usage(),
             "meta": {k: v for k, v in bundle.meta.items() if k != "timing"},
-            "timing": {**bundle.meta.get("timing", {}), "ship": _stamp(t0)}}
+            "timing": {**bundle.meta.get("timing", {}), "ship": stamp(t0)}}
 
 
 def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: Any, device: str,
@@ -234,7 +128,7 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
         if checkpoint:
             state, arrays = job.trainer.checkpoint()
             out["checkpoint"] = {"state": state, "arrays": arrays}
-    out["timing"] = {**shipped["timing"], "train": _stamp(t0)}
+    out["timing"] = {**shipped["timing"], "train": stamp(t0)}
     out["usage"] = space.usage()
     out["pack"] = shipped.get("meta", {})
     out["bytes"] = int(shipped.get("bytes", 0))

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ...native import kernels
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
 from ..formats.files import ALIGN, atomic_path, create_aligned_npy, save_npy
@@ -295,9 +296,7 @@ class _SegmentWriter:
             if self.buf.shape[0] - self.fill < rb:
                 self.flush()
             k = min(local.shape[0] - t, (self.buf.shape[0] - self.fill) // rb)
-            dst = self.buf[self.fill:self.fill + k * rb]
-            np.take(feats, local[t:t + k], axis=0, out=dst.view(feats.dtype).reshape(k, feats.shape[1]), mode="clip")
-            crc = crc32(dst.data, crc)
+            crc = gather_segment(self.buf[self.fill:self.fill + k * rb], feats, local[t:t + k], crc)
             self.fill += k * rb
             t += k
         return crc
@@ -310,6 +309,18 @@ class _SegmentWriter:
             self.buf[self.fill:self.fill + k] = 0
             self.fill += k
             n -= k
+
+
+def gather_segment(dst: np.ndarray, feats: np.ndarray, rows: np.ndarray, crc: int = 0) -> int:
+    """Gather ``feats[rows]`` into the byte buffer `dst` (exactly their bytes) in one native pass; return
+    the running crc32 of the segment (`crc`: the value so far).
+
+    The one packing step: `pack_shard` (a shard read into memory) and the streamed packer
+    (`operators.stream.pack`, a shard's memory map) both gather every segment with it.
+    """
+    kernels.gather_rows(dst.view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats,
+                        np.ascontiguousarray(rows, dtype=np.int64))
+    return crc32(dst.data, crc)
 
 
 def _routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> Iterator[RouteFile]:

@@ -18,7 +18,7 @@ is a complete packed dataset that `PackedLoader` reads and `PackedLoader.follow`
 A bundle carries its files inline (``data``: moved by Dask from the worker that packed it, no
 shared filesystem needed) or names a directory holding them (``url``: any fsspec URL, e.g. a
 shared filesystem). Packing reads each needed row once per superbatch through the shard's memory
-map (vectorised per shard) and gathers every segment with one copy per (batch, shard).
+map and gathers every segment with `prepare.pack.gather_segment`, the packing step of `pack_shard` too.
 """
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ from ..formats.packed import (
 from ..formats.plan import BatchPlan
 from ..formats.samples import read_n_ids
 from ..formats.store import Store
+from ..prepare.pack import gather_segment
 from ..prepare.route import RouteFile, route_superbatch, segment_offsets
-from ..prepare.superbatch import SuperbatchRef, sample_superbatch_bytes
+from ..prepare.superbatch import SuperbatchRef
 
 BASE_FILES = ("gpu_ids.npy", "gpu_cache.npy", "cpu_ids.npy", "cpu_init.npy", "labels.npy")
 
@@ -116,33 +117,9 @@ def make_bundle(key: str, files: dict[str, np.ndarray], manifest: dict[str, Any]
     return Bundle(key, sizes, crcs, manifest, url=url, meta=dict(meta or {}))
 
 
-# ---------------------------------------------------------------------------- samples as bytes
-
-def sample_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
-                 seed: int, num_threads: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    """Sample superbatch `ref` exactly as the offline round does; return its Arrow IPC file's bytes and summary.
-
-    The samples are the bytes `superbatch.sample_superbatch` writes (same seeds, same batches),
-    built in memory (a uint8 array, which Dask moves without copying it into the pickle) so they
-    can travel as a task result without a file on the way.
-    """
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
-    return np.frombuffer(data, np.uint8), summary
-
-
 def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
     """The `n_id` arrays of a superbatch's samples given as Arrow IPC file bytes (zero-copy)."""
     return read_n_ids(f"samples of {key or 'a superbatch'}", data)
-
-
-def count_bytes(data: bytes | np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, counts) of every node accessed in a superbatch's samples (one dense bincount)."""
-    n_ids = sample_n_ids(data)
-    if not n_ids:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    dense = np.bincount(np.concatenate(n_ids), minlength=num_nodes)
-    ids = np.flatnonzero(dense)
-    return ids.astype(np.int64), dense[ids].astype(np.int64)
 
 
 # ---------------------------------------------------------------------------- the shared header
@@ -164,13 +141,13 @@ def stream_header(store: Store, config: dict[str, Any], gpu_rows: int, cpu_rows:
 
 # ---------------------------------------------------------------------------- packing
 
-def _gather(store: Store, p: int, ids: np.ndarray) -> np.ndarray:
-    """Rows `ids` (all in shard p) through the shard's memory map: each page read once, vectorised."""
+def _local(store: Store, p: int, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` (all in shard p) as row numbers within the shard, range-checked."""
     shard = store.shards[p]
     local = ids - shard.row_start
     if local.size and (local.min() < 0 or local.max() >= shard.rows):
         raise InputError(shard.path, f"packed node id outside rows [{shard.row_start}, {shard.row_stop})")
-    return np.ascontiguousarray(store.shard_array(p)[local])
+    return local
 
 
 def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samples: bytes | np.ndarray,
@@ -182,7 +159,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
     Args:
         store_path: the ingested store (a path the packing worker can read).
         ref: the superbatch (its global first batch numbers the index records).
-        samples: its samples as Arrow IPC file bytes (`sample_bytes`).
+        samples: its samples as Arrow IPC file bytes (`superbatch.sample_superbatch_bytes`).
         plans: one `BatchPlan` per batch (GPU slot / CPU slot / miss, CPU inserts).
         header: the run's shared manifest fields (`stream_header`).
         final_cache: the plan's CPU tier after the superbatch; its crc lets the trainer check
@@ -211,12 +188,12 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
             for p in range(P):
                 buf = np.zeros(int(part_bytes[p]), np.uint8)
                 if buf.size:
-                    rows = _gather(store, p, route.shard_ids(p)).reshape(-1).view(np.uint8)
-                    ends = np.cumsum(seg_rows[:, p]) * rb
-                    for j in np.flatnonzero(seg_rows[:, p]):     # one copy per (batch, shard) segment
-                        seg = rows[ends[j] - seg_rows[j, p] * rb:ends[j]]
-                        buf[offsets[j, p]:offsets[j, p] + seg.size] = seg
-                        crc[j, p] = crc32(seg.data)
+                    local, feats = _local(store, p, route.shard_ids(p)), store.shard_array(p)
+                    ends = np.cumsum(seg_rows[:, p])
+                    for j in np.flatnonzero(seg_rows[:, p]):     # one gather per (batch, shard) segment
+                        n = int(seg_rows[j, p])
+                        crc[j, p] = gather_segment(buf[offsets[j, p]:offsets[j, p] + n * rb], feats,
+                                                   local[ends[j] - n:ends[j]])
                 files[f"{ROUND_DIR}/{part_name(p)}"] = buf
             index = index_bytes(route.records(offsets, crc),
                                 {"key": ref.key, "epoch": ref.epoch, "first_batch": ref.round_first_batch})

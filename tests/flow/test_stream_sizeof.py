@@ -26,8 +26,10 @@ def test_results_count_their_arrays() -> None:
 
     sample = SampleResult("e0-s00000", np.zeros(2_000_000, np.uint8), {}, {})
     assert 2_000_000 <= sizeof(sample) < 2_010_000
+    written = SampleResult("e0-s00000", None, {}, {}, path="/x/e0-s00000.arrow")
+    assert sizeof(written) < 10_000         # its samples are in the file
 
-    tiers = Tiers(np.zeros(1000, np.int64), np.zeros(100_000, np.int64), np.zeros(200_000, np.int64), {}, {})
+    tiers = Tiers(np.zeros(1000, np.int64), np.zeros(100_000, np.int64), np.zeros(200_000, np.int64), {})
     assert (1000 + 300_000) * 8 <= sizeof(tiers) < (1000 + 300_000) * 8 + 10_000
 
     batches = [_plan(100_000) for _ in range(4)]

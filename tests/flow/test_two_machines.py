@@ -31,7 +31,7 @@ from diskflow.pipelines import belady, streaming
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 2}
 QUOTA = 2 << 20
-PREP = ("sample", "count", "count-merge", "tiers", "plan", "pack", "pack-base")
+PREP = ("sample", "count", "count-merge", "tiers", "header", "trace", "plan", "pack", "pack-base")
 GPU_TASKS = ("ship", "ship-base", "train")
 
 

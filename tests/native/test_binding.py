@@ -136,3 +136,40 @@ def test_copy_rows_errors() -> None:
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="out: the array is read-only"):
         kernels.copy_rows(readonly, pos, src, pos)
+
+
+def test_gather_rows() -> None:
+    src = np.arange(7 * 5, dtype=np.float32).reshape(7, 5)
+    rows = np.array([6, 1, 1, 0], dtype=np.int64)
+    out = np.full((5, 5), -1, dtype=np.float32)            # one row more than gathered: left as it was
+    kernels.gather_rows(out, src, rows)
+    assert np.array_equal(out[:4], src[rows]) and (out[4] == -1).all()
+    with pytest.raises(IndexError, match=r"out: 2 rows, 4 to gather"):
+        kernels.gather_rows(out[:2], src, rows)
+    with pytest.raises(IndexError, match=r"row 1: src_rows 7 \(of 7\)"):
+        kernels.gather_rows(out, src, np.array([0, 7], dtype=np.int64))
+    with pytest.raises(ValueError, match="src: dtype float64 differs from out's float32"):
+        kernels.gather_rows(out, src.astype(np.float64), rows)
+
+
+@pytest.mark.parametrize("num_nodes", [50, 10**9])      # a scan of a dense scratch array / a sort of the ids
+def test_count_ids_and_merge(num_nodes: int) -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(0, 50, 300), rng.integers(0, 50, 40)
+    ids_a, counts_a = kernels.count_ids(a, num_nodes)
+    ref_ids, ref_counts = np.unique(a, return_counts=True)
+    assert np.array_equal(ids_a, ref_ids) and np.array_equal(counts_a, ref_counts)
+    ids_b, counts_b = kernels.count_ids(b, num_nodes)
+    ids, counts = kernels.merge_counts(ids_a, counts_a, ids_b, counts_b)
+    ref_ids, ref_counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    assert np.array_equal(ids, ref_ids) and np.array_equal(counts, ref_counts)
+    # a second call on the same thread reuses the scratch array: it must have been left zero
+    assert np.array_equal(kernels.count_ids(b, num_nodes)[1], counts_b)
+    with pytest.raises(ValueError, match=r"node id 50 at position 1 is outside \[0, 50\)"):
+        kernels.count_ids(np.array([3, 50], dtype=np.int64), 50)
+    with pytest.raises(ValueError, match="node id -2"):
+        kernels.count_ids(np.array([-2], dtype=np.int64), num_nodes)
+    with pytest.raises(ValueError, match=r"a: ids must be strictly ascending \(at position 1\)"):
+        kernels.merge_counts(np.array([4, 4]), np.ones(2, np.int64), ids_b, counts_b)
+    with pytest.raises(ValueError, match="differ in length"):
+        kernels.merge_counts(ids_a, counts_a[:-1], ids_b, counts_b)

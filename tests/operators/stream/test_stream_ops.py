@@ -12,16 +12,14 @@ import pytest
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
-from diskflow.operators.prepare.count import dense_counts, merge_counts
+from diskflow.operators.prepare.count import count_accesses, dense_counts, merge_counts
 from diskflow.operators.prepare.plan import initial_fill, plan_belady
-from diskflow.operators.prepare.superbatch import round_layout
+from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch_bytes
 from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.stream.pack import (
     BASE_FILES,
-    count_bytes,
     pack_base,
     pack_superbatch,
-    sample_bytes,
     sample_n_ids,
     stream_header,
 )
@@ -42,8 +40,9 @@ def stream(tiny_store: Path) -> dict:
     """The round's samples, the tiers from the first two superbatches, and every superbatch's chained plan."""
     st = Store(tiny_store)
     refs = round_layout(st.split_ids("train").shape[0], B, SB, E)
-    samples = [sample_bytes(tiny_store, r, B, F, SEED)[0] for r in refs]
-    freq = dense_counts(merge_counts(*[count_bytes(s, st.num_nodes) for s in samples[:2]]), st.num_nodes)
+    samples = [np.frombuffer(sample_superbatch_bytes(tiny_store, r, B, list(F), SEED)[0], np.uint8) for r in refs]
+    freq = dense_counts(merge_counts(*[count_accesses(sample_n_ids(s), st.num_nodes) for s in samples[:2]]),
+                        st.num_nodes)
     gpu_ids = np.sort(np.argsort(-freq, kind="stable")[:37])          # an odd-sized GPU tier
     cpu_ids = initial_fill([b for s in samples[:2] for b in sample_n_ids(s)], 211, freq, gpu_ids)
     plans, cache = [], cpu_ids

@@ -1,0 +1,261 @@
+"""The one preparation graph: sample, count, tiers, trace and plan, for both of its sinks.
+
+`diskflow prepare` (sink: a packed dataset on disk, `flow.prepare`) and the streamed run (sink:
+bundles shipped to the GPU worker, `flow.stream`) run the same task functions, built into a
+Dask graph by the same builder, `PrepGraph`, under the same task keys:
+
+    sample-{key}-{tok}           sample superbatch `key` (native sampler): its Arrow IPC samples
+    count-{key}-{tok}            its access counts (sparse, native)
+    count-merge-{l}-{i}-{tok}    a pairwise tree of merges: the counts the tiers are chosen from
+    tiers-{tok}                  the GPU tier and the CPU tier's first content (`policies.choose_tiers`)
+    trace-{key}-{tok}            superbatch key's window traced (its next uses), beside the chain
+    plan-{key}-{tok}             chained: plan k starts from plan k-1's CPU cache
+
+What differs between the sinks is only what is handed over: prepare's samples and tiers are also
+written to its cache (``out_path``) and it counts the whole round before choosing tiers; a stream
+counts its first superbatches (``--tier-superbatches``) and keeps everything in memory. Each sink
+schedules the nodes its own way through the `Submit` callable it gives the builder: prepare wraps
+them in `dask.delayed` and computes a phase at a time; the stream submits futures to its cluster
+within a window.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..operators.formats.files import atomic_path, write_bytes
+from ..operators.formats.samples import read_n_ids
+from ..operators.formats.store import Store
+from ..operators.prepare.count import count_accesses, merge_counts
+from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
+from ..operators.prepare.policies import Policy, choose_tiers, planned
+from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes
+from ..operators.prepare.tiers import tier_sizes
+
+MAX_ROWS_MARGIN = 1.10      # staging reserve from a partial count: the largest batch seen, plus 10%
+
+# submit(function, *args, key=task key, k=superbatch index or -1 for the round's own tasks) -> a node
+Submit = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------- what tasks pass on
+
+def stamp(t0: float) -> dict[str, Any]:
+    """When a task ran (wall clock, so machines compare) and on which Dask worker ("local" outside one)."""
+    addr = "local"
+    if "distributed" in sys.modules:
+        from distributed import get_worker
+
+        try:
+            addr = str(get_worker().address)
+        except ValueError:
+            pass
+    return {"t0": t0, "t1": time.time(), "worker": addr}
+
+
+@dataclass
+class SampleResult:
+    """A sampled superbatch: its samples (Arrow IPC bytes inline, or the file they were written to), its
+    summary, and when/where it was made."""
+
+    key: str
+    data: np.ndarray | None          # uint8: the samples file's bytes (None: read `path`)
+    summary: dict[str, Any]
+    timing: dict[str, Any]
+    path: str | None = None
+
+    def n_ids(self) -> list[np.ndarray]:
+        """Every batch's node ids (zero-copy views of the bytes, or of the file's memory map)."""
+        if self.data is None:
+            return read_n_ids(self.path)  # type: ignore[arg-type]
+        return read_n_ids(f"samples of {self.key}", self.data)
+
+    def __sizeof__(self) -> int:      # what Dask's memory accounting (`dask.sizeof`) counts: the bytes held
+        return object.__sizeof__(self) + (0 if self.data is None else self.data.nbytes)
+
+
+@dataclass
+class Tiers:
+    """The round's tiers (decided once) and the access counts the planner breaks ties with."""
+
+    gpu_ids: np.ndarray               # sorted node ids of the GPU tier
+    cpu_ids: np.ndarray               # the CPU tier where planning starts, per slot (-1: empty)
+    frequency: np.ndarray             # int64 [N]: the counts the tiers were chosen from
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:      # `dask.sizeof`: the tiers' arrays
+        return object.__sizeof__(self) + self.gpu_ids.nbytes + self.cpu_ids.nbytes + self.frequency.nbytes
+
+
+@dataclass
+class PlanResult:
+    """A superbatch's plan, the CPU cache it leaves for the next one, and its figures."""
+
+    key: str
+    batches: list[Any]               # one `formats.plan.BatchPlan` per batch
+    final_cache: np.ndarray
+    stats: dict[str, Any]
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:      # `dask.sizeof`: the final cache and the batches' plans
+        return object.__sizeof__(self) + self.final_cache.nbytes + sum(sys.getsizeof(b) for b in self.batches)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """What the tiers task needs besides the counts: the budgets and policies (PrepareConfig's and
+    StreamConfig's fields of the same names) and the device the tiers are sized for."""
+
+    gpu_memory: int
+    cpu_memory: int
+    device: str                       # "cpu" or "cuda"
+    staging_batches: int
+    io_reserve: int
+    gpu_policy: Policy
+    cpu_policy: Policy
+
+
+# ---------------------------------------------------------------------------- the task functions
+
+def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
+                threads: int | None, out_path: str | None = None) -> SampleResult:
+    """Sample superbatch `ref`; with `out_path`, write its samples file there (never creating the
+    directory: a task outliving its failed run must not resurrect it) and hand on the path."""
+    t0 = time.time()
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads)
+    if out_path is None:
+        return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
+    write_bytes(out_path, data, parents=False)
+    return SampleResult(ref.key, None, {**summary, "path": out_path}, stamp(t0), path=out_path)
+
+
+def count_task(sample: SampleResult, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, counts) of one superbatch's accesses."""
+    return count_accesses(sample.n_ids(), num_nodes)
+
+
+def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: Sequence[SampleResult], store_path: str, spec: TierSpec,
+               max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
+               out_path: str | None = None) -> Tiers:
+    """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content.
+
+    Args:
+        counts: the merged counts the tiers are chosen from.
+        first: the first superbatches' samples (a planned CPU tier is filled from them).
+        max_rows: the largest batch of the round (staging is sized by it); None: the largest in
+            `first`, plus `MAX_ROWS_MARGIN`.
+        whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
+        start_cpu_ids: a resumed stream's CPU tier (checked, no policy run).
+        out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
+    """
+    store = Store(store_path)
+    freq = np.zeros(store.num_nodes, np.int64)
+    freq[counts[0]] = counts[1]
+    if max_rows is None:
+        seen = max(int(s.summary["max_nodes"]) for s in first)
+        max_rows = min(store.num_nodes, math.ceil(seen * MAX_ROWS_MARGIN))
+    read = min(store.num_nodes, int(counts[0].shape[0])) if whole_round else store.num_nodes
+    sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
+                       spec.staging_batches, len(store.shards), spec.io_reserve)
+    gpu_ids, cpu_ids = choose_tiers(spec.gpu_policy, spec.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
+                                    lambda: [b for s in first[:2] for b in s.n_ids()], cpu_slots=start_cpu_ids)
+    if out_path is not None:
+        with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
+            np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
+    figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
+               "max_batch_rows_reserved": max_rows}
+    return Tiers(gpu_ids, cpu_ids, freq, figures)
+
+
+def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers) -> WindowTrace:
+    """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain."""
+    return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
+                        tiers.frequency.shape[0])
+
+
+def plan_task(prev: PlanResult | None, sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers,
+              policy: Policy, trace: WindowTrace | None = None) -> PlanResult:
+    """Plan one superbatch from the previous plan's final cache (the tiers' CPU ids for the first).
+
+    The chain only plans: writing, routing and packing the plan are tasks of their own, off the chain.
+    """
+    t0 = time.time()
+    belady = planned(policy)
+    ahead = lookahead.n_ids() if belady and trace is None and lookahead is not None else []
+    plan = plan_superbatch(sample.n_ids(), ahead, tiers.gpu_ids, tiers.cpu_ids, tiers.frequency,
+                           None if prev is None else prev.final_cache, belady, trace)
+    stats = {"hits": plan.hits, "misses": plan.misses, "gpu_hits": plan.gpu_hits, "inserts": plan.inserts}
+    return PlanResult(sample.key, plan.batches, plan.final_cache, stats, {"sample": sample.timing, "plan": stamp(t0)})
+
+
+# ---------------------------------------------------------------------------- the builder
+
+class PrepGraph:
+    """Builds the nodes of the preparation graph for one round (see the module docstring).
+
+    Args:
+        store_path: the store (a path every worker can read).
+        refs: the round's superbatches (`superbatch.round_layout`).
+        sampling: (batch_size, fanouts, seed, sampler_threads).
+        cpu_policy: the CPU tier's policy (a planned one chains plans through their caches and
+            traces every window beside the chain).
+        tok: the run's token, ending every task key (a re-run on the same client never meets a
+            cancelled task of an earlier run under the same name).
+        submit: how the sink schedules a node (`Submit`).
+    """
+
+    def __init__(self, store_path: str, refs: Sequence[SuperbatchRef], sampling: tuple[int, Sequence[int], int, int],
+                 cpu_policy: Policy, tok: str, submit: Submit) -> None:
+        self.store_path, self.refs, self.tok, self.submit = store_path, list(refs), tok, submit
+        self.batch_size, self.fanouts, self.seed, self.threads = sampling
+        self.cpu_policy = cpu_policy
+        self.num_nodes = Store(store_path).num_nodes
+
+    def sample(self, k: int, out_path: str | None = None) -> Any:
+        r = self.refs[k]
+        return self.submit(sample_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
+                           self.threads, out_path, key=f"sample-{r.key}-{self.tok}", k=k)
+
+    def counts(self, samples: Sequence[tuple[int, Any]]) -> Any:
+        """Count each (k, sample node) and merge the counts by a pairwise tree; the node of the total."""
+        parts = [self.submit(count_task, s, self.num_nodes, key=f"count-{self.refs[k].key}-{self.tok}", k=-1)
+                 for k, s in samples]
+        level = 0
+        while len(parts) > 1:
+            parts = [self.submit(merge_counts, *parts[i:i + 2], key=f"count-merge-{level}-{i // 2}-{self.tok}", k=-1)
+                     if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+            level += 1
+        return parts[0]
+
+    def tiers(self, total: Any, first: Sequence[Any], spec: TierSpec, *, max_rows: int | None, whole_round: bool,
+              start_cpu_ids: np.ndarray | None = None, out_path: str | None = None) -> Any:
+        return self.submit(tiers_task, total, list(first), self.store_path, spec, max_rows, whole_round, start_cpu_ids,
+                           out_path, key=f"tiers-{self.tok}", k=-1)
+
+    def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any) -> Any:
+        """Plan k, chained on `prev` (plan k-1's node, None for the first); a planned policy's window is
+        traced by a task of its own, so traces run on other workers while the chain advances."""
+        r = self.refs[k]
+        trace = self.submit(trace_task, sample, lookahead, tiers, key=f"trace-{r.key}-{self.tok}", k=k) \
+            if planned(self.cpu_policy) else None
+        return self.submit(plan_task, prev, sample, lookahead, tiers, self.cpu_policy, trace,
+                           key=f"plan-{r.key}-{self.tok}", k=k)
+
+
+def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int) -> Any:
+    """`Submit` for a graph computed as a whole (`dask.delayed`, any scheduler)."""
+    import dask
+
+    return dask.delayed(fn, pure=False)(*args, dask_key_name=key)
+
+
+def sample_paths(samples: Sequence[SampleResult]) -> list[str]:
+    """The files of samples written by a prepare sink (`sample_task` with ``out_path``)."""
+    return [os.fspath(s.path) for s in samples if s.path is not None]
