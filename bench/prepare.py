@@ -88,6 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "this process)")
     p.add_argument("--bw-bytes", type=int, default=2 << 30,
                    help="bytes written and read back to measure the disk's bandwidth (default 2 GiB)")
+    p.add_argument("--bw-reads", type=int, default=3,
+                   help="times the scratch file is read back; the floor uses their median (default 3)")
     p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
                    help=f"where the dataset is cached and the outputs go (default ./{DEFAULT_WORKDIR}; large)")
     p.add_argument("--keep", action="store_true", help="keep the packed outputs (the dataset is always kept)")
@@ -113,11 +115,12 @@ def _io_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int | 
     return {"disk_read_bytes": after["read_bytes"] - before["read_bytes"], "disk_write_bytes": written}
 
 
-def disk_bandwidth(directory: Path, nbytes: int) -> tuple[float, float]:
-    """(sequential read, sequential write) bandwidth in bytes/s of the disk holding `directory`.
+def disk_bandwidth(directory: Path, nbytes: int, reads: int = 3) -> tuple[float, float, list[float]]:
+    """(sequential read, sequential write) bandwidth in bytes/s of the disk holding `directory`, and every read's.
 
     Writes `nbytes` of random data with O_DIRECT (buffered + fsync where O_DIRECT is refused),
-    fsyncs, then reads the file back with `sequential_read_bw` after evicting it; the file is
+    fsyncs, then reads the file back `reads` times with `sequential_read_bw`, evicting it before
+    each; the read bandwidth is their median (this disk's reads vary run to run). The file is
     removed afterwards.
     """
     path = directory / "bw-scratch.bin"
@@ -139,12 +142,14 @@ def disk_bandwidth(directory: Path, nbytes: int) -> tuple[float, float]:
             write_s = time.perf_counter() - t0
         finally:
             os.close(fd)
-        drop_page_cache(path)
-        read_bw = sequential_read_bw(path, block=block)
+        read_bws = []
+        for _ in range(max(1, reads)):
+            drop_page_cache(path)
+            read_bws.append(sequential_read_bw(path, block=block))
     finally:
         buf.close()
         path.unlink(missing_ok=True)
-    return read_bw, done / write_s
+    return float(np.median(read_bws)), done / write_s, read_bws
 
 
 def drop_store(store: Any) -> None:
@@ -319,21 +324,23 @@ def static_plan_misses(packed: Path, num_nodes: int, cpu_rows: int) -> dict[str,
 # ---------------------------------------------------------------------------- the measurements
 
 def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool) -> dict[str, Any]:
-    """Run `prepare` in this process (threaded scheduler), store evicted first; fsync its output."""
+    """Run `prepare` in this process (threaded scheduler, `threads` workers), store evicted first; fsync
+    its output. Its tasks are profiled (`flow.taskprofile`): thread CPU and wall seconds per task group."""
     import dask
 
     from ..flow.prepare import prepare
+    from ..flow.taskprofile import profile_tasks
 
     if fresh:
         shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     drop_store(store)
-    with _timed_io() as m, dask.config.set(scheduler="threads", num_workers=threads):
+    with _timed_io() as m, dask.config.set(scheduler="threads", num_workers=threads), profile_tasks() as prof:
         t0 = time.perf_counter()
         result = prepare(store.path, out, cfg, force=True, quiet=True)
         m["call_s"] = time.perf_counter() - t0
         m["sync_s"] = fsync_tree(out)
-    return {"result": result, **m}
+    return {"result": result, "tasks": prof.table(), **m}
 
 
 def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
@@ -366,7 +373,7 @@ def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_
 def _check_args(args: argparse.Namespace) -> None:
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
-                          ("--bw-bytes", args.bw_bytes)):
+                          ("--bw-bytes", args.bw_bytes), ("--bw-reads", args.bw_reads)):
         if value < 1:
             raise ConfigError(option, f"must be >= 1, got {value}")
     if not 0 < args.cpu_fraction < 1:
@@ -402,7 +409,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = replace(base, cpu_memory=tier_bytes + staging, readahead=int(args.readahead_fraction * feature_bytes))
     setup_s = time.perf_counter() - t_setup
 
-    read_bw, write_bw = disk_bandwidth(work, args.bw_bytes)
+    read_bw, write_bw, read_bws = disk_bandwidth(work, args.bw_bytes, args.bw_reads)
     out = work / "packed"
     scratch = work / "scratch"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -417,6 +424,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         floor_write_s = packed_bytes / write_bw
         floor_s = floor_read_s + floor_write_s
         io_floor_s = ((head["disk_read_bytes"] or 0) / read_bw + (head["disk_write_bytes"] or 0) / write_bw)
+
+        # the same prepare with one scheduler thread: how the graph scales with Dask workers
+        single = _measure_prepare(store, out, cfg, 1, fresh=True) if threads > 1 else None
 
         # (c) the static tier at the same slot count, on the same samples
         static = static_plan_misses(out, store.num_nodes, int(fig["cpu_rows"]))
@@ -460,10 +470,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
 
+    accesses = int(fig["accesses"])
+    scaling: dict[str, Any] = {}
+    if single is not None:
+        one = single["result"]
+        scaling = {"threads": [1, threads], "prepare_s": [single["seconds"], prepare_s],
+                   "worker_scaling": single["seconds"] / prepare_s,
+                   "phases": {k: [one.phases[k], res.phases[k]] for k in res.phases},
+                   "phase_scaling": {k: one.phases[k] / res.phases[k] for k in res.phases if res.phases[k] > 0},
+                   "cpu_s": [single["cpu_s"], head["cpu_s"]],
+                   "plan_chain_s": [one.chain_s, res.chain_s]}
     belady_miss_bytes = int(fig["plan_miss_bytes"])
     static_miss_bytes = static["misses"] * store.row_bytes
     figures: dict[str, Any] = {
         "prepare_s": prepare_s, "floor_s": floor_s, "prepare_over_floor": prepare_s / floor_s,
+        "accesses_per_cpu_s": accesses / head["cpu_s"] if head["cpu_s"] > 0 else None,
+        "worker_scaling": scaling.get("worker_scaling"), "scaling": scaling,
+        "serial_chain_s": res.chain_s, "serial_chain_share": res.chain_s / prepare_s,
+        "phase_cpu_s": dict(res.phase_cpu), "tasks": head["tasks"], "seq_read_bws": read_bws,
         "batched_over_naive": naive_round_s / batched["seconds"],
         "belady_miss_bytes": belady_miss_bytes, "static_miss_bytes": static_miss_bytes,
         "disk_used_bytes": budgeted.get("disk_used_bytes", int(fig["disk_used_bytes"])),
@@ -471,7 +495,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "read_amplification": fig["read_amplification"],
         "seq_read_bw": read_bw, "seq_write_bw": write_bw,
         "feature_bytes": feature_bytes, "packed_bytes": packed_bytes, "num_nodes": store.num_nodes,
-        "num_shards": len(store.shards), "batches": int(fig["batches"]), "accesses": int(fig["accesses"]),
+        "num_shards": len(store.shards), "batches": int(fig["batches"]), "accesses": accesses,
         "cpu_rows": int(fig["cpu_rows"]), "cpu_memory": cfg.cpu_memory, "readahead_bytes": cfg.readahead, "staging_bytes": int(fig["staging_bytes"]),
         "floor_read_s": floor_read_s, "floor_write_s": floor_write_s, "io_floor_s": io_floor_s,
         "prepare_call_s": head["call_s"], "prepare_sync_s": head["sync_s"], "phases": dict(res.phases),
@@ -508,7 +532,7 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
              f"threads, in this process")
     print_table(title + "\n(a) prepare next to its I/O floor", [
         {"what": "disk sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_r) + "/s",
-         "note": "O_DIRECT, 8 MiB requests"},
+         "note": "O_DIRECT, 8 MiB requests; median of " + ", ".join(_bytes(b) + "/s" for b in f["seq_read_bws"])},
         {"what": "disk sequential write", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_w) + "/s",
          "note": "O_DIRECT, then fsync"},
         {"what": "floor: read features", "seconds": f["floor_read_s"], "bytes": _bytes(f["feature_bytes"]),
@@ -518,17 +542,42 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
         {"what": "floor", "seconds": f["floor_s"], "bytes": "", "rate": "", "note": ""},
         {"what": "prepare (incl. fsync)", "seconds": f["prepare_s"], "bytes": "", "rate": "",
          "note": f"{f['prepare_over_floor']:.2f}x the floor"},
-        *({"what": f"  phase {name}", "seconds": sec, "bytes": "", "rate": "", "note": ""} for name, sec in ph.items()),
+        *({"what": f"  phase {name}", "seconds": sec, "bytes": "", "rate": "",
+           "note": f"{f['phase_cpu_s'].get(name, 0):.2f} CPU s"} for name, sec in ph.items()),
         {"what": "  fsync of the output", "seconds": f["prepare_sync_s"], "bytes": "", "rate": "", "note": ""},
-        {"what": "  CPU time", "seconds": f["prepare_cpu_s"], "bytes": "", "rate": "", "note": "all threads"},
+        {"what": "  CPU time", "seconds": f["prepare_cpu_s"], "bytes": "", "rate": "",
+         "note": f"all threads: {f['accesses_per_cpu_s']:,.0f} feature accesses per CPU second"},
+        {"what": "  serial plan chain", "seconds": f["serial_chain_s"], "bytes": "", "rate": "",
+         "note": f"{f['serial_chain_share']:.0%} of the wall time"},
         {"what": "  disk read", "seconds": "", "bytes": _bytes(f["prepare_disk_read_bytes"]), "rate": "",
          "note": "/proc/self/io"},
         {"what": "  disk write", "seconds": "", "bytes": _bytes(f["prepare_disk_write_bytes"]), "rate": "",
          "note": "/proc/self/io"},
     ], ["what", "seconds", "bytes", "rate", "note"])
-    print(f"target: prepare <= 2x the floor; machine load average {f['load_avg']:.1f} at the start (2 cores, shared). "
+    print(f"machine load average {f['load_avg']:.1f} at the start (2 cores, shared). "
           f"Pack tasks read {_bytes(f['raw_bytes_read'])} of shards; every byte /proc/self/io counted, moved at "
           f"those bandwidths, takes {f['io_floor_s']:.1f} s (samples, plans, routes, tier rows included).")
+
+    print_table("where the CPU goes: prepare's tasks by group (thread CPU of the task itself; helper threads, "
+                "e.g. a pack task's writer, count in the process CPU above only)",
+                [{"group": t["group"], "tasks": t["tasks"], "CPU s": t["cpu_s"], "wall s": t["wall_s"],
+                  "accesses/CPU s": f["accesses"] / t["cpu_s"] if t["cpu_s"] > 0 else "-"} for t in f["tasks"]],
+                ["group", "tasks", "CPU s", "wall s", "accesses/CPU s"])
+    sc = f["scaling"]
+    if sc:
+        print_table(f"scaling with Dask workers: the same prepare on 1 and {sc['threads'][1]} scheduler threads "
+                    "(store evicted before each)", [
+                        {"phase": name, "1 worker s": a, f"{sc['threads'][1]} workers s": b,
+                         "ratio": sc["phase_scaling"].get(name, "-")} for name, (a, b) in sc["phases"].items()
+                    ] + [{"phase": "prepare", "1 worker s": sc["prepare_s"][0], f"{sc['threads'][1]} workers s":
+                          sc["prepare_s"][1], "ratio": sc["worker_scaling"]},
+                         {"phase": "serial plan chain", "1 worker s": sc["plan_chain_s"][0],
+                          f"{sc['threads'][1]} workers s": sc["plan_chain_s"][1], "ratio": "-"}],
+                    ["phase", "1 worker s", f"{sc['threads'][1]} workers s", "ratio"])
+    print(f"targets (issue 'A cheap CPU box keeps a fast GPU fed'): prepare <= 1.5x the floor: "
+          f"{f['prepare_over_floor']:.2f}x; >= 5,000,000 accesses per CPU second: {f['accesses_per_cpu_s']:,.0f}; "
+          f"worker scaling >= 1.7x: " + (f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured "
+                                         "(one core)"))
 
     n, k = f["batches"], f["naive_batches"]
     print_table("(b) packing the same routes, one thread each, page cache dropped (naive: before every batch)", [

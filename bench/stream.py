@@ -384,6 +384,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "breakdown": parts, "streamed_train_over_offline": parts["train_busy_s"] / train_s,
         "features": _feature_tiers(rep, store.num_nodes),
     }
+    # The CPU side's throughput beside the GPU worker's consumption, in feature accesses (rows read, any tier).
+    acc = figures["features"]["accesses"]
+    prep_cpu = figures["cpu_s"]["prepare"]["cpu_workers"]
+    figures["throughput"] = {
+        "accesses": acc, "prepare_accesses_per_s": acc / prepare_s,
+        "prepare_accesses_per_cpu_s": acc / prep_cpu if prep_cpu > 0 else None,
+        "train_accesses_per_s": acc / train_s, "streamed_train_accesses_per_s": acc / parts["train_busy_s"]
+        if parts["train_busy_s"] > 0 else None, "prepare_over_train_rate": train_s / prepare_s}
     rows = [
         {"run": "prepare (offline, whole round)", "seconds": prepare_s, "x max": prepare_s / longest},
         {"run": "train (offline, whole round)", "seconds": train_s, "x max": train_s / longest},
@@ -415,6 +423,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{f['gpu_rows']:,}; packed (read from the scratch disk) while streaming: {f['packed_bytes'] / 2**20:.1f} MiB, "
           f"{f['packed_share'] * 100:.1f}% of the feature reads; bundles {f['bundle_bytes'] / 2**20:.1f} MiB per superbatch, "
           f"{f['held_bytes'] / 2**20:.1f} MiB of it index and samples held in the GPU worker's memory")
+    th = figures["throughput"]
+    print(f"feature accesses: the CPU workers prepare {th['prepare_accesses_per_s']:,.0f} per second "
+          f"({th['prepare_accesses_per_cpu_s'] or 0:,.0f} per CPU second of the CPU workers); the GPU worker consumes "
+          f"{th['train_accesses_per_s']:,.0f} per second training offline"
+          + (f", {th['streamed_train_accesses_per_s']:,.0f} while streaming" if th["streamed_train_accesses_per_s"]
+             else "") + f" ({th['accesses']:,} accesses in the round; preparation runs at "
+          f"{th['prepare_over_train_rate']:.2f} x the training's rate)")
     c = figures["cpu_s"]
     print("CPU seconds used (GPU worker / CPU workers / scheduler, nannies and driver): "
           + ", ".join(f"{k} {c[k]['gpu_worker']:.2f} / {c[k]['cpu_workers']:.2f} / {c[k]['scheduler_driver']:.2f}"
@@ -437,7 +452,7 @@ def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
     reads = packed_rows + sum(int(f.get("cpu_hits", 0)) + int(f.get("gpu_hits", 0)) for f in figs)
     bundles = [int(e.get("bytes", 0)) for e in report["timeline"]]
     held = [int(e.get("held_bytes") or 0) for e in report["timeline"]]
-    return {"cpu_rows": int(tiers.get("cpu_rows", 0)), "gpu_rows": int(tiers.get("gpu_rows", 0)),
+    return {"accesses": reads, "cpu_rows": int(tiers.get("cpu_rows", 0)), "gpu_rows": int(tiers.get("gpu_rows", 0)),
             "cpu_share": int(tiers.get("cpu_rows", 0)) / num_nodes if num_nodes else 0.0,
             "packed_rows": packed_rows, "packed_bytes": sum(int(f.get("packed_bytes", 0)) for f in figs),
             "packed_share": packed_rows / reads if reads else 0.0,

@@ -38,6 +38,7 @@ from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_tiers, planned
 from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes
 from ..operators.prepare.tiers import tier_sizes
+from .taskprofile import profiled
 
 MAX_ROWS_MARGIN = 1.10      # staging reserve from a partial count: the largest batch seen, plus 10%
 
@@ -249,11 +250,12 @@ class PrepGraph:
                            key=f"plan-{r.key}-{self.tok}", k=k)
 
 
-def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int) -> Any:
-    """`Submit` for a graph computed as a whole (`dask.delayed`, any scheduler)."""
+def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int = -1, **kwargs: Any) -> Any:
+    """`Submit` for a graph computed as a whole (`dask.delayed`, any scheduler); profiled while a
+    `flow.taskprofile.profile_tasks` block runs."""
     import dask
 
-    return dask.delayed(fn, pure=False)(*args, dask_key_name=key)
+    return dask.delayed(profiled(fn, key), pure=False)(*args, dask_key_name=key, **kwargs)
 
 
 def sample_paths(samples: Sequence[SampleResult]) -> list[str]:

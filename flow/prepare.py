@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import threading
 import time
@@ -33,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 
 from ..operators.formats import packed as packed_fmt
@@ -166,7 +166,9 @@ class PrepareResult:
     skipped: bool
     seconds: float
     figures: dict[str, Any] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)       # wall seconds per phase
+    phase_cpu: dict[str, float] = field(default_factory=dict)    # CPU seconds of this process per phase
+    chain_s: float = 0.0                # the serial plan chain: the plan tasks' seconds, one after the other
 
 
 def _stage_dir(work: Path, name: str, key: str) -> Path:
@@ -204,7 +206,8 @@ def _save_plan_task(plan: PlanResult, out_path: str) -> dict:
     save_plan(out_path, SuperbatchPlan(plan.batches, plan.final_cache, plan.stats["hits"], plan.stats["misses"],
                                        plan.stats["gpu_hits"]), parents=False)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
-    return {"path": out_path, **plan.stats, "batch_misses": misses}
+    chain_s = plan.timing["plan"]["t1"] - plan.timing["plan"]["t0"]    # this superbatch's link of the serial chain
+    return {"path": out_path, **plan.stats, "batch_misses": misses, "chain_s": chain_s}
 
 
 def _misses_of(sample_path: str, plan_path: str) -> list[np.ndarray]:
@@ -397,19 +400,31 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
                                                    cfg.superbatch_size, cfg.epochs),
                f"{uuid.uuid4().int % 10**8:08d}", quiet)
     phases: dict[str, float] = {}
-    t = time.perf_counter()
-    sdir, summaries = _sample_phase(run, s_key)
-    phases["sample"] = time.perf_counter() - t
+    cpu: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        t, c = time.perf_counter(), _process_cpu()
+        yield
+        phases[name], cpu[name] = time.perf_counter() - t, _process_cpu() - c
+
+    with phase("sample"):
+        sdir, summaries = _sample_phase(run, s_key)
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
     # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
     with _read_ahead(store, cfg):
-        t = time.perf_counter()
-        pdir, planned_round, early_routes = _plan_phase(run, p_key, sdir, summaries)
-        phases["plan"] = time.perf_counter() - t
-        t = time.perf_counter()
-        figures = _pack_phase(run, (store_hash, k_key), sdir, summaries, pdir, planned_round, early_routes)
-        phases["pack"] = time.perf_counter() - t
-    return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases)
+        with phase("plan"):
+            pdir, planned_round, early_routes = _plan_phase(run, p_key, sdir, summaries)
+        with phase("pack"):
+            figures = _pack_phase(run, (store_hash, k_key), sdir, summaries, pdir, planned_round, early_routes)
+    chain_s = float(sum(float(p.get("chain_s", 0.0)) for p in planned_round["plans"]))
+    return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases, cpu, chain_s)
+
+
+def _process_cpu() -> float:
+    """User + system CPU seconds of this process so far (every thread: the threaded scheduler's tasks too)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _graph(run: _Run) -> PrepGraph:
@@ -463,14 +478,14 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     for k in range(len(run.refs)):
         plans.append(g.plan(k, plans[-1] if plans else None, samples[k],
                             samples[k + 1] if k + 1 < len(samples) else None, tiers))
-    save_tasks = [dask.delayed(_save_plan_task)(plan, str(pdir / f"{r.key}.npz"), dask_key_name=f"plan-save-{r.key}-{tok}")
+    save_tasks = [delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), key=f"plan-save-{r.key}-{tok}")
                   for r, plan in zip(run.refs, plans)]
     # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
     # superbatch as soon as it is planned, while the chain plans the next one.
     (run.work / "route").mkdir(exist_ok=True)
-    route_tasks = [dask.delayed(_route_task)(r, s.path, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
-                                             len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
-                                             dask_key_name=f"route-{r.key}-{tok}")
+    route_tasks = [delayed_submit(_route_task, r, s.path, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+                                  len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
+                                  key=f"route-{r.key}-{tok}")
                    for r, s, plan in zip(run.refs, samples, plans)] \
         if cfg.packing and cfg.disk_budget is None else []
     done = compute([tiers, *save_tasks, *route_tasks], desc="plan", disable=run.show())
@@ -556,12 +571,11 @@ def _index_store_reads(run: _Run, stage: Path, sample_paths: list[str], plan_pat
     files (empty) and disk-cache files (none) of the manifest."""
     store, tok, P = run.store, run.tok, len(run.store.shards)
     rnd = stage / ROUND_DIR
-    tasks = [dask.delayed(_store_index_task)(r, sp, pp, P, str(rnd / index_name(r.key)),
-                                             dask_key_name=f"index-{r.key}-{tok}")
+    tasks = [delayed_submit(_store_index_task, r, sp, pp, P, str(rnd / index_name(r.key)), key=f"index-{r.key}-{tok}")
              for r, sp, pp in zip(run.refs, sample_paths, plan_paths)]
     compute(tasks, desc="index", disable=run.show())
     tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-    compute([dask.delayed(write_tier_rows)(str(store.path), p, tier_t, dask_key_name=f"pack-r0-p{p}-{tok}")
+    compute([delayed_submit(write_tier_rows, str(store.path), p, tier_t, key=f"pack-r0-p{p}-{tok}")
              for p in range(P)], desc="tiers", disable=run.show())
     for p in range(P):     # no packed segments: empty part files keep the layout uniform
         (rnd / part_name(p)).touch()
@@ -582,17 +596,17 @@ def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: li
     layout_path: str | None = None
     if cfg.disk_cache and cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
         layout_path = str(work / "layout.pkl")
-        (search,) = compute([dask.delayed(_search_task)(sample_paths, plan_paths, rb, cfg.disk_budget, pad_per_batch,
-                                                        cfg.minhash_k, cfg.seed, store.shard_rows, layout_path,
-                                                        dask_key_name=f"search-{tok}")], desc="search", disable=True)
+        (search,) = compute([delayed_submit(_search_task, sample_paths, plan_paths, rb, cfg.disk_budget, pad_per_batch,
+                                            cfg.minhash_k, cfg.seed, store.shard_rows, layout_path,
+                                            key=f"search-{tok}")], desc="search", disable=True)
         if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
             layout_path = None
         else:
             figures["segment_size"] = search["segment_size"]
     (work / "route").mkdir(exist_ok=True)
     routes = early_routes if early_routes is not None and layout_path is None else \
-        compute([dask.delayed(_route_task)(r, sp, pp, layout_path, store.shard_rows, P,
-                                           str(work / "route" / f"{r.key}.npz"), dask_key_name=f"route-{r.key}-{tok}")
+        compute([delayed_submit(_route_task, r, sp, pp, layout_path, store.shard_rows, P,
+                                str(work / "route" / f"{r.key}.npz"), key=f"route-{r.key}-{tok}")
                  for r, sp, pp in zip(run.refs, sample_paths, plan_paths)], desc="route", disable=run.show())
     seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
     offsets, part_bytes = segment_offsets(seg_rows, rb)
@@ -610,14 +624,13 @@ def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: li
     _check_room(run.out, base_bytes + int(part_bytes.sum()) + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
     tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
     route_paths = [x["path"] for x in routes]
-    packs = compute([dask.delayed(pack_shard)(str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
-                                              dcache_targets=cache_t, tier_targets=tier_t,
-                                              dask_key_name=f"pack-r0-p{p}-{tok}")
+    packs = compute([delayed_submit(pack_shard, str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
+                                    dcache_targets=cache_t, tier_targets=tier_t, key=f"pack-r0-p{p}-{tok}")
                      for p in range(P)], desc="pack", disable=run.show())
     crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
-    compute([dask.delayed(_index_task)(x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                       crc[x["first_batch"]:x["first_batch"] + x["batches"]],
-                                       str(rnd / index_name(x["key"])), dask_key_name=f"index-{x['key']}-{tok}")
+    compute([delayed_submit(_index_task, x["key"], x["path"], offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
+                            crc[x["first_batch"]:x["first_batch"] + x["batches"]],
+                            str(rnd / index_name(x["key"])), key=f"index-{x['key']}-{tok}")
              for x in routes], desc="index", disable=run.show())
     parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
     dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),

@@ -367,8 +367,9 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
         if size < need:
             raise InputError(t.path, f"target rows file has {size} bytes, {ids.shape[0]} rows need {need}")
         mm = np.memmap(t.path, dtype=feats.dtype, mode="r+", offset=t.offset, shape=(ids.shape[0], feats.shape[1]))
-        try:
-            mm[sel] = feats[ids[sel] - shard.row_start]
+        try:    # one pass, no gathered temporary (numpy's mm[sel] = feats[rows] makes one), GIL released
+            kernels.copy_rows(mm, sel.astype(np.int64, copy=False), feats,
+                              (ids[sel] - shard.row_start).astype(np.int64, copy=False))
             mm.flush()
         finally:
             del mm

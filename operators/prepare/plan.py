@@ -185,6 +185,8 @@ def static_tier(frequency: np.ndarray, capacity: int, exclude: np.ndarray) -> np
         int64 [<= capacity]: node ids in slot order.
     """
     cap = _capacity(capacity)
+    if cap == 0:                # e.g. no GPU tier: not even a copy of the counts
+        return np.zeros(0, dtype=np.int64)
     freq = np.array(_frequency(frequency), dtype=np.int64, copy=True)
     ex = np.asarray(exclude, dtype=np.int64)
     freq[ex[(ex >= 0) & (ex < freq.shape[0])]] = 0

@@ -38,6 +38,8 @@ def test_headline_keys_and_tables(figures: tuple[dict, Path, str]) -> None:
                   "(d) disk space and read amplification"):
         assert table in printed
     assert "naive packing ran on 3 of the" in printed
+    for table in ("where the CPU goes: prepare's tasks by group", "scaling with Dask workers"):
+        assert table in printed
 
 
 def test_figures_are_consistent(figures: tuple[dict, Path, str]) -> None:
@@ -47,7 +49,18 @@ def test_figures_are_consistent(figures: tuple[dict, Path, str]) -> None:
     assert f["floor_s"] == pytest.approx(f["feature_bytes"] / f["seq_read_bw"] + f["packed_bytes"] / f["seq_write_bw"])
     assert f["floor_s"] > 0 and f["prepare_s"] >= f["prepare_call_s"] > 0
     assert f["prepare_over_floor"] == pytest.approx(f["prepare_s"] / f["floor_s"])
-    assert set(f["phases"]) == {"sample", "plan", "pack"}
+    assert set(f["phases"]) == set(f["phase_cpu_s"]) == {"sample", "plan", "pack"}
+    assert len(f["seq_read_bws"]) == 3 and f["seq_read_bw"] == pytest.approx(sorted(f["seq_read_bws"])[1])
+    # the CPU figures: every task group of the graph profiled, the headline rate from the process's CPU
+    assert f["accesses_per_cpu_s"] == pytest.approx(f["accesses"] / f["prepare_cpu_s"])
+    groups = {t["group"] for t in f["tasks"]}
+    assert {"sample", "count", "tiers", "trace", "plan", "plan-save", "route", "pack", "index"} <= groups, groups
+    assert sum(t["tasks"] for t in f["tasks"] if t["group"] == "pack") == f["num_shards"]
+    assert 0 < f["serial_chain_s"] <= f["phases"]["plan"] and f["serial_chain_share"] < 1
+    # scaling: the same round prepared with 1 and 2 scheduler threads
+    sc = f["scaling"]
+    assert sc["threads"] == [1, 2] and f["worker_scaling"] == pytest.approx(sc["prepare_s"][0] / sc["prepare_s"][1])
+    assert sc["prepare_s"][1] == f["prepare_s"] and set(sc["phase_scaling"]) <= {"sample", "plan", "pack"}
     assert f["raw_bytes_read"] == f["feature_bytes"]                   # every raw byte read once
     assert f["cpu_rows"] == int(0.10 * f["feature_bytes"]) // (32 * 4)  # the tier is 10% of the features
     assert f["cpu_memory"] == int(0.10 * f["feature_bytes"]) + f["staging_bytes"]

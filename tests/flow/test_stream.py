@@ -152,6 +152,8 @@ def test_bench_reports_where_the_features_came_from(streamed: dict[str, Any]) ->
     f, tl = _feature_tiers(streamed, nodes), streamed["timeline"]
     assert f["cpu_rows"] == streamed["stream"]["tiers"]["cpu_rows"] and f["cpu_share"] == f["cpu_rows"] / nodes
     assert f["packed_rows"] == sum(e["figures"]["packed_rows"] for e in tl) > 0
+    assert f["accesses"] == sum(e["figures"][k] for e in tl for k in ("packed_rows", "cpu_hits", "gpu_hits")) \
+        > f["packed_rows"]
     assert f["packed_bytes"] == sum(e["figures"]["packed_bytes"] for e in tl) >= f["packed_rows"]
     assert 0 < f["packed_share"] < 1
     assert all(e["bytes"] > e["figures"]["packed_bytes"] for e in tl)     # the index and the samples travel too

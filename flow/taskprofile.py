@@ -1,0 +1,78 @@
+"""Where preparation's CPU goes, per task group: thread CPU and wall seconds of every task run in this process.
+
+`profile_tasks` is opt-in: while its block runs, tasks built through `flow.graph.delayed_submit`
+(every task of `diskflow prepare`) record, per key group (``sample``, ``plan``, ``pack-r0`` ...),
+how many ran, the CPU seconds of the thread that ran them and their wall seconds. It sees tasks run
+by this process's scheduler threads (Dask's threaded or synchronous scheduler); on a cluster the
+tasks run elsewhere and record nothing here. A task's own helper threads (a writer thread, the
+sampler's threads) are not in its thread CPU: the process's CPU time, measured around a phase,
+counts them.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_ACTIVE: list[TaskProfile] = []
+_LOCK = threading.Lock()
+
+
+class TaskProfile:
+    """Per-group task figures, collected while `profile_tasks` runs."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[str, float]] = {}
+
+    def add(self, group: str, cpu_s: float, wall_s: float) -> None:
+        with _LOCK:
+            g = self.groups.setdefault(group, {"tasks": 0, "cpu_s": 0.0, "wall_s": 0.0})
+            g["tasks"] += 1
+            g["cpu_s"] += cpu_s
+            g["wall_s"] += wall_s
+
+    def table(self) -> list[dict[str, Any]]:
+        """The groups, most CPU first."""
+        return [{"group": k, **v} for k, v in sorted(self.groups.items(), key=lambda kv: -kv[1]["cpu_s"])]
+
+
+@contextlib.contextmanager
+def profile_tasks() -> Iterator[TaskProfile]:
+    """Record the tasks built inside the block (``with profile_tasks() as prof: prepare(...)``)."""
+    prof = TaskProfile()
+    with _LOCK:
+        _ACTIVE.append(prof)
+    try:
+        yield prof
+    finally:
+        with _LOCK:
+            _ACTIVE.remove(prof)
+
+
+class Profiled:
+    """`fn` recording its thread CPU and wall time under `group` in the active profiles (picklable)."""
+
+    def __init__(self, fn: Callable[..., Any], group: str) -> None:
+        self.fn, self.group = fn, group
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        c, t = time.thread_time(), time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            cpu, wall = time.thread_time() - c, time.perf_counter() - t
+            with _LOCK:
+                active = list(_ACTIVE)
+            for prof in active:
+                prof.add(self.group, cpu, wall)
+
+
+def profiled(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+    """`fn` wrapped to record under `key`'s group while a profile is active; `fn` itself otherwise."""
+    if not _ACTIVE:
+        return fn
+    from dask.utils import key_split
+
+    return Profiled(fn, key_split(key))
