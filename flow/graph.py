@@ -21,7 +21,6 @@ within a window.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -257,7 +256,3 @@ def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int = -1, **
 
     return dask.delayed(profiled(fn, key), pure=False)(*args, dask_key_name=key, **kwargs)
 
-
-def sample_paths(samples: Sequence[SampleResult]) -> list[str]:
-    """The files of samples written by a prepare sink (`sample_task` with ``out_path``)."""
-    return [os.fspath(s.path) for s in samples if s.path is not None]
