@@ -546,7 +546,7 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
            "note": f"{f['phase_cpu_s'].get(name, 0):.2f} CPU s"} for name, sec in ph.items()),
         {"what": "  fsync of the output", "seconds": f["prepare_sync_s"], "bytes": "", "rate": "", "note": ""},
         {"what": "  CPU time", "seconds": f["prepare_cpu_s"], "bytes": "", "rate": "",
-         "note": f"all threads: {f['accesses_per_cpu_s']:,.0f} feature accesses per CPU second"},
+         "note": f"all threads: {f['accesses_per_cpu_s'] or 0:,.0f} feature accesses per CPU second"},
         {"what": "  serial plan chain", "seconds": f["serial_chain_s"], "bytes": "", "rate": "",
          "note": f"{f['serial_chain_share']:.0%} of the wall time"},
         {"what": "  disk read", "seconds": "", "bytes": _bytes(f["prepare_disk_read_bytes"]), "rate": "",
@@ -575,7 +575,7 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
                           f"{sc['threads'][1]} workers s": sc["plan_chain_s"][1], "ratio": "-"}],
                     ["phase", "1 worker s", f"{sc['threads'][1]} workers s", "ratio"])
     print(f"targets (issue 'A cheap CPU box keeps a fast GPU fed'): prepare <= 1.5x the floor: "
-          f"{f['prepare_over_floor']:.2f}x; >= 5,000,000 accesses per CPU second: {f['accesses_per_cpu_s']:,.0f}; "
+          f"{f['prepare_over_floor']:.2f}x; >= 5,000,000 accesses per CPU second: {f['accesses_per_cpu_s'] or 0:,.0f}; "
           f"worker scaling >= 1.7x: " + (f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured "
                                          "(one core)"))
 

@@ -8,7 +8,9 @@ Dask graph by the same builder, `PrepGraph`, under the same task keys:
     count-{key}-{tok}            its access counts (sparse, native)
     count-merge-{l}-{i}-{tok}    a pairwise tree of merges: the counts the tiers are chosen from
     tiers-{tok}                  the GPU tier and the CPU tier's first content (`policies.choose_tiers`)
-    trace-{key}-{tok}            superbatch key's window traced (its next uses), beside the chain
+    trace-{key}-{tok}            superbatch key's window traced (its next uses), beside the chain (a
+                                 sink may leave it to the plan task: the stream, when the lookahead's
+                                 samples are not submitted yet)
     plan-{key}-{tok}             chained: plan k starts from plan k-1's CPU cache
 
 What differs between the sinks is only what is handed over: prepare's samples and tiers are also
@@ -141,13 +143,14 @@ def count_task(sample: SampleResult, num_nodes: int) -> tuple[np.ndarray, np.nda
     return count_accesses(sample.n_ids(), num_nodes)
 
 
-def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: Sequence[SampleResult], store_path: str, spec: TierSpec,
+def tiers_task(counts: tuple[np.ndarray, np.ndarray] | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
                max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
                out_path: str | None = None) -> Tiers:
     """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content.
 
     Args:
-        counts: the merged counts the tiers are chosen from.
+        counts: the merged counts the tiers are chosen from: (ids, counts), or an ``.npz`` holding them
+            (a prepare cache's, read where the task runs).
         first: the first superbatches' samples (a planned CPU tier is filled from them).
         max_rows: the largest batch of the round (staging is sized by it); None: the largest in
             `first`, plus `MAX_ROWS_MARGIN`.
@@ -156,6 +159,9 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray], first: Sequence[SampleResu
         out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
     """
     store = Store(store_path)
+    if isinstance(counts, str):
+        with np.load(counts) as z:
+            counts = (z["ids"], z["counts"])
     freq = np.zeros(store.num_nodes, np.int64)
     freq[counts[0]] = counts[1]
     if max_rows is None:
@@ -178,6 +184,11 @@ def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tier
     """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain."""
     return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
                         tiers.frequency.shape[0])
+
+
+def tier_figures(tiers: Tiers) -> dict[str, Any]:
+    """The tiers' figures alone (what a driver gathers, not the tiers' arrays)."""
+    return dict(tiers.figures)
 
 
 def plan_task(prev: PlanResult | None, sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers,
@@ -204,8 +215,8 @@ class PrepGraph:
         store_path: the store (a path every worker can read).
         refs: the round's superbatches (`superbatch.round_layout`).
         sampling: (batch_size, fanouts, seed, sampler_threads).
-        cpu_policy: the CPU tier's policy (a planned one chains plans through their caches and
-            traces every window beside the chain).
+        cpu_policy: the CPU tier's policy (a planned one chains plans through their caches; `trace`
+            gives each window a task of its own).
         tok: the run's token, ending every task key (a re-run on the same client never meets a
             cancelled task of an earlier run under the same name).
         submit: how the sink schedules a node (`Submit`).
@@ -239,14 +250,19 @@ class PrepGraph:
         return self.submit(tiers_task, total, list(first), self.store_path, spec, max_rows, whole_round, start_cpu_ids,
                            out_path, key=f"tiers-{self.tok}", k=-1)
 
-    def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any) -> Any:
-        """Plan k, chained on `prev` (plan k-1's node, None for the first); a planned policy's window is
-        traced by a task of its own, so traces run on other workers while the chain advances."""
-        r = self.refs[k]
-        trace = self.submit(trace_task, sample, lookahead, tiers, key=f"trace-{r.key}-{self.tok}", k=k) \
-            if planned(self.cpu_policy) else None
+    def trace(self, k: int, sample: Any, lookahead: Any, tiers: Any) -> Any:
+        """Trace k's window (k and its lookahead), for a planned policy (None otherwise): a task of its
+        own that needs no earlier plan, so the sink submits it ahead of the chain and it runs on
+        another worker while the chain advances."""
+        if not planned(self.cpu_policy):
+            return None
+        return self.submit(trace_task, sample, lookahead, tiers, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
+
+    def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None) -> Any:
+        """Plan k, chained on `prev` (plan k-1's node, None for the first), over k's window trace (`trace`'s
+        node; None: the plan task traces the window itself)."""
         return self.submit(plan_task, prev, sample, lookahead, tiers, self.cpu_policy, trace,
-                           key=f"plan-{r.key}-{self.tok}", k=k)
+                           key=f"plan-{self.refs[k].key}-{self.tok}", k=k)
 
 
 def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int = -1, **kwargs: Any) -> Any:

@@ -75,7 +75,7 @@ from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
-from .graph import PlanResult, PrepGraph, SampleResult, Tiers, TierSpec, delayed_submit
+from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, tier_figures
 from .progress import compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
@@ -465,19 +465,18 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     pdir = stage.start()
     # The sample stage's files, as the graph's sample results (the stage may come from an earlier run).
     samples = [SampleResult(r.key, None, s, {}, path=str(sdir / r.filename)) for r, s in zip(run.refs, summaries)]
-    with np.load(sdir / COUNTS) as z:
-        total = (z["ids"], z["counts"])
     g = _graph(run)
     spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
                     cfg.cpu_policy)
-    tiers = g.tiers(total, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
+    tiers = g.tiers(str(sdir / COUNTS), samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
     # traces run on the other cores while the chain advances.
     plans: list[Any] = []
     for k in range(len(run.refs)):
-        plans.append(g.plan(k, plans[-1] if plans else None, samples[k],
-                            samples[k + 1] if k + 1 < len(samples) else None, tiers))
+        ahead = samples[k + 1] if k + 1 < len(samples) else None
+        plans.append(g.plan(k, plans[-1] if plans else None, samples[k], ahead, tiers,
+                            g.trace(k, samples[k], ahead, tiers)))
     save_tasks = [delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), key=f"plan-save-{r.key}-{tok}")
                   for r, plan in zip(run.refs, plans)]
     # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
@@ -488,13 +487,12 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
                                   key=f"route-{r.key}-{tok}")
                    for r, s, plan in zip(run.refs, samples, plans)] \
         if cfg.packing and cfg.disk_budget is None else []
-    done = compute([tiers, *save_tasks, *route_tasks], desc="plan", disable=run.show())
+    # the tiers' figures, not the tiers: their arrays stay on the workers
+    figures = delayed_submit(tier_figures, tiers, key=f"tiers-figures-{tok}")
+    done = compute([figures, *save_tasks, *route_tasks], desc="plan", disable=run.show())
     chosen, stats, early_routes = done[0], done[1:1 + len(save_tasks)], done[1 + len(save_tasks):] or None
-    return pdir, stage.finish({"tiers": _tier_figures(chosen), "plans": stats}), early_routes
-
-
-def _tier_figures(tiers: Tiers) -> dict[str, Any]:
-    return {k: tiers.figures[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
+    tier_fig = {k: chosen[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
+    return pdir, stage.finish({"tiers": tier_fig, "plans": stats}), early_routes
 
 
 def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[dict[str, Any]], pdir: Path,

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,33 +53,38 @@ void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<i
         }
         return;
     }
-    // One scratch array per thread, all zero between calls: its pages are faulted in once.
-    thread_local std::vector<uint32_t> scratch;
-    if (scratch.size() < static_cast<size_t>(num_nodes)) scratch.assign(static_cast<size_t>(num_nodes), 0);
-    uint32_t* c = scratch.data();
+    // A zeroed array of N counters, per call: calloc maps zero pages lazily, so only the pages the
+    // accesses touch are faulted in (the scan below reads the rest as the shared zero page), and
+    // nothing stays allocated between calls.
+    std::unique_ptr<uint32_t, decltype(&std::free)> scratch(
+        static_cast<uint32_t*>(std::calloc(static_cast<size_t>(num_nodes), sizeof(uint32_t))), &std::free);
+    if (!scratch) throw std::bad_alloc();
+    uint32_t* c = scratch.get();
     constexpr int64_t kAhead = 16;
     for (int64_t i = 0; i < n; ++i) {
         if (i + kAhead < n) __builtin_prefetch(c + nodes[i + kAhead], 1);
         ++c[nodes[i]];
     }
-    // Scan eight entries at a time (a zero word skips them); every touched entry is reset.
-    const int64_t words = num_nodes / 2;
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(c);
-    ids.reserve(static_cast<size_t>(std::min<int64_t>(n, num_nodes)));
-    counts.reserve(ids.capacity());
-    auto take = [&](int64_t v) {
+    const int64_t distinct_max = std::min<int64_t>(n, num_nodes);
+    ids.reserve(static_cast<size_t>(distinct_max));
+    counts.reserve(static_cast<size_t>(distinct_max));
+    // Scan eight counters at a time: a block of zeros is skipped after one test.
+    int64_t v = 0;
+    for (; v + 8 <= num_nodes; v += 8) {
+        uint64_t w[4];
+        std::memcpy(w, c + v, sizeof w);  // no aliasing of the uint32 array through uint64 pointers
+        if ((w[0] | w[1] | w[2] | w[3]) == 0) continue;
+        for (int64_t u = v; u < v + 8; ++u)
+            if (c[u]) {
+                ids.push_back(u);
+                counts.push_back(c[u]);
+            }
+    }
+    for (; v < num_nodes; ++v)
         if (c[v]) {
             ids.push_back(v);
             counts.push_back(c[v]);
-            c[v] = 0;
         }
-    };
-    int64_t k = 0;
-    for (; k + 4 <= words; k += 4) {
-        if ((w[k] | w[k + 1] | w[k + 2] | w[k + 3]) == 0) continue;
-        for (int64_t v = 2 * k; v < 2 * k + 8; ++v) take(v);
-    }
-    for (int64_t v = 2 * k; v < num_nodes; ++v) take(v);
 }
 
 void merge_count_pairs(const int64_t* ia, const int64_t* ca, int64_t na, const int64_t* ib, const int64_t* cb,

@@ -10,8 +10,9 @@ plus, once: ``count-*`` over the first superbatches (``--tier-superbatches``), `
 staged superbatch shares), ``pack-base`` and ``ship-base`` (the tier rows and labels). Sample,
 count, tiers, ``trace-*`` and plan are the preparation graph `diskflow prepare` runs too
 (`flow.graph`, the same task functions, builder and keys); the stream is its other sink. Plan k
-starts from plan k-1's CPU cache and looks ahead into superbatch k+1 (traced by ``trace-*``
-beside the chain), exactly as offline; ``plan-*`` of the next epoch chains on this epoch's last plan.
+starts from plan k-1's CPU cache and looks ahead into superbatch k+1, exactly as offline (the window
+is traced by ``trace-*`` beside the chain when its samples are already submitted, as with more than one
+CPU worker; otherwise the plan task traces it); ``plan-*`` of the next epoch chains on this epoch's last plan.
 
 Placement is by annotation at submission (``client.submit(..., resources=...)``; nothing is
 fused, so nothing can drop an annotation): ``train-*`` asks for ``GPU=1``; ``ship-*`` for

@@ -75,7 +75,7 @@ class StreamRun:
                                cfg.cpu_policy, self.tok, self._submit_cpu)
         self.ckpt_root = self.run_dir / "checkpoints"
         # futures per phase and superbatch, and what each watched future is
-        self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "plan", "ship", "train")}
+        self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "trace", "plan", "ship", "train")}
         self.watch: dict[Any, tuple[str, int]] = {}
         self.shipped_ok: set[int] = set()
         self.prepared: set[int] = set()
@@ -185,8 +185,9 @@ class StreamRun:
         suffix = f"-r{attempt}" if attempt else ""
         if k not in self.f["plan"]:
             prev = self.f["plan"][k - 1] if k > self.start else None
-            self.f["plan"][k] = self._watch(self.graph.plan(k, prev, self._sample(k), self._sample(k + 1), self.tiers),
-                                            "plan", k)
+            self.f["plan"][k] = self._watch(self.graph.plan(k, prev, self._sample(k), self._sample(k + 1), self.tiers,
+                                                            self.f["trace"].get(k)), "plan", k)
+            self._trace_ahead(k + 1)
         pack = self._watch(c.submit(
             pack_task, self.store_path, r, self._sample(k), self.f["plan"][k], self.header, k, self.cfg.stage,
             self.run_id, key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
@@ -194,6 +195,19 @@ class StreamRun:
             ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
             **self._gpu(self._ship_priority(k), 0)), "ship", k)
         self.prepared.add(k)
+
+    def _trace_ahead(self, k: int) -> None:
+        """Trace superbatch k's window now, while plan k-1 runs, if its samples are already submitted.
+
+        Submitting a sample early for it would put that sample ahead of a pack the GPU worker waits
+        for (see `_prepare`); a plan whose window was not traced ahead traces it itself.
+        """
+        if k >= self.n or k in self.f["trace"] or k in self.f["plan"]:
+            return
+        if k in self.f["sample"] and (k + 1 >= self.n or k + 1 in self.f["sample"]):
+            trace = self.graph.trace(k, self.f["sample"][k], self._sample(k + 1), self.tiers)
+            if trace is not None:
+                self.f["trace"][k] = trace
 
     def _sample_lead(self) -> int:
         """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first,
@@ -235,6 +249,8 @@ class StreamRun:
             del f["sample"][k]
         for k in [k for k in f["plan"] if k in self.shipped_ok and (k + 1 in self.prepared or k + 1 >= self.n)]:
             del f["plan"][k]
+        for k in [k for k in f["trace"] if k in f["plan"] or k < self.start]:   # its plan holds it now
+            del f["trace"][k]
         for k in [k for k in f["ship"] if k in f["train"] or k < self.next_train]:
             del f["ship"][k]
 

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...operators.formats.store import Store
 from ...operators.prepare.superbatch import SuperbatchRef
 from ...operators.stream.pack import Bundle, pack_base, pack_superbatch, stream_header
@@ -54,8 +52,9 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
     """The stream's sink of the preparation graph: route and pack one superbatch into a bundle."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
-    data = sample.data if sample.data is not None else np.fromfile(sample.path, np.uint8)  # type: ignore[arg-type]
-    bundle = pack_superbatch(store, ref, data, plan.batches, header, final_cache=plan.final_cache,
+    if sample.data is None:      # the stream keeps its samples in memory (`graph.sample_task` without out_path)
+        raise ValueError(f"pack of {ref.key}: the samples must travel inline, not as {sample.path}")
+    bundle = pack_superbatch(store, ref, sample.data, plan.batches, header, final_cache=plan.final_cache,
                              stream_index=index, url=url, tmp_dir=_local_tmp())
     bundle.meta.update(timing={**plan.timing, "pack": stamp(t0)}, plan=plan.stats)
     return bundle

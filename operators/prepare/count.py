@@ -38,17 +38,16 @@ def count_superbatch(sample_path: str | os.PathLike[str], num_nodes: int | None 
 def merge_counts(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Sum several sparse (ids ascending, counts) pairs into one.
 
-    Pairwise, each a linear merge of two sorted runs (a tree of merges calls it with two).
+    A pairwise tree of linear merges of two sorted runs (each level touches every id once; the
+    graph's count-merge tasks call it with two parts).
     """
-    parts = tuple(p for p in parts if p[0].size)
-    if not parts:
+    runs = [tuple(np.ascontiguousarray(a, np.int64) for a in p) for p in parts if p[0].size]
+    if not runs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ids, counts = (np.ascontiguousarray(a, np.int64) for a in parts[0])
-    if len(parts) == 1:
-        return ids, counts
-    for other in parts[1:]:
-        ids, counts = kernels.merge_counts(ids, counts, *(np.ascontiguousarray(a, np.int64) for a in other))
-    return ids, counts
+    while len(runs) > 1:
+        runs = [kernels.merge_counts(*runs[i], *runs[i + 1]) if i + 1 < len(runs) else runs[i]
+                for i in range(0, len(runs), 2)]
+    return runs[0][0], runs[0][1]
 
 
 def dense_counts(part: tuple[np.ndarray, np.ndarray], num_nodes: int) -> np.ndarray:

@@ -163,8 +163,10 @@ def test_count_ids_and_merge(num_nodes: int) -> None:
     ids, counts = kernels.merge_counts(ids_a, counts_a, ids_b, counts_b)
     ref_ids, ref_counts = np.unique(np.concatenate([a, b]), return_counts=True)
     assert np.array_equal(ids, ref_ids) and np.array_equal(counts, ref_counts)
-    # a second call on the same thread reuses the scratch array: it must have been left zero
+    # calls are independent: again, and over a smaller id space
     assert np.array_equal(kernels.count_ids(b, num_nodes)[1], counts_b)
+    small = b[b < 10]
+    assert np.array_equal(kernels.count_ids(small, 10)[1], np.unique(small, return_counts=True)[1])
     with pytest.raises(ValueError, match=r"node id 50 at position 1 is outside \[0, 50\)"):
         kernels.count_ids(np.array([3, 50], dtype=np.int64), 50)
     with pytest.raises(ValueError, match="node id -2"):

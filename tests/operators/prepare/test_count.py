@@ -21,7 +21,9 @@ def test_counts_match_a_bincount_reference_on_both_paths(tmp_path: Path) -> None
     n_ids = [rng.choice(997, size=s, replace=False).astype(np.int64) for s in (5, 300, 71)]
     path = _superbatch(tmp_path / "e0-s00000.arrow", n_ids)
     ref = np.bincount(np.concatenate(n_ids), minlength=997)
-    for ids, counts in (count_superbatch(path), count_superbatch(path, num_nodes=997)):
+    # ids bound by the largest id, by N (both count in a dense array), by a far larger N (sorted instead)
+    for ids, counts in (count_superbatch(path), count_superbatch(path, num_nodes=997),
+                        count_superbatch(path, num_nodes=10**9)):
         assert ids.dtype == counts.dtype == np.int64
         assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
         assert np.array_equal(dense_counts((ids, counts), 997), ref)
