@@ -20,6 +20,7 @@ import mmap
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,6 +31,34 @@ import pyarrow as pa
 
 from ...native.constants import ALIGN  # array data is padded to the O_DIRECT granularity
 from .errors import ConfigError, DiskFullError, InputError, is_disk_full
+
+# CPython 3.11 keeps one AST recursion counter per interpreter: two threads building ASTs at once can
+# fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). numpy
+# parses every .npy header with ast.literal_eval, and Dask's threaded scheduler runs tasks in threads,
+# so every .npy/.npz read of the package goes through this lock (`load_npy`, `NpzReader`).
+_NPY_LOCK = threading.Lock()
+
+
+def load_npy(path: str | os.PathLike[str], mmap_mode: str | None = None) -> np.ndarray:
+    """``np.load`` of one ``.npy`` file (no pickles), safe beside other threads that read arrays."""
+    with _NPY_LOCK:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+
+
+class NpzReader:
+    """An ``.npz`` file whose members are read one at a time under the package's array lock (see `load_npy`)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        with _NPY_LOCK:
+            self._z = np.load(path, allow_pickle=False)
+        self.files = list(self._z.files)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        with _NPY_LOCK:
+            return self._z[name]
+
+    def close(self) -> None:
+        self._z.close()
 
 MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from .checksum import crc32
 from .errors import InputError
-from .files import ALIGN, arrow_file_bytes, atomic_path, preallocate, read_manifest, write_bytes
+from .files import ALIGN, arrow_file_bytes, atomic_path, load_npy, preallocate, read_manifest, write_bytes
 from .outputs import OutputKind
 from .samples import ID_LIMIT, Buffer, SampleRecord, list_values, open_arrow, read_samples
 
@@ -393,7 +393,7 @@ class PackedDataset:
     def _rows_npy(self, name: str, ids: np.ndarray) -> np.ndarray:
         p = self.path / name
         try:
-            arr = np.load(p, mmap_mode="r")
+            arr = load_npy(p, "r")
         except (OSError, ValueError) as e:
             raise InputError(p, f"unreadable array ({e})") from e
         if arr.dtype != self.dtype or arr.shape != (ids.shape[0], self.dim):
@@ -402,7 +402,7 @@ class PackedDataset:
 
     def _ids_npy(self, p: Path) -> np.ndarray:
         try:
-            arr = np.load(p, mmap_mode="r")
+            arr = load_npy(p, "r")
         except (OSError, ValueError) as e:
             raise InputError(p, f"unreadable array ({e})") from e
         if arr.ndim != 1 or arr.dtype.kind not in "iu":

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .files import read_manifest
+from .files import load_npy, read_manifest
 from .outputs import OutputKind
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
@@ -89,7 +89,7 @@ class Store:
     def _load(self, rel: str, mmap: bool = True) -> np.ndarray:
         p = self.path / rel
         try:
-            return np.load(p, mmap_mode="r" if mmap else None)
+            return load_npy(p, "r" if mmap else None)
         except (OSError, ValueError) as e:
             raise InputError(p, f"unreadable array ({e})") from e
 

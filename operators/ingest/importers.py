@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from pyarrow import ipc
 
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import atomic_path, fingerprint, staging_dir, write_manifest
+from ..formats.files import atomic_path, fingerprint, load_npy, staging_dir, write_manifest
 from ..formats.outputs import OutputKind, check_replaceable
 from ..formats.store import SPLITS
 
@@ -381,7 +381,7 @@ def _load_npy(path: str | os.PathLike[str]) -> np.ndarray:
     if not p.is_file():
         raise InputError(p, "no such file")
     try:
-        return np.load(p, mmap_mode="r", allow_pickle=False)
+        return load_npy(p, "r")
     except (ValueError, OSError, EOFError) as e:
         raise InputError(p, f"not a readable .npy file ({e})") from e
 

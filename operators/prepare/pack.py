@@ -33,7 +33,7 @@ import numpy as np
 from ...native import kernels
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, atomic_path, create_aligned_npy, save_npy
+from ..formats.files import ALIGN, atomic_path, create_aligned_npy, load_npy, save_npy
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store
 from .route import RouteFile
@@ -58,7 +58,7 @@ class RowTarget:
         if isinstance(self.ids, np.ndarray):
             return self.ids.astype(np.int64, copy=False)
         try:
-            return np.asarray(np.load(self.ids, mmap_mode="r"), dtype=np.int64)
+            return np.asarray(load_npy(self.ids, "r"), dtype=np.int64)
         except (OSError, ValueError) as e:
             raise InputError(self.ids, f"unreadable ids array ({e})") from e
 

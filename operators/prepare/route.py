@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, atomic_path
+from ..formats.files import ALIGN, NpzReader, atomic_path
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -188,7 +188,7 @@ class RouteFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self._npz = np.load(self.path, allow_pickle=False)
+            self._npz = NpzReader(self.path)
         except _NPZ_ERRORS as e:
             raise InputError(self.path, f"unreadable routing file ({e})") from e
         self.key = str(self.get("key"))

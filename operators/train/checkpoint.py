@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..formats.errors import InputError
-from ..formats.files import read_manifest, save_npy, staging_dir, write_manifest
+from ..formats.files import load_npy, read_manifest, save_npy, staging_dir, write_manifest
 from ..formats.packed import file_crc
 
 FORMAT = "diskflow-checkpoint"
@@ -52,7 +52,7 @@ class Checkpoint:
             return None
         p = self.path / name
         try:
-            return np.load(p, mmap_mode="r")
+            return load_npy(p, "r")
         except (OSError, ValueError) as e:
             raise InputError(p, f"corrupt checkpoint array ({e})") from e
 

@@ -52,7 +52,7 @@ from torch_geometric.data import Data
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import read_into
+from ..formats.files import load_npy, read_into
 from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
 from ..formats.samples import Buffer, SampleRecord
 from ..prepare.tiers import staging_buffers
@@ -151,7 +151,7 @@ class PackedLoader(BatchAssembly):
                                                           "`diskflow prepare --force`)")
         p = self.path / str(name)
         try:
-            labels = np.load(p)
+            labels = load_npy(p)
         except (OSError, ValueError) as e:
             raise InputError(p, f"unreadable labels ({e})") from e
         if labels.shape != (self.ds.num_nodes,) or labels.dtype.kind not in "iu":

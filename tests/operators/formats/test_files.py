@@ -56,3 +56,28 @@ def test_a_truncated_file_is_named(tmp_path: Path) -> None:
         f.truncate(4096 + 1000)
     with pytest.raises(InputError, match="c.npy: file ends at byte 5096"):
         read_into(src, np.empty((100, 10), np.float32))
+
+
+def test_arrays_read_from_many_threads(tmp_path: Path) -> None:
+    """`load_npy` and `NpzReader` (every .npy/.npz read of the package, numpy parsing each header with
+    `ast.literal_eval`) give the arrays back when task threads read at once: CPython 3.11's AST
+    constructor is not safe to run in two threads together (python/cpython#106905)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diskflow.operators.formats.files import NpzReader, load_npy
+
+    a = np.arange(1000, dtype=np.int64)
+    np.save(tmp_path / "a.npy", a)
+    with open(tmp_path / "z.npz", "wb") as f:
+        np.savez(f, **{f"m{i}": a + i for i in range(8)})
+
+    def read(i: int) -> bool:
+        z = NpzReader(tmp_path / "z.npz")
+        try:
+            ok = all(np.array_equal(z[f"m{j}"], a + j) for j in range(8))
+        finally:
+            z.close()
+        return ok and np.array_equal(load_npy(tmp_path / "a.npy", "r" if i % 2 else None), a)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, range(200)))
