@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.files import NpzReader, atomic_path, write_bytes
+from ..operators.formats.files import atomic_path, load_npz, write_bytes
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import count_accesses, merge_counts
@@ -160,11 +160,8 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray] | str, first: Sequence[Samp
     """
     store = Store(store_path)
     if isinstance(counts, str):
-        z = NpzReader(counts)
-        try:
-            counts = (z["ids"], z["counts"])
-        finally:
-            z.close()
+        saved = load_npz(counts)
+        counts = (saved["ids"], saved["counts"])
     freq = np.zeros(store.num_nodes, np.int64)
     freq[counts[0]] = counts[1]
     if max_rows is None:

@@ -41,10 +41,10 @@ from ..operators.formats.errors import ConfigError, DiskFullError, InputError
 from ..operators.formats.files import (
     ALIGN,
     MANIFEST,
-    NpzReader,
     atomic_path,
     config_hash,
     format_bytes,
+    load_npz,
     raise_if_disk_full,
     read_manifest,
     save_npy,
@@ -535,11 +535,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         for r, path in zip(run.refs, sample_paths):
             os.link(path, rnd / samples_name(r.key))
         save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
-        z = NpzReader(pdir / "tiers.npz")
-        try:
-            gpu_ids, cpu_ids = z["gpu_ids"], z["cpu_ids"]
-        finally:
-            z.close()
+        saved = load_npz(pdir / "tiers.npz")
+        gpu_ids, cpu_ids = saved["gpu_ids"], saved["cpu_ids"]
         if not cfg.packing:
             parts, dcache = _index_store_reads(run, stage, sample_paths, plan_paths, gpu_ids, cpu_ids, figures)
         else:

@@ -60,6 +60,15 @@ class NpzReader:
     def close(self) -> None:
         self._z.close()
 
+
+def load_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every member of an ``.npz`` file, read under the package's array lock (see `load_npy`)."""
+    z = NpzReader(path)
+    try:
+        return {name: z[name] for name in z.files}
+    finally:
+        z.close()
+
 MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .files import NpzReader, atomic_path
+from .files import atomic_path, load_npz
 
 SRC_GPU, SRC_CPU, SRC_MISS = 0, 1, 2
 
@@ -90,11 +90,7 @@ def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool 
 def load_plan(path: str | os.PathLike[str]) -> SuperbatchPlan:
     """Read a plan written by `save_plan`."""
     try:
-        z = NpzReader(path)
-        try:
-            d = {k: z[k] for k in z.files}
-        finally:
-            z.close()
+        d = load_npz(path)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(path, f"unreadable plan file ({e})") from e
     cuts, icuts = d["offsets"][1:-1], d["ins_offsets"][1:-1]
