@@ -74,10 +74,10 @@ def _tiers(rows: dict[str, int]) -> dict[str, Any]:
 def _peak_rss() -> dict[str, int]:
     import psutil
 
-    # RSS first: the high-water mark read after it includes it (getrusage takes the current RSS into
-    # its maximum), so peak >= current holds even while other threads allocate in between.
+    # The kernel's high-water mark adds up its per-CPU RSS counters approximately, /proc exactly:
+    # the two can differ by a few pages either way, so the peak is at least the current RSS read here.
     rss = int(psutil.Process().memory_info().rss)
-    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_bytes": rss}
+    return {"peak_rss_bytes": max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "rss_bytes": rss}
 
 
 def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
