@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,10 @@ from ..operators.formats.files import atomic_path, load_npz, write_bytes
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import count_accesses, merge_counts
+from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_tiers, planned
+from ..operators.prepare.seeds import BatchOrder
 from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes
 from ..operators.prepare.tiers import tier_sizes
 from .taskprofile import profiled
@@ -126,12 +129,36 @@ class TierSpec:
 
 # ---------------------------------------------------------------------------- the task functions
 
+def partition_task(store_path: str, parts: int, method: str, seed: int, threads: int, out_path: str) -> dict[str, Any]:
+    """Partition the store's graph into `parts` min-cut parts (`operators.prepare.partition`) and write
+    every node's part (int32 .npy) to `out_path`; its figures: seconds, peak memory above the task's
+    start (this process's anonymous memory, sampled), edge cut, part sizes."""
+    from ..operators.formats.files import save_npy
+    from .taskprofile import AnonPeak
+
+    t0 = time.perf_counter()
+    store = Store(store_path)
+    with AnonPeak() as peak:
+        xadj, adjncy = undirected_adjacency(store.indptr, store.indices)
+        membership = partition_graph(xadj, adjncy, parts, method=method, seed=seed, threads=threads,
+                                     scratch=str(Path(out_path).parent))
+        cut = edge_cut(xadj, adjncy, membership)
+        edges = int(adjncy.shape[0]) // 2
+        del xadj, adjncy
+    save_npy(out_path, membership)
+    sizes = np.bincount(membership, minlength=parts)
+    return {"path": out_path, "parts": int(parts), "method": method, "seed": int(seed), "threads": int(threads),
+            "seconds": time.perf_counter() - t0, "peak_bytes": int(peak.peak), "edges": edges, "edge_cut": cut,
+            "cut_share": cut / edges if edges else 0.0, "min_part": int(sizes.min()), "max_part": int(sizes.max())}
+
+
 def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
-                threads: int | None, out_path: str | None = None) -> SampleResult:
-    """Sample superbatch `ref`; with `out_path`, write its samples file there (never creating the
-    directory: a task outliving its failed run must not resurrect it) and hand on the path."""
+                threads: int | None, out_path: str | None = None, order: BatchOrder | None = None) -> SampleResult:
+    """Sample superbatch `ref` (its batches cut by `order`, None: shuffled); with `out_path`, write its
+    samples file there (never creating the directory: a task outliving its failed run must not
+    resurrect it) and hand on the path."""
     t0 = time.time()
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads)
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order)
     if out_path is None:
         return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
     write_bytes(out_path, data, parents=False)
@@ -220,19 +247,21 @@ class PrepGraph:
         tok: the run's token, ending every task key (a re-run on the same client never meets a
             cancelled task of an earlier run under the same name).
         submit: how the sink schedules a node (`Submit`).
+        order: how each epoch's seeds become batches (None: shuffled; `partition_task` gives the parts).
     """
 
     def __init__(self, store_path: str, refs: Sequence[SuperbatchRef], sampling: tuple[int, Sequence[int], int, int],
-                 cpu_policy: Policy, tok: str, submit: Submit) -> None:
+                 cpu_policy: Policy, tok: str, submit: Submit, order: BatchOrder | None = None) -> None:
         self.store_path, self.refs, self.tok, self.submit = store_path, list(refs), tok, submit
         self.batch_size, self.fanouts, self.seed, self.threads = sampling
+        self.order = order
         self.cpu_policy = cpu_policy
         self.num_nodes = Store(store_path).num_nodes
 
     def sample(self, k: int, out_path: str | None = None) -> Any:
         r = self.refs[k]
         return self.submit(sample_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
-                           self.threads, out_path, key=f"sample-{r.key}-{self.tok}", k=k)
+                           self.threads, out_path, self.order, key=f"sample-{r.key}-{self.tok}", k=k)
 
     def counts(self, samples: Sequence[tuple[int, Any]]) -> Any:
         """Count each (k, sample node) and merge the counts by a pairwise tree; the node of the total."""

@@ -39,13 +39,14 @@ from typing import Any
 from ..operators.formats.errors import ConfigError, InputError
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
+from ..operators.prepare.seeds import BATCH_ORDERS
 
 PACKAGE = "diskflow.pipelines"
 USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
 # loader -> the function that trains with it ("module:function"; imported only when a run starts)
 LOADERS = {"packed": "diskflow.pipelines._packed:run_packed", "memory": "diskflow.pipelines.inmemory:run",
            "mmap": "diskflow.pipelines.mmap:run", "stream": "diskflow.pipelines.streaming:run"}
-BATCHES = ("shuffled",)       # each epoch a fresh permutation of the training seeds, cut into batches
+BATCHES = BATCH_ORDERS        # "shuffled": a fresh permutation per epoch; "partition": groups of min-cut parts
 SAMPLERS = ("neighbor",)      # uniform neighbour sampling per hop (PyG NeighborLoader's), native
 
 
@@ -59,7 +60,10 @@ class Pipeline:
             the pipelined direct-I/O trainer), ``"memory"`` (every feature in RAM),
             ``"mmap"`` (features through memory maps and the page cache) or ``"stream"``
             (prepared on CPU workers superbatch by superbatch, trained on the GPU worker).
-        batches: how seeds are cut into batches; ``"shuffled"``: a seeded permutation per epoch.
+        batches: how seeds are cut into batches: ``"shuffled"`` (a seeded permutation per epoch) or
+            ``"partition"`` (OUTRE: seeds of a few min-cut parts together, which share more of
+            their neighbourhoods; `operators.prepare.seeds.BatchOrder`). A run's ``batches=``
+            overrides it.
         sampler: ``"neighbor"``: uniform sampling of `fanouts` neighbours per hop.
         fanouts: the default fanouts (a run's ``fanouts=`` overrides them); -1 = all neighbours.
         gpu_tier: ``"hottest"`` or a function ``(counts, rows, exclude) -> node ids``.
@@ -97,6 +101,8 @@ class Pipeline:
         check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
             object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
+        if self.loader == "stream" and self.batches != "shuffled":
+            raise ConfigError("Pipeline.batches", f"the stream loader cuts shuffled batches only, got {self.batches!r}")
         if self.loader != "packed" and (self.cpu_tier != "belady" or self.gpu_tier != "hottest" or not self.packing):
             raise ConfigError("Pipeline.loader", f"tier policies and packing are the packed loader's; the "
                                                  f"{self.loader} loader takes the defaults")
@@ -115,6 +121,7 @@ class Pipeline:
         if clash:
             raise ConfigError(clash[0], f"fixed by the {self.name} pipeline ({clash[0]}={fixed[clash[0]]!r})")
         options.setdefault("fanouts", self.fanouts)
+        options.setdefault("batches", self.batches)
         return PrepareConfig(**fixed, **{**options, "fanouts": tuple(options["fanouts"])})
 
     def prepare(self, store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
@@ -129,6 +136,8 @@ class Pipeline:
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""
         options.setdefault("fanouts", self.fanouts)
+        if self.batches != "shuffled" or "batches" in options:
+            options.setdefault("batches", self.batches)
         train = self._loader_function()
         if self.loader == "packed":
             return train(self, store, run_dir, **options)

@@ -72,15 +72,19 @@ from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.diskcache import build_layout
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
+from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
+from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
-from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, tier_figures
+from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
 from .progress import compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
 COUNTS = "counts.npz"                   # the sample stage's access counts over the round (sparse: ids, counts)
+PARTS = "parts.npy"                     # the partition stage's file: every node's part, int32
+PARTITION_FILE = "partition.npy"        # the same file in a packed dataset cut into partition batches
 WORK_MARKER = ".diskflow-work.json"     # marks ``OUT.work`` as prepare's cache (see `WORK_KIND`)
 # ``OUT.work``: prepare's cache; older ones (no marker) are recognised by their entries alone
 WORK_KIND = OutputKind("a diskflow prepare cache", markers=(WORK_MARKER,),
@@ -110,6 +114,11 @@ class PrepareConfig:
     minhash_k: int = 2
     sampler_threads: int = 1
     readahead: int = 1 << 30            # feature bytes read into the page cache while sampling/planning
+    batches: str = "shuffled"           # "shuffled" or "partition" (OUTRE: batches from groups of min-cut parts)
+    partitions: int | None = None       # parts of the partition; None: one per 128 training nodes
+    parts_per_group: int = PARTS_PER_GROUP     # parts whose training nodes are shuffled together
+    partitioner: str = "kaminpar"       # "kaminpar" or "metis" (operators.prepare.partition)
+    partition_threads: int = 1          # the partitioner's threads (1: the same parts on every run)
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -134,17 +143,38 @@ class PrepareConfig:
             raise ConfigError("--readahead", f"must be >= 0 bytes, got {self.readahead}")
         if self.sampler_threads < 1:
             raise ConfigError("--sampler-threads", f"must be >= 1, got {self.sampler_threads}")
+        if self.batches not in BATCH_ORDERS:
+            raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError("--partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
+        if self.partitions is not None and self.partitions < 2:
+            raise ConfigError("--partitions", f"must be >= 2, got {self.partitions}")
+        if self.parts_per_group < 1:
+            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
+        if self.partition_threads < 1:
+            raise ConfigError("--partition-threads", f"must be >= 1, got {self.partition_threads}")
 
     def describe(self) -> dict[str, Any]:
         """The config as JSON values (a policy function by its `policy_id`): what a manifest records."""
         return {**asdict(self), "cpu_policy": policy_id(self.cpu_policy), "gpu_policy": policy_id(self.gpu_policy),
                 "fanouts": list(self.fanouts)}
 
+    def num_partitions(self, store: Store) -> int:
+        """The parts of the partition (`operators.prepare.partition.default_parts`)."""
+        return default_parts(int(store.manifest.get("split_counts", {}).get("train", 0)), store.num_nodes,
+                             self.partitions)
+
     # The config subsets each cached stage depends on.
-    def sample_key(self, store_hash: str) -> str:
+    def partition_key(self, store_hash: str, parts: int) -> str:
+        return config_hash({"store": store_hash, "parts": parts, "partitioner": self.partitioner, "seed": self.seed,
+                            "threads": self.partition_threads})
+
+    def sample_key(self, store_hash: str, partition_key: str | None = None) -> str:
+        order = {} if self.batches == "shuffled" else \
+            {"batches": self.batches, "partition": partition_key, "group": self.parts_per_group}
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
-                            "counts": COUNTS})
+                            "counts": COUNTS, **order})
 
     def plan_key(self, sample_key: str) -> str:
         policies = {"cpu_policy": policy_id(self.cpu_policy)} if self.gpu_policy == "hottest" else \
@@ -296,7 +326,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     store = Store(store_path)
     out = Path(out)
     store_hash = config_hash(store.manifest)
-    s_key = cfg.sample_key(store_hash)
+    part_key = cfg.partition_key(store_hash, cfg.num_partitions(store)) if cfg.batches == "partition" else None
+    s_key = cfg.sample_key(store_hash, part_key)
     p_key = cfg.plan_key(s_key)
     k_key = cfg.pack_key(p_key)
     existing = check_replaceable(out, force, PACKED_KIND)
@@ -357,6 +388,8 @@ class _Run:
     refs: list[SuperbatchRef]
     tok: str
     quiet: bool
+    order: BatchOrder | None = None     # set by the partition phase for partition batches
+    partition: dict[str, Any] | None = None     # its figures (seconds, peak memory, edge cut)
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -409,6 +442,9 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         yield
         phases[name], cpu[name] = time.perf_counter() - t, _process_cpu() - c
 
+    if cfg.batches == "partition":
+        with phase("partition"):
+            run.order = _partition_phase(run, store_hash)
     with phase("sample"):
         sdir, summaries = _sample_phase(run, s_key)
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
@@ -432,7 +468,26 @@ def _graph(run: _Run) -> PrepGraph:
     """The preparation graph's builder for this run (`flow.graph`), its nodes as `dask.delayed`."""
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                     cfg.cpu_policy, run.tok, delayed_submit)
+                     cfg.cpu_policy, run.tok, delayed_submit, run.order)
+
+
+def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
+    """Partition the graph into min-cut parts (cached), one Dask task: the batch order over its parts file."""
+    cfg = run.cfg
+    parts = cfg.num_partitions(run.store)
+    stage = _CachedStage(run.work, "partition", cfg.partition_key(store_hash, parts))
+    manifest = stage.cached()
+    if manifest is None:
+        pdir = stage.start()
+        task = delayed_submit(partition_task, str(run.store.path), parts, cfg.partitioner, cfg.seed,
+                              cfg.partition_threads, str(pdir / PARTS), key=f"partition-{run.tok}")
+        (figures,) = compute([task], desc="partition", disable=run.show())
+        manifest = stage.finish({"figures": {k: v for k, v in figures.items() if k != "path"}})
+        run.partition = {**manifest["figures"], "cached": False}
+    else:
+        run.partition = {**manifest["figures"], "cached": True}
+    run.partition["parts_per_group"] = cfg.parts_per_group
+    return BatchOrder("partition", str(stage.path / PARTS), cfg.parts_per_group)
 
 
 def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
@@ -515,6 +570,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
         "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
         "disk_budget_bytes": cfg.disk_budget,
+        "batch_order": cfg.batches,
+        **({"partition": run.partition} if run.partition is not None else {}),
     }
     # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
     # rows), and an index of at least a source byte and an int32 address per access
@@ -535,6 +592,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         for r, path in zip(run.refs, sample_paths):
             os.link(path, rnd / samples_name(r.key))
         save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
+        if run.order is not None and run.order.parts is not None:     # the partition the batches were cut by
+            os.link(run.order.parts, stage / PARTITION_FILE)
         saved = load_npz(pdir / "tiers.npz")
         gpu_ids, cpu_ids = saved["gpu_ids"], saved["cpu_ids"]
         if not cfg.packing:

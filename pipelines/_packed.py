@@ -114,7 +114,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                on_epoch: Callable[[dict[str, Any]], None] | None = None, cpu_memory: int | str | None = None,
                gpu_memory: int | str = 0, disk_budget: int | str | None = None, superbatch_size: int = 64,
                queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
-               force: bool = False, readahead: int | None = None) -> dict[str, Any]:
+               force: bool = False, readahead: int | None = None, batches: str | None = None,
+               partitions: int | None = None, parts_per_group: int | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -124,8 +125,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     of the worst-case batch for these fanouts (whatever the real batches leave unused
     goes to the CPU tier).
     Other options are the in-memory pipeline's (same seed: same batches, same samples) and
-    the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead` is prepare's
-    (feature bytes read into the page cache while sampling and planning).
+    the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead`, `batches`
+    (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
+    partition; default one per 128 training nodes) are prepare's.
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -142,6 +144,12 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                "disk_budget": budgets["disk_budget"]}
     if readahead is not None:
         options["readahead"] = readahead
+    if batches is not None:
+        options["batches"] = batches
+    if partitions is not None:
+        options["partitions"] = partitions
+    if parts_per_group is not None:
+        options["parts_per_group"] = parts_per_group
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -36,7 +36,9 @@ from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
+from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
+from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, load_parts
 from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ..operators.train.loop import deterministic
 from ..operators.train.session import (
@@ -61,7 +63,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
         samples: str | os.PathLike[str] | None = None, progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-        on_start: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
+        on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
+        partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
+        parts_per_group: int = PARTS_PER_GROUP) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -82,6 +86,12 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         on_epoch: called with each epoch's record as soon as it is complete.
         on_batch: called with 1 after each trained batch (as `operators.trainer.train_packed`).
         on_start: called with (epoch index, batches in it) before each epoch.
+        batches: ``"shuffled"`` or ``"partition"`` (`operators.prepare.seeds.BatchOrder`).
+        partition: for partition batches, the parts file to cut them by (a packed dataset's
+            ``partition.npy``: the same batches as its round); None partitions the graph here
+            (KaMinPar, one thread) into `partitions` parts (default one per 128 training nodes),
+            saved as ``run_dir/partition.npy``.
+        parts_per_group: partition batches: parts whose training nodes are shuffled together.
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -99,7 +109,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  epochs: int, lr: float, dropout: float, heads: int, seed: int, device: str, eval_every: int,
                  threads: int | None, samples: str | os.PathLike[str] | None, progress: bool,
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
-                 on_start: Callable[[int, int], Any] | None) -> dict[str, Any]:
+                 on_start: Callable[[int, int], Any] | None, batches: str = "shuffled",
+                 partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
+        parts_per_group: int = PARTS_PER_GROUP) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -117,9 +129,18 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
+    st = Store(store)
+    if samples is not None and batches != "shuffled":
+        raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
+                                       "from a packed dataset prepared with --batches partition")
+    order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group)
+    how = _Run(name, features, samples, on_batch, on_start)
+    how.order = order
     with torch_threads(cfg.threads), deterministic():
-        report = _train(Store(store), run_dir, cfg, dev, progress, on_epoch,
-                        _Run(name, features, samples, on_batch, on_start))
+        report = _train(st, run_dir, cfg, dev, progress, on_epoch, how)
+    report["config"]["batches"] = batches
+    if part_figures is not None:
+        report["partition"] = part_figures
     report["wall_s"] = time.perf_counter() - wall0
     write_report(run_dir, report)
     if not cfg.data_only:       # a data-only run has no losses or accuracies to plot
@@ -135,6 +156,37 @@ class _Run:
                  on_start: Callable[[int, int], Any] | None) -> None:
         self.name, self.features, self.samples = name, features, samples
         self.on_batch, self.on_start = on_batch, on_start
+        self.order: BatchOrder | None = None
+
+
+def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
+                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP
+                ) -> tuple[BatchOrder | None, dict[str, Any] | None]:
+    """The training batches' order for `batches` and, for partition batches, the partition's figures
+    (partitioning the graph into ``run_dir/partition.npy`` when no `partition` file is given)."""
+    if batches not in BATCH_ORDERS:
+        raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {batches!r}")
+    if batches == "shuffled":
+        if partition is not None or partitions is not None:
+            raise ConfigError("--partition", "a partition applies to partition batches only (--batches partition)")
+        return None, None
+    if partition is not None:
+        if partitions is not None:
+            raise ConfigError("--partitions", "give either a partition file or a number of parts, not both")
+        path = Path(partition)
+        if not path.is_file():
+            raise InputError(path, "no such partition file (a packed dataset's partition.npy)")
+        figures: dict[str, Any] = {"path": str(path)}
+    else:
+        from ..flow.graph import partition_task
+
+        parts = default_parts(st.split_ids("train").shape[0], st.num_nodes, partitions)
+        figures = partition_task(str(st.path), parts, "kaminpar", seed, 1, str(run_dir / "partition.npy"))
+    order = BatchOrder("partition", figures["path"], group)
+    if load_parts(order.parts).shape[0] != st.num_nodes:
+        raise ConfigError("--partition", f"{order.parts} gives the parts of {load_parts(order.parts).shape[0]:,} "
+                                         f"nodes, the store has {st.num_nodes:,}")
+    return order, figures
 
 
 class StoredSamplesLoader:
@@ -210,7 +262,8 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
 
     sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
     train: InMemoryLoader | StoredSamplesLoader = (
-        InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed, TRAIN_STREAM)
+        InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed, TRAIN_STREAM,
+                       order=how.order)
         if how.samples is None else StoredSamplesLoader(features, labels, how.samples, st, cfg))
     evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__)
     session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=STAGES, evals=lambda: evals)

@@ -31,6 +31,7 @@ import torch
 from ..flow.pipeline import Pipeline
 from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.store import Store
+from ..operators.prepare.seeds import PARTS_PER_GROUP
 from .inmemory import EpochHook, gathered_run
 
 NAME = "mmap"
@@ -92,7 +93,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
         samples: str | os.PathLike[str] | None = None, advice: str = "random", progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-        on_start: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
+        on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
+        partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
+        parts_per_group: int = PARTS_PER_GROUP) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:

@@ -7,6 +7,7 @@ from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
 from ..options import byte_budget, fanouts_option, positive_int
 from ..pipeline import load_pipeline
+from .run import parse_batches
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=2,
                    help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
                         "reserved out of --cpu-memory (default 2, as `diskflow train`)")
+    p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=None,
+                   help="shuffled ('random'; the pipeline's default) or partition: batches from groups of min-cut parts (OUTRE)")
+    p.add_argument("--partitions", type=positive_int("--partitions"), default=None,
+                   help="partition batches: parts of the graph (default one per 128 training nodes)")
+    p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=20,
+                   help="partition batches: parts whose training nodes are shuffled together (default 20)")
+    p.add_argument("--partitioner", choices=("kaminpar", "metis"), default="kaminpar",
+                   help="partition batches: the partitioner (default kaminpar)")
+    p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=1,
+                   help="partition batches: the partitioner's threads (default 1: the same parts every run)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
     p.add_argument("--force", action="store_true",
                    help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "
@@ -81,7 +92,13 @@ def _run(args: argparse.Namespace) -> int:
         "device": args.device, "fanouts": fanouts, "batch_size": args.batch_size,
         "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
-        "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0}
+        "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0,
+        "parts_per_group": args.parts_per_group, "partitioner": args.partitioner,
+        "partition_threads": args.partition_threads}
+    if args.batches is not None:
+        options["batches"] = args.batches
+    if args.partitions is not None:
+        options["partitions"] = args.partitions
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
@@ -113,6 +130,11 @@ def _run(args: argparse.Namespace) -> int:
         rows.append(("disk cache", f"segments of {f['segment_size']} batches, {f.get('dcache_rows', 0):,} row reads"))
     if f.get("read_amplification") is not None:
         rows.append(("read amplification", f"{f['read_amplification']:.3f}"))
+    part = f.get("partition")
+    if part is not None:
+        rows.insert(1, ("batch order", (f"partition: {part['parts']:,} {part['method']} parts, edge cut {part['cut_share']:.1%}, "
+                                    f"{part['seconds']:.1f}s, peak memory {format_bytes(part['peak_bytes'])}"
+                                    + (" (cached)" if part.get("cached") else ""))))
     for k, v in rows:
         print(f"  {k:<22}{v}")
     return 0

@@ -40,8 +40,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", metavar="N", help="torch and sampler threads")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--batches", metavar="ORDER",
+                   help="shuffled (default; 'random' is the same) or partition: batches from groups of min-cut parts (OUTRE)")
+    p.add_argument("--partitions", metavar="N", help="partition batches: parts of the graph (default one per 128 training nodes)")
+    p.add_argument("--partition", metavar="FILE",
+                   help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
+    p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
     add_run_arguments(p)
     p.set_defaults(func=_run)
+
+
+def parse_batches(option: str, text: str) -> str:
+    """A batch order's name; ``random`` names the shuffled order."""
+    from ...operators.prepare.seeds import BATCH_ORDERS
+
+    name = "shuffled" if text == "random" else text
+    if name not in BATCH_ORDERS:
+        raise ConfigError(option, f"expected one of {', '.join(BATCH_ORDERS)} (or random), got {text!r}")
+    return name
 
 
 def parse_float(option: str, text: str) -> float:
@@ -65,6 +81,10 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "eval_every": ("--eval-every", lambda s: parse_int("--eval-every", s, 1)),
     "device": ("--device", str),
     "threads": ("--threads", lambda s: parse_int("--threads", s, 1)),
+    "batches": ("--batches", lambda s: parse_batches("--batches", s)),
+    "partitions": ("--partitions", lambda s: parse_int("--partitions", s, 2)),
+    "partition": ("--partition", str),
+    "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 

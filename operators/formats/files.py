@@ -24,7 +24,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,7 @@ from .errors import ConfigError, DiskFullError, InputError, is_disk_full
 _NPY_LOCK = threading.Lock()
 
 
-def load_npy(path: str | os.PathLike[str], mmap_mode: str | None = None) -> np.ndarray:
+def load_npy(path: str | os.PathLike[str], mmap_mode: Literal["r+", "r", "w+", "c"] | None = None) -> np.ndarray:
     """``np.load`` of one ``.npy`` file (no pickles), safe beside other threads that read arrays."""
     with _NPY_LOCK:
         return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)

@@ -19,7 +19,7 @@ from ..formats.errors import ConfigError
 from ..formats.files import write_bytes
 from ..formats.samples import id_type, record_batch, samples_bytes
 from ..formats.store import Store
-from .seeds import TRAIN_STREAM, batch_seed, seed_batches
+from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
 
 @dataclass(frozen=True)
@@ -69,27 +69,29 @@ def round_layout(num_train: int, batch_size: int, superbatch_size: int, epochs: 
 
 
 def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.PathLike[str], ref: SuperbatchRef,
-                      batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None) -> dict:
+                      batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None,
+                      order: BatchOrder | None = None) -> dict:
     """Sample every minibatch of one superbatch and write them to `out_path` (Arrow IPC).
 
     Returns a small summary: batches, accesses (sum of n_id lengths), the largest batch's
     node count, and sampled edges.
     """
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads)
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads, order)
     write_bytes(out_path, data)
     return {**summary, "path": str(Path(out_path))}
 
 
 def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
-                            fanouts: Sequence[int], seed: int, num_threads: int | None = None
-                            ) -> tuple[pa.Buffer, dict]:
-    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary."""
+                            fanouts: Sequence[int], seed: int, num_threads: int | None = None,
+                            order: BatchOrder | None = None) -> tuple[pa.Buffer, dict]:
+    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary.
+    `order`: how the epoch's seeds become batches (None: shuffled)."""
     from .sample import NeighborSampler
 
     store = Store(store_path)
     store.populate_topology()
     sampler = NeighborSampler(store.indptr, store.indices, list(fanouts), num_threads=num_threads)
-    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed)
+    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
     records, accesses, max_nodes, edges = [], 0, 0, 0
     ids = id_type(store.num_nodes)
     for j in range(ref.first_batch, ref.first_batch + ref.num_batches):

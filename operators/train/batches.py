@@ -16,7 +16,7 @@ import torch
 from torch_geometric.data import Data
 
 from ..formats.errors import ConfigError
-from ..prepare.seeds import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, batch_seed, seed_batches
+from ..prepare.seeds import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, BatchOrder, batch_seed, seed_batches
 
 __all__ = [
     "TEST_STREAM",
@@ -99,13 +99,15 @@ class InMemoryLoader:
         shuffle: reshuffle the seeds every epoch (training); keep their order otherwise.
         seed: the run's seed; batch order and sampling seeds derive from it and the epoch.
         stream: which seed stream the sampling seeds come from (`TRAIN_STREAM`, ...).
+        order: how shuffled seeds are cut (`seeds.BatchOrder`; None: a plain permutation).
 
     After (or during) an iteration `stage_s` holds the seconds spent in each stage of it:
     `sample` (neighbour sampling) and `gather` (feature/label gather and `Data` assembly).
     """
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, sampler: Sampler, seeds: np.ndarray,
-                 batch_size: int, shuffle: bool, seed: int, stream: int = TRAIN_STREAM) -> None:
+                 batch_size: int, shuffle: bool, seed: int, stream: int = TRAIN_STREAM,
+                 order: BatchOrder | None = None) -> None:
         if batch_size < 1:
             raise ConfigError("--batch-size", f"expected an integer >= 1, got {batch_size}")
         self.features = features
@@ -116,6 +118,7 @@ class InMemoryLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.stream = stream
+        self.order = order
         self.epoch = 0
         self.stage_s: dict[str, float] = {"sample": 0.0, "gather": 0.0}
 
@@ -128,7 +131,8 @@ class InMemoryLoader:
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
-        batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=self.shuffle)
+        batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=self.shuffle,
+                               order=self.order)
         samples = (self.sampler.sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
                    for i, ids in enumerate(batches))
         yield from timed_data(samples, self.features, self.labels, self.stage_s)
