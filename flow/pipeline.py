@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from ..operators.formats.errors import ConfigError, InputError
+from ..operators.prepare.history import DEFAULT_STALENESS
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
@@ -73,6 +74,10 @@ class Pipeline:
             by row from the store (Ginex).
         disk_cache: when packing exceeds the disk budget, keep a MinHash-ordered segmented disk
             cache instead (DiskGNN); False: such a budget is an error.
+        history_memory: bytes (or a share of the features, ``"5%"``) of a historical embedding
+            cache (OUTRE: cached inputs of the last layer stand in for the subtrees of the most
+            connected nodes; `operators.prepare.history`); None: none. Memory and mmap loaders only.
+        history_staleness: batches a cached embedding stays usable (1: never reused).
         description: one line for listings.
     """
 
@@ -85,6 +90,8 @@ class Pipeline:
     cpu_tier: Policy = "belady"
     packing: bool = True
     disk_cache: bool = True
+    history_memory: int | str | None = None
+    history_staleness: int = DEFAULT_STALENESS
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +108,12 @@ class Pipeline:
         check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
             object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
+        if self.history_memory not in (None, 0, "0") and self.loader not in ("memory", "mmap"):
+            raise ConfigError("Pipeline.history_memory", f"the historical embedding cache is planned by the memory and "
+                                                         f"mmap loaders; the {self.loader} loader does not plan it yet")
+        if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
+                or self.history_staleness < 1:
+            raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
         if self.loader == "stream" and self.batches != "shuffled":
             raise ConfigError("Pipeline.batches", f"the stream loader cuts shuffled batches only, got {self.batches!r}")
         if self.loader != "packed" and (self.cpu_tier != "belady" or self.gpu_tier != "hottest" or not self.packing):
@@ -138,6 +151,9 @@ class Pipeline:
         options.setdefault("fanouts", self.fanouts)
         if self.batches != "shuffled" or "batches" in options:
             options.setdefault("batches", self.batches)
+        if self.history_memory not in (None, 0, "0"):
+            options.setdefault("history_memory", self.history_memory)
+            options.setdefault("history_staleness", self.history_staleness)
         train = self._loader_function()
         if self.loader == "packed":
             return train(self, store, run_dir, **options)
@@ -159,7 +175,9 @@ class Pipeline:
         """The definition as JSON values (policy functions by name and code hash)."""
         return {"name": self.name, "loader": self.loader, "batches": self.batches, "sampler": self.sampler,
                 "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
-                "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache}
+                "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
+                **({"history_memory": self.history_memory, "history_staleness": self.history_staleness}
+                   if self.history_memory not in (None, 0, "0") else {})}
 
 
 def available_pipelines() -> list[str]:

@@ -321,13 +321,22 @@ std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std
     return s;
 }
 
-py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed) {
+py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop) {
     if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
     check_layout(seeds, "seeds", 1);
+    py::array stop_ids;
+    if (!stop.is_none()) {
+        stop_ids = py::reinterpret_borrow<py::array>(stop);
+        if (!has_dtype<int64_t>(stop_ids)) throw py::value_error("stop: expected dtype int64, got " + dtype_str(stop_ids));
+        check_layout(stop_ids, "stop", 1);
+    }
+    const int64_t* stop_ptr = stop.is_none() ? nullptr : static_cast<const int64_t*>(stop_ids.data());
+    const int64_t n_stop = stop.is_none() ? 0 : static_cast<int64_t>(stop_ids.size());
     SampledSubgraph g;
     {
         py::gil_scoped_release release;
-        g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed);
+        g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed,
+                             stop_ptr, n_stop);
     }
     return py::make_tuple(to_numpy(std::move(g.n_id), {static_cast<py::ssize_t>(g.num_nodes)}),
                           to_numpy(std::move(g.edge_index), {2, static_cast<py::ssize_t>(g.num_edges)}),
@@ -346,8 +355,9 @@ Args:
 )doc")
         .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"), py::arg("fanouts"),
              py::arg("num_threads") = 1)
-        .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), R"doc(
-Sample the subgraph around unique int64 `seeds`; deterministic in `seed`.
+        .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), py::arg("stop") = py::none(), R"doc(
+Sample the subgraph around unique int64 `seeds`; deterministic in `seed`. `stop` (int64 node ids,
+optional): nodes that are not expanded when they join a frontier after the seeds'.
 
 Returns:
     (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)

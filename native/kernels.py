@@ -65,8 +65,10 @@ class NeighborSampler:
         """Worker threads per hop."""
         return int(self._impl.num_threads)
 
-    def sample(self, seeds: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
-        """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int).
+    def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int);
+        the int64 nodes of `stop` are not expanded when they join a frontier after the seeds'.
 
         Returns:
             (n_id int64 [n], edge_index int64 [2, e] of local ids, num_sampled_nodes per hop with the
@@ -75,7 +77,7 @@ class NeighborSampler:
         Raises:
             ValueError: seeds not int64, out of range or repeated; a corrupt `indices` entry.
         """
-        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed))
+        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop)
         return n_id, edge_index, list(nodes), list(edges)
 
 

@@ -173,7 +173,7 @@ inline void floyd_sample(SplitMix64& rng, int64_t deg, int64_t k, Scratch& s) {
 // Samples the in-neighbours of frontier[out.begin .. out.end) into `out`.
 template <typename Idx>
 void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, const int64_t* frontier,
-                  int64_t fanout, uint64_t hkey, ChunkOut& out, Scratch& s) {
+                  int64_t fanout, uint64_t hkey, const uint8_t* stop, ChunkOut& out, Scratch& s) {
     out.counts.resize(static_cast<size_t>(out.end - out.begin));
     out.nbrs.clear();
     out.bad_pos = -1;
@@ -195,7 +195,9 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
         const int64_t v = frontier[i];
         const int64_t lo = indptr[v];
         const int64_t deg = indptr[v + 1] - lo;
-        if (fanout < 0 || deg <= fanout) {
+        if (stop != nullptr && stop[v]) {
+            counts[i] = 0;  // not expanded (sample's `stop`)
+        } else if (fanout < 0 || deg <= fanout) {
             out.nbrs.resize(e + static_cast<size_t>(deg));
             int64_t* nbrs = out.nbrs.data();
             for (int64_t p = lo; p < lo + deg; ++p) {
@@ -367,10 +369,17 @@ struct NeighborSampler::Impl {
         check_indptr();
     }
 
-    SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed) {
+    SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed, const int64_t* stop = nullptr,
+                           int64_t n_stop = 0) {
         Sample out;
         {
             std::lock_guard<std::mutex> lock(mu_);
+            StopMarks marks{stop_, stop, n_stop};
+            if (n_stop > 0) {
+                if (stop_.size() != static_cast<size_t>(num_nodes_)) stop_.assign(num_nodes_, 0);
+                marks.set(num_nodes_);
+            }
+            stop_on_ = n_stop > 0;
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
             } else {
@@ -408,6 +417,27 @@ struct NeighborSampler::Impl {
                                   " does not match len(indices) = " + std::to_string(num_edges_));
         }
     }
+
+    // Marks the stop nodes for one call and clears them again however the call ends.
+    struct StopMarks {
+        std::vector<uint8_t>& marks;
+        const int64_t* ids;
+        int64_t n;
+        int64_t set_count = 0;
+        void set(int64_t num_nodes) {
+            for (; set_count < n; ++set_count) {
+                const int64_t v = ids[set_count];
+                if (v < 0 || v >= num_nodes) {
+                    throw std::invalid_argument("stop[" + std::to_string(set_count) + "] = " + std::to_string(v) +
+                                                " is out of range [0, " + std::to_string(num_nodes) + ")");
+                }
+                marks[v] = 1;
+            }
+        }
+        ~StopMarks() {
+            for (int64_t i = 0; i < set_count; ++i) marks[ids[i]] = 0;
+        }
+    };
 
     // Resets the scratch entries of every node placed in the batch when `run` fails (on success
     // `finish` resets them, in parallel).
@@ -514,7 +544,8 @@ struct NeighborSampler::Impl {
         run_ordered(
             n_chunks, n_threads,
             [&](int64_t c, int w) {
-                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, chunks_[c], scratch_[w]);
+                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey,
+                             hop > 0 && stop_on_ ? stop_.data() : nullptr, chunks_[c], scratch_[w]);
             },
             [&](int64_t c) { merge_chunk(indices, hop, chunks_[c], n_id); });
     }
@@ -566,6 +597,8 @@ struct NeighborSampler::Impl {
 
     std::mutex mu_;  // guards everything below: one sample() at a time per object
     std::vector<int32_t> local_;  // global id -> local id in the current batch, kAbsent otherwise
+    std::vector<uint8_t> stop_;   // 1 for the current call's stop nodes (sized on first use)
+    bool stop_on_ = false;
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
     PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
@@ -583,6 +616,11 @@ NeighborSampler::~NeighborSampler() = default;
 
 SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed) {
     return impl_->sample(seeds, batch, seed);
+}
+
+SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop,
+                                        int64_t n_stop) {
+    return impl_->sample(seeds, batch, seed, stop, n_stop);
 }
 
 int64_t NeighborSampler::num_nodes() const { return impl_->num_nodes_; }

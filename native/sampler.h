@@ -35,6 +35,11 @@ class NeighborSampler {
     // The subgraph around `batch` unique seeds; a pure function of (graph, seeds, fanouts, seed).
     // Calls on one object are serialised (a mutex); each is parallel inside.
     SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed);
+    // The same, except that the `n_stop` nodes of `stop` (any order; repeats allowed) are never
+    // expanded when they join a frontier after the seeds': they keep their place in n_id and the
+    // edges to the nodes that sampled them, but no neighbours are drawn for them. Every other
+    // node draws what it draws without `stop` (draws are a function of (seed, hop, node)).
+    SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop);
 
     int64_t num_nodes() const;
     int64_t num_edges() const;

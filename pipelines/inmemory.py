@@ -36,6 +36,7 @@ from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
+from ..operators.prepare.history import DEFAULT_STALENESS, HistoryPlanner, history_nodes, history_rows
 from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
 from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, load_parts
@@ -65,7 +66,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
         on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP) -> dict[str, Any]:
+        parts_per_group: int = PARTS_PER_GROUP, history_memory: int | str | None = None,
+        history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -92,6 +94,12 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             (KaMinPar, one thread) into `partitions` parts (default one per 128 training nodes),
             saved as ``run_dir/partition.npy``.
         parts_per_group: partition batches: parts whose training nodes are shuffled together.
+        history_memory: bytes (``"64MiB"``, or a share of the feature bytes such as ``"5%"``) of a
+            historical embedding cache (OUTRE §4.3; `operators.prepare.history`): the most connected
+            nodes' inputs to the last layer, reused for `history_staleness` - 1 batches after they
+            are computed, their subtrees not sampled or gathered meanwhile (None or 0: no cache).
+        history_staleness: batches a cached embedding stays usable, counting the one that computed
+            it (1: never reused, training as without the cache).
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -111,7 +119,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
                  on_start: Callable[[int, int], Any] | None, batches: str = "shuffled",
                  partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP) -> dict[str, Any]:
+        parts_per_group: int = PARTS_PER_GROUP, history_memory: int | str | None = None,
+        history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -122,25 +131,30 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         The other arguments are `run`'s.
     """
     wall0 = time.perf_counter()
-    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
-                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
-                      eval_every=eval_every, threads=threads)
-    dev = resolve_device(device)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
+    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples)
+    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
+                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
+                      eval_every=eval_every, threads=threads, history_rows=rows)
+    dev = resolve_device(device)
     if samples is not None and batches != "shuffled":
         raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
                                        "from a packed dataset prepared with --batches partition")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group)
     how = _Run(name, features, samples, on_batch, on_start)
-    how.order = order
+    how.order, how.history = order, planner
     with torch_threads(cfg.threads), deterministic():
         report = _train(st, run_dir, cfg, dev, progress, on_epoch, how)
     report["config"]["batches"] = batches
     if part_figures is not None:
         report["partition"] = part_figures
+    if planner is not None:
+        report["history"] = {"rows": rows, "staleness": history_staleness, "bytes": rows * cfg.hidden * 4,
+                             "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
+                             "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
     report["wall_s"] = time.perf_counter() - wall0
     write_report(run_dir, report)
     if not cfg.data_only:       # a data-only run has no losses or accuracies to plot
@@ -157,6 +171,23 @@ class _Run:
         self.name, self.features, self.samples = name, features, samples
         self.on_batch, self.on_start = on_batch, on_start
         self.order: BatchOrder | None = None
+        self.history: HistoryPlanner | None = None
+
+
+def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
+                    samples: str | os.PathLike[str] | None) -> tuple[HistoryPlanner | None, int]:
+    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache)."""
+    from ..flow.options import byte_budget
+
+    nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
+    if nbytes == 0:
+        return None, 0
+    if samples is not None:
+        raise ConfigError("--history-memory", "the stored samples of --samples were planned without a history cache")
+    rows = history_rows(nbytes, hidden)
+    if rows == 0:
+        raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
+    return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness), rows
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
@@ -263,7 +294,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
     train: InMemoryLoader | StoredSamplesLoader = (
         InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed, TRAIN_STREAM,
-                       order=how.order)
+                       order=how.order, history=how.history)
         if how.samples is None else StoredSamplesLoader(features, labels, how.samples, st, cfg))
     evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__)
     session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=STAGES, evals=lambda: evals)
@@ -276,6 +307,11 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
                  unit="batch", disable=None if progress else True) as b:
             session.train(train, on_batch=_ticks(b.update, how.on_batch))
         record = session.close_epoch(epoch)
+        counts = getattr(train, "counts", None)
+        if counts is not None:
+            record["rows_gathered"] = counts["rows"]
+            if how.history is not None:
+                record["history"] = {"pruned": counts["pruned"], "pushed": counts["pushed"]}
         if on_epoch is not None:
             on_epoch(record)
 

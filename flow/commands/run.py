@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", metavar="FILE",
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
+    p.add_argument("--history-memory", metavar="SIZE",
+                   help="memory/mmap pipelines: a historical embedding cache (OUTRE) of SIZE bytes or a share of the "
+                        "features (e.g. 64MiB, 5%%)")
+    p.add_argument("--history-staleness", metavar="S",
+                   help="batches a cached embedding stays usable (default 100; 1: never reused)")
     add_run_arguments(p)
     p.set_defaults(func=_run)
 
@@ -85,6 +90,8 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "partitions": ("--partitions", lambda s: parse_int("--partitions", s, 2)),
     "partition": ("--partition", str),
     "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
+    "history_memory": ("--history-memory", str),
+    "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 
@@ -135,5 +142,11 @@ def _print_summary(report: dict[str, Any]) -> None:
     if final:
         print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
               f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+    hist = report.get("history")
+    if hist:
+        gathered = [r.get("rows_gathered") for r in epochs]
+        print(f"history cache: {hist['rows']:,} embeddings ({hist['bytes'] / 2**20:.1f} MiB), staleness "
+              f"{hist['staleness']}: {hist['pruned']:,} subtrees pruned, {hist['pushed']:,} embeddings pushed; "
+              f"rows gathered per epoch {', '.join(f'{g:,}' for g in gathered if g is not None)}")
     if report.get("peak_rss_bytes"):
         print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {fmt(report.get('wall_s'), '.1f')} s")

@@ -115,18 +115,22 @@ class NeighborSampler:
     def num_nodes(self) -> int:
         return int(self._impl.num_nodes)
 
-    def sample(self, seeds: Any, seed: int) -> SampledBatch:
+    def sample(self, seeds: Any, seed: int, stop: Any = None) -> SampledBatch:
         """Sample the subgraph around `seeds` (unique node ids, int64 or any integer dtype).
 
         Args:
             seeds: unique node ids in [0, N), 1-D.
             seed: random seed; the same seed gives bit-identical output.
+            stop: node ids never expanded when they join a frontier after the seeds' (their subtree is
+                pruned, e.g. where a historical embedding stands in for it); every other node draws the
+                neighbours it draws without `stop`.
 
         Raises:
             ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry.
         """
         s = _as_seeds(seeds)
-        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK)
+        st = None if stop is None else np.ascontiguousarray(_as_numpy(stop), dtype=np.int64).reshape(-1)
+        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st)
         return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]))
 
 

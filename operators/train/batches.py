@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -50,13 +50,21 @@ def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
 
     The fields are exactly NeighborLoader's for a homogeneous graph: `x, edge_index, y,
     n_id, batch_size, num_sampled_nodes, num_sampled_edges`; the first `batch_size` rows
-    are the seeds, the ones loss and accuracy are computed on.
+    are the seeds, the ones loss and accuracy are computed on. A sample that carries a history
+    plan (``sample.history``) adds its four index tensors (`train.history.FIELDS`).
     """
-    return Data(x=x, edge_index=torch.from_numpy(np.ascontiguousarray(sample.edge_index, dtype=np.int64)),
+    data = Data(x=x, edge_index=torch.from_numpy(np.ascontiguousarray(sample.edge_index, dtype=np.int64)),
                 y=y, n_id=torch.from_numpy(np.ascontiguousarray(sample.n_id, dtype=np.int64)),
                 batch_size=int(sample.batch_size),
                 num_sampled_nodes=[int(n) for n in sample.num_sampled_nodes],
                 num_sampled_edges=[int(n) for n in sample.num_sampled_edges])
+    plan = getattr(sample, "history", None)
+    if plan is not None:          # a history plan: hist_prune, hist_prune_slot, hist_push, hist_push_slot
+        from .history import FIELDS
+
+        for name, values in zip(FIELDS, plan):
+            data[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    return data
 
 
 def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
@@ -100,6 +108,11 @@ class InMemoryLoader:
         seed: the run's seed; batch order and sampling seeds derive from it and the epoch.
         stream: which seed stream the sampling seeds come from (`TRAIN_STREAM`, ...).
         order: how shuffled seeds are cut (`seeds.BatchOrder`; None: a plain permutation).
+        history: a `prepare.history.HistoryPlanner` (needs a `NeighborSampler`): each batch's one-hop
+            nodes with a fresh cached embedding are not expanded, and the batch carries its plan for
+            `train.history.HistoryCache`. The planner keeps its state from epoch to epoch.
+
+    `counts` holds the rows gathered and the nodes pruned and pushed in the last iteration.
 
     After (or during) an iteration `stage_s` holds the seconds spent in each stage of it:
     `sample` (neighbour sampling) and `gather` (feature/label gather and `Data` assembly).
@@ -107,7 +120,7 @@ class InMemoryLoader:
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, sampler: Sampler, seeds: np.ndarray,
                  batch_size: int, shuffle: bool, seed: int, stream: int = TRAIN_STREAM,
-                 order: BatchOrder | None = None) -> None:
+                 order: BatchOrder | None = None, history: Any = None) -> None:
         if batch_size < 1:
             raise ConfigError("--batch-size", f"expected an integer >= 1, got {batch_size}")
         self.features = features
@@ -119,8 +132,20 @@ class InMemoryLoader:
         self.seed = seed
         self.stream = stream
         self.order = order
+        self.history = history
+        self._hop1: Any = None
+        if history is not None:
+            from ..prepare.sample import NeighborSampler
+
+            native: Any = sampler       # the native sampler: its graph arrays and `stop`
+            fanouts = list(getattr(native, "fanouts", []))
+            if len(fanouts) < 2:
+                raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+            self._hop1 = NeighborSampler(native.indptr, native.indices, fanouts[:1],
+                                         num_threads=getattr(native, "num_threads", 1))
         self.epoch = 0
         self.stage_s: dict[str, float] = {"sample": 0.0, "gather": 0.0}
+        self.counts: dict[str, int] = {"rows": 0, "pruned": 0, "pushed": 0}
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose batch order and sampling seeds the next iteration uses."""
@@ -131,8 +156,27 @@ class InMemoryLoader:
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
+        self.counts = {"rows": 0, "pruned": 0, "pushed": 0}
         batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=self.shuffle,
                                order=self.order)
-        samples = (self.sampler.sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
+        samples = (self._sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
                    for i, ids in enumerate(batches))
         yield from timed_data(samples, self.features, self.labels, self.stage_s)
+
+    def _sample(self, ids: np.ndarray, seed: int) -> Any:
+        if self.history is None:
+            s = self.sampler.sample(ids, seed)
+        else:
+            from ..prepare.history import local_positions
+
+            first = self._hop1.sample(ids, seed)           # the same one-hop nodes as the full sample's
+            step = self.history.step(first.n_id[first.batch_size:])
+            native: Any = self.sampler
+            s = native.sample(ids, seed, stop=step.pruned if step.pruned.shape[0] else None)
+            bs, n1 = int(s.num_sampled_nodes[0]), int(s.num_sampled_nodes[1])
+            s.history = (local_positions(s.n_id, bs, bs + n1, step.pruned), step.pruned_slots,
+                         local_positions(s.n_id, bs, bs + n1, step.pushed), step.pushed_slots)
+            self.counts["pruned"] += int(step.pruned.shape[0])
+            self.counts["pushed"] += int(step.pushed.shape[0])
+        self.counts["rows"] += int(s.n_id.shape[0])
+        return s

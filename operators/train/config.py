@@ -35,6 +35,7 @@ class TrainConfig:
         eval_every: evaluate val/test every this many epochs (and after the last one).
         threads: torch's intra-op threads (None: torch's own setting). They may change the
             order of floating-point sums, but not what a checkpoint resumes.
+        history_rows: rows of the model's historical embedding cache (`train.history`; 0: none).
     """
 
     model: str = "sage"
@@ -49,6 +50,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 1
     threads: int | None = None
+    history_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.model not in MODELS and self.model != DATA_ONLY:
@@ -60,6 +62,8 @@ class TrainConfig:
         object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
         if self.num_layers is None:
             object.__setattr__(self, "num_layers", len(fanouts))
+        if self.history_rows < 0:
+            raise ConfigError("--history-memory", f"the cache's rows must be >= 0, got {self.history_rows}")
         for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
                               ("--batch-size", self.batch_size), ("--epochs", self.epochs),
                               ("--eval-every", self.eval_every), ("--heads", self.heads)):

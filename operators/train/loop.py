@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
+from .history import history_of
 from .models import EdgeFreeMLP, supports_trim
 
 
@@ -54,6 +55,9 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
     edge-free MLP sees the seeds' rows only, for the same reason.
     """
     x = batch.x.float()
+    history = history_of(model)
+    if history is not None:       # the batch's history plan, for training batches only
+        history.bind(batch if model.training else None)
     if isinstance(model, EdgeFreeMLP):    # a seed's logits read its own row only: skip the neighbours
         return model(x[:batch.batch_size])
     hops = getattr(batch, "num_sampled_edges", None)

@@ -26,6 +26,7 @@ from ..formats.errors import ConfigError, InputError
 from ..prepare.sample import NeighborSampler
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .config import DATA_ONLY, MODELS, TrainConfig
+from .history import HistoryCache
 from .loop import evaluate, train_epoch
 from .models import build_model
 from .record import EpochTally, final_block, num
@@ -172,8 +173,11 @@ class TrainSession:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         if not cfg.data_only:
-            self.model = build_model(cfg.model, dim, cfg.hidden, num_classes, int(cfg.num_layers or 1),
-                                     dropout=cfg.dropout, heads=cfg.heads).to(self.device)
+            model = build_model(cfg.model, dim, cfg.hidden, num_classes, int(cfg.num_layers or 1),
+                                dropout=cfg.dropout, heads=cfg.heads)
+            if cfg.history_rows > 0:
+                HistoryCache.attach(model, cfg.history_rows)
+            self.model = model.to(self.device)
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
 
     # ------------------------------------------------------------------ training

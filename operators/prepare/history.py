@@ -1,0 +1,99 @@
+"""Planning a historical embedding cache (OUTRE §4.3): which sampled subtrees a fresh cached embedding prunes.
+
+A model of L layers computes, for every node one hop from the seeds, its layer-(L-1) embedding
+(the input of the last layer) from that node's subtree of depth L-1. OUTRE keeps those
+embeddings for a chosen set of nodes and reuses one for `staleness` - 1 iterations after it
+was computed: while it is fresh, the node's subtree need not be sampled, gathered or trained
+through. Batches are known ahead (offline sampling, or one at a time online), so the plan is
+exact: batch i's one-hop nodes that are cached and were last computed less than `staleness`
+batches ago are *pruned* (the sampler does not expand them; `NeighborSampler.sample(stop=)`),
+the other cached ones are *pushed* (computed in full, their embedding written to the cache).
+With ``staleness=1`` nothing is ever pruned: training is exactly training without the cache.
+
+The cached nodes are the most connected ones (highest in-degree, ties by id), as many as the
+cache's memory holds. Torch-free: the training side is `operators.train.history`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.errors import ConfigError
+
+FLOAT_BYTES = 4          # cached embeddings are float32
+DEFAULT_STALENESS = 100  # OUTRE's staleness threshold
+
+
+def history_rows(memory: int, dim: int) -> int:
+    """Embeddings of width `dim` that `memory` bytes hold."""
+    if dim < 1:
+        raise ConfigError("--hidden", f"the cached embeddings need a width >= 1, got {dim}")
+    if memory < 0:
+        raise ConfigError("--history-memory", f"must be >= 0 bytes, got {memory}")
+    return int(memory) // (int(dim) * FLOAT_BYTES)
+
+
+def history_nodes(indptr: np.ndarray, rows: int) -> np.ndarray:
+    """The `rows` nodes of highest in-degree (ties: lower id first), sorted by id: the cache's slots."""
+    n = int(indptr.shape[0]) - 1
+    rows = max(0, min(int(rows), n))
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    degree = np.diff(np.asarray(indptr, dtype=np.int64))
+    top = np.argsort(-degree, kind="stable")[:rows]
+    return np.sort(top).astype(np.int64)
+
+
+@dataclass
+class HistoryStep:
+    """One batch's plan: the one-hop nodes pruned (a fresh embedding stands in) and pushed (computed, then
+    cached), as node ids and as cache slots (positions in the planner's `nodes`)."""
+
+    pruned: np.ndarray
+    pruned_slots: np.ndarray
+    pushed: np.ndarray
+    pushed_slots: np.ndarray
+
+
+class HistoryPlanner:
+    """Batch by batch, in training order: which of a batch's one-hop nodes are pruned and which pushed.
+
+    Args:
+        nodes: the cached nodes, sorted unique ids (`history_nodes`); slot s holds ``nodes[s]``.
+        staleness: an embedding computed at batch i stands in at batches i+1 .. i+staleness-1 (>= 1).
+    """
+
+    def __init__(self, nodes: np.ndarray, staleness: int) -> None:
+        if staleness < 1:
+            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reuse), got {staleness}")
+        self.nodes = np.asarray(nodes, dtype=np.int64)
+        if self.nodes.ndim != 1 or np.any(np.diff(self.nodes) <= 0):
+            raise ValueError("history nodes must be sorted and unique")
+        self.staleness = int(staleness)
+        self.last = np.full(self.nodes.shape[0], np.iinfo(np.int64).min // 2, dtype=np.int64)
+        self.batch = 0
+
+    def step(self, hop1: np.ndarray) -> HistoryStep:
+        """The plan of the next batch, given its one-hop nodes (unique ids)."""
+        ids = np.asarray(hop1, dtype=np.int64)
+        pos = np.searchsorted(self.nodes, ids)
+        hit = pos < self.nodes.shape[0]
+        hit[hit] = self.nodes[pos[hit]] == ids[hit]
+        ids, slots = ids[hit], pos[hit]
+        fresh = self.batch - self.last[slots] < self.staleness
+        pushed_slots = slots[~fresh]
+        self.last[pushed_slots] = self.batch
+        self.batch += 1
+        return HistoryStep(ids[fresh], slots[fresh], ids[~fresh], pushed_slots)
+
+
+def local_positions(n_id: np.ndarray, start: int, stop: int, ids: np.ndarray) -> np.ndarray:
+    """Positions in `n_id` of `ids`, all of which lie in ``n_id[start:stop]`` (a hop's nodes)."""
+    part = np.asarray(n_id[start:stop], dtype=np.int64)
+    order = np.argsort(part, kind="stable")
+    at = np.searchsorted(part, ids, sorter=order)
+    found = order[np.minimum(at, max(part.shape[0] - 1, 0))] if part.shape[0] else np.zeros(0, dtype=np.int64)
+    if ids.shape[0] and (part.shape[0] == 0 or not np.array_equal(part[found], ids)):
+        raise ValueError("history ids are not among the hop's nodes")
+    return (found + start).astype(np.int64)

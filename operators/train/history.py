@@ -1,0 +1,83 @@
+"""The historical embedding cache on the training side (OUTRE §4.3), for stock PyG models.
+
+`HistoryCache.attach(model, rows)` adds a table of `rows` cached embeddings to a
+`torch_geometric.nn` GraphSAGE/GCN/GAT (any model with a ``convs`` list of two or more layers) and
+a forward hook on its second-to-last layer. For a training batch that carries a history plan
+(`operators.prepare.history`: ``hist_push``/``hist_push_slot``, ``hist_prune``/``hist_prune_slot``,
+local row positions and cache slots), the hook writes the pushed nodes' fresh outputs of that
+layer into the table and puts the cached rows in place of the pruned nodes' outputs (whose
+subtrees were not sampled). The training loop and the model are unchanged otherwise: `loop.forward`
+binds each batch, and evaluation (no plan) runs the plain model. The table is a buffer of the
+model, so checkpoints carry it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch_geometric.data import Data
+
+from ..formats.errors import ConfigError
+
+FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")
+ATTR = "diskflow_history"        # the model's child module
+
+
+class HistoryCache(torch.nn.Module):
+    """`rows` cached layer outputs of width `dim`, substituted by a forward hook on `layer`."""
+
+    table: torch.Tensor
+
+    def __init__(self, layer: torch.nn.Module, rows: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.zeros(int(rows), int(dim)))
+        self._plan: tuple[torch.Tensor, ...] | None = None
+        self.pruned = 0
+        self.pushed = 0
+        layer.register_forward_hook(self._hook)
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module, rows: int) -> HistoryCache:
+        """Add a cache of `rows` embeddings to `model` (as its child ``diskflow_history``) and return it."""
+        convs = getattr(model, "convs", None)
+        if not isinstance(convs, torch.nn.ModuleList) or len(convs) < 2:
+            raise ConfigError("--history-memory", f"a historical embedding cache needs a message-passing model of "
+                                                  f"two or more layers (a `convs` list), got {type(model).__name__}")
+        layer = convs[len(convs) - 2]
+        dim = int(getattr(layer, "out_channels", 0) or 0)
+        heads = getattr(layer, "heads", 1)
+        if getattr(layer, "concat", False):
+            dim *= int(heads)
+        if dim < 1:
+            raise ConfigError("--history-memory", f"cannot tell the output width of {type(layer).__name__}")
+        cache = cls(layer, rows, dim)
+        model.add_module(ATTR, cache)
+        return cache
+
+    def bind(self, batch: Data | None) -> None:
+        """The plan of the batch about to be forwarded (None, or a batch without one: plain forward)."""
+        if batch is None or getattr(batch, FIELDS[0], None) is None:
+            self._plan = None
+            return
+        self._plan = tuple(getattr(batch, f).to(self.table.device) for f in FIELDS)
+
+    def _hook(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
+        if self._plan is None or not torch.is_tensor(output):
+            return None
+        prune, prune_slot, push, push_slot = self._plan
+        self._plan = None                      # one forward per bind
+        if push.numel():
+            self.table[push_slot] = output[push].detach().to(self.table.dtype)
+            self.pushed += int(push.numel())
+        if not prune.numel():
+            return None
+        out = output.clone()
+        out[prune] = self.table[prune_slot].to(out.dtype)
+        self.pruned += int(prune.numel())
+        return out
+
+
+def history_of(model: torch.nn.Module) -> HistoryCache | None:
+    """The model's cache, if `HistoryCache.attach` gave it one."""
+    cache = getattr(model, ATTR, None)
+    return cache if isinstance(cache, HistoryCache) else None

@@ -1,0 +1,73 @@
+"""The historical embedding cache's planning (`operators.prepare.history`) and the sampler's `stop` set it
+prunes with: fresh embeddings prune, stale ones are pushed, staleness 1 never prunes, pruned nodes keep
+their place but draw no neighbours while every other draw is unchanged."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.store import Store
+from diskflow.operators.prepare.history import (
+    HistoryPlanner,
+    history_nodes,
+    history_rows,
+    local_positions,
+)
+from diskflow.operators.prepare.sample import NeighborSampler
+
+
+def test_planner_prunes_fresh_pushes_stale() -> None:
+    p = HistoryPlanner(np.array([2, 5, 9, 11]), staleness=3)
+    s0 = p.step(np.array([5, 7, 9]))                       # first sight: computed and pushed
+    assert s0.pruned.tolist() == [] and s0.pushed.tolist() == [5, 9] and s0.pushed_slots.tolist() == [1, 2]
+    s1 = p.step(np.array([9, 2]))                          # 9 computed at batch 0: fresh at 1 and 2
+    assert s1.pruned.tolist() == [9] and s1.pruned_slots.tolist() == [2] and s1.pushed.tolist() == [2]
+    s2 = p.step(np.array([5, 9, 2, 100]))
+    assert s2.pruned.tolist() == [5, 9, 2] and s2.pushed.tolist() == []
+    s3 = p.step(np.array([5, 2]))                          # 5 is 3 batches old now: stale; 2 still fresh
+    assert s3.pushed.tolist() == [5] and s3.pruned.tolist() == [2]
+    one = HistoryPlanner(np.array([1, 2]), staleness=1)
+    for _ in range(3):
+        st = one.step(np.array([1, 2]))
+        assert st.pruned.size == 0 and st.pushed.tolist() == [1, 2]   # staleness 1: never reused
+
+
+def test_nodes_rows_and_positions() -> None:
+    indptr = np.array([0, 1, 5, 5, 8, 12])                 # in-degrees 1, 4, 0, 3, 4
+    assert history_nodes(indptr, 2).tolist() == [1, 4]     # the two highest, ties by lower id
+    assert history_nodes(indptr, 0).size == 0 and history_nodes(indptr, 99).tolist() == [0, 1, 2, 3, 4]
+    assert history_rows(4096, 16) == 64
+    with pytest.raises(ConfigError, match="--history-staleness"):
+        HistoryPlanner(np.array([1]), 0)
+    n_id = np.array([10, 11, 7, 3, 8, 1])
+    assert local_positions(n_id, 2, 5, np.array([8, 7])).tolist() == [4, 2]
+    with pytest.raises(ValueError, match="not among"):
+        local_positions(n_id, 2, 5, np.array([1]))
+
+
+def test_stop_prunes_subtrees_and_changes_no_other_draw(tiny_store: Path) -> None:
+    st = Store(tiny_store)
+    s = NeighborSampler(st.indptr, st.indices, [4, 3, 2], num_threads=2)
+    seeds = st.split_ids("train")[:150]
+    full = s.sample(seeds, 77)
+    bs, n1 = full.num_sampled_nodes[0], full.num_sampled_nodes[1]
+    hop1 = full.n_id[bs:bs + n1]
+    stop = hop1[::4]
+    cut = s.sample(seeds, 77, stop=stop)
+    np.testing.assert_array_equal(cut.n_id[:bs + n1], full.n_id[:bs + n1])   # seeds and hop 1 unchanged
+    assert cut.n_id.shape[0] < full.n_id.shape[0]
+    stopped = local_positions(cut.n_id, bs, bs + n1, stop)
+    assert not np.isin(cut.edge_index[1], stopped).any()                         # no neighbours drawn for them
+    # every other node's draws are the full sample's: same (source, target) pairs in global ids
+    g_full = {(int(full.n_id[a]), int(full.n_id[b])) for a, b in full.edge_index.T}
+    g_cut = {(int(cut.n_id[a]), int(cut.n_id[b])) for a, b in cut.edge_index.T}
+    assert g_cut < g_full
+    expanded = set(hop1.tolist()) - set(stop.tolist())     # the hop-1 nodes not stopped draw what they drew
+    assert {e for e in g_full if e[1] in expanded} <= g_cut
+    np.testing.assert_array_equal(s.sample(seeds, 77, stop=np.zeros(0, np.int64)).n_id, full.n_id)
+    np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # marks cleared after a call
+    with pytest.raises(ValueError, match="out of range"):
+        s.sample(seeds, 77, stop=np.array([st.num_nodes]))
+    np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # and after a failed one

@@ -1,0 +1,79 @@
+"""The historical embedding cache in training (`operators.train.history`, the memory loader's planner):
+the hook writes pushed rows and substitutes pruned ones on a stock PyG model; staleness 1 trains exactly
+as without the cache; a longer staleness gathers fewer rows; checkpoints carry the table; bad options
+are refused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from diskflow.flow.pipeline import Pipeline
+from diskflow.flow.rundir import new_run_dir
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.train.history import HistoryCache, history_of
+from diskflow.operators.train.loop import forward
+from diskflow.pipelines import inmemory
+from torch_geometric.data import Data
+from torch_geometric.nn.models import GraphSAGE
+
+COMMON = {"fanouts": (4, 3, 3), "batch_size": 200, "epochs": 3, "hidden": 12, "threads": 1, "progress": False,
+          "eval_every": 3}
+
+
+def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
+    torch.manual_seed(0)
+    model = GraphSAGE(5, 8, 3, 4)
+    cache = HistoryCache.attach(model, rows=6)
+    assert history_of(model) is cache and cache.table.shape == (6, 8)
+    assert "diskflow_history.table" in model.state_dict()
+    x = torch.randn(7, 5)
+    edge_index = torch.tensor([[1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 2, 3]])
+    seen: list[torch.Tensor] = []
+    model.convs[1].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    cache.table[4] = 7.0
+    batch = Data(x=x, edge_index=edge_index, batch_size=1, hist_prune=torch.tensor([2]),
+                 hist_prune_slot=torch.tensor([4]), hist_push=torch.tensor([1]), hist_push_slot=torch.tensor([0]))
+    model.train()
+    forward(model, batch)
+    assert torch.all(seen[-1][2] == 7.0)                   # the pruned row is the cached one
+    assert torch.equal(cache.table[0], seen[-1][1])        # the pushed row went into slot 0
+    assert cache.pruned == 1 and cache.pushed == 1
+    model.eval()
+    before = cache.table.clone()
+    forward(model, batch)                                  # evaluation: no substitution, nothing pushed
+    assert not torch.all(seen[-1][2] == 7.0) and torch.equal(cache.table, before)
+    with pytest.raises(ConfigError, match="two or more layers"):
+        HistoryCache.attach(GraphSAGE(5, 8, 1, 4), 3)
+
+
+def test_staleness_one_trains_exactly_as_without_the_cache(tiny_store: Path, tmp_path: Path, one_torch_thread) -> None:
+    plain = inmemory.run(tiny_store, new_run_dir(tmp_path, "plain"), **COMMON)
+    s1 = inmemory.run(tiny_store, new_run_dir(tmp_path, "s1"), history_memory="64KiB", history_staleness=1, **COMMON)
+    assert [e["losses"] for e in s1["epochs"]] == [e["losses"] for e in plain["epochs"]]
+    assert s1["history"]["pruned"] == 0 and s1["history"]["pushed"] > 0
+    assert [e["rows_gathered"] for e in s1["epochs"]] == [e["rows_gathered"] for e in plain["epochs"]]
+    s20 = inmemory.run(tiny_store, new_run_dir(tmp_path, "s20"), history_memory="64KiB", history_staleness=20,
+                       **COMMON)
+    assert s20["history"]["pruned"] > 0 and s20["history"]["rows"] == 64 * 1024 // (12 * 4)
+    assert sum(e["rows_gathered"] for e in s20["epochs"]) < sum(e["rows_gathered"] for e in plain["epochs"])
+    assert [e["losses"] for e in s20["epochs"]] != [e["losses"] for e in plain["epochs"]]
+    again = inmemory.run(tiny_store, new_run_dir(tmp_path, "again"), history_memory="64KiB", history_staleness=20,
+                         **COMMON)
+    assert [e["losses"] for e in again["epochs"]] == [e["losses"] for e in s20["epochs"]]   # repeatable
+
+
+def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_torch_thread) -> None:
+    mine = Pipeline("hist", loader="memory", history_memory="64KiB", history_staleness=20)
+    r = mine.run(tiny_store, new_run_dir(tmp_path, "p"), **COMMON)
+    assert r["history"]["staleness"] == 20 and r["history"]["pruned"] > 0
+    assert mine.describe()["history_memory"] == "64KiB"
+    with pytest.raises(ConfigError, match="Pipeline.history_memory"):
+        Pipeline("h2", history_memory="1MiB")                 # the packed loader does not plan it yet
+    with pytest.raises(ConfigError, match="Pipeline.history_staleness"):
+        Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
+    with pytest.raises(ConfigError, match="--history-memory"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "x"), history_memory="8B", **COMMON)
+    with pytest.raises(ConfigError, match="two or more"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), history_memory="64KiB",
+                     **{**COMMON, "fanouts": (4,)})
