@@ -36,11 +36,12 @@ from ..operators.formats.files import atomic_path, load_npz, write_bytes
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import count_accesses, merge_counts
+from ..operators.prepare.history import HistoryStep, history_nodes, plan_round
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_tiers, planned
 from ..operators.prepare.seeds import BatchOrder
-from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes
+from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes, superbatch_hop1
 from ..operators.prepare.tiers import tier_sizes
 from .taskprofile import profiled
 
@@ -152,13 +153,29 @@ def partition_task(store_path: str, parts: int, method: str, seed: int, threads:
             "cut_share": cut / edges if edges else 0.0, "min_part": int(sizes.min()), "max_part": int(sizes.max())}
 
 
+def hop1_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
+              threads: int | None, order: BatchOrder | None = None) -> list[np.ndarray]:
+    """The one-hop nodes of every batch of superbatch `ref` (what the history plan reads)."""
+    return superbatch_hop1(store_path, ref, batch_size, list(fanouts), seed, threads, order)
+
+
+def history_task(store_path: str, keys: Sequence[str], rows: int, staleness: int,
+                 *hop1: list[np.ndarray]) -> dict[str, list[HistoryStep]]:
+    """The historical embedding cache's plan of the whole round (`operators.prepare.history`), by
+    superbatch key: serial, but a few vector operations per batch."""
+    nodes = history_nodes(np.asarray(Store(store_path).indptr), rows)
+    return dict(zip(keys, plan_round(list(hop1), nodes, staleness)))
+
+
 def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
-                threads: int | None, out_path: str | None = None, order: BatchOrder | None = None) -> SampleResult:
-    """Sample superbatch `ref` (its batches cut by `order`, None: shuffled); with `out_path`, write its
-    samples file there (never creating the directory: a task outliving its failed run must not
-    resurrect it) and hand on the path."""
+                threads: int | None, out_path: str | None = None, order: BatchOrder | None = None,
+                history: dict[str, list[HistoryStep]] | None = None) -> SampleResult:
+    """Sample superbatch `ref` (its batches cut by `order`, None: shuffled; pruned where `history`, the
+    round's history plan, says); with `out_path`, write its samples file there (never creating the
+    directory: a task outliving its failed run must not resurrect it) and hand on the path."""
     t0 = time.time()
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order)
+    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order,
+                                            None if history is None else history[ref.key])
     if out_path is None:
         return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
     write_bytes(out_path, data, parents=False)
@@ -248,20 +265,39 @@ class PrepGraph:
             cancelled task of an earlier run under the same name).
         submit: how the sink schedules a node (`Submit`).
         order: how each epoch's seeds become batches (None: shuffled; `partition_task` gives the parts).
+        history: (rows, staleness) of a historical embedding cache to plan the samples' pruning for.
     """
 
     def __init__(self, store_path: str, refs: Sequence[SuperbatchRef], sampling: tuple[int, Sequence[int], int, int],
-                 cpu_policy: Policy, tok: str, submit: Submit, order: BatchOrder | None = None) -> None:
+                 cpu_policy: Policy, tok: str, submit: Submit, order: BatchOrder | None = None,
+                 history: tuple[int, int] | None = None) -> None:
         self.store_path, self.refs, self.tok, self.submit = store_path, list(refs), tok, submit
         self.batch_size, self.fanouts, self.seed, self.threads = sampling
         self.order = order
+        self.history = history          # (rows, staleness) of a historical embedding cache, or None
+        self._history_plan: Any = None
         self.cpu_policy = cpu_policy
         self.num_nodes = Store(store_path).num_nodes
 
     def sample(self, k: int, out_path: str | None = None) -> Any:
         r = self.refs[k]
         return self.submit(sample_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
-                           self.threads, out_path, self.order, key=f"sample-{r.key}-{self.tok}", k=k)
+                           self.threads, out_path, self.order, self.history_plan(),
+                           key=f"sample-{r.key}-{self.tok}", k=k)
+
+    def history_plan(self) -> Any:
+        """The node of the round's history plan (one-hop tasks per superbatch, then one planning task), built
+        once; None without a history cache."""
+        if self.history is None:
+            return None
+        if self._history_plan is None:
+            hop1 = [self.submit(hop1_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
+                                self.threads, self.order, key=f"hop1-{r.key}-{self.tok}", k=k)
+                    for k, r in enumerate(self.refs)]
+            self._history_plan = self.submit(history_task, self.store_path, [r.key for r in self.refs],
+                                             self.history[0], self.history[1], *hop1,
+                                             key=f"history-plan-{self.tok}", k=0)
+        return self._history_plan
 
     def counts(self, samples: Sequence[tuple[int, Any]]) -> Any:
         """Count each (k, sample node) and merge the counts by a pairwise tree; the node of the total."""

@@ -76,7 +76,8 @@ class Pipeline:
             cache instead (DiskGNN); False: such a budget is an error.
         history_memory: bytes (or a share of the features, ``"5%"``) of a historical embedding
             cache (OUTRE: cached inputs of the last layer stand in for the subtrees of the most
-            connected nodes; `operators.prepare.history`); None: none. Memory and mmap loaders only.
+            connected nodes; `operators.prepare.history`); None: none. The packed loader plans it
+            offline into the samples, the memory and mmap loaders online; not the stream loader.
         history_staleness: batches a cached embedding stays usable (1: never reused).
         description: one line for listings.
     """
@@ -108,9 +109,9 @@ class Pipeline:
         check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
             object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
-        if self.history_memory not in (None, 0, "0") and self.loader not in ("memory", "mmap"):
-            raise ConfigError("Pipeline.history_memory", f"the historical embedding cache is planned by the memory and "
-                                                         f"mmap loaders; the {self.loader} loader does not plan it yet")
+        if self.history_memory not in (None, 0, "0") and self.loader == "stream":
+            raise ConfigError("Pipeline.history_memory", "the stream loader does not plan a historical embedding "
+                                                         "cache yet (the packed, memory and mmap loaders do)")
         if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")

@@ -71,6 +71,7 @@ from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_p
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.diskcache import build_layout
+from ..operators.prepare.history import DEFAULT_STALENESS, history_rows
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
@@ -119,6 +120,9 @@ class PrepareConfig:
     parts_per_group: int = PARTS_PER_GROUP     # parts whose training nodes are shuffled together
     partitioner: str = "kaminpar"       # "kaminpar" or "metis" (operators.prepare.partition)
     partition_threads: int = 1          # the partitioner's threads (1: the same parts on every run)
+    history_memory: int = 0             # bytes of a historical embedding cache planned into the samples (0: none)
+    history_dim: int = 128              # its embedding width: the model's hidden channels
+    history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -153,6 +157,20 @@ class PrepareConfig:
             raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
         if self.partition_threads < 1:
             raise ConfigError("--partition-threads", f"must be >= 1, got {self.partition_threads}")
+        if self.history_memory < 0:
+            raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
+        if self.history_staleness < 1:
+            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
+        if self.history_memory and len(self.fanouts) < 2:
+            raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+        if self.history_memory and self.history_rows == 0:
+            raise ConfigError("--history-memory", f"{self.history_memory:,} bytes hold no embedding of "
+                                                  f"{self.history_dim} float32 values")
+
+    @property
+    def history_rows(self) -> int:
+        """Embeddings the historical cache holds (0: no cache)."""
+        return history_rows(self.history_memory, self.history_dim) if self.history_memory else 0
 
     def describe(self) -> dict[str, Any]:
         """The config as JSON values (a policy function by its `policy_id`): what a manifest records."""
@@ -170,8 +188,10 @@ class PrepareConfig:
                             "threads": self.partition_threads})
 
     def sample_key(self, store_hash: str, partition_key: str | None = None) -> str:
-        order = {} if self.batches == "shuffled" else \
+        order: dict[str, Any] = {} if self.batches == "shuffled" else \
             {"batches": self.batches, "partition": partition_key, "group": self.parts_per_group}
+        if self.history_rows:
+            order["history"] = {"rows": self.history_rows, "staleness": self.history_staleness}
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
                             "counts": COUNTS, **order})
@@ -468,7 +488,8 @@ def _graph(run: _Run) -> PrepGraph:
     """The preparation graph's builder for this run (`flow.graph`), its nodes as `dask.delayed`."""
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                     cfg.cpu_policy, run.tok, delayed_submit, run.order)
+                     cfg.cpu_policy, run.tok, delayed_submit, run.order,
+                     (cfg.history_rows, cfg.history_staleness) if cfg.history_rows else None)
 
 
 def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
@@ -572,6 +593,10 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "disk_budget_bytes": cfg.disk_budget,
         "batch_order": cfg.batches,
         **({"partition": run.partition} if run.partition is not None else {}),
+        **({"history": {"rows": cfg.history_rows, "dim": cfg.history_dim, "staleness": cfg.history_staleness,
+                        "bytes": cfg.history_rows * cfg.history_dim * 4,
+                        "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
+                        "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }
     # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
     # rows), and an index of at least a source byte and an int32 address per access

@@ -19,6 +19,7 @@ from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.store import Store
+from ..operators.prepare.history import DEFAULT_STALENESS
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
 DEFAULT_CPU_SHARE = 0.10
@@ -115,7 +116,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                gpu_memory: int | str = 0, disk_budget: int | str | None = None, superbatch_size: int = 64,
                queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
                force: bool = False, readahead: int | None = None, batches: str | None = None,
-               partitions: int | None = None, parts_per_group: int | None = None) -> dict[str, Any]:
+               partitions: int | None = None, parts_per_group: int | None = None,
+               history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -127,7 +129,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     Other options are the in-memory pipeline's (same seed: same batches, same samples) and
     the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead`, `batches`
     (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
-    partition; default one per 128 training nodes) are prepare's.
+    partition; default one per 128 training nodes) are prepare's, and so are `history_memory` (bytes,
+    or a share of the features, of a historical embedding cache of width `hidden` planned into the
+    samples) and `history_staleness`.
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -150,6 +154,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         options["partitions"] = partitions
     if parts_per_group is not None:
         options["parts_per_group"] = parts_per_group
+    history_bytes = budget(history_memory, "--history-memory", st.feature_bytes) or 0
+    if history_bytes:
+        options.update(history_memory=history_bytes, history_dim=hidden, history_staleness=history_staleness)
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches: the partitioner (default kaminpar)")
     p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=1,
                    help="partition batches: the partitioner's threads (default 1: the same parts every run)")
+    p.add_argument("--history-memory", default=None, metavar="SIZE",
+                   help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
+                        "the samples (default: none)")
+    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=100,
+                   help="batches a cached embedding stays usable (default 100; 1: never reused)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
+                   help="the model's hidden channels, the width of the cached embeddings (default 128)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
     p.add_argument("--force", action="store_true",
                    help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "
@@ -99,6 +106,9 @@ def _run(args: argparse.Namespace) -> int:
         options["batches"] = args.batches
     if args.partitions is not None:
         options["partitions"] = args.partitions
+    history = byte_budget(args.history_memory, "--history-memory", store.feature_bytes) or 0
+    if history:
+        options.update(history_memory=history, history_staleness=args.history_staleness, history_dim=args.hidden)
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
@@ -135,6 +145,11 @@ def _run(args: argparse.Namespace) -> int:
         rows.insert(1, ("batch order", (f"partition: {part['parts']:,} {part['method']} parts, edge cut {part['cut_share']:.1%}, "
                                     f"{part['seconds']:.1f}s, peak memory {format_bytes(part['peak_bytes'])}"
                                     + (" (cached)" if part.get("cached") else ""))))
+    hist = f.get("history")
+    if hist is not None:
+        rows.append(("history cache", (f"{hist['rows']:,} embeddings of {hist['dim']} ({format_bytes(hist['bytes'])}), "
+                                       f"staleness {hist['staleness']}: {hist['pruned']:,} subtrees pruned, "
+                                       f"{hist['pushed']:,} embeddings pushed")))
     for k, v in rows:
         print(f"  {k:<22}{v}")
     return 0

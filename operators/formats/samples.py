@@ -6,6 +6,11 @@ Each record batch has a single row with the fields PyG's NeighborLoader puts on 
 ``num_sampled_nodes`` and ``num_sampled_edges``. List columns keep every minibatch one
 record batch, and reading back is zero-copy (``.values`` of each list column).
 
+A round planned with a historical embedding cache (`operators.prepare.history`) adds four
+list columns per minibatch, ``hist_prune``/``hist_prune_slot`` and ``hist_push``/``hist_push_slot``:
+the local positions in ``n_id`` of the one-hop nodes whose subtrees were pruned (a cached
+embedding stands in) or whose embeddings are pushed to the cache, and their cache slots.
+
 ``n_id`` is int32 for a graph of up to 2**31 nodes (`id_type`) and int64 beyond: the ids
 are about 40% of a samples file, which every plan, pack and (streamed) training machine
 reads, so half their bytes is a fifth of the file. Readers take either and hand back the ids
@@ -35,8 +40,13 @@ def id_type(num_nodes: int) -> pa.DataType:
     return pa.int32() if num_nodes <= ID_LIMIT else pa.int64()
 
 
-def samples_schema(ids: pa.DataType) -> pa.Schema:
-    """The samples file schema with node ids of type `ids` (int32 or int64)."""
+HISTORY_FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")
+
+
+def samples_schema(ids: pa.DataType, history: bool = False) -> pa.Schema:
+    """The samples file schema with node ids of type `ids` (int32 or int64), with the history plan's
+    columns when `history`."""
+    extra = [(name, pa.large_list(pa.int32())) for name in HISTORY_FIELDS] if history else []
     return pa.schema([
         ("batch", pa.int64()),
         ("batch_size", pa.int64()),
@@ -45,11 +55,13 @@ def samples_schema(ids: pa.DataType) -> pa.Schema:
         ("col", pa.large_list(pa.int32())),
         ("num_sampled_nodes", pa.list_(pa.int64())),
         ("num_sampled_edges", pa.list_(pa.int64())),
+        *extra,
     ])
 
 
 SCHEMA = samples_schema(pa.int64())
 SCHEMA_INT32 = samples_schema(pa.int32())
+SCHEMAS = (SCHEMA, SCHEMA_INT32, samples_schema(pa.int64(), True), samples_schema(pa.int32(), True))
 
 
 @dataclass
@@ -62,6 +74,7 @@ class SampleRecord:
     edge_index: np.ndarray      # int64 [2, e], local, source -> target
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
+    history: tuple[np.ndarray, ...] | None = None    # the history plan's four int64 arrays, if any
 
 
 def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
@@ -72,14 +85,16 @@ def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
 def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) -> pa.RecordBatch:
     """A one-row record batch from a `SampledBatch` (fields n_id, edge_index, num_sampled_*, batch_size).
 
-    `ids`: the node id type (`id_type` of the graph); int64 when not given.
+    `ids`: the node id type (`id_type` of the graph); int64 when not given. A sample with a history
+    plan (``sampled.history``, four arrays) gets the history columns.
     """
-    schema = SCHEMA_INT32 if ids == pa.int32() else SCHEMA
+    plan = getattr(sampled, "history", None)
+    schema = samples_schema(pa.int32() if ids == pa.int32() else pa.int64(), plan is not None)
     n_id = np.asarray(sampled.n_id)  # type: ignore[attr-defined]
     ei = np.asarray(sampled.edge_index)  # type: ignore[attr-defined]
     if n_id.shape[0] >= 2**31:
         raise ValueError("a minibatch with >= 2**31 nodes cannot use int32 local indices")
-    if schema is SCHEMA_INT32 and n_id.size and (int(n_id.max()) >= ID_LIMIT or int(n_id.min()) < 0):
+    if schema.field("n_id").type.value_type == pa.int32() and n_id.size and (int(n_id.max()) >= ID_LIMIT or int(n_id.min()) < 0):
         raise ValueError(f"node ids outside [0, 2**31) cannot be stored as int32 (batch {batch})")
     n_id = n_id.astype(schema.field("n_id").type.value_type.to_pandas_dtype(), copy=False)
     cols = [
@@ -91,6 +106,9 @@ def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) ->
         _list_array(np.asarray(sampled.num_sampled_nodes, dtype=np.int64), schema.field("num_sampled_nodes").type),  # type: ignore[attr-defined]
         _list_array(np.asarray(sampled.num_sampled_edges, dtype=np.int64), schema.field("num_sampled_edges").type),  # type: ignore[attr-defined]
     ]
+    if plan is not None:
+        cols += [_list_array(np.asarray(v).astype(np.int32), schema.field(name).type)
+                 for name, v in zip(HISTORY_FIELDS, plan)]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
@@ -128,8 +146,9 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
     except (OSError, pa.ArrowInvalid) as e:
         raise InputError(p, f"unreadable samples file ({e})") from e
     schema = reader.schema.remove_metadata()
-    if not (schema.equals(SCHEMA) or schema.equals(SCHEMA_INT32)):
+    if not any(schema.equals(known) for known in SCHEMAS):
         raise InputError(p, f"unexpected samples schema: {reader.schema}")
+    history = schema.get_field_index(HISTORY_FIELDS[0]) >= 0
     for i in range(reader.num_record_batches):
         rb = reader.get_batch(i)
         row = list_values(rb, "row").astype(np.int64)
@@ -141,6 +160,7 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
             edge_index=np.stack([row, col]),
             num_sampled_nodes=list_values(rb, "num_sampled_nodes").tolist(),
             num_sampled_edges=list_values(rb, "num_sampled_edges").tolist(),
+            history=tuple(list_values(rb, name).astype(np.int64) for name in HISTORY_FIELDS) if history else None,
         )
 
 

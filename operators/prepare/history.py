@@ -88,6 +88,22 @@ class HistoryPlanner:
         return HistoryStep(ids[fresh], slots[fresh], ids[~fresh], pushed_slots)
 
 
+def attach_plan(sample: object, step: HistoryStep) -> None:
+    """Set ``sample.history``: the local positions and slots of `step`'s pruned and pushed nodes in a
+    sample drawn with ``stop=step.pruned`` (they are among its one-hop nodes)."""
+    n_id = sample.n_id  # type: ignore[attr-defined]
+    bs, n1 = int(sample.num_sampled_nodes[0]), int(sample.num_sampled_nodes[1])  # type: ignore[attr-defined]
+    sample.history = (local_positions(n_id, bs, bs + n1, step.pruned), step.pruned_slots,  # type: ignore[attr-defined]
+                      local_positions(n_id, bs, bs + n1, step.pushed), step.pushed_slots)
+
+
+def plan_round(hop1: list[list[np.ndarray]], nodes: np.ndarray, staleness: int) -> list[list[HistoryStep]]:
+    """The plan of a whole round: `hop1[k][j]` are the one-hop nodes of batch j of superbatch k, in
+    training order; the steps come back in the same shape."""
+    planner = HistoryPlanner(nodes, staleness)
+    return [[planner.step(h) for h in batches] for batches in hop1]
+
+
 def local_positions(n_id: np.ndarray, start: int, stop: int, ids: np.ndarray) -> np.ndarray:
     """Positions in `n_id` of `ids`, all of which lie in ``n_id[start:stop]`` (a hop's nodes)."""
     part = np.asarray(n_id[start:stop], dtype=np.int64)

@@ -12,13 +12,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..formats.errors import ConfigError
 from ..formats.files import write_bytes
 from ..formats.samples import id_type, record_batch, samples_bytes
 from ..formats.store import Store
+from .history import HistoryStep, attach_plan
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
 
@@ -83,9 +86,12 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
 
 def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
                             fanouts: Sequence[int], seed: int, num_threads: int | None = None,
-                            order: BatchOrder | None = None) -> tuple[pa.Buffer, dict]:
+                            order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None
+                            ) -> tuple[pa.Buffer, dict]:
     """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary.
-    `order`: how the epoch's seeds become batches (None: shuffled)."""
+    `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep` per
+    batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
+    the plan."""
     from .sample import NeighborSampler
 
     store = Store(store_path)
@@ -94,8 +100,16 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
     batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
     records, accesses, max_nodes, edges = [], 0, 0, 0
     ids = id_type(store.num_nodes)
+    pruned = pushed = 0
     for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
-        s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+        if history is None:
+            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+        else:
+            step = history[j - ref.first_batch]
+            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM),
+                               stop=step.pruned if step.pruned.shape[0] else None)
+            attach_plan(s, step)
+            pruned, pushed = pruned + int(step.pruned.shape[0]), pushed + int(step.pushed.shape[0])
         records.append(record_batch(j, s, ids))
         n = int(s.n_id.shape[0])
         accesses += n
@@ -103,5 +117,24 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
         edges += int(s.edge_index.shape[1])
     data = samples_bytes(records, {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
                                    "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size})
-    return data, {"key": ref.key, "batches": ref.num_batches, "accesses": accesses, "max_nodes": max_nodes,
-                  "edges": edges}
+    summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
+                               "max_nodes": max_nodes, "edges": edges}
+    if history is not None:
+        summary.update(pruned=pruned, pushed=pushed)
+    return data, summary
+
+
+def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
+                    seed: int, num_threads: int | None = None, order: BatchOrder | None = None) -> list[np.ndarray]:
+    """The one-hop nodes of every batch of superbatch `ref`, as the full sample would draw them (draws
+    are a function of (seed, hop, node)): what a history plan needs before the batches are sampled."""
+    from .sample import NeighborSampler
+
+    store = Store(store_path)
+    sampler = NeighborSampler(store.indptr, store.indices, list(fanouts)[:1], num_threads=num_threads)
+    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+    out = []
+    for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
+        s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+        out.append(np.asarray(s.n_id[s.batch_size:], dtype=np.int64))
+    return out

@@ -167,15 +167,13 @@ class InMemoryLoader:
         if self.history is None:
             s = self.sampler.sample(ids, seed)
         else:
-            from ..prepare.history import local_positions
+            from ..prepare.history import attach_plan
 
             first = self._hop1.sample(ids, seed)           # the same one-hop nodes as the full sample's
             step = self.history.step(first.n_id[first.batch_size:])
             native: Any = self.sampler
             s = native.sample(ids, seed, stop=step.pruned if step.pruned.shape[0] else None)
-            bs, n1 = int(s.num_sampled_nodes[0]), int(s.num_sampled_nodes[1])
-            s.history = (local_positions(s.n_id, bs, bs + n1, step.pruned), step.pruned_slots,
-                         local_positions(s.n_id, bs, bs + n1, step.pushed), step.pushed_slots)
+            attach_plan(s, step)
             self.counts["pruned"] += int(step.pruned.shape[0])
             self.counts["pushed"] += int(step.pushed.shape[0])
         self.counts["rows"] += int(s.n_id.shape[0])

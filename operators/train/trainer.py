@@ -141,6 +141,9 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
         loader.close()
     report["config"].update(threads=threads, cpu_memory=cpu_memory, gpu_memory=gpu_memory, queue_depth=queue_depth,
                             sequential=bool(sequential), check_crc=bool(check_crc))
+    history = loader.ds.manifest.get("figures", {}).get("history")
+    if history:
+        report["history"] = dict(history)
     report["wall_s"] = time.perf_counter() - wall0
     return report
 
@@ -155,6 +158,13 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
         epochs, seed = int(man["round"]["epochs"]), int(rc["seed"]) if seed is None else seed
     except (KeyError, TypeError) as e:
         raise InputError(loader.path / "manifest.json", f"malformed round config ({e})") from e
+    history = man.get("figures", {}).get("history")
+    if history:     # the round was sampled for a historical embedding cache: the model gets its table
+        hidden = options.get("hidden", TrainConfig.hidden)
+        if int(history["dim"]) != hidden:
+            raise ConfigError("--hidden", f"{loader.path} was planned for a historical embedding cache of width "
+                                          f"{history['dim']}; train with --hidden {history['dim']} (got {hidden})")
+        options["history_rows"] = int(history["rows"])
     return TrainConfig(**options, fanouts=fanouts, batch_size=batch_size, epochs=epochs, seed=seed)
 
 

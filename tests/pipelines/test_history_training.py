@@ -69,7 +69,7 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
     assert r["history"]["staleness"] == 20 and r["history"]["pruned"] > 0
     assert mine.describe()["history_memory"] == "64KiB"
     with pytest.raises(ConfigError, match="Pipeline.history_memory"):
-        Pipeline("h2", history_memory="1MiB")                 # the packed loader does not plan it yet
+        Pipeline("h2", loader="stream", history_memory="1MiB")   # the stream loader does not plan it yet
     with pytest.raises(ConfigError, match="Pipeline.history_staleness"):
         Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
     with pytest.raises(ConfigError, match="--history-memory"):

@@ -1,0 +1,103 @@
+"""`prepare` with a historical embedding cache planned offline: the round's samples are pruned where a
+fresh embedding stands in and carry the plan; the pruned packed dataset replays bit-exact; staleness 1
+samples exactly the round without the cache; training from it gives the in-memory pipeline's online
+plan's losses, bit for bit."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+from diskflow.flow.prepare import PrepareConfig, prepare
+from diskflow.flow.rundir import new_run_dir
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.packed import PackedDataset
+from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.verify import verify
+
+BASE = {"fanouts": (4, 3, 3), "batch_size": 200, "superbatch_size": 4, "epochs": 3, "seed": 5}
+HIDDEN = 12
+MEMORY = 96 * HIDDEN * 4          # 96 cached embeddings
+
+
+@pytest.fixture(autouse=True)
+def _sync_scheduler():
+    with dask.config.set(scheduler="sync"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def rounds(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("history")
+    with dask.config.set(scheduler="sync"):
+        out = {}
+        for name, extra in (("plain", {}),
+                            ("s1", {"history_memory": MEMORY, "history_staleness": 1}),
+                            ("s20", {"history_memory": MEMORY, "history_staleness": 20})):
+            cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN, **extra)
+            out[name] = prepare(tiny_store, root / name, cfg, quiet=True)
+    return out
+
+
+def _samples(path: Path) -> list:
+    with PackedDataset(path) as ds:
+        return [s for sb in ds.superbatches for s in ds.samples(sb.key)]
+
+
+def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: Path) -> None:
+    r = rounds["s20"]
+    h = r.figures["history"]
+    assert h == {**h, "rows": 96, "dim": HIDDEN, "staleness": 20, "bytes": MEMORY}
+    assert h["pruned"] > 0 and h["pushed"] > 0
+    assert r.figures["accesses"] < rounds["plain"].figures["accesses"]     # pruned subtrees are not read
+    v = verify(r.path, full=True)
+    assert v["compared_batches"] == v["batches"] and v["compared_rows"] == r.figures["accesses"]
+    features = Store(tiny_store).read_features()
+    with PackedDataset(r.path) as ds:
+        for (_, feats), s in zip(ds.replay(), (s for sb in ds.superbatches for s in ds.samples(sb.key))):
+            assert feats.tobytes() == features[np.asarray(s.n_id, dtype=np.int64)].tobytes()
+    pruned = pushed = 0
+    for s in _samples(r.path):
+        prune, prune_slot, push, push_slot = s.history
+        bs, n1 = s.num_sampled_nodes[0], s.num_sampled_nodes[1]
+        assert np.all((prune >= bs) & (prune < bs + n1)) and np.all((push >= bs) & (push < bs + n1))
+        assert not np.isin(s.edge_index[1], prune).any()                    # pruned: no neighbours drawn
+        assert np.all(prune_slot < 96) and np.all(push_slot < 96)
+        pruned, pushed = pruned + prune.shape[0], pushed + push.shape[0]
+    assert (pruned, pushed) == (h["pruned"], h["pushed"])
+
+
+def test_staleness_one_samples_the_round_without_the_cache(rounds) -> None:
+    plain, s1 = _samples(rounds["plain"].path), _samples(rounds["s1"].path)
+    assert len(plain) == len(s1)
+    for a, b in zip(plain, s1):
+        np.testing.assert_array_equal(a.n_id, b.n_id)
+        np.testing.assert_array_equal(a.edge_index, b.edge_index)
+        assert a.history is None and b.history[0].shape[0] == 0            # nothing pruned, only pushes
+    assert rounds["s1"].figures["history"]["pruned"] == 0
+
+
+def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: Path, tmp_path: Path,
+                                                           one_torch_thread) -> None:
+    from diskflow.operators.train.trainer import train_packed
+    from diskflow.pipelines import inmemory
+
+    model = {"model": "sage", "hidden": HIDDEN, "seed": BASE["seed"], "eval_every": 3}
+    packed = train_packed(rounds["s20"].path, new_run_dir(tmp_path, "p"), threads=1, **model)
+    online = inmemory.run(tiny_store, new_run_dir(tmp_path, "m"), fanouts=BASE["fanouts"],
+                          batch_size=BASE["batch_size"], epochs=BASE["epochs"], threads=1, progress=False,
+                          history_memory=MEMORY, history_staleness=20, **model)
+    assert [e["losses"] for e in packed["epochs"]] == [e["losses"] for e in online["epochs"]]
+    assert packed["history"]["pruned"] == online["history"]["pruned"]
+    with pytest.raises(ConfigError, match="--hidden 12"):
+        train_packed(rounds["s20"].path, new_run_dir(tmp_path, "q"), threads=1, hidden=16)
+
+
+def test_history_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="--history-staleness"):
+        PrepareConfig(**BASE, history_memory=MEMORY, history_staleness=0).validate()
+    with pytest.raises(ConfigError, match="--history-memory"):
+        PrepareConfig(**BASE, history_memory=8).validate()
+    with pytest.raises(ConfigError, match="two or more hops"):
+        PrepareConfig(**{**BASE, "fanouts": (4,)}, history_memory=MEMORY).validate()
