@@ -145,7 +145,20 @@ class Pipeline:
 
         if self.loader not in ("packed", "stream"):
             raise ConfigError("PIPELINE", f"the {self.name} pipeline ({self.loader} loader) prepares nothing")
-        return prepare(store, out, self.prepare_config(**options), force=force, quiet=quiet)
+        return prepare(store, out, self.prepare_config(**self.history_options(store, options)), force=force,
+                       quiet=quiet)
+
+    def history_options(self, store: str | os.PathLike[str], options: dict[str, Any]) -> dict[str, Any]:
+        """`options` with this pipeline's historical embedding cache (bytes of `store`'s features, its
+        staleness) where they do not set their own."""
+        if self.history_memory in (None, 0, "0") or "history_memory" in options:
+            return options
+        from ..operators.formats.store import Store
+        from .options import byte_budget
+
+        nbytes = byte_budget(self.history_memory, "Pipeline.history_memory", Store(store).feature_bytes) or 0
+        return {**options, "history_memory": nbytes, "history_staleness": options.get("history_staleness",
+                                                                                      self.history_staleness)}
 
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""

@@ -155,8 +155,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     if parts_per_group is not None:
         options["parts_per_group"] = parts_per_group
     history_bytes = budget(history_memory, "--history-memory", st.feature_bytes) or 0
+    options["history_memory"] = history_bytes      # 0: none, even where the pipeline has one
     if history_bytes:
-        options.update(history_memory=history_bytes, history_dim=hidden, history_staleness=history_staleness)
+        options.update(history_dim=hidden, history_staleness=history_staleness)
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -64,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--history-memory", default=None, metavar="SIZE",
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
                         "the samples (default: none)")
-    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=100,
-                   help="batches a cached embedding stays usable (default 100; 1: never reused)")
+    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=None,
+                   help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
                    help="the model's hidden channels, the width of the cached embeddings (default 128)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
@@ -106,9 +106,11 @@ def _run(args: argparse.Namespace) -> int:
         options["batches"] = args.batches
     if args.partitions is not None:
         options["partitions"] = args.partitions
-    history = byte_budget(args.history_memory, "--history-memory", store.feature_bytes) or 0
+    history = byte_budget(args.history_memory if args.history_memory is not None else pipeline.history_memory,
+                          "--history-memory", store.feature_bytes) or 0
+    options["history_memory"] = history       # 0: none, even where the pipeline has one
     if history:
-        options.update(history_memory=history, history_staleness=args.history_staleness, history_dim=args.hidden)
+        options.update(history_dim=args.hidden, history_staleness=args.history_staleness or pipeline.history_staleness)
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):

@@ -144,9 +144,9 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
     hist = report.get("history")
     if hist:
-        gathered = [r.get("rows_gathered") for r in epochs]
+        gathered = [r["rows_gathered"] for r in epochs if r.get("rows_gathered") is not None]
+        rows = f"; rows gathered per epoch {', '.join(f'{g:,}' for g in gathered)}" if gathered else ""
         print(f"history cache: {hist['rows']:,} embeddings ({hist['bytes'] / 2**20:.1f} MiB), staleness "
-              f"{hist['staleness']}: {hist['pruned']:,} subtrees pruned, {hist['pushed']:,} embeddings pushed; "
-              f"rows gathered per epoch {', '.join(f'{g:,}' for g in gathered if g is not None)}")
+              f"{hist['staleness']}: {hist['pruned']:,} subtrees pruned, {hist['pushed']:,} embeddings pushed{rows}")
     if report.get("peak_rss_bytes"):
         print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {fmt(report.get('wall_s'), '.1f')} s")

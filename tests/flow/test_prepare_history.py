@@ -21,10 +21,7 @@ HIDDEN = 12
 MEMORY = 96 * HIDDEN * 4          # 96 cached embeddings
 
 
-@pytest.fixture(autouse=True)
-def _sync_scheduler():
-    with dask.config.set(scheduler="sync"):
-        yield
+pytestmark = pytest.mark.usefixtures("sync_dask")
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +89,26 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
     assert packed["history"]["pruned"] == online["history"]["pruned"]
     with pytest.raises(ConfigError, match="--hidden 12"):
         train_packed(rounds["s20"].path, new_run_dir(tmp_path, "q"), threads=1, hidden=16)
+
+
+def test_the_outre_pipelines_prepare_and_train(tiny_store: Path, tmp_path: Path, one_torch_thread) -> None:
+    from diskflow.flow.pipeline import load_pipeline
+
+    store = Store(tiny_store)
+    opts = {"fanouts": BASE["fanouts"], "batch_size": BASE["batch_size"], "epochs": 2, "hidden": HIDDEN,
+            "threads": 1, "progress": False, "cpu_memory": "8MiB", "superbatch_size": 4}
+    for name in ("outre", "belady_outre"):
+        r = load_pipeline(name).run(tiny_store, new_run_dir(tmp_path, name), **opts)
+        f = r["prepare"]["figures"]
+        assert f["batch_order"] == "partition" and f["partition"]["parts"] >= 2
+        assert f["history"]["bytes"] <= store.feature_bytes * 5 // 100 and f["history"]["pruned"] > 0
+        assert r["history"]["rows"] == f["history"]["rows"] and len(r["epochs"]) == 2
+        v = verify(Path(r["prepare"]["path"]), full=True)
+        assert v["compared_batches"] == v["batches"]
+        assert r["definition"]["packing"] == (name != "outre")           # outre packs nothing
+        assert r["definition"]["cpu_tier"] == ("static" if name == "outre" else "belady")
+    off = load_pipeline("belady_outre").run(tiny_store, new_run_dir(tmp_path, "off"), history_memory=0, **opts)
+    assert "history" not in off["prepare"]["figures"] and "history" not in off
 
 
 def test_history_options_are_checked() -> None:

@@ -21,10 +21,7 @@ from diskflow.operators.prepare.superbatch import round_layout, sample_superbatc
 BASE = {"fanouts": (5, 5), "batch_size": 160, "superbatch_size": 3, "epochs": 2, "seed": 11}
 
 
-@pytest.fixture(autouse=True)
-def _sync_scheduler():
-    with dask.config.set(scheduler="sync"):
-        yield
+pytestmark = pytest.mark.usefixtures("sync_dask")
 
 
 @pytest.fixture(scope="module")
