@@ -157,6 +157,15 @@ class PrepareConfig:
             raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
         if self.partition_threads < 1:
             raise ConfigError("--partition-threads", f"must be >= 1, got {self.partition_threads}")
+        if self.batches == "shuffled":
+            for option, value, default in (("--partitions", self.partitions, None),
+                                           ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
+                                           ("--partitioner", self.partitioner, "kaminpar"),
+                                           ("--partition-threads", self.partition_threads, 1)):
+                if value != default:
+                    raise ConfigError(option, "applies to partition batches only (--batches partition)")
+        if not self.history_memory and self.history_staleness != DEFAULT_STALENESS:
+            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
         if self.history_memory < 0:
             raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
         if self.history_staleness < 1:
@@ -191,7 +200,8 @@ class PrepareConfig:
         order: dict[str, Any] = {} if self.batches == "shuffled" else \
             {"batches": self.batches, "partition": partition_key, "group": self.parts_per_group}
         if self.history_rows:
-            order["history"] = {"rows": self.history_rows, "staleness": self.history_staleness}
+            order["history"] = {"rows": self.history_rows, "dim": self.history_dim,
+                                "staleness": self.history_staleness}
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
                             "counts": COUNTS, **order})
@@ -378,7 +388,7 @@ def check_outputs(out: str | os.PathLike[str], force: bool) -> None:
 def _clean_work(work: Path, created: bool) -> None:
     """After a failed run: remove the cache stages it left unfinished (no manifest), and the
     whole cache directory when this run created it and nothing finished is left in it."""
-    for d in [*work.glob("samples-*"), *work.glob("plans-*")]:
+    for d in [*work.glob("samples-*"), *work.glob("plans-*"), *work.glob("partition-*")]:
         if d.is_dir() and not (d / MANIFEST).exists():
             shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(work / "route", ignore_errors=True)
@@ -593,8 +603,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "disk_budget_bytes": cfg.disk_budget,
         "batch_order": cfg.batches,
         **({"partition": run.partition} if run.partition is not None else {}),
-        **({"history": {"rows": cfg.history_rows, "dim": cfg.history_dim, "staleness": cfg.history_staleness,
-                        "bytes": cfg.history_rows * cfg.history_dim * 4,
+        **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
+                        "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }

@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from typing_extensions import Self
-
 _ACTIVE: list[TaskProfile] = []
 _LOCK = threading.Lock()
 
@@ -106,7 +104,7 @@ class AnonPeak:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, self.now() - self.start)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> AnonPeak:
         self.start = self.now()
         self._thread.start()
         return self

@@ -326,6 +326,7 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
     check_layout(seeds, "seeds", 1);
     py::array stop_ids;
     if (!stop.is_none()) {
+        if (!py::isinstance<py::array>(stop)) throw py::value_error("stop: expected a numpy int64 array or None");
         stop_ids = py::reinterpret_borrow<py::array>(stop);
         if (!has_dtype<int64_t>(stop_ids)) throw py::value_error("stop: expected dtype int64, got " + dtype_str(stop_ids));
         check_layout(stop_ids, "stop", 1);

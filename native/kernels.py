@@ -77,6 +77,8 @@ class NeighborSampler:
         Raises:
             ValueError: seeds not int64, out of range or repeated; a corrupt `indices` entry.
         """
+        if stop is not None:
+            stop = np.ascontiguousarray(stop, dtype=np.int64).reshape(-1)
         n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop)
         return n_id, edge_index, list(nodes), list(edges)
 

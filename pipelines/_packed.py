@@ -156,6 +156,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         options["parts_per_group"] = parts_per_group
     history_bytes = budget(history_memory, "--history-memory", st.feature_bytes) or 0
     options["history_memory"] = history_bytes      # 0: none, even where the pipeline has one
+    if not history_bytes and history_staleness != DEFAULT_STALENESS:
+        raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
     if history_bytes:
         options.update(history_dim=hidden, history_staleness=history_staleness)
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],

@@ -41,6 +41,7 @@ from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
 from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, load_parts
 from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
+from ..operators.train.config import DATA_ONLY
 from ..operators.train.loop import deterministic
 from ..operators.train.session import (
     TrainConfig,
@@ -135,7 +136,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
-    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples)
+    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples, model == DATA_ONLY)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
                       batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
                       eval_every=eval_every, threads=threads, history_rows=rows)
@@ -155,6 +156,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         report["history"] = {"rows": rows, "staleness": history_staleness, "bytes": rows * cfg.hidden * 4,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
+    elif rows and samples is not None:      # planned with the stored samples
+        with PackedDataset(samples) as ds:
+            report["history"] = dict(ds.manifest["figures"]["history"])
     report["wall_s"] = time.perf_counter() - wall0
     write_report(run_dir, report)
     if not cfg.data_only:       # a data-only run has no losses or accuracies to plot
@@ -175,19 +179,37 @@ class _Run:
 
 
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
-                    samples: str | os.PathLike[str] | None) -> tuple[HistoryPlanner | None, int]:
-    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache)."""
+                    samples: str | os.PathLike[str] | None, data_only: bool = False
+                    ) -> tuple[HistoryPlanner | None, int]:
+    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache).
+    With stored `samples`, their round's plan decides: no planner here, the rows it was planned for."""
     from ..flow.options import byte_budget
 
     nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
-    if nbytes == 0:
-        return None, 0
     if samples is not None:
-        raise ConfigError("--history-memory", "the stored samples of --samples were planned without a history cache")
+        with PackedDataset(samples) as ds:
+            planned = ds.manifest.get("figures", {}).get("history")
+        if planned is None:
+            if nbytes:
+                raise ConfigError("--history-memory", f"the stored samples of {samples} were planned without a "
+                                                      "history cache (prepare them with --history-memory)")
+            return None, 0
+        if nbytes:
+            raise ConfigError("--history-memory", f"the stored samples of {samples} fix the history cache "
+                                                  f"({planned['rows']:,} embeddings); drop --history-memory")
+        if int(planned["dim"]) != hidden and not data_only:
+            raise ConfigError("--hidden", f"{samples} was planned for a historical embedding cache of width "
+                                          f"{planned['dim']}; train with --hidden {planned['dim']} (got {hidden})")
+        return None, int(planned["rows"])
+    if nbytes == 0:
+        if staleness != DEFAULT_STALENESS:
+            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
+        return None, 0
     rows = history_rows(nbytes, hidden)
     if rows == 0:
         raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
-    return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness), rows
+    nodes = history_nodes(np.asarray(st.indptr), rows)
+    return HistoryPlanner(nodes, staleness), int(nodes.shape[0])
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
@@ -198,8 +220,11 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
     if batches not in BATCH_ORDERS:
         raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {batches!r}")
     if batches == "shuffled":
-        if partition is not None or partitions is not None:
-            raise ConfigError("--partition", "a partition applies to partition batches only (--batches partition)")
+        for option, value in (("--partition", partition), ("--partitions", partitions)):
+            if value is not None:
+                raise ConfigError(option, "applies to partition batches only (--batches partition)")
+        if group != PARTS_PER_GROUP:
+            raise ConfigError("--parts-per-group", "applies to partition batches only (--batches partition)")
         return None, None
     if partition is not None:
         if partitions is not None:

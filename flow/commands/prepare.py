@@ -109,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
     history = byte_budget(args.history_memory if args.history_memory is not None else pipeline.history_memory,
                           "--history-memory", store.feature_bytes) or 0
     options["history_memory"] = history       # 0: none, even where the pipeline has one
+    if not history and args.history_staleness is not None:
+        raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
     if history:
         options.update(history_dim=args.hidden, history_staleness=args.history_staleness or pipeline.history_staleness)
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts

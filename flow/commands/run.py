@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
     p.add_argument("--history-memory", metavar="SIZE",
-                   help="memory/mmap pipelines: a historical embedding cache (OUTRE) of SIZE bytes or a share of the "
-                        "features (e.g. 64MiB, 5%%)")
+                   help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
+                        "5%%); packed pipelines plan it offline, memory/mmap online")
     p.add_argument("--history-staleness", metavar="S",
                    help="batches a cached embedding stays usable (default 100; 1: never reused)")
     add_run_arguments(p)

@@ -47,7 +47,7 @@ class BatchOrder:
         if self.kind == "partition" and self.parts is None:
             raise ConfigError("--batches", "partition batches need a partition of the graph (its parts file)")
         if self.group < 1:
-            raise ConfigError("--parts-per-batch-group", f"must be >= 1, got {self.group}")
+            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.group}")
 
     def describe(self) -> dict:
         """What the order depends on, as JSON values (the parts file by its content's fingerprint)."""
@@ -99,9 +99,13 @@ def load_parts(path: str | os.PathLike[str]) -> np.ndarray:
 
 @lru_cache(maxsize=4)
 def _load_parts(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    from ..formats.errors import InputError
     from ..formats.files import load_npy
 
-    parts = load_npy(path, mmap_mode="r")
+    try:
+        parts = load_npy(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(path, f"not a partition file (an int32 .npy of every node's part): {e}") from e
     if parts.ndim != 1 or parts.dtype != np.int32:
         raise ConfigError("--partition", f"{path}: expected a 1-D int32 array of parts, got {parts.dtype} {parts.shape}")
     return parts

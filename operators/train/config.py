@@ -22,6 +22,9 @@ def _positive_int(option: str, value: Any) -> None:
         raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
 
 
+HISTORY_MODELS = ("sage", "gat")      # models whose layers a pruned subtree leaves well defined
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train and how; validated on construction (errors name the CLI option).
@@ -64,6 +67,14 @@ class TrainConfig:
             object.__setattr__(self, "num_layers", len(fanouts))
         if self.history_rows < 0:
             raise ConfigError("--history-memory", f"the cache's rows must be >= 0, got {self.history_rows}")
+        if self.history_rows > 0 and not self.data_only:
+            if self.model not in HISTORY_MODELS:
+                raise ConfigError("--model", f"a historical embedding cache works with {', '.join(HISTORY_MODELS)} "
+                                             f"(GCN's normalisation reads each source's sampled degree, which pruning "
+                                             f"changes), got {self.model!r}")
+            if self.num_layers != len(self.fanouts):
+                raise ConfigError("--num-layers", f"a historical embedding cache needs one layer per sampled hop "
+                                                  f"({len(self.fanouts)}), got {self.num_layers}")
         for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
                               ("--batch-size", self.batch_size), ("--epochs", self.epochs),
                               ("--eval-every", self.eval_every), ("--heads", self.heads)):

@@ -1,14 +1,21 @@
 """The historical embedding cache on the training side (OUTRE §4.3), for stock PyG models.
 
 `HistoryCache.attach(model, rows)` adds a table of `rows` cached embeddings to a
-`torch_geometric.nn` GraphSAGE/GCN/GAT (any model with a ``convs`` list of two or more layers) and
-a forward hook on its second-to-last layer. For a training batch that carries a history plan
+`torch_geometric.nn` GraphSAGE or GAT (a model with a ``convs`` list of two or more layers, one per
+sampled hop; not GCN, whose normalisation reads the pruned nodes' sampled degrees) and a forward
+hook on its second-to-last layer. For a training batch that carries a history plan
 (`operators.prepare.history`: ``hist_push``/``hist_push_slot``, ``hist_prune``/``hist_prune_slot``,
 local row positions and cache slots), the hook writes the pushed nodes' fresh outputs of that
 layer into the table and puts the cached rows in place of the pruned nodes' outputs (whose
 subtrees were not sampled). The training loop and the model are unchanged otherwise: `loop.forward`
 binds each batch, and evaluation (no plan) runs the plain model. The table is a buffer of the
 model, so checkpoints carry it.
+
+What it approximates (OUTRE's trade): a fresh cached row is what the layer computed for that node
+a few batches ago. With two layers that row is all the seeds read of a pruned node; with three or
+more, the seeds' lower layers also read the pruned node's lower-layer embeddings, computed here
+from its own features alone, its subtree being pruned. With staleness 1 nothing is pruned and
+training is exact.
 """
 from __future__ import annotations
 
@@ -44,6 +51,9 @@ class HistoryCache(torch.nn.Module):
             raise ConfigError("--history-memory", f"a historical embedding cache needs a message-passing model of "
                                                   f"two or more layers (a `convs` list), got {type(model).__name__}")
         layer = convs[len(convs) - 2]
+        if type(layer).__name__ == "GCNConv":
+            raise ConfigError("--model", "a historical embedding cache cannot stand in under GCN: its normalisation "
+                                         "reads each source's sampled degree, which pruning changes")
         dim = int(getattr(layer, "out_channels", 0) or 0)
         heads = getattr(layer, "heads", 1)
         if getattr(layer, "concat", False):

@@ -159,7 +159,8 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
     except (KeyError, TypeError) as e:
         raise InputError(loader.path / "manifest.json", f"malformed round config ({e})") from e
     history = man.get("figures", {}).get("history")
-    if history:     # the round was sampled for a historical embedding cache: the model gets its table
+    if history and options.get("model", TrainConfig.model) != DATA_ONLY:
+        # the round was sampled for a historical embedding cache: the model gets its table
         hidden = options.get("hidden", TrainConfig.hidden)
         if int(history["dim"]) != hidden:
             raise ConfigError("--hidden", f"{loader.path} was planned for a historical embedding cache of width "

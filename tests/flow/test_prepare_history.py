@@ -89,6 +89,17 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
     assert packed["history"]["pruned"] == online["history"]["pruned"]
     with pytest.raises(ConfigError, match="--hidden 12"):
         train_packed(rounds["s20"].path, new_run_dir(tmp_path, "q"), threads=1, hidden=16)
+    data_only = train_packed(rounds["s20"].path, new_run_dir(tmp_path, "d"), threads=1, model="none")
+    assert len(data_only["epochs"]) == BASE["epochs"]                     # no model: no width to match
+    # the in-memory pipeline on the planned round's stored samples builds the same table
+    stored = inmemory.run(tiny_store, new_run_dir(tmp_path, "s"), fanouts=BASE["fanouts"],
+                          batch_size=BASE["batch_size"], epochs=BASE["epochs"], threads=1, progress=False,
+                          samples=rounds["s20"].path, **model)
+    assert [e["losses"] for e in stored["epochs"]] == [e["losses"] for e in packed["epochs"]]
+    assert stored["history"]["rows"] == 96
+    with pytest.raises(ConfigError, match="fix the history cache"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "t"), fanouts=BASE["fanouts"], batch_size=BASE["batch_size"],
+                     epochs=BASE["epochs"], progress=False, samples=rounds["s20"].path, history_memory=MEMORY, **model)
 
 
 def test_the_outre_pipelines_prepare_and_train(tiny_store: Path, tmp_path: Path, one_torch_thread) -> None:
@@ -111,7 +122,21 @@ def test_the_outre_pipelines_prepare_and_train(tiny_store: Path, tmp_path: Path,
     assert "history" not in off["prepare"]["figures"] and "history" not in off
 
 
+def test_the_width_keys_the_cached_samples(rounds, tiny_store: Path, tmp_path: Path) -> None:
+    """Twice the width and twice the bytes: the same rows, but a round planned for the other width."""
+    cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=2 * HIDDEN, history_memory=2 * MEMORY,
+                        history_staleness=20)
+    r = prepare(tiny_store, rounds["s20"].path, cfg, quiet=True)
+    assert not r.skipped and r.figures["history"]["dim"] == 2 * HIDDEN and r.figures["history"]["rows"] == 96
+    prepare(tiny_store, rounds["s20"].path, PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN,
+                                                          history_memory=MEMORY, history_staleness=20), quiet=True)
+
+
 def test_history_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="--history-staleness"):
+        PrepareConfig(**BASE, history_staleness=7).validate()              # no cache to be stale
+    with pytest.raises(ConfigError, match="--partitions"):
+        PrepareConfig(**BASE, partitions=12).validate()                    # shuffled batches: no partition
     with pytest.raises(ConfigError, match="--history-staleness"):
         PrepareConfig(**BASE, history_memory=MEMORY, history_staleness=0).validate()
     with pytest.raises(ConfigError, match="--history-memory"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
@@ -123,8 +123,15 @@ def test_bad_partition_options(tiny_store: Path, tmp_path: Path) -> None:
         PrepareConfig(**BASE, batches="partition", partitioner="fennel").validate()
     with pytest.raises(ConfigError, match="Pipeline.batches"):
         Pipeline("s", loader="stream", batches="partition")
-    with pytest.raises(ConfigError, match="--partition"):
+    with pytest.raises(ConfigError, match="--partition: applies to partition batches"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "x"), partition=tmp_path / "p.npy", epochs=1, progress=False)
+    with pytest.raises(InputError, match="p.npy"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "x2"), batches="partition", partition=tmp_path / "p.npy",
+                     epochs=1, progress=False)
+    (tmp_path / "junk.npy").write_bytes(b"not an array")
+    with pytest.raises(InputError, match="not a partition file"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "x3"), batches="partition", partition=tmp_path / "junk.npy",
+                     epochs=1, progress=False)
     np.save(tmp_path / "short.npy", np.zeros(10, dtype=np.int32))
     with pytest.raises(ConfigError, match="the store has"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), batches="partition", partition=tmp_path / "short.npy",

@@ -47,6 +47,51 @@ def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
         HistoryCache.attach(GraphSAGE(5, 8, 1, 4), 3)
 
 
+def test_a_fresh_cache_gives_the_unpruned_logits_with_two_layers(tiny_store: Path) -> None:
+    """Push every one-hop node's first-layer output, then prune them all and substitute: with the model
+    unchanged in between, a 2-layer GraphSAGE's seed logits are the unpruned batch's."""
+    import numpy as np
+    from diskflow.operators.formats.store import Store
+    from diskflow.operators.prepare.history import HistoryStep, attach_plan
+    from diskflow.operators.prepare.sample import NeighborSampler
+    from diskflow.operators.train.batches import to_data
+
+    st = Store(tiny_store)
+    x, y = torch.from_numpy(st.read_features()), torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
+    sampler = NeighborSampler(st.indptr, st.indices, [5, 4], num_threads=1)
+    seeds = st.split_ids("train")[:64]
+    full = sampler.sample(seeds, 9)
+    hop1 = np.asarray(full.n_id[64:64 + full.num_sampled_nodes[1]], dtype=np.int64)
+    slots = np.arange(hop1.shape[0], dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    attach_plan(full, HistoryStep(none, none, hop1, slots))
+    cut = sampler.sample(seeds, 9, stop=hop1)
+    attach_plan(cut, HistoryStep(hop1, slots, none, none))
+    assert cut.n_id.shape[0] < full.n_id.shape[0]
+    torch.manual_seed(0)
+    model = GraphSAGE(st.feature_dim, 16, 2, 5, dropout=0.0)
+    HistoryCache.attach(model, rows=hop1.shape[0])
+    model.train()
+    with torch.no_grad():
+        want = forward(model, to_data(full, x, y))
+        got = forward(model, to_data(cut, x, y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert history_of(model).pruned == hop1.shape[0]
+
+
+def test_models_the_cache_cannot_serve_are_refused() -> None:
+    from diskflow.operators.train.config import TrainConfig
+    from torch_geometric.nn.models import GCN
+
+    with pytest.raises(ConfigError, match="--model"):
+        TrainConfig(model="gcn", history_rows=8)
+    with pytest.raises(ConfigError, match="--num-layers"):
+        TrainConfig(model="sage", fanouts=(3, 3, 3), num_layers=2, history_rows=8)
+    TrainConfig(model="none", history_rows=8)              # nothing trained: nothing to refuse
+    with pytest.raises(ConfigError, match="GCN"):
+        HistoryCache.attach(GCN(5, 8, 3, 4), 4)
+
+
 def test_staleness_one_trains_exactly_as_without_the_cache(tiny_store: Path, tmp_path: Path, one_torch_thread) -> None:
     plain = inmemory.run(tiny_store, new_run_dir(tmp_path, "plain"), **COMMON)
     s1 = inmemory.run(tiny_store, new_run_dir(tmp_path, "s1"), history_memory="64KiB", history_staleness=1, **COMMON)
