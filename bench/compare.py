@@ -3,10 +3,14 @@
 The pipelines (``--pipelines``, default all): ``inmemory`` (every feature in RAM, the speed and
 accuracy reference), ``mmap`` (PyG+: features gathered through memory maps and the page cache),
 ``ginex`` (Belady CPU tier, misses read row by row with O_DIRECT), ``diskgnn`` (static tiers +
-packed segments) and ``belady`` (Belady CPU tier + packed segments). How they are measured
-(DESIGN.md §9):
+packed segments), ``belady`` (Belady CPU tier + packed segments), ``belady_outre`` (belady with
+OUTRE's partition batches and historical embedding cache, planned offline) and ``outre`` (those
+two + a static CPU tier, misses read row by row). The two OUTRE pipelines train on samples of
+their own (other batches, pruned subtrees): they are compared by bytes read per epoch and by
+test accuracy after the same epochs; ``belady_outre`` also runs at every staleness threshold of
+``--staleness-sweep`` (OUTRE's Table 11 on this graph). How they are measured (DESIGN.md §9):
 
-* **One dataset, one set of samples.** belady, diskgnn and ginex are prepared (cached in
+* **One dataset, one set of samples** (for all but the OUTRE pipelines). belady, diskgnn and ginex are prepared (cached in
   ``--workdir``) from the same store with the same fanouts, batch size and seed, so their stored
   samples are identical (checked); inmemory and mmap train on belady's stored samples
   (``samples=PACKED``). Sampling is therefore out of every pipeline's data path, and the losses
@@ -84,9 +88,10 @@ from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
 
-PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady")
+PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "belady_outre", "outre")
 BASELINES = ("mmap", "ginex")        # the ones --baseline-batches cuts short by default
-RUN_ORDER = ("belady", "diskgnn", "ginex", "mmap", "inmemory")
+RUN_ORDER = ("belady", "diskgnn", "ginex", "belady_outre", "outre", "mmap", "inmemory")
+SWEPT = "belady_outre"               # the pipeline --staleness-sweep runs at other staleness thresholds
 DEFAULT_WORKDIR = Path("bench-data") / "compare"
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
 _ROUND = 16 << 20                    # the allowance is rounded up to this
@@ -94,7 +99,8 @@ _CHUNK = 8 << 20                     # read size when warming sample files
 TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5.0),
            "mmap_over_belady": (">=", 10.0), "belady_model_vs_inmemory": ("<=", 1.2),
            "pipelined_speedup": (">=", 1.5), "pipelined_speedup_io_bound": (">=", 1.5),
-           "loader_over_seq_bw": (">=", 0.8)}
+           "loader_over_seq_bw": (">=", 0.8), "belady_over_outre_bytes": (">=", 1.5),
+           "outre_acc_gap_points": ("<=", 1.0)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,6 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bw-bytes", type=int, default=1 << 30,
                    help="bytes of store shards read to measure the sequential read bandwidth (default 1 GiB)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
+    p.add_argument("--staleness-sweep", default="1,10,100,1000",
+                   help=f"history staleness thresholds {SWEPT} also runs at (bytes, epoch time, accuracy); '' for none "
+                        "(default 1,10,100,1000)")
     p.add_argument("--no-cgroup", action="store_true",
                    help="run without memory cgroups (no limits: out-of-core figures are then not out of core; "
                         "the table says so)")
@@ -177,6 +186,21 @@ def _check_args(args: argparse.Namespace) -> list[str]:
             raise ConfigError("--pipelines", f"{path}: its pipeline's name {d.name!r} is taken; give it another name")
     args.definitions = {d.name: d for d in defs.values()}
     names = [defs[n].name for n in given]
+    try:
+        sweep = [int(x) for x in str(args.staleness_sweep).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError("--staleness-sweep", f"expected comma-separated integers >= 1, got {args.staleness_sweep!r}"
+                          ) from None
+    if any(x < 1 for x in sweep):
+        raise ConfigError("--staleness-sweep", f"thresholds must be >= 1, got {args.staleness_sweep!r}")
+    args.sweep = {}                  # staleness -> the pipeline run at it
+    if SWEPT in names:
+        base = args.definitions[SWEPT]
+        for x in sweep:
+            name = SWEPT if x == base.history_staleness else f"{SWEPT}_s{x}"
+            args.sweep[x] = name
+            if name not in args.definitions:
+                args.definitions[name] = base.with_options(name=name, history_staleness=x)
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
                           ("--hidden", args.hidden), ("--queue-depth", args.queue_depth), ("--repeats", args.repeats),
@@ -196,7 +220,14 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout}")
     order = [*RUN_ORDER[:3], *(defs[u].name for u in users), *RUN_ORDER[3:]]
-    return [n for n in order if n in names]
+    swept = [n for n in args.sweep.values() if n != SWEPT]
+    order = [m for n in order for m in ([n, *swept] if n == SWEPT else [n])]
+    return [n for n in order if n in names or n in swept]
+
+
+def _exact(pipeline: Any) -> bool:
+    """Whether a pipeline trains on the round's shuffled samples unchanged (so on belady's very samples)."""
+    return pipeline.batches == "shuffled" and pipeline.history_memory in (None, 0, "0")
 
 
 # ---------------------------------------------------------------------------- the dataset and its samples
@@ -262,7 +293,7 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
             r = pipeline.prepare(store.path, path, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
                                  staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
                                  batch_size=args.batch_size, superbatch_size=args.superbatch_size,
-                                 epochs=args.epochs, seed=args.seed, quiet=True)
+                                 epochs=args.epochs, seed=args.seed, history_dim=args.hidden, quiet=True)
         out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
     return out
 
@@ -665,7 +696,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
     prepared = _prepare_all(store, names, work, budget, fit, args)
     setup_s = time.perf_counter() - t_setup
-    samples_identical = _same_samples(prepared)
+    samples_identical = _same_samples({k: v for k, v in prepared.items() if _exact(args.definitions[k])})
     if not samples_identical:
         raise InputError(work / "packed", "the prepared datasets hold different samples; remove them and re-run")
     ref = prepared["belady"]["path"]
@@ -717,8 +748,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     {"kind": "io_sequential", "model": args.io_model, "sequential": True,
                                      "threads": args.io_threads}]
             child: dict[str, Any] = {"runs": {}, "groups": {}}
+            own = None if name not in prepared or _exact(args.definitions[name]) else \
+                {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
             for group, runs in groups.items():
                 spec = {**shared, "pipeline": name, "group": group, "drop": [str(p) for p in droppable],
+                        **({"warm": own} if own is not None else {}),
                         "packed": str(prepared[name]["path"]) if name in prepared else None,
                         "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
                         else None,
@@ -739,6 +773,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         useful = None if name == "inmemory" else belady_useful if name == "mmap" else _useful_bytes(prepared[name]["path"])
         plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
         pipelines[name] = _summary(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
+        definition = args.definitions.get(name)
+        pipelines[name]["batches"] = "shuffled" if definition is None else definition.batches
+        pipelines[name]["history"] = prepared[name]["figures"].get("history") if name in prepared else None
+        pipelines[name]["partition"] = prepared[name]["figures"].get("partition") if name in prepared else None
     loader_bw = None
     if "belady" in names:
         bel = pipelines["belady"]
@@ -774,11 +812,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "belady_io_model_vs_data": _ratio(get("belady", "io_model_epoch_s"), get("belady", "data_epoch_s")),
         "loader_over_seq_bw": _ratio(loader_bw, seq_bw),
         "belady_data_vs_disk_floor": _ratio(get("belady", "data_epoch_s"), get("belady", "disk_floor_s")),
+        "belady_over_outre_bytes": _ratio(get("belady", "disk_read_bytes"), get(SWEPT, "disk_read_bytes")),
+        "outre_acc_gap_points": None if get("inmemory", "test_acc") is None or get(SWEPT, "test_acc") is None
+        else 100 * (float(get("inmemory", "test_acc") or 0) - float(get(SWEPT, "test_acc") or 0)),
     }
+    sweep = [{"staleness": x, "pipeline": n, "disk_read_bytes_per_epoch":
+              None if get(n, "disk_read_bytes") is None else float(get(n, "disk_read_bytes") or 0) / args.epochs,
+              "data_epoch_s": get(n, "data_epoch_s"), "epoch_s": get(n, "epoch_s"), "test_acc": get(n, "test_acc"),
+              "pruned": (pipelines.get(n, {}).get("history") or {}).get("pruned")}
+             for x, n in sorted(args.sweep.items()) if n in pipelines]
     bl, il = get("belady", "losses"), get("inmemory", "losses")
     identical = None if bl is None or il is None else bl == il
     figures: dict[str, Any] = {
-        "pipelines": pipelines, "ratios": ratios, "losses_identical": identical,
+        "pipelines": pipelines, "ratios": ratios, "losses_identical": identical, "staleness_sweep": sweep,
         "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
         "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allowance,
         "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
@@ -853,6 +899,12 @@ def _print(f: dict[str, Any]) -> None:
             note.append("no limit")
         if name == "mmap":
             note.append("amp vs belady's misses")
+        if p.get("batches") == "partition" and p.get("partition"):
+            note.append(f"partition batches ({p['partition']['parts']:,} parts)")
+        if p.get("history"):
+            h = p["history"]
+            note.append(f"history S={h['staleness']} {_b(h['bytes'])} ({h['rows']:,} embeddings; "
+                        f"{h['pruned']:,} subtrees pruned)")
         if p["errors"]:
             note.append("; ".join(f"{k}: {v}" for k, v in p["errors"].items()))
         rows.append({"pipeline": name, "data epoch s": _s(p["data_epoch_s"]), "disk floor s": _s(p["disk_floor_s"]),
@@ -884,6 +936,9 @@ def _print(f: dict[str, Any]) -> None:
           f"path alone)"), r["pipelined_speedup_io_bound"]),
         ((f"loader read bw {_b(f['loader_read_bw'])}/s / disk sequential {_b(f['seq_read_bw'])}/s (without crc "
           f"checks: {_b(bel.get('loader_read_bw_no_crc'))}/s)"), r["loader_over_seq_bw"]),
+        (f"belady disk read / {SWEPT} disk read (bytes per epoch)", r.get("belady_over_outre_bytes")),
+        ((f"inmemory test acc - {SWEPT} test acc, points, after {f['epochs']} epochs (random batches, no history "
+          f"against partition batches and history)"), r.get("outre_acc_gap_points")),
     ]
     rows = []
     for (text, value), (key, (op, target)) in zip(lines, TARGETS.items()):
@@ -895,6 +950,13 @@ def _print(f: dict[str, Any]) -> None:
         rows.append({"ratio": text, "value": _s(value, ".3g"), "target": f"{op} {target:g}", "met": met})
     print_table("ratios (one run, same samples; this machine is shared and noisy)", rows,
                 ["ratio", "value", "target", "met"])
+    if f.get("staleness_sweep"):
+        print_table(f"{SWEPT} at other history staleness thresholds (same memory split, same run)",
+                    [{"staleness": x["staleness"], "disk read per epoch": _b(x["disk_read_bytes_per_epoch"]),
+                      "data epoch s": _s(x["data_epoch_s"]), "sage epoch s": _s(x["epoch_s"]),
+                      "test acc": _s(x["test_acc"], ".4f"), "subtrees pruned": "-" if x["pruned"] is None
+                      else f"{x['pruned']:,}"} for x in f["staleness_sweep"]],
+                    ["staleness", "disk read per epoch", "data epoch s", "sage epoch s", "test acc", "subtrees pruned"])
     ident = f["losses_identical"]
     print(f"losses of belady and inmemory identical epoch by epoch: "
           f"{'-' if ident is None else ('yes' if ident else 'NO')}; samples identical across prepared datasets: "

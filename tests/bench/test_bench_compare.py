@@ -17,7 +17,7 @@ from diskflow.operators.formats.errors import ConfigError
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
-        "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20)]
+        "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20), "--staleness-sweep", "1,10,100"]
 KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_amplification", "peak_rss_bytes",
         "test_acc", "losses")
 
@@ -41,7 +41,8 @@ def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> None:
     f, printed, _ = compared
-    assert sorted(f["pipelines"]) == ["belady", "diskgnn", "ginex", "inmemory", "mmap"]
+    assert sorted(f["pipelines"]) == ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn",
+                                      "ginex", "inmemory", "mmap", "outre"]
     for name, p in f["pipelines"].items():
         for key in KEYS:
             assert key in p, (name, key)
@@ -51,14 +52,15 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
     assert f["seq_read_bw"] > 0 and f["loader_read_bw"] > 0 and f["pipelines"]["belady"]["sequential_epoch_s"] > 0
     assert set(f["ratios"]) == {"belady_data_vs_inmemory", "ginex_over_belady", "mmap_over_belady",
                                 "belady_model_vs_inmemory", "pipelined_speedup", "pipelined_speedup_io_bound",
-                                "belady_io_model_vs_data", "loader_over_seq_bw", "belady_data_vs_disk_floor"}
+                                "belady_io_model_vs_data", "loader_over_seq_bw", "belady_data_vs_disk_floor",
+                                "belady_over_outre_bytes", "outre_acc_gap_points"}
     bel = f["pipelines"]["belady"]
     assert bel["io_model"] == "mlp" and bel["io_model_epoch_s"] > 0 and bel["io_sequential_epoch_s"] > 0
     assert f["ratios"]["pipelined_speedup_io_bound"] == pytest.approx(
         bel["io_sequential_epoch_s"] / bel["io_model_epoch_s"])
     for name, p in f["pipelines"].items():
         assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
-    assert all(v > 0 for v in f["ratios"].values())
+    assert all(v > 0 for k, v in f["ratios"].items() if k != "outre_acc_gap_points")   # a gap may be <= 0
     for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
                  "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound, 1 torch thread",
                  "loader read bw"):
@@ -73,6 +75,31 @@ def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
     for name in ("diskgnn", "ginex", "mmap"):        # every pipeline is exact: the very same training
         assert p[name]["losses"] == p["inmemory"]["losses"], name
         assert p[name]["test_acc"] == p["inmemory"]["test_acc"], name
+
+
+def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path]) -> None:
+    f, printed, _ = compared
+    p = f["pipelines"]
+    for name in ("belady_outre", "outre", "belady_outre_s1", "belady_outre_s10"):
+        assert p[name]["batches"] == "partition" and p[name]["partition"]["parts"] >= 2, name
+        assert p[name]["history"]["rows"] > 0 and p[name]["losses"] != p["inmemory"]["losses"], name
+    assert p["outre"]["losses"] == p["belady_outre"]["losses"]         # the same samples and plan: one training
+    assert p["belady_outre"]["history"]["staleness"] == 100 and p["belady_outre_s1"]["history"]["pruned"] == 0
+    assert p["belady_outre"]["history"]["pruned"] > 0
+    assert p["belady_outre"]["plan_miss_bytes"] <= p["belady_outre_s1"]["plan_miss_bytes"]   # pruned: fewer reads
+    sweep = f["staleness_sweep"]
+    assert [(x["staleness"], x["pipeline"]) for x in sweep] == [(1, "belady_outre_s1"), (10, "belady_outre_s10"),
+                                                               (100, "belady_outre")]
+    for x in sweep:
+        assert x["disk_read_bytes_per_epoch"] == p[x["pipeline"]]["disk_read_bytes"] / 2
+        assert x["test_acc"] == p[x["pipeline"]]["test_acc"] and x["epoch_s"] > 0
+    assert f["ratios"]["belady_over_outre_bytes"] == pytest.approx(
+        p["belady"]["disk_read_bytes"] / p["belady_outre"]["disk_read_bytes"])
+    assert f["ratios"]["outre_acc_gap_points"] == pytest.approx(
+        100 * (p["inmemory"]["test_acc"] - p["belady_outre"]["test_acc"]))
+    for line in ("belady_outre at other history staleness thresholds", "belady disk read / belady_outre disk read",
+                 "inmemory test acc - belady_outre test acc", "history S=100"):
+        assert line in printed
 
 
 def test_disk_traffic_and_amplification(compared: tuple[dict, str, Path]) -> None:
@@ -134,8 +161,8 @@ def test_repeats_keep_each_runs_fastest() -> None:
 
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     _, _, work = compared
-    assert sorted(p.name for p in (work / "packed").iterdir()) == ["belady", "belady.work", "diskgnn", "diskgnn.work",
-                                                                  "ginex", "ginex.work"]
+    packed = ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn", "ginex", "outre"]
+    assert sorted(p.name for p in (work / "packed").iterdir()) == sorted([*packed, *(f"{n}.work" for n in packed)])
     assert not (work / "runs").exists()        # run directories removed without --keep
 
 
