@@ -884,6 +884,8 @@ def _print(f: dict[str, Any]) -> None:
              f"{ds['shards']} shards), {ds['train']:,} training nodes: {f['epochs']} epochs x "
              f"{f['batches_per_epoch']} batches of {c['batch_size']}, fanouts {','.join(map(str, c['fanouts']))}, "
              f"GraphSAGE hidden {c['hidden']}, same stored samples for every pipeline"
+             + ("" if not any(p.get("history") or p.get("batches") == "partition" for p in f["pipelines"].values())
+                else " but the OUTRE ones (their own batches and pruned subtrees)")
              + (f"; best of {c['repeats']} interleaved repeats" if c["repeats"] > 1 else "") + "\n"
              f"{cg}\nallowance: {allowance}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} "
              f"({split['cpu_tier_bytes'] / f['feature_budget_bytes']:.0%}) + staged misses in "
