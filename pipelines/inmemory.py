@@ -36,7 +36,13 @@ from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
-from ..operators.prepare.history import DEFAULT_STALENESS, HistoryPlanner, history_nodes, history_rows
+from ..operators.prepare.history import (
+    DEFAULT_STALENESS,
+    HistoryPlanner,
+    history_nodes,
+    history_rows,
+    planned_width,
+)
 from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
 from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, load_parts
@@ -197,10 +203,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
         if nbytes:
             raise ConfigError("--history-memory", f"the stored samples of {samples} fix the history cache "
                                                   f"({planned['rows']:,} embeddings); drop --history-memory")
-        if int(planned["dim"]) != hidden and not data_only:
-            raise ConfigError("--hidden", f"{samples} was planned for a historical embedding cache of width "
-                                          f"{planned['dim']}; train with --hidden {planned['dim']} (got {hidden})")
-        return None, int(planned["rows"])
+        return None, int(planned["rows"]) if data_only else planned_width(samples, planned, hidden)
     if nbytes == 0:
         if staleness != DEFAULT_STALENESS:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")

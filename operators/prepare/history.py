@@ -16,6 +16,7 @@ cache's memory holds. Torch-free: the training side is `operators.train.history`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +96,22 @@ def attach_plan(sample: object, step: HistoryStep) -> None:
     bs, n1 = int(sample.num_sampled_nodes[0]), int(sample.num_sampled_nodes[1])  # type: ignore[attr-defined]
     sample.history = (local_positions(n_id, bs, bs + n1, step.pruned), step.pruned_slots,  # type: ignore[attr-defined]
                       local_positions(n_id, bs, bs + n1, step.pushed), step.pushed_slots)
+
+
+def sample_planned(sampler: Any, seeds: np.ndarray, seed: int, step: HistoryStep) -> Any:
+    """Sample a batch with `step`'s pruned nodes stopped (a `NeighborSampler`), its plan attached."""
+    s = sampler.sample(seeds, seed, stop=step.pruned)
+    attach_plan(s, step)
+    return s
+
+
+def planned_width(where: object, planned: dict, hidden: int) -> int:
+    """The rows of a round planned for a cache of ``planned["dim"]``-wide embeddings, checked against the
+    model's `hidden` channels (`where` names the round in the error)."""
+    if int(planned["dim"]) != hidden:
+        raise ConfigError("--hidden", f"{where} was planned for a historical embedding cache of width "
+                                      f"{planned['dim']}; train with --hidden {planned['dim']} (got {hidden})")
+    return int(planned["rows"])
 
 
 def plan_round(hop1: list[list[np.ndarray]], nodes: np.ndarray, staleness: int) -> list[list[HistoryStep]]:

@@ -21,7 +21,7 @@ from ..formats.errors import ConfigError
 from ..formats.files import write_bytes
 from ..formats.samples import id_type, record_batch, samples_bytes
 from ..formats.store import Store
-from .history import HistoryStep, attach_plan
+from .history import HistoryStep, sample_planned
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
 
@@ -106,9 +106,7 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
             s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
         else:
             step = history[j - ref.first_batch]
-            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM),
-                               stop=step.pruned if step.pruned.shape[0] else None)
-            attach_plan(s, step)
+            s = sample_planned(sampler, batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), step)
             pruned, pushed = pruned + int(step.pruned.shape[0]), pushed + int(step.pushed.shape[0])
         records.append(record_batch(j, s, ids))
         n = int(s.n_id.shape[0])

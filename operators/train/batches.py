@@ -167,13 +167,11 @@ class InMemoryLoader:
         if self.history is None:
             s = self.sampler.sample(ids, seed)
         else:
-            from ..prepare.history import attach_plan
+            from ..prepare.history import sample_planned
 
             first = self._hop1.sample(ids, seed)           # the same one-hop nodes as the full sample's
             step = self.history.step(first.n_id[first.batch_size:])
-            native: Any = self.sampler
-            s = native.sample(ids, seed, stop=step.pruned if step.pruned.shape[0] else None)
-            attach_plan(s, step)
+            s = sample_planned(self.sampler, ids, seed, step)
             self.counts["pruned"] += int(step.pruned.shape[0])
             self.counts["pushed"] += int(step.pushed.shape[0])
         self.counts["rows"] += int(s.n_id.shape[0])

@@ -33,6 +33,7 @@ import torch
 
 from ..formats.errors import ConfigError, InputError
 from ..formats.files import config_hash
+from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig
 from .loader import PackedLoader
@@ -161,11 +162,7 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
     history = man.get("figures", {}).get("history")
     if history and options.get("model", TrainConfig.model) != DATA_ONLY:
         # the round was sampled for a historical embedding cache: the model gets its table
-        hidden = options.get("hidden", TrainConfig.hidden)
-        if int(history["dim"]) != hidden:
-            raise ConfigError("--hidden", f"{loader.path} was planned for a historical embedding cache of width "
-                                          f"{history['dim']}; train with --hidden {history['dim']} (got {hidden})")
-        options["history_rows"] = int(history["rows"])
+        options["history_rows"] = planned_width(loader.path, history, options.get("hidden", TrainConfig.hidden))
     return TrainConfig(**options, fanouts=fanouts, batch_size=batch_size, epochs=epochs, seed=seed)
 
 
