@@ -79,3 +79,22 @@ def parse_int(option: str, text: str, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
     return value
+
+
+HISTORY_AUTO = "auto"       # --history-memory auto: the memory split chooses it (`flow.memsplit`)
+
+
+def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
+                    default_staleness: int) -> dict[str, object]:
+    """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature
+    bytes, or ``"auto"``: its share of the CPU budget chosen by the memory split) of width `hidden`;
+    `staleness` None takes `default_staleness` (given without a cache it is an error)."""
+    if memory == HISTORY_AUTO:
+        return {"history_memory": 0, "history_split": True, "history_dim": hidden,
+                "history_staleness": staleness or default_staleness}
+    nbytes = byte_budget(memory, "--history-memory", feature_bytes) or 0
+    if not nbytes:
+        if staleness is not None and staleness != default_staleness:
+            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
+        return {"history_memory": 0}      # none, even where the pipeline has one
+    return {"history_memory": nbytes, "history_dim": hidden, "history_staleness": staleness or default_staleness}

@@ -78,6 +78,8 @@ class Pipeline:
             cache (OUTRE: cached inputs of the last layer stand in for the subtrees of the most
             connected nodes; `operators.prepare.history`); None: none. The packed loader plans it
             offline into the samples, the memory and mmap loaders online; not the stream loader.
+            ``"auto"`` (packed loader): the share of the CPU budget that reads the fewest bytes
+            from disk, the rest to the feature cache (OUTRE's memory split, `flow.memsplit`).
         history_staleness: batches a cached embedding stays usable (1: never reused).
         description: one line for listings.
     """
@@ -112,6 +114,10 @@ class Pipeline:
         if self.history_memory not in (None, 0, "0") and self.loader == "stream":
             raise ConfigError("Pipeline.history_memory", "the stream loader does not plan a historical embedding "
                                                          "cache yet (the packed, memory and mmap loaders do)")
+        if self.history_memory == "auto" and self.loader != "packed":
+            raise ConfigError("Pipeline.history_memory", "auto splits the CPU budget between the feature cache and the "
+                                                         f"embedding cache: a packed loader's; the {self.loader} loader "
+                                                         "takes a size")
         if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
@@ -154,11 +160,13 @@ class Pipeline:
         if self.history_memory in (None, 0, "0") or "history_memory" in options:
             return options
         from ..operators.formats.store import Store
-        from .options import byte_budget
+        from .options import HISTORY_AUTO, byte_budget
 
+        staleness = options.get("history_staleness", self.history_staleness)
+        if self.history_memory == HISTORY_AUTO:
+            return {**options, "history_memory": 0, "history_split": True, "history_staleness": staleness}
         nbytes = byte_budget(self.history_memory, "Pipeline.history_memory", Store(store).feature_bytes) or 0
-        return {**options, "history_memory": nbytes, "history_staleness": options.get("history_staleness",
-                                                                                      self.history_staleness)}
+        return {**options, "history_memory": nbytes, "history_staleness": staleness}
 
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ from ..operators.prepare.route import route_superbatch, segment_offsets, write_i
 from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
+from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
 from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
 from .progress import compute
 
@@ -123,6 +124,7 @@ class PrepareConfig:
     history_memory: int = 0             # bytes of a historical embedding cache planned into the samples (0: none)
     history_dim: int = 128              # its embedding width: the model's hidden channels
     history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
+    history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -164,7 +166,14 @@ class PrepareConfig:
                                            ("--partition-threads", self.partition_threads, 1)):
                 if value != default:
                     raise ConfigError(option, "applies to partition batches only (--batches partition)")
-        if not self.history_memory and self.history_staleness != DEFAULT_STALENESS:
+        if self.history_split:
+            if self.history_memory:
+                raise ConfigError("--history-memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
+            if self.cpu_memory <= 0:
+                raise ConfigError("--history-memory", "auto splits --cpu-memory between the caches; give a CPU budget")
+            if len(self.fanouts) < 2:
+                raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+        elif not self.history_memory and self.history_staleness != DEFAULT_STALENESS:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
         if self.history_memory < 0:
             raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
@@ -216,6 +225,8 @@ class PrepareConfig:
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
                             **({} if self.disk_cache else {"disk_cache": False}),
+                            **({"split": list(SPLIT_SHARES), "dim": self.history_dim, "staleness": self.history_staleness}
+                               if self.history_split else {}),
                             "k": self.minhash_k, "version": PACKED_VERSION, "layout": 2})
 
 
@@ -420,6 +431,8 @@ class _Run:
     quiet: bool
     order: BatchOrder | None = None     # set by the partition phase for partition batches
     partition: dict[str, Any] | None = None     # its figures (seconds, peak memory, edge cut)
+    split: dict[str, Any] | None = None         # the memory split's curve and choice (history_split)
+    keep_stale: bool = False                    # keep other configs' cached stages (while the split is searched)
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -445,11 +458,13 @@ class _CachedStage:
         self.path.mkdir(parents=True)
         return self.path
 
-    def finish(self, content: dict[str, Any]) -> dict[str, Any]:
-        """Write the manifest (the stage is done), drop this stage's results for other keys; the manifest."""
+    def finish(self, content: dict[str, Any], drop_stale: bool = True) -> dict[str, Any]:
+        """Write the manifest (the stage is done), drop this stage's results for other keys (unless told
+        not to); the manifest."""
         write_manifest(self.path, {"key": self.key, **content})
         manifest = _written_manifest(self.path)
-        _drop_stale(self.work, self.name, self.path)
+        if drop_stale:
+            _drop_stale(self.work, self.name, self.path)
         return manifest
 
 
@@ -475,6 +490,12 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
     if cfg.batches == "partition":
         with phase("partition"):
             run.order = _partition_phase(run, store_hash)
+    if cfg.history_split:
+        with phase("split"):
+            _split_phase(run, store_hash)
+        part_key = cfg.partition_key(store_hash, cfg.num_partitions(store)) if cfg.batches == "partition" else None
+        s_key = run.cfg.sample_key(store_hash, part_key)
+        p_key = run.cfg.plan_key(s_key)
     with phase("sample"):
         sdir, summaries = _sample_phase(run, s_key)
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
@@ -521,6 +542,49 @@ def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
     return BatchOrder("partition", str(stage.path / PARTS), cfg.parts_per_group)
 
 
+def _split_phase(run: _Run, store_hash: str) -> None:
+    """Choose the memory split (`flow.memsplit`): the caches share what the CPU tier holds without an
+    embedding cache (the CPU budget less staging and I/O buffers); for every candidate share of it
+    given to embeddings, sample and plan the round, count the rows the plan reads from disk, and set
+    ``run.cfg`` to the split that reads the fewest (``run.split``: the curve and the choice). The
+    chosen candidate's samples and plans stay cached for the phases that follow."""
+    cfg = run.cfg
+    part_key = cfg.partition_key(store_hash, cfg.num_partitions(run.store)) if cfg.batches == "partition" else None
+    rb = run.store.row_bytes
+    curve: list[dict[str, Any]] = []
+    configs: dict[float, PrepareConfig] = {}
+    stages: dict[float, tuple[str, str]] = {}
+    shared = 0
+    run.keep_stale = True
+    try:
+        for share in SPLIT_SHARES:
+            hist = int(shared * share)
+            if share and hist // (cfg.history_dim * 4) == 0:
+                continue                # too little memory for one embedding
+            cand = replace(cfg, history_split=False, history_memory=hist, cpu_memory=cfg.cpu_memory - hist)
+            run.cfg = cand
+            s_key = cand.sample_key(store_hash, part_key)
+            p_key = cand.plan_key(s_key)
+            sdir, summaries = _sample_phase(run, s_key)
+            _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False)
+            if not share:
+                shared = int(planned["tiers"]["cpu_rows"]) * rb
+            curve.append(split_point(share, shared, hist, min(cand.history_rows, run.store.num_nodes),
+                                     sum(int(x["accesses"]) for x in summaries),
+                                     sum(int(x["misses"]) for x in planned["plans"]), rb,
+                                     sum(int(x.get("pruned", 0)) for x in summaries)))
+            configs[share], stages[share] = cand, (s_key, p_key)
+    finally:
+        run.keep_stale = False
+    chosen = best_split(curve)
+    run.cfg = configs[chosen["share"]]
+    s_key, p_key = stages[chosen["share"]]
+    _drop_stale(run.work, "samples", _stage_dir(run.work, "samples", s_key))
+    _drop_stale(run.work, "plans", _stage_dir(run.work, "plans", p_key))
+    run.split = {"budget": shared, "staleness": cfg.history_staleness, "dim": cfg.history_dim, "row_bytes": rb,
+                 "curve": curve, "chosen": chosen}
+
+
 def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
     """Sample every superbatch and count its accesses (cached): the samples' directory and summaries."""
     stage = _CachedStage(run.work, "samples", s_key)
@@ -534,14 +598,15 @@ def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
                                           disable=run.show())
         with atomic_path(sdir / COUNTS, parents=False) as tmp, open(tmp, "wb") as f:
             np.savez(f, ids=ids, counts=counts)
-        manifest = stage.finish({"summaries": [r.summary for r in results]})
+        manifest = stage.finish({"summaries": [r.summary for r in results]}, drop_stale=not run.keep_stale)
     return stage.path, manifest["summaries"]
 
 
-def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
+def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]], routes: bool = True
                 ) -> tuple[Path, dict[str, Any], list[dict] | None]:
     """Choose the tiers and plan every superbatch (cached): the plans' directory, their manifest (tiers and
-    per-superbatch figures) and, when every miss is packed, the routes computed alongside the plans."""
+    per-superbatch figures) and, when every miss is packed (and `routes`), the routes computed alongside
+    the plans."""
     store, cfg, tok = run.store, run.cfg, run.tok
     stage = _CachedStage(run.work, "plans", p_key)
     manifest = stage.cached()
@@ -573,13 +638,13 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
                                   len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
                                   key=f"route-{r.key}-{tok}")
                    for r, s, plan in zip(run.refs, samples, plans)] \
-        if cfg.packing and cfg.disk_budget is None else []
+        if routes and cfg.packing and cfg.disk_budget is None else []
     # the tiers' figures, not the tiers: their arrays stay on the workers
     figures = delayed_submit(tier_figures, tiers, key=f"tiers-figures-{tok}")
     done = compute([figures, *save_tasks, *route_tasks], desc="plan", disable=run.show())
     chosen, stats, early_routes = done[0], done[1:1 + len(save_tasks)], done[1 + len(save_tasks):] or None
     tier_fig = {k: chosen[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
-    return pdir, stage.finish({"tiers": tier_fig, "plans": stats}), early_routes
+    return pdir, stage.finish({"tiers": tier_fig, "plans": stats}, drop_stale=not run.keep_stale), early_routes
 
 
 def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[dict[str, Any]], pdir: Path,
@@ -602,6 +667,7 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
         "disk_budget_bytes": cfg.disk_budget,
         "batch_order": cfg.batches,
+        **({"memory_split": run.split} if run.split is not None else {}),
         **({"partition": run.partition} if run.partition is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
@@ -627,6 +693,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         for r, path in zip(run.refs, sample_paths):
             os.link(path, rnd / samples_name(r.key))
         save_npy(stage / "labels.npy", np.asarray(store.labels, dtype=np.int64))   # y = labels[n_id] at train time
+        if run.split is not None:
+            plot_memory_split(stage / SPLIT_PLOT, run.split)
         if run.order is not None and run.order.parts is not None:     # the partition the batches were cut by
             os.link(run.order.parts, stage / PARTITION_FILE)
         saved = load_npz(pdir / "tiers.npz")
@@ -638,7 +706,7 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
                                                       early_routes, base_bytes, miss_rows)
         manifest = {
             "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
-            "config": cfg.describe(), "config_hash": k_key,
+            "config": {**cfg.describe(), "history_split": run.split is not None}, "config_hash": k_key,
             "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
             "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
             "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..flow.options import byte_budget as budget
+from ..flow.options import history_options
 from ..flow.progress import bar
 from ..flow.rundir import plot_curves, write_report
 from ..operators.formats.errors import ConfigError
@@ -154,12 +155,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         options["partitions"] = partitions
     if parts_per_group is not None:
         options["parts_per_group"] = parts_per_group
-    history_bytes = budget(history_memory, "--history-memory", st.feature_bytes) or 0
-    options["history_memory"] = history_bytes      # 0: none, even where the pipeline has one
-    if not history_bytes and history_staleness != DEFAULT_STALENESS:
-        raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
-    if history_bytes:
-        options.update(history_dim=hidden, history_staleness=history_staleness)
+    options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -191,6 +191,10 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     With stored `samples`, their round's plan decides: no planner here, the rows it was planned for."""
     from ..flow.options import byte_budget
 
+    if memory == "auto":
+        raise ConfigError("--history-memory", "auto splits the CPU budget of a packed pipeline between its feature "
+                                              "cache and the embedding cache; this pipeline has no feature cache: "
+                                              "give a size (e.g. 5%)")
     nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:

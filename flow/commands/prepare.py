@@ -5,7 +5,8 @@ import argparse
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
-from ..options import byte_budget, fanouts_option, positive_int
+from ..memsplit import SPLIT_PLOT, describe_split
+from ..options import byte_budget, fanouts_option, history_options, positive_int
 from ..pipeline import load_pipeline
 from .run import parse_batches
 
@@ -63,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches: the partitioner's threads (default 1: the same parts every run)")
     p.add_argument("--history-memory", default=None, metavar="SIZE",
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
-                        "the samples (default: none)")
+                        "the samples, or 'auto': the share of --cpu-memory that reads the fewest bytes from disk, "
+                        "the rest for the feature cache (default: the pipeline's)")
     p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=None,
                    help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
@@ -106,13 +108,8 @@ def _run(args: argparse.Namespace) -> int:
         options["batches"] = args.batches
     if args.partitions is not None:
         options["partitions"] = args.partitions
-    history = byte_budget(args.history_memory if args.history_memory is not None else pipeline.history_memory,
-                          "--history-memory", store.feature_bytes) or 0
-    options["history_memory"] = history       # 0: none, even where the pipeline has one
-    if not history and args.history_staleness is not None:
-        raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
-    if history:
-        options.update(history_dim=args.hidden, history_staleness=args.history_staleness or pipeline.history_staleness)
+    options.update(history_options(args.history_memory if args.history_memory is not None else pipeline.history_memory,
+                                   args.history_staleness, args.hidden, store.feature_bytes, pipeline.history_staleness))
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     with dask_client(scheduler=args.scheduler, n_workers=args.workers):
@@ -154,6 +151,9 @@ def _run(args: argparse.Namespace) -> int:
         rows.append(("history cache", (f"{hist['rows']:,} embeddings of {hist['dim']} ({format_bytes(hist['bytes'])}), "
                                        f"staleness {hist['staleness']}: {hist['pruned']:,} subtrees pruned, "
                                        f"{hist['pushed']:,} embeddings pushed")))
+    split = f.get("memory_split")
+    if split is not None:
+        rows.append(("memory split", f"{describe_split(split)} (curve: {r.path / SPLIT_PLOT})"))
     for k, v in rows:
         print(f"  {k:<22}{v}")
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ...operators.formats.errors import ConfigError
@@ -48,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
     p.add_argument("--history-memory", metavar="SIZE",
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
-                        "5%%); packed pipelines plan it offline, memory/mmap online")
+                        "5%%); packed pipelines plan it offline, memory/mmap online; 'auto' (packed pipelines): "
+                        "the share of --cpu-memory that reads the fewest bytes from disk")
     p.add_argument("--history-staleness", metavar="S",
                    help="batches a cached embedding stays usable (default 100; 1: never reused)")
     add_run_arguments(p)
@@ -148,5 +150,10 @@ def _print_summary(report: dict[str, Any]) -> None:
         rows = f"; rows gathered per epoch {', '.join(f'{g:,}' for g in gathered)}" if gathered else ""
         print(f"history cache: {hist['rows']:,} embeddings ({hist['bytes'] / 2**20:.1f} MiB), staleness "
               f"{hist['staleness']}: {hist['pruned']:,} subtrees pruned, {hist['pushed']:,} embeddings pushed{rows}")
+    split = report.get("prepare", {}).get("figures", {}).get("memory_split")
+    if split:
+        from ..memsplit import SPLIT_PLOT, describe_split
+
+        print(f"memory split: {describe_split(split)} (curve: {Path(report['prepare']['path']) / SPLIT_PLOT})")
     if report.get("peak_rss_bytes"):
         print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {fmt(report.get('wall_s'), '.1f')} s")

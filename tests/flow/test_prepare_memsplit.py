@@ -1,0 +1,114 @@
+"""The automatic memory split (``history_split``, ``--history-memory auto``): prepare samples and plans
+the round once per candidate share of the caches' memory given to embeddings, and keeps the split
+whose plan reads the fewest rows from disk. Every point of the curve is exact: preparing with that
+split given by hand reads the same rows; the packed dataset is the chosen candidate's, replays
+bit-exact, and carries the curve and its plot."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+from diskflow.flow.memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, describe_split
+from diskflow.flow.options import history_options
+from diskflow.flow.prepare import PrepareConfig, prepare
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.formats.packed import PackedDataset
+from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.verify import verify
+
+HIDDEN = 8
+CFG = PrepareConfig(fanouts=(4, 3, 3), batch_size=200, superbatch_size=4, epochs=2, seed=3, cpu_memory=2_450_000,
+                    history_dim=HIDDEN, history_staleness=30, history_split=True)
+
+pytestmark = pytest.mark.usefixtures("sync_dask")
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("memsplit")
+    with dask.config.set(scheduler="sync"):
+        return prepare(tiny_store, root / "auto", CFG, quiet=True), root
+
+
+def test_curve_has_every_share_and_the_best_is_chosen(split_run) -> None:
+    r, _ = split_run
+    split = r.figures["memory_split"]
+    curve = split["curve"]
+    assert [p["share"] for p in curve] == list(SPLIT_SHARES)
+    none = curve[0]
+    assert none["history_bytes"] == 0 and none["pruned"] == 0 and none["cpu_bytes"] == split["budget"] > 0
+    for p in curve[1:]:
+        assert p["history_bytes"] == int(split["budget"] * p["share"])
+        assert p["history_rows"] == min(p["history_bytes"] // (HIDDEN * 4), 4111)
+        assert p["cpu_bytes"] + p["history_bytes"] == split["budget"]
+    # more embeddings prune more subtrees, so fewer rows are gathered at all
+    assert [p["accesses"] for p in curve] == sorted((p["accesses"] for p in curve), reverse=True)
+    assert curve[-1]["pruned"] > 0
+    best = min(p["disk_bytes"] for p in curve)
+    assert split["chosen"]["disk_bytes"] == best
+    assert 0 < split["chosen"]["share"] < SPLIT_SHARES[-1]     # this graph's curve has its minimum inside
+    assert best < none["disk_bytes"] and best < curve[-1]["disk_bytes"]
+    assert split["chosen"] == min((p for p in curve if p["disk_bytes"] == best), key=lambda p: p["history_bytes"])
+    # the packed dataset is the chosen candidate's
+    assert r.figures["plan_miss_bytes"] == split["chosen"]["disk_bytes"]
+    assert r.figures["accesses"] == split["chosen"]["accesses"]
+    if split["chosen"]["history_rows"]:
+        assert r.figures["history"]["rows"] == split["chosen"]["history_rows"]
+    assert (r.path / SPLIT_PLOT).stat().st_size > 0
+    with PackedDataset(r.path) as ds:
+        assert ds.manifest["config"]["history_split"] is True
+    assert "to embeddings" in describe_split(split)
+
+
+def test_every_point_is_what_that_split_reads(split_run, tiny_store: Path) -> None:
+    r, root = split_run
+    split = r.figures["memory_split"]
+    point = split["curve"][3]          # a split other than the chosen one may be checked too
+    cfg = replace(CFG, history_split=False, history_memory=point["history_bytes"],
+                  cpu_memory=CFG.cpu_memory - point["history_bytes"])
+    with dask.config.set(scheduler="sync"):
+        by_hand = prepare(tiny_store, root / "by-hand", cfg, quiet=True)
+    assert by_hand.figures["misses"] == point["disk_rows"]
+    assert by_hand.figures["accesses"] == point["accesses"]
+    assert by_hand.figures["history"]["pruned"] == point["pruned"]
+
+
+def test_chosen_round_replays_exactly(split_run, tiny_store: Path) -> None:
+    r, _ = split_run
+    v = verify(r.path, full=True)
+    assert v["compared_batches"] == v["batches"] and v["compared_rows"] == r.figures["accesses"]
+    features = Store(tiny_store).read_features()
+    with PackedDataset(r.path) as ds:
+        samples = (s for sb in ds.superbatches for s in ds.samples(sb.key))
+        for (_, feats), s in zip(ds.replay(), samples):
+            assert feats.tobytes() == features[np.asarray(s.n_id, dtype=np.int64)].tobytes()
+
+
+def test_rerun_is_up_to_date_and_keeps_one_candidate(split_run, tiny_store: Path) -> None:
+    r, _ = split_run
+    with dask.config.set(scheduler="sync"):
+        again = prepare(tiny_store, r.path, CFG, quiet=True)
+    assert again.skipped and again.figures["memory_split"] == r.figures["memory_split"]
+    work = Path(str(r.path) + ".work")
+    assert len(list(work.glob("samples-*"))) == 1 and len(list(work.glob("plans-*"))) == 1
+
+
+def test_best_split_breaks_ties_towards_fewer_embeddings() -> None:
+    curve = [{"share": s, "history_bytes": h, "disk_bytes": d} for s, h, d in ((0, 0, 9), (.1, 10, 5), (.2, 20, 5))]
+    assert best_split(curve)["share"] == .1
+
+
+def test_bad_split_options_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--history-memory"):
+        replace(CFG, history_memory=1 << 20).validate()
+    with pytest.raises(ConfigError, match="--history-memory"):
+        replace(CFG, cpu_memory=0).validate()
+    with pytest.raises(ConfigError, match="--history-memory"):
+        replace(CFG, fanouts=(5,)).validate()
+    assert history_options("auto", None, 16, 1 << 20, 100) == {
+        "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100}
+    with pytest.raises(ConfigError, match="--history-staleness"):
+        history_options(None, 7, 16, 1 << 20, 100)
