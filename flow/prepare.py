@@ -76,7 +76,7 @@ from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, w
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
-from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder
+from ..operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP, BatchOrder
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
 from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
@@ -119,6 +119,7 @@ class PrepareConfig:
     batches: str = "shuffled"           # "shuffled" or "partition" (OUTRE: batches from groups of min-cut parts)
     partitions: int | None = None       # parts of the partition; None: one per 128 training nodes
     parts_per_group: int = PARTS_PER_GROUP     # parts whose training nodes are shuffled together
+    group_by: str = "label"             # how parts meet in a group: "label" (mixed labels) or "random" (OUTRE's)
     partitioner: str = "kaminpar"       # "kaminpar" or "metis" (operators.prepare.partition)
     partition_threads: int = 1          # the partitioner's threads (1: the same parts on every run)
     history_memory: int = 0             # bytes of a historical embedding cache planned into the samples (0: none)
@@ -159,9 +160,12 @@ class PrepareConfig:
             raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
         if self.partition_threads < 1:
             raise ConfigError("--partition-threads", f"must be >= 1, got {self.partition_threads}")
+        if self.group_by not in GROUPINGS:
+            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
         if self.batches == "shuffled":
             for option, value, default in (("--partitions", self.partitions, None),
                                            ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
+                                           ("--group-by", self.group_by, "label"),
                                            ("--partitioner", self.partitioner, "kaminpar"),
                                            ("--partition-threads", self.partition_threads, 1)):
                 if value != default:
@@ -207,7 +211,8 @@ class PrepareConfig:
 
     def sample_key(self, store_hash: str, partition_key: str | None = None) -> str:
         order: dict[str, Any] = {} if self.batches == "shuffled" else \
-            {"batches": self.batches, "partition": partition_key, "group": self.parts_per_group}
+            {"batches": self.batches, "partition": partition_key, "group": self.parts_per_group,
+             **({"grouping": self.group_by} if self.group_by != "random" else {})}
         if self.history_rows:
             order["history"] = {"rows": self.history_rows, "dim": self.history_dim,
                                 "staleness": self.history_staleness}
@@ -539,7 +544,9 @@ def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
     else:
         run.partition = {**manifest["figures"], "cached": True}
     run.partition["parts_per_group"] = cfg.parts_per_group
-    return BatchOrder("partition", str(stage.path / PARTS), cfg.parts_per_group)
+    run.partition["group_by"] = cfg.group_by
+    return BatchOrder("partition", str(stage.path / PARTS), cfg.parts_per_group, cfg.group_by,
+                      str(run.store.path / run.store.manifest["labels"]))
 
 
 def _split_phase(run: _Run, store_hash: str) -> None:

@@ -73,7 +73,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
         on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, history_memory: int | str | None = None,
+        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
@@ -101,6 +102,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             (KaMinPar, one thread) into `partitions` parts (default one per 128 training nodes),
             saved as ``run_dir/partition.npy``.
         parts_per_group: partition batches: parts whose training nodes are shuffled together.
+        group_by: partition batches: how parts meet in a group, ``"label"`` (parts of different
+            majority labels together) or ``"random"`` (OUTRE's); `operators.prepare.seeds.BatchOrder`.
         history_memory: bytes (``"64MiB"``, or a share of the feature bytes such as ``"5%"``) of a
             historical embedding cache (OUTRE §4.3; `operators.prepare.history`): the most connected
             nodes' inputs to the last layer, reused for `history_staleness` - 1 batches after they
@@ -126,7 +129,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
                  on_start: Callable[[int, int], Any] | None, batches: str = "shuffled",
                  partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, history_memory: int | str | None = None,
+        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
@@ -150,7 +154,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if samples is not None and batches != "shuffled":
         raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
                                        "from a packed dataset prepared with --batches partition")
-    order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group)
+    order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
     how = _Run(name, features, samples, on_batch, on_start)
     how.order, how.history = order, planner
     with torch_threads(cfg.threads), deterministic():
@@ -220,7 +224,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
-                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP
+                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP, group_by: str = "label"
                 ) -> tuple[BatchOrder | None, dict[str, Any] | None]:
     """The training batches' order for `batches` and, for partition batches, the partition's figures
     (partitioning the graph into ``run_dir/partition.npy`` when no `partition` file is given)."""
@@ -232,6 +236,8 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
                 raise ConfigError(option, "applies to partition batches only (--batches partition)")
         if group != PARTS_PER_GROUP:
             raise ConfigError("--parts-per-group", "applies to partition batches only (--batches partition)")
+        if group_by != "label":
+            raise ConfigError("--group-by", "applies to partition batches only (--batches partition)")
         return None, None
     if partition is not None:
         if partitions is not None:
@@ -245,7 +251,8 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
 
         parts = default_parts(st.split_ids("train").shape[0], st.num_nodes, partitions)
         figures = partition_task(str(st.path), parts, "kaminpar", seed, 1, str(run_dir / "partition.npy"))
-    order = BatchOrder("partition", figures["path"], group)
+    order = BatchOrder("partition", figures["path"], group, group_by, str(st.path / st.manifest["labels"]))
+    figures["group_by"] = group_by
     if load_parts(order.parts).shape[0] != st.num_nodes:
         raise ConfigError("--partition", f"{order.parts} gives the parts of {load_parts(order.parts).shape[0]:,} "
                                          f"nodes, the store has {st.num_nodes:,}")

@@ -96,7 +96,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
         on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, history_memory: int | str | None = None,
+        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 

@@ -5,6 +5,7 @@ import argparse
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
+from ...operators.prepare.seeds import GROUPINGS
 from ..memsplit import SPLIT_PLOT, describe_split
 from ..options import byte_budget, fanouts_option, history_options, positive_int
 from ..pipeline import load_pipeline
@@ -58,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches: parts of the graph (default one per 128 training nodes)")
     p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=20,
                    help="partition batches: parts whose training nodes are shuffled together (default 20)")
+    p.add_argument("--group-by", choices=GROUPINGS, default="label",
+                   help="partition batches: how parts meet in a group, label (parts of different majority labels "
+                        "together; default) or random (OUTRE's)")
     p.add_argument("--partitioner", choices=("kaminpar", "metis"), default="kaminpar",
                    help="partition batches: the partitioner (default kaminpar)")
     p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=1,
@@ -102,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
         "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0,
-        "parts_per_group": args.parts_per_group, "partitioner": args.partitioner,
+        "parts_per_group": args.parts_per_group, "group_by": args.group_by, "partitioner": args.partitioner,
         "partition_threads": args.partition_threads}
     if args.batches is not None:
         options["batches"] = args.batches

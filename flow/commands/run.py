@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", metavar="FILE",
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
+    p.add_argument("--group-by", metavar="HOW", help="partition batches: how parts meet in a group, label (default: "
+                                                    "parts of different majority labels together) or random (OUTRE's)")
     p.add_argument("--history-memory", metavar="SIZE",
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
                         "5%%); packed pipelines plan it offline, memory/mmap online; 'auto' (packed pipelines): "
@@ -92,6 +94,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "partitions": ("--partitions", lambda s: parse_int("--partitions", s, 2)),
     "partition": ("--partition", str),
     "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
+    "group_by": ("--group-by", str),
     "history_memory": ("--history-memory", str),
     "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
 }

@@ -21,6 +21,7 @@ TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 0, 1, 2
 
 
 BATCH_ORDERS = ("shuffled", "partition")
+GROUPINGS = ("label", "random")     # how parts are put together in groups (see BatchOrder)
 PARTS_PER_GROUP = 20          # OUTRE's 20 parts per macro batch
 PART_STREAM = 3               # the order of parts never shares random numbers with the shuffle
 
@@ -31,15 +32,26 @@ class BatchOrder:
 
     ``"shuffled"``: a seeded permutation of the seeds. ``"partition"`` (OUTRE's partition-based
     batches): the parts of a min-cut partition (`parts`: the path of an int32 .npy giving every
-    node's part) are put in a seeded random order and taken `group` at a time; each group's
+    node's part) are dealt, `group` at a time, into groups in a seeded random order; each group's
     training seeds are shuffled, and the sequence of groups is cut into batches. Batches then
     hold seeds of few parts, whose sampled neighbourhoods overlap: fewer distinct rows per
     batch. Both cover every seed once per epoch, in as many batches.
+
+    How parts meet in a group (`grouping`): ``"random"`` is OUTRE's. ``"label"`` (needs
+    `labels`, the path of an .npy of every node's label) deals the parts, ordered by the most
+    common label of their training seeds, round-robin into the groups: each group (so each
+    batch) holds parts of as many different labels as it can. Min-cut parts of a homophilous
+    graph are nearly single-label, so randomly grouped parts give batches whose label mix swings
+    from batch to batch, and SGD follows the swing (on our synthetic graphs, accuracy after two
+    epochs fell from 0.87 to 0.37; label grouping: 0.79, and within a point after six). Which
+    parts share a group is still random within each label, so the locality is the same.
     """
 
     kind: str = "shuffled"
     parts: str | None = None
     group: int = PARTS_PER_GROUP
+    grouping: str = "random"
+    labels: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in BATCH_ORDERS:
@@ -48,12 +60,18 @@ class BatchOrder:
             raise ConfigError("--batches", "partition batches need a partition of the graph (its parts file)")
         if self.group < 1:
             raise ConfigError("--parts-per-group", f"must be >= 1, got {self.group}")
+        if self.grouping not in GROUPINGS:
+            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
+        if self.grouping == "label" and self.kind == "partition" and self.labels is None:
+            raise ConfigError("--group-by", "grouping parts by label needs the nodes' labels")
 
     def describe(self) -> dict:
-        """What the order depends on, as JSON values (the parts file by its content's fingerprint)."""
+        """What the order depends on, as JSON values (the parts file by its content's fingerprint; the
+        labels are the store's, which the callers' keys name already)."""
         if self.kind == "shuffled":
             return {"kind": "shuffled"}
-        return {"kind": self.kind, "group": self.group, "parts": parts_fingerprint(self.parts)}
+        return {"kind": self.kind, "group": self.group, "parts": parts_fingerprint(self.parts),
+                **({"grouping": self.grouping} if self.grouping != "random" else {})}
 
 
 def seed_batches(seeds: np.ndarray, batch_size: int, epoch: int, seed: int,
@@ -71,23 +89,51 @@ def seed_batches(seeds: np.ndarray, batch_size: int, epoch: int, seed: int,
         if ids.shape[0] and int(ids.max()) >= parts.shape[0]:
             raise ConfigError("--partition", f"{order.parts}: {parts.shape[0]:,} nodes' parts, but seed "
                                              f"{int(ids.max()):,} is among the training nodes (a partition of another graph?)")
-        ids = ids[partition_order(parts[ids], order.group, epoch, seed)]
+        labels = None if order.grouping == "random" else np.asarray(load_labels(order.labels)[ids])
+        ids = ids[partition_order(parts[ids], order.group, epoch, seed, labels)]
     elif shuffle:
         ids = ids[np.random.default_rng([seed, epoch]).permutation(ids.shape[0])]
     return [ids[i:i + batch_size] for i in range(0, ids.shape[0], batch_size)]
 
 
-def partition_order(seed_parts: np.ndarray, group: int, epoch: int, seed: int) -> np.ndarray:
-    """The permutation of seeds (given each seed's part) that partition batches take: parts in a
-    random order, `group` parts at a time, seeds shuffled within each group."""
+def partition_order(seed_parts: np.ndarray, group: int, epoch: int, seed: int,
+                    seed_labels: np.ndarray | None = None) -> np.ndarray:
+    """The permutation of seeds (given each seed's part) that partition batches take: parts dealt
+    into groups of `group` in a random order, seeds shuffled within each group. With
+    `seed_labels` (each seed's label), the parts are ordered by their most common label (ties
+    at random) and dealt round-robin, so every group mixes labels (`BatchOrder`)."""
     rng = np.random.default_rng([seed, epoch, PART_STREAM])
     parts = np.asarray(seed_parts, dtype=np.int64)
     present, inverse = np.unique(parts, return_inverse=True)
-    rank = np.empty(present.shape[0], dtype=np.int64)
-    rank[rng.permutation(present.shape[0])] = np.arange(present.shape[0])
-    groups = rank[inverse] // group
+    num_parts = int(present.shape[0])
+    if seed_labels is None:
+        rank = np.empty(num_parts, dtype=np.int64)
+        rank[rng.permutation(num_parts)] = np.arange(num_parts)
+        groups = rank[inverse] // group
+    else:
+        num_groups = -(-num_parts // group)
+        dealt = np.lexsort((rng.random(num_parts), part_labels(inverse, seed_labels, num_parts)))
+        slot = np.empty(num_parts, dtype=np.int64)
+        slot[dealt] = np.arange(num_parts) % num_groups          # round-robin over the groups
+        groups = rng.permutation(num_groups)[slot][inverse]      # the groups in a random order
     ties = np.asarray(rng.random(size=int(parts.shape[0])))
     return np.lexsort((ties, groups))
+
+
+def part_labels(part_of_seed: np.ndarray, seed_labels: np.ndarray, num_parts: int) -> np.ndarray:
+    """The most common label among each part's seeds (`part_of_seed`: 0..num_parts-1; ties: the
+    smaller label), by one sort of (part, label) pairs."""
+    _, lab = np.unique(np.asarray(seed_labels), return_inverse=True)
+    lab = lab.astype(np.int64).ravel()
+    width = int(lab.max()) + 1 if lab.shape[0] else 1
+    pairs, counts = np.unique(np.asarray(part_of_seed, dtype=np.int64) * width + lab, return_counts=True)
+    part, label = pairs // width, pairs % width
+    best = np.lexsort((label, -counts, part))              # per part: the highest count first
+    first = np.ones(best.shape[0], dtype=bool)
+    first[1:] = part[best][1:] != part[best][:-1]
+    out = np.zeros(num_parts, dtype=np.int64)
+    out[part[best][first]] = label[best][first]
+    return out
 
 
 def load_parts(path: str | os.PathLike[str]) -> np.ndarray:
@@ -109,6 +155,29 @@ def _load_parts(path: str, mtime_ns: int, size: int) -> np.ndarray:
     if parts.ndim != 1 or parts.dtype != np.int32:
         raise ConfigError("--partition", f"{path}: expected a 1-D int32 array of parts, got {parts.dtype} {parts.shape}")
     return parts
+
+
+def load_labels(path: str | os.PathLike[str] | None) -> np.ndarray:
+    """Every node's label (an .npy), memory-mapped; the same file is opened once per process."""
+    if path is None:
+        raise ConfigError("--group-by", "grouping parts by label needs the nodes' labels")
+    p = os.fspath(path)
+    st = os.stat(p)
+    return _load_labels(p, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _load_labels(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    from ..formats.errors import InputError
+    from ..formats.files import load_npy
+
+    try:
+        labels = load_npy(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(path, f"not a labels file (an .npy of every node's label): {e}") from e
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise InputError(path, f"expected a 1-D integer array of labels, got {labels.dtype} {labels.shape}")
+    return labels
 
 
 def parts_fingerprint(path: str | os.PathLike[str] | None) -> str | None:

@@ -112,3 +112,22 @@ def test_bad_split_options_are_refused() -> None:
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100}
     with pytest.raises(ConfigError, match="--history-staleness"):
         history_options(None, 7, 16, 1 << 20, 100)
+
+
+def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, capsys, one_torch_thread) -> None:
+    from diskflow.flow.cli import main
+    from diskflow.flow.pipeline import Pipeline
+    from diskflow.flow.rundir import new_run_dir
+
+    out = tmp_path / "packed"
+    assert main(["prepare", "belady_outre", "--dataset", str(tiny_store), "--out", str(out), "--cpu-memory",
+                 "4530000", "--history-memory", "auto", "--hidden", str(HIDDEN), "--fanouts", "4,3,3",
+                 "--batch-size", "200", "--superbatch-size", "4", "--workers", "1"]) == 0
+    assert "memory split" in capsys.readouterr().out and (out / SPLIT_PLOT).exists()
+    mine = Pipeline("auto_split", history_memory="auto", history_staleness=30)
+    r = mine.run(tiny_store, new_run_dir(tmp_path, "auto"), fanouts=(4, 3, 3), batch_size=200, superbatch_size=4,
+                 epochs=1, hidden=HIDDEN, threads=1, progress=False, cpu_memory=4_530_000)
+    split = r["prepare"]["figures"]["memory_split"]
+    assert r.get("history", {}).get("rows", 0) == split["chosen"]["history_rows"] and len(r["epochs"]) == 1
+    with pytest.raises(ConfigError, match="Pipeline.history_memory"):
+        Pipeline("auto_mem", loader="memory", history_memory="auto")

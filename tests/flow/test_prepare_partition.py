@@ -37,6 +37,7 @@ def test_partition_is_reported_and_carried(prepared, tiny_store: Path) -> None:
     part = r.figures["partition"]
     assert r.figures["batch_order"] == "partition" and "partition" in r.phases
     assert part["parts"] == 12 and part["method"] == "kaminpar" and part["cached"] is False
+    assert part["group_by"] == "label"
     assert part["seconds"] > 0 and part["peak_bytes"] > 0 and 0 < part["edge_cut"] < part["edges"]
     parts = load_parts(r.path / "partition.npy")
     store = Store(tiny_store)
@@ -46,7 +47,8 @@ def test_partition_is_reported_and_carried(prepared, tiny_store: Path) -> None:
 def test_samples_follow_the_partition_order_and_replay_exactly(prepared, tiny_store: Path, tmp_path: Path) -> None:
     r, cfg, _ = prepared
     store = Store(tiny_store)
-    order = BatchOrder("partition", str(r.path / "partition.npy"), group=2)
+    order = BatchOrder("partition", str(r.path / "partition.npy"), group=2, grouping="label",
+                       labels=str(store.path / store.manifest["labels"]))      # prepare's default grouping
     features = store.read_features()
     want: list[np.ndarray] = []
     for ref in round_layout(store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs):
@@ -109,6 +111,13 @@ def test_inmemory_trains_on_the_packed_partition_batches(prepared, tiny_store: P
                        parts_per_group=2, **common)
     assert (Path(own["run_dir"]) / "partition.npy").is_file() and own["partition"]["parts"] == 12
     assert [e["losses"] for e in own["epochs"]] == [e["losses"] for e in packed["epochs"]]   # the same parts
+    # OUTRE's random grouping: other batches, in both pipelines alike
+    rnd = prepare(tiny_store, tmp_path / "random", PrepareConfig(**{**cfg.__dict__, "group_by": "random"}), quiet=True)
+    packed_rnd = train_packed(rnd.path, new_run_dir(tmp_path, "packed-rnd"), threads=1, **model)
+    mem_rnd = inmemory.run(tiny_store, new_run_dir(tmp_path, "mem-rnd"), batches="partition", group_by="random",
+                           partition=r.path / "partition.npy", parts_per_group=2, **common)
+    assert [e["losses"] for e in mem_rnd["epochs"]] == [e["losses"] for e in packed_rnd["epochs"]]
+    assert [e["losses"] for e in mem_rnd["epochs"]] != [e["losses"] for e in packed["epochs"]]
 
 
 def test_bad_partition_options(tiny_store: Path, tmp_path: Path) -> None:
@@ -121,6 +130,12 @@ def test_bad_partition_options(tiny_store: Path, tmp_path: Path) -> None:
         PrepareConfig(**BASE, batches="partition", partitions=1).validate()
     with pytest.raises(ConfigError, match="--partitioner"):
         PrepareConfig(**BASE, batches="partition", partitioner="fennel").validate()
+    with pytest.raises(ConfigError, match="--group-by"):
+        PrepareConfig(**BASE, batches="partition", group_by="degree").validate()
+    with pytest.raises(ConfigError, match="--group-by"):
+        PrepareConfig(**BASE, group_by="random").validate()            # shuffled batches have no groups
+    with pytest.raises(ConfigError, match="--group-by"):
+        inmemory.run(tiny_store, new_run_dir(tmp_path, "g"), group_by="random", epochs=1, progress=False)
     with pytest.raises(ConfigError, match="Pipeline.batches"):
         Pipeline("s", loader="stream", batches="partition")
     with pytest.raises(ConfigError, match="--partition: applies to partition batches"):

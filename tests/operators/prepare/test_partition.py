@@ -15,7 +15,7 @@ from diskflow.operators.prepare.partition import (
     partition_graph,
     undirected_adjacency,
 )
-from diskflow.operators.prepare.seeds import BatchOrder, partition_order, seed_batches
+from diskflow.operators.prepare.seeds import BatchOrder, part_labels, partition_order, seed_batches
 
 
 def _csc(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +113,47 @@ def test_partition_order_shuffles_within_groups() -> None:
     runs = seed_parts[perm].reshape(4, 50)
     assert all(len(set(r.tolist())) == 1 for r in runs)               # one part after another
     assert not np.array_equal(perm[:50], np.sort(perm[:50]))          # shuffled inside
+
+
+def test_label_grouping_mixes_the_labels_of_single_label_parts(tmp_path: Path) -> None:
+    # 40 parts of 50 seeds each, every part of one label (4 labels, 10 parts each), as min-cut
+    # parts of a homophilous graph nearly are; groups of 4 parts, batches of one group each
+    parts = np.repeat(np.arange(40, dtype=np.int32), 50)
+    labels = np.repeat(np.random.default_rng(2).permutation(np.repeat(np.arange(4), 10)), 50).astype(np.int64)
+    save_npy(tmp_path / "p.npy", parts)
+    save_npy(tmp_path / "y.npy", labels)
+    seeds = np.arange(2000)
+    by_label = BatchOrder("partition", str(tmp_path / "p.npy"), group=4, grouping="label", labels=str(tmp_path / "y.npy"))
+    by_chance = BatchOrder("partition", str(tmp_path / "p.npy"), group=4)
+    for epoch in range(3):
+        batches = seed_batches(seeds, 200, epoch, seed=1, order=by_label)
+        np.testing.assert_array_equal(np.sort(np.concatenate(batches)), seeds)       # every seed once
+        assert all(np.unique(parts[b]).shape[0] == 4 for b in batches)              # whole groups of 4 parts
+        assert all(np.unique(labels[b]).shape[0] == 4 for b in batches)             # one part of each label
+        again = seed_batches(seeds, 200, epoch, seed=1, order=by_label)
+        assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+    first = [np.unique(parts[b]).tolist() for b in seed_batches(seeds, 200, 0, 1, order=by_label)]
+    assert first != [np.unique(parts[b]).tolist() for b in seed_batches(seeds, 200, 1, 1, order=by_label)]
+    # grouped at random, some batch misses a label (most do)
+    chance = seed_batches(seeds, 200, 0, seed=1, order=by_chance)
+    assert min(np.unique(labels[b]).shape[0] for b in chance) < 4
+    assert by_label.describe()["grouping"] == "label" and "grouping" not in by_chance.describe()
+    with pytest.raises(ConfigError, match="--group-by"):
+        BatchOrder("partition", str(tmp_path / "p.npy"), grouping="label")       # no labels
+    with pytest.raises(ConfigError, match="--group-by"):
+        BatchOrder("partition", str(tmp_path / "p.npy"), grouping="degree")
+
+
+def test_part_labels_is_each_parts_most_common_label() -> None:
+    rng = np.random.default_rng(3)
+    part_of_seed = rng.integers(0, 30, 3000)
+    seed_labels = rng.integers(-1, 7, 3000) * 10           # any integers: negative, sparse
+    got = part_labels(part_of_seed, seed_labels, 31)
+    values = np.unique(seed_labels)
+    for q in range(30):
+        counts = np.array([(seed_labels[part_of_seed == q] == v).sum() for v in values])
+        assert got[q] == int(np.argmax(counts))                # the index of the label, ties: the smaller
+    assert got[30] == 0                                        # a part with no seeds
 
 
 def test_batch_order_errors(parts_file: tuple[Path, np.ndarray], tmp_path: Path) -> None:
