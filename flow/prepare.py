@@ -76,7 +76,7 @@ from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, w
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
-from ..operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP, BatchOrder
+from ..operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP, BatchOrder, label_shares
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
 from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
@@ -676,6 +676,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "batch_order": cfg.batches,
         **({"memory_split": run.split} if run.split is not None else {}),
         **({"partition": run.partition} if run.partition is not None else {}),
+        **({"label_prior": list(label_shares(store.labels[store.split_ids("train")], store.num_classes))}
+           if run.order is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),

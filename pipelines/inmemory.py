@@ -45,7 +45,7 @@ from ..operators.prepare.history import (
 )
 from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
-from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, load_parts
+from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ..operators.train.config import DATA_ONLY
 from ..operators.train.loop import deterministic
@@ -147,14 +147,16 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
     planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples, model == DATA_ONLY)
-    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
-                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
-                      eval_every=eval_every, threads=threads, history_rows=rows)
-    dev = resolve_device(device)
     if samples is not None and batches != "shuffled":
         raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
                                        "from a packed dataset prepared with --batches partition")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
+    prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
+        stored_label_prior(samples)
+    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
+                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
+                      eval_every=eval_every, threads=threads, history_rows=rows, label_prior=prior)
+    dev = resolve_device(device)
     how = _Run(name, features, samples, on_batch, on_start)
     how.order, how.history = order, planner
     with torch_threads(cfg.threads), deterministic():
@@ -221,6 +223,15 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
         raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
     nodes = history_nodes(np.asarray(st.indptr), rows)
     return HistoryPlanner(nodes, staleness), int(nodes.shape[0])
+
+
+def stored_label_prior(samples: str | os.PathLike[str] | None) -> tuple[float, ...] | None:
+    """The label prior a packed round's losses are weighed by (its partition batches'), or None."""
+    if samples is None:
+        return None
+    with PackedDataset(samples) as ds:
+        prior = ds.manifest.get("figures", {}).get("label_prior")
+    return None if prior is None else tuple(float(p) for p in prior)
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,

@@ -157,6 +157,16 @@ def _load_parts(path: str, mtime_ns: int, size: int) -> np.ndarray:
     return parts
 
 
+def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
+    """Each label's share of `labels` (labels in 0..num_classes-1): the prior partition batches'
+    losses are weighed by (`train.config.TrainConfig.label_prior`)."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)[:num_classes]
+    total = int(counts.sum())
+    if total == 0:
+        raise ConfigError("--batches", "partition batches need training seeds with labels")
+    return tuple(float(c) / total for c in counts)
+
+
 def load_labels(path: str | os.PathLike[str] | None) -> np.ndarray:
     """Every node's label (an .npy), memory-mapped; the same file is opened once per process."""
     if path is None:

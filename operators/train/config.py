@@ -39,6 +39,10 @@ class TrainConfig:
         threads: torch's intra-op threads (None: torch's own setting). They may change the
             order of floating-point sums, but not what a checkpoint resumes.
         history_rows: rows of the model's historical embedding cache (`train.history`; 0: none).
+        label_prior: the training split's share of each label, or None. Given (partition
+            batches do), each batch's loss weighs its seeds so that its labels count as in the
+            split (`loop.prior_weighted_loss`): a batch of a few min-cut parts holds a skewed
+            mix of labels, and an unweighted loss would follow that skew from batch to batch.
     """
 
     model: str = "sage"
@@ -54,6 +58,7 @@ class TrainConfig:
     eval_every: int = 1
     threads: int | None = None
     history_rows: int = 0
+    label_prior: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS and self.model != DATA_ONLY:
@@ -65,6 +70,12 @@ class TrainConfig:
         object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
         if self.num_layers is None:
             object.__setattr__(self, "num_layers", len(fanouts))
+        if self.label_prior is not None:
+            prior = tuple(float(p) for p in self.label_prior)
+            if not prior or any(not math.isfinite(p) or p < 0 for p in prior) or sum(prior) <= 0:
+                raise ConfigError("label_prior", f"expected non-negative label shares with a positive sum, "
+                                                 f"got {list(self.label_prior)[:8]}")
+            object.__setattr__(self, "label_prior", prior)
         if self.history_rows < 0:
             raise ConfigError("--history-memory", f"the cache's rows must be >= 0, got {self.history_rows}")
         if self.history_rows > 0 and not self.data_only:

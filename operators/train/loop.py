@@ -69,13 +69,24 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
     return out[:batch.batch_size]
 
 
+def prior_weighted_loss(logits: torch.Tensor, target: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a batch whose labels count as in the training split: the seeds of label c
+    share ``prior[c]`` (renormalised over the labels the batch holds), so a batch with a skewed
+    label mix (partition batches) estimates the split's loss; a batch that holds the labels in
+    the split's proportions gets the plain mean."""
+    per_seed = F.cross_entropy(logits, target, reduction="none")
+    counts = torch.bincount(target, minlength=prior.shape[0]).to(per_seed.dtype)
+    weight = prior[target].to(per_seed.dtype) / counts[target]
+    return (weight * per_seed).sum() / weight.sum()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch.optim.Optimizer,
-                device: str | torch.device) -> dict[str, Any]:
+                device: str | torch.device, label_prior: torch.Tensor | None = None) -> dict[str, Any]:
     """Train one epoch: forward, cross entropy on the seeds, backward, step, batch by batch.
 
     Args:
@@ -84,6 +95,8 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
             iteration it just ran, e.g. `sample`, `gather`), those are reported too.
         optimizer: steps `model`'s parameters.
         device: where the batch is moved before the forward pass.
+        label_prior: the training split's label shares (on `device`): the loss is then
+            `prior_weighted_loss` (partition batches); None: the plain mean cross-entropy.
 
     Returns:
         `loss` (mean over seeds), `losses` (one float per batch, in order), `sizes` (each
@@ -109,7 +122,8 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         optimizer.zero_grad(set_to_none=True)
         logits = forward(model, batch)
         target = batch.y[:batch.batch_size]
-        loss = F.cross_entropy(logits, target)
+        loss = F.cross_entropy(logits, target) if label_prior is None else \
+            prior_weighted_loss(logits, target, label_prior)
         loss.backward()
         optimizer.step()
         value = float(loss.item())  # also waits for the device, so the train time is complete

@@ -179,6 +179,8 @@ class TrainSession:
                 HistoryCache.attach(model, cfg.history_rows)
             self.model = model.to(self.device)
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self._prior = None if cfg.label_prior is None else \
+            torch.tensor(cfg.label_prior, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------ training
     def train(self, loader: Iterable[Data], on_batch: Callable[[int], Any] | None = None,
@@ -197,7 +199,7 @@ class TrainSession:
         if self.model is None or self.optimizer is None:
             result = _data_pass(feed)
         else:
-            result = train_epoch(self.model, feed, self.optimizer, self.device)
+            result = train_epoch(self.model, feed, self.optimizer, self.device, self._prior)
         self.tally.add(result)
         return {**result, "stopped": feed.stopped}
 

@@ -163,6 +163,9 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
     if history and options.get("model", TrainConfig.model) != DATA_ONLY:
         # the round was sampled for a historical embedding cache: the model gets its table
         options["history_rows"] = planned_width(loader.path, history, options.get("hidden", TrainConfig.hidden))
+    prior = man.get("figures", {}).get("label_prior")
+    if prior is not None:       # partition batches: the losses weigh each batch's labels as in the split
+        options["label_prior"] = tuple(float(p) for p in prior)
     return TrainConfig(**options, fanouts=fanouts, batch_size=batch_size, epochs=epochs, seed=seed)
 
 
