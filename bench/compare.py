@@ -776,6 +776,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         definition = args.definitions.get(name)
         pipelines[name]["batches"] = "shuffled" if definition is None else definition.batches
         pipelines[name]["history"] = prepared[name]["figures"].get("history") if name in prepared else None
+        split = prepared[name]["figures"].get("memory_split") if name in prepared else None
+        pipelines[name]["memory_split"] = None if split is None else \
+            {k: split[k] for k in ("budget", "staleness", "curve", "chosen")}
         pipelines[name]["partition"] = prepared[name]["figures"].get("partition") if name in prepared else None
     loader_bw = None
     if "belady" in names:
@@ -819,7 +822,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sweep = [{"staleness": x, "pipeline": n, "disk_read_bytes_per_epoch":
               None if get(n, "disk_read_bytes") is None else float(get(n, "disk_read_bytes") or 0) / args.epochs,
               "data_epoch_s": get(n, "data_epoch_s"), "epoch_s": get(n, "epoch_s"), "test_acc": get(n, "test_acc"),
-              "pruned": (pipelines.get(n, {}).get("history") or {}).get("pruned")}
+              "pruned": (pipelines.get(n, {}).get("history") or {}).get("pruned"),
+              "history_share": ((pipelines.get(n, {}).get("memory_split") or {}).get("chosen") or {}).get("share")}
              for x, n in sorted(args.sweep.items()) if n in pipelines]
     bl, il = get("belady", "losses"), get("inmemory", "losses")
     identical = None if bl is None or il is None else bl == il
@@ -907,6 +911,9 @@ def _print(f: dict[str, Any]) -> None:
             h = p["history"]
             note.append(f"history S={h['staleness']} {_b(h['bytes'])} ({h['rows']:,} embeddings; "
                         f"{h['pruned']:,} subtrees pruned)")
+        if p.get("memory_split"):
+            ms = p["memory_split"]
+            note.append(f"memory split: {ms['chosen']['share']:.1%} of the caches' {_b(ms['budget'])} to embeddings")
         if p["errors"]:
             note.append("; ".join(f"{k}: {v}" for k, v in p["errors"].items()))
         rows.append({"pipeline": name, "data epoch s": _s(p["data_epoch_s"]), "disk floor s": _s(p["disk_floor_s"]),
@@ -953,12 +960,14 @@ def _print(f: dict[str, Any]) -> None:
     print_table("ratios (one run, same samples; this machine is shared and noisy)", rows,
                 ["ratio", "value", "target", "met"])
     if f.get("staleness_sweep"):
-        print_table(f"{SWEPT} at other history staleness thresholds (same memory split, same run)",
+        print_table(f"{SWEPT} at other history staleness thresholds (same run; each its own memory split)",
                     [{"staleness": x["staleness"], "disk read per epoch": _b(x["disk_read_bytes_per_epoch"]),
                       "data epoch s": _s(x["data_epoch_s"]), "sage epoch s": _s(x["epoch_s"]),
                       "test acc": _s(x["test_acc"], ".4f"), "subtrees pruned": "-" if x["pruned"] is None
-                      else f"{x['pruned']:,}"} for x in f["staleness_sweep"]],
-                    ["staleness", "disk read per epoch", "data epoch s", "sage epoch s", "test acc", "subtrees pruned"])
+                      else f"{x['pruned']:,}", "embeddings' share": "-" if x.get("history_share") is None
+                      else f"{x['history_share']:.1%}"} for x in f["staleness_sweep"]],
+                    ["staleness", "disk read per epoch", "data epoch s", "sage epoch s", "test acc", "subtrees pruned",
+                     "embeddings' share"])
     ident = f["losses_identical"]
     print(f"losses of belady and inmemory identical epoch by epoch: "
           f"{'-' if ident is None else ('yes' if ident else 'NO')}; samples identical across prepared datasets: "

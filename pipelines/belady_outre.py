@@ -1,8 +1,10 @@
 """belady with OUTRE's two ways of needing fewer bytes: partition-based batches and a historical
 embedding cache, planned offline, on top of the Belady CPU tier, packing and the segmented disk cache.
 
-Pruned subtrees are never sampled, planned or packed; the embedding cache takes 5% of the feature
-bytes (``--history-memory`` sets it) beside the CPU budget.
+Pruned subtrees are never sampled, planned or packed. The embedding cache and the Belady CPU tier
+split ``--cpu-memory`` automatically (``--history-memory auto``, the default: the split whose plan
+reads the fewest bytes, `flow.memsplit`); a size given to ``--history-memory`` fixes the embedding
+cache beside the CPU budget instead.
 
     diskflow prepare belady_outre --dataset STORE --out PACKED --cpu-memory 10% [--hidden 128]
     diskflow run belady_outre --dataset STORE
@@ -11,6 +13,6 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
-PIPELINE = Pipeline("belady_outre", batches="partition", history_memory="5%", history_staleness=100,
+PIPELINE = Pipeline("belady_outre", batches="partition", history_memory="auto", history_staleness=100,
                     description="belady + OUTRE's partition batches and historical embeddings, planned offline")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

@@ -78,15 +78,25 @@ def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
 
 
 def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path]) -> None:
+    from diskflow.flow.memsplit import SPLIT_SHARES
+
     f, printed, _ = compared
     p = f["pipelines"]
     for name in ("belady_outre", "outre", "belady_outre_s1", "belady_outre_s10"):
         assert p[name]["batches"] == "partition" and p[name]["partition"]["parts"] >= 2, name
-        assert p[name]["history"]["rows"] > 0 and p[name]["losses"] != p["inmemory"]["losses"], name
-    assert p["outre"]["losses"] == p["belady_outre"]["losses"]         # the same samples and plan: one training
-    assert p["belady_outre"]["history"]["staleness"] == 100 and p["belady_outre_s1"]["history"]["pruned"] == 0
-    assert p["belady_outre"]["history"]["pruned"] > 0
-    assert p["belady_outre"]["plan_miss_bytes"] <= p["belady_outre_s1"]["plan_miss_bytes"]   # pruned: fewer reads
+        assert p[name]["losses"] != p["inmemory"]["losses"], name
+        split = p[name]["memory_split"]           # the OUTRE pipelines split the feature budget automatically
+        assert [q["share"] for q in split["curve"]] == list(SPLIT_SHARES), name
+        chosen = split["chosen"]
+        assert chosen["disk_bytes"] == min(q["disk_bytes"] for q in split["curve"]) == p[name]["plan_miss_bytes"], name
+        assert (p[name]["history"] is not None) == (chosen["history_rows"] > 0), name
+        assert split["curve"][0]["disk_bytes"] == p["belady_outre"]["memory_split"]["curve"][0]["disk_bytes"] \
+            or name == "outre"                    # no embedding cache: the same partition batches, whatever S
+    # staleness 1 never reuses an embedding: nothing is pruned at any share, so the split gives embeddings nothing
+    s1 = p["belady_outre_s1"]["memory_split"]
+    assert all(q["pruned"] == 0 for q in s1["curve"]) and s1["chosen"]["share"] == 0
+    assert p["belady_outre_s1"]["history"] is None
+    assert p["belady_outre"]["plan_miss_bytes"] <= p["belady_outre_s1"]["plan_miss_bytes"]   # S=100 can do what S=1 does
     sweep = f["staleness_sweep"]
     assert [(x["staleness"], x["pipeline"]) for x in sweep] == [(1, "belady_outre_s1"), (10, "belady_outre_s10"),
                                                                (100, "belady_outre")]
@@ -98,7 +108,7 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
     assert f["ratios"]["outre_acc_gap_points"] == pytest.approx(
         100 * (p["inmemory"]["test_acc"] - p["belady_outre"]["test_acc"]))
     for line in ("belady_outre at other history staleness thresholds", "belady disk read / belady_outre disk read",
-                 "inmemory test acc - belady_outre test acc", "history S=100"):
+                 "inmemory test acc - belady_outre test acc", "memory split: "):
         assert line in printed
 
 

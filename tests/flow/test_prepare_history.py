@@ -109,7 +109,8 @@ def test_the_outre_pipelines_prepare_and_train(tiny_store: Path, tmp_path: Path,
     opts = {"fanouts": BASE["fanouts"], "batch_size": BASE["batch_size"], "epochs": 2, "hidden": HIDDEN,
             "threads": 1, "progress": False, "cpu_memory": "8MiB", "superbatch_size": 4}
     for name in ("outre", "belady_outre"):
-        r = load_pipeline(name).run(tiny_store, new_run_dir(tmp_path, name), **opts)
+        assert load_pipeline(name).history_memory == "auto"       # by default the memory split sizes the cache
+        r = load_pipeline(name).run(tiny_store, new_run_dir(tmp_path, name), history_memory="5%", **opts)
         f = r["prepare"]["figures"]
         assert f["batch_order"] == "partition" and f["partition"]["parts"] >= 2
         assert f["history"]["bytes"] <= store.feature_bytes * 5 // 100 and f["history"]["pruned"] > 0
