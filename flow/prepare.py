@@ -76,11 +76,18 @@ from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, w
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
-from ..operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP, BatchOrder, label_shares
+from ..operators.prepare.seeds import (
+    BATCH_ORDERS,
+    GROUPINGS,
+    PARTS_PER_GROUP,
+    BatchOrder,
+    label_shares,
+    parts_fingerprint,
+)
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
-from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
 from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
+from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
 from .progress import compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
@@ -438,6 +445,7 @@ class _Run:
     partition: dict[str, Any] | None = None     # its figures (seconds, peak memory, edge cut)
     split: dict[str, Any] | None = None         # the memory split's curve and choice (history_split)
     keep_stale: bool = False                    # keep other configs' cached stages (while the split is searched)
+    parts_key: str | None = None                # the partition's content fingerprint (partition batches)
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -495,11 +503,14 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
     if cfg.batches == "partition":
         with phase("partition"):
             run.order = _partition_phase(run, store_hash)
+        # the samples follow the parts the partition stage holds, by content (a partition on several
+        # threads, redone, may differ), not the config that made them
+        run.parts_key = parts_fingerprint(run.order.parts)
     if cfg.history_split:
         with phase("split"):
             _split_phase(run, store_hash)
-        part_key = cfg.partition_key(store_hash, cfg.num_partitions(store)) if cfg.batches == "partition" else None
-        s_key = run.cfg.sample_key(store_hash, part_key)
+    if run.parts_key is not None or cfg.history_split:
+        s_key = run.cfg.sample_key(store_hash, run.parts_key)
         p_key = run.cfg.plan_key(s_key)
     with phase("sample"):
         sdir, summaries = _sample_phase(run, s_key)
@@ -556,7 +567,7 @@ def _split_phase(run: _Run, store_hash: str) -> None:
     ``run.cfg`` to the split that reads the fewest (``run.split``: the curve and the choice). The
     chosen candidate's samples and plans stay cached for the phases that follow."""
     cfg = run.cfg
-    part_key = cfg.partition_key(store_hash, cfg.num_partitions(run.store)) if cfg.batches == "partition" else None
+    part_key = run.parts_key
     rb = run.store.row_bytes
     curve: list[dict[str, Any]] = []
     configs: dict[float, PrepareConfig] = {}

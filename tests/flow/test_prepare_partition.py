@@ -81,6 +81,18 @@ def test_partition_stage_is_cached_and_keys_the_samples(prepared, tiny_store: Pa
     other = prepare(tiny_store, root / "packed", PrepareConfig(**{**cfg.__dict__, "cpu_memory": 5 << 20}), quiet=True)
     assert other.figures["partition"]["cached"] is True and "sample" in other.phases
     assert other.phases["partition"] < r.phases["partition"]
+    # a partition redone with other parts under the same config (several threads may do that): the
+    # samples follow the parts' content, not the config
+    work = Path(str(r.path) + ".work")
+    before = sorted(d.name for d in work.glob("samples-*"))
+    parts_file = next(work.glob("partition-*")) / "parts.npy"
+    parts = np.load(parts_file)
+    np.save(parts_file, ((parts + 1) % (int(parts.max()) + 1)).astype(np.int32))
+    redone = prepare(tiny_store, root / "packed", PrepareConfig(**{**cfg.__dict__, "cpu_memory": 6 << 20}), quiet=True)
+    assert sorted(d.name for d in work.glob("samples-*")) != before and not redone.skipped
+    np.save(parts_file, parts)
+    restored = prepare(tiny_store, root / "packed", cfg, quiet=True)       # the fixture's dataset again
+    assert restored.figures["misses"] == r.figures["misses"] and sorted(d.name for d in work.glob("samples-*")) == before
     # more parts: another partition, other batches
     more = prepare(tiny_store, root / "more", PrepareConfig(**{**cfg.__dict__, "partitions": 20}), quiet=True)
     assert more.figures["partition"]["parts"] == 20
