@@ -75,6 +75,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -163,7 +164,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the table says so)")
     p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
                    help=f"where packed datasets and runs go (default ./{DEFAULT_WORKDIR}; large)")
-    p.add_argument("--keep", action="store_true", help="keep the run directories (packed datasets are always kept)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the run directories, and the packed datasets of the pipelines with samples of their own "
+                        "(the OUTRE ones; by default each is removed once its runs are done, so that the disk holds "
+                        "one of them at a time; the shared-sample ones are always kept)")
 
 
 def _check_args(args: argparse.Namespace) -> list[str]:
@@ -278,12 +282,13 @@ def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: 
 
 
 def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dict[str, int],
-                 args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Prepare belady (always) and the other packed pipelines asked for, cached under `work`/packed."""
+                 args: argparse.Namespace, belady: bool = True) -> dict[str, dict[str, Any]]:
+    """Prepare belady (unless told not to) and the other packed pipelines of `names`, cached under
+    `work`/packed."""
     import dask
 
     out: dict[str, dict[str, Any]] = {}
-    for name in ["belady", *(n for n in names if n != "belady")]:
+    for name in (["belady"] if belady else []) + [n for n in names if n != "belady"]:
         pipeline = args.definitions[name]
         if pipeline.loader != "packed":
             continue
@@ -694,7 +699,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
     max_rows = max_batch_rows(store, base, work)
     fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
-    prepared = _prepare_all(store, names, work, budget, fit, args)
+    # the pipelines with samples of their own are prepared just before their runs and, unless --keep or
+    # --repeats, removed after them: at the defaults each packed round is as big as belady's
+    transient = [] if args.keep or args.repeats > 1 else \
+        [n for n in names if n in args.definitions and not _exact(args.definitions[n])]
+    prepared = _prepare_all(store, [n for n in names if n not in transient], work, budget, fit, args)
     setup_s = time.perf_counter() - t_setup
     samples_identical = _same_samples({k: v for k, v in prepared.items() if _exact(args.definitions[k])})
     if not samples_identical:
@@ -747,6 +756,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      "threads": args.io_threads},
                                     {"kind": "io_sequential", "model": args.io_model, "sequential": True,
                                      "threads": args.io_threads}]
+            if name in transient and args.definitions[name].loader == "packed":
+                print(f"preparing {name} ...", flush=True)
+                t_prep = time.perf_counter()
+                prepared.update(_prepare_all(store, [name], work, budget, fit, args, belady=False))
+                setup_s += time.perf_counter() - t_prep
             child: dict[str, Any] = {"runs": {}, "groups": {}}
             own = None if name not in prepared or _exact(args.definitions[name]) else \
                 {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
@@ -765,12 +779,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if "error" in done:
                     print(f"  {name} ({group}) failed: {done['error']}", flush=True)
             children[name].append(child)
+            if name in transient and name in prepared:
+                path = Path(prepared[name]["path"])
+                prepared[name]["useful"] = _useful_bytes(path)
+                shutil.rmtree(path, ignore_errors=True)
+                print(f"  removed {path} (--keep keeps it)", flush=True)
     _drop(droppable)
 
     belady_useful = _useful_bytes(ref)
     pipelines: dict[str, Any] = {}
     for name in names:
-        useful = None if name == "inmemory" else belady_useful if name == "mmap" else _useful_bytes(prepared[name]["path"])
+        useful = None if name == "inmemory" else belady_useful if name == "mmap" else \
+            prepared[name]["useful"] if "useful" in prepared[name] else _useful_bytes(prepared[name]["path"])
         plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
         pipelines[name] = _summary(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
         definition = args.definitions.get(name)
@@ -851,8 +871,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "setup_s": setup_s, "load_avg": [load0, os.getloadavg()[0]], "cores": os.cpu_count(),
     }
     if not args.keep:
-        import shutil
-
         shutil.rmtree(runs_dir, ignore_errors=True)
     _print(figures)
     return figures
