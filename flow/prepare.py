@@ -71,7 +71,7 @@ from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_p
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.diskcache import build_layout
-from ..operators.prepare.history import DEFAULT_STALENESS, history_rows
+from ..operators.prepare.history import DEFAULT_STALENESS, HISTORY_SELECTS, history_rows
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
@@ -132,6 +132,7 @@ class PrepareConfig:
     history_memory: int = 0             # bytes of a historical embedding cache planned into the samples (0: none)
     history_dim: int = 128              # its embedding width: the model's hidden channels
     history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
+    history_select: str = "accesses"    # its nodes: the round's most frequent one-hop nodes, or "degree"
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
 
     def validate(self) -> None:
@@ -188,6 +189,9 @@ class PrepareConfig:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
         if self.history_memory < 0:
             raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
+        if self.history_select not in HISTORY_SELECTS:
+            raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
+                                                  f"got {self.history_select!r}")
         if self.history_staleness < 1:
             raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if self.history_memory and len(self.fanouts) < 2:
@@ -222,7 +226,8 @@ class PrepareConfig:
              **({"grouping": self.group_by} if self.group_by != "random" else {})}
         if self.history_rows:
             order["history"] = {"rows": self.history_rows, "dim": self.history_dim,
-                                "staleness": self.history_staleness}
+                                "staleness": self.history_staleness,
+                                **({"select": self.history_select} if self.history_select != "degree" else {})}
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
                             "counts": COUNTS, **order})
@@ -536,7 +541,7 @@ def _graph(run: _Run) -> PrepGraph:
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                      cfg.cpu_policy, run.tok, delayed_submit, run.order,
-                     (cfg.history_rows, cfg.history_staleness) if cfg.history_rows else None)
+                     (cfg.history_rows, cfg.history_staleness, cfg.history_select) if cfg.history_rows else None)
 
 
 def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
@@ -691,6 +696,7 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
            if run.order is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
+                        "select": cfg.history_select,
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }

@@ -118,6 +118,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
                force: bool = False, readahead: int | None = None, batches: str | None = None,
                partitions: int | None = None, parts_per_group: int | None = None, group_by: str | None = None,
+               history_select: str | None = None,
                history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
@@ -157,6 +158,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         options["parts_per_group"] = parts_per_group
     if group_by is not None:
         options["group_by"] = group_by
+    if history_select is not None:
+        options["history_select"] = history_select
     options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)

@@ -5,6 +5,7 @@ import argparse
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
+from ...operators.prepare.history import HISTORY_SELECTS
 from ...operators.prepare.seeds import GROUPINGS
 from ..memsplit import SPLIT_PLOT, describe_split
 from ..options import byte_budget, fanouts_option, history_options, positive_int
@@ -70,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
                         "the samples, or 'auto': the share of --cpu-memory that reads the fewest bytes from disk, "
                         "the rest for the feature cache (default: the pipeline's)")
+    p.add_argument("--history-select", choices=HISTORY_SELECTS, default="accesses",
+                   help="the embedding cache's nodes: the round's most frequent one-hop nodes (accesses, default; "
+                        "known offline) or the highest in-degree (degree, what an online loader uses)")
     p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=None,
                    help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
@@ -107,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
         "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0,
         "parts_per_group": args.parts_per_group, "group_by": args.group_by, "partitioner": args.partitioner,
-        "partition_threads": args.partition_threads}
+        "partition_threads": args.partition_threads, "history_select": args.history_select}
     if args.batches is not None:
         options["batches"] = args.batches
     if args.partitions is not None:

@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
                         "5%%); packed pipelines plan it offline, memory/mmap online; 'auto' (packed pipelines): "
                         "the share of --cpu-memory that reads the fewest bytes from disk")
+    p.add_argument("--history-select", metavar="HOW",
+                   help="packed pipelines: the embedding cache's nodes, accesses (default: the round's most frequent "
+                        "one-hop nodes) or degree (the highest in-degree, as memory/mmap choose online)")
     p.add_argument("--history-staleness", metavar="S",
                    help="batches a cached embedding stays usable (default 100; 1: never reused)")
     add_run_arguments(p)
@@ -95,6 +98,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "partition": ("--partition", str),
     "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
     "group_by": ("--group-by", str),
+    "history_select": ("--history-select", str),
     "history_memory": ("--history-memory", str),
     "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
 }

@@ -10,8 +10,9 @@ batches ago are *pruned* (the sampler does not expand them; `NeighborSampler.sam
 the other cached ones are *pushed* (computed in full, their embedding written to the cache).
 With ``staleness=1`` nothing is ever pruned: training is exactly training without the cache.
 
-The cached nodes are the most connected ones (highest in-degree, ties by id), as many as the
-cache's memory holds. Torch-free: the training side is `operators.train.history`.
+The cached nodes are, as many as the cache's memory holds, the one-hop nodes of the most batches
+(`history_nodes_by_count`, offline: the samples are known ahead) or the most connected ones (highest
+in-degree, `history_nodes`, what an online loader can know); ties by id. Torch-free: the training side is `operators.train.history`.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..formats.errors import ConfigError
 
 FLOAT_BYTES = 4          # cached embeddings are float32
 DEFAULT_STALENESS = 100  # OUTRE's staleness threshold
+HISTORY_SELECTS = ("accesses", "degree")     # how the cached nodes are chosen (history_nodes_by_count, history_nodes)
 
 
 def history_rows(memory: int, dim: int) -> int:
@@ -43,6 +45,20 @@ def history_nodes(indptr: np.ndarray, rows: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     degree = np.diff(np.asarray(indptr, dtype=np.int64))
     top = np.argsort(-degree, kind="stable")[:rows]
+    return np.sort(top).astype(np.int64)
+
+
+def history_nodes_by_count(hop1: list[list[np.ndarray]], num_nodes: int, rows: int) -> np.ndarray:
+    """The `rows` nodes that are one-hop nodes of the most batches of the round (`hop1[k][j]`: batch j
+    of superbatch k; ties: lower id first), sorted by id. Offline the planner knows these counts
+    exactly: a node cached for every batch it is in after the first prunes a subtree each time,
+    which in-degree, the online choice, only estimates."""
+    rows = max(0, min(int(rows), int(num_nodes)))
+    batches = [np.asarray(h, dtype=np.int64) for sb in hop1 for h in sb]
+    if rows == 0 or not batches:
+        return np.zeros(0, dtype=np.int64)
+    counts = np.bincount(np.concatenate(batches), minlength=int(num_nodes))
+    top = np.argsort(-counts, kind="stable")[:rows]
     return np.sort(top).astype(np.int64)
 
 

@@ -30,8 +30,9 @@ def rounds(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
     with dask.config.set(scheduler="sync"):
         out = {}
         for name, extra in (("plain", {}),
-                            ("s1", {"history_memory": MEMORY, "history_staleness": 1}),
-                            ("s20", {"history_memory": MEMORY, "history_staleness": 20})):
+                            ("s1", {"history_memory": MEMORY, "history_staleness": 1, "history_select": "degree"}),
+                            ("s20", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree"}),
+                            ("s20a", {"history_memory": MEMORY, "history_staleness": 20})):
             cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN, **extra)
             out[name] = prepare(tiny_store, root / name, cfg, quiet=True)
     return out
@@ -63,6 +64,22 @@ def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: P
         assert np.all(prune_slot < 96) and np.all(push_slot < 96)
         pruned, pushed = pruned + prune.shape[0], pushed + push.shape[0]
     assert (pruned, pushed) == (h["pruned"], h["pushed"])
+
+
+def test_the_round_s_most_frequent_one_hop_nodes_prune_more_than_degree(rounds, tiny_store: Path) -> None:
+    from diskflow.operators.prepare.history import history_nodes_by_count
+
+    by_count, by_degree = rounds["s20a"], rounds["s20"]
+    assert by_count.figures["history"]["select"] == "accesses" and by_degree.figures["history"]["select"] == "degree"
+    assert by_count.figures["history"]["pruned"] > by_degree.figures["history"]["pruned"]
+    assert by_count.figures["accesses"] < by_degree.figures["accesses"]
+    v = verify(by_count.path, full=True)                                   # and it replays exactly
+    assert v["compared_batches"] == v["batches"] and v["compared_rows"] == by_count.figures["accesses"]
+    # the choice: most batches first, ties by lower id
+    hop1 = [[np.array([5, 3, 9]), np.array([3, 9])], [np.array([9, 7])]]
+    assert history_nodes_by_count(hop1, 10, 2).tolist() == [3, 9]
+    assert history_nodes_by_count(hop1, 10, 3).tolist() == [3, 5, 9]
+    assert history_nodes_by_count(hop1, 10, 0).size == 0 and history_nodes_by_count([], 10, 4).size == 0
 
 
 def test_staleness_one_samples_the_round_without_the_cache(rounds) -> None:
@@ -134,6 +151,8 @@ def test_the_width_keys_the_cached_samples(rounds, tiny_store: Path, tmp_path: P
 
 
 def test_history_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="--history-select"):
+        PrepareConfig(**BASE, history_memory=MEMORY, history_select="pagerank").validate()
     with pytest.raises(ConfigError, match="--history-staleness"):
         PrepareConfig(**BASE, history_staleness=7).validate()              # no cache to be stale
     with pytest.raises(ConfigError, match="--partitions"):
