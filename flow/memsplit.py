@@ -16,7 +16,7 @@ from typing import Any
 
 from ..operators.formats.files import atomic_path, format_bytes
 
-SPLIT_SHARES = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)   # the embedding cache's candidate shares (0 first)
+SPLIT_SHARES = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)   # the embedding cache's candidate shares (0 first)
 SPLIT_PLOT = "memory_split.png"
 
 
