@@ -121,8 +121,6 @@ class Pipeline:
         if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
-        if self.loader == "stream" and self.batches != "shuffled":
-            raise ConfigError("Pipeline.batches", f"the stream loader cuts shuffled batches only, got {self.batches!r}")
         if self.loader != "packed" and (self.cpu_tier != "belady" or self.gpu_tier != "hottest" or not self.packing):
             raise ConfigError("Pipeline.loader", f"tier policies and packing are the packed loader's; the "
                                                  f"{self.loader} loader takes the defaults")

@@ -28,6 +28,7 @@ from ..flow.stream import StreamConfig, StreamRun
 from ..flow.timeline import plot_timeline
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.store import Store
+from ..operators.prepare.seeds import PARTS_PER_GROUP, label_shares
 from ._packed import packed_budgets
 
 NAME = "streaming"
@@ -54,7 +55,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         on_superbatch: Callable[[dict[str, Any]], None] | None = None,
         cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 32,
         tier_superbatches: int = 2, checkpoint_every: int = 1, queue_depth: int = 2, check_crc: bool = True,
-        resume: bool = False, processes: bool = True, gpu_wait: float = 60.0) -> dict[str, Any]:
+        resume: bool = False, processes: bool = True, gpu_wait: float = 60.0, batches: str = "shuffled",
+        partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
+        group_by: str = "label") -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -83,6 +86,10 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         resume: continue from the latest checkpoint in `run_dir`.
         processes: embedded cluster workers as processes (False: threads of this process).
         gpu_wait: seconds to wait for a GPU-resource worker to join.
+        batches, partitions, parts_per_group, group_by: how seeds become batches, as `diskflow
+            prepare`'s (partition batches: one partition task on a CPU worker writes
+            ``run_dir/partition.npy``, which the CPU workers read, and the losses weigh each
+            batch's labels as the training split's, `TrainConfig.label_prior`).
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
     """
     from ..operators.stream.train import StreamTrainConfig
@@ -100,13 +107,16 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               seed=seed, eval_every=eval_every, epochs=epochs, fanouts=tuple(fanouts),
                               batch_size=batch_size, cpu_memory=budgets["cpu_memory"],
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
-                              threads=threads, store=str(st.path.resolve()))
+                              threads=threads, store=str(st.path.resolve()),
+                              label_prior=label_shares(st.labels[st.split_ids("train")], st.num_classes)
+                              if batches == "partition" else None)
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                        io_reserve=budgets["io_reserve"],
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
-                       checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait)
+                       checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
+                       partitions=partitions, parts_per_group=parts_per_group, group_by=group_by)
     cfg.validate()
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,

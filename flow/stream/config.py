@@ -8,9 +8,11 @@ from typing import Any
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
 from ...operators.prepare.policies import Policy, check_policy, policy_id
+from ...operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from ...operators.prepare.superbatch import check_round_config
 
 PHASES = ("sample", "plan", "pack", "ship", "train")
+PARTITION_FILE = "partition.npy"        # partition batches: the parts, in the run directory
 
 
 class StreamStopped(DiskflowError):
@@ -23,6 +25,8 @@ class StreamConfig:
 
     Budgets are bytes: `gpu_memory` the GPU tier, `cpu_memory` what the tiers may take of the
     trainer's host memory (CPU tier + staging of `staging_batches` batches), as `PrepareConfig`.
+    `batches`, `partitions`, `parts_per_group` and `group_by` cut the seeds into batches as
+    `PrepareConfig`'s do (partition batches: the graph is partitioned once, on a CPU worker).
     """
 
     train: Any                          # operators.stream_train.StreamTrainConfig
@@ -45,6 +49,10 @@ class StreamConfig:
     device: str | None = None
     gpu_wait_s: float = 60.0
     poll_s: float = 0.5
+    batches: str = "shuffled"
+    partitions: int | None = None
+    parts_per_group: int = PARTS_PER_GROUP
+    group_by: str = "label"
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -59,6 +67,20 @@ class StreamConfig:
             raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigError("--device", f"expected cpu or cuda[:N], got {self.device!r}")
+        if self.batches not in BATCH_ORDERS:
+            raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
+        if self.group_by not in GROUPINGS:
+            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
+        if self.partitions is not None and (isinstance(self.partitions, bool) or self.partitions < 2):
+            raise ConfigError("--partitions", f"must be >= 2, got {self.partitions}")
+        if isinstance(self.parts_per_group, bool) or self.parts_per_group < 1:
+            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
+        if self.batches == "shuffled":
+            for option, value, default in (("--partitions", self.partitions, None),
+                                           ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
+                                           ("--group-by", self.group_by, "label")):
+                if value != default:
+                    raise ConfigError(option, "applies to partition batches only (--batches partition)")
 
     def describe(self) -> dict[str, Any]:
         """The config as JSON values, policies by `policy_id` (the GPU policy only when not the default)."""

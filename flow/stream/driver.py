@@ -16,12 +16,14 @@ import numpy as np
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
 from ...operators.formats.store import Store
+from ...operators.prepare.partition import default_parts
 from ...operators.prepare.policies import policy_id
+from ...operators.prepare.seeds import BatchOrder
 from ...operators.prepare.superbatch import round_layout
-from ..graph import PrepGraph, TierSpec
+from ..graph import PrepGraph, TierSpec, partition_task
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
-from .config import PHASES, StreamConfig, StreamStopped
+from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
 from .report import stream_report
 from .tasks import (
     finish_task,
@@ -90,6 +92,7 @@ class StreamRun:
         self._ckpt_writer: Any = None           # one background thread: checkpoints are written in order
         self._ckpt_pending: list[Any] = []
         self.trained = 0
+        self.partition: dict[str, Any] | None = None     # partition batches: the partition's figures
 
     # ------------------------------------------------------------------ cluster
     def _workers(self) -> dict[str, dict[str, float]]:
@@ -260,6 +263,8 @@ class StreamRun:
         c = self.client
         c.register_plugin(DiskflowPlugin())
         self._find_workers()
+        if self.cfg.batches == "partition":
+            self._partition()
         info = c.submit(probe_task, key=f"probe-{self.tok}", pure=False, **self._gpu(0, 0)).result()
         self.gpu_info = info
         self.device = self.cfg.device or str(info["device"])
@@ -289,6 +294,23 @@ class StreamRun:
             if self._ckpt_writer is not None:
                 self._ckpt_writer.shutdown(wait=True)
         return self._report(wall0, done.get("summary", {}), done.get("usage", {}))
+
+    def _partition(self) -> None:
+        """Partition batches: the graph's min-cut parts, computed once by a task on a CPU worker into the run
+        directory (the CPU workers' sample tasks read it there, so it must be on a filesystem they share
+        with the driver, as the store is); a resumed run keeps the parts it started with."""
+        cfg = self.cfg
+        path = (self.run_dir / PARTITION_FILE).resolve()
+        if self.resume and path.is_file():
+            self.partition = {"path": str(path), "cached": True}
+        else:
+            parts = default_parts(int(self.store.split_ids("train").shape[0]), self.store.num_nodes, cfg.partitions)
+            fut = self.client.submit(partition_task, self.store_path, parts, "kaminpar", cfg.seed, 1, str(path),
+                                     key=f"partition-{self.tok}", pure=False, **self._cpu(-2))
+            self.partition = {**fut.result(), "cached": False}
+        self.partition["group_by"] = cfg.group_by
+        self.graph.order = BatchOrder("partition", str(path), cfg.parts_per_group, cfg.group_by,
+                                      str(self.store.path.resolve() / self.store.manifest["labels"]))
 
     def _submit_head(self, start_ids: np.ndarray | None) -> None:
         """Counts over the tier superbatches, the tiers, and the base bundle (pack-base, ship-base)."""

@@ -42,6 +42,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
             "gpu_idle_fraction": (1.0 - train_busy / end) if end > 0 else None,
             "tiers": base_meta.get("tiers", {}), "scratch": scratch,
         },
+        **({"partition": run.partition} if getattr(run, "partition", None) is not None else {}),
         "timeline": tl,
         "trainer": summary,
         "checkpoint": str(run.last_checkpoint) if run.last_checkpoint else None,

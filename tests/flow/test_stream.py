@@ -83,6 +83,19 @@ def test_streaming_equals_prepare_then_train(streamed: dict[str, Any], reference
     assert streamed["stream"]["trained"] == streamed["stream"]["superbatches"] == 8
 
 
+def test_partition_batches_stream_as_they_prepare(tiny_store: Path, tmp_path: Path) -> None:
+    part = {"batches": "partition", "partitions": 8, "parts_per_group": 2}
+    with dask.config.set(scheduler="sync"):
+        ref = belady.run(tiny_store, new_run_dir(tmp_path, "ref"), progress=False, **SETTINGS, **part)
+    rep = streaming.run(tiny_store, new_run_dir(tmp_path, "stream"), window=2, **EMBEDDED, **SETTINGS, **part)
+    assert _losses(rep) == _losses(ref), "the same partition, batches and weighed losses"
+    assert rep["partition"]["parts"] == 8 and rep["partition"]["group_by"] == "label"
+    assert (Path(rep["run_dir"]) / "partition.npy").is_file()
+    assert rep["config"]["train"]["label_prior"] == pytest.approx(ref["config"]["label_prior"])
+    with pytest.raises(ConfigError, match="--parts-per-group"):
+        streaming.run(tiny_store, tmp_path / "bad", window=2, parts_per_group=3, **EMBEDDED, **SETTINGS)
+
+
 def test_placement_by_resource(streamed: dict[str, Any]) -> None:
     s = streamed["stream"]
     gpu = s["gpu_worker"]
