@@ -111,9 +111,6 @@ class Pipeline:
         check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
             object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
-        if self.history_memory not in (None, 0, "0") and self.loader == "stream":
-            raise ConfigError("Pipeline.history_memory", "the stream loader does not plan a historical embedding "
-                                                         "cache yet (the packed, memory and mmap loaders do)")
         if self.history_memory == "auto" and self.loader != "packed":
             raise ConfigError("Pipeline.history_memory", "auto splits the CPU budget between the feature cache and the "
                                                          f"embedding cache: a packed loader's; the {self.loader} loader "

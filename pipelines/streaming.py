@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..flow.options import history_options
 from ..flow.pipeline import Pipeline
 from ..flow.roles import stream_client
 from ..flow.rundir import plot_curves, write_report
@@ -28,6 +29,7 @@ from ..flow.stream import StreamConfig, StreamRun
 from ..flow.timeline import plot_timeline
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.store import Store
+from ..operators.prepare.history import DEFAULT_STALENESS, history_rows
 from ..operators.prepare.seeds import PARTS_PER_GROUP, label_shares
 from ._packed import packed_budgets
 
@@ -57,7 +59,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         tier_superbatches: int = 2, checkpoint_every: int = 1, queue_depth: int = 2, check_crc: bool = True,
         resume: bool = False, processes: bool = True, gpu_wait: float = 60.0, batches: str = "shuffled",
         partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
-        group_by: str = "label") -> dict[str, Any]:
+        group_by: str = "label", history_memory: int | str | None = None,
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -90,11 +93,23 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             prepare`'s (partition batches: one partition task on a CPU worker writes
             ``run_dir/partition.npy``, which the CPU workers read, and the losses weigh each
             batch's labels as the training split's, `TrainConfig.label_prior`).
+        history_memory, history_staleness, history_select: a historical embedding cache of
+            `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
+            size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
+            rounds, so the stream takes a size).
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
     """
     from ..operators.stream.train import StreamTrainConfig
 
     st = Store(_local(store))
+    if history_memory == "auto":
+        raise ConfigError("--history-memory", "the memory split plans the whole round once per candidate; the "
+                                              "stream loader takes a size (e.g. 5%)")
+    hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS)
+    rows = history_rows(hist["history_memory"], hidden) if hist["history_memory"] else 0
+    if hist["history_memory"] and rows == 0:
+        raise ConfigError("--history-memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
+                                              "float32 values")
     rdir = Path(run_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
@@ -109,14 +124,15 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
                               threads=threads, store=str(st.path.resolve()),
                               label_prior=label_shares(st.labels[st.split_ids("train")], st.num_classes)
-                              if batches == "partition" else None)
+                              if batches == "partition" else None, history_rows=min(rows, st.num_nodes))
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                        io_reserve=budgets["io_reserve"],
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
-                       partitions=partitions, parts_per_group=parts_per_group, group_by=group_by)
+                       partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
+                       history_rows=rows, history_staleness=history_staleness, history_select=history_select)
     cfg.validate()
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,

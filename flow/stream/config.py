@@ -7,6 +7,7 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
+from ...operators.prepare.history import DEFAULT_STALENESS, HISTORY_SELECTS
 from ...operators.prepare.policies import Policy, check_policy, policy_id
 from ...operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from ...operators.prepare.superbatch import check_round_config
@@ -26,7 +27,10 @@ class StreamConfig:
     Budgets are bytes: `gpu_memory` the GPU tier, `cpu_memory` what the tiers may take of the
     trainer's host memory (CPU tier + staging of `staging_batches` batches), as `PrepareConfig`.
     `batches`, `partitions`, `parts_per_group` and `group_by` cut the seeds into batches as
-    `PrepareConfig`'s do (partition batches: the graph is partitioned once, on a CPU worker).
+    `PrepareConfig`'s do (partition batches: the graph is partitioned once, on a CPU worker);
+    `history_rows`, `history_staleness` and `history_select` plan a historical embedding cache
+    into the samples as `prepare` does (the one-hop tasks of the whole round, then the plan, run
+    before the first sample: the plan of a batch depends on every batch before it).
     """
 
     train: Any                          # operators.stream_train.StreamTrainConfig
@@ -53,6 +57,9 @@ class StreamConfig:
     partitions: int | None = None
     parts_per_group: int = PARTS_PER_GROUP
     group_by: str = "label"
+    history_rows: int = 0               # a historical embedding cache's embeddings (0: none), planned into the samples
+    history_staleness: int = DEFAULT_STALENESS
+    history_select: str = "accesses"
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -75,6 +82,15 @@ class StreamConfig:
             raise ConfigError("--partitions", f"must be >= 2, got {self.partitions}")
         if isinstance(self.parts_per_group, bool) or self.parts_per_group < 1:
             raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
+        if isinstance(self.history_rows, bool) or not isinstance(self.history_rows, int) or self.history_rows < 0:
+            raise ConfigError("--history-memory", f"the cache's rows must be an integer >= 0, got {self.history_rows!r}")
+        if self.history_staleness < 1:
+            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
+        if self.history_select not in HISTORY_SELECTS:
+            raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
+                                                  f"got {self.history_select!r}")
+        if self.history_rows and len(self.fanouts) < 2:
+            raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         if self.batches == "shuffled":
             for option, value, default in (("--partitions", self.partitions, None),
                                            ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),

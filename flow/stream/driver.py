@@ -74,7 +74,9 @@ class StreamRun:
         self.run_id = f"{safe}-{self.tok}"
         self.fingerprint = cfg.fingerprint(config_hash(self.store.manifest))
         self.graph = PrepGraph(self.store_path, self.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                               cfg.cpu_policy, self.tok, self._submit_cpu)
+                               cfg.cpu_policy, self.tok, self._submit_cpu, None,
+                               (cfg.history_rows, cfg.history_staleness, cfg.history_select)
+                               if cfg.history_rows else None)
         self.ckpt_root = self.run_dir / "checkpoints"
         # futures per phase and superbatch, and what each watched future is
         self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "trace", "plan", "ship", "train")}

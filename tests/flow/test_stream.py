@@ -96,6 +96,18 @@ def test_partition_batches_stream_as_they_prepare(tiny_store: Path, tmp_path: Pa
         streaming.run(tiny_store, tmp_path / "bad", window=2, parts_per_group=3, **EMBEDDED, **SETTINGS)
 
 
+def test_a_history_cache_streams_as_it_prepares(tiny_store: Path, tmp_path: Path) -> None:
+    hist = {"history_memory": 64 * SETTINGS["hidden"] * 4, "history_staleness": 5}     # 64 embeddings
+    with dask.config.set(scheduler="sync"):
+        ref = belady.run(tiny_store, new_run_dir(tmp_path, "ref"), progress=False, **SETTINGS, **hist)
+    rep = streaming.run(tiny_store, new_run_dir(tmp_path, "stream"), window=2, **EMBEDDED, **SETTINGS, **hist)
+    assert ref["history"]["pruned"] > 0
+    assert _losses(rep) == _losses(ref), "the same pruned samples, the same table"
+    assert rep["config"]["history_rows"] == ref["history"]["rows"] == rep["config"]["train"]["history_rows"]
+    with pytest.raises(ConfigError, match="--history-memory"):
+        streaming.run(tiny_store, tmp_path / "auto", window=2, history_memory="auto", **EMBEDDED, **SETTINGS)
+
+
 def test_placement_by_resource(streamed: dict[str, Any]) -> None:
     s = streamed["stream"]
     gpu = s["gpu_worker"]

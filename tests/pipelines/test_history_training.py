@@ -113,8 +113,9 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
     r = mine.run(tiny_store, new_run_dir(tmp_path, "p"), **COMMON)
     assert r["history"]["staleness"] == 20 and r["history"]["pruned"] > 0
     assert mine.describe()["history_memory"] == "64KiB"
+    assert Pipeline("h2", loader="stream", history_memory="1MiB").history_memory == "1MiB"   # streamed too
     with pytest.raises(ConfigError, match="Pipeline.history_memory"):
-        Pipeline("h2", loader="stream", history_memory="1MiB")   # the stream loader does not plan it yet
+        Pipeline("h4", loader="stream", history_memory="auto")       # the split plans whole rounds
     with pytest.raises(ConfigError, match="Pipeline.history_staleness"):
         Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
     with pytest.raises(ConfigError, match="--history-memory"):
