@@ -17,6 +17,7 @@ with features gathered from memory-mapped store shards instead of RAM.
 """
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -38,14 +39,17 @@ from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
 from ..operators.prepare.history import (
     DEFAULT_STALENESS,
+    HISTORY_SELECTS,
     HistoryPlanner,
     history_nodes,
+    history_nodes_by_count,
     history_rows,
     planned_width,
 )
 from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
 from ..operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
+from ..operators.prepare.superbatch import round_layout, superbatch_hop1
 from ..operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ..operators.train.config import DATA_ONLY
 from ..operators.train.loop import deterministic
@@ -75,7 +79,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -110,6 +114,10 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             are computed, their subtrees not sampled or gathered meanwhile (None or 0: no cache).
         history_staleness: batches a cached embedding stays usable, counting the one that computed
             it (1: never reused, training as without the cache).
+        history_select: the cached nodes: ``"accesses"`` (the round's most frequent one-hop nodes,
+            counted by drawing every batch's one-hop nodes first, as `diskflow prepare` does: the
+            same plan as a packed round's) or ``"degree"`` (the highest in-degree: nothing drawn
+            ahead).
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -131,7 +139,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -146,11 +154,13 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
-    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples, model == DATA_ONLY)
     if samples is not None and batches != "shuffled":
         raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
                                        "from a packed dataset prepared with --batches partition")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
+    round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
+    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples, model == DATA_ONLY,
+                                    history_select, round_hop1)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -190,11 +200,22 @@ class _Run:
         self.history: HistoryPlanner | None = None
 
 
+def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int, epochs: int,
+                order: BatchOrder | None, threads: int | None) -> list[list[np.ndarray]]:
+    """Every training batch's one-hop nodes, epoch by epoch, as the full samples will draw them (the same
+    function `diskflow prepare`'s ``hop1`` tasks run)."""
+    refs = round_layout(int(st.split_ids("train").shape[0]), batch_size, 64, epochs)
+    return [superbatch_hop1(st.path, r, batch_size, fanouts, seed, threads, order) for r in refs]
+
+
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
-                    samples: str | os.PathLike[str] | None, data_only: bool = False
+                    samples: str | os.PathLike[str] | None, data_only: bool = False, select: str = "degree",
+                    round_hop1: Callable[[], list[list[np.ndarray]]] | None = None
                     ) -> tuple[HistoryPlanner | None, int]:
-    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache).
-    With stored `samples`, their round's plan decides: no planner here, the rows it was planned for."""
+    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache), its
+    nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes, from
+    `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). With stored `samples`, their
+    round's plan decides: no planner here, the rows it was planned for."""
     from ..flow.options import byte_budget
 
     if memory == "auto":
@@ -221,8 +242,13 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     rows = history_rows(nbytes, hidden)
     if rows == 0:
         raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
-    nodes = history_nodes(np.asarray(st.indptr), rows)
-    return HistoryPlanner(nodes, staleness), int(nodes.shape[0])
+    if select not in HISTORY_SELECTS:
+        raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
+    if select == "accesses" and round_hop1 is not None:
+        nodes = history_nodes_by_count(round_hop1(), st.num_nodes, rows)
+    else:
+        nodes = history_nodes(np.asarray(st.indptr), rows)
+    return HistoryPlanner(nodes, staleness), min(rows, st.num_nodes)
 
 
 def stored_label_prior(samples: str | os.PathLike[str] | None) -> tuple[float, ...] | None:

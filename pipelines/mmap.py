@@ -98,7 +98,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:

@@ -98,12 +98,17 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
     from diskflow.pipelines import inmemory
 
     model = {"model": "sage", "hidden": HIDDEN, "seed": BASE["seed"], "eval_every": 3}
+    common = {"fanouts": BASE["fanouts"], "batch_size": BASE["batch_size"], "epochs": BASE["epochs"], "threads": 1,
+              "progress": False, "history_memory": MEMORY, "history_staleness": 20, **model}
     packed = train_packed(rounds["s20"].path, new_run_dir(tmp_path, "p"), threads=1, **model)
-    online = inmemory.run(tiny_store, new_run_dir(tmp_path, "m"), fanouts=BASE["fanouts"],
-                          batch_size=BASE["batch_size"], epochs=BASE["epochs"], threads=1, progress=False,
-                          history_memory=MEMORY, history_staleness=20, **model)
+    online = inmemory.run(tiny_store, new_run_dir(tmp_path, "m"), **{**common, "history_select": "degree"})
     assert [e["losses"] for e in packed["epochs"]] == [e["losses"] for e in online["epochs"]]
     assert packed["history"]["pruned"] == online["history"]["pruned"]
+    # by default both choose the round's most frequent one-hop nodes (the online run draws them first)
+    packed_a = train_packed(rounds["s20a"].path, new_run_dir(tmp_path, "pa"), threads=1, **model)
+    online_a = inmemory.run(tiny_store, new_run_dir(tmp_path, "ma"), **common)
+    assert [e["losses"] for e in packed_a["epochs"]] == [e["losses"] for e in online_a["epochs"]]
+    assert packed_a["history"]["pruned"] == online_a["history"]["pruned"] > packed["history"]["pruned"]
     with pytest.raises(ConfigError, match="--hidden 12"):
         train_packed(rounds["s20"].path, new_run_dir(tmp_path, "q"), threads=1, hidden=16)
     data_only = train_packed(rounds["s20"].path, new_run_dir(tmp_path, "d"), threads=1, model="none")
