@@ -138,7 +138,9 @@ def _run(args: argparse.Namespace) -> int:
         ("--cpu-memory", (f"{format_bytes(budgets['cpu_memory'])}: CPU tier "
                                     f"{format_bytes(f['cpu_rows'] * f['row_bytes'])} + staged misses "
                                     f"{format_bytes(f['staging_bytes'])} + I/O buffers "
-                                    f"{format_bytes(f['io_buffer_bytes'])}")),
+                                    f"{format_bytes(f['io_buffer_bytes'])}"
+                                    + (f" + embedding cache {format_bytes(f['memory_split']['chosen']['history_bytes'])}"
+                                       if f.get("memory_split") else ""))),
         ("assembled batches", (f"up to {f['max_batch_rows']:,} rows = {format_bytes(f['max_batch_rows'] * f['row_bytes'])}"
                                f" each, {'on the device' if args.device == 'cuda' else 'in the training process'}")),
         ("disk reads (misses)", f"{f['misses']:,} rows = {format_bytes(f['plan_miss_bytes'])} ({f['misses'] / acc:.1%})"),
