@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "duplicates removed, so slightly less comes out)")
     p.add_argument("--homophily", type=_fraction("--homophily"), default=_D.homophily,
                    help="probability that an edge stays in its source's community (default: %(default)s)")
+    p.add_argument("--locality", type=_fraction("--locality"), default=_D.locality,
+                   help="share of the within-community edges drawn to a member near the source, so that small "
+                        "dense clusters exist below the communities, as in real graphs (default: %(default)s)")
     p.add_argument("--signal", type=float, default=_D.signal,
                    help="class-signal strength of the features: length of the class centroid added to "
                         "unit-variance noise (default: %(default)s)")
@@ -88,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
                       avg_degree=args.avg_degree, homophily=args.homophily, signal=args.signal, noise=args.noise,
                       label_noise=args.label_noise, degree_exponent=args.degree_exponent, dtype=args.dtype,
                       seed=args.seed, train_frac=args.train, val_frac=args.val, test_frac=args.test,
-                      part_nodes=args.part_nodes, feature_format=args.feature_format)
+                      part_nodes=args.part_nodes, feature_format=args.feature_format, locality=args.locality)
     cfg.validate()
     check_replaceable(args.out, args.force, RAW_KIND)    # before a cluster starts
     with dask_client(args.scheduler, n_workers=args.workers):

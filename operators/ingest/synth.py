@@ -13,6 +13,13 @@ The generator is built so that any task can produce its node range without a glo
   Zipf-like skew towards low ranks whose exponent makes in-degrees follow the same power
   law. Edges are written in both directions (the graph is undirected), with self-loops and
   duplicates inside a task removed, so the average stored degree is about ``avg_degree``.
+* **Locality** (``locality``, default 0: none). Real graphs hold many small, dense clusters
+  inside their big communities; the edges above have none (any two members of a community are
+  equally likely to meet, but for popularity), so a min-cut partition finds nothing below the
+  communities. With probability ``locality`` an edge that stays in its community goes instead to
+  a member near its source's own member index (offset geometric with mean `LOCAL_WIDTH`, either
+  side, wrapping): a ring of overlapping neighbourhoods in every community, which parts of a
+  few thousand nodes can follow.
 * **Labels** follow communities (label = community; a ``label_noise`` fraction gets a
   random class, decided by a hash of the node id so every task agrees). Inter-community
   edges always change community, so the edge homophily (same label at both ends) is about
@@ -40,6 +47,7 @@ from ..formats.store import SPLITS
 from .importers import FEATURE_FORMATS, shard_name, write_edge_shard, write_feature_shard, write_node_shard
 
 FEATURE_CHUNK_ROWS = 32_768  # features are generated and written this many rows at a time
+LOCAL_WIDTH = 64             # locality: mean member offset of a local edge
 MAX_NODES = 2**31 - 1        # keeps every rank product below 2**62 (int64 arithmetic)
 # Random streams: part p uses default_rng([seed, p]); the global ones use tags no part
 # index can reach (NumPy pads short seeds with zeros, so [seed, 1] == [seed, 1, 0]).
@@ -53,6 +61,7 @@ OPTION = {
     "homophily": "--homophily", "signal": "--signal", "noise": "--noise", "label_noise": "--label-noise",
     "degree_exponent": "--degree-exponent", "dtype": "--dtype", "seed": "--seed", "train_frac": "--train",
     "val_frac": "--val", "test_frac": "--test", "part_nodes": "--part-nodes", "feature_format": "--format",
+    "locality": "--locality",
 }
 
 
@@ -75,6 +84,7 @@ class SynthConfig:
         train_frac, val_frac, test_frac: split fractions; the rest is split "none".
         part_nodes: nodes per task (memory per task scales with it, never with N).
         feature_format: "arrow" (Arrow IPC file) or "parquet" feature shards.
+        locality: share of the within-community edges drawn to a member near the source (0: none).
     """
 
     num_nodes: int = 200_000
@@ -93,6 +103,7 @@ class SynthConfig:
     test_frac: float = 0.2
     part_nodes: int = 250_000
     feature_format: str = "arrow"
+    locality: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -124,6 +135,8 @@ class SynthConfig:
             fail("avg_degree", "must be > 0 and at most 2*(nodes-1)")
         if not 0 <= self.homophily <= 1:
             fail("homophily", "must be in [0, 1]")
+        if not 0 <= self.locality <= 1:
+            fail("locality", "must be in [0, 1]")
         if self.signal < 0:
             fail("signal", "must be >= 0")
         if self.noise < 0:
@@ -160,8 +173,12 @@ class SynthConfig:
         return lo, min(lo + self.part_nodes, self.num_nodes)
 
     def as_dict(self) -> dict[str, Any]:
-        """The config as a JSON-able dict (what the manifest records)."""
-        return asdict(self)
+        """The config as a JSON-able dict (what the manifest records; `locality` only when set, so graphs
+        made before it existed keep their identity)."""
+        out = asdict(self)
+        if not self.locality:
+            out.pop("locality")
+        return out
 
 
 # ---------------------------------------------------------------------------- the id layout
@@ -265,6 +282,10 @@ def _edges(cfg: SynthConfig, layout: Layout, rng: np.random.Generator, lo: int, 
     skew = (cfg.degree_exponent - 1) / (cfg.degree_exponent - 2)
     size = layout.members(c_dst)
     j = np.minimum((size * rng.random(m) ** skew).astype(np.int64), size - 1)
+    if cfg.locality > 0:      # drawn after the others: graphs without locality keep their random stream
+        local = (c_dst == c_src) & (rng.random(m) < cfg.locality)
+        offset = rng.geometric(1.0 / LOCAL_WIDTH, m) * np.where(rng.random(m) < 0.5, -1, 1)
+        j = np.where(local, (layout.rank(src) // n_comm + offset) % size, j)
     dst = layout.node(c_dst, j)
     keep = src != dst
     u, v = np.minimum(src[keep], dst[keep]), np.maximum(src[keep], dst[keep])

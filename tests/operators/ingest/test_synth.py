@@ -242,3 +242,26 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert m["config"]["feature_format"] == "parquet" and m["shards"]["features"] == 3
     assert main(["synth", str(out), "--nodes", "1"]) == 2
     assert "--nodes" in capsys.readouterr().err
+
+
+def test_locality_puts_dense_clusters_inside_the_communities(tmp_path: Path, small_raw: dict[str, np.ndarray]) -> None:
+    from diskflow.operators.ingest.synth import LOCAL_WIDTH
+
+    cfg = SynthConfig(**{**SMALL, "seed": 3})
+    assert "locality" not in cfg.as_dict()          # graphs made before the option keep their identity
+    local = read_raw(synth(tmp_path / "raw", seed=3, locality=0.8))
+    layout = Layout.of(cfg)
+
+    def near(raw: dict[str, np.ndarray]) -> float:
+        """Share of edges inside a community between members at most one mean offset apart."""
+        cs, cd = layout.community(raw["src"]), layout.community(raw["dst"])
+        js, jd = layout.rank(raw["src"]) // cfg.num_classes, layout.rank(raw["dst"]) // cfg.num_classes
+        size = layout.members(cs)
+        gap = np.minimum(np.abs(js - jd), size - np.abs(js - jd))
+        return float(np.mean((cs == cd) & (gap <= LOCAL_WIDTH)))
+
+    assert near(local) > 2 * near(small_raw)
+    label = local["label"][np.argsort(local["node_id"])]
+    assert np.mean(label[local["src"]] == label[local["dst"]]) == pytest.approx(SMALL.get("homophily", 0.75), abs=0.05)
+    with pytest.raises(ConfigError, match="--locality"):
+        SynthConfig(locality=1.5)
