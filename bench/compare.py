@@ -756,34 +756,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      "threads": args.io_threads},
                                     {"kind": "io_sequential", "model": args.io_model, "sequential": True,
                                      "threads": args.io_threads}]
-            if name in transient and args.definitions[name].loader == "packed":
-                print(f"preparing {name} ...", flush=True)
-                t_prep = time.perf_counter()
-                prepared.update(_prepare_all(store, [name], work, budget, fit, args, belady=False))
-                setup_s += time.perf_counter() - t_prep
-            child: dict[str, Any] = {"runs": {}, "groups": {}}
-            own = None if name not in prepared or _exact(args.definitions[name]) else \
-                {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
-            for group, runs in groups.items():
-                spec = {**shared, "pipeline": name, "group": group, "drop": [str(p) for p in droppable],
-                        **({"warm": own} if own is not None else {}),
-                        "packed": str(prepared[name]["path"]) if name in prepared else None,
-                        "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
-                        else None,
-                        "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
-                print(f"running {name}: {', '.join(r['kind'] for r in runs)} (repeat {repeat + 1}/{args.repeats}) ...",
-                      flush=True)
-                done = _launch(spec, work, None if name == "inmemory" else limits[group], args.timeout)
-                child["runs"].update(done.pop("runs"))
-                child["groups"][group] = done
-                if "error" in done:
-                    print(f"  {name} ({group}) failed: {done['error']}", flush=True)
-            children[name].append(child)
-            if name in transient and name in prepared:
-                path = Path(prepared[name]["path"])
-                prepared[name]["useful"] = _useful_bytes(path)
-                shutil.rmtree(path, ignore_errors=True)
-                print(f"  removed {path} (--keep keeps it)", flush=True)
+            try:
+                if name in transient and args.definitions[name].loader == "packed":
+                    print(f"preparing {name} ...", flush=True)
+                    t_prep = time.perf_counter()
+                    prepared.update(_prepare_all(store, [name], work, budget, fit, args, belady=False))
+                    setup_s += time.perf_counter() - t_prep
+                child: dict[str, Any] = {"runs": {}, "groups": {}}
+                own = None if name not in prepared or _exact(args.definitions[name]) else \
+                    {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
+                for group, runs in groups.items():
+                    spec = {**shared, "pipeline": name, "group": group, "drop": [str(p) for p in droppable],
+                            **({"warm": own} if own is not None else {}),
+                            "packed": str(prepared[name]["path"]) if name in prepared else None,
+                            "measure": [warmup, args.baseline_batches] if args.baseline_batches and name in args.cut_short
+                            else None,
+                            "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
+                    print(f"running {name}: {', '.join(r['kind'] for r in runs)} (repeat {repeat + 1}/{args.repeats}) ...",
+                          flush=True)
+                    done = _launch(spec, work, None if name == "inmemory" else limits[group], args.timeout)
+                    child["runs"].update(done.pop("runs"))
+                    child["groups"][group] = done
+                    if "error" in done:
+                        print(f"  {name} ({group}) failed: {done['error']}", flush=True)
+                children[name].append(child)
+            finally:       # removed even when a run failed: the next pipeline needs the disk
+                if name in transient and name in prepared:
+                    path = Path(prepared[name]["path"])
+                    if path.is_dir():
+                        prepared[name]["useful"] = _useful_bytes(path)
+                    for gone in (path, Path(f"{path}.work")):
+                        shutil.rmtree(gone, ignore_errors=True)
+                    print(f"  removed {path} and its cache (--keep keeps them)", flush=True)
     _drop(droppable)
 
     belady_useful = _useful_bytes(ref)

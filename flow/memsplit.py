@@ -21,10 +21,11 @@ SPLIT_PLOT = "memory_split.png"
 
 
 def split_point(share: float, shared: int, history_bytes: int, history_rows: int, accesses: int,
-                disk_rows: int, row_bytes: int, pruned: int) -> dict[str, Any]:
-    """One candidate of the curve (`shared`: the bytes both caches share), as JSON values."""
+                disk_rows: int, row_bytes: int, pruned: int, cpu_bytes: int) -> dict[str, Any]:
+    """One candidate of the curve (`shared`: the bytes both caches share; `cpu_bytes`: the CPU tier
+    its plan got), as JSON values."""
     return {"share": share, "history_bytes": history_bytes, "history_rows": history_rows,
-            "cpu_bytes": shared - history_bytes, "accesses": accesses, "disk_rows": disk_rows,
+            "cpu_bytes": cpu_bytes, "accesses": accesses, "disk_rows": disk_rows,
             "disk_bytes": disk_rows * row_bytes, "pruned": pruned}
 
 

@@ -71,7 +71,7 @@ from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_p
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.diskcache import build_layout
-from ..operators.prepare.history import DEFAULT_STALENESS, HISTORY_SELECTS, history_rows
+from ..operators.prepare.history import DEFAULT_STALENESS, FLOAT_BYTES, HISTORY_SELECTS, history_rows
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
@@ -192,6 +192,8 @@ class PrepareConfig:
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                   f"got {self.history_select!r}")
+        if self.history_select != "accesses" and not (self.history_memory or self.history_split):
+            raise ConfigError("--history-select", "applies to a historical embedding cache only (--history-memory)")
         if self.history_staleness < 1:
             raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if self.history_memory and len(self.fanouts) < 2:
@@ -242,8 +244,8 @@ class PrepareConfig:
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
                             **({} if self.disk_cache else {"disk_cache": False}),
-                            **({"split": list(SPLIT_SHARES), "dim": self.history_dim, "staleness": self.history_staleness}
-                               if self.history_split else {}),
+                            **({"split": list(SPLIT_SHARES), "dim": self.history_dim, "staleness": self.history_staleness,
+                                "select": self.history_select} if self.history_split else {}),
                             "k": self.minhash_k, "version": PACKED_VERSION, "layout": 2})
 
 
@@ -451,6 +453,7 @@ class _Run:
     split: dict[str, Any] | None = None         # the memory split's curve and choice (history_split)
     keep_stale: bool = False                    # keep other configs' cached stages (while the split is searched)
     parts_key: str | None = None                # the partition's content fingerprint (partition batches)
+    label_prior: list[float] | None = None      # the training labels' shares (partition batches weigh losses by them)
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -511,6 +514,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         # the samples follow the parts the partition stage holds, by content (a partition on several
         # threads, redone, may differ), not the config that made them
         run.parts_key = parts_fingerprint(run.order.parts)
+        # the losses' label prior, checked before the expensive phases
+        run.label_prior = list(label_shares(store.labels[store.split_ids("train")], store.num_classes))
     if cfg.history_split:
         with phase("split"):
             _split_phase(run, store_hash)
@@ -574,31 +579,47 @@ def _split_phase(run: _Run, store_hash: str) -> None:
     cfg = run.cfg
     part_key = run.parts_key
     rb = run.store.row_bytes
+    row_cost = cfg.history_dim * FLOAT_BYTES
+    most = run.store.num_nodes * row_cost          # an embedding for every node: more is never used
     curve: list[dict[str, Any]] = []
     configs: dict[float, PrepareConfig] = {}
     stages: dict[float, tuple[str, str]] = {}
+    best: dict[str, Any] | None = None
     shared = 0
+    tok = run.tok
+    # staleness 1 never reuses an embedding, so no share but 0 can read less
+    shares = SPLIT_SHARES[:1] if cfg.history_staleness == 1 else SPLIT_SHARES
     run.keep_stale = True
     try:
-        for share in SPLIT_SHARES:
-            hist = int(shared * share)
-            if share and hist // (cfg.history_dim * 4) == 0:
-                continue                # too little memory for one embedding
+        for i, share in enumerate(shares):
+            hist = min(int(shared * share), most) // row_cost * row_cost
+            if share and (hist == 0 or any(p["history_bytes"] == hist for p in curve)):
+                continue                # no embedding fits, or the same cache as a smaller share
             cand = replace(cfg, history_split=False, history_memory=hist, cpu_memory=cfg.cpu_memory - hist)
-            run.cfg = cand
+            run.cfg, run.tok = cand, f"{tok}s{i}"     # each candidate's tasks under keys of their own
             s_key = cand.sample_key(store_hash, part_key)
             p_key = cand.plan_key(s_key)
             sdir, summaries = _sample_phase(run, s_key)
             _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False)
+            cpu_bytes = int(planned["tiers"]["cpu_rows"]) * rb
             if not share:
-                shared = int(planned["tiers"]["cpu_rows"]) * rb
-            curve.append(split_point(share, shared, hist, min(cand.history_rows, run.store.num_nodes),
-                                     sum(int(x["accesses"]) for x in summaries),
-                                     sum(int(x["misses"]) for x in planned["plans"]), rb,
-                                     sum(int(x.get("pruned", 0)) for x in summaries)))
+                shared = cpu_bytes
+            point = split_point(share, shared, hist, min(cand.history_rows, run.store.num_nodes),
+                                sum(int(x["accesses"]) for x in summaries),
+                                sum(int(x["misses"]) for x in planned["plans"]), rb,
+                                sum(int(x.get("pruned", 0)) for x in summaries), cpu_bytes)
+            curve.append(point)
             configs[share], stages[share] = cand, (s_key, p_key)
+            # keep the cached stages of the best candidate so far only: each holds a whole round
+            beaten = stages[share] if best is not None and best_split([best, point]) is best else None
+            if beaten is None:
+                beaten = None if best is None else stages[best["share"]]
+                best = point
+            if beaten is not None:
+                shutil.rmtree(_stage_dir(run.work, "samples", beaten[0]), ignore_errors=True)
+                shutil.rmtree(_stage_dir(run.work, "plans", beaten[1]), ignore_errors=True)
     finally:
-        run.keep_stale = False
+        run.keep_stale, run.tok = False, tok
     chosen = best_split(curve)
     run.cfg = configs[chosen["share"]]
     s_key, p_key = stages[chosen["share"]]
@@ -692,8 +713,7 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         "batch_order": cfg.batches,
         **({"memory_split": run.split} if run.split is not None else {}),
         **({"partition": run.partition} if run.partition is not None else {}),
-        **({"label_prior": list(label_shares(store.labels[store.split_ids("train")], store.num_classes))}
-           if run.order is not None else {}),
+        **({"label_prior": run.label_prior} if run.label_prior is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
                         "select": cfg.history_select,

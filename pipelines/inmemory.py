@@ -159,14 +159,15 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                                        "from a packed dataset prepared with --batches partition")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
-    planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples, model == DATA_ONLY,
-                                    history_select, round_hop1)
+    make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
+                                         model == DATA_ONLY, history_select, round_hop1)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
                       batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
                       eval_every=eval_every, threads=threads, history_rows=rows, label_prior=prior)
     dev = resolve_device(device)
+    planner = None if make_planner is None else make_planner()     # draws ahead only once the options are good
     how = _Run(name, features, samples, on_batch, on_start)
     how.order, how.history = order, planner
     with torch_threads(cfg.threads), deterministic():
@@ -211,10 +212,11 @@ def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int,
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
                     samples: str | os.PathLike[str] | None, data_only: bool = False, select: str = "degree",
                     round_hop1: Callable[[], list[list[np.ndarray]]] | None = None
-                    ) -> tuple[HistoryPlanner | None, int]:
-    """The historical embedding cache's planner and rows for `memory` bytes (None and 0: no cache), its
-    nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes, from
-    `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). With stored `samples`, their
+                    ) -> tuple[Callable[[], HistoryPlanner] | None, int]:
+    """What makes the historical embedding cache's planner, and its rows, for `memory` bytes (None and 0:
+    no cache), its nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes,
+    from `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). The planner is made when
+    called (drawing the round's one-hop nodes first for ``"accesses"``). With stored `samples`, their
     round's plan decides: no planner here, the rows it was planned for."""
     from ..flow.options import byte_budget
 
@@ -222,6 +224,8 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
         raise ConfigError("--history-memory", "auto splits the CPU budget of a packed pipeline between its feature "
                                               "cache and the embedding cache; this pipeline has no feature cache: "
                                               "give a size (e.g. 5%)")
+    if select not in HISTORY_SELECTS:
+        raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
     nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:
@@ -242,13 +246,13 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     rows = history_rows(nbytes, hidden)
     if rows == 0:
         raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
-    if select not in HISTORY_SELECTS:
-        raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
-    if select == "accesses" and round_hop1 is not None:
-        nodes = history_nodes_by_count(round_hop1(), st.num_nodes, rows)
-    else:
-        nodes = history_nodes(np.asarray(st.indptr), rows)
-    return HistoryPlanner(nodes, staleness), min(rows, st.num_nodes)
+
+    def make() -> HistoryPlanner:
+        if select == "accesses" and round_hop1 is not None:
+            return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness)
+        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness)
+
+    return make, min(rows, st.num_nodes)
 
 
 def stored_label_prior(samples: str | os.PathLike[str] | None) -> tuple[float, ...] | None:

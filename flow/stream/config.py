@@ -20,6 +20,12 @@ class StreamStopped(DiskflowError):
     """The streamed run had to stop (a lost worker or scheduler, a superbatch that fails verification)."""
 
 
+# options added after the first checkpoints were written, with their defaults (left out of the fingerprint)
+_LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
+                          "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
+                          "history_select": "accesses"}
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     """A streamed run: the round, the tiers' budgets, the stream's window, and the trainer's options.
@@ -110,7 +116,9 @@ class StreamConfig:
     def fingerprint(self, store_hash: str) -> str:
         """What a checkpoint must match to be resumed (options that change results; not the window)."""
         keep = {k: v for k, v in self.describe().items()
-                if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train")}
-        train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")}
+                if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train")
+                and not (k in _LATER and v == _LATER[k])}     # checkpoints made before these existed still match
+        train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")
+                 and not (k == "label_prior" and v is None)}
         return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
                             "train": {**train, "fanouts": list(train["fanouts"])}})

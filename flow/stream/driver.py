@@ -18,7 +18,7 @@ from ...operators.formats.files import config_hash
 from ...operators.formats.store import Store
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.policies import policy_id
-from ...operators.prepare.seeds import BatchOrder
+from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
 from ..graph import PrepGraph, TierSpec, partition_task
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
@@ -311,6 +311,8 @@ class StreamRun:
                                      key=f"partition-{self.tok}", pure=False, **self._cpu(-2))
             self.partition = {**fut.result(), "cached": False}
         self.partition["group_by"] = cfg.group_by
+        # a checkpoint resumes only on the parts it was trained with
+        self.fingerprint = config_hash({"run": self.fingerprint, "parts": parts_fingerprint(path)})
         self.graph.order = BatchOrder("partition", str(path), cfg.parts_per_group, cfg.group_by,
                                       str(self.store.path.resolve() / self.store.manifest["labels"]))
 

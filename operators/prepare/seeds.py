@@ -160,7 +160,12 @@ def _load_parts(path: str, mtime_ns: int, size: int) -> np.ndarray:
 def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
     """Each label's share of `labels` (labels in 0..num_classes-1): the prior partition batches'
     losses are weighed by (`train.config.TrainConfig.label_prior`)."""
-    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)[:num_classes]
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.shape[0] and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ConfigError("--batches", f"partition batches weigh the losses by the training labels' shares, which "
+                                       f"must be in [0, {num_classes}); the training split has labels from "
+                                       f"{int(labels.min())} to {int(labels.max())}")
+    counts = np.bincount(labels, minlength=num_classes)[:num_classes]
     total = int(counts.sum())
     if total == 0:
         raise ConfigError("--batches", "partition batches need training seeds with labels")

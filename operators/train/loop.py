@@ -75,7 +75,8 @@ def prior_weighted_loss(logits: torch.Tensor, target: torch.Tensor, prior: torch
     label mix (partition batches) estimates the split's loss; a batch that holds the labels in
     the split's proportions gets the plain mean."""
     per_seed = F.cross_entropy(logits, target, reduction="none")
-    counts = torch.bincount(target, minlength=prior.shape[0]).to(per_seed.dtype)
+    # one_hot + sum, not bincount: no device-to-host sync (bincount sizes its output from the max)
+    counts = F.one_hot(target, prior.shape[0]).sum(0).to(per_seed.dtype)
     weight = prior[target].to(per_seed.dtype) / counts[target]
     return (weight * per_seed).sum() / weight.sum()
 

@@ -86,15 +86,16 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
         assert p[name]["batches"] == "partition" and p[name]["partition"]["parts"] >= 2, name
         assert p[name]["losses"] != p["inmemory"]["losses"], name
         split = p[name]["memory_split"]           # the OUTRE pipelines split the feature budget automatically
-        assert [q["share"] for q in split["curve"]] == list(SPLIT_SHARES), name
+        shares = [q["share"] for q in split["curve"]]
+        assert shares[0] == 0 and set(shares) <= set(SPLIT_SHARES), name
         chosen = split["chosen"]
         assert chosen["disk_bytes"] == min(q["disk_bytes"] for q in split["curve"]) == p[name]["plan_miss_bytes"], name
         assert (p[name]["history"] is not None) == (chosen["history_rows"] > 0), name
         assert split["curve"][0]["disk_bytes"] == p["belady_outre"]["memory_split"]["curve"][0]["disk_bytes"] \
             or name == "outre"                    # no embedding cache: the same partition batches, whatever S
-    # staleness 1 never reuses an embedding: nothing is pruned at any share, so the split gives embeddings nothing
+    # staleness 1 never reuses an embedding: the split searches share 0 alone
     s1 = p["belady_outre_s1"]["memory_split"]
-    assert all(q["pruned"] == 0 for q in s1["curve"]) and s1["chosen"]["share"] == 0
+    assert [q["share"] for q in s1["curve"]] == [0.0] and s1["chosen"]["pruned"] == 0
     assert p["belady_outre_s1"]["history"] is None
     assert p["belady_outre"]["plan_miss_bytes"] <= p["belady_outre_s1"]["plan_miss_bytes"]   # S=100 can do what S=1 does
     sweep = f["staleness_sweep"]
@@ -172,8 +173,8 @@ def test_repeats_keep_each_runs_fastest() -> None:
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     _, _, work = compared
     kept = ["belady", "diskgnn", "ginex"]     # the shared samples' datasets stay for the next run
-    own = ["belady_outre", "belady_outre_s1", "belady_outre_s10", "outre"]    # removed once their runs are done
-    assert sorted(p.name for p in (work / "packed").iterdir()) == sorted([*kept, *(f"{n}.work" for n in kept + own)])
+    # the OUTRE ones (samples of their own) are removed with their caches once their runs are done
+    assert sorted(p.name for p in (work / "packed").iterdir()) == sorted([*kept, *(f"{n}.work" for n in kept)])
     assert not (work / "runs").exists()        # run directories removed without --keep
 
 

@@ -37,13 +37,20 @@ def test_curve_has_every_share_and_the_best_is_chosen(split_run) -> None:
     r, _ = split_run
     split = r.figures["memory_split"]
     curve = split["curve"]
-    assert [p["share"] for p in curve] == list(SPLIT_SHARES)
+    shares = [p["share"] for p in curve]
+    assert shares[0] == 0 and set(shares) <= set(SPLIT_SHARES) and shares == sorted(shares)
     none = curve[0]
     assert none["history_bytes"] == 0 and none["pruned"] == 0 and none["cpu_bytes"] == split["budget"] > 0
+    most = 4111 * HIDDEN * 4                  # an embedding for every node of the graph
     for p in curve[1:]:
-        assert p["history_bytes"] == int(split["budget"] * p["share"])
-        assert p["history_rows"] == min(p["history_bytes"] // (HIDDEN * 4), 4111)
-        assert p["cpu_bytes"] + p["history_bytes"] == split["budget"]
+        assert p["history_bytes"] == min(int(split["budget"] * p["share"]), most) // (HIDDEN * 4) * (HIDDEN * 4)
+        assert p["history_rows"] == p["history_bytes"] // (HIDDEN * 4)
+        # the CPU tier its own plan got: what the budget leaves beside the embeddings and the staging of
+        # its (pruned, so smaller) batches
+        assert 0 < p["cpu_bytes"] and p["cpu_bytes"] + p["history_bytes"] < CFG.cpu_memory
+    # a share asking for more than every node's embedding is the capped one, searched once
+    assert [p["history_bytes"] for p in curve] == sorted({p["history_bytes"] for p in curve})
+    assert curve[-1]["history_bytes"] == most and len(curve) < len(SPLIT_SHARES)
     # more embeddings prune more subtrees, so fewer rows are gathered at all
     assert [p["accesses"] for p in curve] == sorted((p["accesses"] for p in curve), reverse=True)
     assert curve[-1]["pruned"] > 0
@@ -54,6 +61,7 @@ def test_curve_has_every_share_and_the_best_is_chosen(split_run) -> None:
     assert split["chosen"] == min((p for p in curve if p["disk_bytes"] == best), key=lambda p: p["history_bytes"])
     # the packed dataset is the chosen candidate's
     assert r.figures["plan_miss_bytes"] == split["chosen"]["disk_bytes"]
+    assert r.figures["cpu_rows"] * r.figures["row_bytes"] == split["chosen"]["cpu_bytes"]
     assert r.figures["accesses"] == split["chosen"]["accesses"]
     if split["chosen"]["history_rows"]:
         assert r.figures["history"]["rows"] == split["chosen"]["history_rows"]
@@ -101,6 +109,15 @@ def test_best_split_breaks_ties_towards_fewer_embeddings() -> None:
     assert best_split(curve)["share"] == .1
 
 
+def test_staleness_one_searches_nothing_and_other_selections_key_the_dataset(split_run, tiny_store: Path) -> None:
+    r, root = split_run
+    with dask.config.set(scheduler="sync"):
+        s1 = prepare(tiny_store, root / "s1", replace(CFG, history_staleness=1), quiet=True)
+        degree = prepare(tiny_store, r.path, replace(CFG, history_select="degree"), quiet=True)
+    assert [p["share"] for p in s1.figures["memory_split"]["curve"]] == [0.0] and "history" not in s1.figures
+    assert not degree.skipped and degree.figures["history"]["select"] == "degree"
+
+
 def test_bad_split_options_are_refused() -> None:
     with pytest.raises(ConfigError, match="--history-memory"):
         replace(CFG, history_memory=1 << 20).validate()
@@ -108,6 +125,8 @@ def test_bad_split_options_are_refused() -> None:
         replace(CFG, cpu_memory=0).validate()
     with pytest.raises(ConfigError, match="--history-memory"):
         replace(CFG, fanouts=(5,)).validate()
+    with pytest.raises(ConfigError, match="--history-select"):
+        replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
     assert history_options("auto", None, 16, 1 << 20, 100) == {
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100}
     with pytest.raises(ConfigError, match="--history-staleness"):

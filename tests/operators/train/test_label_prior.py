@@ -49,6 +49,8 @@ def test_label_shares_and_bad_priors() -> None:
             TrainConfig(label_prior=bad)
     with pytest.raises(ConfigError, match="--batches"):
         label_shares(np.zeros(0, dtype=np.int64), 3)
+    with pytest.raises(ConfigError, match="from -1 to 1"):
+        label_shares(np.array([-1, 0, 1]), 2)                 # an unlabeled training node
 
 
 @pytest.mark.usefixtures("sync_dask")
