@@ -148,18 +148,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
                "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
                "disk_budget": budgets["disk_budget"]}
-    if readahead is not None:
-        options["readahead"] = readahead
-    if batches is not None:
-        options["batches"] = batches
-    if partitions is not None:
-        options["partitions"] = partitions
-    if parts_per_group is not None:
-        options["parts_per_group"] = parts_per_group
-    if group_by is not None:
-        options["group_by"] = group_by
-    if history_select is not None:
-        options["history_select"] = history_select
+    given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,
+             "group_by": group_by, "history_select": history_select}
+    options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
     options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)

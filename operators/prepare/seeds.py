@@ -138,23 +138,30 @@ def part_labels(part_of_seed: np.ndarray, seed_labels: np.ndarray, num_parts: in
 
 def load_parts(path: str | os.PathLike[str]) -> np.ndarray:
     """The partition file (int32 part per node), memory-mapped; the same file is opened once per process."""
+    parts = _mapped(path, "a partition file (an int32 .npy of every node's part)")
+    if parts.ndim != 1 or parts.dtype != np.int32:
+        raise ConfigError("--partition", f"{os.fspath(path)}: expected a 1-D int32 array of parts, got "
+                                         f"{parts.dtype} {parts.shape}")
+    return parts
+
+
+def _mapped(path: str | os.PathLike[str], what: str) -> np.ndarray:
+    """The .npy at `path`, memory-mapped once per process (and again when the file changes); an
+    InputError naming it as `what` when it is not an .npy."""
     p = os.fspath(path)
     st = os.stat(p)
-    return _load_parts(p, st.st_mtime_ns, st.st_size)
+    return _open_mapped(p, st.st_mtime_ns, st.st_size, what)
 
 
-@lru_cache(maxsize=4)
-def _load_parts(path: str, mtime_ns: int, size: int) -> np.ndarray:
+@lru_cache(maxsize=8)
+def _open_mapped(path: str, mtime_ns: int, size: int, what: str) -> np.ndarray:
     from ..formats.errors import InputError
     from ..formats.files import load_npy
 
     try:
-        parts = load_npy(path, mmap_mode="r")
+        return load_npy(path, mmap_mode="r")
     except (OSError, ValueError, EOFError) as e:
-        raise InputError(path, f"not a partition file (an int32 .npy of every node's part): {e}") from e
-    if parts.ndim != 1 or parts.dtype != np.int32:
-        raise ConfigError("--partition", f"{path}: expected a 1-D int32 array of parts, got {parts.dtype} {parts.shape}")
-    return parts
+        raise InputError(path, f"not {what}: {e}") from e
 
 
 def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
@@ -174,22 +181,11 @@ def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
 
 def load_labels(path: str | os.PathLike[str] | None) -> np.ndarray:
     """Every node's label (an .npy), memory-mapped; the same file is opened once per process."""
+    from ..formats.errors import InputError
+
     if path is None:
         raise ConfigError("--group-by", "grouping parts by label needs the nodes' labels")
-    p = os.fspath(path)
-    st = os.stat(p)
-    return _load_labels(p, st.st_mtime_ns, st.st_size)
-
-
-@lru_cache(maxsize=4)
-def _load_labels(path: str, mtime_ns: int, size: int) -> np.ndarray:
-    from ..formats.errors import InputError
-    from ..formats.files import load_npy
-
-    try:
-        labels = load_npy(path, mmap_mode="r")
-    except (OSError, ValueError, EOFError) as e:
-        raise InputError(path, f"not a labels file (an .npy of every node's label): {e}") from e
+    labels = _mapped(path, "a labels file (an .npy of every node's label)")
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise InputError(path, f"expected a 1-D integer array of labels, got {labels.dtype} {labels.shape}")
     return labels
