@@ -85,7 +85,7 @@ import numpy as np
 
 from ..flow.options import fanouts_option
 from ..operators.formats.checksum import crc32
-from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
 
@@ -586,7 +586,7 @@ def _scaled(run: dict[str, Any], batches: int, epochs: int) -> dict[str, Any] | 
         return {"epoch_s": p["seconds"] * n / k, "disk_read_bytes": int(p["read_bytes"] * batches / k),
                 "measured_read_bytes": int(p["read_bytes"]), "measured_batches": list(range(w, w + k)),
                 "cut": f"batches {w + 1}-{w + k} of {n}, scaled"}
-    eps = run["epochs"]
+    eps = run.get("epochs") or []       # none: the run never started (its pipeline failed to prepare)
     if len(eps) != epochs:
         return None
     return {"epoch_s": sum(e["seconds"] for e in eps) / len(eps), "disk_read_bytes": int(sum(e["read_bytes"] for e in eps)),
@@ -760,8 +760,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if name in transient and args.definitions[name].loader == "packed":
                     print(f"preparing {name} ...", flush=True)
                     t_prep = time.perf_counter()
-                    prepared.update(_prepare_all(store, [name], work, budget, fit, args, belady=False))
-                    setup_s += time.perf_counter() - t_prep
+                    try:
+                        prepared.update(_prepare_all(store, [name], work, budget, fit, args, belady=False))
+                    except DiskflowError as e:      # the other pipelines' runs go on; the table says why
+                        print(f"  {name}: prepare failed: {e}", flush=True)
+                        children[name].append({"runs": {"prepare": {"error": str(e)}}, "groups": {}})
+                        continue
+                    finally:
+                        setup_s += time.perf_counter() - t_prep
                 child: dict[str, Any] = {"runs": {}, "groups": {}}
                 own = None if name not in prepared or _exact(args.definitions[name]) else \
                     {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
@@ -781,9 +787,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"  {name} ({group}) failed: {done['error']}", flush=True)
                 children[name].append(child)
             finally:       # removed even when a run failed: the next pipeline needs the disk
-                if name in transient and name in prepared:
-                    path = Path(prepared[name]["path"])
-                    if path.is_dir():
+                if name in transient and args.definitions[name].loader == "packed":
+                    path = work / "packed" / name
+                    if name in prepared and path.is_dir():
                         prepared[name]["useful"] = _useful_bytes(path)
                     for gone in (path, Path(f"{path}.work")):
                         shutil.rmtree(gone, ignore_errors=True)
@@ -793,7 +799,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     belady_useful = _useful_bytes(ref)
     pipelines: dict[str, Any] = {}
     for name in names:
-        useful = None if name == "inmemory" else belady_useful if name == "mmap" else \
+        useful = belady_useful if name == "mmap" else None if name not in prepared else \
             prepared[name]["useful"] if "useful" in prepared[name] else _useful_bytes(prepared[name]["path"])
         plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
         pipelines[name] = _summary(children[name], batches * args.epochs, args.epochs, useful, plan_miss)

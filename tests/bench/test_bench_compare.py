@@ -178,6 +178,24 @@ def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     assert not (work / "runs").exists()        # run directories removed without --keep
 
 
+def test_a_pipeline_that_fails_to_prepare_is_reported_and_the_others_run(tiny_store: Path, tmp_path: Path) -> None:
+    # samples of its own (partition batches), so prepared just before its runs; a cache of one byte holds no
+    # embedding, so that preparation fails
+    (tmp_path / "bad.py").write_text('from diskflow import Pipeline\n'
+                                     'PIPELINE = Pipeline("bad_outre", batches="partition", history_memory="1B")\n')
+    out = tmp_path / "figures.json"
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(tmp_path / "w"),
+            "--pipelines", f"inmemory,belady,{tmp_path / 'bad.py'}", "--json", str(out), "--no-cgroup"]
+    with redirect_stdout(StringIO()) as printed:
+        assert main(argv) == 0
+    f = json.loads(out.read_text())
+    bad = f["pipelines"]["bad_outre"]
+    assert "prepare" in next(iter(bad["errors"])) and "--history-memory" in next(iter(bad["errors"].values()))
+    assert bad["epoch_s"] is None and f["pipelines"]["belady"]["epoch_s"] > 0
+    assert "bad_outre: prepare failed" in printed.getvalue()
+    assert sorted(p.name for p in (tmp_path / "w" / "packed").iterdir()) == ["belady", "belady.work"]
+
+
 def test_a_budget_that_cannot_hold_the_staging_is_one_clear_error(tiny_store: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(tmp_path)]
