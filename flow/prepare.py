@@ -183,8 +183,6 @@ class PrepareConfig:
                 raise ConfigError("--history-memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
             if self.cpu_memory <= 0:
                 raise ConfigError("--history-memory", "auto splits --cpu-memory between the caches; give a CPU budget")
-            if len(self.fanouts) < 2:
-                raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         elif not self.history_memory and self.history_staleness != DEFAULT_STALENESS:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
         if self.history_memory < 0:
@@ -196,7 +194,7 @@ class PrepareConfig:
             raise ConfigError("--history-select", "applies to a historical embedding cache only (--history-memory)")
         if self.history_staleness < 1:
             raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
-        if self.history_memory and len(self.fanouts) < 2:
+        if (self.history_memory or self.history_split) and len(self.fanouts) < 2:
             raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         if self.history_memory and self.history_rows == 0:
             raise ConfigError("--history-memory", f"{self.history_memory:,} bytes hold no embedding of "
@@ -611,10 +609,10 @@ def _split_phase(run: _Run, store_hash: str) -> None:
             curve.append(point)
             configs[share], stages[share] = cand, (s_key, p_key)
             # keep the cached stages of the best candidate so far only: each holds a whole round
-            beaten = stages[share] if best is not None and best_split([best, point]) is best else None
-            if beaten is None:
-                beaten = None if best is None else stages[best["share"]]
-                best = point
+            if best is None or best_split([best, point]) is point:
+                beaten, best = (None if best is None else stages[best["share"]]), point
+            else:
+                beaten = stages[share]
             if beaten is not None:
                 shutil.rmtree(_stage_dir(run.work, "samples", beaten[0]), ignore_errors=True)
                 shutil.rmtree(_stage_dir(run.work, "plans", beaten[1]), ignore_errors=True)
