@@ -46,7 +46,9 @@ PACKAGE = "diskflow.pipelines"
 USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
 # loader -> the function that trains with it ("module:function"; imported only when a run starts)
 LOADERS = {"packed": "diskflow.pipelines._packed:run_packed", "memory": "diskflow.pipelines.inmemory:run",
-           "mmap": "diskflow.pipelines.mmap:run", "stream": "diskflow.pipelines.streaming:run"}
+           "mmap": "diskflow.pipelines.mmap:run", "stream": "diskflow.pipelines.streaming:run",
+           "online": "diskflow.pipelines._online:run_online"}
+ONLINE_TIERS = ("lru", "hybrid")   # the online loader's buffer eviction: GNNDrive's LRU standby list, LSM-GNN's hybrid
 BATCHES = BATCH_ORDERS        # "shuffled": a fresh permutation per epoch; "partition": groups of min-cut parts
 SAMPLERS = ("neighbor",)      # uniform neighbour sampling per hop (PyG NeighborLoader's), native
 
@@ -59,8 +61,10 @@ class Pipeline:
         name: the pipeline's name (reports, run directories, the packed dataset's manifest).
         loader: what feeds the training session: ``"packed"`` (prepare a packed dataset, then
             the pipelined direct-I/O trainer), ``"memory"`` (every feature in RAM),
-            ``"mmap"`` (features through memory maps and the page cache) or ``"stream"``
-            (prepared on CPU workers superbatch by superbatch, trained on the GPU worker).
+            ``"mmap"`` (features through memory maps and the page cache), ``"stream"``
+            (prepared on CPU workers superbatch by superbatch, trained on the GPU worker) or
+            ``"online"`` (no preparation: sampled on the fly, rows extracted by asynchronous
+            direct-I/O readers into a fixed host feature buffer; `operators.train.online`).
         batches: how seeds are cut into batches: ``"shuffled"`` (a seeded permutation per epoch) or
             ``"partition"`` (OUTRE: seeds of a few min-cut parts together, which share more of
             their neighbourhoods; `operators.prepare.seeds.BatchOrder`). A run's ``batches=``
@@ -69,7 +73,9 @@ class Pipeline:
         fanouts: the default fanouts (a run's ``fanouts=`` overrides them); -1 = all neighbours.
         gpu_tier: ``"hottest"`` or a function ``(counts, rows, exclude) -> node ids``.
         cpu_tier: ``"belady"`` (planned per superbatch), ``"static"`` (hottest outside the GPU
-            tier) or such a function (a static tier).
+            tier) or such a function (a static tier); with the online loader, how its feature
+            buffer evicts: ``"lru"`` (GNNDrive) or ``"hybrid"`` (LSM-GNN: a lookahead window's
+            next uses, then in-degree).
         packing: pack every miss into page-aligned per-batch segments; False: read misses row
             by row from the store (Ginex).
         disk_cache: when packing exceeds the disk budget, keep a MinHash-ordered segmented disk
@@ -108,7 +114,14 @@ class Pipeline:
             raise ConfigError("fanouts", f"expected a sequence of integers >= -1, got {self.fanouts!r}")
         object.__setattr__(self, "fanouts", tuple(check_fanouts(self.fanouts)))    # the sampler's own check
         check_policy(self.gpu_tier, "gpu")
-        check_policy(self.cpu_tier, "cpu")
+        if self.loader == "online":
+            if self.cpu_tier == "belady":      # the field's default: the online loader's own default
+                object.__setattr__(self, "cpu_tier", "lru")
+            if self.cpu_tier not in ONLINE_TIERS:
+                raise ConfigError("Pipeline.cpu_tier", f"the online loader's buffer evicts by one of "
+                                                       f"{', '.join(ONLINE_TIERS)}, got {self.cpu_tier!r}")
+        else:
+            check_policy(self.cpu_tier, "cpu")
         if not self.packing and self.disk_cache:
             object.__setattr__(self, "disk_cache", False)     # nothing packed: no disk cache either
         if self.history_memory == "auto" and self.loader != "packed":
@@ -118,7 +131,10 @@ class Pipeline:
         if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
-        if self.loader != "packed" and (self.cpu_tier != "belady" or self.gpu_tier != "hottest" or not self.packing):
+        if self.loader == "online" and self.history_memory not in (None, 0, "0"):
+            raise ConfigError("Pipeline.history_memory", "the online loader has no historical embedding cache")
+        if self.loader not in ("packed", "online") and (self.cpu_tier != "belady" or self.gpu_tier != "hottest"
+                                                         or not self.packing):
             raise ConfigError("Pipeline.loader", f"tier policies and packing are the packed loader's; the "
                                                  f"{self.loader} loader takes the defaults")
 
@@ -172,7 +188,7 @@ class Pipeline:
             options.setdefault("history_memory", self.history_memory)
             options.setdefault("history_staleness", self.history_staleness)
         train = self._loader_function()
-        if self.loader == "packed":
+        if self.loader in ("packed", "online"):
             return train(self, store, run_dir, **options)
         return train(store, run_dir, **options)
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -139,7 +139,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
+        train_loader: TrainLoader | None = None) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -147,6 +148,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         features: None to read every feature into RAM (and copy the topology there); else a
             function of the store returning an object with ``index_select(0, n_id)`` and
             ``device`` (as a tensor), e.g. memory-mapped shards; the topology stays mapped.
+        train_loader: None (training batches from `InMemoryLoader` over `features`), or a
+            `TrainLoader` that makes the training loader itself (the online pipelines': the same
+            batches, their rows from elsewhere); `features` then serve evaluation only.
         The other arguments are `run`'s.
     """
     wall0 = time.perf_counter()
@@ -169,7 +173,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     dev = resolve_device(device)
     planner = None if make_planner is None else make_planner()     # draws ahead only once the options are good
     how = _Run(name, features, samples, on_batch, on_start)
-    how.order, how.history = order, planner
+    how.order, how.history, how.loader = order, planner, train_loader
     with torch_threads(cfg.threads), deterministic():
         report = _train(st, run_dir, cfg, dev, progress, on_epoch, how)
     report["config"]["batches"] = batches
@@ -179,6 +183,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         report["history"] = {"rows": rows, "staleness": history_staleness, "bytes": rows * cfg.hidden * 4,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
+    if train_loader is not None:
+        report.update(train_loader.report())
+        report["config"]["features"] = train_loader.features
     elif rows and samples is not None:      # planned with the stored samples
         with PackedDataset(samples) as ds:
             report["history"] = dict(ds.manifest["figures"]["history"])
@@ -199,6 +206,24 @@ class _Run:
         self.on_batch, self.on_start = on_batch, on_start
         self.order: BatchOrder | None = None
         self.history: HistoryPlanner | None = None
+        self.loader: TrainLoader | None = None
+
+
+class TrainLoader(Protocol):
+    """What makes a pipeline's own training loader for `gathered_run` (the online pipelines)."""
+
+    stages: tuple[str, ...]     # the loader's `stage_s` keys (the session adds ``train``)
+    features: str               # where rows come from, for the report's config
+
+    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
+             order: BatchOrder | None) -> Any:
+        """The training loader: `set_epoch`, `len`, iterating `Data`, `stage_s`, `counts`."""
+
+    def epoch_record(self, loader: Any) -> dict[str, Any]:
+        """What the report's epoch record adds after an epoch of `loader`."""
+
+    def report(self) -> dict[str, Any]:
+        """What the report adds after the run (e.g. the loader's memory)."""
 
 
 def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int, epochs: int,
@@ -372,12 +397,17 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     _check_labels(st, labels, splits)
 
     sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
-    train: InMemoryLoader | StoredSamplesLoader = (
-        InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed, TRAIN_STREAM,
-                       order=how.order, history=how.history)
-        if how.samples is None else StoredSamplesLoader(features, labels, how.samples, st, cfg))
+    train: Any
+    if how.loader is not None:
+        train = how.loader.make(st, labels, sampler, splits["train"], cfg, how.order)
+    elif how.samples is None:
+        train = InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,
+                               TRAIN_STREAM, order=how.order, history=how.history)
+    else:
+        train = StoredSamplesLoader(features, labels, how.samples, st, cfg)
     evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__)
-    session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=STAGES, evals=lambda: evals)
+    stages = STAGES if how.loader is None else (*how.loader.stages, "train")
+    session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=stages, evals=lambda: evals)
 
     for epoch in range(cfg.epochs):
         train.set_epoch(epoch)
@@ -392,9 +422,13 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
             record["rows_gathered"] = counts["rows"]
             if how.history is not None:
                 record["history"] = {"pruned": counts["pruned"], "pushed": counts["pushed"]}
+        if how.loader is not None:
+            record.update(how.loader.epoch_record(train))
         if on_epoch is not None:
             on_epoch(record)
 
+    if how.loader is not None:
+        train.close()
     records = session.records
     return {
         "pipeline": how.name,
@@ -410,7 +444,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
         "load_s": load_s,
         "epochs": records,
         "final": final_block(records),
-        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in (*STAGES, "eval")},
+        "stage_s": {k: sum(r["stage_s"][k] for r in records) for k in (*stages, "eval")},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "run_dir": str(run_dir),
     }

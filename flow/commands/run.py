@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one-hop nodes) or degree (the highest in-degree, as memory/mmap choose online)")
     p.add_argument("--history-staleness", metavar="S",
                    help="batches a cached embedding stays usable (default 100; 1: never reused)")
+    p.add_argument("--extractors", metavar="N",
+                   help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
+                        "(default 4)")
     add_run_arguments(p)
     p.set_defaults(func=_run)
 
@@ -101,6 +104,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "history_select": ("--history-select", str),
     "history_memory": ("--history-memory", str),
     "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
+    "extractors": ("--extractors", lambda s: parse_int("--extractors", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 
@@ -151,6 +155,10 @@ def _print_summary(report: dict[str, Any]) -> None:
     if final:
         print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
               f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+    if report.get("online"):
+        from ...pipelines._online import describe_online
+
+        print(describe_online(report))
     hist = report.get("history")
     if hist:
         gathered = [r["rows_gathered"] for r in epochs if r.get("rows_gathered") is not None]

@@ -1,0 +1,176 @@
+"""The online loader of `diskflow.Pipeline` (``loader="online"``): train with no preparation.
+
+Batches are sampled on the fly over the memory-mapped topology (the very batches of the in-memory
+pipeline and of a prepared round: same seed order, same sampling seeds), and their feature rows
+are extracted by asynchronous direct-I/O readers into one fixed-size host feature buffer
+(`operators.train.online`). The pipeline's ``cpu_tier`` says how the buffer evicts: ``"lru"``
+(GNNDrive's standby list; the ``gnndrive`` pipeline) or ``"hybrid"`` (LSM-GNN's levels over a
+lookahead window, then in-degree; the ``lsmgnn`` pipeline). Training is the one session every
+pipeline trains with (`pipelines.inmemory.gathered_run`), so the losses equal the in-memory
+pipeline's.
+
+    diskflow run gnndrive --dataset STORE [--cpu-memory 10%] [--extractors 4]
+    diskflow run lsmgnn --dataset STORE [--cpu-memory 10%] [--window 8]
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..flow.options import byte_budget
+from ..flow.pipeline import Pipeline
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import format_bytes
+from ..operators.formats.store import Store
+from ..operators.prepare.sample import NeighborSampler
+from ..operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
+from ..operators.train.online import (
+    DEFAULT_EXTRACTORS,
+    DEFAULT_STAGING_BYTES,
+    DEFAULT_WINDOW,
+    FeatureBuffer,
+    OnlineLoader,
+    buffer_slots,
+)
+from ..operators.train.session import StoreFeatures, TrainConfig
+from .inmemory import EpochHook, gathered_run
+
+DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
+
+
+class InDegree:
+    """Each node's in-degree, read from the CSC's `indptr` when asked (no array over every node)."""
+
+    def __init__(self, indptr: np.ndarray) -> None:
+        self.indptr = indptr
+
+    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        return np.asarray(self.indptr[ids + 1], np.int64) - np.asarray(self.indptr[ids], np.int64)
+
+
+def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) -> int:
+    """The most distinct rows a batch can have: every hop at full fanout, at most every node."""
+    rows, frontier = batch_size, batch_size
+    for f in fanouts:
+        if f < 0:
+            return num_nodes
+        frontier *= f
+        rows += frontier
+        if rows >= num_nodes:
+            return num_nodes
+    return min(rows, num_nodes)
+
+
+def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
+    """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
+    rows = worst_batch_rows(st.num_nodes, batch_size, fanouts)
+    one_batch = rows * (st.row_bytes + 28) + st.num_nodes * 4 + extractors * (DEFAULT_STAGING_BYTES + (1 << 20)) * 2
+    return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
+
+
+class _OnlineTraining:
+    """`gathered_run`'s `TrainLoader` for the online loader: makes the buffer and the loader, reports them."""
+
+    stages: tuple[str, ...] = ("sample", "plan", "extract", "gather", "wait")
+
+    def __init__(self, policy: str, budget: int | str | None, extractors: int, window: int) -> None:
+        self.policy, self.budget, self.extractors, self.window = policy, budget, extractors, window
+        self.features = f"online ({policy}): O_DIRECT reads into a fixed feature buffer"
+        self.loader: OnlineLoader | None = None
+        self.nbytes = 0
+
+    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
+             order: BatchOrder | None) -> OnlineLoader:
+        nbytes = byte_budget(self.budget, "--cpu-memory", st.feature_bytes)
+        if nbytes is None:
+            nbytes = default_budget(st, cfg.batch_size, cfg.fanouts, self.extractors)
+        self.nbytes = nbytes
+        slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, self.extractors), st.num_nodes)
+        threshold = max(1, self.window // 8)
+        buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, self.policy,
+                            static=InDegree(st.indptr) if self.policy == "hybrid" else None, threshold=threshold)
+        self.loader = OnlineLoader(st, buf, labels, sampler, seeds, cfg.batch_size, cfg.seed, order=order,
+                                   extractors=self.extractors, window=self.window)
+        return self.loader
+
+    def epoch_record(self, loader: Any) -> dict[str, Any]:
+        c = loader.counts
+        return {"rows_gathered": c["rows"],
+                "online": {**c, "hit_rate": c["hits"] / c["rows"] if c["rows"] else math.nan,
+                           "first_batch_s": loader.first_batch_s}}
+
+    def report(self) -> dict[str, Any]:
+        assert self.loader is not None
+        buf = self.loader.buffer
+        return {"online": {"policy": self.policy, "extractors": self.extractors, "window": self.window,
+                           "threshold": buf.threshold if self.policy == "hybrid" else None,
+                           "cpu_memory": self.nbytes, "slots": buf.slots, "memory": self.loader.memory(),
+                           "topology_bytes": int(self.loader.store.indptr.nbytes + self.loader.store.indices.nbytes)}}
+
+
+def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
+               model: str = TrainConfig.model, hidden: int = TrainConfig.hidden,
+               num_layers: int | None = TrainConfig.num_layers, fanouts: Sequence[int] = TrainConfig.fanouts,
+               batch_size: int = TrainConfig.batch_size, epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr,
+               dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads, seed: int = TrainConfig.seed,
+               device: str = "cpu", eval_every: int = TrainConfig.eval_every,
+               threads: int | None = TrainConfig.threads, cpu_memory: int | str | None = None,
+               extractors: int = DEFAULT_EXTRACTORS, window: int | None = None, progress: bool = True,
+               on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
+               on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
+               partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
+               parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label") -> dict[str, Any]:
+    """Train `model` with `pipeline`'s online loader; write report.json and curves.png into `run_dir`.
+
+    Args:
+        pipeline: a `Pipeline` with ``loader="online"`` (its ``cpu_tier``: ``"lru"`` or ``"hybrid"``).
+        store: an ingested store (its feature shards are read with O_DIRECT, never mapped).
+        run_dir: an existing directory for this run's outputs.
+        cpu_memory: host bytes of the feature buffer with its tables and staging (``"410MiB"``, or a
+            share of the feature bytes such as ``"10%"``); default 10% of the features, or one
+            worst-case batch (every hop at full fanout) when that is more. The buffer must hold a
+            batch's distinct rows.
+        extractors: batches read at once, each by its own reader (io_uring, 64 requests in flight).
+        window: batches sampled ahead of the one whose slots are planned: the hybrid policy's lookahead
+            (default 8); with ``"lru"`` default 0 (batches are still sampled `extractors` ahead).
+        Other options are the in-memory pipeline's (same seed: same batches, same losses).
+
+    Returns:
+        The in-memory pipeline's report, plus ``online`` (policy, buffer slots, fixed memory) and, per
+        epoch, ``online`` (rows, hits, misses, evictions, rows and bytes read, time to the first batch).
+    """
+    if pipeline.loader != "online":
+        raise ConfigError("PIPELINE", f"the {pipeline.name} pipeline has the {pipeline.loader} loader, not online")
+    if isinstance(extractors, bool) or not isinstance(extractors, int) or extractors < 1:
+        raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors!r}")
+    if window is None:
+        window = DEFAULT_WINDOW if pipeline.cpu_tier == "hybrid" else 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ConfigError("--window", f"expected an integer >= 0, got {window!r}")
+    if pipeline.cpu_tier == "hybrid" and window < 1:
+        raise ConfigError("--window", "the hybrid policy evicts by the next uses in a lookahead window: give >= 1")
+    training = _OnlineTraining(str(pipeline.cpu_tier), cpu_memory, extractors, window)
+    options = dict(locals())
+    for name in ("pipeline", "cpu_memory", "extractors", "window", "training"):
+        del options[name]
+    report = gathered_run(pipeline.name, features=StoreFeatures, samples=None, train_loader=training, **options)
+    return report
+
+
+def describe_online(report: dict[str, Any]) -> str:
+    """One line on an online run's buffer: its policy, size and hit rate."""
+    o = report.get("online") or {}
+    mem = o.get("memory", {})
+    epochs = [e["online"] for e in report.get("epochs", []) if "online" in e]
+    hits = sum(e["hits"] for e in epochs)
+    rows = sum(e["rows"] for e in epochs)
+    rate = f"{hits / rows:.1%}" if rows else "n/a"
+    return (f"feature buffer ({o.get('policy')}): {o.get('slots', 0):,} rows, {format_bytes(mem.get('total_bytes', 0))} "
+            f"fixed (rows {format_bytes(mem.get('buffer_bytes', 0))}, tables {format_bytes(mem.get('table_bytes', 0))}, "
+            f"staging {format_bytes(mem.get('staging_bytes', 0))}); hit rate {rate}")
