@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -89,9 +90,11 @@ from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
 from .common import drop_page_cache, print_table, sequential_read_bw
 
-PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "belady_outre", "outre")
+PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
+ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
+TOTAL_EPOCHS = (1, 10)               # the table's "time to train E epochs, preparation included"
 BASELINES = ("mmap", "ginex")        # the ones --baseline-batches cuts short by default
-RUN_ORDER = ("belady", "diskgnn", "ginex", "belady_outre", "outre", "mmap", "inmemory")
+RUN_ORDER = ("belady", "diskgnn", "ginex", "gnndrive", "lsmgnn", "belady_outre", "outre", "mmap", "inmemory")
 SWEPT = "belady_outre"               # the pipeline --staleness-sweep runs at other staleness thresholds
 DEFAULT_WORKDIR = Path("bench-data") / "compare"
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
@@ -101,7 +104,8 @@ TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5
            "mmap_over_belady": (">=", 10.0), "belady_model_vs_inmemory": ("<=", 1.2),
            "pipelined_speedup": (">=", 1.5), "pipelined_speedup_io_bound": (">=", 1.5),
            "loader_over_seq_bw": (">=", 0.8), "belady_over_outre_bytes": (">=", 1.5),
-           "outre_acc_gap_points": ("<=", 1.0)}
+           "outre_acc_gap_points": ("<=", 1.0), "ginex_over_gnndrive": (">=", 1.0),
+           "mmap_over_gnndrive": (">=", 5.0), "lsmgnn_misses_over_belady_plan": ("<=", 1.3)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -185,7 +189,8 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         d = defs[path]
         if d.loader != "packed":
             raise ConfigError("--pipelines", f"{path}: the {d.name} pipeline uses the {d.loader} loader; compare "
-                                             "takes pipelines with the packed loader (inmemory and mmap are built in)")
+                                             "takes pipelines with the packed loader (inmemory, mmap, gnndrive and "
+                                             "lsmgnn are built in)")
         if d.name in PIPELINES or sum(defs[u].name == d.name for u in users) > 1:
             raise ConfigError("--pipelines", f"{path}: its pipeline's name {d.name!r} is taken; give it another name")
     args.definitions = {d.name: d for d in defs.values()}
@@ -299,8 +304,29 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
                                  staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
                                  batch_size=args.batch_size, superbatch_size=args.superbatch_size,
                                  epochs=args.epochs, seed=args.seed, history_dim=args.hidden, quiet=True)
-        out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
+        out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures,
+                     "prepare_s": _prepare_seconds(path, r)}
     return out
+
+
+def _prepare_seconds(path: Path, r: Any) -> float | None:
+    """How long preparing `path` took: this run's time, or, for a cache an earlier run prepared, the time that
+    run recorded for the same configuration (in ``WORKDIR/prepare_seconds.json``; None if none did: the totals
+    with preparation then say so)."""
+    book = path.parent.parent / "prepare_seconds.json"
+    try:
+        known = json.loads(book.read_text()) if book.is_file() else {}
+    except ValueError:
+        known = {}
+    key = str(read_manifest(path).get("config_hash"))
+    if not r.skipped:
+        known[path.name] = {"config_hash": key, "seconds": float(r.seconds)}
+        tmp = book.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(book)
+        return float(r.seconds)
+    entry = known.get(path.name) or {}
+    return float(entry["seconds"]) if entry.get("config_hash") == key else None
 
 
 def _samples_files(packed: Path) -> dict[int, list[Path]]:
@@ -531,10 +557,13 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     def snapshot() -> dict[str, Any]:
         io = proc_io()
         return {"epoch": st["epoch"], "batches": st["count"], "seconds": time.perf_counter() - st["t0"],
+                "first_batch_s": st.get("first_batch_s"),
                 "read_bytes": io["read_bytes"] - st["io0"]["read_bytes"], "rchar": io["rchar"] - st["io0"]["rchar"]}
 
     def on_batch(_: int) -> None:
         st["count"] += 1
+        if st["count"] == 1:
+            st["first_batch_s"] = time.perf_counter() - st["t0"]
         if measure and st["count"] == warmup and st["epoch"] == 0:
             st.update(io0=proc_io(), t0=time.perf_counter())
         if measure and st["count"] == warmup + measure < st["n"]:
@@ -562,6 +591,12 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             report = train_packed(spec["packed"], run_dir, cpu_memory=spec["cpu_memory"],
                                   queue_depth=spec["queue_depth"], sequential=run["sequential"],
                                   check_crc=run.get("check_crc", True), store=spec["store"], **common)
+        elif spec["pipeline"] in ONLINE:
+            from ..flow.pipeline import load_pipeline
+
+            report = load_pipeline(spec["pipeline"]).run(
+                spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"], epochs=spec["epochs"],
+                cpu_memory=spec["cpu_memory"], progress=False, **common)
         else:
             from ..pipelines import inmemory, mmap
 
@@ -611,7 +646,7 @@ def _best(children: list[dict[str, Any]], kind: str, batches: int, epochs: int
 def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: np.ndarray | None,
              plan_miss: int | None) -> dict[str, Any]:
     """One pipeline's figures from its children (one per repeat): the fastest data-path and model runs."""
-    _, d, data_all = _best(children, "data", batches, epochs)
+    drun, d, data_all = _best(children, "data", batches, epochs)
     model, m, model_all = _best(children, "model", batches, epochs)
     rep = model.get("report") or {}
     amp = None
@@ -628,6 +663,10 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
               if "error" in r}
     losses = [[e["losses"] for e in rr["report"]["epochs"]] for c in children
               if (rr := c["runs"].get("model", {})).get("report")]
+    drep = drun.get("report") or {}
+    online = [e["online"] for e in drep.get("epochs", []) if "online" in e]
+    ds = drep.get("dataset") or {}
+    row_bytes = ds["feature_bytes"] // ds["nodes"] if ds.get("nodes") else 0
     return {
         "data_epoch_s": None if d is None else d["epoch_s"],
         "epoch_s": None if m is None else m["epoch_s"],
@@ -646,6 +685,12 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
         "losses": losses[0] if losses else None,
         "losses_repeatable": all(x == losses[0] for x in losses) if losses else None,
         "cut_short": (d or {}).get("cut") or (m or {}).get("cut"),
+        "first_batch_s": ((drun.get("epochs") or [{}])[0]).get("first_batch_s"),
+        "online": None if not online else {
+            "miss_bytes": sum(e["misses"] for e in online) * row_bytes, "rows": sum(e["rows"] for e in online),
+            "hits": sum(e["hits"] for e in online), "misses": sum(e["misses"] for e in online),
+            "memory": (drep.get("online") or {}).get("memory"), "slots": (drep.get("online") or {}).get("slots"),
+            "policy": (drep.get("online") or {}).get("policy"), "window": (drep.get("online") or {}).get("window")},
         "process_read_bytes": {g: group("process_read_bytes", g) for g in ("data", "model")},
         "wall_s": {g: group("wall_s", g) for g in ("data", "model")},
         "errors": errors or None,
@@ -668,6 +713,18 @@ def _allowance(rss: int, held: int) -> int:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def _crossover(planned: dict[str, Any] | None, online: dict[str, Any]) -> int | None:
+    """The fewest epochs from which the planned pipeline, its preparation included, trains faster than the online
+    one (None: it never does, or a figure is missing)."""
+    if planned is None or planned.get("prepare_s") is None or planned.get("epoch_s") is None \
+            or online.get("epoch_s") is None:
+        return None
+    gain = online["epoch_s"] - planned["epoch_s"]
+    if gain <= 0:
+        return None
+    return math.floor(planned["prepare_s"] / gain) + 1
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -771,6 +828,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 child: dict[str, Any] = {"runs": {}, "groups": {}}
                 own = None if name not in prepared or _exact(args.definitions[name]) else \
                     {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
+                if name in ONLINE:      # they read no stored sample
+                    own = {str(e): [] for e in range(args.epochs)}
                 for group, runs in groups.items():
                     spec = {**shared, "pipeline": name, "group": group, "drop": [str(p) for p in droppable],
                             **({"warm": own} if own is not None else {}),
@@ -831,6 +890,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     for p in pipelines.values():    # the disk's floor for the bytes each data path read, at sequential speed
         p["disk_floor_s"] = None if p["disk_read_bytes"] is None else p["disk_read_bytes"] / args.epochs / seq_bw
+    for name, p in pipelines.items():   # time to train E epochs, preparation included
+        p["prepare_s"] = prepared[name].get("prepare_s") if name in prepared else 0.0
+        p["total_s"] = {str(e): None if p["epoch_s"] is None or p["prepare_s"] is None
+                        else p["prepare_s"] + e * p["epoch_s"] for e in TOTAL_EPOCHS}
 
     def get(name: str, key: str) -> float | None:
         return pipelines.get(name, {}).get(key)
@@ -848,7 +911,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "belady_over_outre_bytes": _ratio(get("belady", "disk_read_bytes"), get(SWEPT, "disk_read_bytes")),
         "outre_acc_gap_points": None if get("inmemory", "test_acc") is None or get(SWEPT, "test_acc") is None
         else 100 * (float(get("inmemory", "test_acc") or 0) - float(get(SWEPT, "test_acc") or 0)),
+        "ginex_over_gnndrive": _ratio(get("ginex", "data_epoch_s"), get("gnndrive", "data_epoch_s")),
+        "mmap_over_gnndrive": _ratio(get("mmap", "data_epoch_s"), get("gnndrive", "data_epoch_s")),
+        "lsmgnn_misses_over_belady_plan": _ratio(((pipelines.get("lsmgnn") or {}).get("online") or {}).get("miss_bytes"),
+                                                 get("belady", "plan_miss_bytes")),
+        "lsmgnn_disk_over_belady_plan": _ratio(get("lsmgnn", "disk_read_bytes"), get("belady", "plan_miss_bytes")),
     }
+    il = get("inmemory", "losses")
+    online_identical = {n: None if il is None or get(n, "losses") is None else get(n, "losses") == il
+                        for n in ONLINE if n in pipelines}
+    crossover = {n: _crossover(pipelines.get("belady"), pipelines[n]) for n in ONLINE if n in pipelines}
     sweep = [{"staleness": x, "pipeline": n, "disk_read_bytes_per_epoch":
               None if get(n, "disk_read_bytes") is None else float(get(n, "disk_read_bytes") or 0) / args.epochs,
               "data_epoch_s": get(n, "data_epoch_s"), "epoch_s": get(n, "epoch_s"), "test_acc": get(n, "test_acc"),
@@ -859,6 +931,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     identical = None if bl is None or il is None else bl == il
     figures: dict[str, Any] = {
         "pipelines": pipelines, "ratios": ratios, "losses_identical": identical, "staleness_sweep": sweep,
+        "online_losses_identical": online_identical, "crossover_epochs": crossover,
         "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
         "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allowance,
         "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
@@ -942,6 +1015,11 @@ def _print(f: dict[str, Any]) -> None:
         if p.get("memory_split"):
             ms = p["memory_split"]
             note.append(f"memory split: {ms['chosen']['share']:.1%} of the caches' {_b(ms['budget'])} to embeddings")
+        if p.get("online"):
+            o = p["online"]
+            note.append(f"{o['policy']} buffer {o['slots']:,} rows, {_b((o['memory'] or {}).get('total_bytes'))} fixed"
+                        + (f", window {o['window']}" if o.get("window") else "")
+                        + f", hit rate {o['hits'] / o['rows']:.1%}" if o["rows"] else "")
         if p["errors"]:
             note.append("; ".join(f"{k}: {v}" for k, v in p["errors"].items()))
         rows.append({"pipeline": name, "data epoch s": _s(p["data_epoch_s"]), "disk floor s": _s(p["disk_floor_s"]),
@@ -949,13 +1027,18 @@ def _print(f: dict[str, Any]) -> None:
                      "read amp": _s(p["read_amplification"], ".3g"), "peak RSS": _b(p["peak_rss_bytes"]),
                      "cgroup peak data": _b(p["data_cgroup_peak_bytes"]),
                      "cgroup peak model": _b(p["cgroup_peak_bytes"]), "test acc": _s(p["test_acc"], ".4f"),
+                     "first batch s": _s(p.get("first_batch_s")),
+                     **{f"{e} ep. + prep s": _s((p.get("total_s") or {}).get(str(e)), ".1f") for e in TOTAL_EPOCHS},
                      "note": ", ".join(note)})
     print_table(title, rows, ["pipeline", "data epoch s", "disk floor s", "sage epoch s", "disk read", "plan misses",
-                              "read amp", "peak RSS", "cgroup peak data", "cgroup peak model", "test acc", "note"])
+                              "read amp", "peak RSS", "cgroup peak data", "cgroup peak model", "test acc",
+                              "first batch s", *(f"{e} ep. + prep s" for e in TOTAL_EPOCHS), "note"])
     print(f"disk floor: an epoch's disk read at the disk's sequential bandwidth. "
           f"disk read: /proc/self/io read_bytes of the run's training epochs (data-path run, whole round); "
           f"sample files ({_b(f['sample_bytes'])}) read before each epoch's clock; page cache dropped before every "
-          f"run ({f['page_cache_drop'].split(' on ')[0]}); device read_ahead_kb {f['read_ahead_kb']}")
+          f"run ({f['page_cache_drop'].split(' on ')[0]}); device read_ahead_kb {f['read_ahead_kb']}. "
+          f"first batch s: an epoch's start to its first trained batch (data-path run). E ep. + prep s: time to "
+          f"train E epochs (GraphSAGE epochs) plus the pipeline's preparation ('-': a cache whose time is unknown)")
     r = f["ratios"]
     bel = f["pipelines"].get("belady", {})
     lines = [
@@ -976,6 +1059,10 @@ def _print(f: dict[str, Any]) -> None:
         (f"belady disk read / {SWEPT} disk read (bytes per epoch)", r.get("belady_over_outre_bytes")),
         ((f"inmemory test acc - {SWEPT} test acc, points, after {f['epochs']} epochs (random batches, no history "
           f"against partition batches and history)"), r.get("outre_acc_gap_points")),
+        ("ginex / gnndrive data path", r.get("ginex_over_gnndrive")),
+        ("mmap / gnndrive data path", r.get("mmap_over_gnndrive")),
+        ((f"lsmgnn cache misses / belady plan misses, bytes of rows (its true disk read, whole pages: "
+          f"{_s(r.get('lsmgnn_disk_over_belady_plan'), '.3g')}x)"), r.get("lsmgnn_misses_over_belady_plan")),
     ]
     rows = []
     for (text, value), (key, (op, target)) in zip(lines, TARGETS.items()):
@@ -996,6 +1083,12 @@ def _print(f: dict[str, Any]) -> None:
                       else f"{x['history_share']:.1%}"} for x in f["staleness_sweep"]],
                     ["staleness", "disk read per epoch", "data epoch s", "sage epoch s", "test acc", "subtrees pruned",
                      "embeddings' share"])
+    for n, same in (f.get("online_losses_identical") or {}).items():
+        cross = (f.get("crossover_epochs") or {}).get(n)
+        bel_p = f["pipelines"].get("belady", {}).get("prepare_s")
+        print(f"losses of {n} and inmemory identical epoch by epoch: {'-' if same is None else ('yes' if same else 'NO')}"
+              f"; belady (prepare {_s(bel_p, '.1f')} s + its epochs) beats {n} from "
+              + ("-" if cross is None else f"{cross} epoch{'s' if cross > 1 else ''}") + " on")
     ident = f["losses_identical"]
     print(f"losses of belady and inmemory identical epoch by epoch: "
           f"{'-' if ident is None else ('yes' if ident else 'NO')}; samples identical across prepared datasets: "

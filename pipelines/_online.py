@@ -31,11 +31,12 @@ from ..operators.prepare.sample import NeighborSampler
 from ..operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
 from ..operators.train.online import (
     DEFAULT_EXTRACTORS,
-    DEFAULT_STAGING_BYTES,
     DEFAULT_WINDOW,
+    MAX_STAGING_BYTES,
     FeatureBuffer,
     OnlineLoader,
     buffer_slots,
+    staging_bytes_for,
 )
 from ..operators.train.session import StoreFeatures, TrainConfig
 from .inmemory import EpochHook, gathered_run
@@ -70,7 +71,7 @@ def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) ->
 def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
     """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
     rows = worst_batch_rows(st.num_nodes, batch_size, fanouts)
-    one_batch = rows * (st.row_bytes + 28) + st.num_nodes * 4 + extractors * (DEFAULT_STAGING_BYTES + (1 << 20)) * 2
+    one_batch = rows * (st.row_bytes + 28) + st.num_nodes * 4 + extractors * 2 * MAX_STAGING_BYTES
     return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
 
 
@@ -91,12 +92,13 @@ class _OnlineTraining:
         if nbytes is None:
             nbytes = default_budget(st, cfg.batch_size, cfg.fanouts, self.extractors)
         self.nbytes = nbytes
-        slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, self.extractors), st.num_nodes)
+        staging = staging_bytes_for(nbytes, self.extractors)
+        slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, self.extractors, staging), st.num_nodes)
         threshold = max(1, self.window // 8)
         buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, self.policy,
                             static=InDegree(st.indptr) if self.policy == "hybrid" else None, threshold=threshold)
         self.loader = OnlineLoader(st, buf, labels, sampler, seeds, cfg.batch_size, cfg.seed, order=order,
-                                   extractors=self.extractors, window=self.window)
+                                   extractors=self.extractors, window=self.window, staging_bytes=staging)
         return self.loader
 
     def epoch_record(self, loader: Any) -> dict[str, Any]:

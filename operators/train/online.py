@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ...native.constants import DEFAULT_BOUNCE_BYTES
+from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.errors import ConfigError, InputError
 from ..formats.files import byte_offsets, format_bytes
@@ -54,7 +54,8 @@ from .pipe import END, Pipe, StageClock, guard
 
 POLICIES = ("lru", "hybrid")
 DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors, one batch each
-DEFAULT_STAGING_BYTES = 4 << 20     # each extractor's staging rows (a batch's misses go through in pieces)
+MAX_STAGING_BYTES = 2 << 20         # each extractor's staging rows (a batch's misses go through in pieces) ...
+MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the extractors, within these bounds
 DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
 _NO_USE = np.iinfo(np.int64).max
 
@@ -200,19 +201,34 @@ class FeatureBuffer:
 
     def memory(self, extractors: int, staging_bytes: int) -> dict[str, int]:
         """The loader's fixed host memory: slots, tables, and per extractor its staging and bounce buffers."""
-        staging = extractors * (staging_bytes + DEFAULT_BOUNCE_BYTES)
+        staging = extractors * (staging_bytes + bounce_bytes(staging_bytes))
         return {"buffer_bytes": self.slots * self.row_bytes, "table_bytes": self.table_bytes,
                 "staging_bytes": staging, "total_bytes": self.slots * self.row_bytes + self.table_bytes + staging}
 
 
+def staging_bytes_for(budget: int, extractors: int) -> int:
+    """Each extractor's staging bytes for a buffer of `budget` bytes: 1/16 of it over the extractors, within
+    [`MIN_STAGING_BYTES`, `MAX_STAGING_BYTES`], a multiple of 4 KiB."""
+    share = int(budget) // (16 * max(1, extractors))
+    return max(MIN_STAGING_BYTES, min(MAX_STAGING_BYTES, share)) // ALIGN * ALIGN
+
+
+def bounce_bytes(staging_bytes: int) -> int:
+    """The page bounce buffer of an extractor's reader: as large as its staging, at least one merged request."""
+    return max(int(staging_bytes), DEFAULT_MERGE_BYTES)
+
+
 def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
-                 staging_bytes: int = DEFAULT_STAGING_BYTES) -> int:
-    """Row slots that fit `budget` host bytes beside the tables and the extractors' buffers.
+                 staging_bytes: int | None = None) -> int:
+    """Row slots that fit `budget` host bytes beside the tables and the extractors' buffers (their staging:
+    `staging_bytes_for` the budget unless given).
 
     Raises:
         ConfigError: (``--cpu-memory``) the budget does not even hold those.
     """
-    fixed = num_nodes * 4 + extractors * (staging_bytes + DEFAULT_BOUNCE_BYTES)
+    if staging_bytes is None:
+        staging_bytes = staging_bytes_for(budget, extractors)
+    fixed = num_nodes * 4 + extractors * (staging_bytes + bounce_bytes(staging_bytes))
     per_slot = row_bytes + 8 + 4 + 8 + 8
     slots = (int(budget) - fixed) // per_slot
     if slots < 1:
@@ -229,9 +245,9 @@ class StoreRows:
     pieces of at most `staging_bytes`, and copied into their slots.
     """
 
-    def __init__(self, store: Any, staging_bytes: int = DEFAULT_STAGING_BYTES) -> None:
+    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES) -> None:
         self.store = store
-        self.reader = DirectReader(backend="auto")
+        self.reader = DirectReader(backend="auto", bounce_bytes=bounce_bytes(staging_bytes))
         self.row_bytes = int(store.row_bytes)
         self.piece = max(1, int(staging_bytes) // self.row_bytes)
         self.staging = np.empty((self.piece, self.row_bytes), np.uint8)
@@ -307,7 +323,7 @@ class OnlineLoader:
     def __init__(self, store: Any, buffer: FeatureBuffer, labels: torch.Tensor, sampler: Sampler,
                  seeds: np.ndarray, batch_size: int, seed: int, *, order: BatchOrder | None = None,
                  extractors: int = DEFAULT_EXTRACTORS, window: int = 0,
-                 staging_bytes: int = DEFAULT_STAGING_BYTES) -> None:
+                 staging_bytes: int = MAX_STAGING_BYTES) -> None:
         if extractors < 1:
             raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors}")
         if window < 0:

@@ -42,7 +42,7 @@ def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> None:
     f, printed, _ = compared
     assert sorted(f["pipelines"]) == ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn",
-                                      "ginex", "inmemory", "mmap", "outre"]
+                                      "ginex", "gnndrive", "inmemory", "lsmgnn", "mmap", "outre"]
     for name, p in f["pipelines"].items():
         for key in KEYS:
             assert key in p, (name, key)
@@ -53,7 +53,8 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
     assert set(f["ratios"]) == {"belady_data_vs_inmemory", "ginex_over_belady", "mmap_over_belady",
                                 "belady_model_vs_inmemory", "pipelined_speedup", "pipelined_speedup_io_bound",
                                 "belady_io_model_vs_data", "loader_over_seq_bw", "belady_data_vs_disk_floor",
-                                "belady_over_outre_bytes", "outre_acc_gap_points"}
+                                "belady_over_outre_bytes", "outre_acc_gap_points", "ginex_over_gnndrive",
+                                "mmap_over_gnndrive", "lsmgnn_misses_over_belady_plan", "lsmgnn_disk_over_belady_plan"}
     bel = f["pipelines"]["belady"]
     assert bel["io_model"] == "mlp" and bel["io_model_epoch_s"] > 0 and bel["io_sequential_epoch_s"] > 0
     assert f["ratios"]["pipelined_speedup_io_bound"] == pytest.approx(
@@ -72,9 +73,42 @@ def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
     p = f["pipelines"]
     assert f["samples_identical"] and f["losses_identical"] is True
     assert "identical epoch by epoch: yes" in printed
-    for name in ("diskgnn", "ginex", "mmap"):        # every pipeline is exact: the very same training
+    for name in ("diskgnn", "ginex", "mmap", "gnndrive", "lsmgnn"):   # every pipeline is exact: the very same training
         assert p[name]["losses"] == p["inmemory"]["losses"], name
         assert p[name]["test_acc"] == p["inmemory"]["test_acc"], name
+
+
+def test_online_pipelines_columns_and_crossover(compared: tuple[dict, str, Path]) -> None:
+    f, printed, _ = compared
+    p = f["pipelines"]
+    assert f["online_losses_identical"] == {"gnndrive": True, "lsmgnn": True}
+    for name in ("gnndrive", "lsmgnn"):
+        o = p[name]["online"]
+        assert o["policy"] == {"gnndrive": "lru", "lsmgnn": "hybrid"}[name] and o["rows"] == o["hits"] + o["misses"]
+        assert o["memory"]["total_bytes"] <= f["feature_budget_bytes"]
+        assert p[name]["prepare_s"] == 0.0 and p[name]["plan_miss_bytes"] is None
+        assert p[name]["disk_read_bytes"] is not None and p[name]["first_batch_s"] > 0
+        assert f"losses of {name} and inmemory identical epoch by epoch: yes" in printed
+    for name, q in p.items():       # total time to train E epochs, preparation included
+        assert q["first_batch_s"] > 0, name
+        if name in ("belady", "ginex", "diskgnn"):
+            assert q["prepare_s"] > 0, name
+        for e in (1, 10):
+            assert q["total_s"][str(e)] == pytest.approx(q["prepare_s"] + e * q["epoch_s"]), (name, e)
+    row_bytes = f["feature_bytes"] // f["dataset"]["nodes"]
+    assert p["lsmgnn"]["online"]["miss_bytes"] == p["lsmgnn"]["online"]["misses"] * row_bytes
+    assert f["ratios"]["lsmgnn_misses_over_belady_plan"] == pytest.approx(
+        p["lsmgnn"]["online"]["miss_bytes"] / p["belady"]["plan_miss_bytes"])
+    bel, g = p["belady"], p["gnndrive"]
+    cross = f["crossover_epochs"]["gnndrive"]
+    if g["epoch_s"] > bel["epoch_s"]:
+        assert bel["prepare_s"] + cross * bel["epoch_s"] < cross * g["epoch_s"]
+        assert bel["prepare_s"] + (cross - 1) * bel["epoch_s"] >= (cross - 1) * g["epoch_s"]
+    else:
+        assert cross is None
+    for column in ("first batch s", "1 ep. + prep s", "10 ep. + prep s", "ginex / gnndrive data path",
+                   "mmap / gnndrive data path", "lsmgnn cache misses / belady plan misses"):
+        assert column in printed
 
 
 def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path]) -> None:

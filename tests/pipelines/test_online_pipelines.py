@@ -12,6 +12,7 @@ from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
+from diskflow.operators.train.online import MIN_STAGING_BYTES, bounce_bytes
 from diskflow.pipelines import inmemory
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
@@ -32,13 +33,13 @@ def test_online_pipelines_train_on_the_inmemory_batches_with_a_small_buffer(name
     pipeline = load_pipeline(name)
     assert pipeline.loader == "online" and pipeline.cpu_tier == {"gnndrive": "lru", "lsmgnn": "hybrid"}[name]
     st = Store(tiny_store)
-    budget = st.num_nodes * 4 + 2 * 5 * (1 << 20) + 3000 * (st.row_bytes + 28)     # ~3000 of 4111 rows
+    budget = st.num_nodes * 4 + 2 * (MIN_STAGING_BYTES + bounce_bytes(MIN_STAGING_BYTES)) + 3000 * (st.row_bytes + 28)
     report = pipeline.run(tiny_store, new_run_dir(tmp_path, name), cpu_memory=budget, extractors=2, **SETTINGS)
     assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
     assert report["final"]["test_acc"] == reference["final"]["test_acc"]
     online = report["online"]
     assert online["policy"] == pipeline.cpu_tier and online["cpu_memory"] == budget
-    assert 2900 < online["slots"] < st.num_nodes and online["memory"]["total_bytes"] <= budget
+    assert online["slots"] == 3000 and online["memory"]["total_bytes"] <= budget      # of 4111 rows
     assert online["window"] == (8 if name == "lsmgnn" else 0)
     for e in report["epochs"]:
         o = e["online"]
