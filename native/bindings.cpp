@@ -278,6 +278,8 @@ void register_reader(py::module_& m) {
         .def("read_rows", &reader_read_rows, py::arg("handle"), py::arg("row_offsets"), py::arg("row_bytes"),
              py::arg("out"))
         .def("set_merge_bytes", &Reader::set_merge_bytes, py::arg("merge_bytes"), py::arg("bounce_bytes"), Release())
+        .def("set_gap_bytes", &Reader::set_gap_bytes, py::arg("gap_bytes"), Release())
+        .def_property_readonly("gap_bytes", [](Reader& r) { return r.gap_bytes(); })
         .def("counters", &reader_counters)
         .def("reset_counters", &Reader::reset_counters)
         .def("close", &Reader::close, Release());

@@ -473,7 +473,7 @@ void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t r
     for (int64_t k = 0; k < n; ++k) {
         int64_t o = offs[order[k]];
         int64_t fp = o >> kPageShift, lp = (o + row_bytes - 1) >> kPageShift;
-        if (run_first >= 0 && fp <= run_last + 1) {
+        if (run_first >= 0 && fp <= run_last + 1 + gap_pages_) {
             run_last = std::max(run_last, lp);
             run_end = std::max(run_end, o + row_bytes);
         } else {
@@ -549,6 +549,20 @@ void Reader::set_merge_bytes(int64_t merge_bytes, int64_t bounce_bytes) {
     std::lock_guard<std::mutex> lk(mu_);
     merge_bytes_ = merge_bytes;
     bounce_capacity_ = round_up(bounce_bytes);
+}
+
+void Reader::set_gap_bytes(int64_t gap_bytes) {
+    if (gap_bytes < 0 || gap_bytes > kMaxRequestBytes || !aligned(gap_bytes)) {
+        throw std::invalid_argument("gap_bytes must be a multiple of " + std::to_string(kAlign) + " in [0, " +
+                                    std::to_string(kMaxRequestBytes >> 20) + " MiB], got " + std::to_string(gap_bytes));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    gap_pages_ = gap_bytes >> kPageShift;
+}
+
+int64_t Reader::gap_bytes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return gap_pages_ << kPageShift;
 }
 
 int64_t Reader::merge_bytes() {

@@ -118,6 +118,12 @@ class Reader {
     int64_t merge_bytes();
     int64_t bounce_bytes();
 
+    // read_rows reads through runs of at most `gap_bytes` untouched bytes between touched pages (a
+    // multiple of kAlign, default 0: only adjacent pages merge): fewer, larger requests for more bytes,
+    // the better trade where a device's request rate, not its bandwidth, is the limit.
+    void set_gap_bytes(int64_t gap_bytes);
+    int64_t gap_bytes();
+
  private:
     struct OpenFile {
         int fd = -1;
@@ -141,6 +147,7 @@ class Reader {
     std::string fallback_reason_;
     int64_t merge_bytes_ = kDefaultMergeBytes;
     int64_t bounce_capacity_ = kDefaultBounceBytes;
+    int64_t gap_pages_ = 0;
 
     std::mutex mu_;  // everything below
     bool closed_ = false;

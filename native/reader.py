@@ -85,6 +85,9 @@ class DirectReader:
         direct: open files with O_DIRECT (False: buffered, no alignment rules).
         merge_bytes: read_rows merges adjacent pages into requests of at most this many bytes.
         bounce_bytes: read_rows' staging buffer; larger page sets are read in several rounds.
+        gap_bytes: read_rows reads through at most this many untouched bytes between two touched
+            pages (a multiple of 4096; 0: only adjacent pages merge): fewer, larger requests for
+            more bytes, for a device whose request rate is the limit.
 
     Attributes:
         backend: the backend in use, "uring" or "pread".
@@ -95,12 +98,14 @@ class DirectReader:
 
     def __init__(self, queue_depth: int = DEFAULT_QUEUE_DEPTH, threads: int = DEFAULT_THREADS, backend: str = "auto",
                  direct: bool = True, *, merge_bytes: int = DEFAULT_MERGE_BYTES,
-                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES) -> None:
+                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES, gap_bytes: int = 0) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct), int(merge_bytes),
                                           int(bounce_bytes))
         self.backend: str = self._impl.backend
+        if gap_bytes:
+            self._impl.set_gap_bytes(int(gap_bytes))
         if self._impl.fallback_reason:
             warnings.warn(f"io_uring unavailable ({self._impl.fallback_reason}); reading with "
                           f"{threads} pread threads instead", RuntimeWarning, stacklevel=2)
@@ -119,6 +124,11 @@ class DirectReader:
     def merge_bytes(self) -> int:
         """read_rows' longest request of merged adjacent pages."""
         return int(self._impl.merge_bytes)
+
+    @property
+    def gap_bytes(self) -> int:
+        """read_rows' longest run of untouched bytes read through between two touched pages."""
+        return int(self._impl.gap_bytes)
 
     @property
     def bounce_bytes(self) -> int:

@@ -78,7 +78,7 @@ def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractor
 class _OnlineTraining:
     """`gathered_run`'s `TrainLoader` for the online loader: makes the buffer and the loader, reports them."""
 
-    stages: tuple[str, ...] = ("sample", "plan", "extract", "gather", "wait")
+    stages: tuple[str, ...] = ("sample", "plan", "slots", "extract", "gather", "wait")
 
     def __init__(self, policy: str, budget: int | str | None, extractors: int, window: int) -> None:
         self.policy, self.budget, self.extractors, self.window = policy, budget, extractors, window

@@ -7,8 +7,10 @@ eviction policy (`OnlineLoader`, `FeatureBuffer`):
   table node -> slot, a reverse map slot -> node, reference counts and a standby list of released
   slots taken in least-recently-used order. Rows already in the buffer are reused; a batch's
   other rows are read from the store's shards by the native reader (O_DIRECT, io_uring) straight
-  into the slots it was given, by several extractors at once (one batch each, as the paper's
-  extractors), and batches complete out of order but are handed to training in order.
+  into the slots it was given, by several extractors at once (the paper's give each a batch; here
+  each takes a contiguous chunk of a batch's misses, so one batch's reads spread over all of them
+  when the buffer holds only one batch in flight), and batches complete out of order but are
+  handed to training in order.
 * **LSM-GNN** (``policy="hybrid"``, §4.2–4.3, one device): the slots are a cache evicted by the
   hybrid policy, with a lookahead window of `window` batches sampled ahead. A candidate's level
   is decided by its next use in the window (none; beyond the threshold, 1/8 of the window by
@@ -53,10 +55,14 @@ from .batches import Sample, Sampler, batch_data
 from .pipe import END, Pipe, StageClock, guard
 
 POLICIES = ("lru", "hybrid")
-DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors, one batch each
+DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors
 MAX_STAGING_BYTES = 2 << 20         # each extractor's staging rows (a batch's misses go through in pieces) ...
 MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the extractors, within these bounds
 DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
+# Reads go through runs of up to 16 KiB of untouched bytes between touched pages: on a virtio disk
+# that serves ~80k 4 KiB requests/s and 1.1-1.6 GB/s, an epoch of bench compare's default graph
+# (512-byte rows, ~40% of pages touched per batch) took 2.24 s a batch against 3.13 s page by page.
+DEFAULT_GAP_BYTES = 16 << 10
 _NO_USE = np.iinfo(np.int64).max
 
 
@@ -107,6 +113,7 @@ class FeatureBuffer:
         self.score = np.zeros(self.slots, np.int64)         # static score of the slot's node (hybrid)
         self._cond = threading.Condition()
         self.counts = {"rows": 0, "hits": 0, "misses": 0, "evictions": 0, "waits": 0}
+        self.wait_s = 0.0           # seconds `plan` waited for batches in flight to release slots
 
     @property
     def table_bytes(self) -> int:
@@ -145,12 +152,14 @@ class FeatureBuffer:
             free = np.flatnonzero(self.ref == 0)
             if free.shape[0] < k:
                 self.counts["waits"] += 1
+            t_wait = time.perf_counter()
             while free.shape[0] < k:
                 self._cond.wait(0.05)
                 if stop is not None and stop.is_set():
                     self.ref[aliases[hit]] -= 1
                     return SlotPlan(aliases, miss, np.zeros(0, np.int64))
                 free = np.flatnonzero(self.ref == 0)
+            self.wait_s += time.perf_counter() - t_wait
             victims = self._victims(index, free, k, window)
             old = self.node_of[victims]
             self.slot_of[old[old >= 0]] = -1
@@ -241,13 +250,13 @@ def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
 class StoreRows:
     """Reads store rows into buffer slots with one native direct-I/O reader (one per extractor).
 
-    Rows are read by `DirectReader.read_rows` (each distinct 4 KiB page once, adjacent pages merged) in
-    pieces of at most `staging_bytes`, and copied into their slots.
+    Rows are read by `DirectReader.read_rows` (each distinct 4 KiB page once, pages merged into one request
+    across gaps of up to `gap_bytes`) in pieces of at most `staging_bytes`, and copied into their slots.
     """
 
-    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES) -> None:
+    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES) -> None:
         self.store = store
-        self.reader = DirectReader(backend="auto", bounce_bytes=bounce_bytes(staging_bytes))
+        self.reader = DirectReader(backend="auto", bounce_bytes=bounce_bytes(staging_bytes), gap_bytes=gap_bytes)
         self.row_bytes = int(store.row_bytes)
         self.piece = max(1, int(staging_bytes) // self.row_bytes)
         self.staging = np.empty((self.piece, self.row_bytes), np.uint8)
@@ -271,8 +280,9 @@ class StoreRows:
         """
         if ids.shape[0] == 0:
             return
-        order = np.argsort(ids, kind="stable")
-        ids, slots = ids[order], slots[order]
+        if ids.shape[0] > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
+            order = np.argsort(ids, kind="stable")
+            ids, slots = ids[order], slots[order]
         st, rb = self.store, self.row_bytes
         raw = buffer._raw.reshape(buffer.slots, rb)
         shard = ids // st.shard_rows
@@ -311,19 +321,21 @@ class OnlineLoader:
 
     The same batches as `batches.InMemoryLoader` (same seed order, same sampling seeds, same `Data`),
     so losses equal the in-memory pipeline's. Stages, each a thread joined by bounded queues: sample
-    (`window` + `extractors` batches ahead), plan (slots, in batch order), extract (`extractors`
-    threads, a batch each, out of order), gather (in batch order: the matrix from the buffer, the
-    batch's slots released).
+    (`window` + `extractors` batches ahead), plan (slots, in batch order; a batch's misses, sorted by
+    node, cut into up to `extractors` contiguous chunks), extract (`extractors` threads, a chunk each:
+    several batches' reads, and one batch's chunks, in flight at once; batches finish out of order),
+    gather (in batch order: the matrix from the buffer, the batch's slots released).
 
-    Attributes after an iteration: `stage_s` (``sample``, ``plan``, ``extract`` busy seconds summed over
-    extractors, ``gather``, ``wait``: the trainer waiting for a batch), `counts` (rows, hits, misses,
+    Attributes after an iteration: `stage_s` (``sample``, ``plan``, ``slots``: planning waiting for slots
+    that batches in flight hold, ``extract`` busy seconds summed over extractors, ``gather``, ``wait``:
+    the trainer waiting for a batch), `counts` (rows, hits, misses,
     evictions, rows_read, bytes_read, requests), `first_batch_s` (iteration start to first batch).
     """
 
     def __init__(self, store: Any, buffer: FeatureBuffer, labels: torch.Tensor, sampler: Sampler,
                  seeds: np.ndarray, batch_size: int, seed: int, *, order: BatchOrder | None = None,
                  extractors: int = DEFAULT_EXTRACTORS, window: int = 0,
-                 staging_bytes: int = MAX_STAGING_BYTES) -> None:
+                 staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES) -> None:
         if extractors < 1:
             raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors}")
         if window < 0:
@@ -332,7 +344,7 @@ class OnlineLoader:
         self.seeds = np.asarray(seeds, np.int64)
         self.batch_size, self.seed, self.order = batch_size, seed, order
         self.extractors, self.window, self.staging_bytes = extractors, window, staging_bytes
-        self.readers = [StoreRows(store, staging_bytes) for _ in range(extractors)]
+        self.readers = [StoreRows(store, staging_bytes, gap_bytes) for _ in range(extractors)]
         self.epoch = 0
         self.stage_s: dict[str, float] = {}
         self.counts: dict[str, int] = {}
@@ -348,6 +360,12 @@ class OnlineLoader:
     def memory(self) -> dict[str, int]:
         return self.buffer.memory(self.extractors, self.staging_bytes)
 
+    def _chunks(self, misses: int) -> list[tuple[int, int]]:
+        """A batch's misses (sorted by node) cut into contiguous ranges, one per extractor, each at least a
+        staging piece: the extractors read one batch together when the buffer holds only one in flight."""
+        per = max(self.readers[0].piece, -(-misses // self.extractors))
+        return [(lo, min(misses, lo + per)) for lo in range(0, misses, per)] or [(0, 0)]
+
     def close(self) -> None:
         for r in self.readers:
             r.close()
@@ -357,12 +375,14 @@ class OnlineLoader:
         clocks = {k: StageClock() for k in ("sample", "plan", "gather")}
         extract_clocks = [StageClock() for _ in range(self.extractors)]
         samples: queue.Queue = queue.Queue(maxsize=self.window + self.extractors)
-        planned: queue.Queue = queue.Queue(maxsize=self.extractors)
+        planned: queue.Queue = queue.Queue(maxsize=2 * self.extractors)
         ready: queue.Queue = queue.Queue(maxsize=1)
         done: dict[int, tuple[Sample, SlotPlan]] = {}
+        pending: dict[int, int] = {}          # chunks of a batch not yet read
         done_cond = threading.Condition()
         before = [r.counters() for r in self.readers]
         counts0 = dict(self.buffer.counts)
+        wait0 = self.buffer.wait_s
         batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=True, order=self.order)
         self.order_seen = []
 
@@ -392,7 +412,16 @@ class OnlineLoader:
                 p = self.buffer.plan(i, s.n_id, window, pipe.stop)
                 clocks["plan"].busy += time.perf_counter() - t
                 pipe.check()
-                pipe.put(planned, (i, s, p), clocks["plan"])
+                t = time.perf_counter()
+                ids = np.asarray(s.n_id, np.int64)[p.miss]
+                order = np.argsort(ids, kind="stable")
+                ids, slots = ids[order], p.slots[order]
+                cuts = self._chunks(ids.shape[0])
+                with done_cond:
+                    pending[i] = len(cuts)
+                clocks["plan"].busy += time.perf_counter() - t
+                for lo, hi in cuts:
+                    pipe.put(planned, (i, s, p, ids[lo:hi], slots[lo:hi]), clocks["plan"])
             for _ in range(self.extractors):
                 pipe.put(planned, END, clocks["plan"])
 
@@ -402,14 +431,17 @@ class OnlineLoader:
                 item = pipe.get(planned, clock)
                 if item is END:
                     return
-                i, s, p = item
+                i, s, p, ids, slots = item
                 t = time.perf_counter()
-                reader.read(np.asarray(s.n_id, np.int64)[p.miss], p.slots, self.buffer, i)
+                reader.read(ids, slots, self.buffer, i)
                 clock.busy += time.perf_counter() - t
                 with done_cond:
-                    done[i] = (s, p)
-                    self.order_seen.append(i)
-                    done_cond.notify_all()
+                    pending[i] -= 1
+                    if pending[i] == 0:       # the batch's last chunk
+                        del pending[i]
+                        done[i] = (s, p)
+                        self.order_seen.append(i)
+                        done_cond.notify_all()
 
         def gather() -> None:
             rows = torch.from_numpy(self.buffer.rows)
@@ -450,13 +482,13 @@ class OnlineLoader:
             pipe.stop.set()
             for th in threads:
                 th.join()
-            self._tally(clocks, extract_clocks, wait, before, counts0)
+            self._tally(clocks, extract_clocks, wait, before, counts0, self.buffer.wait_s - wait0)
         if pipe.error is not None:
             raise pipe.error
 
     def _tally(self, clocks: dict[str, StageClock], extract_clocks: list[StageClock], wait: StageClock,
-               before: list[dict[str, float]], counts0: dict[str, int]) -> None:
-        self.stage_s = {"sample": clocks["sample"].busy, "plan": clocks["plan"].busy,
+               before: list[dict[str, float]], counts0: dict[str, int], slot_wait: float) -> None:
+        self.stage_s = {"sample": clocks["sample"].busy, "plan": clocks["plan"].busy - slot_wait, "slots": slot_wait,
                         "extract": sum(c.busy for c in extract_clocks), "gather": clocks["gather"].busy,
                         "wait": wait.starved}
         after = [r.counters() for r in self.readers]

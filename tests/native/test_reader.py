@@ -232,6 +232,29 @@ def test_read_rows_page_merged(backend: str, row_bytes: int, merge_bytes: int, b
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_read_rows_reads_through_short_gaps(backend: str, disk_dir: Path) -> None:
+    size = 21 * ALIGN + 700            # a partial last page, touched too
+    content = np.random.default_rng(9).integers(0, 256, size, dtype=np.uint8)
+    path = _write(disk_dir / f"gaps-{backend}.bin", content)
+    touched = np.array([0, 2, 3, 7, 8, 21])          # pages with a row; gaps of 1, 3 and 12 pages
+    offsets = (touched * ALIGN + 100).astype(np.int64)[::-1].copy()
+    want = content[offsets[:, None] + np.arange(188)]
+    for gap, requests, pages in ((0, 4, 6), (2 * ALIGN, 3, 7), (3 * ALIGN, 2, 10), (12 * ALIGN, 1, 22)):
+        with DirectReader(backend=backend, gap_bytes=gap) as r:
+            assert r.gap_bytes == gap
+            h = r.open(path)
+            out = np.empty((offsets.size, 188), np.uint8)
+            r.read_rows(h, offsets, 188, out)
+            np.testing.assert_array_equal(out, want)
+            c = r.counters()
+            assert c["requests"] == requests, gap
+            assert c["bytes_read"] == (pages - 1) * ALIGN + 700, gap     # the last page is 700 bytes
+    for bad in (-ALIGN, 100):
+        with pytest.raises(ValueError, match="gap_bytes must be a multiple of 4096"):
+            DirectReader(backend=backend, gap_bytes=bad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_read_rows_at_an_unpadded_end_of_file(backend: str, disk_dir: Path) -> None:
     size = 5 * ALIGN + 1000  # the last page is partial, like a store shard's .npy
     content = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)

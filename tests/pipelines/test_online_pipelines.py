@@ -44,7 +44,7 @@ def test_online_pipelines_train_on_the_inmemory_batches_with_a_small_buffer(name
     for e in report["epochs"]:
         o = e["online"]
         assert o["rows"] == o["hits"] + o["misses"] and o["misses"] > 0 and o["first_batch_s"] > 0
-        assert set(e["stage_s"]) >= {"sample", "plan", "extract", "gather", "wait", "train"}
+        assert set(e["stage_s"]) >= {"sample", "plan", "slots", "extract", "gather", "wait", "train"}
     assert read_report(report["run_dir"]) == json.loads(json.dumps(report))
     assert "prepare" not in report       # nothing was prepared
 
