@@ -33,8 +33,11 @@ from ..operators.train.online import (
     DEFAULT_EXTRACTORS,
     DEFAULT_WINDOW,
     MAX_STAGING_BYTES,
+    NODE_TABLE_BYTES,
+    SLOT_TABLE_BYTES,
     FeatureBuffer,
     OnlineLoader,
+    bounce_bytes,
     buffer_slots,
     staging_bytes_for,
 )
@@ -71,7 +74,8 @@ def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) ->
 def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
     """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
     rows = worst_batch_rows(st.num_nodes, batch_size, fanouts)
-    one_batch = rows * (st.row_bytes + 28) + st.num_nodes * 4 + extractors * 2 * MAX_STAGING_BYTES
+    one_batch = rows * (st.row_bytes + SLOT_TABLE_BYTES) + st.num_nodes * NODE_TABLE_BYTES + \
+        extractors * (MAX_STAGING_BYTES + bounce_bytes(MAX_STAGING_BYTES))
     return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
 
 

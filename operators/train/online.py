@@ -64,6 +64,8 @@ DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one b
 # (512-byte rows, ~40% of pages touched per batch) took 2.24 s a batch against 3.13 s page by page.
 DEFAULT_GAP_BYTES = 16 << 10
 _NO_USE = np.iinfo(np.int64).max
+NODE_TABLE_BYTES = 4                # the mapping table: a slot per node (int32)
+SLOT_TABLE_BYTES = 8 + 4 + 8 + 8    # per slot: its node, reference count, LRU stamp, static score
 
 
 @dataclass
@@ -237,8 +239,8 @@ def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
     """
     if staging_bytes is None:
         staging_bytes = staging_bytes_for(budget, extractors)
-    fixed = num_nodes * 4 + extractors * (staging_bytes + bounce_bytes(staging_bytes))
-    per_slot = row_bytes + 8 + 4 + 8 + 8
+    fixed = num_nodes * NODE_TABLE_BYTES + extractors * (staging_bytes + bounce_bytes(staging_bytes))
+    per_slot = row_bytes + SLOT_TABLE_BYTES
     slots = (int(budget) - fixed) // per_slot
     if slots < 1:
         raise ConfigError("--cpu-memory", f"{format_bytes(budget)} does not hold the feature buffer's tables and "

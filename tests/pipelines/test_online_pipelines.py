@@ -12,7 +12,12 @@ from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
-from diskflow.operators.train.online import MIN_STAGING_BYTES, bounce_bytes
+from diskflow.operators.train.online import (
+    MIN_STAGING_BYTES,
+    NODE_TABLE_BYTES,
+    SLOT_TABLE_BYTES,
+    bounce_bytes,
+)
 from diskflow.pipelines import inmemory
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
@@ -33,7 +38,8 @@ def test_online_pipelines_train_on_the_inmemory_batches_with_a_small_buffer(name
     pipeline = load_pipeline(name)
     assert pipeline.loader == "online" and pipeline.cpu_tier == {"gnndrive": "lru", "lsmgnn": "hybrid"}[name]
     st = Store(tiny_store)
-    budget = st.num_nodes * 4 + 2 * (MIN_STAGING_BYTES + bounce_bytes(MIN_STAGING_BYTES)) + 3000 * (st.row_bytes + 28)
+    budget = st.num_nodes * NODE_TABLE_BYTES + 2 * (MIN_STAGING_BYTES + bounce_bytes(MIN_STAGING_BYTES)) + \
+        3000 * (st.row_bytes + SLOT_TABLE_BYTES)
     report = pipeline.run(tiny_store, new_run_dir(tmp_path, name), cpu_memory=budget, extractors=2, **SETTINGS)
     assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
     assert report["final"]["test_acc"] == reference["final"]["test_acc"]
