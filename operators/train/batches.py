@@ -27,6 +27,7 @@ __all__ = [
     "Sampler",
     "batch_data",
     "batch_seed",
+    "epoch_batches",
     "seed_batches",
     "to_data",
 ]
@@ -95,6 +96,14 @@ def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,
         yield data
 
 
+def epoch_batches(seeds: np.ndarray, batch_size: int, epoch: int, seed: int, shuffle: bool = True,
+                  order: BatchOrder | None = None, stream: int = TRAIN_STREAM) -> list[tuple[np.ndarray, int]]:
+    """An epoch's batches as (seed ids, sampling seed) pairs: what every loader that samples draws, so that
+    they all train on the very same samples."""
+    batches = seed_batches(seeds, batch_size, epoch, seed, shuffle=shuffle, order=order)
+    return [(ids, batch_seed(seed, epoch, i, stream)) for i, ids in enumerate(batches)]
+
+
 class InMemoryLoader:
     """NeighborLoader-like iterator over `Data` batches, with features and labels in memory.
 
@@ -157,10 +166,9 @@ class InMemoryLoader:
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
         self.counts = {"rows": 0, "pruned": 0, "pushed": 0}
-        batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=self.shuffle,
-                               order=self.order)
-        samples = (self._sample(ids, batch_seed(self.seed, self.epoch, i, self.stream))
-                   for i, ids in enumerate(batches))
+        batches = epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, self.shuffle, self.order,
+                                self.stream)
+        samples = (self._sample(ids, sampling_seed) for ids, sampling_seed in batches)
         yield from timed_data(samples, self.features, self.labels, self.stage_s)
 
     def _sample(self, ids: np.ndarray, seed: int) -> Any:

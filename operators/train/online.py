@@ -50,8 +50,8 @@ from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.errors import ConfigError, InputError
 from ..formats.files import byte_offsets, format_bytes
-from ..prepare.seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
-from .batches import Sample, Sampler, batch_data
+from ..prepare.seeds import BatchOrder
+from .batches import Sample, Sampler, batch_data, epoch_batches
 from .pipe import END, Pipe, StageClock, guard
 
 POLICIES = ("lru", "hybrid")
@@ -385,13 +385,13 @@ class OnlineLoader:
         before = [r.counters() for r in self.readers]
         counts0 = dict(self.buffer.counts)
         wait0 = self.buffer.wait_s
-        batches = seed_batches(self.seeds, self.batch_size, self.epoch, self.seed, shuffle=True, order=self.order)
+        batches = epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, order=self.order)
         self.order_seen = []
 
         def sample() -> None:
-            for i, ids in enumerate(batches):
+            for i, (ids, sampling_seed) in enumerate(batches):
                 t = time.perf_counter()
-                s = self.sampler.sample(ids, batch_seed(self.seed, self.epoch, i, TRAIN_STREAM))
+                s = self.sampler.sample(ids, sampling_seed)
                 clocks["sample"].busy += time.perf_counter() - t
                 pipe.put(samples, (i, s), clocks["sample"])
             pipe.put(samples, END, clocks["sample"])
