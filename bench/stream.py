@@ -114,6 +114,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5,
                    help="measure everything this many times, interleaved, and keep each measurement's fastest "
                         "(default 5; this machine is shared and noisy)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPU workers: with N > 1 the bench streams data-parallel on N GPU workers instead (once per "
+                        "--cache mode, fastest of --repeats each), its CPU budget by default a quarter of the "
+                        "features per worker (so disk reads matter), and reports each worker's idle share, whether "
+                        "the models stayed equal and the GPU workers' disk reads (default 1)")
+    p.add_argument("--cache", default=None, metavar="MODES",
+                   help="--gpus N: the cache modes to run, comma-separated (default: every mode there is)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the fastest streamed run's report and timeline here (report.json, timeline.png)")
 
@@ -249,6 +256,18 @@ def stream_breakdown(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.gpus > 1:
+        from .stream_gpus import run_gpus
+
+        return run_gpus(args)
+    if args.gpus < 1:
+        from ..operators.formats.errors import ConfigError
+
+        raise ConfigError("--gpus", f"expected an integer >= 1, got {args.gpus}")
+    if args.cache is not None:
+        from ..operators.formats.errors import ConfigError
+
+        raise ConfigError("--cache", "applies to several GPU workers (--gpus N)")
     import dask
     from distributed import get_task_stream
 

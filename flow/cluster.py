@@ -13,19 +13,20 @@ from ..operators.formats.errors import ConfigError, DiskflowError
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                 threads_per_worker: int = 1, memory_limit: str | int = "auto",
-                quiet: bool = False, processes: bool = True) -> Iterator[object]:
+                quiet: bool = False, processes: bool = True, security: object = None) -> Iterator[object]:
     """A `distributed.Client` for the duration of a command; prints the dashboard address.
 
     Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
     process per core by default); with it, connects to `tcp://HOST:PORT` and fails
-    with a clear error (not a hang) when the scheduler cannot be reached.
+    with a clear error (not a hang) when the scheduler cannot be reached. `security` (a
+    `distributed.Security`, `flow.roles.tls_security`): a ``tls://`` scheduler's.
     """
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if scheduler:
         try:
-            client = Client(scheduler, timeout="15s")
+            client = Client(scheduler, timeout="15s", **({"security": security} if security else {}))
         except (OSError, TimeoutError) as e:
             raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
         cluster = None

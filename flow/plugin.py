@@ -15,6 +15,13 @@ quota (`operators.stream_ship.ScratchSpace`), the run's directory there, and the
 ``get_worker().plugins["diskflow"]``. `teardown` closes every trainer and removes the scratch
 directories of its runs.
 
+A run on several GPU workers (`diskflow run streaming --gpus N`) is data-parallel: the driver
+asks the plugin of the first GPU worker to open a rendezvous (`group_master`: a
+``torch.distributed`` TCP store on a free port of its host), then every GPU worker's plugin joins
+the run's process group (`join_group`: rank = the worker's place among the run's GPU workers,
+gloo on the CPU, NCCL on CUDA). The group lives as long as the run's job on the worker and is
+destroyed with it; a worker takes part in one data-parallel run at a time.
+
 A GPU worker also gets its allocator back from Dask's memory-trimming setting
 (`flow.allocator.keep_freed_memory`; ``diskflow.keep-freed-memory: false`` keeps Dask's): the
 trainer allocates and frees large tensors every batch, which Dask's setting turns into page
@@ -101,6 +108,8 @@ class DiskflowPlugin(WorkerPlugin):
         self.scratch: Path = Path(setting("scratch") or Path(worker.local_directory) / "diskflow-scratch")
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
+        self._stores: dict[str, Any] = {}       # run -> the TCP store this worker serves as rank 0
+        self.groups: dict[str, tuple[int, int]] = {}    # run -> (rank, world) of the process group joined
         self.hold_memory = parse_bytes(setting("hold-memory", HOLD_MEMORY), "diskflow.hold-memory")
         self.space = ScratchSpace(self.scratch, self.quota, self.hold_memory) if self.is_gpu else None
         keep = setting("keep-freed-memory", True)
@@ -156,16 +165,65 @@ class DiskflowPlugin(WorkerPlugin):
                                "second GPU worker got the task); the run cannot continue without --resume")
         return job
 
+    # ------------------------------------------------------------------ data-parallel runs
+    def group_master(self, run: str, world: int) -> tuple[str, int]:
+        """Open the rendezvous of run `run`'s process group on this (rank 0) worker: (host, port)."""
+        import torch.distributed as dist
+
+        self.gpu_space()
+        host = _host(self.address)
+        store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False)
+        with self._lock:
+            self._stores[run] = store
+        return host, int(store.port)
+
+    def join_group(self, run: str, group: str, host: str, port: int, rank: int, world: int, timeout_s: float
+                   ) -> dict[str, Any]:
+        """Join the process group `group` (opened by `group_master`) as `rank` of `world`, for this worker's
+        job `run` (which leaves it when closed); blocks until every rank joined.
+
+        Raises:
+            ConfigError: this worker is already in another run's group (one per process).
+        """
+        import datetime
+
+        import torch.distributed as dist
+
+        self.gpu_space()
+        if dist.is_initialized():
+            others = [r for r in self.groups if r != run]
+            raise ConfigError("--gpus", f"GPU worker {self.address} already trains a data-parallel run "
+                                        f"({', '.join(others) or 'another group'}); one at a time")
+        backend = "nccl" if self.resolved_device().startswith("cuda") else "gloo"
+        with self._lock:
+            store = self._stores.pop(group, None) if rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(host, port, world, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=dist.PrefixStore(group, store), rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        with self._lock:
+            self._stores[run] = store           # kept (rank 0 serves it) until the job is closed
+            self.groups[run] = (rank, world)
+        return {"address": self.address, "rank": rank, "world": world, "backend": backend}
+
     def close_job(self, run: str) -> dict[str, Any]:
-        """Close the run's trainer and remove its scratch directory; its scratch figures."""
+        """Close the run's trainer, leave its process group and remove its scratch directory; its scratch figures."""
         with self._lock:
             job = self.jobs.pop(run, None)
+            self._stores.pop(run, None)
+            group = self.groups.pop(run, None)
+        if job is not None:
+            with job.lock:
+                if job.trainer is not None:
+                    job.trainer.close()
+                    job.trainer = None
+        if group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
         if job is None:
             return {}
-        with job.lock:
-            if job.trainer is not None:
-                job.trainer.close()
-                job.trainer = None
         shutil.rmtree(job.root, ignore_errors=True)
         if self.space is None:
             return {}
@@ -173,3 +231,10 @@ class DiskflowPlugin(WorkerPlugin):
             if name.startswith(f"{run}/"):
                 self.space.release(name)
         return self.space.usage()
+
+
+def _host(address: str) -> str:
+    """The host of a Dask address (``tcp://10.0.0.5:40123``, ``tls://[::1]:9000``)."""
+    from distributed.comm import get_address_host
+
+    return str(get_address_host(address))

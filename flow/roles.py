@@ -75,6 +75,32 @@ def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | Non
     return argv + list(extra)
 
 
+def tls_argv(ca_file: str | None, cert: str | None, key: str | None) -> list[str]:
+    """`dask scheduler`/`dask worker`'s TLS options (files checked here, so a typo fails before Dask starts)."""
+    argv: list[str] = []
+    for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None:
+            if not Path(path).is_file():
+                raise ConfigError(flag, f"{path}: no such file")
+            argv += [flag, str(Path(path).resolve())]
+    if argv and (ca_file is None or cert is None):
+        raise ConfigError("--tls-ca-file/--tls-cert", "TLS needs the CA certificate and this process's certificate "
+                                                      "(and its key, unless the certificate file holds it)")
+    return argv
+
+
+def tls_security(ca_file: str | None, cert: str | None, key: str | None) -> Any:
+    """A client's `distributed.Security` for a ``tls://`` scheduler from these files, or None (Dask's own
+    ``distributed.comm.tls`` config then applies, as to any Dask client)."""
+    if ca_file is None and cert is None and key is None:
+        return None
+    tls_argv(ca_file, cert, key)        # the same checks
+    from distributed import Security
+
+    return Security(tls_ca_file=str(ca_file), tls_client_cert=str(cert), tls_client_key=key,
+                    require_encryption=True)
+
+
 def set_worker_config(scratch: str | None, quota: str | None, device: str | None,
                       hold_memory: str | None = None) -> dict[str, Any]:
     """Put the diskflow worker settings into this process's Dask config and environment (children inherit)."""
@@ -106,15 +132,17 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                   quota: str | int | None = None, device: str | None = None, processes: bool = True,
                   memory_limit: str | int = "auto", quiet: bool = False, connect_timeout: str = "15s",
                   local_directory: str | None = None, keep_freed_memory: bool | None = None,
-                  hold_memory: str | int | None = None) -> Iterator[Any]:
+                  hold_memory: str | int | None = None, gpu_workers: int = 1, security: Any = None) -> Iterator[Any]:
     """A client for a streamed run: connected to `scheduler`, or to an embedded LocalCluster.
 
     The embedded cluster has `cpu_workers` single-threaded CPU workers (default: the cores
-    but one) and one GPU-resource worker (2 threads) with the given scratch directory,
+    but one) and `gpu_workers` GPU-resource workers (2 threads each; several get scratch
+    subdirectories ``gpu-R`` of their own) with the given scratch directory,
     quota, memory for held index and samples (`hold_memory`, default `plugin.HOLD_MEMORY`)
     and device (`keep_freed_memory`: False keeps Dask's allocator setting on it, see
     `flow.allocator`). A scheduler that cannot be reached is a clear error after
-    `connect_timeout`, not a hang.
+    `connect_timeout`, not a hang. `security` (a `distributed.Security`): the connection (and
+    the embedded cluster's, which then listens on ``tls://``) is encrypted and authenticated.
     """
     from distributed import Client, LocalCluster
 
@@ -123,7 +151,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if scheduler:
         try:
-            client = Client(scheduler, timeout=connect_timeout)
+            client = Client(scheduler, timeout=connect_timeout, **({"security": security} if security else {}))
         except (OSError, TimeoutError) as e:
             raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout} ({e}); "
                                 "is `diskflow scheduler` running there, and the port open?") from e
@@ -139,6 +167,8 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
         raise ConfigError("--workers", f"must be >= 0, got {n}")
     settings = worker_config(scratch, quota, device, keep_freed_memory, hold_memory)
     kwargs: dict[str, Any] = {"local_directory": local_directory} if local_directory else {}
+    if security is not None:
+        kwargs.update(security=security, protocol="tls://")
     with dask.config.set(settings):   # in-process workers read their settings here; processes get them below
         # ":0": a free port. Even without a dashboard the scheduler serves HTTP, by default on 8787,
         # and only warns when another cluster already holds that port.
@@ -147,14 +177,17 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                                **kwargs)
         try:
             spec = dict(cluster.new_spec)
-            options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
-            if processes:
-                options["config"] = settings
-            cluster.worker_spec["gpu"] = {"cls": spec["cls"], "options": options}
+            for g in range(gpu_workers):
+                options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
+                own = settings if gpu_workers == 1 or scratch is None else \
+                    worker_config(str(Path(scratch) / f"gpu-{g}"), quota, device, keep_freed_memory, hold_memory)
+                if processes:
+                    options["config"] = own
+                cluster.worker_spec["gpu" if g == 0 else f"gpu-{g}"] = {"cls": spec["cls"], "options": options}
             cluster.sync(cluster._correct_state)
-            client = Client(cluster)
+            client = Client(cluster, **({"security": security} if security else {}))
             try:
-                client.wait_for_workers(n + 1, timeout=120)
+                client.wait_for_workers(n + gpu_workers, timeout=120)
                 if not quiet:
                     print(f"Dask dashboard: {client.dashboard_link or '(none)'}", file=sys.stderr, flush=True)
                 yield client

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..flow.options import history_options
 from ..flow.pipeline import Pipeline
-from ..flow.roles import stream_client
+from ..flow.roles import stream_client, tls_security
 from ..flow.rundir import plot_curves, write_report
 from ..flow.stream import StreamConfig, StreamRun
 from ..flow.timeline import plot_timeline
@@ -60,7 +60,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         resume: bool = False, processes: bool = True, gpu_wait: float = 60.0, batches: str = "shuffled",
         partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
         group_by: str = "label", history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses", gpus: int = 1,
+        cache: str = "per-worker", batches_per_step: int = 1, tls_ca_file: str | None = None,
+        tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -97,6 +99,15 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
             size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
             rounds, so the stream takes a size).
+        gpus: GPU workers training data-parallel (the embedded cluster starts this many): of each
+            superbatch, worker r trains the batches at positions r, r + gpus, ..., one per optimizer
+            step, the gradients averaged with ``torch.distributed`` (gloo on the CPU, NCCL on CUDA), so
+            the model equals a one-worker run with ``batches_per_step=gpus`` (`flow.stream.lanes`).
+        cache: the GPU workers' CPU tiers: ``"per-worker"`` (each its own, `cpu_memory` each, planned by
+            Belady over its own share's accesses).
+        batches_per_step: consecutive batches of a superbatch whose mean gradient makes one step.
+        tls_ca_file, tls_cert, tls_key: a ``tls://`` scheduler's security (Dask's
+            ``distributed.comm.tls`` config is used when not given).
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
     """
     from ..operators.stream.train import StreamTrainConfig
@@ -124,7 +135,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
                               threads=threads, store=str(st.path.resolve()),
                               label_prior=label_shares(st.labels[st.split_ids("train")], st.num_classes)
-                              if batches == "partition" else None, history_rows=min(rows, st.num_nodes))
+                              if batches == "partition" else None, history_rows=min(rows, st.num_nodes),
+                              batches_per_step=batches_per_step)
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
@@ -132,11 +144,19 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
-                       history_rows=rows, history_staleness=history_staleness, history_select=history_select)
+                       history_rows=rows, history_staleness=history_staleness, history_select=history_select,
+                       gpus=gpus, cache=cache)
     cfg.validate()
+    if gpus > 1 and batches_per_step > 1:
+        raise ConfigError("--batches-per-step", "with --gpus N each GPU worker takes one batch per step; the step "
+                                                "already holds N batches")
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
+    if gpus > 1 and not scheduler and not processes:
+        raise ConfigError("--gpus", "data-parallel GPU workers each need a process of their own (processes=True)")
+    security = tls_security(tls_ca_file, tls_cert, tls_key)
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
-                       processes=processes, quiet=not progress, hold_memory=hold_memory) as client:
+                       processes=processes, quiet=not progress, hold_memory=hold_memory, gpu_workers=gpus,
+                       security=security) as client:
         report = StreamRun(client, st.path, rdir, cfg, resume=resume, progress=progress, on_epoch=on_epoch,
                            on_superbatch=on_superbatch).run()
     write_report(rdir, report)

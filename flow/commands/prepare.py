@@ -84,6 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "something else (deleting it)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="embedded cluster workers")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="use a running Dask scheduler (tcp://host:8786)")
+    p.add_argument("--tls-ca-file", default=None, metavar="FILE", help="--scheduler tls://...: the cluster's CA certificate")
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="--scheduler tls://...: this client's certificate")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="--scheduler tls://...: this client's private key")
     p.set_defaults(func=_run)
 
 
@@ -120,7 +123,10 @@ def _run(args: argparse.Namespace) -> int:
                                    args.history_staleness, args.hidden, store.feature_bytes, pipeline.history_staleness))
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
-    with dask_client(scheduler=args.scheduler, n_workers=args.workers):
+    from ..roles import tls_security
+
+    security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    with dask_client(scheduler=args.scheduler, n_workers=args.workers, security=security):
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)
     f = r.figures
     if r.skipped:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..roles import run_dask_cli, scheduler_argv
+from ..roles import run_dask_cli, scheduler_argv, tls_argv
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +22,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="run without the dashboard")
     p.add_argument("--scheduler-file", default=None, metavar="PATH",
                    help="write the scheduler's address to this JSON file (workers can read it)")
+    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
+                   help="TLS: the CA certificate every process of the cluster trusts (with --tls-cert, --tls-key; the "
+                        "scheduler then listens on tls://)")
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="TLS: this process's certificate (PEM)")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="TLS: this process's private key (PEM)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     argv = scheduler_argv(args.host, args.port, None if args.no_dashboard else args.dashboard_address,
                           args.scheduler_file)
-    return run_dask_cli("scheduler", argv)
+    tls = tls_argv(args.tls_ca_file, args.tls_cert, args.tls_key)
+    if tls and not (args.host or "").startswith("tls://"):
+        tls += ["--protocol", "tls"]
+    return run_dask_cli("scheduler", argv + tls)

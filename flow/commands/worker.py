@@ -14,7 +14,7 @@ import argparse
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import parse_bytes
-from ..roles import run_dask_cli, set_worker_config, worker_argv
+from ..roles import run_dask_cli, set_worker_config, tls_argv, worker_argv
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit", default=None, metavar="SIZE", help="worker memory limit (Dask's, default auto)")
     p.add_argument("--no-nanny", action="store_true", help="run the worker in this process (no restarting nanny)")
     p.add_argument("--scheduler-file", default=None, metavar="PATH", help="read the scheduler's address from this file")
+    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
+                   help="TLS: the CA certificate every process of the cluster trusts (with --tls-cert, --tls-key; the "
+                        "scheduler then listens on tls://)")
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="TLS: this process's certificate (PEM)")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="TLS: this process's private key (PEM)")
     p.set_defaults(func=_run)
 
 
@@ -57,4 +62,4 @@ def _run(args: argparse.Namespace) -> int:
     argv = worker_argv(args.scheduler, gpu=args.gpu, nthreads=args.nthreads, local_directory=args.local_directory,
                        name=args.name, memory_limit=args.memory_limit, nanny=not args.no_nanny,
                        scheduler_file=args.scheduler_file, host=args.host)
-    return run_dask_cli("worker", argv)
+    return run_dask_cli("worker", argv + tls_argv(args.tls_ca_file, args.tls_cert, args.tls_key))

@@ -49,6 +49,18 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "gpu_memory": ("--gpu-memory", str, "GPU memory for the GPU tier: bytes or a share of the features"),
     "gpu_wait": ("--gpu-wait", _float_at_least("--gpu-wait", 0.0),
                  "seconds to wait for a GPU-resource worker to join (default 60)"),
+    "gpus": ("--gpus", _int_at_least("--gpus", 1),
+             ("streaming: GPU workers training data-parallel, each its share of every superbatch, gradients "
+              "averaged with torch.distributed (default 1; the embedded cluster starts this many)")),
+    "cache": ("--cache", str, ("streaming with --gpus N: the GPU workers' CPU tiers, per-worker (each its own, "
+                               "Belady over its own accesses; the default)")),
+    "batches_per_step": ("--batches-per-step", _int_at_least("--batches-per-step", 1),
+                         ("streaming: batches whose mean gradient makes one optimizer step (default 1): what "
+                          "--gpus N computes, on one worker")),
+    "tls_ca_file": ("--tls-ca-file", str, ("--scheduler tls://...: the CA certificate the cluster's certificates "
+                                           "are signed by (Dask's distributed.comm.tls.ca-file)")),
+    "tls_cert": ("--tls-cert", str, "--scheduler tls://...: this client's certificate (PEM)"),
+    "tls_key": ("--tls-key", str, "--scheduler tls://...: this client's private key (PEM; default: in --tls-cert)"),
     "resume": ("--resume", lambda text: True, ("continue the run in directory RUN from its last checkpoint "
                                                "(same options; RUN is used instead of a new run directory)")),
 }
@@ -57,7 +69,8 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
 def add_run_arguments(parser: Any) -> None:
     """Add the split/streamed-run flags (`RUN_OPTIONS`, ``--resume RUN`` among them) to `diskflow run`'s parser."""
     for name, (flag, _, text) in RUN_OPTIONS.items():
-        metavar = {"resume": "RUN", "scheduler": "ADDRESS", "stage": "URL"}.get(name, name.split("_")[0].upper())
+        metavar = {"resume": "RUN", "scheduler": "ADDRESS", "stage": "URL", "cache": "MODE", "tls_ca_file": "FILE",
+                   "tls_cert": "FILE", "tls_key": "FILE", "batches_per_step": "N"}.get(name, name.split("_")[0].upper())
         parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
 
 

@@ -23,7 +23,8 @@ class StreamStopped(DiskflowError):
 # options added after the first checkpoints were written, with their defaults (left out of the fingerprint)
 _LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
                           "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
-                          "history_select": "accesses"}
+                          "history_select": "accesses", "gpus": 1, "cache": "per-worker"}
+CACHES = ("per-worker",)        # how the CPU tiers of several GPU workers are planned
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class StreamConfig:
     history_rows: int = 0               # a historical embedding cache's embeddings (0: none), planned into the samples
     history_staleness: int = DEFAULT_STALENESS
     history_select: str = "accesses"
+    gpus: int = 1                       # GPU workers training data-parallel, each its share of every superbatch
+    cache: str = "per-worker"           # their CPU tiers: each its own, planned over its own accesses
+    group_timeout_s: float = 600.0      # how long a data-parallel step waits for the other GPU workers
 
     def validate(self) -> None:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
@@ -95,6 +99,18 @@ class StreamConfig:
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                   f"got {self.history_select!r}")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ConfigError("--gpus", f"expected an integer >= 1, got {self.gpus!r}")
+        if self.gpus > self.superbatch_size:
+            raise ConfigError("--gpus", f"{self.gpus} GPU workers share each superbatch's batches; a superbatch of "
+                                        f"{self.superbatch_size} (--superbatch-size) leaves some with none")
+        if self.gpus > 1 and self.history_rows:
+            raise ConfigError("--history-memory", "a historical embedding cache is planned for one model's order of "
+                                                  "batches; it trains on one GPU worker (--gpus 1)")
+        if self.cache not in CACHES:
+            raise ConfigError("--cache", f"expected one of {', '.join(CACHES)}, got {self.cache!r}")
+        if not self.group_timeout_s > 0:
+            raise ConfigError("group_timeout_s", f"must be > 0 seconds, got {self.group_timeout_s!r}")
         if self.history_rows and len(self.fanouts) < 2:
             raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         if self.batches == "shuffled":
@@ -116,9 +132,11 @@ class StreamConfig:
     def fingerprint(self, store_hash: str) -> str:
         """What a checkpoint must match to be resumed (options that change results; not the window)."""
         keep = {k: v for k, v in self.describe().items()
-                if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train")
+                if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train", "group_timeout_s")
                 and not (k in _LATER and v == _LATER[k])}     # checkpoints made before these existed still match
         train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")
-                 and not (k == "label_prior" and v is None)}
+                 and not (k == "label_prior" and v is None)
+                 and not (k in ("world", "rank") and v == (1 if k == "world" else 0))
+                 and not (k == "batches_per_step" and v == 1)}
         return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
                             "train": {**train, "fanouts": list(train["fanouts"])}})

@@ -19,18 +19,22 @@ from ...operators.formats.store import Store
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
-from ...operators.prepare.superbatch import round_layout
+from ...operators.prepare.superbatch import lane_layout, round_layout
 from ..graph import PrepGraph, TierSpec, partition_task
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
 from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
+from .lanes import Lane, interleave, merge_epoch
 from .report import stream_report
 from .tasks import (
     finish_task,
+    group_master_task,
     header_task,
+    join_group_task,
     pack_base_task,
     pack_task,
     probe_task,
+    select_task,
     ship_task,
     train_task,
     worker_table,
@@ -73,20 +77,13 @@ class StreamRun:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.run_dir.name).strip("-.") or "run"
         self.run_id = f"{safe}-{self.tok}"
         self.fingerprint = cfg.fingerprint(config_hash(self.store.manifest))
-        self.graph = PrepGraph(self.store_path, self.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                               cfg.cpu_policy, self.tok, self._submit_cpu, None,
-                               (cfg.history_rows, cfg.history_staleness, cfg.history_select)
-                               if cfg.history_rows else None)
+        self.gpus = cfg.gpus
+        self.lanes = [self._lane(r) for r in range(self.gpus)]
+        # the graph the superbatches are sampled by (with one GPU worker, its lane's)
+        self.graph = self.lanes[0].graph if self.gpus == 1 else self._prep_graph(self.refs, self.tok)
         self.ckpt_root = self.run_dir / "checkpoints"
-        # futures per phase and superbatch, and what each watched future is
-        self.f: dict[str, dict[int, Any]] = {k: {} for k in ("sample", "trace", "plan", "ship", "train")}
-        self.watch: dict[Any, tuple[str, int]] = {}
-        self.shipped_ok: set[int] = set()
-        self.prepared: set[int] = set()
-        self.planned: set[int] = set()          # plans done
-        self.deferred: set[int] = set()         # due for preparation, waiting for the previous plan
-        self.reshipped: set[int] = set()
-        self.next_train = 0
+        self.f: dict[str, dict[int, Any]] = {"sample": {}}     # the superbatches' samples (every lane's source)
+        self.watch: dict[Any, tuple[str, int, int]] = {}       # future -> (kind, superbatch, lane)
         self.timeline: list[dict[str, Any]] = []
         self.records: list[dict[str, Any]] = []
         self.bars: dict[str, Any] = {}
@@ -94,7 +91,28 @@ class StreamRun:
         self._ckpt_writer: Any = None           # one background thread: checkpoints are written in order
         self._ckpt_pending: list[Any] = []
         self.trained = 0
+        self.models_checked = 0                 # superbatches after which every lane's weights were compared
         self.partition: dict[str, Any] | None = None     # partition batches: the partition's figures
+        self.group: dict[str, Any] | None = None          # a data-parallel run's process group
+
+    def _prep_graph(self, refs: list[Any], tok: str) -> PrepGraph:
+        cfg = self.cfg
+        return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
+                         cfg.cpu_policy, tok, self._submit_cpu, None,
+                         (cfg.history_rows, cfg.history_staleness, cfg.history_select) if cfg.history_rows else None)
+
+    def _lane(self, r: int) -> Lane:
+        refs = self.refs if self.gpus == 1 else lane_layout(self.refs, self.gpus, r)
+        tok = self.tok if self.gpus == 1 else f"{self.tok}-g{r}"
+        return Lane(r, refs, self._prep_graph(refs, tok), tok, self.run_id if self.gpus == 1 else f"{self.run_id}-g{r}")
+
+    @property
+    def gpu_addr(self) -> str:
+        return self.lanes[0].gpu_addr
+
+    @property
+    def reshipped(self) -> set[int]:
+        return set().union(*(lane.reshipped for lane in self.lanes))
 
     # ------------------------------------------------------------------ cluster
     def _workers(self) -> dict[str, dict[str, float]]:
@@ -104,27 +122,34 @@ class StreamRun:
             raise StreamStopped(f"lost the Dask scheduler ({type(e).__name__}: {e}); {self._where()}") from e
 
     def _find_workers(self) -> None:
-        """The GPU worker this run uses (waits `gpu_wait_s` for one) and the CPU workers."""
+        """The GPU workers this run uses (waits `gpu_wait_s` for `gpus` of them) and the CPU workers."""
         deadline = time.monotonic() + self.cfg.gpu_wait_s
+        need = self.gpus
         while True:
             table = self._workers()
             gpus = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) > 0)
-            if gpus:
+            if len(gpus) >= need:
                 break
             if time.monotonic() > deadline:
-                raise StreamStopped(f"no worker with the {GPU} resource joined within {self.cfg.gpu_wait_s:.0f} s "
-                                    f"({len(table)} workers without it); start one with `diskflow worker SCHEDULER "
-                                    f"--gpu --scratch DIR` or `dask worker SCHEDULER --resources {GPU}=1`")
+                found = (f"no worker with the {GPU} resource joined within {self.cfg.gpu_wait_s:.0f} s "
+                         f"({len(table)} workers without it)") if not gpus else \
+                    (f"{len(gpus)} of the {need} workers with the {GPU} resource --gpus {need} needs joined within "
+                     f"{self.cfg.gpu_wait_s:.0f} s")
+                raise StreamStopped(f"{found}; start one with `diskflow worker SCHEDULER --gpu --scratch DIR` or "
+                                    f"`dask worker SCHEDULER --resources {GPU}=1`")
             time.sleep(0.5)
-        self.gpu_addr = gpus[0]
-        if len(gpus) > 1:
-            print(f"note: {len(gpus)} GPU workers; this run trains on {self.gpu_addr}", file=sys.stderr)
+        for lane, addr in zip(self.lanes, gpus):
+            lane.gpu_addr = addr
+        if len(gpus) > need:
+            print(f"note: {len(gpus)} GPU workers; this run trains on {', '.join(gpus[:need])} (--gpus {need})",
+                  file=sys.stderr)
         self.cpu_addrs = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
 
     def _check_health(self) -> None:
         table = self._workers()
-        if self.gpu_addr not in table:
-            raise StreamStopped(f"the GPU worker {self.gpu_addr} left the cluster; {self._where()}")
+        for lane in self.lanes:
+            if lane.gpu_addr not in table:
+                raise StreamStopped(f"the GPU worker {lane.gpu_addr} left the cluster; {self._where()}")
         if self.cpu_addrs:
             alive = [a for a in self.cpu_addrs if a in table]
             if not alive:
@@ -133,13 +158,26 @@ class StreamRun:
             fresh = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
             self.cpu_addrs = fresh     # later submissions use the workers there are now
 
+    def _setup_group(self) -> None:
+        """A data-parallel run: every GPU worker joins the run's process group (rank = its lane)."""
+        c, world = self.client, self.gpus
+        host, port = c.submit(group_master_task, self.run_id, world, key=f"group-master-{self.tok}", pure=False,
+                              **self._gpu(self.lanes[0], 0, 0)).result()
+        joins = [c.submit(join_group_task, lane.run, self.run_id, host, port, lane.rank, world, self.cfg.group_timeout_s,
+                          key=f"group-join-{self.tok}-g{lane.rank}", pure=False, **self._gpu(lane, 0, 0))
+                 for lane in self.lanes]
+        members = c.gather(joins)
+        self.group = {"world": world, "backend": members[0]["backend"], "rendezvous": f"{host}:{port}",
+                      "ranks": {m["address"]: m["rank"] for m in members}}
+
     def _where(self) -> str:
         for fut in self._ckpt_pending:        # name the newest checkpoint that is really on disk
             with contextlib.suppress(Exception):
                 fut.result()
         ck = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
-        return (f"{self.trained} of {self.n} superbatches are trained and {ck}; continue with the same command and "
-                f"`--resume {self.run_dir}`")
+        return (f"{self.start + self.trained} of {self.n} superbatches are trained and {ck}; continue with the same "
+                f"command and "
+f"`--resume {self.run_dir}`")
 
     def _cpu(self, k: int) -> dict[str, Any]:
         kw: dict[str, Any] = {"priority": -k}
@@ -147,8 +185,8 @@ class StreamRun:
             kw.update(workers=list(self.cpu_addrs), allow_other_workers=False)
         return kw
 
-    def _gpu(self, priority: int, amount: float) -> dict[str, Any]:
-        return {"priority": priority, "resources": {GPU: amount}, "workers": [self.gpu_addr],
+    def _gpu(self, lane: Lane, priority: int, amount: float) -> dict[str, Any]:
+        return {"priority": priority, "resources": {GPU: amount}, "workers": [lane.gpu_addr],
                 "allow_other_workers": False}
 
     def _ship_priority(self, k: int) -> int:
@@ -156,8 +194,8 @@ class StreamRun:
         return self.n + 1 - k
 
     # ------------------------------------------------------------------ submission
-    def _watch(self, fut: Any, kind: str, k: int) -> Any:
-        self.watch[fut] = (kind, k)
+    def _watch(self, fut: Any, kind: str, k: int, lane: int = 0) -> Any:
+        self.watch[fut] = (kind, k, lane)
         return fut
 
     def _submit_cpu(self, fn: Any, *args: Any, key: str, k: int) -> Any:
@@ -171,93 +209,146 @@ class StreamRun:
             self.f["sample"][k] = self._watch(self.graph.sample(k), "sample", k)
         return self.f["sample"][k]
 
+    def _lane_sample(self, lane: Lane, k: int) -> Any:
+        """Lane's share of superbatch k's samples (the samples themselves with one GPU worker)."""
+        if k >= self.n:
+            return None
+        if self.gpus == 1:
+            return self._sample(k)
+        if k not in lane.f["select"]:
+            lane.f["select"][k] = self.client.submit(select_task, self._sample(k), lane.rank, self.gpus,
+                                                     key=f"select-{self.refs[k].key}-{lane.tok}", **self._cpu(k))
+        return lane.f["select"][k]
+
     def _prepare(self, k: int, attempt: int = 0) -> None:
-        """Submit plan (once), pack and ship of superbatch k (`attempt` > 0: pack and ship again).
+        """Prepare superbatch k on every lane (`_prepare_lane`)."""
+        for lane in self.lanes:
+            self._prepare_lane(lane, k, attempt)
+
+    def _prepare_lane(self, lane: Lane, k: int, attempt: int = 0) -> None:
+        """Submit plan (once), pack and ship of lane's share of superbatch k (`attempt` > 0: pack and ship again).
 
         Plan k (with its lookahead sample k+1) is submitted only once plan k-1 is done; until then
         k waits in `deferred`. A CPU worker runs whatever task it holds that is ready, so a sample
         submitted early would run ahead of pack k-1, whose plan had just finished but which the
         scheduler had not handed over yet; each such sample delays a ``ship`` by its whole duration.
         With more CPU workers, sampling runs ahead by one superbatch per extra worker (`_sample_lead`).
+        A lane with no batch of superbatch k (fewer batches than GPU workers) has nothing to prepare.
         """
-        if not attempt and k not in self.f["plan"] and k > self.start and k - 1 not in self.planned:
-            self.deferred.add(k)
+        if not attempt and k not in lane.f["plan"] and k > self.start and k - 1 not in lane.planned:
+            lane.deferred.add(k)
             return
-        self.deferred.discard(k)
+        lane.deferred.discard(k)
         for j in range(k + 2, k + 2 + self._sample_lead()):
             self._sample(j)
-        r, c = self.refs[k], self.client
+        if lane.empty(k):
+            lane.planned.add(k)
+            lane.prepared.add(k)
+            lane.shipped_ok.add(k)
+            if k == self.start:
+                self._open_window(lane)
+            if k + 1 in lane.deferred:
+                self._prepare_lane(lane, k + 1)
+            self._submit_trains(lane)
+            return
+        r, c = lane.refs[k], self.client
         suffix = f"-r{attempt}" if attempt else ""
-        if k not in self.f["plan"]:
-            prev = self.f["plan"][k - 1] if k > self.start else None
-            self.f["plan"][k] = self._watch(self.graph.plan(k, prev, self._sample(k), self._sample(k + 1), self.tiers,
-                                                            self.f["trace"].get(k)), "plan", k)
-            self._trace_ahead(k + 1)
+        if k not in lane.f["plan"]:
+            prev = lane.prev_plan(k, self.start)
+            lane.f["plan"][k] = self._watch(lane.graph.plan(k, prev, self._lane_sample(lane, k),
+                                                            self._lane_sample(lane, k + 1), lane.tiers,
+                                                            lane.f["trace"].get(k)), "plan", k, lane.rank)
+            self._trace_ahead(lane, k + 1)
         pack = self._watch(c.submit(
-            pack_task, self.store_path, r, self._sample(k), self.f["plan"][k], self.header, k, self.cfg.stage,
-            self.run_id, key=f"pack-{r.key}{suffix}-{self.tok}", **self._cpu(k)), "pack", k)
-        self.f["ship"][k] = self._watch(c.submit(
-            ship_task, self.run_id, pack, self.start, self.ship_base, key=f"ship-{r.key}{suffix}-{self.tok}",
-            **self._gpu(self._ship_priority(k), 0)), "ship", k)
-        self.prepared.add(k)
+            pack_task, self.store_path, r, self._lane_sample(lane, k), lane.f["plan"][k], lane.header, k,
+            self.cfg.stage, lane.run, key=f"pack-{r.key}{suffix}-{lane.tok}", **self._cpu(k)), "pack", k, lane.rank)
+        lane.f["ship"][k] = self._watch(c.submit(
+            ship_task, lane.run, pack, self.start, lane.ship_base, key=f"ship-{r.key}{suffix}-{lane.tok}",
+            **self._gpu(lane, self._ship_priority(k), 0)), "ship", k, lane.rank)
+        lane.prepared.add(k)
 
-    def _trace_ahead(self, k: int) -> None:
+    def _trace_ahead(self, lane: Lane, k: int) -> None:
         """Trace superbatch k's window now, while plan k-1 runs, if its samples are already submitted.
 
         Submitting a sample early for it would put that sample ahead of a pack the GPU worker waits
         for (see `_prepare`); a plan whose window was not traced ahead traces it itself.
         """
-        if k >= self.n or k in self.f["trace"] or k in self.f["plan"]:
+        if k >= self.n or k in lane.f["trace"] or k in lane.f["plan"] or lane.empty(k):
             return
         if k in self.f["sample"] and (k + 1 >= self.n or k + 1 in self.f["sample"]):
-            trace = self.graph.trace(k, self.f["sample"][k], self._sample(k + 1), self.tiers)
+            trace = lane.graph.trace(k, self._lane_sample(lane, k), self._lane_sample(lane, k + 1), lane.tiers)
             if trace is not None:
-                self.f["trace"][k] = trace
+                lane.f["trace"][k] = trace
 
     def _sample_lead(self) -> int:
         """Superbatches sampling may run ahead of the plan chain's needs: one per CPU worker beyond the first,
         at most the window (so what is held in workers' memory stays bounded by the window)."""
         return min(max(0, len(self.cpu_addrs) - 1), self.cfg.window)
 
-    def _submit_trains(self) -> None:
-        """Submit train k for every shipped superbatch whose predecessor is submitted (in order).
+    def _submit_trains(self, lane: Lane) -> None:
+        """Submit lane's train k for every shipped superbatch whose predecessor is submitted (in order).
 
         Train k does not depend on train k-1: both wait on the GPU worker itself, which runs
         them one at a time (each takes the whole ``GPU`` resource) in priority order, so train
         k starts the moment k-1 ends instead of after a round trip to the scheduler. Ships carry
         a higher priority than any train, so one waiting for the resource never holds a ship
         back (the worker's queue of resource-restricted tasks is served strictly by priority).
+        The lanes of a data-parallel run meet in every step of their trains (the gradients'
+        all-reduce), so each lane's train k runs while the others' do.
         """
-        while self.next_train < self.n and self.next_train in self.shipped_ok:
-            k, r = self.next_train, self.refs[self.next_train]
+        while lane.next_train < self.n and lane.next_train in lane.shipped_ok:
+            k, r = lane.next_train, lane.refs[lane.next_train]
+            g = self.refs[k]
             nxt = self.refs[k + 1] if k + 1 < self.n else None
             entry = {"key": r.key, "index": k, "epoch": r.epoch, "first_batch": r.round_first_batch,
-                     "epoch_batch": r.first_batch, "batches": r.num_batches,
+                     "epoch_batch": r.first_batch, "batches": r.num_batches, "pass_batches": g.num_batches,
                      "epoch_end": nxt is None or nxt.epoch != r.epoch}
             ckpt = k + 1 == self.n or entry["epoch_end"] or (k - self.start + 1) % self.cfg.checkpoint_every == 0
-            self.f["train"][k] = self._watch(self.client.submit(
-                train_task, self.run_id, self.f["ship"][k], entry, self.cfg.train, self.device, self.fingerprint,
-                self.resume_state if k == self.start else None, ckpt, key=f"train-{r.key}-{self.tok}",
-                **self._gpu(-k, 1)), "train", k)
-            self.next_train += 1
+            shipped = None if lane.empty(k) else lane.f["ship"][k]
+            lane.f["train"][k] = self._watch(self.client.submit(
+                train_task, lane.run, shipped, entry, self._train_cfg(lane), self.device, self.fingerprint,
+                lane.resume_state if k == self.start else None, ckpt, key=f"train-{g.key}-{lane.tok}",
+                **self._gpu(lane, -k, 1)), "train", k, lane.rank)
+            lane.next_train += 1
+
+    def _train_cfg(self, lane: Lane) -> Any:
+        """The trainer's options on lane's GPU worker (its rank among the run's GPU workers)."""
+        from dataclasses import replace
+
+        if self.gpus == 1:
+            return self.cfg.train
+        return replace(self.cfg.train, world=self.gpus, rank=lane.rank)
 
     def _release(self) -> None:
         """Drop the futures no later submission needs (a pending task keeps its inputs on the workers itself).
 
-        Sample k feeds plan k-1 (lookahead), plan k and pack k; plan k feeds plan k+1 and pack k;
-        a pack can be submitted again until its ship succeeded; ship k feeds train k (a train's
-        own future is dropped once its result is handled).
+        Sample k feeds plan k-1 (lookahead), plan k and pack k (through each lane's select k); plan k
+        feeds plan k+1 and pack k; a pack can be submitted again until its ship succeeded; ship k
+        feeds train k (a train's own future is dropped once its result is handled).
         """
-        f = self.f
-        for k in [k for k in f["sample"] if (k < self.start and k not in self.prepared)
-                  or (k in self.prepared and k in self.shipped_ok)]:
-            del f["sample"][k]
-        for k in [k for k in f["plan"] if k in self.shipped_ok and (k + 1 in self.prepared or k + 1 >= self.n)]:
-            del f["plan"][k]
-        for k in [k for k in f["trace"] if k in f["plan"] or k < self.start]:   # its plan holds it now
-            del f["trace"][k]
-        for k in [k for k in f["ship"] if k in f["train"] or k < self.next_train]:
-            del f["ship"][k]
+        for lane in self.lanes:
+            f = lane.f
+            for k in [k for k in f["select"] if (k < self.start and k not in lane.prepared)
+                      or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < self.start or k - 1 in lane.planned))]:
+                del f["select"][k]
+            for k in [k for k in f["plan"] if k in lane.shipped_ok and all(
+                    j in lane.prepared or j >= self.n for j in range(k + 1, self._next_nonempty(lane, k) + 1))]:
+                del f["plan"][k]
+            for k in [k for k in f["trace"] if k in f["plan"] or k < self.start]:   # its plan holds it now
+                del f["trace"][k]
+            for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
+                del f["ship"][k]
+        for k in [k for k in self.f["sample"] if all(
+                (k < self.start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
+                for lane in self.lanes)]:
+            del self.f["sample"][k]
+
+    def _next_nonempty(self, lane: Lane, k: int) -> int:
+        """The next superbatch after k whose plan chains on plan k (this lane has a share of it), or `n`."""
+        j = k + 1
+        while j < self.n and lane.empty(j):
+            j += 1
+        return j
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -267,26 +358,37 @@ class StreamRun:
         self._find_workers()
         if self.cfg.batches == "partition":
             self._partition()
-        info = c.submit(probe_task, key=f"probe-{self.tok}", pure=False, **self._gpu(0, 0)).result()
-        self.gpu_info = info
-        self.device = self.cfg.device or str(info["device"])
-        self.start, self.resume_state, start_ids = 0, None, None
+        infos = c.gather([c.submit(probe_task, key=f"probe-{self.tok}" + (f"-g{lane.rank}" if self.gpus > 1 else ""),
+                                   pure=False, **self._gpu(lane, 0, 0)) for lane in self.lanes])
+        self.gpu_info = infos[0]
+        self.gpu_infos = infos
+        self.device = self.cfg.device or str(infos[0]["device"])
+        devices = {self.cfg.device or str(i["device"]) for i in infos}
+        if len(devices) > 1:
+            raise ConfigError("--device", f"the GPU workers train on different devices ({', '.join(sorted(devices))}); "
+                                          "give each the same --device")
+        self.start = 0
         self.resumed_from: str | None = None
         if self.resume:
-            self.start, self.resume_state, start_ids = self._load_resume()
+            self.start = self._load_resume()
         if self.start >= self.n:
             self.t_start = time.time()
             return self._report(wall0, {}, {})
-        self.next_train = self.start
+        for lane in self.lanes:
+            lane.next_train = self.start
         self.t_start = time.time()      # the stream's clock: from the first submission
         self._open_bars()
         try:
-            self._submit_head(start_ids)
+            if self.gpus > 1:
+                self._setup_group()
+            self._submit_head()
             self._prepare(self.start)     # the rest of the window once its plan is done
             self._loop()
             self._checkpoints_written()
-            finish = c.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False, **self._gpu(-self.n, 0))
-            done = finish.result()
+            finishes = [c.submit(finish_task, lane.run, key=f"finish-{self.tok}" +
+                                 (f"-g{lane.rank}" if self.gpus > 1 else ""), pure=False,
+                                 **self._gpu(lane, -self.n, 0)) for lane in self.lanes]
+            done = c.gather(finishes)
         except BaseException:
             self._abort()
             raise
@@ -295,7 +397,9 @@ class StreamRun:
                 b.close()
             if self._ckpt_writer is not None:
                 self._ckpt_writer.shutdown(wait=True)
-        return self._report(wall0, done.get("summary", {}), done.get("usage", {}))
+        self.lane_summaries = [d.get("summary", {}) for d in done]
+        self.lane_usage = [d.get("usage", {}) for d in done]
+        return self._report(wall0, done[0].get("summary", {}), done[0].get("usage", {}))
 
     def _partition(self) -> None:
         """Partition batches: the graph's min-cut parts, computed once by a task on a CPU worker into the run
@@ -316,31 +420,36 @@ class StreamRun:
         self.graph.order = BatchOrder("partition", str(path), cfg.parts_per_group, cfg.group_by,
                                       str(self.store.path.resolve() / self.store.manifest["labels"]))
 
-    def _submit_head(self, start_ids: np.ndarray | None) -> None:
-        """Counts over the tier superbatches, the tiers, and the base bundle (pack-base, ship-base)."""
+    def _submit_head(self) -> None:
+        """Per lane: counts over the tier superbatches, the tiers, and the base bundle (pack-base, ship-base)."""
         c = self.client
         per_epoch0 = sum(1 for r in self.refs if r.epoch == 0)
         t = min(self.cfg.tier_superbatches, per_epoch0)
-        firsts = [self._sample(k) for k in range(max(t, 2 if self.n > 1 else 1))]
         kw = self._cpu(-1)
         cfg = self.cfg
         device = "cuda" if self.device.startswith("cuda") else "cpu"
         spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
                         cfg.cpu_policy)
-        total = self.graph.counts([(k, firsts[k]) for k in range(t)])
-        self.tiers = self._watch(self.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
-                                                  start_cpu_ids=start_ids), "tiers", -1)
         config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
                   "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": self.device,
                   "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches}
-        self.header = c.submit(header_task, self.store_path, self.tiers, config, self.round_batches, cfg.epochs,
-                               key=f"header-{self.tok}", **kw)
-        base = c.submit(pack_base_task, self.store_path, self.tiers, self.cfg.stage, self.run_id,
-                        key=f"pack-base-{self.tok}", **kw)
-        self.ship_base = self._watch(c.submit(ship_task, self.run_id, base, self.start, key=f"ship-base-{self.tok}",
-                                              **self._gpu(self._ship_priority(-1), 0)), "ship-base", -1)
-        self.base_info: dict[str, Any] = {}
+        if self.gpus > 1:
+            config.update(gpus=self.gpus, lane=0)
+        for lane in self.lanes:
+            firsts = [self._lane_sample(lane, k) for k in range(max(t, 2 if self.n > 1 else 1))]
+            total = lane.graph.counts([(k, firsts[k]) for k in range(t)])
+            lane.tiers = self._watch(lane.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
+                                                      start_cpu_ids=lane.start_ids), "tiers", -1, lane.rank)
+            if self.gpus > 1:
+                config = {**config, "lane": lane.rank}
+            lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
+                                   key=f"header-{lane.tok}", **kw)
+            base = c.submit(pack_base_task, self.store_path, lane.tiers, self.cfg.stage, lane.run,
+                            key=f"pack-base-{lane.tok}", **kw)
+            lane.ship_base = self._watch(c.submit(ship_task, lane.run, base, self.start, key=f"ship-base-{lane.tok}",
+                                                  **self._gpu(lane, self._ship_priority(-1), 0)), "ship-base", -1,
+                                         lane.rank)
 
     def _loop(self) -> None:
         """Wait for completions; a lost scheduler connection becomes a clear StreamStopped, not a traceback."""
@@ -373,44 +482,46 @@ class StreamRun:
                 self._check_health()
                 last_check = time.monotonic()
             order = {kind: i for i, kind in enumerate(("tiers", "ship-base", *PHASES))}
-            for fut in sorted(done, key=lambda f: (self.watch[f][1], order[self.watch[f][0]])):   # stream order
-                kind, k = self.watch.pop(fut)
+            for fut in sorted(done, key=lambda f: (self.watch[f][1], order[self.watch[f][0]], self.watch[f][2])):
+                kind, k, r = self.watch.pop(fut)      # stream order
                 if fut.status == "cancelled":
                     raise StreamStopped(f"task {kind} of superbatch {k} was cancelled (the scheduler lost it, or the "
                                         f"connection to it was lost); {self._where()}")
                 if fut.status == "error":
-                    self._failed(kind, k, fut)
+                    self._failed(kind, k, self.lanes[r], fut)
                 else:
-                    self._completed(kind, k, fut)
+                    self._completed(kind, k, self.lanes[r], fut)
             self._release()
 
-    def _completed(self, kind: str, k: int, fut: Any) -> None:
-        if kind in self.bars and k >= self.start:
+    def _completed(self, kind: str, k: int, lane: Lane, fut: Any) -> None:
+        if kind in self.bars and k >= self.start and (kind == "sample" or lane.rank == 0):
             self.bars[kind].update(1)
         if kind == "plan":
-            self.planned.add(k)
+            lane.planned.add(k)
             if k == self.start:
-                self._open_window()
-            if k + 1 in self.deferred:
-                self._prepare(k + 1)
+                self._open_window(lane)
+            if k + 1 in lane.deferred:
+                self._prepare_lane(lane, k + 1)
         elif kind == "ship-base":
-            self.base_info = fut.result()
+            lane.base_info = fut.result()
         elif kind == "ship":
-            self.shipped_ok.add(k)
-            self._submit_trains()
+            lane.shipped_ok.add(k)
+            self._submit_trains(lane)
         elif kind == "train":
-            self._trained(k, fut.result())
+            self._trained(lane, k, fut.result())
 
-    def _failed(self, kind: str, k: int, fut: Any) -> None:
+    def _failed(self, kind: str, k: int, lane: Lane, fut: Any) -> None:
         from ...operators.stream.ship import ShipVerifyError
 
         exc = fut.exception()
         what = f"{kind}-{self.refs[k].key}" if k >= 0 else kind
-        if kind == "ship" and isinstance(exc, ShipVerifyError) and k not in self.reshipped:
-            self.reshipped.add(k)
+        if self.gpus > 1:
+            what += f" (GPU worker {lane.rank}, {lane.gpu_addr})"
+        if kind == "ship" and isinstance(exc, ShipVerifyError) and k not in lane.reshipped:
+            lane.reshipped.add(k)
             print(f"diskflow: superbatch {self.refs[k].key} failed verification on arrival ({exc}); shipping it again",
                   file=sys.stderr, flush=True)
-            self._prepare(k, attempt=1)
+            self._prepare_lane(lane, k, attempt=1)
             return
         if kind == "ship" and isinstance(exc, ShipVerifyError):
             raise StreamStopped(f"superbatch {self.refs[k].key} failed verification on arrival twice ({exc}); "
@@ -421,8 +532,8 @@ class StreamRun:
             raise exc
         raise StreamStopped(f"task {what} failed: {type(exc).__name__}: {exc}; {self._where()}") from exc
 
-    def _open_window(self) -> None:
-        """Submit the preparation of the window's other superbatches.
+    def _open_window(self, lane: Lane) -> None:
+        """Submit the preparation of the window's other superbatches (of one lane).
 
         Held back until the first superbatch's plan is done: until then the CPU workers are on
         the stream's critical path (samples, counts, tiers, the first plan), and a sample of a
@@ -431,39 +542,95 @@ class StreamRun:
         the first superbatch has trained.
         """
         for k in range(self.start + 1, min(self.start + self.cfg.window, self.n)):
-            if k not in self.prepared:
-                self._prepare(k)        # k = start + 1 now, the rest each when its previous plan is done
+            if k not in lane.prepared:
+                self._prepare_lane(lane, k)     # k = start + 1 now, the rest each when its previous plan is done
 
-    def _trained(self, k: int, out: dict[str, Any]) -> None:
+    def _trained(self, lane: Lane, k: int, out: dict[str, Any]) -> None:
+        """Lane's train k is done; once every lane's is, superbatch k is trained (`_all_trained`)."""
+        lane.f["train"].pop(k, None)
+        lane.trained[k] = out
+        if all(k in other.trained for other in self.lanes):
+            self._all_trained(k, [other.trained.pop(k) for other in self.lanes])
+
+    def _all_trained(self, k: int, outs: list[dict[str, Any]]) -> None:
         self.trained += 1
-        self.f["train"].pop(k, None)
-        ck = out.pop("checkpoint", None)
-        if ck is not None:
-            self._write_checkpoint(ck)
-        record = out.get("record")
+        out = outs[0]
+        if self.gpus > 1:
+            crcs = {o.get("model_crc") for o in outs}
+            if len(crcs) > 1:
+                raise StreamStopped(f"the GPU workers' models differ after superbatch {self.refs[k].key} (weights "
+                                    f"crc32 {sorted(str(c) for c in crcs)}): their data-parallel steps diverged; {self._where()}")
+            self.models_checked += 1
+            out = {**out, "losses": interleave([o["losses"] for o in outs]),
+                   "sizes": interleave([o["sizes"] for o in outs]), "seeds": sum(o["seeds"] for o in outs),
+                   "seconds": max(o["seconds"] for o in outs)}
+            seen = sum(out["sizes"])
+            out["loss"] = sum(v * n for v, n in zip(out["losses"], out["sizes"])) / seen if seen else None
+            out["seeds_per_s"] = out["seeds"] / out["seconds"] if out["seconds"] > 0 else None
+        cks = [o.pop("checkpoint", None) for o in outs]
+        record = self._epoch_record(k, outs)
         if record is not None:
             self.records.append(record)
             if self.on_epoch is not None:
                 self.on_epoch(record)
-        self.timeline.append(self._timeline_entry(k, out))
+        if cks[0] is not None:
+            self._write_checkpoint(self._merge_checkpoints(cks))
+        self.timeline.append(self._timeline_entry(k, out, outs))
         self.last_usage = out.get("usage", {})
         b = self.bars.get("train")
         if b is not None and out.get("loss") is not None:
             b.set_postfix(loss=f"{out['loss']:.4f}", seeds_s=f"{out.get('seeds_per_s') or 0:,.0f}", refresh=False)
         if self.on_superbatch is not None:
-            self.on_superbatch({k2: v for k2, v in out.items() if k2 != "record"})
+            self.on_superbatch({k2: v for k2, v in out.items() if k2 not in ("record", "epoch_tally")})
         if k + self.cfg.window < self.n:
             self._prepare(k + self.cfg.window)
 
-    def _timeline_entry(self, k: int, out: dict[str, Any]) -> dict[str, Any]:
+    def _epoch_record(self, k: int, outs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The run's record of the epoch superbatch k ends (None: it ends none); the lanes' merged."""
+        if outs[0].get("record") is None:
+            return None
+        if self.gpus == 1:
+            return outs[0]["record"]
+        epoch = self.refs[k].epoch
+        ks = [j for j, r in enumerate(self.refs) if r.epoch == epoch]
+        shares = [[lane.refs[j].num_batches for j in ks] for lane in self.lanes]
+        return merge_epoch([o["record"] for o in outs], [o["epoch_tally"] for o in outs], shares)
+
+    def _merge_checkpoints(self, cks: list[dict[str, Any]]) -> dict[str, Any]:
+        """One checkpoint of every lane's state: lane 0's model, optimizer and RNG (the same on every lane),
+        each lane's open epoch and CPU tier (``cpu_ids.npy``, ``cpu_ids-R.npy``), the run's merged records."""
+        if self.gpus == 1:
+            return cks[0]
+        state = dict(cks[0]["state"])
+        state["lanes"] = [{"partial": ck["state"].get("partial"), "records": ck["state"].get("records", [])}
+                          for ck in cks]
+        state["stream_records"] = list(self.records)
+        arrays = {"cpu_ids.npy": cks[0]["arrays"]["cpu_ids.npy"]}
+        for r, ck in enumerate(cks[1:], start=1):
+            arrays[f"cpu_ids-{r}.npy"] = ck["arrays"]["cpu_ids.npy"]
+        return {"state": state, "arrays": arrays}
+
+    def _timeline_entry(self, k: int, out: dict[str, Any], outs: list[dict[str, Any]]) -> dict[str, Any]:
         r = self.refs[k]
-        phases = {name: {"start": t["t0"] - self.t_start, "end": t["t1"] - self.t_start, "worker": t["worker"]}
-                  for name, t in out["timing"].items()}
-        return {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": phases,
-                "prepared": phases["pack"]["end"], "shipped": phases["ship"]["end"], "trained": phases["train"]["end"],
-                "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
-                "held_bytes": out.get("held_bytes"),
-                "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
+
+        def phases(o: dict[str, Any]) -> dict[str, Any]:
+            return {name: {"start": t["t0"] - self.t_start, "end": t["t1"] - self.t_start, "worker": t["worker"]}
+                    for name, t in o["timing"].items()}
+
+        ph = phases(out)
+        entry = {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": ph,
+                 "prepared": ph["pack"]["end"], "shipped": ph["ship"]["end"], "trained": ph["train"]["end"],
+                 "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
+                 "held_bytes": out.get("held_bytes"),
+                 "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
+        if self.gpus > 1:
+            entry["lanes"] = [{"batches": lane.refs[k].num_batches, "phases": phases(o), "bytes": o.get("bytes"),
+                               "model_crc": o.get("model_crc"), "losses": o.get("losses"),
+                               "figures": o.get("pack", {}).get("figures", {}), "plan": o.get("pack", {}).get("plan", {})}
+                              for lane, o in zip(self.lanes, outs)]
+            entry["trained"] = max(e["phases"]["train"]["end"] for e in entry["lanes"])
+            entry["bytes"] = sum(int(o.get("bytes") or 0) for o in outs)
+        return entry
 
     def _write_checkpoint(self, ck: dict[str, Any]) -> None:
         """Save a checkpoint in the background (in order, one writer thread), so the driver goes on
@@ -488,22 +655,34 @@ class StreamRun:
         st = ck["state"]
         self.last_checkpoint = save_checkpoint(self.ckpt_root, int(st["epoch"]), int(st["batch"]), st, ck["arrays"])
 
-    def _load_resume(self) -> tuple[int, dict[str, Any] | None, np.ndarray | None]:
+    def _load_resume(self) -> int:
+        """The stream position of the latest checkpoint, with each lane's state and CPU tier set from it."""
         from ...operators.train.checkpoint import latest_checkpoint, load_checkpoint
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None:
-            return 0, None, None
+            return 0
         ck = load_checkpoint(latest)
         st = ck.state
         if st.get("fingerprint") != self.fingerprint or "stream_index" not in st:
-            raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset or "
-                                          "pipeline); use the same options, or start a new run without --resume")
-        self.records = list(st.get("records") or [])
+            raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset, "
+                                          "pipeline or number of GPU workers); use the same options, or start a new "
+                                          "run without --resume")
+        self.records = list(st.get("stream_records", st.get("records")) or [])
         self.last_checkpoint = latest
         self.resumed_from = str(latest)
-        ids = ck.array("cpu_ids.npy")
-        return int(st["stream_index"]), st, None if ids is None else np.array(ids)
+        for lane in self.lanes:
+            name = "cpu_ids.npy" if lane.rank == 0 else f"cpu_ids-{lane.rank}.npy"
+            ids = ck.array(name)
+            lane.start_ids = None if ids is None else np.array(ids)
+            if self.gpus == 1:
+                lane.resume_state = st
+            else:
+                own = st["lanes"][lane.rank]
+                lane.resume_state = {**st, "partial": own["partial"], "records": own["records"]}
+                lane.resume_state.pop("lanes", None)
+                lane.resume_state.pop("stream_records", None)
+        return int(st["stream_index"])
 
     def _open_bars(self) -> None:
         total = self.n - self.start
@@ -511,18 +690,25 @@ class StreamRun:
         self.bars = {name: bar(total=total, desc=f"{name:<6}", unit="sb", disable=disable) for name in PHASES}
 
     def _abort(self) -> None:
-        """Stop everything this run submitted; free the GPU worker's scratch if it is still there."""
+        """Stop everything this run submitted; free the GPU workers' scratch where they are still there."""
         # Releasing the futures is the cancellation: the scheduler forgets what no client wants (running
         # tasks finish and their results are dropped). `client.cancel` would recurse into dependents this
         # driver already released, which the scheduler asserts against.
-        for d in self.f.values():
-            d.clear()
+        self.f["sample"].clear()
+        for lane in self.lanes:
+            for d in lane.f.values():
+                d.clear()
+            lane.tiers = lane.ship_base = lane.header = None
         self.watch.clear()
-        self.tiers = self.ship_base = self.header = None
         with contextlib.suppress(Exception):
-            if self.client.status == "running" and self.gpu_addr in self._workers():
-                self.client.submit(finish_task, self.run_id, key=f"finish-{self.tok}", pure=False,
-                                   **self._gpu(-self.n, 0)).result(timeout=30)
+            if self.client.status == "running":
+                table = self._workers()
+                futs = [self.client.submit(finish_task, lane.run, key=f"finish-{self.tok}-abort-g{lane.rank}",
+                                           pure=False, **self._gpu(lane, -self.n, 0))
+                        for lane in self.lanes if lane.gpu_addr in table]
+                for fut in futs:
+                    with contextlib.suppress(Exception):
+                        fut.result(timeout=30)
 
     # ------------------------------------------------------------------ the report
     def _report(self, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:

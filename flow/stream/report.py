@@ -15,7 +15,9 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
     train_busy = sum(e["phases"]["train"]["end"] - e["phases"]["train"]["start"] for e in tl)
     end = max((e["trained"] for e in tl), default=0.0)
     tcfg = run.cfg.train
-    base_meta = run.base_info.get("meta", {}) if getattr(run, "base_info", None) else {}
+    lanes = getattr(run, "lanes", [])
+    base_info = lanes[0].base_info if lanes else {}
+    base_meta = base_info.get("meta", {}) if base_info else {}
     seen = getattr(run, "last_usage", {}) or {}
     scratch = {**seen, **usage}
     for k in ("peak", "peak_disk", "peak_staged"):
@@ -41,6 +43,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
             "stream_s": end, "train_busy_s": train_busy,
             "gpu_idle_fraction": (1.0 - train_busy / end) if end > 0 else None,
             "tiers": base_meta.get("tiers", {}), "scratch": scratch,
+            **_gpu_workers(run, end),
         },
         **({"partition": run.partition} if getattr(run, "partition", None) is not None else {}),
         "timeline": tl,
@@ -51,3 +54,29 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
         "wall_s": wall,
     }
     return report
+
+
+def _gpu_workers(run: Any, end: float) -> dict[str, Any]:
+    """Per GPU worker: its address, its share of the trains' busy time, its tiers and bytes (a data-parallel
+    run; one worker: its own fields above say it all)."""
+    lanes = getattr(run, "lanes", [])
+    if len(lanes) <= 1:
+        return {"gpus": 1}
+    busy = [0.0] * len(lanes)
+    nbytes = [0] * len(lanes)
+    for e in run.timeline:
+        for r, ln in enumerate(e.get("lanes", [])):
+            t = ln["phases"]["train"]
+            busy[r] += t["end"] - t["start"]
+            nbytes[r] += int(ln.get("bytes") or 0)
+    summaries = getattr(run, "lane_summaries", [{}] * len(lanes))
+    return {"gpus": len(lanes), "cache": run.cfg.cache, "group": run.group,
+            "gpu_workers": [lane.gpu_addr for lane in lanes],
+            "gpu_idle_fraction_per_worker": [(1.0 - b / end) if end > 0 else None for b in busy],
+            "models_equal": run.models_checked == run.trained and run.trained > 0,
+            "models_checked": run.models_checked,
+            "lanes": [{"rank": lane.rank, "address": lane.gpu_addr, "batches": lane.round_batches,
+                       "train_busy_s": busy[r], "shipped_bytes": nbytes[r],
+                       "tiers": (lane.base_info.get("meta", {}) or {}).get("tiers", {}),
+                       "io": (summaries[r] or {}).get("io", {}) if r < len(summaries) else {}}
+                      for r, lane in enumerate(lanes)]}

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...operators.formats.store import Store
 from ...operators.prepare.superbatch import SuperbatchRef
 from ...operators.stream.pack import Bundle, pack_base, pack_superbatch, stream_header
@@ -45,6 +47,33 @@ def header_task(store_path: str, tiers: Tiers, config: dict[str, Any], round_bat
     """The manifest fields every superbatch directory of the stream shares (`stream_header`), once the tiers are known."""
     return stream_header(Store(store_path), config, tiers.figures["gpu_rows"], tiers.figures["cpu_rows"], round_batches,
                          epochs)
+
+
+def select_task(sample: SampleResult, rank: int, world: int) -> SampleResult:
+    """One GPU worker's share of a sampled superbatch: its batches at positions rank, rank + world, ...
+    (`formats.samples.select_batches`), with the share's own summary."""
+    from ...operators.formats.samples import read_n_ids, select_batches
+
+    t0 = time.time()
+    if sample.data is None:
+        raise ValueError(f"select of {sample.key}: the samples must travel inline, not as {sample.path}")
+    data, kept = select_batches(f"samples of {sample.key}", sample.data, rank, world)
+    arr = np.frombuffer(data, np.uint8)
+    sizes = [int(n.shape[0]) for n in read_n_ids(f"samples of {sample.key}", arr)]
+    summary = {"key": sample.key, "batches": kept, "accesses": sum(sizes), "max_nodes": max(sizes, default=0),
+               "lane": rank, "lanes": world}
+    return SampleResult(sample.key, arr, summary, {**sample.timing, "select": stamp(t0)})
+
+
+def group_master_task(run: str, world: int) -> tuple[str, int]:
+    """On the first GPU worker: open the rendezvous of the run's process group (`DiskflowPlugin.group_master`)."""
+    return _plugin().group_master(run, world)
+
+
+def join_group_task(job: str, group: str, host: str, port: int, rank: int, world: int, timeout_s: float
+                    ) -> dict[str, Any]:
+    """On every GPU worker of a data-parallel run: join its process group (blocks until all ranks did)."""
+    return _plugin().join_group(job, group, host, port, rank, world, timeout_s)
 
 
 def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, header: dict[str, Any],
@@ -101,12 +130,13 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
             "timing": {**bundle.meta.get("timing", {}), "ship": stamp(t0)}}
 
 
-def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: Any, device: str,
+def train_task(run: str, shipped: dict[str, Any] | None, entry: dict[str, Any], cfg: Any, device: str,
                fingerprint: str, resume: dict[str, Any] | None, checkpoint: bool) -> dict[str, Any]:
     """Train one staged superbatch with the run's trainer (created by the first one), then discard it.
 
     The staged directory is deleted in the background (`ScratchSpace.discard`), so the next
-    ``train`` task starts at once.
+    ``train`` task starts at once. `shipped` None: this data-parallel rank holds no batch of the
+    superbatch and only takes part in its steps.
     """
     from ...operators.stream.train import StreamTrainer
 
@@ -114,6 +144,8 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     plugin = _plugin()
     job = plugin.job(run)
     space = plugin.gpu_space()
+    if shipped is None:
+        shipped = {"dir": None, "held": None, "timing": {}, "meta": {}}
     with job.lock:
         if job.next_index != entry["index"]:
             raise GpuStateLost(f"the GPU worker {plugin.address} expected superbatch {job.next_index} of run {run}, "
@@ -121,8 +153,9 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
         if job.trainer is None:
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
         out = job.trainer.train(shipped["dir"], entry, shipped["held"])
-        job.trainer.release()
-        space.discard(f"{run}/{entry['key']}", shipped["dir"])
+        if shipped["dir"] is not None:
+            job.trainer.release()
+            space.discard(f"{run}/{entry['key']}", shipped["dir"])
         job.next_index += 1
         if checkpoint:
             state, arrays = job.trainer.checkpoint()

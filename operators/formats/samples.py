@@ -176,3 +176,20 @@ def read_n_ids(path: str | os.PathLike[str], data: Buffer | None = None) -> list
         return [list_values(reader.get_batch(i), "n_id") for i in range(reader.num_record_batches)]
     except (OSError, pa.ArrowInvalid, KeyError) as e:
         raise InputError(p, f"unreadable samples file ({e})") from e
+
+
+def select_batches(where: str, data: Buffer, rank: int, world: int) -> tuple[pa.Buffer, int]:
+    """The samples file (its bytes) of only the minibatches at positions ``rank, rank + world, ...`` of
+    another one (`data`, named `where` in errors): one GPU worker's share of a superbatch. Returns the
+    bytes and the number of batches kept. The record batches are kept as they are (zero-copy slices of
+    `data` until written), schema and metadata included."""
+    try:
+        reader = open_arrow(Path(where), data)
+        kept = [reader.get_batch(i) for i in range(rank, reader.num_record_batches, world)]
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(where, f"unreadable samples file ({e})") from e
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, reader.schema) as writer:
+        for rb in kept:
+            writer.write_batch(rb)
+    return sink.getvalue(), len(kept)

@@ -71,6 +71,26 @@ def round_layout(num_train: int, batch_size: int, superbatch_size: int, epochs: 
     return refs
 
 
+def lane_layout(refs: Sequence[SuperbatchRef], lanes: int, lane: int) -> list[SuperbatchRef]:
+    """Lane `lane`'s share of a round split over `lanes` data-parallel GPU workers: of each superbatch,
+    the batches at positions ``lane, lane + lanes, ...`` (one per optimizer step), numbered as a round of
+    their own (contiguous within each epoch and over the round), so the lane is packed, shipped and
+    trained exactly as a one-worker stream. A superbatch of fewer batches than lanes leaves the last
+    lanes an empty share (``num_batches == 0``)."""
+    if lanes < 1 or not 0 <= lane < lanes:
+        raise ValueError(f"lane {lane} of {lanes}")
+    out: list[SuperbatchRef] = []
+    epoch, first, total = -1, 0, 0
+    for r in refs:
+        if r.epoch != epoch:
+            epoch, first = r.epoch, 0
+        n = len(range(lane, r.num_batches, lanes))
+        out.append(SuperbatchRef(r.epoch, r.index, first, n, total))
+        first += n
+        total += n
+    return out
+
+
 def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.PathLike[str], ref: SuperbatchRef,
                       batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None,
                       order: BatchOrder | None = None) -> dict:

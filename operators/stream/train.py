@@ -33,6 +33,7 @@ from ..train.config import TrainConfig
 from ..train.loader import PackedLoader
 from ..train.loop import deterministic
 from ..train.session import TrainSession, num, resolve_device, store_eval_loaders
+from ..train.steps import DataParallel
 from ..train.trainer import STAGES
 
 
@@ -47,6 +48,8 @@ class StreamTrainConfig(TrainConfig):
     queue_depth: int = 2
     check_crc: bool = True
     store: str | None = None
+    world: int = 1          # GPU workers training the run data-parallel (`train.steps.DataParallel`)
+    rank: int = 0           # this worker's place among them (rank 0 evaluates)
 
 
 class StreamTrainer:
@@ -93,8 +96,9 @@ class StreamTrainer:
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
             loader.restore_tier(first, np.array(loader.ds.cpu_init), np.array(loader.ds.cpu_ids))
         self.loader = loader
+        steps = DataParallel(cfg.world, cfg.rank) if cfg.world > 1 else None
         self.session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
-                                    evals=self._eval_loaders)
+                                    evals=self._eval_loaders if cfg.rank == 0 else None, steps=steps)
         if self.resume is not None:
             self.session.load_state_dict(self.resume)
         return loader, self.session
@@ -117,12 +121,13 @@ class StreamTrainer:
         return store_eval_loaders(self.cfg, st, loader.labels)
 
     # ------------------------------------------------------------------ one superbatch
-    def train(self, sb_dir: str | Path, entry: dict[str, Any], held: Mapping[str, Buffer] | None = None
+    def train(self, sb_dir: str | Path | None, entry: dict[str, Any], held: Mapping[str, Buffer] | None = None
               ) -> dict[str, Any]:
         """Train the staged superbatch `sb_dir` (stream position ``entry["index"]``).
 
         Args:
-            sb_dir: the staged one-superbatch packed dataset.
+            sb_dir: the staged one-superbatch packed dataset; None: this data-parallel rank has no
+                batch of this superbatch (it still takes part in the superbatch's steps).
             held: its index and samples when the GPU worker holds them in memory (`stage_bundle`).
             entry: ``key``, ``index`` (position in the stream), ``epoch``, ``first_batch`` (global),
                 ``epoch_batch`` (its first batch within the epoch), ``batches``, ``epoch_end``
@@ -133,33 +138,53 @@ class StreamTrainer:
             and ``record`` (the finished epoch's record) at an epoch's end.
         """
         if entry["index"] != self.next_index:
-            raise InputError(sb_dir, f"superbatch {entry['key']} is stream position {entry['index']}, the trainer "
+            raise InputError(sb_dir or f"superbatch {entry['key']}", f"superbatch {entry['key']} is stream position {entry['index']}, the trainer "
                                      f"expects {self.next_index}")
-        sb_dir = Path(sb_dir)
+        pass_batches = entry.get("pass_batches")
         with deterministic():
-            if self.loader is None or self.session is None:
-                loader, session = self._start(sb_dir, held)
+            if sb_dir is None:        # an empty share: the steps go on, with this rank's gradient zero
+                if self.session is None:
+                    raise InputError(f"superbatch {entry['key']}", "a data-parallel rank cannot start (or resume) "
+                                     "at a superbatch holding no batch of its own; resume from another checkpoint")
+                session = self.session
+                result = session.train([], pass_batches=pass_batches)
             else:
-                loader, session = self.loader, self.session
-                loader.follow(sb_dir, held)
-            self._check_position(sb_dir, loader, entry)
-            loader.set_epoch(int(entry["epoch"]))
-            io0 = loader.stats()["io"]
-            result = session.train(loader)
-            io1 = loader.stats()["io"]
-            self._check_tier(sb_dir, loader)
-            session.count(io1["bytes_read"] - io0["bytes_read"], io1["requests"] - io0["requests"])
+                sb_dir = Path(sb_dir)
+                if self.loader is None or self.session is None:
+                    loader, session = self._start(sb_dir, held)
+                else:
+                    loader, session = self.loader, self.session
+                    loader.follow(sb_dir, held)
+                self._check_position(sb_dir, loader, entry)
+                loader.set_epoch(int(entry["epoch"]))
+                io0 = loader.stats()["io"]
+                result = session.train(loader, pass_batches=pass_batches)
+                io1 = loader.stats()["io"]
+                self._check_tier(sb_dir, loader)
+                session.count(io1["bytes_read"] - io0["bytes_read"], io1["requests"] - io0["requests"])
             out: dict[str, Any] = {"key": entry["key"], "index": entry["index"], "losses": list(result["losses"]),
                                    "sizes": list(result["sizes"]), "seconds": float(result["seconds"]),
                                    "loss": num(result["loss"]), "seeds": int(result["seeds"]),
+                                   "correct": int(result.get("correct", 0)),
                                    "seeds_per_s": result["seeds"] / result["seconds"] if result["seconds"] > 0 else None}
+            if self.cfg.world > 1:
+                out["model_crc"] = self.model_crc()
             self.next_index += 1
             epoch = int(entry["epoch"])
             self.position = (epoch, int(entry["epoch_batch"]) + int(entry["batches"]))
             if entry["epoch_end"]:
+                out["epoch_tally"] = session.tally.state()
                 out["record"] = session.close_epoch(epoch)
                 self.position = (epoch + 1, 0)
         return out
+
+    def model_crc(self) -> int | None:
+        """A checksum of the model's weights, bit for bit (data-parallel ranks compare theirs after
+        every superbatch); None without a model."""
+        if self.session is None or self.session.model is None:
+            return None
+        flat = torch.cat([v.detach().reshape(-1).float().cpu() for v in self.session.model.state_dict().values()])
+        return crc32(flat.numpy().tobytes())
     def _check_position(self, sb_dir: Path, loader: PackedLoader, entry: dict[str, Any]) -> None:
         sbs = loader.superbatches
         if len(sbs) != 1 or sbs[0].key != entry["key"] or sbs[0].first_batch != entry["first_batch"]:

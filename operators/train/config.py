@@ -43,6 +43,9 @@ class TrainConfig:
             batches do), each batch's loss weighs its seeds so that its labels count as in the
             split (`loop.prior_weighted_loss`): a batch of a few min-cut parts holds a skewed
             mix of labels, and an unweighted loss would follow that skew from batch to batch.
+        batches_per_step: consecutive batches (of a superbatch, or of an epoch) whose mean gradient
+            makes one optimizer step (`steps.Accumulate`): what a data-parallel run on this many
+            GPU workers computes, in one process.
     """
 
     model: str = "sage"
@@ -59,6 +62,7 @@ class TrainConfig:
     threads: int | None = None
     history_rows: int = 0
     label_prior: tuple[float, ...] | None = None
+    batches_per_step: int = 1
 
     def __post_init__(self) -> None:
         if self.model not in MODELS and self.model != DATA_ONLY:
@@ -88,7 +92,8 @@ class TrainConfig:
                                                   f"({len(self.fanouts)}), got {self.num_layers}")
         for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
                               ("--batch-size", self.batch_size), ("--epochs", self.epochs),
-                              ("--eval-every", self.eval_every), ("--heads", self.heads)):
+                              ("--eval-every", self.eval_every), ("--heads", self.heads),
+                              ("--batches-per-step", self.batches_per_step)):
             _positive_int(option, value)
         if self.threads is not None:
             _positive_int("--threads", self.threads)

@@ -20,6 +20,7 @@ from torch_geometric.data import Data
 
 from .history import history_of
 from .models import EdgeFreeMLP, supports_trim
+from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
 
 @contextlib.contextmanager
@@ -87,7 +88,8 @@ def _sync(device: torch.device) -> None:
 
 
 def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch.optim.Optimizer,
-                device: str | torch.device, label_prior: torch.Tensor | None = None) -> dict[str, Any]:
+                device: str | torch.device, label_prior: torch.Tensor | None = None,
+                steps: StepGroups | None = None, pass_batches: int | None = None) -> dict[str, Any]:
     """Train one epoch: forward, cross entropy on the seeds, backward, step, batch by batch.
 
     Args:
@@ -98,6 +100,10 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         device: where the batch is moved before the forward pass.
         label_prior: the training split's label shares (on `device`): the loss is then
             `prior_weighted_loss` (partition batches); None: the plain mean cross-entropy.
+        steps: how batches become optimizer steps (`steps.Accumulate`, `steps.DataParallel`);
+            None: one step per batch.
+        pass_batches: the batches of the whole pass over every rank (`steps.DataParallel` needs it:
+            this rank's loader yields only its own share).
 
     Returns:
         `loss` (mean over seeds), `losses` (one float per batch, in order), `sizes` (each
@@ -115,28 +121,37 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
     move_s = 0.0
     train_s = 0.0
     start = time.perf_counter()
-    for batch in loader:
+
+    def backward(batch: Data) -> None:
+        nonlocal move_s, train_s, total_loss, correct, seen
         t0 = time.perf_counter()
         batch = batch.to(device, non_blocking=True)
         _sync(device)
         t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
         logits = forward(model, batch)
         target = batch.y[:batch.batch_size]
         loss = F.cross_entropy(logits, target) if label_prior is None else \
             prior_weighted_loss(logits, target, label_prior)
         loss.backward()
-        optimizer.step()
         value = float(loss.item())  # also waits for the device, so the train time is complete
         hits = int((logits.detach().argmax(dim=-1) == target).sum())
-        t2 = time.perf_counter()
         move_s += t1 - t0
-        train_s += t2 - t1
+        train_s += time.perf_counter() - t1
         losses.append(value)
         sizes.append(int(batch.batch_size))
         total_loss += value * batch.batch_size
         correct += hits
         seen += batch.batch_size
+
+    if steps is None or steps.per_step == 1:
+        for batch in loader:
+            optimizer.zero_grad(set_to_none=True)
+            backward(batch)
+            t2 = time.perf_counter()
+            optimizer.step()
+            train_s += time.perf_counter() - t2
+    else:
+        train_s += _grouped_steps(model, iter(loader), optimizer, device, steps, pass_batches, backward)
     seconds = time.perf_counter() - start
     stage_s = {name: float(s) for name, s in dict(getattr(loader, "stage_s", {})).items()}
     stage_s["gather"] = stage_s.get("gather", 0.0) + move_s
@@ -152,6 +167,54 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         "seconds": seconds,
         "stage_s": stage_s,
     }
+
+
+def _grouped_steps(model: torch.nn.Module, batches: Iterator[Data], optimizer: torch.optim.Optimizer,
+                   device: torch.device, steps: StepGroups, pass_batches: int | None,
+                   backward: Any) -> float:
+    """Several batches per optimizer step (`steps`); the seconds spent reducing and stepping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    spent = 0.0
+    if isinstance(steps, DataParallel):
+        if pass_batches is None:
+            raise ValueError("data-parallel steps need the pass's batch count over all ranks")
+        plan: Iterator[int] | None = iter(step_sizes(pass_batches, steps.world))
+    else:
+        plan = None
+    pending: Data | None = None
+    while True:
+        if plan is not None:
+            count = next(plan, None)
+            if count is None:
+                break
+        else:             # a step starts only if a batch is left: the RNG draws one base per step taken
+            pending = next(batches, None)
+            if pending is None:
+                break
+            count = steps.per_step
+        optimizer.zero_grad(set_to_none=True)
+        base, after = draw_base(device)
+        taken = 0
+        for position in steps.local_positions(count):
+            batch = pending if pending is not None else next(batches, None)
+            pending = None
+            if batch is None:
+                if plan is not None:
+                    raise ValueError(f"rank {getattr(steps, 'rank', 0)}: its loader ran out before its share of "
+                                     f"a pass of {pass_batches} batches")
+                break
+            with steps.batch_rng(base, position):
+                backward(batch)
+            taken += 1
+        restore_rng(after, device)
+        t = time.perf_counter()
+        steps.reduce(params, count if plan is not None else taken)
+        optimizer.step()
+        spent += time.perf_counter() - t
+    if plan is not None and next(batches, None) is not None:
+        raise ValueError(f"rank {getattr(steps, 'rank', 0)}: its loader holds more than its share of a pass of "
+                         f"{pass_batches} batches")
+    return spent
 
 
 @torch.no_grad()

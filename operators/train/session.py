@@ -30,6 +30,7 @@ from .history import HistoryCache
 from .loop import evaluate, train_epoch
 from .models import build_model
 from .record import EpochTally, final_block, num
+from .steps import Accumulate, StepGroups
 
 __all__ = ["DATA_ONLY", "MODELS", "EpochTally", "StoreFeatures", "TrainConfig", "TrainSession", "eval_loaders",
            "final_block", "num", "resolve_device", "store_eval_loaders", "torch_threads"]
@@ -153,6 +154,8 @@ class TrainSession:
             `bytes_read` and `requests` (which the caller adds with `count`).
         evals: called once, at the first evaluation due, for the ``val`` and ``test`` loaders;
             None or an empty mapping: no evaluation (accuracies None).
+        steps: how batches become optimizer steps (a data-parallel rank's `steps.DataParallel`);
+            None: ``cfg.batches_per_step`` batches of one process per step.
 
     The model is built right after ``torch.manual_seed(cfg.seed)``, so sessions built with the
     same seed start from the same weights whatever the pipeline.
@@ -160,8 +163,10 @@ class TrainSession:
 
     def __init__(self, cfg: TrainConfig, device: str | torch.device, dim: int, num_classes: int, *,
                  stages: Sequence[str], throughput: bool = False,
-                 evals: Callable[[], EvalLoaders] | None = None) -> None:
+                 evals: Callable[[], EvalLoaders] | None = None, steps: StepGroups | None = None) -> None:
         self.cfg = cfg
+        self.steps = steps if steps is not None else \
+            (Accumulate(cfg.batches_per_step) if cfg.batches_per_step > 1 else None)
         self.device = resolve_device(device)
         self.stages = tuple(stages)
         self.throughput = throughput
@@ -184,13 +189,14 @@ class TrainSession:
 
     # ------------------------------------------------------------------ training
     def train(self, loader: Iterable[Data], on_batch: Callable[[int], Any] | None = None,
-              stop: threading.Event | None = None) -> dict[str, Any]:
+              stop: threading.Event | None = None, pass_batches: int | None = None) -> dict[str, Any]:
         """Train over every batch of `loader` (model "none": only draw them), adding to the open epoch.
 
         Args:
             loader: yields `Data` batches; its `stage_s` (if any) is added to the epoch's.
             on_batch: called with 1 after each batch.
             stop: when set, training stops before the next batch.
+            pass_batches: the pass's batches over all ranks (data-parallel steps need it).
 
         Returns:
             `loop.train_epoch`'s result for this part, with ``stopped``: whether `stop` cut it short.
@@ -199,7 +205,7 @@ class TrainSession:
         if self.model is None or self.optimizer is None:
             result = _data_pass(feed)
         else:
-            result = train_epoch(self.model, feed, self.optimizer, self.device, self._prior)
+            result = train_epoch(self.model, feed, self.optimizer, self.device, self._prior, self.steps, pass_batches)
         self.tally.add(result)
         return {**result, "stopped": feed.stopped}
 

@@ -1,0 +1,184 @@
+"""Many GPU workers on loopback over TLS: `diskflow scheduler`, one CPU worker and two `diskflow worker --gpu
+--device cpu` as separate processes, every connection on ``tls://`` with certificates made for the test.
+
+A two-epoch stream with ``--gpus 2`` trains every superbatch's batches split between the two GPU workers
+(train tasks ran on both, each on its own share), their weights are equal after every superbatch, and the
+final model equals a one-worker run of the same batches with their gradients averaged two by two
+(``batches_per_step=2``; tolerance 1e-5 relative, 1e-6 absolute for the float sums' order, though on the
+CPU they come out bit for bit). A run interrupted after its sixth superbatch (mid-epoch) resumes to the
+same model.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
+
+from dask.utils import key_split
+from diskflow.flow.rundir import new_run_dir
+from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
+from diskflow.pipelines import streaming
+
+# 10 batches an epoch, superbatches of 3, 3, 3 and 1: in the last one the second worker has no batch (it still
+# takes part in the step, with a zero gradient)
+SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
+                            "lr": 0.01, "dropout": 0.3, "seed": 5, "threads": 1, "superbatch_size": 3}
+
+
+def _certificates(root: Path) -> dict[str, str]:
+    """A CA and one certificate for 127.0.0.1 signed by it (openssl), as the TLS options take them."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=root)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=diskflow-test-ca")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1")
+    (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "node.pem", "-days", "2", "-extfile", "san.ext")
+    return {"tls_ca_file": str(root / "ca.pem"), "tls_cert": str(root / "node.pem"), "tls_key": str(root / "node.key")}
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "diskflow", *args], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl makes the test's certificates")
+    root = tmp_path_factory.mktemp("tls-cluster")
+    tls = _certificates(root)
+    flags = ["--tls-ca-file", tls["tls_ca_file"], "--tls-cert", tls["tls_cert"], "--tls-key", tls["tls_key"]]
+    sf = root / "scheduler.json"
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs["scheduler"] = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                     "--scheduler-file", str(sf), *flags], root / "scheduler.log")
+        deadline = time.monotonic() + 60
+        while not sf.exists():
+            assert procs["scheduler"].poll() is None and time.monotonic() < deadline, \
+                (root / "scheduler.log").read_text()[-2000:]
+            time.sleep(0.1)
+        common = ["--scheduler-file", str(sf), "--host", "127.0.0.1", "--no-nanny", *flags]
+        procs["cpu"] = _start(["worker", *common, "--name", "cpu", "--local-directory", str(root / "cpu")],
+                              root / "cpu.log")
+        for g in ("gpu-0", "gpu-1"):
+            procs[g] = _start(["worker", *common, "--name", g, "--local-directory", str(root / g), "--gpu",
+                               "--scratch", str(root / g / "scratch"), "--device", "cpu"], root / f"{g}.log")
+        security = distributed.Security(tls_ca_file=tls["tls_ca_file"], tls_client_cert=tls["tls_cert"],
+                                        tls_client_key=tls["tls_key"], require_encryption=True)
+        with distributed.Client(scheduler_file=str(sf), timeout="30s", security=security) as client:
+            client.wait_for_workers(3, timeout=90)
+            client.get_task_stream()      # the scheduler records every task from now on
+            names = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+            yield {"root": root, "address": client.scheduler.address, "client": client, "workers": names, "tls": tls}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _model(report: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return load_checkpoint(latest_checkpoint(Path(report["run_dir"]) / "checkpoints")).state["model"]
+
+
+@pytest.fixture(scope="module")
+def two_gpus(cluster: dict[str, Any], tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[dict[str, Any], float]:
+    t0 = time.time()
+    report = streaming.run(tiny_store, new_run_dir(tmp_path_factory.mktemp("runs"), "dp"), scheduler=cluster["address"],
+                           gpus=2, progress=False, **cluster["tls"], **SETTINGS)
+    return report, t0
+
+
+def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpus: tuple[dict[str, Any], float]
+                                                ) -> None:
+    report, t0 = two_gpus
+    assert cluster["address"].startswith("tls://")
+    gpus = {cluster["workers"]["gpu-0"], cluster["workers"]["gpu-1"]}
+    s = report["stream"]
+    assert s["gpus"] == 2 and set(s["gpu_workers"]) == gpus and s["trained"] == s["superbatches"] == 8
+    assert s["group"]["backend"] == "gloo" and sorted(s["group"]["ranks"].values()) == [0, 1]
+
+    where: dict[str, set[str]] = {}
+    for t in cluster["client"].get_task_stream(start=t0):
+        where.setdefault(key_split(t["key"]), set()).add(t["worker"])
+    assert where["train"] == gpus and where["ship"] == gpus, "both GPU workers trained, and only they"
+    assert cluster["workers"]["cpu"] in where["pack"] and not where["pack"] & gpus
+
+    for entry in report["timeline"]:        # each worker trained its share: positions r, r + 2, ...
+        lanes = entry["lanes"]
+        assert [ln["batches"] for ln in lanes] == [(entry["batches"] + 1) // 2, entry["batches"] // 2]
+        assert lanes[0]["model_crc"] == lanes[1]["model_crc"], f"models differ after {entry['key']}"
+    crcs = [e["lanes"][0]["model_crc"] for e in report["timeline"]]
+    assert len(set(crcs)) == len(crcs), "the weights changed every superbatch"
+    assert [e["batches"] for e in report["timeline"]] == [3, 3, 3, 1] * 2
+    assert s["models_equal"] and s["models_checked"] == 8
+    assert len(s["gpu_idle_fraction_per_worker"]) == 2
+    for g in ("gpu-0", "gpu-1"):
+        assert not list((cluster["root"] / g / "scratch").iterdir()), "each worker's scratch emptied"
+
+
+def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, Any], tiny_store: Path,
+                                                           two_gpus: tuple[dict[str, Any], float],
+                                                           tmp_path: Path) -> None:
+    report, _ = two_gpus
+    ref = streaming.run(tiny_store, new_run_dir(tmp_path, "one"), scheduler=cluster["address"], batches_per_step=2,
+                        progress=False, **cluster["tls"], **SETTINGS)
+    assert ref["stream"]["gpus"] == 1
+    a, b = _model(report), _model(ref)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    la = [x for r in report["epochs"] for x in r["losses"]]
+    lb = [x for r in ref["epochs"] for x in r["losses"]]
+    assert la == pytest.approx(lb, rel=1e-5, abs=1e-6) and len(la) == 20
+    for ra, rb in zip(report["epochs"], ref["epochs"]):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["test_acc"] == pytest.approx(rb["test_acc"])
+    # and one step per batch is another model: the test can tell the two apart
+    plain = streaming.run(tiny_store, new_run_dir(tmp_path, "plain"), scheduler=cluster["address"], progress=False,
+                          **cluster["tls"], **{**SETTINGS, "epochs": 1})
+    assert plain["epochs"][0]["losses"][2:10] != pytest.approx(la[2:10], rel=1e-3)
+
+
+def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str, Any], tiny_store: Path,
+                                                               two_gpus: tuple[dict[str, Any], float],
+                                                               tmp_path: Path) -> None:
+    report, _ = two_gpus
+    run_dir = new_run_dir(tmp_path, "cut")
+
+    class Cut(Exception):
+        pass
+
+    def cut(out: dict[str, Any]) -> None:
+        if out["index"] == 5:
+            raise Cut
+
+    opts = {"scheduler": cluster["address"], "gpus": 2, "window": 1, "progress": False, **cluster["tls"], **SETTINGS}
+    with pytest.raises(Cut):
+        streaming.run(tiny_store, run_dir, on_superbatch=cut, **opts)
+    resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
+    assert resumed["resumed_from"] and resumed["stream"]["start_index"] == 6
+    a, b = _model(resumed), _model(report)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in resumed["epochs"]] == [r["loss"] for r in report["epochs"]]
