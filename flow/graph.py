@@ -22,6 +22,7 @@ within a window.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -126,6 +127,7 @@ class TierSpec:
     io_reserve: int
     gpu_policy: Policy
     cpu_policy: Policy
+    pool: int = 1                     # GPU workers pooling their CPU budgets into one shared tier (--cache shared)
 
 
 # ---------------------------------------------------------------------------- the task functions
@@ -217,6 +219,8 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray] | str, first: Sequence[Samp
     read = min(store.num_nodes, int(counts[0].shape[0])) if whole_round else store.num_nodes
     sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
                        spec.staging_batches, len(store.shards), spec.io_reserve)
+    if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
+        sizes = dataclasses.replace(sizes, cpu_rows=min(read - sizes.gpu_rows, sizes.cpu_rows * spec.pool))
     gpu_ids, cpu_ids = choose_tiers(spec.gpu_policy, spec.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
                                     lambda: [b for s in first[:2] for b in s.n_ids()], cpu_slots=start_cpu_ids)
     if out_path is not None:

@@ -104,7 +104,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             step, the gradients averaged with ``torch.distributed`` (gloo on the CPU, NCCL on CUDA), so
             the model equals a one-worker run with ``batches_per_step=gpus`` (`flow.stream.lanes`).
         cache: the GPU workers' CPU tiers: ``"per-worker"`` (each its own, `cpu_memory` each, planned by
-            Belady over its own share's accesses).
+            Belady over its own share's accesses) or ``"shared"`` (GPU workers on one machine: one tier in
+            shared memory of their pooled `cpu_memory`, planned by Belady over the merged stream, which
+            the workers follow by taking turns at it, `operators.train.shared_tier`).
         batches_per_step: consecutive batches of a superbatch whose mean gradient makes one step.
         tls_ca_file, tls_cert, tls_key: a ``tls://`` scheduler's security (Dask's
             ``distributed.comm.tls`` config is used when not given).

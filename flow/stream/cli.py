@@ -53,7 +53,8 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
              ("streaming: GPU workers training data-parallel, each its share of every superbatch, gradients "
               "averaged with torch.distributed (default 1; the embedded cluster starts this many)")),
     "cache": ("--cache", str, ("streaming with --gpus N: the GPU workers' CPU tiers, per-worker (each its own, "
-                               "Belady over its own accesses; the default)")),
+                               "Belady over its own accesses; the default) or shared (GPU workers on one machine: "
+                               "one tier of their pooled budgets in shared memory, Belady over the merged stream)")),
     "batches_per_step": ("--batches-per-step", _int_at_least("--batches-per-step", 1),
                          ("streaming: batches whose mean gradient makes one optimizer step (default 1): what "
                           "--gpus N computes, on one worker")),

@@ -24,7 +24,7 @@ class StreamStopped(DiskflowError):
 _LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
                           "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
                           "history_select": "accesses", "gpus": 1, "cache": "per-worker"}
-CACHES = ("per-worker",)        # how the CPU tiers of several GPU workers are planned
+CACHES = ("per-worker", "shared")    # how the CPU tiers of several GPU workers are planned
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ class StreamConfig:
     history_staleness: int = DEFAULT_STALENESS
     history_select: str = "accesses"
     gpus: int = 1                       # GPU workers training data-parallel, each its share of every superbatch
-    cache: str = "per-worker"           # their CPU tiers: each its own, planned over its own accesses
+    cache: str = "per-worker"           # their CPU tiers: each its own over its own accesses, or one shared
+                                        # (one machine's GPU workers) over the merged stream
     group_timeout_s: float = 600.0      # how long a data-parallel step waits for the other GPU workers
 
     def validate(self) -> None:
@@ -136,7 +137,8 @@ class StreamConfig:
                 and not (k in _LATER and v == _LATER[k])}     # checkpoints made before these existed still match
         train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")
                  and not (k == "label_prior" and v is None)
-                 and not (k in ("world", "rank") and v == (1 if k == "world" else 0))
+                 and k not in ("shared_tier", "shared_timeout_s", "rank")
+                 and not (k == "world" and v == 1)
                  and not (k == "batches_per_step" and v == 1)}
         return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
                             "train": {**train, "fanouts": list(train["fanouts"])}})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 import re
 import sys
 import time
@@ -27,6 +28,7 @@ from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
 from .lanes import Lane, interleave, merge_epoch
 from .report import stream_report
 from .tasks import (
+    final_cache_task,
     finish_task,
     group_master_task,
     header_task,
@@ -81,6 +83,10 @@ class StreamRun:
         self.lanes = [self._lane(r) for r in range(self.gpus)]
         # the graph the superbatches are sampled by (with one GPU worker, its lane's)
         self.graph = self.lanes[0].graph if self.gpus == 1 else self._prep_graph(self.refs, self.tok)
+        # --cache shared: one CPU tier for every GPU worker, one Belady chain over the merged stream (the
+        # superbatches in their order), whose plans every lane packs its share of
+        self.shared = cfg.cache == "shared" and self.gpus > 1
+        self.planner: Lane | None = Lane(-1, self.refs, self.graph, self.tok) if self.shared else None
         self.ckpt_root = self.run_dir / "checkpoints"
         self.f: dict[str, dict[int, Any]] = {"sample": {}}     # the superbatches' samples (every lane's source)
         self.watch: dict[Any, tuple[str, int, int]] = {}       # future -> (kind, superbatch, lane)
@@ -213,20 +219,31 @@ f"`--resume {self.run_dir}`")
         """Lane's share of superbatch k's samples (the samples themselves with one GPU worker)."""
         if k >= self.n:
             return None
-        if self.gpus == 1:
+        if self.gpus == 1 or lane.rank < 0:      # one worker, or the shared tier's planner: the whole superbatch
             return self._sample(k)
         if k not in lane.f["select"]:
             lane.f["select"][k] = self.client.submit(select_task, self._sample(k), lane.rank, self.gpus,
                                                      key=f"select-{self.refs[k].key}-{lane.tok}", **self._cpu(k))
         return lane.f["select"][k]
 
-    def _prepare(self, k: int, attempt: int = 0) -> None:
-        """Prepare superbatch k on every lane (`_prepare_lane`)."""
-        for lane in self.lanes:
-            self._prepare_lane(lane, k, attempt)
+    def _chains(self) -> list[Lane]:
+        """The plan chains: each lane's own (``--cache per-worker``), or the shared tier's planner."""
+        return [self.planner] if self.planner is not None else self.lanes
 
-    def _prepare_lane(self, lane: Lane, k: int, attempt: int = 0) -> None:
-        """Submit plan (once), pack and ship of lane's share of superbatch k (`attempt` > 0: pack and ship again).
+    def _chain_of(self, lane: Lane) -> Lane:
+        return self.planner if self.planner is not None else lane
+
+    def _rank(self, r: int) -> Lane:
+        return self.planner if r < 0 and self.planner is not None else self.lanes[r]
+
+    def _prepare(self, k: int, attempt: int = 0) -> None:
+        """Prepare superbatch k on every chain (`_prepare_chain`)."""
+        for chain in self._chains():
+            self._prepare_chain(chain, k, attempt)
+
+    def _prepare_chain(self, chain: Lane, k: int, attempt: int = 0, only: list[Lane] | None = None) -> None:
+        """Submit plan k of `chain` (once), then pack and ship of every lane's share of it (`attempt` > 0: pack
+        and ship again, for the lanes in `only`).
 
         Plan k (with its lookahead sample k+1) is submitted only once plan k-1 is done; until then
         k waits in `deferred`. A CPU worker runs whatever task it holds that is ready, so a sample
@@ -235,33 +252,48 @@ f"`--resume {self.run_dir}`")
         With more CPU workers, sampling runs ahead by one superbatch per extra worker (`_sample_lead`).
         A lane with no batch of superbatch k (fewer batches than GPU workers) has nothing to prepare.
         """
-        if not attempt and k not in lane.f["plan"] and k > self.start and k - 1 not in lane.planned:
-            lane.deferred.add(k)
+        if not attempt and k not in chain.f["plan"] and k > self.start and k - 1 not in chain.planned:
+            chain.deferred.add(k)
             return
-        lane.deferred.discard(k)
+        chain.deferred.discard(k)
         for j in range(k + 2, k + 2 + self._sample_lead()):
             self._sample(j)
-        if lane.empty(k):
-            lane.planned.add(k)
+        if chain.empty(k):          # a lane's own chain, with no share of k
+            chain.planned.add(k)
+            chain.prepared.add(k)
+            chain.shipped_ok.add(k)
+            if k == self.start:
+                self._open_window(chain)
+            if k + 1 in chain.deferred:
+                self._prepare_chain(chain, k + 1)
+            self._submit_trains(chain)
+            return
+        if k not in chain.f["plan"]:
+            prev = chain.prev_plan(k, self.start)
+            chain.f["plan"][k] = self._watch(chain.graph.plan(k, prev, self._lane_sample(chain, k),
+                                                              self._lane_sample(chain, k + 1), chain.tiers,
+                                                              chain.f["trace"].get(k)), "plan", k, chain.rank)
+            self._trace_ahead(chain, k + 1)
+        if chain is self.planner:
+            chain.prepared.add(k)
+            chain.shipped_ok.add(k)     # (the planner ships nothing: its samples are no longer needed)
+        for lane in only or ([chain] if chain is not self.planner else self.lanes):
+            self._pack_ship(lane, k, chain.f["plan"][k], attempt)
+
+    def _pack_ship(self, lane: Lane, k: int, plan: Any, attempt: int = 0) -> None:
+        """Submit pack k of lane's share (from `plan`, its chain's) and its ship to lane's GPU worker."""
+        if lane.empty(k):       # a shared tier's lane with no share of k
             lane.prepared.add(k)
             lane.shipped_ok.add(k)
-            if k == self.start:
-                self._open_window(lane)
-            if k + 1 in lane.deferred:
-                self._prepare_lane(lane, k + 1)
             self._submit_trains(lane)
             return
         r, c = lane.refs[k], self.client
         suffix = f"-r{attempt}" if attempt else ""
-        if k not in lane.f["plan"]:
-            prev = lane.prev_plan(k, self.start)
-            lane.f["plan"][k] = self._watch(lane.graph.plan(k, prev, self._lane_sample(lane, k),
-                                                            self._lane_sample(lane, k + 1), lane.tiers,
-                                                            lane.f["trace"].get(k)), "plan", k, lane.rank)
-            self._trace_ahead(lane, k + 1)
+        share = (lane.rank, self.gpus, self.refs[k].round_first_batch) if self.shared else None
         pack = self._watch(c.submit(
-            pack_task, self.store_path, r, self._lane_sample(lane, k), lane.f["plan"][k], lane.header, k,
-            self.cfg.stage, lane.run, key=f"pack-{r.key}{suffix}-{lane.tok}", **self._cpu(k)), "pack", k, lane.rank)
+            pack_task, self.store_path, r, self._lane_sample(lane, k), plan, lane.header, k,
+            self.cfg.stage, lane.run, share, key=f"pack-{r.key}{suffix}-{lane.tok}", **self._cpu(k)), "pack", k,
+            lane.rank)
         lane.f["ship"][k] = self._watch(c.submit(
             ship_task, lane.run, pack, self.start, lane.ship_base, key=f"ship-{r.key}{suffix}-{lane.tok}",
             **self._gpu(lane, self._ship_priority(k), 0)), "ship", k, lane.rank)
@@ -312,35 +344,45 @@ f"`--resume {self.run_dir}`")
             lane.next_train += 1
 
     def _train_cfg(self, lane: Lane) -> Any:
-        """The trainer's options on lane's GPU worker (its rank among the run's GPU workers)."""
-        from dataclasses import replace
+        """The trainer's options on lane's GPU worker (its rank among the run's GPU workers, the shared tier)."""
+        from ...operators.train.shared_tier import shared_tier_path
 
         if self.gpus == 1:
             return self.cfg.train
-        return replace(self.cfg.train, world=self.gpus, rank=lane.rank)
+        shared = str(shared_tier_path(self.run_id)) if self.shared else None
+        return replace(self.cfg.train, world=self.gpus, rank=lane.rank, shared_tier=shared,
+                       shared_timeout_s=self.cfg.group_timeout_s)
 
     def _release(self) -> None:
         """Drop the futures no later submission needs (a pending task keeps its inputs on the workers itself).
 
         Sample k feeds plan k-1 (lookahead), plan k and pack k (through each lane's select k); plan k
-        feeds plan k+1 and pack k; a pack can be submitted again until its ship succeeded; ship k
-        feeds train k (a train's own future is dropped once its result is handled).
+        feeds plan k+1 and pack k (and, of a shared tier, the checkpoint after superbatch k); a pack
+        can be submitted again until its ship succeeded; ship k feeds train k (a train's own future is
+        dropped once its result is handled).
         """
-        for lane in self.lanes:
-            f = lane.f
-            for k in [k for k in f["select"] if (k < self.start and k not in lane.prepared)
-                      or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < self.start or k - 1 in lane.planned))]:
-                del f["select"][k]
-            for k in [k for k in f["plan"] if k in lane.shipped_ok and all(
-                    j in lane.prepared or j >= self.n for j in range(k + 1, self._next_nonempty(lane, k) + 1))]:
+        trained = self.start + self.trained
+        for chain in self._chains():
+            lanes = self.lanes if chain is self.planner else [chain]
+            f = chain.f
+            for k in [k for k in f["plan"] if all(k in lane.shipped_ok for lane in lanes)
+                      and (chain is not self.planner or k < trained)
+                      and all(j in chain.prepared or j >= self.n for j in range(k + 1, self._next_nonempty(chain, k) + 1))]:
                 del f["plan"][k]
             for k in [k for k in f["trace"] if k in f["plan"] or k < self.start]:   # its plan holds it now
                 del f["trace"][k]
+        for lane in self.lanes:
+            f = lane.f
+            planned = self._chain_of(lane).planned
+            for k in [k for k in f["select"] if (k < self.start and k not in lane.prepared)
+                      or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < self.start or k - 1 in planned))]:
+                del f["select"][k]
             for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
                 del f["ship"][k]
+        users = self.lanes + ([self.planner] if self.planner is not None else [])
         for k in [k for k in self.f["sample"] if all(
                 (k < self.start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
-                for lane in self.lanes)]:
+                for lane in users)]:
             del self.f["sample"][k]
 
     def _next_nonempty(self, lane: Lane, k: int) -> int:
@@ -356,6 +398,13 @@ f"`--resume {self.run_dir}`")
         c = self.client
         c.register_plugin(DiskflowPlugin())
         self._find_workers()
+        if self.shared:
+            from distributed.comm import get_address_host
+
+            hosts = sorted({get_address_host(lane.gpu_addr) for lane in self.lanes})
+            if len(hosts) > 1:
+                raise ConfigError("--cache", f"a shared CPU tier lives in one machine's memory; the GPU workers are on "
+                                             f"{', '.join(hosts)} (use --cache per-worker)")
         if self.cfg.batches == "partition":
             self._partition()
         infos = c.gather([c.submit(probe_task, key=f"probe-{self.tok}" + (f"-g{lane.rank}" if self.gpus > 1 else ""),
@@ -435,12 +484,22 @@ f"`--resume {self.run_dir}`")
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": self.device,
                   "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches}
         if self.gpus > 1:
-            config.update(gpus=self.gpus, lane=0)
+            config.update(gpus=self.gpus, cache=cfg.cache, lane=0)
+        size = max(t, 2 if self.n > 1 else 1)
+        if self.planner is not None:        # one tier of every worker's share of the budget, planned once
+            p = self.planner
+            firsts = [self._lane_sample(p, k) for k in range(size)]
+            total = p.graph.counts([(k, firsts[k]) for k in range(t)])
+            p.tiers = self._watch(p.graph.tiers(total, firsts, replace(spec, pool=self.gpus), max_rows=None,
+                                                whole_round=False, start_cpu_ids=p.start_ids), "tiers", -1, -1)
         for lane in self.lanes:
-            firsts = [self._lane_sample(lane, k) for k in range(max(t, 2 if self.n > 1 else 1))]
-            total = lane.graph.counts([(k, firsts[k]) for k in range(t)])
-            lane.tiers = self._watch(lane.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
-                                                      start_cpu_ids=lane.start_ids), "tiers", -1, lane.rank)
+            if self.planner is not None:
+                lane.tiers = self.planner.tiers
+            else:
+                firsts = [self._lane_sample(lane, k) for k in range(size)]
+                total = lane.graph.counts([(k, firsts[k]) for k in range(t)])
+                lane.tiers = self._watch(lane.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
+                                                          start_cpu_ids=lane.start_ids), "tiers", -1, lane.rank)
             if self.gpus > 1:
                 config = {**config, "lane": lane.rank}
             lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
@@ -488,20 +547,20 @@ f"`--resume {self.run_dir}`")
                     raise StreamStopped(f"task {kind} of superbatch {k} was cancelled (the scheduler lost it, or the "
                                         f"connection to it was lost); {self._where()}")
                 if fut.status == "error":
-                    self._failed(kind, k, self.lanes[r], fut)
+                    self._failed(kind, k, self._rank(r), fut)
                 else:
-                    self._completed(kind, k, self.lanes[r], fut)
+                    self._completed(kind, k, self._rank(r), fut)
             self._release()
 
     def _completed(self, kind: str, k: int, lane: Lane, fut: Any) -> None:
-        if kind in self.bars and k >= self.start and (kind == "sample" or lane.rank == 0):
+        if kind in self.bars and k >= self.start and (kind == "sample" or lane.rank <= 0):
             self.bars[kind].update(1)
         if kind == "plan":
             lane.planned.add(k)
             if k == self.start:
                 self._open_window(lane)
             if k + 1 in lane.deferred:
-                self._prepare_lane(lane, k + 1)
+                self._prepare_chain(lane, k + 1)
         elif kind == "ship-base":
             lane.base_info = fut.result()
         elif kind == "ship":
@@ -521,7 +580,7 @@ f"`--resume {self.run_dir}`")
             lane.reshipped.add(k)
             print(f"diskflow: superbatch {self.refs[k].key} failed verification on arrival ({exc}); shipping it again",
                   file=sys.stderr, flush=True)
-            self._prepare_lane(lane, k, attempt=1)
+            self._prepare_chain(self._chain_of(lane), k, attempt=1, only=[lane])
             return
         if kind == "ship" and isinstance(exc, ShipVerifyError):
             raise StreamStopped(f"superbatch {self.refs[k].key} failed verification on arrival twice ({exc}); "
@@ -543,7 +602,7 @@ f"`--resume {self.run_dir}`")
         """
         for k in range(self.start + 1, min(self.start + self.cfg.window, self.n)):
             if k not in lane.prepared:
-                self._prepare_lane(lane, k)     # k = start + 1 now, the rest each when its previous plan is done
+                self._prepare_chain(lane, k)    # k = start + 1 now, the rest each when its previous plan is done
 
     def _trained(self, lane: Lane, k: int, out: dict[str, Any]) -> None:
         """Lane's train k is done; once every lane's is, superbatch k is trained (`_all_trained`)."""
@@ -574,7 +633,7 @@ f"`--resume {self.run_dir}`")
             if self.on_epoch is not None:
                 self.on_epoch(record)
         if cks[0] is not None:
-            self._write_checkpoint(self._merge_checkpoints(cks))
+            self._write_checkpoint(self._merge_checkpoints(cks, k))
         self.timeline.append(self._timeline_entry(k, out, outs))
         self.last_usage = out.get("usage", {})
         b = self.bars.get("train")
@@ -596,15 +655,20 @@ f"`--resume {self.run_dir}`")
         shares = [[lane.refs[j].num_batches for j in ks] for lane in self.lanes]
         return merge_epoch([o["record"] for o in outs], [o["epoch_tally"] for o in outs], shares)
 
-    def _merge_checkpoints(self, cks: list[dict[str, Any]]) -> dict[str, Any]:
-        """One checkpoint of every lane's state: lane 0's model, optimizer and RNG (the same on every lane),
-        each lane's open epoch and CPU tier (``cpu_ids.npy``, ``cpu_ids-R.npy``), the run's merged records."""
+    def _merge_checkpoints(self, cks: list[dict[str, Any]], k: int) -> dict[str, Any]:
+        """One checkpoint of every lane's state after superbatch k: lane 0's model, optimizer and RNG (the same
+        on every lane), each lane's open epoch and CPU tier (``cpu_ids.npy``, ``cpu_ids-R.npy``; a shared
+        tier: the one its plan of k leaves, ``cpu_ids.npy``), the run's merged records."""
         if self.gpus == 1:
             return cks[0]
         state = dict(cks[0]["state"])
         state["lanes"] = [{"partial": ck["state"].get("partial"), "records": ck["state"].get("records", [])}
                           for ck in cks]
         state["stream_records"] = list(self.records)
+        if self.planner is not None:
+            ids = self.client.submit(final_cache_task, self.planner.f["plan"][k], key=f"final-cache-{self.refs[k].key}-"
+                                     f"{self.tok}", **self._cpu(k)).result()
+            return {"state": state, "arrays": {"cpu_ids.npy": np.asarray(ids, np.int64)}}
         arrays = {"cpu_ids.npy": cks[0]["arrays"]["cpu_ids.npy"]}
         for r, ck in enumerate(cks[1:], start=1):
             arrays[f"cpu_ids-{r}.npy"] = ck["arrays"]["cpu_ids.npy"]
@@ -671,9 +735,12 @@ f"`--resume {self.run_dir}`")
         self.records = list(st.get("stream_records", st.get("records")) or [])
         self.last_checkpoint = latest
         self.resumed_from = str(latest)
+        if self.planner is not None:
+            ids = ck.array("cpu_ids.npy")
+            self.planner.start_ids = None if ids is None else np.array(ids)
         for lane in self.lanes:
             name = "cpu_ids.npy" if lane.rank == 0 else f"cpu_ids-{lane.rank}.npy"
-            ids = ck.array(name)
+            ids = ck.array(name) if self.planner is None else None
             lane.start_ids = None if ids is None else np.array(ids)
             if self.gpus == 1:
                 lane.resume_state = st

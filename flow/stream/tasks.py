@@ -65,6 +65,11 @@ def select_task(sample: SampleResult, rank: int, world: int) -> SampleResult:
     return SampleResult(sample.key, arr, summary, {**sample.timing, "select": stamp(t0)})
 
 
+def final_cache_task(plan: PlanResult) -> Any:
+    """The CPU tier a superbatch's plan leaves (what a checkpoint of a shared tier saves)."""
+    return plan.final_cache
+
+
 def group_master_task(run: str, world: int) -> tuple[str, int]:
     """On the first GPU worker: open the rendezvous of the run's process group (`DiskflowPlugin.group_master`)."""
     return _plugin().group_master(run, world)
@@ -77,14 +82,24 @@ def join_group_task(job: str, group: str, host: str, port: int, rank: int, world
 
 
 def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, header: dict[str, Any],
-              index: int, stage: str | None, run: str) -> Bundle:
-    """The stream's sink of the preparation graph: route and pack one superbatch into a bundle."""
+              index: int, stage: str | None, run: str, share: tuple[int, int, int] | None = None) -> Bundle:
+    """The stream's sink of the preparation graph: route and pack one superbatch into a bundle.
+
+    `share` (rank, world, the superbatch's first batch in the round): a GPU worker's share of a
+    superbatch planned for a CPU tier the workers share (``--cache shared``): `sample` holds its
+    batches, `plan` the whole superbatch's, of which its batches' plans are packed, each numbered in
+    the merged stream."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
     if sample.data is None:      # the stream keeps its samples in memory (`graph.sample_task` without out_path)
         raise ValueError(f"pack of {ref.key}: the samples must travel inline, not as {sample.path}")
-    bundle = pack_superbatch(store, ref, sample.data, plan.batches, header, final_cache=plan.final_cache,
-                             stream_index=index, url=url, tmp_dir=_local_tmp())
+    plans, final, order = plan.batches, plan.final_cache, None
+    if share is not None:
+        rank, world, first = share
+        plans, final = plans[rank::world], None
+        order = [first + i for i in range(rank, len(plan.batches), world)]
+    bundle = pack_superbatch(store, ref, sample.data, plans, header, final_cache=final,
+                             stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order)
     bundle.meta.update(timing={**plan.timing, "pack": stamp(t0)}, plan=plan.stats)
     return bundle
 

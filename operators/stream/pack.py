@@ -153,7 +153,8 @@ def _local(store: Store, p: int, ids: np.ndarray) -> np.ndarray:
 def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samples: bytes | np.ndarray,
                     plans: Sequence[BatchPlan], header: dict[str, Any], *, final_cache: np.ndarray | None = None,
                     stream_index: int | None = None, url: str | None = None,
-                    tmp_dir: str | os.PathLike[str] | None = None) -> Bundle:
+                    tmp_dir: str | os.PathLike[str] | None = None,
+                    global_batches: Sequence[int] | None = None) -> Bundle:
     """Route and pack one superbatch into a bundle holding a one-superbatch packed dataset.
 
     Args:
@@ -167,6 +168,8 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
         stream_index: position of the superbatch in the stream (recorded in the manifest).
         url: write the files under this fsspec directory instead of carrying them inline.
         tmp_dir: where the routing scratch file goes (default: the system's temp dir).
+        global_batches: the batches' numbers in the merged stream of several GPU workers that share
+            one CPU tier (``--cache shared``: the order in which they take turns at it).
 
     Returns:
         The bundle; ``meta["figures"]`` holds packed rows and bytes and the hits per tier.
@@ -210,7 +213,8 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
         "files": {"parts": [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)],
                   "dcache": []},
         "stream": {"key": ref.key, "index": stream_index,
-                   "cpu_ids_crc": None if final_cache is None else _crc(np.ascontiguousarray(final_cache, np.int64))},
+                   "cpu_ids_crc": None if final_cache is None else _crc(np.ascontiguousarray(final_cache, np.int64)),
+                   **({"global_batches": [int(g) for g in global_batches]} if global_batches is not None else {})},
     }
     figures = {"packed_rows": int(seg_rows.sum()), "packed_bytes": int(part_bytes.sum()),
                "gpu_hits": int(routed["gpu_hits"]), "cpu_hits": int(routed["cpu_hits"]),

@@ -50,6 +50,8 @@ class StreamTrainConfig(TrainConfig):
     store: str | None = None
     world: int = 1          # GPU workers training the run data-parallel (`train.steps.DataParallel`)
     rank: int = 0           # this worker's place among them (rank 0 evaluates)
+    shared_tier: str | None = None      # --cache shared: the file of the CPU tier the GPU workers share
+    shared_timeout_s: float = 600.0     # how long a batch waits for its turn at that tier
 
 
 class StreamTrainer:
@@ -75,6 +77,7 @@ class StreamTrainer:
             torch.set_num_threads(cfg.threads)
         self.loader: PackedLoader | None = None
         self.session: TrainSession | None = None
+        self.shared: Any = None           # the shared CPU tier (--cache shared)
         self.next_index = int(resume["stream_index"]) if resume else 0
         self.position = (int(resume["epoch"]), int(resume["batch"])) if resume else (0, 0)
         self.eval_note: str | None = None
@@ -90,8 +93,18 @@ class StreamTrainer:
     def _start(self, sb_dir: Path, held: Mapping[str, Buffer] | None) -> tuple[PackedLoader, TrainSession]:
         """The loader over the first staged superbatch, then the session (seeded), or the resumed state."""
         cfg = self.cfg
-        loader = PackedLoader(sb_dir, self.dev, cpu_memory=cfg.cpu_memory, queue_depth=cfg.queue_depth,
-                              check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory, held=held)
+        cpu_memory = cfg.cpu_memory
+        if cfg.shared_tier is not None:
+            from ..formats.files import read_manifest
+            from ..train.shared_tier import SharedTier
+
+            m = read_manifest(sb_dir) or {}
+            self.shared = SharedTier(cfg.shared_tier, int(m["tiers"]["cpu_rows"]), int(m["dim"]), np.dtype(m["dtype"]),
+                                     cfg.rank, cfg.shared_timeout_s)
+            if cpu_memory is not None:    # the workers pool their budgets into the one tier
+                cpu_memory *= cfg.world
+        loader = PackedLoader(sb_dir, self.dev, cpu_memory=cpu_memory, queue_depth=cfg.queue_depth,
+                              check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory, held=held, shared=self.shared)
         first = loader.superbatches[0].first_batch
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
             loader.restore_tier(first, np.array(loader.ds.cpu_init), np.array(loader.ds.cpu_ids))
@@ -240,4 +253,7 @@ class StreamTrainer:
         if self.loader is not None:
             self.loader.close()
             self.loader = None
+        if self.shared is not None:
+            self.shared.close(unlink=self.cfg.rank == 0)
+            self.shared = None
 

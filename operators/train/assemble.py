@@ -124,6 +124,8 @@ class BatchAssembly:
     _shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     _bounce: np.ndarray | None
     _tier_buffer: np.ndarray | None
+    _shared: Any                          # a `shared_tier.SharedTier` (--cache shared), or None
+    _global: dict[int, int]               # with a shared tier: this loader's batch -> the stream's batch
     _stream: Any
     _device_path: bool
     _open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None
@@ -324,6 +326,8 @@ class BatchAssembly:
         """
         rec = pc.record
         if pc.first:
+            if self._shared is not None:      # the merged stream's order: wait for this batch's turn at the tier
+                self._take_turn(pc.batch)
             self._open_batch = (self._begin_device(rec) if self._device_path else self._begin_host(rec),
                                 self._insert_slots(rec), {})
         if self._open_batch is None:
@@ -352,10 +356,24 @@ class BatchAssembly:
             if not pc.yield_it:
                 self._reclaim(x)        # a fast-forwarded batch: its matrix is free again at once
         self._tier_next = pc.batch + 1
+        if self._shared is not None:
+            self._shared.pass_turn(self._global[pc.batch])
         if pc.yield_it:
             self.counts.rows += np.bincount(rec.src, minlength=5)[:5]
             self.counts.useful_bytes += int(np.count_nonzero(rec.src >= SRC_PACKED)) * self.row_bytes
         return x_t if pc.yield_it else None
+
+    def _take_turn(self, batch: int) -> None:
+        """Wait for `batch`'s turn at the shared CPU tier (rank 0 first marks the tier ready: its first batch
+        is the stream's next, and its tier holds the content the stream starts from)."""
+        g = self._global.get(batch)
+        if g is None:
+            raise InputError(self.path / "manifest.json", f"batch {batch} has no place in the merged stream "
+                                                          "(a shared CPU tier needs the stream's batch numbers)")
+        if self._shared.rank == 0 and not self._shared_published:
+            self._shared.publish(g)
+            self._shared_published = True
+        self._shared.wait_turn(g)
 
     def _begin_host(self, rec: IndexRecord) -> np.ndarray:
         """A batch matrix with the batch's GPU- and CPU-tier rows in place (native row copies)."""

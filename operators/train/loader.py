@@ -81,6 +81,9 @@ class PackedLoader(BatchAssembly):
         gpu_memory: device budget in bytes for the GPU tier; checked like ``cpu_memory``.
         held: index and samples files held in memory instead of on disk (`PackedDataset`'s
             ``held``; a streamed superbatch).
+        shared: the CPU tier several GPU workers share (`shared_tier.SharedTier`, ``--cache
+            shared``): its rows live there, and each batch takes its turn at it in the merged
+            stream's order (the staged superbatches' ``stream.global_batches``).
 
     Iterating yields every batch of the round (all its epochs) in order; `set_epoch` selects
     one epoch (and optionally a first batch within it), as a trainer does.
@@ -89,7 +92,8 @@ class PackedLoader(BatchAssembly):
     def __init__(self, packed_dir: str | os.PathLike[str], device: str | torch.device = "cpu",
                  cpu_memory: int | None = None, queue_depth: int = 2, pipelined: bool = True,
                  check_crc: bool = True, reader: Any = None, *, store: str | os.PathLike[str] | None = None,
-                 gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None) -> None:
+                 gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None,
+                 shared: Any = None) -> None:
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
             raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
         try:
@@ -137,6 +141,9 @@ class PackedLoader(BatchAssembly):
         self._tier_buffer: np.ndarray | None = None
         self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
         self._shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._shared = shared
+        self._shared_published = False
+        self._global = self._global_batches(self.ds)
         self._init_tiers()
         self.counts = SourceCounts()
         self.clocks: dict[str, StageClock] = {k: StageClock() for k in ("load", "assemble", "graph", "train")}
@@ -168,7 +175,12 @@ class PackedLoader(BatchAssembly):
             self.gpu = gpu
         self._cpu_init_rows = self.ds.cpu_init
         c = self.ds.cpu_ids.shape[0]
-        if self.device.type == "cuda":
+        if self._shared is not None:
+            if self._shared.rows.shape != (c, self.dim) or self._shared.rows.dtype != self.dtype:
+                raise InputError(self.path, f"the shared CPU tier holds {self._shared.rows.dtype}"
+                                            f"{list(self._shared.rows.shape)}, the dataset's is {self.dtype}[{c}, {self.dim}]")
+            self.cpu = self._shared.rows
+        elif self.device.type == "cuda":
             dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
             self.cpu = torch.empty((c, self.dim), dtype=dtype, pin_memory=True).numpy()
         else:
@@ -177,8 +189,9 @@ class PackedLoader(BatchAssembly):
         self._reset_tier()
 
     def _reset_tier(self) -> None:
-        """The CPU tier as at round start (``cpu_init``), positioned before batch 0."""
-        read_into(self._cpu_init_rows, self.cpu)     # pread: the file's pages are not mapped in as well
+        """The CPU tier as at round start (``cpu_init``), positioned before batch 0 (a shared tier: rank 0 fills it)."""
+        if self._shared is None or self._shared.rank == 0:
+            read_into(self._cpu_init_rows, self.cpu)     # pread: the file's pages are not mapped in as well
         self.cpu_ids[:] = self.ds.cpu_ids
         self._tier_next = 0
 
@@ -201,9 +214,20 @@ class PackedLoader(BatchAssembly):
                                         f"{self.cpu.dtype}{list(self.cpu.shape)}")
         if not 0 <= position <= self.num_batches:
             raise InputError(self.path, f"saved CPU tier position {position} is outside the round")
-        self.cpu[:] = rows
+        if self._shared is None or self._shared.rank == 0:
+            self.cpu[:] = rows
         self.cpu_ids[:] = ids
         self._tier_next = int(position)
+
+    @staticmethod
+    def _global_batches(ds: PackedDataset) -> dict[int, int]:
+        """A streamed superbatch's batches -> their numbers in the merged stream of every GPU worker
+        (``stream.global_batches``; empty when the manifest has none)."""
+        order = (ds.manifest.get("stream") or {}).get("global_batches")
+        if not order:
+            return {}
+        sb = min(ds.superbatches, key=lambda s: s.first_batch)
+        return {sb.first_batch + j: int(g) for j, g in enumerate(order)}
 
     def _alloc(self) -> None:
         """Staging buffers (pinned on CUDA) and the row-read bounce buffer, sized from the manifest."""
@@ -312,6 +336,7 @@ class PackedLoader(BatchAssembly):
         if taller:
             self._drop_pool()
         self.ds, self.path, self.memory = ds, ds.path, memory
+        self._global = self._global_batches(ds)
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
         self.num_batches = ds.num_batches

@@ -6,7 +6,9 @@ A two-epoch stream with ``--gpus 2`` trains every superbatch's batches split bet
 final model equals a one-worker run of the same batches with their gradients averaged two by two
 (``batches_per_step=2``; tolerance 1e-5 relative, 1e-6 absolute for the float sums' order, though on the
 CPU they come out bit for bit). A run interrupted after its sixth superbatch (mid-epoch) resumes to the
-same model.
+same model. With ``--cache shared`` the two workers keep one CPU tier of their pooled budgets in shared
+memory, planned over the merged stream: the same model as ``per-worker`` at the same budget, fewer packed
+bytes read, the tier's file removed at the end, and an interrupted run resumes to the same model.
 """
 from __future__ import annotations
 
@@ -182,3 +184,59 @@ def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str,
     a, b = _model(resumed), _model(report)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in resumed["epochs"]] == [r["loss"] for r in report["epochs"]]
+
+
+def _quarter(store_path: Path) -> int:
+    """A budget whose CPU tier holds at most a quarter of the features (on the worker with the smallest
+    staging), as `diskflow bench stream --gpus 2` sizes it."""
+    from types import SimpleNamespace
+
+    from diskflow.bench.stream_gpus import quarter_budget
+    from diskflow.operators.formats.store import Store
+    from diskflow.pipelines._packed import packed_budgets
+
+    st = Store(store_path)
+    b = packed_budgets(st, None, 0, None, SETTINGS["fanouts"], SETTINGS["batch_size"])
+    args = SimpleNamespace(batch_size=SETTINGS["batch_size"], superbatch_size=SETTINGS["superbatch_size"],
+                           epochs=SETTINGS["epochs"], fanouts=SETTINGS["fanouts"], seed=SETTINGS["seed"])
+    return quarter_budget(st, args, 2, b["staging_batches"], b["io_reserve"])
+
+
+def _packed(report: dict[str, Any]) -> int:
+    return sum(int(ln["figures"].get("packed_bytes", 0)) for e in report["timeline"] for ln in e["lanes"])
+
+
+def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: dict[str, Any], tiny_store: Path,
+                                                                        tmp_path: Path) -> None:
+    budget = _quarter(tiny_store)
+    opts = {"scheduler": cluster["address"], "gpus": 2, "cpu_memory": budget, "progress": False, **cluster["tls"],
+            **SETTINGS}
+    own = streaming.run(tiny_store, new_run_dir(tmp_path, "own"), cache="per-worker", **opts)
+    shared = streaming.run(tiny_store, new_run_dir(tmp_path, "shared"), cache="shared", **opts)
+    nodes = own["dataset"]["nodes"]
+    own_rows = [ln["tiers"]["cpu_rows"] for ln in own["stream"]["lanes"]]
+    shared_rows = {ln["tiers"]["cpu_rows"] for ln in shared["stream"]["lanes"]}
+    assert max(own_rows) <= nodes // 4 and len(shared_rows) == 1
+    assert max(own_rows) < shared_rows.pop() <= sum(own_rows) + 1, "one tier of both workers' budgets"
+    assert shared["stream"]["cache"] == "shared" and shared["stream"]["models_equal"]
+    assert [x for r in shared["epochs"] for x in r["losses"]] == [x for r in own["epochs"] for x in r["losses"]]
+    a, b = _model(shared), _model(own)
+    assert all(torch.equal(a[k], b[k]) for k in a), "bit-exact features from either tier: the same model"
+    assert 0 < _packed(shared) < _packed(own), (_packed(shared), _packed(own))
+    assert not list(Path("/dev/shm").glob(f"diskflow-{shared['stream']['run']}*")), "the tier's file is removed"
+
+    run_dir = new_run_dir(tmp_path, "cut-shared")
+
+    class Cut(Exception):
+        pass
+
+    def cut(out: dict[str, Any]) -> None:
+        if out["index"] == 5:
+            raise Cut
+
+    with pytest.raises(Cut):
+        streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut, **opts)
+    resumed = streaming.run(tiny_store, run_dir, cache="shared", resume=True, **opts)
+    assert resumed["stream"]["start_index"] == 6
+    c = _model(resumed)
+    assert all(torch.equal(a[k], c[k]) for k in a)
