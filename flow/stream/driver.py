@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import replace
 import re
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

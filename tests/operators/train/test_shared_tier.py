@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from diskflow.operators.formats.errors import DiskflowError
 from diskflow.operators.train.shared_tier import SharedTier, TierTimeout
 
