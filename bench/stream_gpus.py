@@ -70,6 +70,8 @@ def quarter_budget(store: Any, args: argparse.Namespace, gpus: int, staging_batc
 
 
 def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
+    from distributed import get_task_stream
+
     from ..flow.allocator import describe as describe_allocator
     from ..flow.allocator import keep_freed_memory
     from ..flow.plugin import GPU, DiskflowPlugin
@@ -124,9 +126,11 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
                                         **round_opts)
                     io0 = client.run(_read_bytes, workers=gpus)
                     t = time.perf_counter()
-                    rep = StreamRun(client, store.path, work, scfg, progress=False).run()
+                    with get_task_stream(client) as ts:
+                        rep = StreamRun(client, store.path, work, scfg, progress=False).run()
                     wall = time.perf_counter() - t
                     io1 = client.run(_read_bytes, workers=gpus)
+                    shipped = sum(int(e.get("bytes") or 0) for e in rep["timeline"])
                     s = rep["stream"]
                     runs[mode].append({
                         "stream_s": float(s["stream_s"]), "wall_s": wall,
@@ -134,7 +138,10 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
                         "models_equal": bool(s["models_equal"]), "models_checked": s["models_checked"],
                         "disk_read_bytes": sum(io1[a] - io0[a] for a in gpus),
                         "disk_read_bytes_by_worker": {a: io1[a] - io0[a] for a in gpus},
-                        "shipped_bytes": sum(int(e.get("bytes") or 0) for e in rep["timeline"]),
+                        "shipped_bytes": shipped, "shipped_bytes_per_s": shipped / float(s["stream_s"]),
+                        "tasks": len(ts.data), "tasks_per_s": len(ts.data) / float(s["stream_s"]),
+                        "host_tier_bytes": [int(ln["tiers"].get("cpu_rows", 0)) * store.row_bytes
+                                            + int(ln["tiers"].get("staging_bytes", 0)) for ln in s["lanes"]],
                         "packed_bytes": sum(int(ln.get("figures", {}).get("packed_bytes", 0))
                                             for e in rep["timeline"] for ln in e.get("lanes", [])),
                         "cpu_rows": [ln["tiers"].get("cpu_rows") for ln in s["lanes"]],
@@ -149,7 +156,8 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     first = best[modes[0]]
     figures: dict[str, Any] = {
         "gpus": args.gpus, "cache_modes": modes, "device": args.device, "cpu_workers": args.cpu_workers,
-        "cpu_memory": cpu_memory, "cpu_tier_share": max(max(b["cpu_rows"]) for b in best.values()) / store.num_nodes,
+        "cpu_memory": cpu_memory,
+        "cpu_tier_share": {m: max(b["cpu_rows"]) / store.num_nodes for m, b in best.items()},
         "gpu_idle_fraction_per_worker": first["gpu_idle_fraction_per_worker"],
         "idle_target": IDLE_TARGET,
         "idle_target_met": all(x is not None and x <= IDLE_TARGET for x in first["gpu_idle_fraction_per_worker"]),
@@ -166,14 +174,16 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     rows = [{"cache": m, "stream s": b["stream_s"], "median s": statistics.median(r["stream_s"] for r in runs[m]),
              "idle per worker": " ".join(f"{x:.3f}" for x in b["gpu_idle_fraction_per_worker"]),
              "disk read MiB": b["disk_read_bytes"] / 2**20, "packed MiB": b["packed_bytes"] / 2**20,
-             "shipped MiB": b["shipped_bytes"] / 2**20, "models equal": b["models_equal"]}
+             "shipped MiB/s": b["shipped_bytes_per_s"] / 2**20, "tasks/s": b["tasks_per_s"],
+             "CPU tier": f"{figures['cpu_tier_share'][m] * 100:.0f}%" + (" (pooled)" if m == "shared" else " each"),
+             "models equal": "yes" if b["models_equal"] else "NO"}
             for m, b in best.items()]
     print_table(f"streaming on {args.gpus} data-parallel GPU workers ({args.device}): {store.num_nodes:,} nodes x "
                 f"{store.feature_dim}, {first['batches']} batches in {first['superbatches']} superbatches "
-                f"({args.epochs} epochs), CPU budget {cpu_memory / 2**20:.1f} MiB per worker (CPU tier "
-                f"{figures['cpu_tier_share'] * 100:.0f}% of the rows at most); fastest of {args.repeats}", rows,
-                ["cache", "stream s", "median s", "idle per worker", "disk read MiB", "packed MiB", "shipped MiB",
-                 "models equal"])
+                f"({args.epochs} epochs), CPU budget {cpu_memory / 2**20:.1f} MiB per worker (its CPU tier at most a "
+                f"quarter of the rows; shared: the workers' tiers pooled into one); fastest of {args.repeats}", rows,
+                ["cache", "stream s", "median s", "idle per worker", "disk read MiB", "packed MiB", "shipped MiB/s",
+                 "tasks/s", "CPU tier", "models equal"])
     print(f"\nGPU workers idle: {', '.join(f'{x * 100:.1f}%' for x in figures['gpu_idle_fraction_per_worker'])} "
           f"(target <= {IDLE_TARGET * 100:.0f}% each: {'met' if figures['idle_target_met'] else 'NOT met'});  "
           f"models equal after every superbatch: {figures['models_equal']};  same losses: {figures['same_losses']}")
