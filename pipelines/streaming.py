@@ -99,7 +99,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
             size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
             rounds, so the stream takes a size).
-        gpus: GPU workers training data-parallel (the embedded cluster starts this many): of each
+        gpus: GPU workers training data-parallel (the embedded cluster starts this many; 0: every worker
+            with the ``GPU`` resource when the run starts, one on the embedded cluster): of each
             superbatch, worker r trains the batches at positions r, r + gpus, ..., one per optimizer
             step, the gradients averaged with ``torch.distributed`` (gloo on the CPU, NCCL on CUDA), so
             the model equals a one-worker run with ``batches_per_step=gpus`` (`flow.stream.lanes`).
@@ -149,6 +150,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        history_rows=rows, history_staleness=history_staleness, history_select=history_select,
                        gpus=gpus, cache=cache)
     cfg.validate()
+    if gpus == 0 and not scheduler:
+        gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts
     if gpus > 1 and batches_per_step > 1:
         raise ConfigError("--batches-per-step", "with --gpus N each GPU worker takes one batch per step; the step "
                                                 "already holds N batches")

@@ -155,6 +155,12 @@ def _print_summary(report: dict[str, Any]) -> None:
     if final:
         print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
               f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+    stream = report.get("stream") or {}
+    if stream.get("gpus", 1) > 1:
+        idle = ", ".join(f"{x * 100:.1f}%" for x in stream.get("gpu_idle_fraction_per_worker") or [] if x is not None)
+        print(f"{stream['gpus']} GPU workers ({stream.get('cache')} CPU tier{'s' if stream.get('cache') != 'shared' else ''}, "
+              f"{(stream.get('group') or {}).get('backend')}): idle {idle}; models equal after every superbatch: "
+              f"{'yes' if stream.get('models_equal') else 'no'} ({stream.get('models_checked')} checked)")
     if report.get("online"):
         from ...pipelines._online import describe_online
 

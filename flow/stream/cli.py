@@ -49,9 +49,10 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "gpu_memory": ("--gpu-memory", str, "GPU memory for the GPU tier: bytes or a share of the features"),
     "gpu_wait": ("--gpu-wait", _float_at_least("--gpu-wait", 0.0),
                  "seconds to wait for a GPU-resource worker to join (default 60)"),
-    "gpus": ("--gpus", _int_at_least("--gpus", 1),
+    "gpus": ("--gpus", lambda text: 0 if text == "all" else parse_int("--gpus", text, 1),
              ("streaming: GPU workers training data-parallel, each its share of every superbatch, gradients "
-              "averaged with torch.distributed (default 1; the embedded cluster starts this many)")),
+              "averaged with torch.distributed; 'all': every worker with the GPU resource when the run starts "
+              "(default 1; the embedded cluster starts this many)")),
     "cache": ("--cache", str, ("streaming with --gpus N: the GPU workers' CPU tiers, per-worker (each its own, "
                                "Belady over its own accesses; the default) or shared (GPU workers on one machine: "
                                "one tier of their pooled budgets in shared memory, Belady over the merged stream)")),

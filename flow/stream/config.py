@@ -68,6 +68,7 @@ class StreamConfig:
     history_staleness: int = DEFAULT_STALENESS
     history_select: str = "accesses"
     gpus: int = 1                       # GPU workers training data-parallel, each its share of every superbatch
+                                        # (0: every worker with the GPU resource when the run starts)
     cache: str = "per-worker"           # their CPU tiers: each its own over its own accesses, or one shared
                                         # (one machine's GPU workers) over the merged stream
     group_timeout_s: float = 600.0      # how long a data-parallel step waits for the other GPU workers
@@ -100,8 +101,8 @@ class StreamConfig:
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                   f"got {self.history_select!r}")
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
-            raise ConfigError("--gpus", f"expected an integer >= 1, got {self.gpus!r}")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise ConfigError("--gpus", f"expected an integer >= 1 (or 0: every GPU worker), got {self.gpus!r}")
         if self.gpus > self.superbatch_size:
             raise ConfigError("--gpus", f"{self.gpus} GPU workers share each superbatch's batches; a superbatch of "
                                         f"{self.superbatch_size} (--superbatch-size) leaves some with none")

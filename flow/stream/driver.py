@@ -79,14 +79,8 @@ class StreamRun:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.run_dir.name).strip("-.") or "run"
         self.run_id = f"{safe}-{self.tok}"
         self.fingerprint = cfg.fingerprint(config_hash(self.store.manifest))
-        self.gpus = cfg.gpus
-        self.lanes = [self._lane(r) for r in range(self.gpus)]
-        # the graph the superbatches are sampled by (with one GPU worker, its lane's)
-        self.graph = self.lanes[0].graph if self.gpus == 1 else self._prep_graph(self.refs, self.tok)
-        # --cache shared: one CPU tier for every GPU worker, one Belady chain over the merged stream (the
-        # superbatches in their order), whose plans every lane packs its share of
-        self.shared = cfg.cache == "shared" and self.gpus > 1
-        self.planner: Lane | None = Lane(-1, self.refs, self.graph, self.tok) if self.shared else None
+        self.lanes: list[Lane] = []
+        self._make_lanes(cfg.gpus or 1)        # --gpus all (0): remade for every GPU worker once they are found
         self.ckpt_root = self.run_dir / "checkpoints"
         self.f: dict[str, dict[int, Any]] = {"sample": {}}     # the superbatches' samples (every lane's source)
         self.watch: dict[Any, tuple[str, int, int]] = {}       # future -> (kind, superbatch, lane)
@@ -106,6 +100,17 @@ class StreamRun:
         return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                          cfg.cpu_policy, tok, self._submit_cpu, None,
                          (cfg.history_rows, cfg.history_staleness, cfg.history_select) if cfg.history_rows else None)
+
+    def _make_lanes(self, gpus: int) -> None:
+        """One lane per GPU worker; the sampling graph; the shared tier's planner (``--cache shared``)."""
+        self.gpus = gpus
+        self.lanes = [self._lane(r) for r in range(gpus)]
+        # the graph the superbatches are sampled by (with one GPU worker, its lane's)
+        self.graph = self.lanes[0].graph if gpus == 1 else self._prep_graph(self.refs, self.tok)
+        # --cache shared: one CPU tier for every GPU worker, one Belady chain over the merged stream (the
+        # superbatches in their order), whose plans every lane packs its share of
+        self.shared = self.cfg.cache == "shared" and gpus > 1
+        self.planner: Lane | None = Lane(-1, self.refs, self.graph, self.tok) if self.shared else None
 
     def _lane(self, r: int) -> Lane:
         refs = self.refs if self.gpus == 1 else lane_layout(self.refs, self.gpus, r)
@@ -130,7 +135,7 @@ class StreamRun:
     def _find_workers(self) -> None:
         """The GPU workers this run uses (waits `gpu_wait_s` for `gpus` of them) and the CPU workers."""
         deadline = time.monotonic() + self.cfg.gpu_wait_s
-        need = self.gpus
+        need = self.cfg.gpus or 1
         while True:
             table = self._workers()
             gpus = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) > 0)
@@ -144,6 +149,19 @@ class StreamRun:
                 raise StreamStopped(f"{found}; start one with `diskflow worker SCHEDULER --gpu --scratch DIR` or "
                                     f"`dask worker SCHEDULER --resources {GPU}=1`")
             time.sleep(0.5)
+        if self.cfg.gpus == 0:      # --gpus all: every GPU worker there is now
+            if len(gpus) > self.cfg.superbatch_size:
+                raise ConfigError("--gpus", f"all {len(gpus)} GPU workers share each superbatch's batches; a "
+                                            f"superbatch of {self.cfg.superbatch_size} (--superbatch-size) leaves some "
+                                            "with none")
+            if len(gpus) > 1 and self.cfg.history_rows:
+                raise ConfigError("--history-memory", "a historical embedding cache trains on one GPU worker; "
+                                                      f"--gpus all found {len(gpus)}")
+            self._make_lanes(len(gpus))
+            self.fingerprint = replace(self.cfg, gpus=len(gpus)).fingerprint(config_hash(self.store.manifest))
+        if self.gpus > 1 and getattr(self.cfg.train, "batches_per_step", 1) > 1:
+            raise ConfigError("--batches-per-step", "with several GPU workers each takes one batch per step; the "
+                                                    "step already holds one batch of each")
         for lane, addr in zip(self.lanes, gpus):
             lane.gpu_addr = addr
         if len(gpus) > need:
@@ -732,6 +750,10 @@ f"`--resume {self.run_dir}`")
             raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset, "
                                           "pipeline or number of GPU workers); use the same options, or start a new "
                                           "run without --resume")
+        saved = len(st.get("lanes") or [None])
+        if saved != self.gpus:
+            raise ConfigError("--gpus", f"the checkpoint {latest} was trained on {saved} GPU worker(s), this run has "
+                                        f"{self.gpus}; resume with the same number")
         self.records = list(st.get("stream_records", st.get("records")) or [])
         self.last_checkpoint = latest
         self.resumed_from = str(latest)

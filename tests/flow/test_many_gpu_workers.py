@@ -87,7 +87,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             client.wait_for_workers(3, timeout=90)
             client.get_task_stream()      # the scheduler records every task from now on
             names = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
-            yield {"root": root, "address": client.scheduler.address, "client": client, "workers": names, "tls": tls}
+            yield {"root": root, "address": client.scheduler.address, "client": client, "workers": names, "tls": tls,
+                   "procs": procs}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -236,7 +237,26 @@ def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: 
 
     with pytest.raises(Cut):
         streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut, **opts)
+    opts["gpus"] = 0            # --gpus all: both GPU workers, as the checkpoint was made with
     resumed = streaming.run(tiny_store, run_dir, cache="shared", resume=True, **opts)
-    assert resumed["stream"]["start_index"] == 6
+    assert resumed["stream"]["start_index"] == 6 and resumed["stream"]["gpus"] == 2
     c = _model(resumed)
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_lost_gpu_worker_stops_the_run_naming_its_last_checkpoint(cluster: dict[str, Any], tiny_store: Path,
+                                                                    tmp_path: Path) -> None:
+    """Last in this module: it kills one of the cluster's GPU workers."""
+    from diskflow.flow.stream import StreamStopped
+
+    def kill(out: dict[str, Any]) -> None:
+        if out["index"] == 2:
+            cluster["procs"]["gpu-1"].kill()
+
+    run_dir = new_run_dir(tmp_path, "lost")
+    with pytest.raises(StreamStopped) as e:
+        streaming.run(tiny_store, run_dir, scheduler=cluster["address"], gpus=2, progress=False, on_superbatch=kill,
+                      gpu_wait=5, **cluster["tls"], **SETTINGS)
+    message = str(e.value)
+    assert "the last checkpoint is" in message and f"--resume {run_dir}" in message, message
+    assert cluster["procs"]["gpu-1"].wait(timeout=10) == -signal.SIGKILL
