@@ -194,7 +194,12 @@ class DiskflowPlugin(WorkerPlugin):
             others = [r for r in self.groups if r != run]
             raise ConfigError("--gpus", f"GPU worker {self.address} already trains a data-parallel run "
                                         f"({', '.join(others) or 'another group'}); one at a time")
-        backend = "nccl" if self.resolved_device().startswith("cuda") else "gloo"
+        device = self.resolved_device()
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":       # NCCL: each rank on its own GPU (`--device cuda:K`, or CUDA_VISIBLE_DEVICES)
+            import torch
+
+            torch.cuda.set_device(torch.device(device))
         with self._lock:
             store = self._stores.pop(group, None) if rank == 0 else None
         if store is None:

@@ -179,8 +179,11 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
             spec = dict(cluster.new_spec)
             for g in range(gpu_workers):
                 options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
-                own = settings if gpu_workers == 1 or scratch is None else \
-                    worker_config(str(Path(scratch) / f"gpu-{g}"), quota, device, keep_freed_memory, hold_memory)
+                # several GPU workers: a scratch directory each, and on CUDA a device each (cuda:0, cuda:1, ...)
+                own_device = f"cuda:{g}" if gpu_workers > 1 and device == "cuda" else device
+                own = settings if gpu_workers == 1 else \
+                    worker_config(None if scratch is None else str(Path(scratch) / f"gpu-{g}"), quota, own_device,
+                                  keep_freed_memory, hold_memory)
                 if processes:
                     options["config"] = own
                 cluster.worker_spec["gpu" if g == 0 else f"gpu-{g}"] = {"cls": spec["cls"], "options": options}

@@ -356,7 +356,7 @@ f"`--resume {self.run_dir}`")
             ckpt = k + 1 == self.n or entry["epoch_end"] or (k - self.start + 1) % self.cfg.checkpoint_every == 0
             shipped = None if lane.empty(k) else lane.f["ship"][k]
             lane.f["train"][k] = self._watch(self.client.submit(
-                train_task, lane.run, shipped, entry, self._train_cfg(lane), self.device, self.fingerprint,
+                train_task, lane.run, shipped, entry, self._train_cfg(lane), lane.device, self.fingerprint,
                 lane.resume_state if k == self.start else None, ckpt, key=f"train-{g.key}-{lane.tok}",
                 **self._gpu(lane, -k, 1)), "train", k, lane.rank)
             lane.next_train += 1
@@ -429,11 +429,14 @@ f"`--resume {self.run_dir}`")
                                    pure=False, **self._gpu(lane, 0, 0)) for lane in self.lanes])
         self.gpu_info = infos[0]
         self.gpu_infos = infos
-        self.device = self.cfg.device or str(infos[0]["device"])
-        devices = {self.cfg.device or str(i["device"]) for i in infos}
-        if len(devices) > 1:
-            raise ConfigError("--device", f"the GPU workers train on different devices ({', '.join(sorted(devices))}); "
-                                          "give each the same --device")
+        for lane, info in zip(self.lanes, infos):   # each GPU worker trains on its own device (cuda:K each)
+            own, want = str(info["device"]), self.cfg.device
+            lane.device = own if want is None or (want == "cuda" and own.startswith("cuda")) else want
+        kinds = sorted({lane.device.split(":")[0] for lane in self.lanes})
+        if len(kinds) > 1:
+            raise ConfigError("--device", f"the GPU workers train on different kinds of device ({', '.join(kinds)}); "
+                                          "give them the same --device")
+        self.device = self.lanes[0].device
         self.start = 0
         self.resumed_from: str | None = None
         if self.resume:

@@ -34,6 +34,7 @@ class Lane:
     tok: str                           # ends its task keys
     run: str = ""                      # its job on its GPU worker (scratch directory, trainer)
     gpu_addr: str = ""
+    device: str = "cpu"                # where its GPU worker trains
     f: dict[str, dict[int, Any]] = field(default_factory=lambda: {k: {} for k in KINDS})
     shipped_ok: set[int] = field(default_factory=set)
     prepared: set[int] = field(default_factory=set)
