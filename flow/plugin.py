@@ -191,6 +191,8 @@ class DiskflowPlugin(WorkerPlugin):
 
         self.gpu_space()
         if dist.is_initialized():
+            with self._lock:
+                self._stores.pop(group, None)
             others = [r for r in self.groups if r != run]
             raise ConfigError("--gpus", f"GPU worker {self.address} already trains a data-parallel run "
                                         f"({', '.join(others) or 'another group'}); one at a time")
@@ -201,7 +203,7 @@ class DiskflowPlugin(WorkerPlugin):
 
             torch.cuda.set_device(torch.device(device))
         with self._lock:
-            store = self._stores.pop(group, None) if rank == 0 else None
+            store = self._stores.pop(group, None) if rank == 0 else None     # (not left behind if this fails)
         if store is None:
             store = dist.TCPStore(host, port, world, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=dist.PrefixStore(group, store), rank=rank, world_size=world,

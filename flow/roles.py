@@ -177,10 +177,12 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                                **kwargs)
         try:
             spec = dict(cluster.new_spec)
+            cuda_devices = _cuda_devices() if gpu_workers > 1 and device in ("cuda", None) else 0
             for g in range(gpu_workers):
                 options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
                 # several GPU workers: a scratch directory each, and on CUDA a device each (cuda:0, cuda:1, ...)
-                own_device = f"cuda:{g}" if gpu_workers > 1 and device == "cuda" else device
+                own_device = f"cuda:{g}" if gpu_workers > 1 and device in ("cuda", None) and cuda_devices >= gpu_workers \
+                    else device
                 own = settings if gpu_workers == 1 else \
                     worker_config(None if scratch is None else str(Path(scratch) / f"gpu-{g}"), quota, own_device,
                                   keep_freed_memory, hold_memory)
@@ -198,6 +200,13 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                 client.close()
         finally:
             cluster.close()
+
+
+def _cuda_devices() -> int:
+    """CUDA devices on this machine (0 without CUDA): the embedded cluster gives each GPU worker its own."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def scratch_default(run_dir: str | os.PathLike[str]) -> str:

@@ -94,6 +94,7 @@ class StreamRun:
         self.models_checked = 0                 # superbatches after which every lane's weights were compared
         self.partition: dict[str, Any] | None = None     # partition batches: the partition's figures
         self.group: dict[str, Any] | None = None          # a data-parallel run's process group
+        self.final_ids: dict[int, Any] = {}              # shared tier: k -> the tier plan k leaves (checkpoints)
 
     def _prep_graph(self, refs: list[Any], tok: str) -> PrepGraph:
         cfg = self.cfg
@@ -159,6 +160,11 @@ class StreamRun:
                                                       f"--gpus all found {len(gpus)}")
             self._make_lanes(len(gpus))
             self.fingerprint = replace(self.cfg, gpus=len(gpus)).fingerprint(config_hash(self.store.manifest))
+        idle = [lane.rank for lane in self.lanes if lane.round_batches == 0]
+        if idle:
+            per_epoch = sum(r.num_batches for r in self.refs if r.epoch == 0)
+            raise ConfigError("--gpus", f"{self.gpus} GPU workers share batches of which an epoch holds {per_epoch}: "
+                                        f"worker(s) {idle} would train none")
         if self.gpus > 1 and getattr(self.cfg.train, "batches_per_step", 1) > 1:
             raise ConfigError("--batches-per-step", "with several GPU workers each takes one batch per step; the "
                                                     "step already holds one batch of each")
@@ -295,6 +301,9 @@ f"`--resume {self.run_dir}`")
         if chain is self.planner:
             chain.prepared.add(k)
             chain.shipped_ok.add(k)     # (the planner ships nothing: its samples are no longer needed)
+            if self._is_checkpoint(k) and k not in self.final_ids:     # the tier a checkpoint after k saves
+                self.final_ids[k] = self.client.submit(final_cache_task, chain.f["plan"][k],
+                                                       key=f"final-cache-{self.refs[k].key}-{self.tok}", **self._cpu(k))
         for lane in only or ([chain] if chain is not self.planner else self.lanes):
             self._pack_ship(lane, k, chain.f["plan"][k], attempt)
 
@@ -353,13 +362,22 @@ f"`--resume {self.run_dir}`")
             entry = {"key": r.key, "index": k, "epoch": r.epoch, "first_batch": r.round_first_batch,
                      "epoch_batch": r.first_batch, "batches": r.num_batches, "pass_batches": g.num_batches,
                      "epoch_end": nxt is None or nxt.epoch != r.epoch}
-            ckpt = k + 1 == self.n or entry["epoch_end"] or (k - self.start + 1) % self.cfg.checkpoint_every == 0
-            shipped = None if lane.empty(k) else lane.f["ship"][k]
+            ckpt = self._is_checkpoint(k)
+            if lane.empty(k):   # nothing shipped: it waits for the base (its job, tiers) and joins the steps
+                entry.update(empty=True, dim=self.store.feature_dim, num_classes=self.store.num_classes)
+                shipped = lane.ship_base
+            else:
+                shipped = lane.f["ship"][k]
             lane.f["train"][k] = self._watch(self.client.submit(
                 train_task, lane.run, shipped, entry, self._train_cfg(lane), lane.device, self.fingerprint,
                 lane.resume_state if k == self.start else None, ckpt, key=f"train-{g.key}-{lane.tok}",
                 **self._gpu(lane, -k, 1)), "train", k, lane.rank)
             lane.next_train += 1
+
+    def _is_checkpoint(self, k: int) -> bool:
+        """Whether a checkpoint is written after superbatch k: every `checkpoint_every`, each epoch's last, the end."""
+        nxt = self.refs[k + 1] if k + 1 < self.n else None
+        return nxt is None or nxt.epoch != self.refs[k].epoch or (k - self.start + 1) % self.cfg.checkpoint_every == 0
 
     def _train_cfg(self, lane: Lane) -> Any:
         """The trainer's options on lane's GPU worker (its rank among the run's GPU workers, the shared tier)."""
@@ -526,6 +544,7 @@ f"`--resume {self.run_dir}`")
             lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
                                    key=f"header-{lane.tok}", **kw)
             base = c.submit(pack_base_task, self.store_path, lane.tiers, self.cfg.stage, lane.run,
+                            not self.shared or lane.rank == 0,      # a shared tier's rows: rank 0 fills it
                             key=f"pack-base-{lane.tok}", **kw)
             lane.ship_base = self._watch(c.submit(ship_task, lane.run, base, self.start, key=f"ship-base-{lane.tok}",
                                                   **self._gpu(lane, self._ship_priority(-1), 0)), "ship-base", -1,
@@ -634,20 +653,24 @@ f"`--resume {self.run_dir}`")
 
     def _all_trained(self, k: int, outs: list[dict[str, Any]]) -> None:
         self.trained += 1
+        cks = [o.pop("checkpoint", None) for o in outs]
         out = outs[0]
         if self.gpus > 1:
             crcs = {o.get("model_crc") for o in outs}
             if len(crcs) > 1:
                 raise StreamStopped(f"the GPU workers' models differ after superbatch {self.refs[k].key} (weights "
-                                    f"crc32 {sorted(str(c) for c in crcs)}): their data-parallel steps diverged; {self._where()}")
-            self.models_checked += 1
-            out = {**out, "losses": interleave([o["losses"] for o in outs]),
+                                    f"crc32 {sorted(str(c) for c in crcs)}): their data-parallel steps diverged; "
+                                    f"{self._where()}")
+            if None not in crcs:      # (a data-only run has no weights to compare)
+                self.models_checked += 1
+            out = {**out, "bytes": sum(int(o.get("bytes") or 0) for o in outs),
+                   "held_bytes": sum(int(o.get("held_bytes") or 0) for o in outs),
+                   "losses": interleave([o["losses"] for o in outs]),
                    "sizes": interleave([o["sizes"] for o in outs]), "seeds": sum(o["seeds"] for o in outs),
                    "seconds": max(o["seconds"] for o in outs)}
             seen = sum(out["sizes"])
             out["loss"] = sum(v * n for v, n in zip(out["losses"], out["sizes"])) / seen if seen else None
             out["seeds_per_s"] = out["seeds"] / out["seconds"] if out["seconds"] > 0 else None
-        cks = [o.pop("checkpoint", None) for o in outs]
         record = self._epoch_record(k, outs)
         if record is not None:
             self.records.append(record)
@@ -686,9 +709,8 @@ f"`--resume {self.run_dir}`")
         state["lanes"] = [{"partial": ck["state"].get("partial"), "records": ck["state"].get("records", [])}
                           for ck in cks]
         state["stream_records"] = list(self.records)
-        if self.planner is not None:
-            ids = self.client.submit(final_cache_task, self.planner.f["plan"][k], key=f"final-cache-{self.refs[k].key}-"
-                                     f"{self.tok}", **self._cpu(k)).result()
+        if self.planner is not None:      # fetched ahead (`_prepare_chain`): done long before k trained
+            ids = self.final_ids.pop(k).result(timeout=self.cfg.group_timeout_s)
             return {"state": state, "arrays": {"cpu_ids.npy": np.asarray(ids, np.int64)}}
         arrays = {"cpu_ids.npy": cks[0]["arrays"]["cpu_ids.npy"]}
         for r, ck in enumerate(cks[1:], start=1):
@@ -787,7 +809,8 @@ f"`--resume {self.run_dir}`")
         # tasks finish and their results are dropped). `client.cancel` would recurse into dependents this
         # driver already released, which the scheduler asserts against.
         self.f["sample"].clear()
-        for lane in self.lanes:
+        self.final_ids.clear()
+        for lane in self.lanes + ([self.planner] if self.planner is not None else []):
             for d in lane.f.values():
                 d.clear()
             lane.tiers = lane.ship_base = lane.header = None

@@ -73,7 +73,8 @@ def _gpu_workers(run: Any, end: float) -> dict[str, Any]:
     return {"gpus": len(lanes), "cache": run.cfg.cache, "group": run.group,
             "gpu_workers": [lane.gpu_addr for lane in lanes],
             "gpu_idle_fraction_per_worker": [(1.0 - b / end) if end > 0 else None for b in busy],
-            "models_equal": run.models_checked == run.trained and run.trained > 0,
+            "models_equal": (run.models_checked == run.trained and run.trained > 0)
+            if run.cfg.train.model != "none" else None,
             "models_checked": run.models_checked,
             "lanes": [{"rank": lane.rank, "address": lane.gpu_addr, "batches": lane.round_batches,
                        "train_busy_s": busy[r], "shipped_bytes": nbytes[r],

@@ -93,7 +93,8 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
     if sample.data is None:      # the stream keeps its samples in memory (`graph.sample_task` without out_path)
         raise ValueError(f"pack of {ref.key}: the samples must travel inline, not as {sample.path}")
-    plans, final, order = plan.batches, plan.final_cache, None
+    plans, order = plan.batches, None
+    final: np.ndarray | None = plan.final_cache
     if share is not None:
         rank, world, first = share
         plans, final = plans[rank::world], None
@@ -104,10 +105,11 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
     return bundle
 
 
-def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str) -> Bundle:
+def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str, cpu_rows: bool = True) -> Bundle:
+    """The base bundle of a lane: its tiers' ids and rows (`cpu_rows` False: no CPU-tier rows, `pack_base`)."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
-    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url)
+    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, cpu_rows=cpu_rows)
     bundle.meta.update(timing={"pack": stamp(t0)}, tiers=tiers.figures)
     return bundle
 
@@ -145,7 +147,7 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
             "timing": {**bundle.meta.get("timing", {}), "ship": stamp(t0)}}
 
 
-def train_task(run: str, shipped: dict[str, Any] | None, entry: dict[str, Any], cfg: Any, device: str,
+def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: Any, device: str,
                fingerprint: str, resume: dict[str, Any] | None, checkpoint: bool) -> dict[str, Any]:
     """Train one staged superbatch with the run's trainer (created by the first one), then discard it.
 
@@ -159,7 +161,7 @@ def train_task(run: str, shipped: dict[str, Any] | None, entry: dict[str, Any], 
     plugin = _plugin()
     job = plugin.job(run)
     space = plugin.gpu_space()
-    if shipped is None:
+    if entry.get("empty"):       # `shipped` was the base's ship result: the job is open, its tiers staged
         shipped = {"dir": None, "held": None, "timing": {}, "meta": {}}
     with job.lock:
         if job.next_index != entry["index"]:
@@ -167,6 +169,7 @@ def train_task(run: str, shipped: dict[str, Any] | None, entry: dict[str, Any], 
                                f"got {entry['index']} ({entry['key']}): its state does not match this task")
         if job.trainer is None:
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
+        job.trainer.base_dir = str(job.base)
         out = job.trainer.train(shipped["dir"], entry, shipped["held"])
         if shipped["dir"] is not None:
             job.trainer.release()

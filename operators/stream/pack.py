@@ -224,18 +224,24 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
 
 
 def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: np.ndarray, *,
-              url: str | None = None) -> Bundle:
+              url: str | None = None, cpu_rows: bool = True) -> Bundle:
     """The base bundle: GPU-tier rows, the CPU tier at the stream's start (-1: empty slot), labels.
 
     Built in memory: the files travel as bytes (or are written once under `url`).
 
     `cpu_ids` is the CPU tier where the stream starts: the round-start tier, or on resume the
     tier a checkpoint saved (its rows are the store's rows of those ids, re-read here).
+    `cpu_rows` False: the tier's ids only, its rows left out (``cpu_init.npy`` holds none): a GPU
+    worker whose CPU tier another worker fills (``--cache shared``, ranks but 0).
     """
     store = Store(store_path)
     files: dict[str, np.ndarray] = {}
     for ids_name, rows_name, ids in (("gpu_ids.npy", "gpu_cache.npy", gpu_ids), ("cpu_ids.npy", "cpu_init.npy", cpu_ids)):
         ids = np.asarray(ids, np.int64)
+        if rows_name == "cpu_init.npy" and not cpu_rows:
+            files[ids_name] = npy_bytes(ids)
+            files[rows_name] = aligned_npy_bytes(np.zeros((0, store.feature_dim), store.feature_dtype))
+            continue
         rows = np.zeros((ids.shape[0], store.feature_dim), store.feature_dtype)
         held = np.flatnonzero(ids >= 0)
         if held.size:

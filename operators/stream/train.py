@@ -78,6 +78,7 @@ class StreamTrainer:
         self.loader: PackedLoader | None = None
         self.session: TrainSession | None = None
         self.shared: Any = None           # the shared CPU tier (--cache shared)
+        self.base_dir: str | None = None  # the staged base bundle (its tiers), set by the train task
         self.next_index = int(resume["stream_index"]) if resume else 0
         self.position = (int(resume["epoch"]), int(resume["batch"])) if resume else (0, 0)
         self.eval_note: str | None = None
@@ -107,14 +108,23 @@ class StreamTrainer:
                               check_crc=cfg.check_crc, gpu_memory=cfg.gpu_memory, held=held, shared=self.shared)
         first = loader.superbatches[0].first_batch
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
-            loader.restore_tier(first, np.array(loader.ds.cpu_init), np.array(loader.ds.cpu_ids))
+            rows = None if self.shared is not None and cfg.rank > 0 else np.array(loader.ds.cpu_init)
+            loader.restore_tier(first, rows, np.array(loader.ds.cpu_ids))
         self.loader = loader
+        if self.session is None:        # (a data-parallel rank whose first superbatches held nothing has one)
+            self._new_session(loader.dim, loader.num_classes)
+        assert self.session is not None
+        return loader, self.session
+
+    def _new_session(self, dim: int, num_classes: int) -> TrainSession:
+        """The session (seeded; the resumed state loaded), a data-parallel rank's with its steps."""
+        cfg = self.cfg
         steps = DataParallel(cfg.world, cfg.rank) if cfg.world > 1 else None
-        self.session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
+        self.session = TrainSession(cfg, self.dev, dim, num_classes, stages=STAGES, throughput=True,
                                     evals=self._eval_loaders if cfg.rank == 0 else None, steps=steps)
         if self.resume is not None:
             self.session.load_state_dict(self.resume)
-        return loader, self.session
+        return self.session
 
     def _started(self) -> tuple[PackedLoader, TrainSession]:
         if self.loader is None or self.session is None:
@@ -156,10 +166,7 @@ class StreamTrainer:
         pass_batches = entry.get("pass_batches")
         with deterministic():
             if sb_dir is None:        # an empty share: the steps go on, with this rank's gradient zero
-                if self.session is None:
-                    raise InputError(f"superbatch {entry['key']}", "a data-parallel rank cannot start (or resume) "
-                                     "at a superbatch holding no batch of its own; resume from another checkpoint")
-                session = self.session
+                session = self.session or self._new_session(int(entry["dim"]), int(entry["num_classes"]))
                 result = session.train([], pass_batches=pass_batches)
             else:
                 sb_dir = Path(sb_dir)
@@ -219,11 +226,19 @@ class StreamTrainer:
         tier's node ids (``cpu_ids.npy``) where training continues. Everything is a copy: training
         may go on (the next superbatch) while the checkpoint is still being written.
         """
-        loader, session = self._started()
+        if self.session is None:
+            raise RuntimeError("the stream trainer has not trained a superbatch yet")
         epoch, batch = self.position
         state = {"fingerprint": self.fingerprint, "epoch": epoch, "batch": batch, "stream_index": self.next_index,
-                 **session.state_dict()}
-        return copy.deepcopy(state), {"cpu_ids.npy": np.array(loader.cpu_ids)}
+                 **self.session.state_dict()}
+        # a rank that has not loaded a superbatch yet still holds the tier it started with (the base's)
+        if self.loader is not None:
+            ids = np.array(self.loader.cpu_ids)
+        elif self.base_dir is not None:
+            ids = np.load(Path(self.base_dir) / "cpu_ids.npy")
+        else:
+            raise RuntimeError("the stream trainer has no CPU tier yet (no superbatch, no base)")
+        return copy.deepcopy(state), {"cpu_ids.npy": ids}
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's current weights (on the CPU)."""
@@ -253,7 +268,7 @@ class StreamTrainer:
         if self.loader is not None:
             self.loader.close()
             self.loader = None
-        if self.shared is not None:
-            self.shared.close(unlink=self.cfg.rank == 0)
+        if self.shared is not None:     # every rank removes the file (mappings outlive it): none is left behind
+            self.shared.close(unlink=True)   # when rank 0 is the one that died
             self.shared = None
 

@@ -125,6 +125,7 @@ class BatchAssembly:
     _bounce: np.ndarray | None
     _tier_buffer: np.ndarray | None
     _shared: Any                          # a `shared_tier.SharedTier` (--cache shared), or None
+    _shared_published: bool               # rank 0 has marked the shared tier ready
     _global: dict[int, int]               # with a shared tier: this loader's batch -> the stream's batch
     _stream: Any
     _device_path: bool

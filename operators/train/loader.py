@@ -173,7 +173,6 @@ class PackedLoader(BatchAssembly):
             torch.cuda.synchronize(self.device)      # the assemble stage reads it from its own stream
         else:
             self.gpu = gpu
-        self._cpu_init_rows = self.ds.cpu_init
         c = self.ds.cpu_ids.shape[0]
         if self._shared is not None:
             if self._shared.rows.shape != (c, self.dim) or self._shared.rows.dtype != self.dtype:
@@ -190,8 +189,8 @@ class PackedLoader(BatchAssembly):
 
     def _reset_tier(self) -> None:
         """The CPU tier as at round start (``cpu_init``), positioned before batch 0 (a shared tier: rank 0 fills it)."""
-        if self._shared is None or self._shared.rank == 0:
-            read_into(self._cpu_init_rows, self.cpu)     # pread: the file's pages are not mapped in as well
+        if self._shared is None or self._shared.rank == 0:     # (the others are shipped no rows)
+            read_into(self.ds.cpu_init, self.cpu)     # pread: the file's pages are not mapped in as well
         self.cpu_ids[:] = self.ds.cpu_ids
         self._tier_next = 0
 
@@ -205,10 +204,15 @@ class PackedLoader(BatchAssembly):
         return self._tier_next, self.cpu, self.cpu_ids
 
     def restore_tier(self, position: int, rows: np.ndarray | None = None, ids: np.ndarray | None = None) -> None:
-        """Set the CPU tier to a saved state at `position` (None rows: the round-start tier, position 0)."""
-        if rows is None:
+        """Set the CPU tier to a saved state at `position` (None rows: the round-start tier, position 0; a shared
+        tier's ranks but 0, with `ids`: only the position, rank 0 restores the rows)."""
+        if rows is None and (ids is None or self._shared is None or self._shared.rank == 0):
             self._reset_tier()
             return
+        if rows is None:        # a shared tier's other ranks: rank 0 restores the rows
+            if ids is None or ids.shape != self.cpu_ids.shape:
+                raise InputError(self.path, "saved CPU tier ids do not fit this dataset's tier")
+            rows = self.cpu
         if rows.shape != self.cpu.shape or rows.dtype != self.cpu.dtype or ids is None or ids.shape != self.cpu_ids.shape:
             raise InputError(self.path, f"saved CPU tier {rows.dtype}{list(rows.shape)} does not fit this dataset's "
                                         f"{self.cpu.dtype}{list(self.cpu.shape)}")

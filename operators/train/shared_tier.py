@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats.errors import DiskflowError
+from ..formats.errors import ConfigError, DiskflowError
+from ..formats.files import format_bytes
 
 HEADER = 4096                 # control words, then the rows (page-aligned)
 _READY, _TURN, _SLOTS, _ROW_BYTES = 0, 1, 2, 3
@@ -62,8 +63,12 @@ class SharedTier:
         size = HEADER + slots * row_bytes
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
+            try:    # allocated now, not on first touch: a full /dev/shm is an error here, not a SIGBUS later
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                raise ConfigError("--cache", f"{self.path}: cannot allocate the shared CPU tier, {format_bytes(size)} "
+                                             f"({e.strerror or e}); give {self.path.parent} more room or a smaller "
+                                             "--cpu-memory, or use --cache per-worker") from e
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -87,13 +87,20 @@ class DataParallel(Accumulate):
         import torch.distributed as dist
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        # one flag per parameter after the gradients: how many ranks had a gradient for it (a parameter no
+        # batch of the step used keeps no gradient, as one process accumulating the step leaves it)
+        used = torch.tensor([float(p.grad is not None) for p in params], dtype=grads[0].dtype if grads else None,
+                            device=grads[0].device if grads else None)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [used])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        flat.div_(count)
+        flags = flat[flat.numel() - len(params):].tolist()      # one copy to the host per step
         offset = 0
-        for p in params:
+        for i, p in enumerate(params):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            if flags[i] > 0:
+                p.grad = flat[offset:offset + n].view_as(p).div(count)
+            else:
+                p.grad = None
             offset += n
 
 

@@ -244,6 +244,34 @@ def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: 
     assert all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_a_run_resumes_where_one_worker_has_no_batch(cluster: dict[str, Any], tiny_store: Path,
+                                                     two_gpus: tuple[dict[str, Any], float], tmp_path: Path) -> None:
+    """Cut after the third superbatch: the resumed run starts at the epoch's 1-batch superbatch, where the
+    second worker's share is empty (its trainer starts with no superbatch of its own)."""
+    from diskflow.operators.formats.errors import ConfigError
+
+    report, _ = two_gpus
+    run_dir = new_run_dir(tmp_path, "cut-at-short")
+
+    class Cut(Exception):
+        pass
+
+    def cut(out: dict[str, Any]) -> None:
+        assert "checkpoint" not in out, "the callback gets the superbatch's figures, not the model's state"
+        if out["index"] == 2:
+            raise Cut
+
+    opts = {"scheduler": cluster["address"], "gpus": 2, "progress": False, **cluster["tls"], **SETTINGS}
+    with pytest.raises(Cut):
+        streaming.run(tiny_store, run_dir, window=1, on_superbatch=cut, **opts)
+    resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
+    assert resumed["stream"]["start_index"] == 3 and resumed["timeline"][0]["lanes"][1]["batches"] == 0
+    a, b = _model(resumed), _model(report)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match=r"--gpus: 2 GPU workers share batches of which an epoch holds 1"):
+        streaming.run(tiny_store, new_run_dir(tmp_path, "one-batch"), **{**opts, "batch_size": 4096})
+
+
 def test_a_lost_gpu_worker_stops_the_run_naming_its_last_checkpoint(cluster: dict[str, Any], tiny_store: Path,
                                                                     tmp_path: Path) -> None:
     """Last in this module: it kills one of the cluster's GPU workers."""

@@ -105,3 +105,19 @@ def test_accumulation_differs_from_one_step_per_batch():
         train_epoch(model, batches(p, n), opt, "cpu")
     assert any(not torch.equal(v, model.state_dict()[k]) for k, v in state2.items())
     assert any(not torch.equal(v, state2[k]) for k, v in one.items())      # training moved the weights
+
+
+def test_a_parameter_no_batch_used_keeps_no_gradient(tmp_path: Path):
+    """A parameter unused by every batch of a step: no gradient after the reduction (Adam then leaves it
+    alone, as it does when one process accumulates the step), on a one-rank gloo group."""
+    import torch.distributed as dist
+    from diskflow.operators.train.steps import DataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        used, unused = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+        (used * 2).sum().backward()
+        DataParallel(1, 0).reduce([used, unused], 2)
+        assert unused.grad is None and torch.equal(used.grad, torch.ones(3))
+    finally:
+        dist.destroy_process_group()
