@@ -371,8 +371,11 @@ class BatchAssembly:
         if g is None:
             raise InputError(self.path / "manifest.json", f"batch {batch} has no place in the merged stream "
                                                           "(a shared CPU tier needs the stream's batch numbers)")
-        if self._shared.rank == 0 and not self._shared_published:
-            self._shared.publish(g)
+        if not self._shared_published:      # rank 0 marks the tier ready; the others check its shape once
+            if self._shared.rank == 0:
+                self._shared.publish(g)
+            else:
+                self._shared.wait_ready()
             self._shared_published = True
         self._shared.wait_turn(g)
 
