@@ -49,12 +49,14 @@ def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any], path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    gpu = (report.get("stream") or {}).get("gpu_worker")
+    stream = report.get("stream") or {}
+    gpus = set(stream.get("gpu_workers") or [stream.get("gpu_worker")])
     workers: dict[str, list[tuple[str, float, float, str]]] = {}
     for e in tl:
-        for phase, p in e["phases"].items():
-            workers.setdefault(p["worker"], []).append((phase, p["start"], p["end"], e["key"]))
-    order = sorted(workers, key=lambda w: (w == gpu, w))
+        for lane in e.get("lanes") or [e]:          # a data-parallel run: every GPU worker's share
+            for phase, p in lane["phases"].items():
+                workers.setdefault(p["worker"], []).append((phase, p["start"], p["end"], e["key"]))
+    order = sorted(workers, key=lambda w: (w in gpus, w))
     end = max(x["trained"] for x in tl)
     fig, ax = plt.subplots(figsize=(12, 1.6 + 0.55 * len(order)))
     try:
@@ -69,7 +71,7 @@ def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any], path:
                     ax.text((start + stop) / 2, row, f"{e}.{int(s_[1:])}", ha="center", va="center", fontsize=6,
                             color="white")
         ax.set_yticks(range(len(order)))
-        ax.set_yticklabels([f"GPU {w}" if w == gpu else f"CPU {w}" for w in order], fontsize=8)
+        ax.set_yticklabels([f"GPU {w}" if w in gpus else f"CPU {w}" for w in order], fontsize=8)
         ax.set_ylim(-0.6, len(order) - 0.2)
         ax.set_xlim(0, end * 1.01)
         ax.set_xlabel("seconds since the first submission (bars: epoch.superbatch)")

@@ -29,7 +29,17 @@ def _run(args: argparse.Namespace) -> int:
     print(f"superbatches trained   {k['trained']} of {k['superbatches']} (window {k['window']})")
     print(f"stream time            {k['stream_s']:.2f} s, GPU busy {k['train_busy_s']:.2f} s, "
           f"idle {idle * 100 if idle is not None else float('nan'):.1f}%")
-    print(f"workers                GPU {k['gpu_worker']}, {k['cpu_workers']} CPU")
+    stream = report.get("stream") or {}
+    if stream.get("gpus", 1) > 1:
+        idles = stream.get("gpu_idle_fraction_per_worker") or []
+        print(f"GPU workers            {stream['gpus']}, data-parallel ({stream.get('cache')} CPU tier"
+              f"{'s' if stream.get('cache') != 'shared' else ''}), models equal after every superbatch: "
+              f"{'yes' if stream.get('models_equal') else 'no'}")
+        for addr, x in zip(stream.get("gpu_workers") or [], idles):
+            print(f"  {addr:<20} idle {x * 100 if x is not None else float('nan'):.1f}%")
+        print(f"workers                {k['cpu_workers']} CPU")
+    else:
+        print(f"workers                GPU {k['gpu_worker']}, {k['cpu_workers']} CPU")
     peak, quota = k["scratch_peak_bytes"], k["scratch_quota_bytes"]
     print(f"scratch peak           {format_bytes(peak) if peak else '-'}"
           f"{' of quota ' + format_bytes(quota) if quota else ' (no quota)'}")

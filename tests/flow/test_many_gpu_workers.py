@@ -114,8 +114,8 @@ def two_gpus(cluster: dict[str, Any], tiny_store: Path, tmp_path_factory: pytest
     return report, t0
 
 
-def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpus: tuple[dict[str, Any], float]
-                                                ) -> None:
+def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpus: tuple[dict[str, Any], float],
+                                                capsys: pytest.CaptureFixture) -> None:
     report, t0 = two_gpus
     assert cluster["address"].startswith("tls://")
     gpus = {cluster["workers"]["gpu-0"], cluster["workers"]["gpu-1"]}
@@ -140,6 +140,13 @@ def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpu
     assert len(s["gpu_idle_fraction_per_worker"]) == 2
     for g in ("gpu-0", "gpu-1"):
         assert not list((cluster["root"] / g / "scratch").iterdir()), "each worker's scratch emptied"
+
+    from diskflow.flow.cli import main
+
+    assert main(["report", report["run_dir"]]) == 0      # every GPU worker's idle share, and its row drawn
+    text = capsys.readouterr().out
+    assert "2, data-parallel (per-worker CPU tiers), models equal after every superbatch: yes" in text
+    assert all(a in text for a in gpus) and (Path(report["run_dir"]) / "timeline.png").stat().st_size > 0
 
 
 def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, Any], tiny_store: Path,
