@@ -72,7 +72,7 @@ def add_run_arguments(parser: Any) -> None:
     """Add the split/streamed-run flags (`RUN_OPTIONS`, ``--resume RUN`` among them) to `diskflow run`'s parser."""
     for name, (flag, _, text) in RUN_OPTIONS.items():
         metavar = {"resume": "RUN", "scheduler": "ADDRESS", "stage": "URL", "cache": "MODE", "tls_ca_file": "FILE",
-                   "tls_cert": "FILE", "tls_key": "FILE", "batches_per_step": "N"}.get(name, name.split("_")[0].upper())
+                   "tls_cert": "FILE", "tls_key": "FILE", "batches_per_step": "N", "gpus": "N|all"}.get(name, name.split("_")[0].upper())
         parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
 
 

@@ -281,7 +281,7 @@ def test_a_run_resumes_where_one_worker_has_no_batch(cluster: dict[str, Any], ti
 
 def test_a_lost_gpu_worker_stops_the_run_naming_its_last_checkpoint(cluster: dict[str, Any], tiny_store: Path,
                                                                     tmp_path: Path) -> None:
-    """Last in this module: it kills one of the cluster's GPU workers."""
+    """The last test on the cluster: it kills one of its GPU workers."""
     from diskflow.flow.stream import StreamStopped
 
     def kill(out: dict[str, Any]) -> None:
@@ -295,3 +295,15 @@ def test_a_lost_gpu_worker_stops_the_run_naming_its_last_checkpoint(cluster: dic
     message = str(e.value)
     assert "the last checkpoint is" in message and f"--resume {run_dir}" in message, message
     assert cluster["procs"]["gpu-1"].wait(timeout=10) == -signal.SIGKILL
+
+
+def test_tls_options_name_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from diskflow.flow.cli import main
+
+    cert = tmp_path / "node.pem"
+    cert.write_text("x")
+    for argv in (["worker", "tls://127.0.0.1:1"], ["scheduler"]):
+        assert main([*argv, "--tls-ca-file", str(tmp_path / "ca.pem"), "--tls-cert", str(cert)]) == 2
+        assert f"--tls-ca-file: {tmp_path / 'ca.pem'}: no such file" in capsys.readouterr().err
+    assert main(["worker", "tls://127.0.0.1:1", "--tls-cert", str(cert)]) == 2
+    assert "TLS needs the CA certificate" in capsys.readouterr().err
