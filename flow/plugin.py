@@ -189,10 +189,10 @@ class DiskflowPlugin(WorkerPlugin):
 
         import torch.distributed as dist
 
+        with self._lock:        # rank 0's store: held here from now on, so a failure below drops it
+            master = self._stores.pop(group, None) if rank == 0 else None
         self.gpu_space()
         if dist.is_initialized():
-            with self._lock:
-                self._stores.pop(group, None)
             others = [r for r in self.groups if r != run]
             raise ConfigError("--gpus", f"GPU worker {self.address} already trains a data-parallel run "
                                         f"({', '.join(others) or 'another group'}); one at a time")
@@ -202,8 +202,7 @@ class DiskflowPlugin(WorkerPlugin):
             import torch
 
             torch.cuda.set_device(torch.device(device))
-        with self._lock:
-            store = self._stores.pop(group, None) if rank == 0 else None     # (not left behind if this fails)
+        store = master
         if store is None:
             store = dist.TCPStore(host, port, world, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=dist.PrefixStore(group, store), rank=rank, world_size=world,
@@ -217,7 +216,8 @@ class DiskflowPlugin(WorkerPlugin):
         """Close the run's trainer, leave its process group and remove its scratch directory; its scratch figures."""
         with self._lock:
             job = self.jobs.pop(run, None)
-            self._stores.pop(run, None)
+            for key in [k for k in self._stores if run == k or run.startswith(f"{k}-g")]:   # the group's, or a
+                self._stores.pop(key)                                                          # rendezvous never joined
             group = self.groups.pop(run, None)
         if job is not None:
             with job.lock:

@@ -178,6 +178,9 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
         try:
             spec = dict(cluster.new_spec)
             cuda_devices = _cuda_devices() if gpu_workers > 1 and device in ("cuda", None) else 0
+            if 0 < cuda_devices < gpu_workers:
+                raise ConfigError("--gpus", f"{gpu_workers} GPU workers on CUDA need a device each; this machine has "
+                                            f"{cuda_devices} (or give --device cpu)")
             for g in range(gpu_workers):
                 options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
                 # several GPU workers: a scratch directory each, and on CUDA a device each (cuda:0, cuda:1, ...)

@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
         idles = stream.get("gpu_idle_fraction_per_worker") or []
         print(f"GPU workers            {stream['gpus']}, data-parallel ({stream.get('cache')} CPU tier"
               f"{'s' if stream.get('cache') != 'shared' else ''}), models equal after every superbatch: "
-              f"{'yes' if stream.get('models_equal') else 'no'}")
+              f"{_yes_no(stream.get('models_equal'))}")
         for addr, x in zip(stream.get("gpu_workers") or [], idles):
             print(f"  {addr:<20} idle {x * 100 if x is not None else float('nan'):.1f}%")
         print(f"workers                {k['cpu_workers']} CPU")
@@ -53,3 +53,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"shipped twice          {', '.join(k['reshipped'])}")
     print(f"timeline: {path}")
     return 0
+
+
+def _yes_no(value: bool | None) -> str:
+    """yes / no, or "-" where nothing was compared (a data-only run has no model)."""
+    return "-" if value is None else "yes" if value else "no"

@@ -160,7 +160,8 @@ def _print_summary(report: dict[str, Any]) -> None:
         idle = ", ".join(f"{x * 100:.1f}%" for x in stream.get("gpu_idle_fraction_per_worker") or [] if x is not None)
         print(f"{stream['gpus']} GPU workers ({stream.get('cache')} CPU tier{'s' if stream.get('cache') != 'shared' else ''}, "
               f"{(stream.get('group') or {}).get('backend')}): idle {idle}; models equal after every superbatch: "
-              f"{'yes' if stream.get('models_equal') else 'no'} ({stream.get('models_checked')} checked)")
+              f"{'-' if stream.get('models_equal') is None else 'yes' if stream['models_equal'] else 'no'} "
+              f"({stream.get('models_checked')} checked)")
     if report.get("online"):
         from ...pipelines._online import describe_online
 

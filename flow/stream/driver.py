@@ -160,6 +160,7 @@ class StreamRun:
                                                       f"--gpus all found {len(gpus)}")
             self._make_lanes(len(gpus))
             self.fingerprint = replace(self.cfg, gpus=len(gpus)).fingerprint(config_hash(self.store.manifest))
+            need = len(gpus)
         idle = [lane.rank for lane in self.lanes if lane.round_batches == 0]
         if idle:
             per_epoch = sum(r.num_batches for r in self.refs if r.epoch == 0)

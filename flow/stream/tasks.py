@@ -152,8 +152,9 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
     """Train one staged superbatch with the run's trainer (created by the first one), then discard it.
 
     The staged directory is deleted in the background (`ScratchSpace.discard`), so the next
-    ``train`` task starts at once. `shipped` None: this data-parallel rank holds no batch of the
-    superbatch and only takes part in its steps.
+    ``train`` task starts at once. ``entry["empty"]``: this data-parallel rank holds no batch of the
+    superbatch and only takes part in its steps; `shipped` is then the base bundle's ship result, which
+    it only waits for (its job is open, its tiers are staged).
     """
     from ...operators.stream.train import StreamTrainer
 

@@ -215,7 +215,8 @@ def _packed(report: dict[str, Any]) -> int:
 
 
 def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: dict[str, Any], tiny_store: Path,
-                                                                        tmp_path: Path) -> None:
+                                                                        tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
     budget = _quarter(tiny_store)
     opts = {"scheduler": cluster["address"], "gpus": 2, "cpu_memory": budget, "progress": False, **cluster["tls"],
             **SETTINGS}
@@ -245,8 +246,10 @@ def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: 
     with pytest.raises(Cut):
         streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut, **opts)
     opts["gpus"] = 0            # --gpus all: both GPU workers, as the checkpoint was made with
+    capsys.readouterr()
     resumed = streaming.run(tiny_store, run_dir, cache="shared", resume=True, **opts)
     assert resumed["stream"]["start_index"] == 6 and resumed["stream"]["gpus"] == 2
+    assert "this run trains on" not in capsys.readouterr().err, "no note that some GPU workers sit idle"
     c = _model(resumed)
     assert all(torch.equal(a[k], c[k]) for k in a)
 

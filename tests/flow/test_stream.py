@@ -29,8 +29,10 @@ from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
 
+# device "cpu" for both sides: on a machine with CUDA the embedded GPU worker would otherwise train there, and
+# the per-batch losses are compared bit for bit with the offline run's, which trains on the CPU
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
-                            "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "superbatch_size": 3}
+                            "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "superbatch_size": 3, "device": "cpu"}
 EMBEDDED: dict[str, Any] = {"workers": 1, "processes": False, "progress": False}
 PREP = ("sample", "plan", "pack")
 

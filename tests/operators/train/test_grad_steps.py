@@ -28,16 +28,17 @@ CHILD = textwrap.dedent("""
     from test_grad_steps import batches, model_and_optimizer, PASSES
     from diskflow.operators.train.loop import train_epoch
     from diskflow.operators.train.steps import DataParallel
-    rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    rank, world, init, out, device = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
-    model, opt = model_and_optimizer()
+    model, opt = model_and_optimizer(device)
     losses = []
     for p, n in enumerate(PASSES):
         mine = [b for i, b in enumerate(batches(p, n)) if i % world == rank]
-        losses.append(train_epoch(model, mine, opt, "cpu", steps=DataParallel(world, rank), pass_batches=n)["losses"])
-    torch.save({"state": model.state_dict(), "losses": losses}, out)
+        losses.append(train_epoch(model, mine, opt, device, steps=DataParallel(world, rank), pass_batches=n)["losses"])
+    torch.save({"state": {k: v.cpu() for k, v in model.state_dict().items()}, "losses": losses}, out)
     dist.destroy_process_group()
 """)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])     # gloo reduces CUDA tensors too
 
 
 def batches(p: int, n: int) -> list:
@@ -55,9 +56,9 @@ def batches(p: int, n: int) -> list:
     return out
 
 
-def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def model_and_optimizer(device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(7)
-    model = build_model("sage", DIM, 16, CLASSES, 2, dropout=0.5)
+    model = build_model("sage", DIM, 16, CLASSES, 2, dropout=0.5).to(device)
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
@@ -67,19 +68,20 @@ def test_step_sizes():
     assert step_sizes(1, 3) == [1]
 
 
-def _accumulated(per_step: int) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
-    model, opt = model_and_optimizer()
-    losses = [train_epoch(model, batches(p, n), opt, "cpu", steps=Accumulate(per_step))["losses"]
+def _accumulated(per_step: int, device: str = "cpu") -> tuple[dict[str, torch.Tensor], list[list[float]]]:
+    model, opt = model_and_optimizer(device)
+    losses = [train_epoch(model, batches(p, n), opt, device, steps=Accumulate(per_step))["losses"]
               for p, n in enumerate(PASSES)]
-    return model.state_dict(), losses
+    return {k: v.cpu() for k, v in model.state_dict().items()}, losses
 
 
-def test_data_parallel_equals_accumulation(tmp_path: Path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_data_parallel_equals_accumulation(tmp_path: Path, device: str):
     here = repr(str(Path(__file__).resolve().parent))
     world = 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [subprocess.Popen([sys.executable, "-c", CHILD.replace("HERE", here), str(r), str(world),
-                               str(tmp_path / "rendezvous"), str(outs[r])], stderr=subprocess.PIPE, text=True)
+                               str(tmp_path / "rendezvous"), str(outs[r]), device], stderr=subprocess.PIPE, text=True)
              for r in range(world)]
     for proc in procs:
         _, err = proc.communicate(timeout=240)
@@ -87,7 +89,7 @@ def test_data_parallel_equals_accumulation(tmp_path: Path):
     ranks = [torch.load(o, weights_only=True) for o in outs]
     for k, v in ranks[0]["state"].items():      # the ranks' weights are equal, bit for bit
         assert torch.equal(v, ranks[1]["state"][k]), k
-    state, losses = _accumulated(world)
+    state, losses = _accumulated(world, device)
     for k, v in state.items():
         torch.testing.assert_close(ranks[0]["state"][k], v, rtol=1e-5, atol=1e-6)
     for p in range(len(PASSES)):                 # every batch's loss, rank by rank, as accumulated
