@@ -12,11 +12,9 @@ bytes read, the tier's file removed at the end, and an interrupted run resumes t
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +29,7 @@ from dask.utils import key_split
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
+from processes import start, stop
 
 # 10 batches an epoch, superbatches of 3, 3, 3 and 1: in the last one the second worker has no batch (it still
 # takes part in the step, with a zero gradient)
@@ -52,12 +51,6 @@ def _certificates(root: Path) -> dict[str, str]:
     return {"tls_ca_file": str(root / "ca.pem"), "tls_cert": str(root / "node.pem"), "tls_key": str(root / "node.key")}
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "diskflow", *args], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if shutil.which("openssl") is None:
@@ -68,7 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     sf = root / "scheduler.json"
     procs: dict[str, subprocess.Popen] = {}
     try:
-        procs["scheduler"] = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+        procs["scheduler"] = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                                      "--scheduler-file", str(sf), *flags], root / "scheduler.log")
         deadline = time.monotonic() + 60
         while not sf.exists():
@@ -76,10 +69,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 (root / "scheduler.log").read_text()[-2000:]
             time.sleep(0.1)
         common = ["--scheduler-file", str(sf), "--host", "127.0.0.1", "--no-nanny", *flags]
-        procs["cpu"] = _start(["worker", *common, "--name", "cpu", "--local-directory", str(root / "cpu")],
+        procs["cpu"] = start(["worker", *common, "--name", "cpu", "--local-directory", str(root / "cpu")],
                               root / "cpu.log")
         for g in ("gpu-0", "gpu-1"):
-            procs[g] = _start(["worker", *common, "--name", g, "--local-directory", str(root / g), "--gpu",
+            procs[g] = start(["worker", *common, "--name", g, "--local-directory", str(root / g), "--gpu",
                                "--scratch", str(root / g / "scratch"), "--device", "cpu"], root / f"{g}.log")
         security = distributed.Security(tls_ca_file=tls["tls_ca_file"], tls_client_cert=tls["tls_cert"],
                                         tls_client_key=tls["tls_key"], require_encryption=True)
@@ -90,15 +83,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             yield {"root": root, "address": client.scheduler.address, "client": client, "workers": names, "tls": tls,
                    "procs": procs}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop(procs.values(), grace_s=5)
+
+
+class Cut(Exception):
+    """Raised by `cut_after`'s callback: the run stops there, as if interrupted."""
+
+
+def cut_after(index: int) -> Any:
+    """An `on_superbatch` callback that interrupts the run once superbatch `index` is trained (and checks that
+    the callback gets the superbatch's figures, not the model's state)."""
+    def cut(out: dict[str, Any]) -> None:
+        assert "checkpoint" not in out
+        if out["index"] == index:
+            raise Cut
+    return cut
 
 
 def _model(report: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -176,17 +175,9 @@ def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str,
                                                                tmp_path: Path) -> None:
     report, _ = two_gpus
     run_dir = new_run_dir(tmp_path, "cut")
-
-    class Cut(Exception):
-        pass
-
-    def cut(out: dict[str, Any]) -> None:
-        if out["index"] == 5:
-            raise Cut
-
     opts = {"scheduler": cluster["address"], "gpus": 2, "window": 1, "progress": False, **cluster["tls"], **SETTINGS}
     with pytest.raises(Cut):
-        streaming.run(tiny_store, run_dir, on_superbatch=cut, **opts)
+        streaming.run(tiny_store, run_dir, on_superbatch=cut_after(5), **opts)
     resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
     assert resumed["resumed_from"] and resumed["stream"]["start_index"] == 6
     a, b = _model(resumed), _model(report)
@@ -235,16 +226,8 @@ def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: 
     assert not list(Path("/dev/shm").glob(f"diskflow-{shared['stream']['run']}*")), "the tier's file is removed"
 
     run_dir = new_run_dir(tmp_path, "cut-shared")
-
-    class Cut(Exception):
-        pass
-
-    def cut(out: dict[str, Any]) -> None:
-        if out["index"] == 5:
-            raise Cut
-
     with pytest.raises(Cut):
-        streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut, **opts)
+        streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut_after(5), **opts)
     opts["gpus"] = 0            # --gpus all: both GPU workers, as the checkpoint was made with
     capsys.readouterr()
     resumed = streaming.run(tiny_store, run_dir, cache="shared", resume=True, **opts)
@@ -262,18 +245,9 @@ def test_a_run_resumes_where_one_worker_has_no_batch(cluster: dict[str, Any], ti
 
     report, _ = two_gpus
     run_dir = new_run_dir(tmp_path, "cut-at-short")
-
-    class Cut(Exception):
-        pass
-
-    def cut(out: dict[str, Any]) -> None:
-        assert "checkpoint" not in out, "the callback gets the superbatch's figures, not the model's state"
-        if out["index"] == 2:
-            raise Cut
-
     opts = {"scheduler": cluster["address"], "gpus": 2, "progress": False, **cluster["tls"], **SETTINGS}
     with pytest.raises(Cut):
-        streaming.run(tiny_store, run_dir, window=1, on_superbatch=cut, **opts)
+        streaming.run(tiny_store, run_dir, window=1, on_superbatch=cut_after(2), **opts)
     resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
     assert resumed["stream"]["start_index"] == 3 and resumed["timeline"][0]["lanes"][1]["batches"] == 0
     a, b = _model(resumed), _model(report)

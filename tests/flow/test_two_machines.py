@@ -6,10 +6,8 @@ preprocessing never did, the model equals the single-machine run's, and scratch 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,19 +25,13 @@ from dask.utils import key_split
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
+from processes import start, stop
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 2}
 QUOTA = 2 << 20
 PREP = ("sample", "count", "count-merge", "tiers", "header", "trace", "plan", "pack", "pack-base")
 GPU_TASKS = ("ship", "ship-base", "train")
-
-
-def _start(args: list[str], log: Path, dask_cli: bool = False) -> subprocess.Popen:
-    """`python -m diskflow ARGS`, or Dask's own `dask ARGS` (a worker started by hand)."""
-    cmd = [str(Path(sys.executable).with_name("dask"))] if dask_cli else [sys.executable, "-m", "diskflow"]
-    with open(log, "wb") as out:
-        return subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> None:
@@ -56,15 +48,15 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     sf = root / "scheduler.json"
     procs: dict[str, subprocess.Popen] = {}
     try:
-        procs["scheduler"] = _start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
+        procs["scheduler"] = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
                                      "127.0.0.1:0", "--scheduler-file", str(sf)], root / "scheduler.log")
         _wait_for(sf, list(procs.values()))
         common = ["--scheduler-file", str(sf), "--host", "127.0.0.1", "--no-nanny"]
-        procs["cpu-1"] = _start(["worker", *common, "--name", "cpu-1", "--local-directory", str(root / "cpu-1")],
+        procs["cpu-1"] = start(["worker", *common, "--name", "cpu-1", "--local-directory", str(root / "cpu-1")],
                                 root / "cpu-1.log")
-        procs["cpu-2"] = _start(["worker", *common, "--nthreads", "1", "--name", "cpu-2", "--local-directory",
+        procs["cpu-2"] = start(["worker", *common, "--nthreads", "1", "--name", "cpu-2", "--local-directory",
                                  str(root / "cpu-2")], root / "cpu-2.log", dask_cli=True)   # plain `dask worker`
-        procs["gpu"] = _start(["worker", *common, "--name", "gpu", "--local-directory", str(root / "gpu"), "--gpu",
+        procs["gpu"] = start(["worker", *common, "--name", "gpu", "--local-directory", str(root / "gpu"), "--gpu",
                                "--scratch", str(root / "gpu" / "scratch"), "--quota", str(QUOTA), "--device", "cpu"],
                               root / "gpu.log")
         with distributed.Client(scheduler_file=str(sf), timeout="30s") as client:
@@ -74,15 +66,7 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             yield {"root": root, "address": client.scheduler.address, "client": client, "procs": procs,
                    "workers": names, "dashboard": client.dashboard_link}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop(procs.values())
 
 
 def test_two_epochs_on_separate_processes(machines: dict[str, Any], tiny_store: Path, tmp_path: Path) -> None:
