@@ -232,6 +232,27 @@ def _pin_cluster(client: Any, cpus: list[str], gpu: list[str]) -> dict[str, list
     return pinned
 
 
+def set_up_cluster(client: Any, args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, list[int]], str]:
+    """Before anything is measured: the plugin on every worker, the GPU workers' trainer imported, the cores
+    pinned (unless ``--no-pin``) and the allocator set. Returns (GPU workers, CPU workers, pinned cores, the
+    allocator's description)."""
+    from ..flow.allocator import describe as describe_allocator
+    from ..flow.allocator import keep_freed_memory
+    from ..flow.plugin import GPU, DiskflowPlugin
+
+    client.register_plugin(DiskflowPlugin())
+    table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
+                                                            dask_scheduler.workers.items()})
+    gpus = sorted(a for a, r in table.items() if r.get(GPU))
+    cpus = sorted(a for a, r in table.items() if not r.get(GPU))
+    pinned = _pin_cluster(client, cpus, gpus) if not args.no_pin else {}
+    client.run(_warm_up, workers=gpus)
+    # the GPU workers' plugin does this itself (flow.allocator); the CPU workers get it too, so that both sides
+    # run as they would in a split run's setup
+    allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
+    return gpus, cpus, pinned, allocator
+
+
 def stream_breakdown(report: dict[str, Any]) -> dict[str, Any]:
     """Where a streamed run's time went, from its report's timeline (stream clock, seconds).
 
@@ -271,9 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import dask
     from distributed import get_task_stream
 
-    from ..flow.allocator import describe as describe_allocator
-    from ..flow.allocator import keep_freed_memory
-    from ..flow.plugin import GPU, DiskflowPlugin
+    from ..flow.plugin import GPU
     from ..flow.prepare import PrepareConfig, prepare
     from ..flow.roles import stream_client
     from ..flow.stream import StreamConfig, StreamRun
@@ -301,17 +320,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
                            quiet=True, keep_freed_memory=not args.dask_malloc) as client:
-            client.register_plugin(DiskflowPlugin())      # the GPU worker set up before anything is measured
-            table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
-                                                                    dask_scheduler.workers.items()})
-            gpu = [a for a, r in table.items() if r.get(GPU)]
-            cpus = sorted(a for a, r in table.items() if not r.get(GPU))
-            pinned = _pin_cluster(client, cpus, gpu) if not args.no_pin else {}
-            client.run(_warm_up, workers=gpu)
+            gpu, cpus, pinned, allocator = set_up_cluster(client, args)
             clock = _CpuClock(client, cpus, gpu)
-            # the GPU worker's plugin does this itself (flow.allocator); the CPU workers get it too, so that
-            # both sides run as they would in a split run's setup
-            allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
             cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                                 io_reserve=budgets["io_reserve"],
                                 device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .common import print_table
-from .stream import _pin, _pin_cluster, _store, _warm_up
+from .stream import _pin, _store, set_up_cluster
 
 IDLE_TARGET = 0.1
 
@@ -72,9 +72,6 @@ def quarter_budget(store: Any, args: argparse.Namespace, gpus: int, staging_batc
 def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     from distributed import get_task_stream
 
-    from ..flow.allocator import describe as describe_allocator
-    from ..flow.allocator import keep_freed_memory
-    from ..flow.plugin import GPU, DiskflowPlugin
     from ..flow.roles import stream_client
     from ..flow.stream import StreamConfig, StreamRun
     from ..flow.stream.config import CACHES
@@ -105,14 +102,7 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
                            quiet=True, keep_freed_memory=not args.dask_malloc, gpu_workers=args.gpus) as client:
-            client.register_plugin(DiskflowPlugin())
-            table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
-                                                                    dask_scheduler.workers.items()})
-            gpus = sorted(a for a, r in table.items() if r.get(GPU))
-            cpus = sorted(a for a, r in table.items() if not r.get(GPU))
-            pinned = _pin_cluster(client, cpus, gpus) if not args.no_pin else {}
-            client.run(_warm_up, workers=gpus)
-            allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
+            gpus, _, pinned, allocator = set_up_cluster(client, args)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size, cpu_memory=cpu_memory,
                                      threads=args.threads, eval_every=evaluate_once, store=str(store.path))

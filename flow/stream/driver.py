@@ -207,8 +207,7 @@ class StreamRun:
                 fut.result()
         ck = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
         return (f"{self.start + self.trained} of {self.n} superbatches are trained and {ck}; continue with the same "
-                f"command and "
-f"`--resume {self.run_dir}`")
+                f"command and `--resume {self.run_dir}`")
 
     def _cpu(self, k: int) -> dict[str, Any]:
         kw: dict[str, Any] = {"priority": -k}
@@ -255,6 +254,10 @@ f"`--resume {self.run_dir}`")
         """The plan chains: each lane's own (``--cache per-worker``), or the shared tier's planner."""
         return [self.planner] if self.planner is not None else self.lanes
 
+    def _holders(self) -> list[Lane]:
+        """Every lane and the shared tier's planner: what holds futures of the run."""
+        return self.lanes + ([self.planner] if self.planner is not None else [])
+
     def _chain_of(self, lane: Lane) -> Lane:
         return self.planner if self.planner is not None else lane
 
@@ -285,13 +288,11 @@ f"`--resume {self.run_dir}`")
             self._sample(j)
         if chain.empty(k):          # a lane's own chain, with no share of k
             chain.planned.add(k)
-            chain.prepared.add(k)
-            chain.shipped_ok.add(k)
+            self._pack_ship(chain, k, None)
             if k == self.start:
                 self._open_window(chain)
             if k + 1 in chain.deferred:
                 self._prepare_chain(chain, k + 1)
-            self._submit_trains(chain)
             return
         if k not in chain.f["plan"]:
             prev = chain.prev_plan(k, self.start)
@@ -309,8 +310,9 @@ f"`--resume {self.run_dir}`")
             self._pack_ship(lane, k, chain.f["plan"][k], attempt)
 
     def _pack_ship(self, lane: Lane, k: int, plan: Any, attempt: int = 0) -> None:
-        """Submit pack k of lane's share (from `plan`, its chain's) and its ship to lane's GPU worker."""
-        if lane.empty(k):       # a shared tier's lane with no share of k
+        """Submit pack k of lane's share (from `plan`, its chain's) and its ship to lane's GPU worker; a lane with
+        no share of k has nothing to ship, and its train joins the steps at once."""
+        if lane.empty(k):
             lane.prepared.add(k)
             lane.shipped_ok.add(k)
             self._submit_trains(lane)
@@ -359,10 +361,9 @@ f"`--resume {self.run_dir}`")
         while lane.next_train < self.n and lane.next_train in lane.shipped_ok:
             k, r = lane.next_train, lane.refs[lane.next_train]
             g = self.refs[k]
-            nxt = self.refs[k + 1] if k + 1 < self.n else None
             entry = {"key": r.key, "index": k, "epoch": r.epoch, "first_batch": r.round_first_batch,
                      "epoch_batch": r.first_batch, "batches": r.num_batches, "pass_batches": g.num_batches,
-                     "epoch_end": nxt is None or nxt.epoch != r.epoch}
+                     "epoch_end": self._epoch_end(k)}
             ckpt = self._is_checkpoint(k)
             if lane.empty(k):   # nothing shipped: it waits for the base (its job, tiers) and joins the steps
                 entry.update(empty=True, dim=self.store.feature_dim, num_classes=self.store.num_classes)
@@ -375,10 +376,13 @@ f"`--resume {self.run_dir}`")
                 **self._gpu(lane, -k, 1)), "train", k, lane.rank)
             lane.next_train += 1
 
+    def _epoch_end(self, k: int) -> bool:
+        """Whether superbatch k is its epoch's last (or the round's)."""
+        return k + 1 >= self.n or self.refs[k + 1].epoch != self.refs[k].epoch
+
     def _is_checkpoint(self, k: int) -> bool:
         """Whether a checkpoint is written after superbatch k: every `checkpoint_every`, each epoch's last, the end."""
-        nxt = self.refs[k + 1] if k + 1 < self.n else None
-        return nxt is None or nxt.epoch != self.refs[k].epoch or (k - self.start + 1) % self.cfg.checkpoint_every == 0
+        return self._epoch_end(k) or (k - self.start + 1) % self.cfg.checkpoint_every == 0
 
     def _train_cfg(self, lane: Lane) -> Any:
         """The trainer's options on lane's GPU worker (its rank among the run's GPU workers, the shared tier)."""
@@ -404,7 +408,7 @@ f"`--resume {self.run_dir}`")
             f = chain.f
             for k in [k for k in f["plan"] if all(k in lane.shipped_ok for lane in lanes)
                       and (chain is not self.planner or k < trained)
-                      and all(j in chain.prepared or j >= self.n for j in range(k + 1, self._next_nonempty(chain, k) + 1))]:
+                      and all(j in chain.prepared or j >= self.n for j in range(k + 1, chain.next_share(k, self.n) + 1))]:
                 del f["plan"][k]
             for k in [k for k in f["trace"] if k in f["plan"] or k < self.start]:   # its plan holds it now
                 del f["trace"][k]
@@ -416,18 +420,10 @@ f"`--resume {self.run_dir}`")
                 del f["select"][k]
             for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
                 del f["ship"][k]
-        users = self.lanes + ([self.planner] if self.planner is not None else [])
         for k in [k for k in self.f["sample"] if all(
                 (k < self.start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
-                for lane in users)]:
+                for lane in self._holders())]:
             del self.f["sample"][k]
-
-    def _next_nonempty(self, lane: Lane, k: int) -> int:
-        """The next superbatch after k whose plan chains on plan k (this lane has a share of it), or `n`."""
-        j = k + 1
-        while j < self.n and lane.empty(j):
-            j += 1
-        return j
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -447,7 +443,6 @@ f"`--resume {self.run_dir}`")
         infos = c.gather([c.submit(probe_task, key=f"probe-{self.tok}" + (f"-g{lane.rank}" if self.gpus > 1 else ""),
                                    pure=False, **self._gpu(lane, 0, 0)) for lane in self.lanes])
         self.gpu_info = infos[0]
-        self.gpu_infos = infos
         for lane, info in zip(self.lanes, infos):   # each GPU worker trains on its own device (cuda:K each)
             own, want = str(info["device"]), self.cfg.device
             lane.device = own if want is None or (want == "cuda" and own.startswith("cuda")) else want
@@ -487,7 +482,6 @@ f"`--resume {self.run_dir}`")
             if self._ckpt_writer is not None:
                 self._ckpt_writer.shutdown(wait=True)
         self.lane_summaries = [d.get("summary", {}) for d in done]
-        self.lane_usage = [d.get("usage", {}) for d in done]
         return self._report(wall0, done[0].get("summary", {}), done[0].get("usage", {}))
 
     def _partition(self) -> None:
@@ -525,21 +519,15 @@ f"`--resume {self.run_dir}`")
                   "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches}
         if self.gpus > 1:
             config.update(gpus=self.gpus, cache=cfg.cache, lane=0)
-        size = max(t, 2 if self.n > 1 else 1)
         if self.planner is not None:        # one tier of every worker's share of the budget, planned once
-            p = self.planner
-            firsts = [self._lane_sample(p, k) for k in range(size)]
-            total = p.graph.counts([(k, firsts[k]) for k in range(t)])
-            p.tiers = self._watch(p.graph.tiers(total, firsts, replace(spec, pool=self.gpus), max_rows=None,
-                                                whole_round=False, start_cpu_ids=p.start_ids), "tiers", -1, -1)
+            spec = replace(spec, pool=self.gpus)
+        for chain in self._chains():        # counts over its first superbatches, then its tiers
+            firsts = [self._lane_sample(chain, k) for k in range(max(t, 2 if self.n > 1 else 1))]
+            total = chain.graph.counts([(k, firsts[k]) for k in range(t)])
+            chain.tiers = self._watch(chain.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
+                                                        start_cpu_ids=chain.start_ids), "tiers", -1, chain.rank)
         for lane in self.lanes:
-            if self.planner is not None:
-                lane.tiers = self.planner.tiers
-            else:
-                firsts = [self._lane_sample(lane, k) for k in range(size)]
-                total = lane.graph.counts([(k, firsts[k]) for k in range(t)])
-                lane.tiers = self._watch(lane.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
-                                                          start_cpu_ids=lane.start_ids), "tiers", -1, lane.rank)
+            lane.tiers = self._chain_of(lane).tiers
             if self.gpus > 1:
                 config = {**config, "lane": lane.rank}
             lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
@@ -811,7 +799,7 @@ f"`--resume {self.run_dir}`")
         # driver already released, which the scheduler asserts against.
         self.f["sample"].clear()
         self.final_ids.clear()
-        for lane in self.lanes + ([self.planner] if self.planner is not None else []):
+        for lane in self._holders():
             for d in lane.f.values():
                 d.clear()
             lane.tiers = lane.ship_base = lane.header = None

@@ -58,6 +58,13 @@ class Lane:
         """Whether superbatch k holds no batch for this lane (fewer batches than GPU workers)."""
         return self.refs[k].num_batches == 0
 
+    def next_share(self, k: int, n: int) -> int:
+        """The next superbatch after k whose plan chains on plan k (this lane has a share of it), or `n`."""
+        j = k + 1
+        while j < n and self.empty(j):
+            j += 1
+        return j
+
     def prev_plan(self, k: int, start: int) -> Any:
         """The plan this lane's plan k chains on: its latest non-empty share's before k (None: the first)."""
         for j in range(k - 1, start - 1, -1):

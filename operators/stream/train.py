@@ -111,10 +111,8 @@ class StreamTrainer:
             rows = None if self.shared is not None and cfg.rank > 0 else np.array(loader.ds.cpu_init)
             loader.restore_tier(first, rows, np.array(loader.ds.cpu_ids))
         self.loader = loader
-        if self.session is None:        # (a data-parallel rank whose first superbatches held nothing has one)
-            self._new_session(loader.dim, loader.num_classes)
-        assert self.session is not None
-        return loader, self.session
+        # (a data-parallel rank whose first superbatches held nothing of its own has a session already)
+        return loader, self.session or self._new_session(loader.dim, loader.num_classes)
 
     def _new_session(self, dim: int, num_classes: int) -> TrainSession:
         """The session (seeded; the resumed state loaded), a data-parallel rank's with its steps."""
@@ -161,8 +159,9 @@ class StreamTrainer:
             and ``record`` (the finished epoch's record) at an epoch's end.
         """
         if entry["index"] != self.next_index:
-            raise InputError(sb_dir or f"superbatch {entry['key']}", f"superbatch {entry['key']} is stream position {entry['index']}, the trainer "
-                                     f"expects {self.next_index}")
+            raise InputError(sb_dir or f"superbatch {entry['key']}",
+                             f"superbatch {entry['key']} is stream position {entry['index']}, the trainer "
+                             f"expects {self.next_index}")
         pass_batches = entry.get("pass_batches")
         with deterministic():
             if sb_dir is None:        # an empty share: the steps go on, with this rank's gradient zero
