@@ -45,6 +45,7 @@ from ..operators.formats.files import (
     config_hash,
     format_bytes,
     load_npz,
+    narrow_int,
     raise_if_disk_full,
     read_manifest,
     save_npy,
@@ -639,7 +640,7 @@ def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
         *results, (ids, counts) = compute([*samples, g.counts(list(enumerate(samples)))], desc="sample",
                                           disable=run.show())
         with atomic_path(sdir / COUNTS, parents=False) as tmp, open(tmp, "wb") as f:
-            np.savez(f, ids=ids, counts=counts)
+            np.savez(f, ids=narrow_int(ids), counts=narrow_int(counts))
         manifest = stage.finish({"summaries": [r.summary for r in results]}, drop_stale=not run.keep_stale)
     return stage.path, manifest["summaries"]
 

@@ -73,6 +73,16 @@ MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 
 
+def narrow_int(a: np.ndarray) -> np.ndarray:
+    """`a` as int32 when every value fits (half the bytes of an int64 array written to a cache file), else
+    as it is; readers widen what they load."""
+    a = np.asarray(a)
+    if a.dtype.kind in "iu" and a.itemsize > 4 and (a.size == 0 or (int(a.min()) >= np.iinfo(np.int32).min
+                                                                    and int(a.max()) <= np.iinfo(np.int32).max)):
+        return a.astype(np.int32)
+    return a
+
+
 def byte_offsets(rows: np.ndarray, row_bytes: int, base: int | np.ndarray = 0) -> np.ndarray:
     """int64 byte offsets ``base + rows * row_bytes`` of fixed-size rows in a file.
 

@@ -77,14 +77,27 @@ def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool 
     b = plan.batches
     offsets = np.r_[0, np.cumsum([p.src.shape[0] for p in b])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([p.insert_pos.shape[0] for p in b])].astype(np.int64)
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    idx_dt = _narrow([p.idx for p in b] + [p.insert_pos for p in b] + [p.insert_slot for p in b])
     with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
         np.savez(f, offsets=offsets, ins_offsets=ins_offsets,
-                 src=cat([p.src for p in b], np.uint8), idx=cat([p.idx for p in b], np.int64),
-                 insert_pos=cat([p.insert_pos for p in b], np.int64),
-                 insert_slot=cat([p.insert_slot for p in b], np.int64),
+                 src=_cat([p.src for p in b], np.uint8), idx=_cat([p.idx for p in b], idx_dt),
+                 insert_pos=_cat([p.insert_pos for p in b], idx_dt),
+                 insert_slot=_cat([p.insert_slot for p in b], idx_dt),
                  final_cache=np.asarray(plan.final_cache, np.int64),
                  counts=np.array([plan.hits, plan.misses, plan.gpu_hits], np.int64))
+
+
+def _narrow(arrays: list[np.ndarray]) -> np.dtype:
+    """int32 when every value fits (slots and ranks always do in practice: half the plan file's bytes), else int64."""
+    big = max((int(np.abs(a).max()) for a in arrays if a.size), default=0)
+    return np.dtype(np.int32) if big <= np.iinfo(np.int32).max else np.dtype(np.int64)
+
+
+def _cat(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """The arrays end to end as `dtype`, converted in the one copy the concatenation makes."""
+    if not arrays:
+        return np.zeros(0, dtype)
+    return np.concatenate(arrays, dtype=dtype, casting="unsafe")     # `_narrow` checked the range
 
 
 def load_plan(path: str | os.PathLike[str]) -> SuperbatchPlan:
@@ -94,8 +107,9 @@ def load_plan(path: str | os.PathLike[str]) -> SuperbatchPlan:
     except (OSError, ValueError, KeyError) as e:
         raise InputError(path, f"unreadable plan file ({e})") from e
     cuts, icuts = d["offsets"][1:-1], d["ins_offsets"][1:-1]
+    wide = (lambda name: np.asarray(d[name], dtype=np.int64))      # saved as int32 where the values fit
     batches = [BatchPlan(s, i, p, q) for s, i, p, q in zip(
-        np.split(d["src"], cuts), np.split(d["idx"], cuts),
-        np.split(d["insert_pos"], icuts), np.split(d["insert_slot"], icuts))]
+        np.split(d["src"], cuts), np.split(wide("idx"), cuts),
+        np.split(wide("insert_pos"), icuts), np.split(wide("insert_slot"), icuts))]
     hits, misses, gpu_hits = (int(x) for x in d["counts"])
     return SuperbatchPlan(batches, d["final_cache"], hits, misses, gpu_hits)

@@ -17,6 +17,7 @@ shared by several batches are read several times. Both produce byte-identical pa
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -101,41 +102,113 @@ _THREAD = threading.local()
 
 
 def _shard_buffer(nbytes: int) -> np.ndarray:
-    """A byte buffer of `nbytes` reused by this thread's pack tasks.
+    """A page-aligned byte buffer of `nbytes` reused by this thread's pack tasks.
 
     A fresh 64 MiB array per shard costs the kernel zeroing every page of it again; the
-    buffer is only ever live inside one task, and a thread runs one task at a time.
+    buffer is only ever live inside one task, and a thread runs one task at a time. Page
+    alignment lets the shard be read with O_DIRECT straight into it.
     """
     buf = getattr(_THREAD, "shard", None)
     if buf is None or buf.shape[0] < nbytes:
-        buf = np.empty(nbytes, dtype=np.uint8)
+        raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+        buf = raw[-raw.ctypes.data % ALIGN:][:nbytes]
         _THREAD.shard = buf
     return buf[:nbytes]
 
 
+def _open_direct(path: Path) -> int | None:
+    """A read-only O_DIRECT descriptor of `path`, or None where the filesystem refuses one (tmpfs)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | flag)
+    except OSError:
+        return None
+
+
+def _read_cached(fd: int, view: memoryview, offset: int) -> int:
+    """Bytes of `view` filled from the page cache alone (RWF_NOWAIT), from its start; 0 when its first page
+    is not cached. A one-page probe comes first: a NOWAIT read that misses still starts the kernel's
+    read-ahead, which for one page is that page alone, not a window the O_DIRECT read would repeat."""
+    nowait = getattr(os, "RWF_NOWAIT", 0)
+    if not nowait or not len(view):
+        return 0
+    got = 0
+    for span in (min(len(view), ALIGN - offset % ALIGN), len(view)):
+        try:
+            n = os.preadv(fd, [view[got:span]], offset + got, nowait)
+        except OSError:     # EAGAIN: not cached; EOPNOTSUPP: no RWF_NOWAIT here
+            break
+        got += max(0, n)
+        if got < span:
+            break
+    return got
+
+
+def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos: int, end: int, chunk: int) -> int:
+    """Fill ``buf[pos - start:end - start]`` with file bytes [pos, end) (`start`: the file offset of buf[0],
+    a multiple of ALIGN, as is buf's address); return how far it got (< end: the file ended).
+
+    Each chunk takes what the page cache already holds (the read-ahead's shards), and reads the rest
+    with O_DIRECT where `direct_fd` is given: straight from the disk into `buf`, with no copy through
+    the page cache and none of its bookkeeping, the cost that dominated the kernel's share of packing.
+    """
+    while pos < end:
+        stop = min(end, pos + chunk)
+        got = _read_cached(fd, memoryview(buf)[pos - start:stop - start], pos)
+        pos += got
+        if pos >= stop:
+            continue
+        if direct_fd is not None:
+            lo = pos - (pos - start) % ALIGN                  # aligned in the file and in buf alike
+            hi = min(start + buf.shape[0], -(-stop // ALIGN) * ALIGN)
+            try:
+                n = os.preadv(direct_fd, [memoryview(buf)[lo - start:hi - start]], lo)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                direct_fd = None                              # e.g. a device whose blocks are larger
+                continue
+            if n <= pos - lo:
+                return pos                                    # end of file
+            pos = min(end, lo + n)
+        else:
+            n = os.preadv(fd, [memoryview(buf)[pos - start:stop - start]], pos)
+            if n <= 0:
+                return pos
+            pos += n
+    return pos
+
+
 def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> tuple[np.ndarray, int]:
-    """Shard rows [rows, dim] in RAM, read with large sequential preads; also the bytes read."""
+    """Shard rows [rows, dim] in RAM, read with large sequential reads (O_DIRECT where the page cache does
+    not already hold them); also the bytes read."""
     nbytes = shard.rows * dim * dtype.itemsize
-    buf = _shard_buffer(nbytes)
-    done = 0
+    start = shard.offset - shard.offset % ALIGN
+    head = shard.offset - start
+    buf = _shard_buffer(-(-(head + nbytes) // ALIGN) * ALIGN)
     try:
         fd = os.open(shard.path, os.O_RDONLY)
     except OSError as e:
         raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    direct_fd = _open_direct(shard.path)
+    pos = shard.offset
     try:
-        with contextlib.suppress(OSError, AttributeError):
-            os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
-        while done < nbytes:
-            got = os.preadv(fd, [buf[done:done + min(chunk, nbytes - done)].data], shard.offset + done)
-            if got <= 0:
-                raise InputError(shard.path, f"truncated feature shard: {nbytes} bytes expected from byte "
-                                             f"{shard.offset}, file ends after {done}")
-            done += got
+        if direct_fd is None:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
+        pos = _read_span(fd, direct_fd, buf, start, shard.offset, shard.offset + nbytes, chunk)
     except OSError as e:
-        raise InputError(shard.path, f"read failed at byte {shard.offset + done} ({e.strerror or e})") from e
+        raise InputError(shard.path, f"read failed near byte {pos} ({e.strerror or e})") from e
     finally:
         os.close(fd)
-    return buf.view(dtype).reshape(shard.rows, dim), done
+        if direct_fd is not None:
+            os.close(direct_fd)
+    if pos < shard.offset + nbytes:
+        raise InputError(shard.path, f"truncated feature shard: {nbytes} bytes expected from byte "
+                                     f"{shard.offset}, file ends after {pos - shard.offset}")
+    return buf[head:head + nbytes].view(dtype).reshape(shard.rows, dim), nbytes
 
 
 class _LazyShard:
@@ -163,11 +236,14 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
     Meant for a background thread while preparation is busy with sampling and planning and the
     disk is otherwise idle: the pack tasks of those shards then find their bytes cached, so
     part of the one pass over the features overlaps the CPU-bound phases. Every byte is still
-    read from the disk once. Whole shards only (stops before one that would pass the budget);
-    returns early when `stop` is set; I/O errors end the warm-up quietly (packing reports them).
+    read from the disk once. The kernel reads each chunk into the page cache itself
+    (POSIX_FADV_WILLNEED) and the thread only waits for its last page, so the warm-up copies
+    nothing and takes almost no CPU from the phases it overlaps. Whole shards only (stops before
+    one that would pass the budget); returns early when `stop` is set; I/O errors end the
+    warm-up quietly (packing reports them).
     """
     store = Store(store_path)
-    buf = np.empty(chunk, dtype=np.uint8)
+    probe = np.empty(1, dtype=np.uint8)
     done = 0
     for shard in store.shards:
         nbytes = shard.rows * store.row_bytes
@@ -178,14 +254,14 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
         except OSError:
             break
         try:
-            with contextlib.suppress(OSError, AttributeError):
-                os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
             off = 0
             while off < nbytes and not (stop is not None and stop.is_set()):
-                got = os.preadv(fd, [buf[:min(chunk, nbytes - off)]], shard.offset + off)
-                if got <= 0:
+                n = min(chunk, nbytes - off)
+                with contextlib.suppress(AttributeError):
+                    os.posix_fadvise(fd, shard.offset + off, n, os.POSIX_FADV_WILLNEED)
+                if os.preadv(fd, [probe], shard.offset + off + n - 1) <= 0:     # waits for the chunk's end
                     break
-                off += got
+                off += n
             done += off
         except OSError:
             break
@@ -237,13 +313,24 @@ class _SegmentWriter:
     def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False) -> None:
         self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
         n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
-        self._bufs = [self._aligned(n), self._aligned(n)]
+        self._bufs = self._thread_buffers(n)
         self._cur = 0
         self.buf = self._bufs[0]
         self.fill = 0
         self.written = 0   # bytes handed to the file, padding included
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
         self._pending: Future[None] | None = None
+
+    @classmethod
+    def _thread_buffers(cls, n: int) -> list[np.ndarray]:
+        """This thread's two write buffers of `n` bytes, kept from its previous pack task: fresh ones per
+        shard cost the kernel zeroing 2 x `n` bytes of new pages every time. A thread runs one pack task
+        at a time and `close` waits for the last write from them, so reuse is safe."""
+        bufs = getattr(_THREAD, "write_bufs", None)
+        if bufs is None or bufs[0].shape[0] != n:
+            bufs = [cls._aligned(n), cls._aligned(n)]
+            _THREAD.write_bufs = bufs
+        return list(bufs)
 
     @staticmethod
     def _aligned(n: int) -> np.ndarray:
