@@ -127,44 +127,63 @@ def _open_direct(path: Path) -> int | None:
         return None
 
 
-def _read_cached(fd: int, view: memoryview, offset: int) -> int:
-    """Bytes of `view` filled from the page cache alone (RWF_NOWAIT), from its start; 0 when its first page
-    is not cached. A one-page probe comes first: a NOWAIT read that misses still starts the kernel's
-    read-ahead, which for one page is that page alone, not a window the O_DIRECT read would repeat."""
-    nowait = getattr(os, "RWF_NOWAIT", 0)
-    if not nowait or not len(view):
-        return 0
-    got = 0
-    for span in (min(len(view), ALIGN - offset % ALIGN), len(view)):
+def _libc() -> Any:
+    """libc through ctypes, with the signatures `cached_share` calls (None where it cannot be loaded)."""
+    lib = getattr(_libc, "lib", False)
+    if lib is False:
+        import ctypes
+
         try:
-            n = os.preadv(fd, [view[got:span]], offset + got, nowait)
-        except OSError:     # EAGAIN: not cached; EOPNOTSUPP: no RWF_NOWAIT here
-            break
-        got += max(0, n)
-        if got < span:
-            break
-    return got
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_long]
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            lib = None
+        _libc.lib = lib  # type: ignore[attr-defined]
+    return lib
+
+
+def cached_share(fd: int, offset: int, nbytes: int) -> float:
+    """The share of the pages of file bytes [offset, offset + nbytes) that the page cache holds (mincore on
+    a map of the range, which reads nothing); 1.0 where that cannot be asked, so callers read buffered."""
+    import ctypes
+
+    lib = _libc()
+    if lib is None or nbytes <= 0:
+        return 1.0
+    lo = offset - offset % mmap.PAGESIZE
+    length = offset + nbytes - lo
+    addr = lib.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        return 1.0
+    try:
+        vec = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
+        if lib.mincore(addr, length, vec.ctypes.data) != 0:
+            return 1.0
+    finally:
+        lib.munmap(addr, length)
+    return float(np.count_nonzero(vec & 1)) / vec.shape[0]
 
 
 def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos: int, end: int, chunk: int) -> int:
     """Fill ``buf[pos - start:end - start]`` with file bytes [pos, end) (`start`: the file offset of buf[0],
     a multiple of ALIGN, as is buf's address); return how far it got (< end: the file ended).
 
-    Each chunk takes what the page cache already holds (the read-ahead's shards), and reads the rest
-    with O_DIRECT where `direct_fd` is given: straight from the disk into `buf`, with no copy through
-    the page cache and none of its bookkeeping, the cost that dominated the kernel's share of packing.
+    A chunk the page cache mostly holds (the read-ahead's shards) is copied from it; any other is read
+    with O_DIRECT where `direct_fd` is given: straight from the disk into `buf`, with no copy through the
+    page cache and none of its bookkeeping, the cost that dominated the kernel's share of packing.
     """
+    view = memoryview(buf)
     while pos < end:
         stop = min(end, pos + chunk)
-        got = _read_cached(fd, memoryview(buf)[pos - start:stop - start], pos)
-        pos += got
-        if pos >= stop:
-            continue
-        if direct_fd is not None:
+        if direct_fd is not None and cached_share(fd, pos, stop - pos) < 0.5:
             lo = pos - (pos - start) % ALIGN                  # aligned in the file and in buf alike
             hi = min(start + buf.shape[0], -(-stop // ALIGN) * ALIGN)
             try:
-                n = os.preadv(direct_fd, [memoryview(buf)[lo - start:hi - start]], lo)
+                n = os.preadv(direct_fd, [view[lo - start:hi - start]], lo)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -174,7 +193,7 @@ def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos:
                 return pos                                    # end of file
             pos = min(end, lo + n)
         else:
-            n = os.preadv(fd, [memoryview(buf)[pos - start:stop - start]], pos)
+            n = os.preadv(fd, [view[pos - start:stop - start]], pos)
             if n <= 0:
                 return pos
             pos += n
@@ -195,9 +214,9 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     direct_fd = _open_direct(shard.path)
     pos = shard.offset
     try:
-        if direct_fd is None:
-            with contextlib.suppress(OSError, AttributeError):
-                os.posix_fadvise(fd, shard.offset, nbytes, os.POSIX_FADV_SEQUENTIAL)
+        with contextlib.suppress(OSError, AttributeError):     # with O_DIRECT at hand, the buffered reads
+            os.posix_fadvise(fd, shard.offset, nbytes,           # copy cached chunks and read no further
+                             os.POSIX_FADV_SEQUENTIAL if direct_fd is None else os.POSIX_FADV_RANDOM)
         pos = _read_span(fd, direct_fd, buf, start, shard.offset, shard.offset + nbytes, chunk)
     except OSError as e:
         raise InputError(shard.path, f"read failed near byte {pos} ({e.strerror or e})") from e

@@ -215,3 +215,78 @@ def test_warm_shards_reads_whole_shards_within_the_budget(tiny_store: Path) -> N
     stop = threading.Event()
     stop.set()
     assert warm_shards(tiny_store, 1 << 40, stop) == 0
+
+
+def _cached_pages(path: Path) -> np.ndarray:
+    """Which pages of `path` the page cache holds (mincore through a shared read-only map)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return np.frombuffer(bytes(vec), np.uint8) & 1
+
+
+@pytest.mark.parametrize("head", [0, 100, 4096 + 24])
+def test_shard_read_mixes_page_cache_and_direct_reads(tmp_path: Path, head: int) -> None:
+    """A shard at any byte offset, its first half cached and the rest not: the bytes come back exact, the
+    cached half from the cache, the rest with O_DIRECT (which leaves the page cache untouched)."""
+    from diskflow.operators.formats.store import FeatureShard
+    from diskflow.operators.prepare.pack import _read_shard
+
+    rows, dim = 3000, 24                              # 288,000 bytes of float32: not a whole number of pages
+    feats = np.random.default_rng(head).standard_normal((rows, dim)).astype(np.float32)
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"\x07" * head + feats.tobytes() + b"\x09" * 333)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead past what is read
+        half = head + feats.nbytes // 2
+        os.pread(fd, half, 0)                            # the first half into the page cache
+    finally:
+        os.close(fd)
+    before = _cached_pages(path)
+    shard = FeatureShard(0, path, 0, rows, head, feats.nbytes)
+    got, nbytes = _read_shard(shard, np.dtype(np.float32), dim, chunk=40_000)
+    assert nbytes == feats.nbytes
+    np.testing.assert_array_equal(got, feats)
+    after = _cached_pages(path)
+    assert before[:half // ALIGN].all() and not before[-(-half // ALIGN):].any()
+    # the uncached half came by O_DIRECT: only the chunk straddling the boundary (mostly cached) was read
+    # buffered, and no read-ahead ran past it
+    assert after.sum() <= before.sum() + -(-40_000 // ALIGN) + 1
+
+
+def test_shard_read_on_a_filesystem_without_o_direct_and_truncated(tmp_path: Path) -> None:
+    """tmpfs refuses O_DIRECT: buffered reads then; a shard past the file's end is an InputError naming it."""
+    from diskflow.operators.formats.store import FeatureShard
+    from diskflow.operators.prepare.pack import _read_shard
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    feats = np.arange(5000 * 8, dtype=np.float32).reshape(5000, 8)
+    path = shm / f"diskflow-test-shard-{os.getpid()}.bin"
+    try:
+        path.write_bytes(b"\x01" * 10 + feats.tobytes())
+        got, _ = _read_shard(FeatureShard(0, path, 0, 5000, 10, feats.nbytes), np.dtype(np.float32), 8, chunk=7000)
+        np.testing.assert_array_equal(got, feats)
+    finally:
+        path.unlink(missing_ok=True)
+    disk = tmp_path / "short.bin"
+    disk.write_bytes(feats.tobytes()[:-100])
+    with pytest.raises(InputError, match="truncated feature shard") as e:
+        _read_shard(FeatureShard(0, disk, 0, 5000, 0, feats.nbytes), np.dtype(np.float32), 8, chunk=1 << 20)
+    assert str(disk) in str(e.value)
