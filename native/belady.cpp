@@ -231,6 +231,60 @@ struct Ranker {
     }
 };
 
+// Sorts [first, last) ascending by (bad, node), for the row types below (Resident, Miss): an LSD
+// radix sort (11-bit digits) on the key ((bad - min bad) << node bits) | (node - min node) when
+// the range is large and that key needs at most six passes, std::sort otherwise. Keys are
+// distinct within a range (a node is at most once in a bucket or a batch), so both orders agree.
+// `scratch` is reused from call to call.
+constexpr size_t kRadixMin = 2048;
+
+inline int bit_width(uint64_t v) { return v == 0 ? 0 : 64 - __builtin_clzll(v); }
+
+template <class T>
+void sort_rows(T* first, T* last, std::vector<T>& scratch) {
+    const size_t n = static_cast<size_t>(last - first);
+    if (n < kRadixMin) {
+        std::sort(first, last);
+        return;
+    }
+    uint64_t bmin = first->bad, bmax = first->bad;
+    int64_t nmin = first->node, nmax = first->node;
+    for (const T* p = first; p != last; ++p) {
+        bmin = std::min(bmin, p->bad);
+        bmax = std::max(bmax, p->bad);
+        nmin = std::min(nmin, p->node);
+        nmax = std::max(nmax, p->node);
+    }
+    const int nb = bit_width(static_cast<uint64_t>(nmax - nmin));
+    const int total = nb + bit_width(bmax - bmin);
+    constexpr int kDigit = 11;
+    if (total > 6 * kDigit) {
+        std::sort(first, last);
+        return;
+    }
+    auto key = [&](const T& r) -> uint64_t {
+        return ((r.bad - bmin) << nb) | static_cast<uint64_t>(r.node - nmin);
+    };
+    if (scratch.size() < n) scratch.resize(n);
+    T* src = first;
+    T* dst = scratch.data();
+    std::vector<size_t> count(size_t{1} << kDigit);
+    for (int shift = 0; shift < total; shift += kDigit) {
+        std::fill(count.begin(), count.end(), 0);
+        const uint64_t mask = (uint64_t{1} << kDigit) - 1;
+        for (size_t i = 0; i < n; ++i) ++count[(key(src[i]) >> shift) & mask];
+        size_t sum = 0;
+        for (size_t& c : count) {
+            const size_t k = c;
+            c = sum;
+            sum += k;
+        }
+        for (size_t i = 0; i < n; ++i) dst[count[(key(src[i]) >> shift) & mask]++] = src[i];
+        std::swap(src, dst);
+    }
+    if (src != first) std::copy(src, src + n, first);
+}
+
 struct Resident {
     uint64_t bad;
     int64_t node;
@@ -268,10 +322,15 @@ public:
         if (top_ < 0) return nullptr;
         Bucket& h = buckets_[top_];
         if (h.sorted < h.rows.size()) {
-            const auto mid = h.rows.begin() + static_cast<std::ptrdiff_t>(h.sorted);
-            std::sort(mid, h.rows.end());
-            std::inplace_merge(h.rows.begin(), mid, h.rows.end());
-            h.sorted = h.rows.size();
+            Resident* rows = h.rows.data();
+            const size_t n = h.rows.size();
+            sort_rows(rows + h.sorted, rows + n, scratch_);
+            if (h.sorted > 0) {  // merge the sorted head and the newly sorted tail through the scratch
+                if (scratch_.size() < n) scratch_.resize(n);
+                std::merge(rows, rows + h.sorted, rows + h.sorted, rows + n, scratch_.data());
+                std::copy(scratch_.data(), scratch_.data() + n, rows);
+            }
+            h.sorted = n;
         }
         return &h.rows.back();
     }
@@ -307,6 +366,7 @@ private:
     int64_t n_;
     std::vector<Bucket> buckets_;
     std::vector<std::vector<Resident>> spare_;
+    std::vector<Resident> scratch_;  // radix passes and merges
     int64_t top_ = -1;
 };
 
@@ -361,11 +421,19 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
 
     // This batch's admissible misses by badness class (next-use batch j < W, far rows at W);
     // admission walks the classes in order and sorts each only when it gets there.
-    std::vector<std::vector<Miss>> missed(static_cast<size_t>(in.n_window) + 1);
+    // Held flat, then placed class by class (a counting sort on the class), in buffers sized once
+    // for the largest batch: no vector grows inside the loop.
+    int64_t largest = 0;
+    for (int64_t b = 0; b < n_plan; ++b) largest = std::max(largest, offsets[b + 1] - offsets[b]);
+    std::vector<Miss> missed;
+    missed.reserve(static_cast<size_t>(largest));
+    std::vector<Miss> by_class(static_cast<size_t>(largest));
+    std::vector<int64_t> class_start(static_cast<size_t>(in.n_window) + 2);
     auto miss_class = [&](uint64_t bad) -> size_t {
         return bad < kFarBase ? static_cast<size_t>(bad) : static_cast<size_t>(in.n_window);
     };
     std::vector<Resident> admitted;
+    std::vector<Miss> miss_scratch;
     out.ins_off.assign(1, 0);
     for (int64_t b = 0; b < n_plan; ++b) {
         int64_t k = 0;
@@ -396,7 +464,7 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
                 src[t] = 2;
                 idx[t] = k++;
                 if (bad != kNever && capacity > 0)
-                    missed[miss_class(bad)].push_back({bad, nodes[t], key, static_cast<int32_t>(t - start)});
+                    missed.push_back({bad, nodes[t], key, static_cast<int32_t>(t - start)});
             }
         }
         out.misses += k;
@@ -406,10 +474,19 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
         // (strictly) or a slot is free. The worst resident only improves meanwhile, so the first
         // miss that does not get in ends the admission.
         bool admitting = true;
-        for (auto& cls : missed) {
-            if (admitting && !cls.empty()) {
-                std::sort(cls.begin(), cls.end());
-                for (const Miss& m : cls) {
+        std::fill(class_start.begin(), class_start.end(), 0);
+        for (const Miss& m : missed) ++class_start[miss_class(m.bad) + 1];
+        for (size_t c = 1; c < class_start.size(); ++c) class_start[c] += class_start[c - 1];
+        for (const Miss& m : missed) by_class[static_cast<size_t>(class_start[miss_class(m.bad)]++)] = m;
+        missed.clear();
+        for (size_t c = 0, lo = 0; c + 1 < class_start.size() && admitting; ++c) {
+            Miss* cls = by_class.data() + lo;
+            Miss* cls_end = by_class.data() + class_start[c];   // class c's end (its start before the scatter)
+            lo = static_cast<size_t>(class_start[c]);
+            if (cls != cls_end) {
+                sort_rows(cls, cls_end, miss_scratch);
+                for (const Miss* mp = cls; mp != cls_end; ++mp) {
+                    const Miss& m = *mp;
                     int64_t s;
                     if (!free_slots.empty()) {
                         s = free_slots.back();
@@ -435,7 +512,6 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
                     out.ins_slot.push_back(s);
                 }
             }
-            cls.clear();
         }
         // Residents from now on. An admitted row is never the one evicted in its own batch (were it
         // the worst row held, every later miss would be no better than it: admission stops), so
