@@ -433,3 +433,78 @@ def test_trace_and_simulate_refuse_bad_input() -> None:
         plan_belady(b, [], 2, ids(4, -1), ids(4), freq, trace=trace_window(b, [], ids(4), 9))
     with pytest.raises(ValueError, match="does not match gpu_ids"):
         plan_belady(b, [], 2, None, ids(4), freq, trace=t)
+
+
+def reference_plan(batches: list[np.ndarray], lookahead: list[np.ndarray], capacity: int, init: np.ndarray,
+                   frequency: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """`plan_belady`'s documented rule, written out slowly: after each batch, misses in (badness, node)
+    order take the lowest free slot, else the slot of the worst earlier resident when strictly better
+    by badness; admission stops at the first miss that gets no slot. Badness: the next window batch
+    using the row, then far rows by frequency (hotter first), rows never used again last (never
+    admitted). Returns per batch (insert_pos, insert_slot) and the final cache."""
+    window = batches + lookahead
+    uses: dict[int, list[int]] = {}
+    for j, b in enumerate(window):
+        for v in b.tolist():
+            uses.setdefault(v, []).append(j)
+    far, never = len(window), len(window) + 1
+
+    def bad(node: int, after: int) -> tuple[int, int]:
+        nxt = next((j for j in uses.get(node, []) if j > after), None)
+        if nxt is not None:
+            return (nxt, 0)
+        f = int(frequency[node])
+        return (far, -f) if f > 0 else (never, 0)
+
+    slot_of = {int(v): s for s, v in enumerate(init.tolist()) if v >= 0}
+    free = sorted(s for s, v in enumerate(init.tolist()) if v < 0)
+    out = []
+    for b, rows in enumerate(batches):
+        misses = sorted((bad(int(v), b), int(v), p) for p, v in enumerate(rows.tolist()) if int(v) not in slot_of)
+        misses = [m for m in misses if m[0][0] != never]
+        held = sorted(((bad(v, b), v) for v in slot_of), reverse=True)   # earlier residents, worst first
+        pos, slots = [], []
+        for rank, v, p in misses:
+            if free:
+                s = free.pop(0)
+            else:
+                if not held:
+                    break
+                worst_rank, worst = held[0]
+                if not rank < worst_rank:
+                    break
+                s = slot_of.pop(worst)
+                held.pop(0)
+            slot_of[v] = s
+            pos.append(p)
+            slots.append(s)
+        out.append((np.array(pos, np.int64), np.array(slots, np.int64)))
+    final = np.full(capacity, -1, np.int64)
+    for v, s in slot_of.items():
+        final[s] = v
+    return out, final
+
+
+@pytest.mark.parametrize("seed", range(1))
+def test_large_buckets_plan_exactly_as_the_rule_says(seed: int) -> None:
+    """Batches of thousands of rows, so the planner's buckets and miss classes pass the size where it
+    radix-sorts them (2,048): the inserts, slots and final cache equal the rule written out in Python."""
+    rng = np.random.default_rng(50 + seed)
+    n = 60_000
+    weights = 1.0 / np.arange(1, n + 1) ** 0.5
+    weights /= weights.sum()
+    trace = [rng.permutation(rng.choice(n, size=int(rng.integers(9_000, 11_000)), replace=False, p=weights))
+             .astype(np.int64) for _ in range(8)]
+    freq = frequency_of(trace, n) * rng.integers(1, 50, size=n)      # far rows: a wide range of frequencies
+    capacity = 16_000
+    init = initial_fill(trace[:3], capacity // 4, freq, NO_GPU)
+    init = np.concatenate([init, np.full(capacity - init.shape[0], -1, np.int64)])
+    batches, lookahead = trace[:6], trace[6:]
+    plan = plan_belady(batches, lookahead, capacity, init, NO_GPU, freq)
+    expected, final = reference_plan(batches, lookahead, capacity, init, freq)
+    assert sum(p.size for p, _ in expected) > 3_000           # a real test: thousands of inserts
+    for got, (pos, slots) in zip(plan.batches, expected):
+        assert np.array_equal(got.insert_pos, pos)
+        assert np.array_equal(got.insert_slot, slots)
+    assert np.array_equal(plan.final_cache, final)
+    replay(plan, batches, init, NO_GPU)
