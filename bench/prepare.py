@@ -340,7 +340,7 @@ def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool)
         result = prepare(store.path, out, cfg, force=True, quiet=True)
         m["call_s"] = time.perf_counter() - t0
         m["sync_s"] = fsync_tree(out)
-    return {"result": result, "tasks": prof.table(), **m}
+    return {"result": result, "tasks": prof.table(), "timeline": prof.timeline(t0), **m}
 
 
 def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:

@@ -25,9 +25,12 @@ class TaskProfile:
 
     def __init__(self) -> None:
         self.groups: dict[str, dict[str, float]] = {}
+        self.spans: list[tuple[str, float, float, str]] = []   # (group, start, end, thread): perf_counter seconds
 
-    def add(self, group: str, cpu_s: float, wall_s: float) -> None:
+    def add(self, group: str, cpu_s: float, wall_s: float, start: float | None = None) -> None:
         with _LOCK:
+            if start is not None:
+                self.spans.append((group, start, start + wall_s, threading.current_thread().name))
             g = self.groups.setdefault(group, {"tasks": 0, "cpu_s": 0.0, "wall_s": 0.0})
             g["tasks"] += 1
             g["cpu_s"] += cpu_s
@@ -36,6 +39,11 @@ class TaskProfile:
     def table(self) -> list[dict[str, Any]]:
         """The groups, most CPU first."""
         return [{"group": k, **v} for k, v in sorted(self.groups.items(), key=lambda kv: -kv[1]["cpu_s"])]
+
+    def timeline(self, origin: float) -> list[dict[str, Any]]:
+        """Every task's span (seconds after `origin`, a `time.perf_counter` value) and its thread, by start."""
+        return [{"group": g, "start": a - origin, "end": b - origin, "thread": th}
+                for g, a, b, th in sorted(self.spans, key=lambda s: s[1])]
 
 
 @contextlib.contextmanager
@@ -66,7 +74,7 @@ class Profiled:
             with _LOCK:
                 active = list(_ACTIVE)
             for prof in active:
-                prof.add(self.group, cpu, wall)
+                prof.add(self.group, cpu, wall, t)
 
 
 def profiled(fn: Callable[..., Any], key: str) -> Callable[..., Any]:

@@ -27,7 +27,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -668,41 +670,56 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
                                          View<int64_t> gpu_ids, const View<int64_t>* frequency) {
     const int64_t freq_len = frequency != nullptr ? frequency->size : -1;
-    const View<int64_t> freq = frequency != nullptr ? *frequency : View<int64_t>{};
     if (capacity < 0) throw std::invalid_argument("capacity: must be >= 0, got " + std::to_string(capacity));
     check_offsets(offsets, nodes.size);
     check_sorted_unique(gpu_ids, "gpu_ids");
-    Trace tr(nodes.size / 4, freq_len);
-    build_trace(tr, nodes, offsets, 0, gpu_ids, freq_len, {});
-    // Every candidate first used before batch `last` is chosen, and some used in `last`: only
-    // those are ordered (a histogram of first uses finds `last`).
-    const int64_t n_batches = offsets.size - 1;
-    std::vector<int64_t> per_batch(static_cast<size_t>(n_batches) + 1, 0);
-    for (int32_t u = 0; u < tr.ids.size(); ++u)
-        if (tr.gpu_slot[u] < 0) ++per_batch[tr.first_use[u]];
-    int32_t last = static_cast<int32_t>(n_batches);
-    for (int64_t b = 0, seen = 0; b < n_batches; ++b) {
-        seen += per_batch[b];
-        if (seen >= capacity) { last = static_cast<int32_t>(b); break; }
+    int64_t universe = 0;
+    for (int64_t t = 0; t < nodes.size; ++t) {
+        const int64_t node = nodes[t];
+        if (node < 0) throw std::invalid_argument("nodes: negative node id " + std::to_string(node));
+        if (freq_len >= 0 && node >= freq_len)
+            throw std::invalid_argument("frequency: has " + std::to_string(freq_len) + " entries but node id " +
+                                        std::to_string(node) + " occurs");
+        universe = std::max(universe, node + 1);
     }
-    struct Cand { int32_t first; int64_t neg_freq; int64_t node; };
-    std::vector<Cand> cands;
-    for (int32_t u = 0; u < tr.ids.size(); ++u) {
-        if (tr.gpu_slot[u] >= 0 || tr.first_use[u] > last) continue;
-        const int64_t node = tr.ids.node(u);
-        cands.push_back({tr.first_use[u], freq_len >= 0 ? -freq[node] : 0, node});
-    }
-    auto better = [](const Cand& a, const Cand& b) {
-        if (a.first != b.first) return a.first < b.first;
-        if (a.neg_freq != b.neg_freq) return a.neg_freq < b.neg_freq;
-        return a.node < b.node;
-    };
-    const size_t k = std::min<size_t>(static_cast<size_t>(capacity), cands.size());
-    std::nth_element(cands.begin(), cands.begin() + k, cands.end(), better);
-    std::sort(cands.begin(), cands.begin() + k, better);
     std::vector<int64_t> chosen;
-    chosen.reserve(k);
-    for (size_t i = 0; i < k; ++i) chosen.push_back(cands[i].node);
+    if (capacity == 0 || nodes.size == 0) return chosen;
+    // The batches in order: each one's nodes not met before (and not on the GPU) come next, hotter
+    // first, lower id first; only the batches up to the one that fills the capacity are read.
+    // `met` holds the batch (+1) that first used a node, so a node repeated within a batch is seen.
+    std::unique_ptr<uint32_t, decltype(&std::free)> scratch(
+        static_cast<uint32_t*>(std::calloc(static_cast<size_t>(universe), sizeof(uint32_t))), &std::free);
+    if (!scratch) throw std::bad_alloc();
+    uint32_t* met = scratch.get();
+    struct Cand { int64_t neg_freq; int64_t node; };
+    auto better = [](const Cand& a, const Cand& b) {
+        return a.neg_freq != b.neg_freq ? a.neg_freq < b.neg_freq : a.node < b.node;
+    };
+    std::vector<Cand> first;
+    const int64_t n_batches = offsets.size - 1;
+    for (int64_t b = 0; b < n_batches && static_cast<int64_t>(chosen.size()) < capacity; ++b) {
+        first.clear();
+        const uint32_t mark = static_cast<uint32_t>(b + 1);
+        for (int64_t t = offsets[b]; t < offsets[b + 1]; ++t) {
+            const int64_t node = nodes[t];
+            if (met[node] != 0) {
+                if (met[node] == mark)
+                    throw std::invalid_argument("nodes: node " + std::to_string(node) + " occurs twice in batch " +
+                                                std::to_string(b));
+                continue;
+            }
+            met[node] = mark;
+            if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node)) continue;
+            first.push_back({freq_len >= 0 ? -(*frequency)[node] : 0, node});
+        }
+        const size_t room = static_cast<size_t>(capacity) - chosen.size();
+        if (first.size() > room) {
+            std::nth_element(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(room), first.end(), better);
+            first.resize(room);
+        }
+        std::sort(first.begin(), first.end(), better);
+        for (const Cand& c : first) chosen.push_back(c.node);
+    }
     return chosen;
 }
 
