@@ -221,6 +221,52 @@ def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord
     write_bytes(path, index_bytes(records, metadata))
 
 
+def segment_fields_at(data: pa.Buffer) -> np.ndarray:
+    """Where, in an index file's bytes, each record's ``seg_offset`` and ``seg_crc`` values lie: int64
+    [records, 2] byte offsets (little-endian int64 x P, uint32 x P), for `patch_segments`.
+
+    An index can thus be written as soon as its superbatch is routed, before its segments' offsets and
+    checksums are known, and completed in place after packing: Arrow IPC keeps fixed-width values
+    uncompressed at fixed places, so the patched file is byte for byte the file written whole.
+    """
+    reader = pa.ipc.open_file(pa.BufferReader(data))      # zero-copy: the arrays are views of `data`
+    out = np.zeros((reader.num_record_batches, 2), dtype=np.int64)
+    for i in range(reader.num_record_batches):
+        rb = reader.get_batch(i)
+        for c, (name, width) in enumerate((("seg_offset", 8), ("seg_crc", 4))):
+            col = rb.column(name)
+            values = col.values
+            at = values.buffers()[1].address - data.address + values.offset * width
+            n = len(values)
+            if col.offset != 0 or not 0 <= at <= data.size - n * width or \
+                    bytes(memoryview(data)[at:at + n * width]) != values.to_numpy(zero_copy_only=False).tobytes():
+                raise ValueError(f"index record {i}: {name} values are not a slice of the file's bytes")
+            out[i, c] = at
+    return out
+
+
+def patch_segments(path: str | os.PathLike[str], at: np.ndarray, seg_offsets: np.ndarray, seg_crc: np.ndarray) -> None:
+    """Write every record's segment offsets and checksums ([records, P]) into an index file written with
+    placeholders, at the places `segment_fields_at` found; then fsync it."""
+    offs = np.ascontiguousarray(seg_offsets, dtype="<i8")
+    crcs = np.ascontiguousarray(np.asarray(seg_crc).astype(np.uint32), dtype="<u4")
+    if offs.shape != crcs.shape or offs.shape[0] != np.shape(at)[0]:
+        raise ValueError(f"{path}: {np.shape(at)[0]} records, offsets {offs.shape}, crcs {crcs.shape}")
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as e:
+        raise InputError(path, f"cannot open the index to complete it ({e.strerror or e})") from e
+    try:
+        for i in range(offs.shape[0]):
+            os.pwrite(fd, offs[i].tobytes(), int(at[i, 0]))
+            os.pwrite(fd, crcs[i].tobytes(), int(at[i, 1]))
+        os.fsync(fd)
+    except OSError as e:
+        raise InputError(path, f"cannot complete the index ({e.strerror or e})") from e
+    finally:
+        os.close(fd)
+
+
 def read_index_file(path: str | os.PathLike[str], data: Buffer | None = None) -> list[IndexRecord]:
     """All index records of one superbatch file, in batch order.
 

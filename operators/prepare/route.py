@@ -17,6 +17,10 @@ Routing file (``.npz``, members read lazily)::
     src, idx   uint8 / int64    translated addresses (0 GPU, 1 CPU, 2 packed, 3 dcache)
     ins_offsets int64 [b+1], insert_pos, insert_slot    the planned CPU inserts
     dcache     int64 [b]        disk-cache segment each batch reads, -1 none
+
+The members from ``offsets`` on are what `write_index` turns into the index file. A route task that
+writes the index itself (``index_path``: offsets and checksums patched in after packing) leaves
+them out: the routing file is then only what the pack tasks read.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, NpzReader, atomic_path
+from ..formats.files import ALIGN, NpzReader, atomic_path, write_bytes
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -38,6 +42,8 @@ from ..formats.packed import (
     SRC_PACKED,
     IndexRecord,
     epoch_of_key,
+    index_bytes,
+    segment_fields_at,
     write_index_file,
 )
 
@@ -102,7 +108,8 @@ def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, layout: tuple
 
 def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any], layout: Any, first_batch: int,
                      shard_rows: int, num_shards: int, out_path: str | os.PathLike[str],
-                     epoch: int | None = None, parents: bool = True) -> dict[str, Any]:
+                     epoch: int | None = None, parents: bool = True,
+                     index_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Translate every batch of one superbatch to final addresses and write its routing file.
 
     Args:
@@ -117,10 +124,14 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         epoch: the epoch; parsed from `key` when None.
         parents: create `out_path`'s directory when missing (False: a task outliving its failed
             run must not resurrect the directory the run removed; see `files.atomic_path`).
+        index_path: also write the superbatch's index file there now, its segments' offsets and
+            checksums left zero for `formats.packed.patch_segments` once packing knows them; the
+            routing file then holds only what the pack tasks read (segment rows, packed ids).
 
     Returns:
         ``{"key", "path", "first_batch", "batches", "seg_rows" (int64 [b, P]), "packed_rows",
-        "dcache_rows", "gpu_hits", "cpu_hits"}``.
+        "dcache_rows", "gpu_hits", "cpu_hits"}``; with `index_path` also ``"index_path"`` and
+        ``"index_at"`` (`formats.packed.segment_fields_at`).
     """
     if len(n_ids) != len(plans):
         raise ValueError(f"superbatch {key}: {len(n_ids)} samples but {len(plans)} plans")
@@ -150,19 +161,29 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         seg_rows[j] = counts
         packed_ids.append(ids)
 
-    offsets = np.r_[0, np.cumsum([s.shape[0] for s in srcs])].astype(np.int64)
-    ins_offsets = np.r_[0, np.cumsum([s.shape[0] for s in ins_pos])].astype(np.int64)
     src_all = np.concatenate(srcs) if srcs else np.zeros(0, np.uint8)
     members: dict[str, np.ndarray] = {
         "key": np.array(key), "epoch": np.array(ep, dtype=np.int64),
         "first_batch": np.array(first_batch, dtype=np.int64), "num_shards": np.array(num_shards, dtype=np.int64),
-        "seg_rows": seg_rows, "offsets": offsets, "src": src_all.astype(np.uint8),
-        "idx": np.concatenate(idxs) if idxs else np.zeros(0, np.int64),
-        "ins_offsets": ins_offsets,
-        "insert_pos": np.concatenate(ins_pos) if ins_pos else np.zeros(0, np.int64),
-        "insert_slot": np.concatenate(ins_slot) if ins_slot else np.zeros(0, np.int64),
-        "dcache": dcache,
+        "seg_rows": seg_rows,
     }
+    draft: dict[str, Any] = {}
+    if index_path is None:      # the index is written later, from this file
+        members.update({
+            "offsets": np.r_[0, np.cumsum([s.shape[0] for s in srcs])].astype(np.int64), "src": src_all.astype(np.uint8),
+            "idx": np.concatenate(idxs) if idxs else np.zeros(0, np.int64),
+            "ins_offsets": np.r_[0, np.cumsum([s.shape[0] for s in ins_pos])].astype(np.int64),
+            "insert_pos": np.concatenate(ins_pos) if ins_pos else np.zeros(0, np.int64),
+            "insert_slot": np.concatenate(ins_slot) if ins_slot else np.zeros(0, np.int64),
+            "dcache": dcache,
+        })
+    else:                       # the index now, its segment fields to be patched after packing
+        zeros, none = np.zeros(num_shards, np.int64), np.zeros(num_shards, np.uint32)
+        records = [IndexRecord(first_batch + j, ep, srcs[j], idxs[j], ins_pos[j], ins_slot[j], zeros, seg_rows[j],
+                               none, int(dcache[j])) for j in range(b)]
+        data = index_bytes(records, {"key": key, "epoch": ep, "first_batch": first_batch})
+        write_bytes(index_path, data, durable=False, parents=parents)   # made durable by the patch
+        draft = {"index_path": str(Path(index_path)), "index_at": segment_fields_at(data)}
     # Group every batch's packed ids by shard (stable: batch-major, packed order within a batch).
     flat = np.concatenate(packed_ids) if packed_ids else np.zeros(0, np.int64)
     by_shard = flat[_stable_order(flat // shard_rows, num_shards)]
@@ -174,7 +195,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     return {
         "key": key, "path": str(Path(out_path)), "first_batch": first_batch, "batches": b, "seg_rows": seg_rows,
         "packed_rows": int(seg_rows.sum()), "dcache_rows": int((src_all == SRC_DCACHE).sum()),
-        "gpu_hits": int((src_all == SRC_GPU).sum()), "cpu_hits": int((src_all == SRC_CPU).sum()),
+        "gpu_hits": int((src_all == SRC_GPU).sum()), "cpu_hits": int((src_all == SRC_CPU).sum()), **draft,
     }
 
 

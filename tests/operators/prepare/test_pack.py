@@ -290,3 +290,41 @@ def test_shard_read_on_a_filesystem_without_o_direct_and_truncated(tmp_path: Pat
     with pytest.raises(InputError, match="truncated feature shard") as e:
         _read_shard(FeatureShard(0, disk, 0, 5000, 0, feats.nbytes), np.dtype(np.float32), 8, chunk=1 << 20)
     assert str(disk) in str(e.value)
+
+
+def test_index_written_at_routing_and_patched_after_packing_is_the_whole_file(packed, rnd: Round,
+                                                                              tmp_path: Path) -> None:
+    """A superbatch's index written when it is routed (segment offsets and checksums zero) and patched once
+    packing knows them is byte for byte the index written whole afterwards; the routing file of such a
+    route holds only what the pack tasks read."""
+    from diskflow.operators.formats.packed import patch_segments, read_index_file
+    from diskflow.operators.prepare.route import write_index
+
+    out, layout, res = packed
+    store = Store(rnd.store)
+    P = len(store.shards)
+    crc = np.stack([np.asarray(res["pack"][p]["crc"]) for p in range(P)], axis=1)
+    seg = []
+    for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans):
+        whole = route_superbatch(r.key, n, p, layout, r.round_first_batch, store.shard_rows, P, tmp_path / f"{r.key}.npz")
+        early = route_superbatch(r.key, n, p, layout, r.round_first_batch, store.shard_rows, P,
+                                 tmp_path / f"{r.key}-early.npz", index_path=tmp_path / f"{r.key}.index.arrow")
+        assert np.array_equal(whole["seg_rows"], early["seg_rows"])
+        seg.append((whole, early))
+    offsets, _ = segment_offsets(np.concatenate([w["seg_rows"] for w, _ in seg]), store.row_bytes)
+    offsets = offsets + 4096 * np.arange(offsets.shape[1])          # values that differ per shard and batch
+    for whole, early in seg:
+        rows = slice(whole["first_batch"], whole["first_batch"] + whole["batches"])
+        write_index(whole["key"], whole["path"], offsets[rows], crc[rows], tmp_path / "whole.arrow")
+        assert early["index_at"].shape == (whole["batches"], 2)
+        patch_segments(early["index_path"], early["index_at"], offsets[rows], crc[rows])
+        assert Path(early["index_path"]).read_bytes() == (tmp_path / "whole.arrow").read_bytes()
+        recs = read_index_file(early["index_path"])
+        assert np.array_equal(np.stack([r.seg_crc for r in recs]), crc[rows].astype(np.uint32))
+        route = RouteFile(early["path"])
+        assert route.shard_ids(0).shape[0] == int(early["seg_rows"][:, 0].sum())
+        with pytest.raises(InputError, match="lacks a readable 'offsets'"):
+            route.records(offsets[rows], crc[rows])
+        route.close()
+    with pytest.raises(ValueError, match="records"):
+        patch_segments(seg[0][1]["index_path"], seg[0][1]["index_at"][:1], offsets[:2], crc[:2])
