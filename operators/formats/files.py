@@ -144,12 +144,31 @@ def write_bytes(path: str | os.PathLike[str], data: Any, durable: bool = True, p
 
 def arrow_file_bytes(schema: pa.Schema, batches: Iterable[pa.RecordBatch], metadata: dict[str, Any] | None = None
                      ) -> pa.Buffer:
-    """The bytes of an Arrow IPC file of `batches` (schema with `metadata`, values as strings), built in memory."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})) as writer:
+    """The bytes of an Arrow IPC file of `batches` (schema with `metadata`, values as strings), built in memory.
+
+    Written into one buffer sized up front from the batches (a growing output stream reallocates and
+    copies its tens of MB several times over, each time into freshly faulted pages: it cost more than
+    sampling the batches); an estimate that falls short falls back to the growing stream.
+    """
+    schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+    batches = list(batches)
+    buffers = sum(len(col.buffers()) for rb in batches for col in rb.columns)
+    estimate = (sum(rb.nbytes for rb in batches) + 64 * buffers + 1024 * (len(batches) + 2)
+                + 2 * len(schema.serialize()) + 4096)
+    try:
+        out = pa.allocate_buffer(estimate)
+        sink: Any = pa.FixedSizeBufferWriter(out)
+        with pa.ipc.new_file(sink, schema) as writer:
+            for rb in batches:
+                writer.write_batch(rb)
+        return out.slice(0, sink.tell())
+    except (pa.ArrowException, OSError):      # the estimate fell short
+        pass
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_file(stream, schema) as writer:
         for rb in batches:
             writer.write_batch(rb)
-    return sink.getvalue()
+    return stream.getvalue()
 
 
 def _json_default(o: Any) -> Any:

@@ -81,3 +81,30 @@ def test_arrays_read_from_many_threads(tmp_path: Path) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(read, range(200)))
+
+
+def test_arrow_file_bytes_equal_a_growing_stream_and_fall_back_when_the_estimate_is_short(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built in one buffer sized up front, the IPC bytes are those of pyarrow's growing output stream, for
+    list columns of several widths; a buffer that turns out too small falls back to the stream."""
+    import pyarrow as pa
+    from diskflow.operators.formats import files
+
+    rng = np.random.default_rng(0)
+    batches = [pa.RecordBatch.from_arrays(
+        [pa.array([i], pa.int64()),
+         pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(rng.integers(0, 9, n).astype(np.int32))),
+         pa.ListArray.from_arrays(pa.array([0, 3], pa.int32()), pa.array(np.arange(3, dtype=np.uint8)))],
+        names=["batch", "ids", "small"]) for i, n in enumerate((0, 1, 7, 100_003))]
+
+    def streamed() -> pa.Buffer:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batches[0].schema.with_metadata({"key": "e0-s00001"})) as w:
+            for rb in batches:
+                w.write_batch(rb)
+        return sink.getvalue()
+
+    expected = streamed()
+    assert files.arrow_file_bytes(batches[0].schema, iter(batches), {"key": "e0-s00001"}).equals(expected)
+    monkeypatch.setattr(pa, "allocate_buffer", lambda n: pa.py_buffer(bytearray(64)))   # an estimate far too small
+    assert files.arrow_file_bytes(batches[0].schema, batches, {"key": "e0-s00001"}).equals(expected)
