@@ -36,7 +36,7 @@ import numpy as np
 from ..operators.formats.files import atomic_path, load_npz, write_bytes
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
-from ..operators.prepare.count import count_accesses, merge_counts
+from ..operators.prepare.count import Counts, add_counts, dense_counts, superbatch_counts
 from ..operators.prepare.history import HistoryStep, history_nodes, history_nodes_by_count, plan_round
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
@@ -187,19 +187,19 @@ def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: S
     return SampleResult(ref.key, None, {**summary, "path": out_path}, stamp(t0), path=out_path)
 
 
-def count_task(sample: SampleResult, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, counts) of one superbatch's accesses."""
-    return count_accesses(sample.n_ids(), num_nodes)
+def count_task(sample: SampleResult, num_nodes: int) -> Counts:
+    """One superbatch's access counts (`count.superbatch_counts`: dense or sparse)."""
+    return superbatch_counts(sample.n_ids(), num_nodes)
 
 
-def tiers_task(counts: tuple[np.ndarray, np.ndarray] | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
+def tiers_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
                max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
                out_path: str | None = None) -> Tiers:
     """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content.
 
     Args:
-        counts: the merged counts the tiers are chosen from: (ids, counts), or an ``.npz`` holding them
-            (a prepare cache's, read where the task runs).
+        counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
+            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
         first: the first superbatches' samples (a planned CPU tier is filled from them).
         max_rows: the largest batch of the round (staging is sized by it); None: the largest in
             `first`, plus `MAX_ROWS_MARGIN`.
@@ -211,12 +211,11 @@ def tiers_task(counts: tuple[np.ndarray, np.ndarray] | str, first: Sequence[Samp
     if isinstance(counts, str):
         saved = load_npz(counts)
         counts = (saved["ids"], saved["counts"])
-    freq = np.zeros(store.num_nodes, np.int64)
-    freq[counts[0]] = counts[1]
+    freq = dense_counts(counts, store.num_nodes)
     if max_rows is None:
         seen = max(int(s.summary["max_nodes"]) for s in first)
         max_rows = min(store.num_nodes, math.ceil(seen * MAX_ROWS_MARGIN))
-    read = min(store.num_nodes, int(counts[0].shape[0])) if whole_round else store.num_nodes
+    read = int(np.count_nonzero(freq)) if whole_round else store.num_nodes
     sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
                        spec.staging_batches, len(store.shards), spec.io_reserve)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
@@ -313,7 +312,7 @@ class PrepGraph:
                  for k, s in samples]
         level = 0
         while len(parts) > 1:
-            parts = [self.submit(merge_counts, *parts[i:i + 2], key=f"count-merge-{level}-{i // 2}-{self.tok}", k=-1)
+            parts = [self.submit(add_counts, *parts[i:i + 2], key=f"count-merge-{level}-{i // 2}-{self.tok}", k=-1)
                      if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
             level += 1
         return parts[0]

@@ -72,6 +72,7 @@ from ..operators.formats.packed import (
 from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_plan
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
+from ..operators.prepare.count import as_sparse
 from ..operators.prepare.diskcache import build_layout
 from ..operators.prepare.history import DEFAULT_STALENESS, FLOAT_BYTES, HISTORY_SELECTS, history_rows
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
@@ -647,8 +648,8 @@ def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
         g = _graph(run)
         samples = [g.sample(k, str(sdir / r.filename)) for k, r in enumerate(run.refs)]
         # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
-        *results, (ids, counts) = compute([*samples, g.counts(list(enumerate(samples)))], desc="sample",
-                                          disable=run.show())
+        *results, total = compute([*samples, g.counts(list(enumerate(samples)))], desc="sample", disable=run.show())
+        ids, counts = as_sparse(total)
         with atomic_path(sdir / COUNTS, parents=False) as tmp, open(tmp, "wb") as f:
             np.savez(f, ids=narrow_int(ids), counts=narrow_int(counts))
         manifest = stage.finish({"summaries": [r.summary for r in results]}, drop_stale=not run.keep_stale)

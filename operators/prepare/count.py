@@ -4,6 +4,12 @@ Per-superbatch counts are sparse (ids, counts) pairs so that a tree of pairwise 
 reduces them to round totals without any single task holding all samples. Counting and merging
 run natively (`diskflow.native.count_ids`, `merge_counts`): one pass over the accesses, one over
 the sorted runs, the GIL released.
+
+Where a superbatch reads a large share of the graph (its accesses at least a quarter of the
+nodes), the preparation graph counts it densely instead (`superbatch_counts`, an int64 array of
+N): one bincount, and merges that are one vector addition, beat building, returning and merging
+sorted runs of millions of ids. `add_counts` merges either kind; `as_sparse` and `dense_counts`
+convert.
 """
 from __future__ import annotations
 
@@ -50,8 +56,55 @@ def merge_counts(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.
     return runs[0][0], runs[0][1]
 
 
-def dense_counts(part: tuple[np.ndarray, np.ndarray], num_nodes: int) -> np.ndarray:
-    """Sparse counts as a dense int64 array of length `num_nodes`."""
+Counts = tuple[np.ndarray, np.ndarray] | np.ndarray     # sparse (ids ascending, counts) or dense int64 [N]
+
+DENSE_SHARE = 4     # count densely when the nodes are at most 4 x the accesses
+
+
+def superbatch_counts(n_ids: list[np.ndarray], num_nodes: int) -> Counts:
+    """A superbatch's access counts: dense (int64 [num_nodes], one bincount) when its accesses are at least
+    a quarter of the nodes, else sparse (`count_accesses`).
+
+    Raises:
+        ValueError: a node id outside [0, num_nodes).
+    """
+    accesses = sum(int(a.shape[0]) for a in n_ids)
+    if not n_ids or num_nodes > DENSE_SHARE * accesses:
+        return count_accesses(n_ids, num_nodes)
+    cat = np.concatenate(n_ids)
+    if cat.size and (int(cat.min()) < 0 or int(cat.max()) >= num_nodes):
+        bad = int(cat.min()) if int(cat.min()) < 0 else int(cat.max())
+        raise ValueError(f"nodes: node id {bad} is outside [0, {num_nodes})")
+    return np.bincount(cat, minlength=num_nodes).astype(np.int64, copy=False)
+
+
+def add_counts(a: Counts, b: Counts) -> Counts:
+    """The sum of two counts of either kind (dense if either is)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a + b
+    if isinstance(b, np.ndarray):
+        a, b = b, a
+    if isinstance(a, np.ndarray):
+        out = a.copy()
+        out[np.asarray(b[0], np.int64)] += np.asarray(b[1], np.int64)     # ids are unique: no lost updates
+        return out
+    return merge_counts(a, b)
+
+
+def as_sparse(c: Counts) -> tuple[np.ndarray, np.ndarray]:
+    """Counts as (ids ascending, counts) of the nodes read at least once."""
+    if isinstance(c, np.ndarray):
+        ids = np.flatnonzero(c).astype(np.int64)
+        return ids, c[ids].astype(np.int64, copy=False)
+    return c
+
+
+def dense_counts(part: Counts, num_nodes: int) -> np.ndarray:
+    """Counts as a dense int64 array of length `num_nodes`."""
+    if isinstance(part, np.ndarray):
+        if part.shape[0] != num_nodes:
+            raise ValueError(f"dense counts of {part.shape[0]} nodes, expected {num_nodes}")
+        return part.astype(np.int64, copy=False)
     out = np.zeros(num_nodes, dtype=np.int64)
     out[part[0]] = part[1]
     return out

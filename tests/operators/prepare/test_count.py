@@ -44,3 +44,28 @@ def test_merge_of_sorted_parts_equals_the_sum() -> None:
         assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
     empty = merge_counts((np.zeros(0, np.int64), np.zeros(0, np.int64)))
     assert empty[0].size == 0 and empty[1].size == 0
+
+
+def test_superbatch_counts_dense_or_sparse_and_their_sums_agree() -> None:
+    """The graph's counts: dense where a superbatch reads a large share of the nodes, sparse otherwise; any
+    mix adds up to the bincount of everything, and both forms convert back exactly."""
+    import pytest
+    from diskflow.operators.prepare.count import add_counts, as_sparse, superbatch_counts
+
+    rng = np.random.default_rng(11)
+    n = 1000
+    wide = [rng.choice(n, size=200, replace=False).astype(np.int32) for _ in range(2)]        # 400 >= n / 4
+    narrow = [rng.choice(n, size=30, replace=False).astype(np.int64)]                         # 30 < n / 4
+    a, b = superbatch_counts(wide, n), superbatch_counts(narrow, n)
+    assert isinstance(a, np.ndarray) and a.shape == (n,) and a.dtype == np.int64
+    assert isinstance(b, tuple)
+    ref = np.bincount(np.concatenate([*wide, *narrow]), minlength=n)
+    assert np.array_equal(dense_counts(add_counts(a, b), n), ref)
+    assert np.array_equal(dense_counts(add_counts(b, a), n), ref)
+    assert np.array_equal(dense_counts(add_counts(add_counts(a, a), b), n), ref + np.bincount(np.concatenate(wide), minlength=n))
+    assert np.array_equal(dense_counts(add_counts(b, b), n), 2 * np.bincount(narrow[0], minlength=n))
+    ids, counts = as_sparse(add_counts(a, b))
+    assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
+    assert a is not add_counts(a, b) and np.array_equal(a, np.bincount(np.concatenate(wide), minlength=n))  # inputs kept
+    with pytest.raises(ValueError, match="node id 1000 is outside"):
+        superbatch_counts([np.array([1, 1000] * 200)], n)
