@@ -7,7 +7,8 @@ Dask graph by the same builder, `PrepGraph`, under the same task keys:
     sample-{key}-{tok}           sample superbatch `key` (native sampler): its Arrow IPC samples
     count-{key}-{tok}            its access counts (sparse, native)
     count-merge-{l}-{i}-{tok}    a pairwise tree of merges: the counts the tiers are chosen from
-    tiers-{tok}                  the GPU tier and the CPU tier's first content (`policies.choose_tiers`)
+    tiers-gpu-{tok}              the tiers' sizes and the GPU tier (`policies.choose_gpu_tier`)
+    tiers-{tok}                  the CPU tier's first content beside it (`policies.choose_cpu_tier`)
     trace-{key}-{tok}            superbatch key's window traced (its next uses), beside the chain (a
                                  sink may leave it to the plan task: the stream, when the lookahead's
                                  samples are not submitted yet)
@@ -40,7 +41,7 @@ from ..operators.prepare.count import Counts, add_counts, dense_counts, superbat
 from ..operators.prepare.history import HistoryStep, history_nodes, history_nodes_by_count, plan_round
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
-from ..operators.prepare.policies import Policy, choose_tiers, planned
+from ..operators.prepare.policies import Policy, choose_cpu_tier, choose_gpu_tier, planned
 from ..operators.prepare.seeds import BatchOrder
 from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes, superbatch_hop1
 from ..operators.prepare.tiers import tier_sizes
@@ -192,21 +193,24 @@ def count_task(sample: SampleResult, num_nodes: int) -> Counts:
     return superbatch_counts(sample.n_ids(), num_nodes)
 
 
-def tiers_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
-               max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
-               out_path: str | None = None) -> Tiers:
-    """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content.
+@dataclass
+class GpuTier:
+    """The GPU tier, the counts it was chosen from and the tiers' sizes: the first half of the tiers, all a
+    window's trace needs, so the traces start while the CPU tier's first content is still being chosen."""
 
-    Args:
-        counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
-            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
-        first: the first superbatches' samples (a planned CPU tier is filled from them).
-        max_rows: the largest batch of the round (staging is sized by it); None: the largest in
-            `first`, plus `MAX_ROWS_MARGIN`.
-        whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
-        start_cpu_ids: a resumed stream's CPU tier (checked, no policy run).
-        out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
-    """
+    gpu_ids: np.ndarray
+    frequency: np.ndarray
+    cpu_rows: int
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:      # `dask.sizeof`
+        return object.__sizeof__(self) + self.gpu_ids.nbytes + self.frequency.nbytes
+
+
+def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
+                  max_rows: int | None, whole_round: bool) -> GpuTier:
+    """The tiers' sizes and the GPU tier (hottest rows or the user's policy); see `tiers_task` for the
+    arguments."""
     store = Store(store_path)
     if isinstance(counts, str):
         saved = load_npz(counts)
@@ -220,18 +224,45 @@ def tiers_task(counts: Counts | str, first: Sequence[SampleResult], store_path: 
                        spec.staging_batches, len(store.shards), spec.io_reserve)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
         sizes = dataclasses.replace(sizes, cpu_rows=min(read - sizes.gpu_rows, sizes.cpu_rows * spec.pool))
-    gpu_ids, cpu_ids = choose_tiers(spec.gpu_policy, spec.cpu_policy, freq, sizes.gpu_rows, sizes.cpu_rows,
-                                    lambda: [b for s in first[:2] for b in s.n_ids()], cpu_slots=start_cpu_ids)
-    if out_path is not None:
-        with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
-            np.savez(f, gpu_ids=gpu_ids, cpu_ids=cpu_ids)
     figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
                "max_batch_rows_reserved": max_rows}
-    return Tiers(gpu_ids, cpu_ids, freq, figures)
+    return GpuTier(choose_gpu_tier(spec.gpu_policy, freq, sizes.gpu_rows), freq, sizes.cpu_rows, figures)
 
 
-def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers) -> WindowTrace:
-    """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain."""
+def cpu_tier_task(gpu: GpuTier, first: Sequence[SampleResult], spec: TierSpec, start_cpu_ids: np.ndarray | None = None,
+                  out_path: str | None = None) -> Tiers:
+    """The CPU tier's first content beside the GPU tier: the tiers; see `tiers_task` for the arguments."""
+    cpu_ids = choose_cpu_tier(spec.cpu_policy, gpu.frequency, gpu.cpu_rows, gpu.gpu_ids,
+                              lambda: [b for s in first[:2] for b in s.n_ids()], cpu_slots=start_cpu_ids)
+    if out_path is not None:
+        with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
+            np.savez(f, gpu_ids=gpu.gpu_ids, cpu_ids=cpu_ids)
+    return Tiers(gpu.gpu_ids, cpu_ids, gpu.frequency, dict(gpu.figures))
+
+
+def tiers_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
+               max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
+               out_path: str | None = None) -> Tiers:
+    """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content (`gpu_tier_task`, then
+    `cpu_tier_task`, which the graph runs as two tasks).
+
+    Args:
+        counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
+            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
+        first: the first superbatches' samples (a planned CPU tier is filled from them).
+        max_rows: the largest batch of the round (staging is sized by it); None: the largest in
+            `first`, plus `MAX_ROWS_MARGIN`.
+        whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
+        start_cpu_ids: a resumed stream's CPU tier (checked, no policy run).
+        out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
+    """
+    return cpu_tier_task(gpu_tier_task(counts, first, store_path, spec, max_rows, whole_round), first, spec,
+                         start_cpu_ids, out_path)
+
+
+def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | GpuTier) -> WindowTrace:
+    """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain (it needs the GPU
+    tier alone)."""
     return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
                         tiers.frequency.shape[0])
 
@@ -285,6 +316,7 @@ class PrepGraph:
         self._history_plan: Any = None
         self.cpu_policy = cpu_policy
         self.num_nodes = Store(store_path).num_nodes
+        self._tiers: tuple[Any, Any] | None = None       # the last tiers node built here and its GPU-tier node
 
     def sample(self, k: int, out_path: str | None = None) -> Any:
         r = self.refs[k]
@@ -319,8 +351,11 @@ class PrepGraph:
 
     def tiers(self, total: Any, first: Sequence[Any], spec: TierSpec, *, max_rows: int | None, whole_round: bool,
               start_cpu_ids: np.ndarray | None = None, out_path: str | None = None) -> Any:
-        return self.submit(tiers_task, total, list(first), self.store_path, spec, max_rows, whole_round, start_cpu_ids,
-                           out_path, key=f"tiers-{self.tok}", k=-1)
+        gpu = self.submit(gpu_tier_task, total, list(first), self.store_path, spec, max_rows, whole_round,
+                          key=f"tiers-gpu-{self.tok}", k=-1)
+        tiers = self.submit(cpu_tier_task, gpu, list(first), spec, start_cpu_ids, out_path, key=f"tiers-{self.tok}", k=-1)
+        self._tiers = (tiers, gpu)
+        return tiers
 
     def trace(self, k: int, sample: Any, lookahead: Any, tiers: Any) -> Any:
         """Trace k's window (k and its lookahead), for a planned policy (None otherwise): a task of its
@@ -328,7 +363,8 @@ class PrepGraph:
         another worker while the chain advances."""
         if not planned(self.cpu_policy):
             return None
-        return self.submit(trace_task, sample, lookahead, tiers, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
+        gpu = self._tiers[1] if self._tiers is not None and self._tiers[0] is tiers else tiers   # its GPU half
+        return self.submit(trace_task, sample, lookahead, gpu, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
 
     def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None) -> Any:
         """Plan k, chained on `prev` (plan k-1's node, None for the first), over k's window trace (`trace`'s

@@ -155,14 +155,25 @@ def choose_tiers(gpu_policy: Policy, cpu_policy: Policy, counts: np.ndarray, gpu
     slot order, for the whole round. `cpu_slots`, when given (a resumed stream: the slots its
     checkpoint saved), is the CPU tier as it stands, checked against `cpu_rows`; no policy runs.
     """
-    gpu_ids = np.sort(choose_tier(gpu_policy, counts, gpu_rows, np.zeros(0, np.int64), "gpu"))
+    gpu_ids = choose_gpu_tier(gpu_policy, counts, gpu_rows)
+    return gpu_ids, choose_cpu_tier(cpu_policy, counts, cpu_rows, gpu_ids, first_batches, cpu_slots)
+
+
+def choose_gpu_tier(gpu_policy: Policy, counts: np.ndarray, gpu_rows: int) -> np.ndarray:
+    """The GPU tier alone (sorted node ids): `choose_tiers`' first half, all a window's trace needs."""
+    return np.sort(choose_tier(gpu_policy, counts, gpu_rows, np.zeros(0, np.int64), "gpu"))
+
+
+def choose_cpu_tier(cpu_policy: Policy, counts: np.ndarray, cpu_rows: int, gpu_ids: np.ndarray,
+                    first_batches: Callable[[], list[np.ndarray]], cpu_slots: np.ndarray | None = None) -> np.ndarray:
+    """The CPU tier's slots at round start, given the GPU tier: `choose_tiers`' second half."""
     if cpu_slots is not None:
         slots = np.asarray(cpu_slots, np.int64)
         if slots.shape != (cpu_rows,):
             raise InputError("checkpoint cpu_ids.npy", f"holds {slots.shape[0]} CPU-tier slots, this run's budget "
                                                        f"gives {cpu_rows}; resume with the same options")
-        return gpu_ids, slots
+        return slots
     if planned(cpu_policy):
-        return gpu_ids, initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
+        return initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
     ids = choose_tier(cpu_policy, counts, cpu_rows, gpu_ids, "cpu")
-    return gpu_ids, np.concatenate([ids, np.full(cpu_rows - ids.shape[0], -1, np.int64)])
+    return np.concatenate([ids, np.full(cpu_rows - ids.shape[0], -1, np.int64)])
