@@ -80,7 +80,7 @@ def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool 
     idx_dt = _narrow([p.idx for p in b] + [p.insert_pos for p in b] + [p.insert_slot for p in b])
     with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
         np.savez(f, offsets=offsets, ins_offsets=ins_offsets,
-                 src=_cat([p.src for p in b], np.uint8), idx=_cat([p.idx for p in b], idx_dt),
+                 src=_cat([p.src for p in b], np.dtype(np.uint8)), idx=_cat([p.idx for p in b], idx_dt),
                  insert_pos=_cat([p.insert_pos for p in b], idx_dt),
                  insert_slot=_cat([p.insert_slot for p in b], idx_dt),
                  final_cache=np.asarray(plan.final_cache, np.int64),

@@ -88,6 +88,7 @@ def add_counts(a: Counts, b: Counts) -> Counts:
         out = a.copy()
         out[np.asarray(b[0], np.int64)] += np.asarray(b[1], np.int64)     # ids are unique: no lost updates
         return out
+    assert not isinstance(b, np.ndarray)    # both sparse here
     return merge_counts(a, b)
 
 

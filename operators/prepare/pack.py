@@ -176,7 +176,7 @@ def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos:
     with O_DIRECT where `direct_fd` is given: straight from the disk into `buf`, with no copy through the
     page cache and none of its bookkeeping, the cost that dominated the kernel's share of packing.
     """
-    view = memoryview(buf)
+    view = buf.data
     while pos < end:
         stop = min(end, pos + chunk)
         if direct_fd is not None and cached_share(fd, pos, stop - pos) < 0.5:
@@ -278,7 +278,7 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
                 n = min(chunk, nbytes - off)
                 with contextlib.suppress(AttributeError):
                     os.posix_fadvise(fd, shard.offset + off, n, os.POSIX_FADV_WILLNEED)
-                if os.preadv(fd, [probe], shard.offset + off + n - 1) <= 0:     # waits for the chunk's end
+                if os.preadv(fd, [probe.data], shard.offset + off + n - 1) <= 0:     # waits for the chunk's end
                     break
                 off += n
             done += off

@@ -300,7 +300,7 @@ def test_index_written_at_routing_and_patched_after_packing_is_the_whole_file(pa
     from diskflow.operators.formats.packed import patch_segments, read_index_file
     from diskflow.operators.prepare.route import write_index
 
-    out, layout, res = packed
+    _, layout, res = packed
     store = Store(rnd.store)
     P = len(store.shards)
     crc = np.stack([np.asarray(res["pack"][p]["crc"]) for p in range(P)], axis=1)
