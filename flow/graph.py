@@ -273,8 +273,11 @@ def tier_figures(tiers: Tiers) -> dict[str, Any]:
 
 
 def plan_task(prev: PlanResult | None, sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers,
-              policy: Policy, trace: WindowTrace | None = None) -> PlanResult:
+              policy: Policy, trace: WindowTrace | None = None, after: Any = None) -> PlanResult:
     """Plan one superbatch from the previous plan's final cache (the tiers' CPU ids for the first).
+
+    `after` is only an ordering edge: the next window's trace, so that it is done before this link of
+    the chain and the next link never waits for it behind tasks off the chain.
 
     The chain only plans: writing, routing and packing the plan are tasks of their own, off the chain.
     """
@@ -363,13 +366,17 @@ class PrepGraph:
         another worker while the chain advances."""
         if not planned(self.cpu_policy):
             return None
-        gpu = self._tiers[1] if self._tiers is not None and self._tiers[0] is tiers else tiers   # its GPU half
+        # The first window's trace needs only the GPU tier: it runs beside the CPU tier's fill, the two
+        # tasks the first plan waits for. Later windows wait for the whole tiers, never delaying the fill.
+        gpu = self._tiers[1] if k == 0 and self._tiers is not None and self._tiers[0] is tiers else tiers
         return self.submit(trace_task, sample, lookahead, gpu, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
 
-    def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None) -> Any:
+    def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None,
+             after: Any = None) -> Any:
         """Plan k, chained on `prev` (plan k-1's node, None for the first), over k's window trace (`trace`'s
-        node; None: the plan task traces the window itself)."""
-        return self.submit(plan_task, prev, sample, lookahead, tiers, self.cpu_policy, trace,
+        node; None: the plan task traces the window itself); `after`: a node to finish first (the next
+        window's trace)."""
+        return self.submit(plan_task, prev, sample, lookahead, tiers, self.cpu_policy, trace, after,
                            key=f"plan-{self.refs[k].key}-{self.tok}", k=k)
 
 

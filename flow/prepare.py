@@ -678,11 +678,15 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
     # traces run on the other cores while the chain advances.
+    traces = [g.trace(k, samples[k], samples[k + 1] if k + 1 < len(samples) else None, tiers)
+              for k in range(len(run.refs))]
     plans: list[Any] = []
     for k in range(len(run.refs)):
         ahead = samples[k + 1] if k + 1 < len(samples) else None
-        plans.append(g.plan(k, plans[-1] if plans else None, samples[k], ahead, tiers,
-                            g.trace(k, samples[k], ahead, tiers)))
+        # Plan k also waits for trace k + 1, so plan k + 1 never waits for its trace behind the route and
+        # save tasks; not plan 0, which would then wait for two traces (the others run beside it).
+        plans.append(g.plan(k, plans[-1] if plans else None, samples[k], ahead, tiers, traces[k],
+                            traces[k + 1] if 0 < k < len(traces) - 1 else None))
     save_tasks = [delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), key=f"plan-save-{r.key}-{tok}")
                   for r, plan in zip(run.refs, plans)]
     # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
