@@ -168,9 +168,11 @@ def cached_share(fd: int, offset: int, nbytes: int) -> float:
     return float(np.count_nonzero(vec & 1)) / vec.shape[0]
 
 
-def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos: int, end: int, chunk: int) -> int:
+def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos: int, end: int, chunk: int,
+               path: Path) -> int:
     """Fill ``buf[pos - start:end - start]`` with file bytes [pos, end) (`start`: the file offset of buf[0],
-    a multiple of ALIGN, as is buf's address); return how far it got (< end: the file ended).
+    a multiple of ALIGN, as is buf's address); return how far it got (< end: the file ended). A failed read
+    is an InputError naming `path` and the byte.
 
     A chunk the page cache mostly holds (the read-ahead's shards) is copied from it; any other is read
     with O_DIRECT where `direct_fd` is given: straight from the disk into `buf`, with no copy through the
@@ -179,24 +181,27 @@ def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos:
     view = buf.data
     while pos < end:
         stop = min(end, pos + chunk)
-        if direct_fd is not None and cached_share(fd, pos, stop - pos) < 0.5:
-            lo = pos - (pos - start) % ALIGN                  # aligned in the file and in buf alike
-            hi = min(start + buf.shape[0], -(-stop // ALIGN) * ALIGN)
-            try:
-                n = os.preadv(direct_fd, [view[lo - start:hi - start]], lo)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                direct_fd = None                              # e.g. a device whose blocks are larger
-                continue
-            if n <= pos - lo:
-                return pos                                    # end of file
-            pos = min(end, lo + n)
-        else:
-            n = os.preadv(fd, [view[pos - start:stop - start]], pos)
-            if n <= 0:
-                return pos
-            pos += n
+        try:
+            if direct_fd is not None and cached_share(fd, pos, stop - pos) < 0.5:
+                lo = pos - (pos - start) % ALIGN                  # aligned in the file and in buf alike
+                hi = min(start + buf.shape[0], -(-stop // ALIGN) * ALIGN)
+                try:
+                    n = os.preadv(direct_fd, [view[lo - start:hi - start]], lo)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    direct_fd = None                              # e.g. a device whose blocks are larger
+                    continue
+                if n <= pos - lo:
+                    return pos                                    # end of file
+                pos = min(end, lo + n)
+            else:
+                n = os.preadv(fd, [view[pos - start:stop - start]], pos)
+                if n <= 0:
+                    return pos
+                pos += n
+        except OSError as e:
+            raise InputError(path, f"read failed at byte {pos} ({e.strerror or e})") from e
     return pos
 
 
@@ -212,14 +217,11 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     except OSError as e:
         raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
     direct_fd = _open_direct(shard.path)
-    pos = shard.offset
     try:
         with contextlib.suppress(OSError, AttributeError):     # with O_DIRECT at hand, the buffered reads
             os.posix_fadvise(fd, shard.offset, nbytes,           # copy cached chunks and read no further
                              os.POSIX_FADV_SEQUENTIAL if direct_fd is None else os.POSIX_FADV_RANDOM)
-        pos = _read_span(fd, direct_fd, buf, start, shard.offset, shard.offset + nbytes, chunk)
-    except OSError as e:
-        raise InputError(shard.path, f"read failed near byte {pos} ({e.strerror or e})") from e
+        pos = _read_span(fd, direct_fd, buf, start, shard.offset, shard.offset + nbytes, chunk, shard.path)
     finally:
         os.close(fd)
         if direct_fd is not None:

@@ -328,3 +328,27 @@ def test_index_written_at_routing_and_patched_after_packing_is_the_whole_file(pa
         route.close()
     with pytest.raises(ValueError, match="records"):
         patch_segments(seg[0][1]["index_path"], seg[0][1]["index_at"][:1], offsets[:2], crc[:2])
+
+
+def test_shard_read_error_names_the_file_and_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from diskflow.operators.formats.store import FeatureShard
+    from diskflow.operators.prepare import pack as pack_mod
+
+    feats = np.zeros((5000, 8), np.float32)
+    path = tmp_path / "shard.bin"
+    path.write_bytes(feats.tobytes())
+    real = os.preadv
+    calls = []
+
+    def failing(fd: int, buffers: list, offset: int, *flags: int) -> int:
+        calls.append(offset)
+        if len(calls) > 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(pack_mod.os, "preadv", failing)
+    with pytest.raises(InputError, match=r"read failed at byte 65536 \(Input/output error\)") as e:
+        pack_mod._read_shard(FeatureShard(0, path, 0, 5000, 0, feats.nbytes), np.dtype(np.float32), 8, chunk=65536)
+    assert str(path) in str(e.value)
