@@ -196,7 +196,7 @@ def count_task(sample: SampleResult, num_nodes: int) -> Counts:
 @dataclass
 class GpuTier:
     """The GPU tier, the counts it was chosen from and the tiers' sizes: the first half of the tiers, all a
-    window's trace needs, so the traces start while the CPU tier's first content is still being chosen."""
+    window's trace needs, so the first trace runs while the CPU tier's first content is chosen."""
 
     gpu_ids: np.ndarray
     frequency: np.ndarray
@@ -209,8 +209,16 @@ class GpuTier:
 
 def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
                   max_rows: int | None, whole_round: bool) -> GpuTier:
-    """The tiers' sizes and the GPU tier (hottest rows or the user's policy); see `tiers_task` for the
-    arguments."""
+    """The tiers' sizes and the GPU tier (hottest rows or the user's policy); `cpu_tier_task` completes the tiers.
+
+    Args:
+        counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
+            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
+        first: the first superbatches' samples (their largest batch sizes the staging when `max_rows` is None).
+        max_rows: the largest batch of the round (staging is sized by it); None: the largest in
+            `first`, plus `MAX_ROWS_MARGIN`.
+        whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
+    """
     store = Store(store_path)
     if isinstance(counts, str):
         saved = load_npz(counts)
@@ -231,33 +239,20 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
 
 def cpu_tier_task(gpu: GpuTier, first: Sequence[SampleResult], spec: TierSpec, start_cpu_ids: np.ndarray | None = None,
                   out_path: str | None = None) -> Tiers:
-    """The CPU tier's first content beside the GPU tier: the tiers; see `tiers_task` for the arguments."""
+    """The CPU tier's first content beside the GPU tier: the tiers.
+
+    Args:
+        gpu: `gpu_tier_task`'s result.
+        first: the first superbatches' samples (a planned CPU tier is filled from them).
+        start_cpu_ids: a resumed stream's CPU tier (checked, no policy run).
+        out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
+    """
     cpu_ids = choose_cpu_tier(spec.cpu_policy, gpu.frequency, gpu.cpu_rows, gpu.gpu_ids,
                               lambda: [b for s in first[:2] for b in s.n_ids()], cpu_slots=start_cpu_ids)
     if out_path is not None:
         with atomic_path(out_path, parents=False) as tmp, open(tmp, "wb") as f:
             np.savez(f, gpu_ids=gpu.gpu_ids, cpu_ids=cpu_ids)
     return Tiers(gpu.gpu_ids, cpu_ids, gpu.frequency, dict(gpu.figures))
-
-
-def tiers_task(counts: Counts | str, first: Sequence[SampleResult], store_path: str, spec: TierSpec,
-               max_rows: int | None, whole_round: bool, start_cpu_ids: np.ndarray | None = None,
-               out_path: str | None = None) -> Tiers:
-    """The GPU tier (hottest rows or the user's policy) and the CPU tier's first content (`gpu_tier_task`, then
-    `cpu_tier_task`, which the graph runs as two tasks).
-
-    Args:
-        counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
-            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
-        first: the first superbatches' samples (a planned CPU tier is filled from them).
-        max_rows: the largest batch of the round (staging is sized by it); None: the largest in
-            `first`, plus `MAX_ROWS_MARGIN`.
-        whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
-        start_cpu_ids: a resumed stream's CPU tier (checked, no policy run).
-        out_path: also write ``gpu_ids``/``cpu_ids`` there (``.npz``, prepare's cache).
-    """
-    return cpu_tier_task(gpu_tier_task(counts, first, store_path, spec, max_rows, whole_round), first, spec,
-                         start_cpu_ids, out_path)
 
 
 def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | GpuTier) -> WindowTrace:
