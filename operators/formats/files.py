@@ -73,14 +73,17 @@ MANIFEST = "manifest.json"
 _FINGERPRINT_EDGE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 
 
+def fits_int32(arrays: Iterable[np.ndarray]) -> bool:
+    """Every value of every (integer) array is within int32's range."""
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    return all(a.size == 0 or (int(a.min()) >= lo and int(a.max()) <= hi) for a in map(np.asarray, arrays))
+
+
 def narrow_int(a: np.ndarray) -> np.ndarray:
     """`a` as int32 when every value fits (half the bytes of an int64 array written to a cache file), else
     as it is; readers widen what they load."""
     a = np.asarray(a)
-    if a.dtype.kind in "iu" and a.itemsize > 4 and (a.size == 0 or (int(a.min()) >= np.iinfo(np.int32).min
-                                                                    and int(a.max()) <= np.iinfo(np.int32).max)):
-        return a.astype(np.int32)
-    return a
+    return a.astype(np.int32) if a.dtype.kind in "iu" and a.itemsize > 4 and fits_int32([a]) else a
 
 
 def byte_offsets(rows: np.ndarray, row_bytes: int, base: int | np.ndarray = 0) -> np.ndarray:
@@ -152,22 +155,24 @@ def arrow_file_bytes(schema: pa.Schema, batches: Iterable[pa.RecordBatch], metad
     """
     schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
     batches = list(batches)
+
+    def write(sink: Any) -> None:
+        with pa.ipc.new_file(sink, schema) as writer:
+            for rb in batches:
+                writer.write_batch(rb)
+
     buffers = sum(len(col.buffers()) for rb in batches for col in rb.columns)
     estimate = (sum(rb.nbytes for rb in batches) + 64 * buffers + 1024 * (len(batches) + 2)
                 + 2 * len(schema.serialize()) + 4096)
     try:
         out = pa.allocate_buffer(estimate)
-        sink: Any = pa.FixedSizeBufferWriter(out)
-        with pa.ipc.new_file(sink, schema) as writer:
-            for rb in batches:
-                writer.write_batch(rb)
-        return out.slice(0, sink.tell())
+        fixed = pa.FixedSizeBufferWriter(out)
+        write(fixed)
+        return out.slice(0, fixed.tell())
     except (pa.ArrowException, OSError):      # the estimate fell short
         pass
     stream = pa.BufferOutputStream()
-    with pa.ipc.new_file(stream, schema) as writer:
-        for rb in batches:
-            writer.write_batch(rb)
+    write(stream)
     return stream.getvalue()
 
 

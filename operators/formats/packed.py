@@ -44,9 +44,18 @@ import pyarrow as pa
 
 from .checksum import crc32
 from .errors import InputError
-from .files import ALIGN, arrow_file_bytes, atomic_path, load_npy, preallocate, read_manifest, write_bytes
+from .files import (
+    ALIGN,
+    arrow_file_bytes,
+    atomic_path,
+    fits_int32,
+    load_npy,
+    preallocate,
+    read_manifest,
+    write_bytes,
+)
 from .outputs import OutputKind
-from .samples import ID_LIMIT, Buffer, SampleRecord, list_values, open_arrow, read_samples
+from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_KIND = OutputKind("a diskflow packed dataset", formats=(PACKED_FORMAT,))   # what `prepare` may replace
@@ -187,7 +196,7 @@ def _list(values: np.ndarray, typ: pa.DataType) -> pa.Array:
 
 
 def _fits_int32(records: Sequence[IndexRecord]) -> bool:
-    return all(r.idx.size == 0 or (int(r.idx.min()) >= -ID_LIMIT and int(r.idx.max()) < ID_LIMIT) for r in records)
+    return fits_int32(r.idx for r in records)
 
 
 def index_record_batch(r: IndexRecord, schema: pa.Schema = INDEX_SCHEMA) -> pa.RecordBatch:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .files import atomic_path, load_npz
+from .files import atomic_path, fits_int32, load_npz
 
 SRC_GPU, SRC_CPU, SRC_MISS = 0, 1, 2
 
@@ -89,8 +89,7 @@ def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool 
 
 def _narrow(arrays: list[np.ndarray]) -> np.dtype:
     """int32 when every value fits (slots and ranks always do in practice: half the plan file's bytes), else int64."""
-    big = max((int(np.abs(a).max()) for a in arrays if a.size), default=0)
-    return np.dtype(np.int32) if big <= np.iinfo(np.int32).max else np.dtype(np.int64)
+    return np.dtype(np.int32) if fits_int32(arrays) else np.dtype(np.int64)
 
 
 def _cat(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:

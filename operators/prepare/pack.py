@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ...native import kernels
+from ...native.reader import aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
 from ..formats.files import ALIGN, atomic_path, create_aligned_npy, load_npy, save_npy
@@ -110,8 +111,7 @@ def _shard_buffer(nbytes: int) -> np.ndarray:
     """
     buf = getattr(_THREAD, "shard", None)
     if buf is None or buf.shape[0] < nbytes:
-        raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-        buf = raw[-raw.ctypes.data % ALIGN:][:nbytes]
+        buf = aligned_empty(nbytes)
         _THREAD.shard = buf
     return buf[:nbytes]
 
@@ -342,22 +342,16 @@ class _SegmentWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
         self._pending: Future[None] | None = None
 
-    @classmethod
-    def _thread_buffers(cls, n: int) -> list[np.ndarray]:
+    @staticmethod
+    def _thread_buffers(n: int) -> list[np.ndarray]:
         """This thread's two write buffers of `n` bytes, kept from its previous pack task: fresh ones per
         shard cost the kernel zeroing 2 x `n` bytes of new pages every time. A thread runs one pack task
         at a time and `close` waits for the last write from them, so reuse is safe."""
         bufs = getattr(_THREAD, "write_bufs", None)
         if bufs is None or bufs[0].shape[0] != n:
-            bufs = [cls._aligned(n), cls._aligned(n)]
+            bufs = [aligned_empty(n), aligned_empty(n)]
             _THREAD.write_bufs = bufs
         return list(bufs)
-
-    @staticmethod
-    def _aligned(n: int) -> np.ndarray:
-        raw = np.empty(n + ALIGN, dtype=np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        return raw[start:start + n]                             # page-aligned, as O_DIRECT requires
 
     @property
     def position(self) -> int:
