@@ -235,7 +235,7 @@ struct Ranker {
 
 // Sorts [first, last) ascending by (bad, node), for the row types below (Resident, Miss): an LSD
 // radix sort (11-bit digits) on the key ((bad - min bad) << node bits) | (node - min node) when
-// the range is large and that key needs at most six passes, std::sort otherwise. Keys are
+// the range is large and that key fits 64 bits (six passes at most), std::sort otherwise. Keys are
 // distinct within a range (a node is at most once in a bucket or a batch), so both orders agree.
 // `scratch` is reused from call to call.
 constexpr size_t kRadixMin = 2048;
@@ -260,7 +260,7 @@ void sort_rows(T* first, T* last, std::vector<T>& scratch) {
     const int nb = bit_width(static_cast<uint64_t>(nmax - nmin));
     const int total = nb + bit_width(bmax - bmin);
     constexpr int kDigit = 11;
-    if (total > 6 * kDigit) {
+    if (total > 64) {  // the packed key must fit 64 bits (then at most six 11-bit passes)
         std::sort(first, last);
         return;
     }

@@ -485,17 +485,19 @@ def reference_plan(batches: list[np.ndarray], lookahead: list[np.ndarray], capac
     return out, final
 
 
-@pytest.mark.parametrize("seed", range(1))
-def test_large_buckets_plan_exactly_as_the_rule_says(seed: int) -> None:
+@pytest.mark.parametrize("seed, scale", [(0, 1), (1, 2**40), (1, 2**41)])
+def test_large_buckets_plan_exactly_as_the_rule_says(seed: int, scale: int) -> None:
     """Batches of thousands of rows, so the planner's buckets and miss classes pass the size where it
-    radix-sorts them (2,048): the inserts, slots and final cache equal the rule written out in Python."""
+    radix-sorts them (2,048): the inserts, slots and final cache equal the rule written out in Python.
+    With frequencies scaled by 2^40 or 2^41, far rows' (badness, node) keys need 65 or 66 bits: sorted
+    by comparison then, still exactly."""
     rng = np.random.default_rng(50 + seed)
     n = 60_000
     weights = 1.0 / np.arange(1, n + 1) ** 0.5
     weights /= weights.sum()
     trace = [rng.permutation(rng.choice(n, size=int(rng.integers(9_000, 11_000)), replace=False, p=weights))
              .astype(np.int64) for _ in range(8)]
-    freq = frequency_of(trace, n) * rng.integers(1, 50, size=n)      # far rows: a wide range of frequencies
+    freq = frequency_of(trace, n) * rng.integers(1, 50, size=n) * scale   # far rows: a wide range of frequencies
     capacity = 16_000
     init = initial_fill(trace[:3], capacity // 4, freq, NO_GPU)
     init = np.concatenate([init, np.full(capacity - init.shape[0], -1, np.int64)])
