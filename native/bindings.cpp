@@ -555,6 +555,28 @@ py::tuple count_ids_py(const py::object& nodes_obj, int64_t num_nodes) {
     return py::make_tuple(to_numpy(std::move(ids)), to_numpy(std::move(counts)));
 }
 
+// out[v] += occurrences of v in each array of `arrays` (int32 or int64 each): checks everything, then
+// counts with the GIL released.
+void count_dense_py(const py::list& arrays, const py::object& out_obj) {
+    py::array out = as_array(out_obj, "out", "int32");
+    if (!has_dtype<int32_t>(out)) throw py::value_error("out: expected dtype int32, got " + dtype_str(out));
+    check_layout(out, "out", 1);
+    if (!out.writeable()) throw py::value_error("out: expected a writable array");
+    std::vector<View<int32_t>> narrow;
+    std::vector<View<int64_t>> wide;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+        const std::string name = "arrays[" + std::to_string(i) + "]";
+        py::array a = as_array(arrays[i], name.c_str(), "int32 or int64");
+        if (has_dtype<int32_t>(a)) narrow.push_back(input<int32_t>(a, name.c_str()));
+        else wide.push_back(input<int64_t>(a, name.c_str()));
+    }
+    auto* o = static_cast<int32_t*>(out.mutable_data());
+    const int64_t n = static_cast<int64_t>(out.shape(0));
+    py::gil_scoped_release release;
+    for (const auto& v : narrow) count_dense(v.data, v.size, n, o);
+    for (const auto& v : wide) count_dense(v.data, v.size, n, o);
+}
+
 py::tuple merge_counts_py(const py::object& ia, const py::object& ca, const py::object& ib, const py::object& cb) {
     const auto ids_a = input<int64_t>(ia, "ids_a"), counts_a = input<int64_t>(ca, "counts_a");
     const auto ids_b = input<int64_t>(ib, "ids_b"), counts_b = input<int64_t>(cb, "counts_b");
@@ -572,6 +594,10 @@ void register_count(py::module_& m) {
     m.def("count_ids", &count_ids_py, py::arg("nodes"), py::arg("num_nodes"),
           "(ids ascending, counts) of the int64 node ids in `nodes`, all in [0, num_nodes); GIL released.\n"
           "Raises ValueError on an id out of range.");
+    m.def("count_dense", &count_dense_py, py::arg("arrays"), py::arg("out"),
+          "out[v] += occurrences of v in each 1-D int32 or int64 array of `arrays` (a list), every id in\n"
+          "[0, len(out)); `out` int32, C-contiguous. GIL released. Raises ValueError on an id out of range\n"
+          "(that array uncounted) and OverflowError where a count would pass 2^31 - 1.");
     m.def("merge_counts", &merge_counts_py, py::arg("ids_a"), py::arg("counts_a"), py::arg("ids_b"),
           py::arg("counts_b"),
           "The sum of two sparse counts (int64 ids strictly ascending, int64 counts): ids ascending.\n"

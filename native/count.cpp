@@ -87,6 +87,29 @@ void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<i
         }
 }
 
+template <typename Id>
+void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out) {
+    if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0");
+    const uint64_t limit = static_cast<uint64_t>(num_nodes);
+    for (int64_t i = 0; i < n; ++i)
+        if (static_cast<uint64_t>(static_cast<int64_t>(nodes[i])) >= limit)   // negative ids wrap above it
+            throw std::invalid_argument("nodes: node id " + std::to_string(static_cast<int64_t>(nodes[i])) +
+                                        " at position " + std::to_string(i) + " is outside [0, " +
+                                        std::to_string(num_nodes) + ")");
+    constexpr int64_t kAhead = 16;
+    bool overflow = false;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) __builtin_prefetch(out + nodes[i + kAhead], 1);
+        int32_t& c = out[nodes[i]];
+        overflow |= c == INT32_MAX;
+        ++reinterpret_cast<uint32_t&>(c);      // wraps instead of undefined behaviour; reported below
+    }
+    if (overflow) throw std::overflow_error("count_dense: a count passed 2^31 - 1 (count in int64)");
+}
+
+template void count_dense<int32_t>(const int32_t*, int64_t, int64_t, int32_t*);
+template void count_dense<int64_t>(const int64_t*, int64_t, int64_t, int32_t*);
+
 void merge_count_pairs(const int64_t* ia, const int64_t* ca, int64_t na, const int64_t* ib, const int64_t* cb,
                        int64_t nb, std::vector<int64_t>& ids, std::vector<int64_t>& counts) {
     check_ascending(ia, na, "a");

@@ -19,6 +19,13 @@ namespace diskflow {
 void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<int64_t>& ids,
                std::vector<int64_t>& counts);
 
+// Adds one to out[v] for every v in `nodes[0..n)` (int32 or int64 ids, every one in [0, num_nodes)):
+// a superbatch's dense counts, one pass over its accesses with no copy or widening of the ids.
+// Checks every id before counting any (std::invalid_argument names the first out of range, and
+// `out` is then untouched); std::overflow_error where a count would pass INT32_MAX.
+template <typename Id>
+void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out);
+
 // The sum of two sparse counts (each with ids strictly ascending, checked): ids ascending.
 void merge_count_pairs(const int64_t* ids_a, const int64_t* counts_a, int64_t na, const int64_t* ids_b,
                        const int64_t* counts_b, int64_t nb, std::vector<int64_t>& ids, std::vector<int64_t>& counts);

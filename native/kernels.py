@@ -13,6 +13,7 @@ Kernels:
         (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
     copy_rows, gather_rows: one-pass row copies between feature matrices (rows.cpp); packing gathers
         every segment with `gather_rows`.
+    count_dense: dense access counts of a superbatch (count.cpp);
     count_ids, merge_counts: sparse access counts of a superbatch and their pairwise sum (count.cpp);
         operators use them through `diskflow.operators.prepare.count`.
 
@@ -219,6 +220,21 @@ def count_ids(nodes: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray
     return ids, counts
 
 
+def count_dense(arrays: list[np.ndarray], out: np.ndarray) -> None:
+    """``out[v] +=`` the occurrences of v in every array of `arrays` (1-D int32 or int64 node ids, all in
+    [0, len(out))), in one native pass per array with the GIL released: no concatenation, no widening.
+
+    Args:
+        arrays: the node ids, e.g. a superbatch's ``n_id`` arrays as the samples file holds them.
+        out: int32 [num_nodes], C-contiguous and writable (e.g. ``np.zeros(N, np.int32)``).
+
+    Raises:
+        ValueError: an id out of range (that array is not counted), or arrays of another dtype or layout.
+        OverflowError: a count passed 2**31 - 1.
+    """
+    _native.count_dense(list(arrays), out)
+
+
 def merge_counts(ids_a: np.ndarray, counts_a: np.ndarray, ids_b: np.ndarray,
                  counts_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sum of two sparse counts (int64 ids strictly ascending, int64 counts), ids ascending.
@@ -231,4 +247,4 @@ def merge_counts(ids_a: np.ndarray, counts_a: np.ndarray, ids_b: np.ndarray,
 
 
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
-           "belady_simulate", "belady_trace", "copy_rows", "count_ids", "gather_rows", "merge_counts"]
+           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "gather_rows", "merge_counts"]

@@ -5,6 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from diskflow.operators.formats.samples import record_batch, write_samples
 from diskflow.operators.prepare.count import count_superbatch, dense_counts, merge_counts
 
@@ -54,10 +55,10 @@ def test_superbatch_counts_dense_or_sparse_and_their_sums_agree() -> None:
 
     rng = np.random.default_rng(11)
     n = 1000
-    wide = [rng.choice(n, size=200, replace=False).astype(np.int32) for _ in range(2)]        # 400 >= n / 4
+    wide = [rng.choice(n, size=200, replace=False).astype(t) for t in (np.int32, np.int64)]    # 400 >= n / 4
     narrow = [rng.choice(n, size=30, replace=False).astype(np.int64)]                         # 30 < n / 4
     a, b = superbatch_counts(wide, n), superbatch_counts(narrow, n)
-    assert isinstance(a, np.ndarray) and a.shape == (n,) and a.dtype == np.int64
+    assert isinstance(a, np.ndarray) and a.shape == (n,) and a.dtype == np.int32      # counted in int32
     assert isinstance(b, tuple)
     ref = np.bincount(np.concatenate([*wide, *narrow]), minlength=n)
     assert np.array_equal(dense_counts(add_counts(a, b), n), ref)
@@ -67,5 +68,24 @@ def test_superbatch_counts_dense_or_sparse_and_their_sums_agree() -> None:
     ids, counts = as_sparse(add_counts(a, b))
     assert np.array_equal(ids, np.flatnonzero(ref)) and np.array_equal(counts, ref[ids])
     assert a is not add_counts(a, b) and np.array_equal(a, np.bincount(np.concatenate(wide), minlength=n))  # inputs kept
-    with pytest.raises(ValueError, match="node id 1000 is outside"):
+    with pytest.raises(ValueError, match=r"node id 1000 at position 1 is outside \[0, 1000\)"):
         superbatch_counts([np.array([1, 1000] * 200)], n)
+    with pytest.raises(ValueError, match="node id -1 at position 0 is outside"):
+        superbatch_counts([np.arange(300, dtype=np.int32), np.array([-1] * 300, np.int32)], n)
+    strided = np.arange(2 * n, dtype=np.int64)[::2] // 2                                     # not contiguous
+    assert np.array_equal(superbatch_counts([strided], n), np.ones(n))
+
+
+def test_dense_sums_widen_before_int32_overflows() -> None:
+    """Two int32 counts whose sum could pass 2^31 - 1 add in int64; below that they stay int32."""
+    from diskflow.native import kernels
+    from diskflow.operators.prepare.count import add_counts
+
+    big = np.array([2**31 - 10, 5, 0], np.int32)
+    assert add_counts(big, np.array([9, 1, 0], np.int32)).dtype == np.int32
+    s = add_counts(big, np.array([10, 1, 0], np.int32))
+    assert s.dtype == np.int64 and s[0] == 2**31
+    assert add_counts(big, (np.array([0]), np.array([10]))).tolist() == [2**31, 5, 0]     # dense + sparse: int64
+    out = np.array([2**31 - 1, 0], np.int32)
+    with pytest.raises(OverflowError):
+        kernels.count_dense([np.array([0], np.int32)], out)
