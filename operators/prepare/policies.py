@@ -166,7 +166,13 @@ def choose_gpu_tier(gpu_policy: Policy, counts: np.ndarray, gpu_rows: int) -> np
 
 def choose_cpu_tier(cpu_policy: Policy, counts: np.ndarray, cpu_rows: int, gpu_ids: np.ndarray,
                     first_batches: Callable[[], list[np.ndarray]], cpu_slots: np.ndarray | None = None) -> np.ndarray:
-    """The CPU tier's slots at round start, given the GPU tier: `choose_tiers`' second half."""
+    """The CPU tier's slots at round start, given the GPU tier: `choose_tiers`' second half.
+
+    A policy's choice is laid out in node order (ascending ids, then the empty slots): which slot a
+    row starts in changes no plan (eviction ranks rows, not slots), and in node order each feature
+    shard's rows of the tier's rows file are one contiguous range, written by its pack task in one
+    write (`pack._write_targets`). A resumed stream's slots (`cpu_slots`) are kept as they are.
+    """
     if cpu_slots is not None:
         slots = np.asarray(cpu_slots, np.int64)
         if slots.shape != (cpu_rows,):
@@ -174,6 +180,8 @@ def choose_cpu_tier(cpu_policy: Policy, counts: np.ndarray, cpu_rows: int, gpu_i
                                                        f"gives {cpu_rows}; resume with the same options")
         return slots
     if planned(cpu_policy):
-        return initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
-    ids = choose_tier(cpu_policy, counts, cpu_rows, gpu_ids, "cpu")
-    return np.concatenate([ids, np.full(cpu_rows - ids.shape[0], -1, np.int64)])
+        ids = initial_fill(first_batches(), cpu_rows, counts, gpu_ids)
+        ids = ids[ids >= 0]
+    else:
+        ids = np.asarray(choose_tier(cpu_policy, counts, cpu_rows, gpu_ids, "cpu"), np.int64)
+    return np.concatenate([np.sort(ids), np.full(cpu_rows - ids.shape[0], -1, np.int64)])

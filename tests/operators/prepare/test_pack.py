@@ -352,3 +352,41 @@ def test_shard_read_error_names_the_file_and_byte(tmp_path: Path, monkeypatch: p
     with pytest.raises(InputError, match=r"read failed at byte 65536 \(Input/output error\)") as e:
         pack_mod._read_shard(FeatureShard(0, path, 0, 5000, 0, feats.nbytes), np.dtype(np.float32), 8, chunk=65536)
     assert str(path) in str(e.value)
+
+
+def test_tier_targets_written_whole_in_node_order_or_scattered(rnd: Round, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard's pack task writes its rows of each target file: ascending ids (the tiers' layout, empty
+    slots last) as one contiguous write per shard, any other order scattered through a map; either way
+    row k holds features[ids[k]] and an empty slot stays zero."""
+    import diskflow.operators.prepare.pack as pack_mod
+    from diskflow.operators.formats.packed import create_row_file
+
+    store = Store(rnd.store)
+    N, rb, P = store.num_nodes, store.row_bytes, len(store.shards)
+    assert P >= 3
+    rng = np.random.default_rng(5)
+    picked = np.sort(rng.choice(N, size=N // 3, replace=False))
+    ascending = np.concatenate([picked, np.full(7, -1)])
+    scattered = np.concatenate([rng.permutation(picked)[:40], [-1], picked[:1]])
+    targets = []
+    for name, ids in (("asc", ascending), ("scat", scattered)):
+        create_row_file(tmp_path / f"{name}.bin", ids.shape[0] + 1, rb)
+        targets.append(pack_mod.RowTarget(tmp_path / f"{name}.bin", ids, rb))     # rows after one row's offset
+    pwrites = []
+    real = os.pwrite
+    monkeypatch.setattr(pack_mod.os, "pwrite", lambda fd, data, off: pwrites.append(off) or real(fd, data, off))
+    k, f, n, p = rnd.refs[0].key, 0, rnd.n_ids[0], rnd.plans[0]
+    route = route_superbatch(k, n, p, None, f, store.shard_rows, P, tmp_path / "r.npz")
+    offsets, _ = segment_offsets(route["seg_rows"], rb)
+    for s in range(P):
+        pack_shard(rnd.store, s, [route["path"]], offsets, tmp_path / f"part-{s}.bin", tier_targets=targets)
+    shards_hit = set((picked // store.shard_rows).tolist())
+    assert len(pwrites) == len(shards_hit)                     # one write per shard, for the ascending file only
+    for name, ids in (("asc", ascending), ("scat", scattered)):
+        data = np.fromfile(tmp_path / f"{name}.bin", np.uint8)
+        rows = data[rb:rb + ids.shape[0] * rb].reshape(-1, rb)
+        assert not data[:rb].any() and not data[rb + ids.shape[0] * rb:].any()     # nothing outside the rows
+        for slot, node in enumerate(ids):
+            want = bytes(rb) if node < 0 else store.gather(np.array([node])).tobytes()
+            assert rows[slot].tobytes() == want, (name, slot, node)
