@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -305,7 +306,19 @@ struct Resident {
 // evictions. Rows that are never evicted are never ordered.
 class Residents {
 public:
-    explicit Residents(int64_t n_batches) : n_(n_batches), buckets_(n_batches + 2) {}
+    // `spare` and `scratch`: storage kept by the caller between simulations (a `SimWorkspace`); the
+    // buckets' storage goes back to `spare` when the residents are done.
+    Residents(int64_t n_batches, std::vector<std::vector<Resident>>& spare, std::vector<Resident>& scratch)
+        : n_(n_batches), buckets_(n_batches + 2), spare_(spare), scratch_(scratch) {}
+    Residents(const Residents&) = delete;
+    Residents& operator=(const Residents&) = delete;
+    ~Residents() {
+        for (Bucket& h : buckets_)
+            if (h.rows.capacity()) {
+                h.rows.clear();
+                spare_.push_back(std::move(h.rows));
+            }
+    }
 
     void push(const Resident& r) {
         const int64_t b = bucket(r.bad);
@@ -367,8 +380,8 @@ private:
 
     int64_t n_;
     std::vector<Bucket> buckets_;
-    std::vector<std::vector<Resident>> spare_;
-    std::vector<Resident> scratch_;  // radix passes and merges
+    std::vector<std::vector<Resident>>& spare_;
+    std::vector<Resident>& scratch_;  // radix passes and merges
     int64_t top_ = -1;
 };
 
@@ -378,6 +391,45 @@ struct Miss {
     int64_t key;  // state index, as in Resident
     int32_t pos;  // position in n_id of its batch
     bool operator<(const Miss& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
+};
+
+// The scratch of one simulation, kept for the next: a chain plans superbatch after superbatch
+// with arrays of the same sizes (per node, per slot, per access of a batch), and fresh ones cost
+// the kernel a page fault and a zeroed page for every 4 KiB of them on every call, as much as a
+// quarter of the simulation. Every array is (re)initialised before use, so a workspace carries
+// no state from one call to the next; `WorkspaceLease` hands them out.
+struct SimWorkspace {
+    std::vector<char> held;                   // belady_simulate's check: per node, held by a slot
+    std::vector<int32_t> slot_of;             // per key: CPU slot, -1 none
+    std::vector<int64_t> cache;               // slot -> key
+    std::vector<int64_t> free_slots;
+    std::vector<Miss> missed, by_class, miss_scratch;
+    std::vector<Resident> admitted;
+    std::vector<std::vector<Resident>> spare;  // the residents' bucket storage
+    std::vector<Resident> scratch;
+};
+
+// One idle workspace is kept process-wide (concurrent simulations beyond the first get their
+// own, dropped after), so the memory kept between calls is at most one simulation's scratch.
+class WorkspaceLease {
+public:
+    WorkspaceLease() {
+        std::lock_guard<std::mutex> lock(mutex());
+        ws_ = std::move(idle());
+        if (!ws_) ws_ = std::make_unique<SimWorkspace>();
+    }
+    ~WorkspaceLease() {
+        std::lock_guard<std::mutex> lock(mutex());
+        if (!idle()) idle() = std::move(ws_);
+    }
+    WorkspaceLease(const WorkspaceLease&) = delete;
+    WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+    SimWorkspace& operator*() { return *ws_; }
+
+private:
+    static std::mutex& mutex() { static std::mutex m; return m; }
+    static std::unique_ptr<SimWorkspace>& idle() { static std::unique_ptr<SimWorkspace> w; return w; }
+    std::unique_ptr<SimWorkspace> ws_;
 };
 
 // Per-access inputs of a simulation. State is kept per key: a dense local id (the hash path,
@@ -398,16 +450,19 @@ struct SimInput {
 template <bool Dense>
 void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
               int64_t capacity, const View<int64_t>& init_cache, const Ranker& rank, uint8_t* src, int64_t* idx,
-              BeladyPlan& out) {
+              BeladyPlan& out, SimWorkspace& ws) {
     auto key_at = [&](int64_t t) -> int64_t { return Dense ? nodes[t] : in.keys[t]; };
     auto gpu_at = [&](int64_t t, int64_t key) -> int32_t {
         if (Dense) return in.gpu_slot ? in.gpu_slot[t] : -1;
         return in.gpu_slot[key];
     };
-    std::vector<int32_t> slot_of(static_cast<size_t>(in.num_keys), -1);  // per key: CPU slot, -1 none
-    std::vector<int64_t> cache(capacity, -1);  // slot -> key
-    Residents residents(in.n_window);
-    std::vector<int64_t> free_slots;  // popped from the back: lowest slot first
+    std::vector<int32_t>& slot_of = ws.slot_of;  // per key: CPU slot, -1 none
+    slot_of.assign(static_cast<size_t>(in.num_keys), -1);
+    std::vector<int64_t>& cache = ws.cache;  // slot -> key
+    cache.assign(static_cast<size_t>(capacity), -1);
+    Residents residents(in.n_window, ws.spare, ws.scratch);
+    std::vector<int64_t>& free_slots = ws.free_slots;  // popped from the back: lowest slot first
+    free_slots.clear();
 
     // Hash path: the initial cache holds local ids 0.. in slot order (build_trace mapped it first).
     for (int64_t s = capacity - 1; s >= 0; --s)
@@ -427,15 +482,18 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
     // for the largest batch: no vector grows inside the loop.
     int64_t largest = 0;
     for (int64_t b = 0; b < n_plan; ++b) largest = std::max(largest, offsets[b + 1] - offsets[b]);
-    std::vector<Miss> missed;
+    std::vector<Miss>& missed = ws.missed;
+    missed.clear();
     missed.reserve(static_cast<size_t>(largest));
-    std::vector<Miss> by_class(static_cast<size_t>(largest));
+    std::vector<Miss>& by_class = ws.by_class;
+    by_class.resize(static_cast<size_t>(largest));
     std::vector<int64_t> class_start(static_cast<size_t>(in.n_window) + 2);
     auto miss_class = [&](uint64_t bad) -> size_t {
         return bad < kFarBase ? static_cast<size_t>(bad) : static_cast<size_t>(in.n_window);
     };
-    std::vector<Resident> admitted;
-    std::vector<Miss> miss_scratch;
+    std::vector<Resident>& admitted = ws.admitted;
+    admitted.clear();
+    std::vector<Miss>& miss_scratch = ws.miss_scratch;
     out.ins_off.assign(1, 0);
     for (int64_t b = 0; b < n_plan; ++b) {
         int64_t k = 0;
@@ -579,7 +637,8 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
     in.num_keys = tr.ids.size();
     in.n_window = offsets.size - 1;
     in.ids = &tr.ids;
-    simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src, idx, out);
+    WorkspaceLease ws;
+    simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src, idx, out, *ws);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -642,7 +701,9 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
         throw std::invalid_argument("gpu_slot: does not match gpu_ids (trace built with another GPU tier?)");
     const uint64_t limit = static_cast<uint64_t>(freq.size);
-    std::vector<char> held(static_cast<size_t>(freq.size), 0);
+    WorkspaceLease ws;
+    std::vector<char>& held = (*ws).held;
+    held.assign(static_cast<size_t>(freq.size), 0);
     for (int64_t s = 0; s < capacity; ++s) {
         const int64_t node = init_cache[s];
         if (node == -1) continue;
@@ -664,7 +725,7 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     in.next_use = next_use.data;
     in.num_keys = freq.size;
     in.n_window = n_window;
-    simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src, idx, out);
+    simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src, idx, out, *ws);
 }
 
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
