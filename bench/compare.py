@@ -97,6 +97,7 @@ BASELINES = ("mmap", "ginex")        # the ones --baseline-batches cuts short by
 RUN_ORDER = ("belady", "diskgnn", "ginex", "gnndrive", "lsmgnn", "belady_outre", "outre", "mmap", "inmemory")
 SWEPT = "belady_outre"               # the pipeline --staleness-sweep runs at other staleness thresholds
 DEFAULT_WORKDIR = Path("bench-data") / "compare"
+PARTITIONS = "partitions"            # in the workdir: the OUTRE pipelines' partitions, shared by their prepares
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
 _ROUND = 16 << 20                    # the allowance is rounded up to this
 _CHUNK = 8 << 20                     # read size when warming sample files
@@ -289,8 +290,15 @@ def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: 
 def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dict[str, int],
                  args: argparse.Namespace, belady: bool = True) -> dict[str, dict[str, Any]]:
     """Prepare belady (unless told not to) and the other packed pipelines of `names`, cached under
-    `work`/packed."""
+    `work`/packed.
+
+    The pipelines cut into partition batches share one partition of the store (`PARTITIONS` in
+    `work`, kept for the next run like belady's round): computed by the first, linked into the
+    caches of the others (`flow.prepare.link_partitions`); each one's preparation time still
+    counts the partitioning."""
     import dask
+
+    from ..flow.prepare import link_partitions
 
     out: dict[str, dict[str, Any]] = {}
     for name in (["belady"] if belady else []) + [n for n in names if n != "belady"]:
@@ -299,20 +307,28 @@ def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dic
             continue
         path = work / "packed" / name
         path.parent.mkdir(parents=True, exist_ok=True)
+        cache, partitioned = Path(f"{path}.work"), pipeline.batches == "partition"
+        lent = partitioned and bool(link_partitions(work / PARTITIONS, cache))
+        if lent:
+            print(f"  {name}: the partition of an earlier pipeline ({work / PARTITIONS})", flush=True)
         with dask.config.set(scheduler="threads"):
             r = pipeline.prepare(store.path, path, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
                                  staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
                                  batch_size=args.batch_size, superbatch_size=args.superbatch_size,
                                  epochs=args.epochs, seed=args.seed, history_dim=args.hidden, quiet=True)
-        out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures,
-                     "prepare_s": _prepare_seconds(path, r)}
+        if partitioned:
+            link_partitions(cache, work / PARTITIONS)
+        reused = float((r.figures.get("partition") or {}).get("seconds", 0.0)) if lent and not r.skipped else 0.0
+        out[name] = {"path": path, "skipped": r.skipped, "seconds": r.seconds + reused, "figures": r.figures,
+                     "prepare_s": _prepare_seconds(path, r, reused)}
     return out
 
 
-def _prepare_seconds(path: Path, r: Any) -> float | None:
-    """How long preparing `path` took: this run's time, or, for a cache an earlier run prepared, the time that
-    run recorded for the same configuration (in ``WORKDIR/prepare_seconds.json``; None if none did: the totals
-    with preparation then say so)."""
+def _prepare_seconds(path: Path, r: Any, reused: float = 0.0) -> float | None:
+    """How long preparing `path` took: this run's time (plus `reused`, the seconds of a partition computed
+    by another pipeline's prepare), or, for a cache an earlier run prepared, the time that run recorded for
+    the same configuration (in ``WORKDIR/prepare_seconds.json``; None if none did: the totals with
+    preparation then say so)."""
     book = path.parent.parent / "prepare_seconds.json"
     try:
         known = json.loads(book.read_text()) if book.is_file() else {}
@@ -320,11 +336,11 @@ def _prepare_seconds(path: Path, r: Any) -> float | None:
         known = {}
     key = str(read_manifest(path).get("config_hash"))
     if not r.skipped:
-        known[path.name] = {"config_hash": key, "seconds": float(r.seconds)}
+        known[path.name] = {"config_hash": key, "seconds": float(r.seconds) + reused}
         tmp = book.with_suffix(".tmp")
         tmp.write_text(json.dumps(known, indent=1))
         tmp.replace(book)
-        return float(r.seconds)
+        return float(r.seconds) + reused
     entry = known.get(path.name) or {}
     return float(entry["seconds"]) if entry.get("config_hash") == key else None
 

@@ -418,6 +418,34 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         raise
 
 
+def link_partitions(src_work: str | os.PathLike[str], dst_work: str | os.PathLike[str]) -> list[str]:
+    """Hard-link the finished partition stages of the prepare cache `src_work` into `dst_work` (a prepare
+    cache, made with its marker when missing), so that a prepare of another pipeline over the same store
+    with the same partition options finds its partition done (the stage key says which); the stage names
+    linked. Partitioning is the slowest step of an OUTRE round (minutes on the benchmarks' graph), and its
+    result depends on the store and those options alone. Copies where the two are on different filesystems."""
+    src, dst = Path(src_work), Path(dst_work)
+    linked: list[str] = []
+    for stage in sorted(src.glob("partition-*")):
+        if not (stage / MANIFEST).is_file() or (dst / stage.name).exists():
+            continue
+        dst.mkdir(parents=True, exist_ok=True)
+        if not (dst / WORK_MARKER).exists():
+            write_json(dst / WORK_MARKER, {"format": WORK_FORMAT, "packed": dst.name.removesuffix(".work")},
+                       durable=False)
+        with atomic_path(dst / stage.name, durable=False) as tmp:
+            shutil.copytree(stage, tmp, copy_function=_link_or_copy)
+        linked.append(stage.name)
+    return linked
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def check_outputs(out: str | os.PathLike[str], force: bool) -> None:
     """Refuse (before any work, e.g. before a cluster starts) an `out` or ``out.work`` that holds
     something other than a packed dataset / prepare cache, unless `force`."""

@@ -127,6 +127,14 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
         assert (p[name]["history"] is not None) == (chosen["history_rows"] > 0), name
         assert split["curve"][0]["disk_bytes"] == p["belady_outre"]["memory_split"]["curve"][0]["disk_bytes"] \
             or name == "outre"                    # no embedding cache: the same partition batches, whatever S
+    # one partition of the store for all of them: computed by the first prepared, linked into the others' caches,
+    # and counted in every one's preparation time
+    parts = {n: p[n]["partition"] for n in ("belady_outre", "outre", "belady_outre_s1", "belady_outre_s10")}
+    assert sorted(x["cached"] for x in parts.values()) == [False, True, True, True]
+    assert len({x["seconds"] for x in parts.values()}) == 1
+    for n in parts:
+        assert f["prepare"][n]["seconds"] >= parts[n]["seconds"], n
+    assert "the partition of an earlier pipeline" in printed
     # staleness 1 never reuses an embedding: the split searches share 0 alone
     s1 = p["belady_outre_s1"]["memory_split"]
     assert [q["share"] for q in s1["curve"]] == [0.0] and s1["chosen"]["pruned"] == 0
