@@ -307,9 +307,12 @@ struct Resident {
 class Residents {
 public:
     // `spare` and `scratch`: storage kept by the caller between simulations (a `SimWorkspace`); the
-    // buckets' storage goes back to `spare` when the residents are done.
-    Residents(int64_t n_batches, std::vector<std::vector<Resident>>& spare, std::vector<Resident>& scratch)
-        : n_(n_batches), buckets_(n_batches + 2), spare_(spare), scratch_(scratch) {}
+    // buckets' storage goes back to `spare` when the residents are done, the largest blocks first
+    // and at most `keep_rows` rows of it in all (which block serves which bucket changes from call
+    // to call, so keeping every block would let each grow to the largest bucket's size).
+    Residents(int64_t n_batches, std::vector<std::vector<Resident>>& spare, std::vector<Resident>& scratch,
+              size_t keep_rows)
+        : n_(n_batches), buckets_(n_batches + 2), spare_(spare), scratch_(scratch), keep_rows_(keep_rows) {}
     Residents(const Residents&) = delete;
     Residents& operator=(const Residents&) = delete;
     ~Residents() {
@@ -318,6 +321,12 @@ public:
                 h.rows.clear();
                 spare_.push_back(std::move(h.rows));
             }
+        std::sort(spare_.begin(), spare_.end(),
+                  [](const std::vector<Resident>& a, const std::vector<Resident>& b) { return a.capacity() > b.capacity(); });
+        size_t kept = 0, n = 0;
+        while (n < spare_.size() && kept + spare_[n].capacity() <= keep_rows_) kept += spare_[n++].capacity();
+        spare_.resize(n);
+        if (scratch_.capacity() > keep_rows_) std::vector<Resident>().swap(scratch_);
     }
 
     void push(const Resident& r) {
@@ -362,8 +371,10 @@ public:
     // costs more than the planning itself).
     void retire(int64_t b) {
         Bucket& h = buckets_[b];
-        h.rows.clear();
-        spare_.push_back(std::move(h.rows));
+        if (h.rows.capacity()) {     // a bucket that never held a row has no storage to give back
+            h.rows.clear();
+            spare_.push_back(std::move(h.rows));
+        }
         h = Bucket();
     }
 
@@ -382,6 +393,7 @@ private:
     std::vector<Bucket> buckets_;
     std::vector<std::vector<Resident>>& spare_;
     std::vector<Resident>& scratch_;  // radix passes and merges
+    size_t keep_rows_;
     int64_t top_ = -1;
 };
 
@@ -427,8 +439,12 @@ public:
     SimWorkspace& operator*() { return *ws_; }
 
 private:
-    static std::mutex& mutex() { static std::mutex m; return m; }
-    static std::unique_ptr<SimWorkspace>& idle() { static std::unique_ptr<SimWorkspace> w; return w; }
+    // Never destroyed: a daemon thread may still be simulating while the process exits.
+    static std::mutex& mutex() { static auto* m = new std::mutex(); return *m; }
+    static std::unique_ptr<SimWorkspace>& idle() {
+        static auto* w = new std::unique_ptr<SimWorkspace>();
+        return *w;
+    }
     std::unique_ptr<SimWorkspace> ws_;
 };
 
@@ -460,7 +476,10 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
     slot_of.assign(static_cast<size_t>(in.num_keys), -1);
     std::vector<int64_t>& cache = ws.cache;  // slot -> key
     cache.assign(static_cast<size_t>(capacity), -1);
-    Residents residents(in.n_window, ws.spare, ws.scratch);
+    int64_t largest = 0;
+    for (int64_t b = 0; b < n_plan; ++b) largest = std::max(largest, offsets[b + 1] - offsets[b]);
+    // the rows held, and the stale entries a batch's hits leave behind until it is retired, twice over
+    Residents residents(in.n_window, ws.spare, ws.scratch, static_cast<size_t>(2 * (capacity + largest)));
     std::vector<int64_t>& free_slots = ws.free_slots;  // popped from the back: lowest slot first
     free_slots.clear();
 
@@ -480,8 +499,6 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
     // admission walks the classes in order and sorts each only when it gets there.
     // Held flat, then placed class by class (a counting sort on the class), in buffers sized once
     // for the largest batch: no vector grows inside the loop.
-    int64_t largest = 0;
-    for (int64_t b = 0; b < n_plan; ++b) largest = std::max(largest, offsets[b + 1] - offsets[b]);
     std::vector<Miss>& missed = ws.missed;
     missed.clear();
     missed.reserve(static_cast<size_t>(largest));

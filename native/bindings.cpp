@@ -555,26 +555,39 @@ py::tuple count_ids_py(const py::object& nodes_obj, int64_t num_nodes) {
     return py::make_tuple(to_numpy(std::move(ids)), to_numpy(std::move(counts)));
 }
 
-// out[v] += occurrences of v in each array of `arrays` (int32 or int64 each): checks everything, then
-// counts with the GIL released.
+// out[v] += occurrences of v in each array of `arrays` (int32 or int64 each): every array is checked
+// (dtype, layout, ids, no overlap with `out`) before any is counted; counting releases the GIL.
 void count_dense_py(const py::list& arrays, const py::object& out_obj) {
     py::array out = as_array(out_obj, "out", "int32");
     if (!has_dtype<int32_t>(out)) throw py::value_error("out: expected dtype int32, got " + dtype_str(out));
     check_layout(out, "out", 1);
     if (!out.writeable()) throw py::value_error("out: expected a writable array");
-    std::vector<View<int32_t>> narrow;
-    std::vector<View<int64_t>> wide;
+    const int64_t n = static_cast<int64_t>(out.shape(0));
+    const auto* o_lo = static_cast<const char*>(out.data());
+    const char* o_hi = o_lo + n * static_cast<int64_t>(sizeof(int32_t));
+    struct Ids { const void* data; int64_t size; bool wide; };
+    std::vector<Ids> ids;
     for (size_t i = 0; i < arrays.size(); ++i) {
         const std::string name = "arrays[" + std::to_string(i) + "]";
         py::array a = as_array(arrays[i], name.c_str(), "int32 or int64");
-        if (has_dtype<int32_t>(a)) narrow.push_back(input<int32_t>(a, name.c_str()));
-        else wide.push_back(input<int64_t>(a, name.c_str()));
+        const bool wide = has_dtype<int64_t>(a);
+        if (!wide && !has_dtype<int32_t>(a))
+            throw py::value_error(name + ": expected dtype int32 or int64, got " + dtype_str(a));
+        check_layout(a, name.c_str(), 1);
+        const auto* lo = static_cast<const char*>(a.data());
+        const char* hi = lo + a.nbytes();
+        if (a.size() && n && lo < o_hi && o_lo < hi) throw py::value_error(name + ": shares memory with out");
+        const int64_t size = static_cast<int64_t>(a.size());
+        if (wide) check_ids(static_cast<const int64_t*>(a.data()), size, n, name.c_str());
+        else check_ids(static_cast<const int32_t*>(a.data()), size, n, name.c_str());
+        ids.push_back({a.data(), size, wide});
     }
     auto* o = static_cast<int32_t*>(out.mutable_data());
-    const int64_t n = static_cast<int64_t>(out.shape(0));
     py::gil_scoped_release release;
-    for (const auto& v : narrow) count_dense(v.data, v.size, n, o);
-    for (const auto& v : wide) count_dense(v.data, v.size, n, o);
+    for (const Ids& v : ids) {
+        if (v.wide) count_dense(static_cast<const int64_t*>(v.data), v.size, n, o);
+        else count_dense(static_cast<const int32_t*>(v.data), v.size, n, o);
+    }
 }
 
 py::tuple merge_counts_py(const py::object& ia, const py::object& ca, const py::object& ib, const py::object& cb) {
@@ -596,8 +609,9 @@ void register_count(py::module_& m) {
           "Raises ValueError on an id out of range.");
     m.def("count_dense", &count_dense_py, py::arg("arrays"), py::arg("out"),
           "out[v] += occurrences of v in each 1-D int32 or int64 array of `arrays` (a list), every id in\n"
-          "[0, len(out)); `out` int32, C-contiguous. GIL released. Raises ValueError on an id out of range\n"
-          "(that array uncounted) and OverflowError where a count would pass 2^31 - 1.");
+          "[0, len(out)); `out` int32, C-contiguous, sharing no memory with the arrays. Every array is checked\n"
+          "before any is counted (ValueError naming arrays[i]; out untouched); GIL released while counting.\n"
+          "Raises OverflowError where a count would pass 2^31 - 1 (out is then partly counted: discard it).");
     m.def("merge_counts", &merge_counts_py, py::arg("ids_a"), py::arg("counts_a"), py::arg("ids_b"),
           py::arg("counts_b"),
           "The sum of two sparse counts (int64 ids strictly ascending, int64 counts): ids ascending.\n"

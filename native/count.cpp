@@ -88,25 +88,31 @@ void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<i
 }
 
 template <typename Id>
-void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out) {
+void check_ids(const Id* nodes, int64_t n, int64_t num_nodes, const char* name) {
     if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0");
     const uint64_t limit = static_cast<uint64_t>(num_nodes);
     for (int64_t i = 0; i < n; ++i)
         if (static_cast<uint64_t>(static_cast<int64_t>(nodes[i])) >= limit)   // negative ids wrap above it
-            throw std::invalid_argument("nodes: node id " + std::to_string(static_cast<int64_t>(nodes[i])) +
-                                        " at position " + std::to_string(i) + " is outside [0, " +
-                                        std::to_string(num_nodes) + ")");
-    constexpr int64_t kAhead = 16;
-    bool overflow = false;
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(out + nodes[i + kAhead], 1);
-        int32_t& c = out[nodes[i]];
-        overflow |= c == INT32_MAX;
-        ++reinterpret_cast<uint32_t&>(c);      // wraps instead of undefined behaviour; reported below
-    }
-    if (overflow) throw std::overflow_error("count_dense: a count passed 2^31 - 1 (count in int64)");
+            throw std::invalid_argument(std::string(name) + ": node id " +
+                                        std::to_string(static_cast<int64_t>(nodes[i])) + " at position " +
+                                        std::to_string(i) + " is outside [0, " + std::to_string(num_nodes) + ")");
 }
 
+template <typename Id>
+void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out) {
+    const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(num_nodes, 0));
+    constexpr int64_t kAhead = 16;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) __builtin_prefetch(out + nodes[i + kAhead], 1);   // a prefetch never faults
+        const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(nodes[i]));
+        if (v >= limit) throw std::invalid_argument("nodes: an id changed while it was counted");
+        if (out[v] == INT32_MAX) throw std::overflow_error("count_dense: a count would pass 2^31 - 1 (count in int64)");
+        ++out[v];
+    }
+}
+
+template void check_ids<int32_t>(const int32_t*, int64_t, int64_t, const char*);
+template void check_ids<int64_t>(const int64_t*, int64_t, int64_t, const char*);
 template void count_dense<int32_t>(const int32_t*, int64_t, int64_t, int32_t*);
 template void count_dense<int64_t>(const int64_t*, int64_t, int64_t, int32_t*);
 

@@ -19,10 +19,15 @@ namespace diskflow {
 void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<int64_t>& ids,
                std::vector<int64_t>& counts);
 
-// Adds one to out[v] for every v in `nodes[0..n)` (int32 or int64 ids, every one in [0, num_nodes)):
-// a superbatch's dense counts, one pass over its accesses with no copy or widening of the ids.
-// Checks every id before counting any (std::invalid_argument names the first out of range, and
-// `out` is then untouched); std::overflow_error where a count would pass INT32_MAX.
+// Throws std::invalid_argument naming `name` and the first id of `nodes[0..n)` outside [0, num_nodes).
+template <typename Id>
+void check_ids(const Id* nodes, int64_t n, int64_t num_nodes, const char* name);
+
+// Adds one to out[v] for every v in `nodes[0..n)` (int32 or int64 ids, checked by `check_ids`
+// beforehand): a superbatch's dense counts, one pass over its accesses with no copy or widening of
+// the ids. Each id is checked again as it is counted (the caller's arrays are not locked while
+// the GIL is released); std::overflow_error where a count would pass INT32_MAX. After either
+// error `out` holds the counts up to that access: discard it.
 template <typename Id>
 void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out);
 

@@ -229,8 +229,9 @@ def count_dense(arrays: list[np.ndarray], out: np.ndarray) -> None:
         out: int32 [num_nodes], C-contiguous and writable (e.g. ``np.zeros(N, np.int32)``).
 
     Raises:
-        ValueError: an id out of range (that array is not counted), or arrays of another dtype or layout.
-        OverflowError: a count passed 2**31 - 1.
+        ValueError: an id out of range, an array of another dtype or layout, or one sharing memory with
+            `out` (naming ``arrays[i]``; every array is checked before any is counted, so `out` is untouched).
+        OverflowError: a count would pass 2**31 - 1 (`out` is then partly counted: discard it).
     """
     _native.count_dense(list(arrays), out)
 

@@ -71,11 +71,18 @@ def superbatch_counts(n_ids: list[np.ndarray], num_nodes: int) -> Counts:
     Raises:
         ValueError: a node id outside [0, num_nodes).
     """
+    bad = next((a.dtype for a in n_ids if a.dtype.kind not in "iu"), None)
+    if bad is not None:
+        raise ValueError(f"nodes: expected integer node ids, got dtype {bad}")
     accesses = sum(int(a.shape[0]) for a in n_ids)
     if not n_ids or num_nodes > DENSE_SHARE * accesses:
         return count_accesses(n_ids, num_nodes)
-    if accesses > _INT32_MAX:
-        return np.bincount(np.concatenate(n_ids).astype(np.int64, copy=False), minlength=num_nodes)
+    if accesses > _INT32_MAX:       # a count could pass int32: numpy's int64 bincount, its ids checked first
+        cat = np.concatenate(n_ids).astype(np.int64, copy=False)
+        if cat.size and (int(cat.min()) < 0 or int(cat.max()) >= num_nodes):
+            out_of_range = int(cat.min()) if int(cat.min()) < 0 else int(cat.max())
+            raise ValueError(f"nodes: node id {out_of_range} is outside [0, {num_nodes})")
+        return np.bincount(cat, minlength=num_nodes)
     out = np.zeros(num_nodes, dtype=np.int32)
     ids = [a if a.dtype in (np.int32, np.int64) and a.flags.c_contiguous else np.ascontiguousarray(a, np.int64)
            for a in n_ids]

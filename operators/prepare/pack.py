@@ -489,7 +489,10 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
             fd = os.open(t.path, os.O_WRONLY)
             try:
                 _pwrite_all(fd, rows.reshape(-1).view(np.uint8), t.offset + lo * row_bytes, Path(t.path))
-                os.fdatasync(fd)
+                try:
+                    os.fdatasync(fd)
+                except OSError as e:
+                    raise InputError(t.path, f"flushing its rows to disk failed: {e.strerror or e}") from e
             finally:
                 os.close(fd)
             written += (hi - lo) * row_bytes

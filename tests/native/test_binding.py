@@ -175,3 +175,45 @@ def test_count_ids_and_merge(num_nodes: int) -> None:
         kernels.merge_counts(np.array([4, 4]), np.ones(2, np.int64), ids_b, counts_b)
     with pytest.raises(ValueError, match="differ in length"):
         kernels.merge_counts(ids_a, counts_a[:-1], ids_b, counts_b)
+
+
+def test_count_dense_checks_every_array_before_counting_any() -> None:
+    """Counts in list order whatever the dtypes; a bad array anywhere (its id, dtype, layout, or memory shared
+    with `out`) is named and leaves `out` as it was; a count past int32 is an OverflowError."""
+    good32, good64 = np.array([0, 2, 2], np.int32), np.array([3, 0], np.int64)
+    out = np.zeros(4, np.int32)
+    kernels.count_dense([good64, good32], out)
+    assert out.tolist() == [2, 0, 2, 1]
+    faults = {r"arrays\[1\]: node id 9 at position 1 is outside \[0, 4\)": [good32, np.array([1, 9])],
+              r"arrays\[2\]: node id -1 at position 0": [good32, good64, np.array([-1], np.int32)],
+              r"arrays\[1\]: expected dtype int32 or int64, got float64": [good32, np.array([1.0])],
+              r"arrays\[0\]: expected a C-contiguous": [np.arange(6, dtype=np.int64)[::2]],
+              r"arrays\[1\]: shares memory with out": [good32, out.view(np.int32)[:2]]}
+    for message, arrays in faults.items():
+        with pytest.raises(ValueError, match=message):
+            kernels.count_dense(arrays, out)
+        assert out.tolist() == [2, 0, 2, 1], message      # nothing counted
+    buf = np.zeros(3, np.int32)
+    with pytest.raises(ValueError, match="shares memory with out"):     # ids inside out could count past its end
+        kernels.count_dense([buf[:2]], buf[:2])
+    assert buf.tolist() == [0, 0, 0]
+    full = np.array([2**31 - 1, 0], np.int32)
+    with pytest.raises(OverflowError, match="2\\^31 - 1"):
+        kernels.count_dense([np.array([1, 0], np.int32)], full)
+
+
+def test_belady_workspace_keeps_no_storage_per_call() -> None:
+    """The simulation's scratch is reused from call to call: plans of thousands of batches that never hold a
+    row (no CPU tier, or every row on the GPU) leave nothing behind, call after call."""
+    def rss_mib() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+    b = 5000
+    nodes, offsets, none = np.arange(b, dtype=np.int64), np.arange(b + 1, dtype=np.int64), np.zeros(0, np.int64)
+    for _ in range(10):         # warm: the workspace and numpy's caches at their sizes
+        kernels.belady_plan(nodes, offsets, b, 0, none, none, None)
+    before = rss_mib()
+    for _ in range(150):
+        kernels.belady_plan(nodes, offsets, b, 0, none, none, None)
+        kernels.belady_plan(nodes, offsets, b, 10, np.full(10, -1, np.int64), nodes, None)
+    assert rss_mib() - before < 12      # an empty vector kept per batch bucket per call: about 35 MiB here

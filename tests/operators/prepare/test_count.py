@@ -72,6 +72,8 @@ def test_superbatch_counts_dense_or_sparse_and_their_sums_agree() -> None:
         superbatch_counts([np.array([1, 1000] * 200)], n)
     with pytest.raises(ValueError, match="node id -1 at position 0 is outside"):
         superbatch_counts([np.arange(300, dtype=np.int32), np.array([-1] * 300, np.int32)], n)
+    with pytest.raises(ValueError, match="expected integer node ids, got dtype float64"):
+        superbatch_counts([np.array([0.9, 1.7] * 200)], n)                                   # never truncated
     strided = np.arange(2 * n, dtype=np.int64)[::2] // 2                                     # not contiguous
     assert np.array_equal(superbatch_counts([strided], n), np.ones(n))
 
