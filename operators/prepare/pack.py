@@ -291,14 +291,20 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
     return done
 
 
-def _write_all(fd: int, view: np.ndarray, path: Path) -> None:
+def _write_all(fd: int, view: np.ndarray, path: Path, offset: int | None = None) -> None:
+    """Write every byte of `view`: at the file position, or at `offset` (`pwrite`), whatever each call takes;
+    errors name the file (and the offset)."""
     data = view.reshape(-1).view(np.uint8).data
-    while data.nbytes:
+    done = 0
+    while done < data.nbytes:
+        at = "" if offset is None else f" at byte {offset + done}"
         try:
-            n = os.write(fd, data)
+            n = os.write(fd, data[done:]) if offset is None else os.pwrite(fd, data[done:], offset + done)
         except OSError as e:
-            raise InputError(path, f"write failed ({e.strerror or e})") from e
-        data = data[n:]
+            raise InputError(path, f"write{at} failed ({e.strerror or e})") from e
+        if n <= 0:
+            raise InputError(path, f"short write{at}")
+        done += n
 
 
 def _open_new(path: Path) -> tuple[int, bool]:
@@ -488,7 +494,7 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
             kernels.gather_rows(rows, feats, (filled[lo:hi] - shard.row_start).astype(np.int64, copy=False))
             fd = os.open(t.path, os.O_WRONLY)
             try:
-                _pwrite_all(fd, rows.reshape(-1).view(np.uint8), t.offset + lo * row_bytes, Path(t.path))
+                _write_all(fd, rows, Path(t.path), t.offset + lo * row_bytes)
                 try:
                     os.fdatasync(fd)
                 except OSError as e:
@@ -506,20 +512,6 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
             del mm
         written += sel.size * row_bytes
     return written
-
-
-def _pwrite_all(fd: int, data: np.ndarray, offset: int, path: Path) -> None:
-    """Write the bytes of `data` at `offset`, whatever the count each call takes; errors name the file."""
-    view, done = memoryview(data), 0
-    while done < len(view):
-        try:
-            n = os.pwrite(fd, view[done:], offset + done)
-        except OSError as e:
-            raise InputError(path, f"write of {len(view) - done} bytes at byte {offset + done} failed: "
-                                   f"{e.strerror or e}") from e
-        if n <= 0:
-            raise InputError(path, f"short write at byte {offset + done}")
-        done += n
 
 
 def _proc_read_bytes() -> int:

@@ -152,8 +152,9 @@ def choose_tiers(gpu_policy: Policy, cpu_policy: Policy, counts: np.ndarray, gpu
     The one place both the offline preparation and the stream turn policies and row budgets into
     tiers. A planned (Belady) CPU tier starts filled with the rows of `first_batches()` (called
     only then: the first superbatches' batches); a static one holds what its policy chose for the
-    whole round. Either is laid out in node order, empty slots last (`choose_cpu_tier`). `cpu_slots`, when given (a resumed stream: the slots its
-    checkpoint saved), is the CPU tier as it stands, checked against `cpu_rows`; no policy runs.
+    whole round. Either is laid out in node order, empty slots last (`choose_cpu_tier`).
+    `cpu_slots`, when given (a resumed stream: the slots its checkpoint saved), is the CPU tier as
+    it stands, checked against `cpu_rows`; no policy runs.
     """
     gpu_ids = choose_gpu_tier(gpu_policy, counts, gpu_rows)
     return gpu_ids, choose_cpu_tier(cpu_policy, counts, cpu_rows, gpu_ids, first_batches, cpu_slots)
