@@ -162,3 +162,29 @@ def test_bad_partition_options(tiny_store: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="the store has"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), batches="partition", partition=tmp_path / "short.npy",
                      epochs=1, progress=False)
+
+
+def test_a_partition_lent_to_another_cache_is_reused(prepared, tiny_store: Path, tmp_path: Path) -> None:
+    """`link_partitions` hard-links the finished partition stages of one prepare cache into another (made a
+    prepare cache); a prepare there finds its partition done. Unfinished stages are never lent."""
+    import os
+
+    from diskflow.flow.prepare import WORK_MARKER, link_partitions
+
+    r, cfg, _ = prepared
+    src, dst = Path(str(r.path) + ".work"), tmp_path / "other.work"
+    unfinished = src / "partition-0000000000000000"
+    unfinished.mkdir()
+    try:
+        linked = link_partitions(src, dst)
+        finished = sorted(d.name for d in src.glob("partition-*") if (d / "manifest.json").is_file())
+        assert linked == finished and finished and unfinished.name not in linked
+        assert (dst / WORK_MARKER).is_file()
+        for name in linked:
+            assert os.stat(src / name / "parts.npy").st_ino == os.stat(dst / name / "parts.npy").st_ino
+        assert link_partitions(src, dst) == []                 # already there: nothing linked twice
+    finally:
+        unfinished.rmdir()
+    other = prepare(tiny_store, tmp_path / "other", cfg, quiet=True)
+    assert not other.skipped and other.figures["partition"]["cached"] is True
+    assert other.figures["misses"] == r.figures["misses"]
