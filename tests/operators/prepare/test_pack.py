@@ -154,11 +154,11 @@ def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkey
     calls = {"n": 0}
     real = pack_mod._write_all
 
-    def dying(fd, view, path):
+    def dying(fd, view, path, offset=None):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt("worker killed")
-        real(fd, view, path)
+        real(fd, view, path, offset)
 
     monkeypatch.setattr(pack_mod, "_write_all", dying)
     with pytest.raises(KeyboardInterrupt):
