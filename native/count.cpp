@@ -29,14 +29,20 @@ void check_ascending(const int64_t* ids, int64_t n, const char* name) {
 
 }  // namespace
 
-void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<int64_t>& ids,
-               std::vector<int64_t>& counts) {
+template <typename Id>
+void check_ids(const Id* nodes, int64_t n, int64_t num_nodes, const char* name) {
     if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0");
     const uint64_t limit = static_cast<uint64_t>(num_nodes);
     for (int64_t i = 0; i < n; ++i)
-        if (static_cast<uint64_t>(nodes[i]) >= limit)  // one compare: negative ids wrap above the limit
-            throw std::invalid_argument("nodes: node id " + std::to_string(nodes[i]) + " at position " +
+        if (static_cast<uint64_t>(static_cast<int64_t>(nodes[i])) >= limit)   // negative ids wrap above it
+            throw std::invalid_argument(std::string(name) + ": node id " +
+                                        std::to_string(static_cast<int64_t>(nodes[i])) + " at position " +
                                         std::to_string(i) + " is outside [0, " + std::to_string(num_nodes) + ")");
+}
+
+void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<int64_t>& ids,
+               std::vector<int64_t>& counts) {
+    check_ids(nodes, n, num_nodes, "nodes");
     if (n >= (int64_t{1} << 32)) throw std::invalid_argument("nodes: 2^32 or more accesses in one call");
     ids.clear();
     counts.clear();
@@ -85,17 +91,6 @@ void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<i
             ids.push_back(v);
             counts.push_back(c[v]);
         }
-}
-
-template <typename Id>
-void check_ids(const Id* nodes, int64_t n, int64_t num_nodes, const char* name) {
-    if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0");
-    const uint64_t limit = static_cast<uint64_t>(num_nodes);
-    for (int64_t i = 0; i < n; ++i)
-        if (static_cast<uint64_t>(static_cast<int64_t>(nodes[i])) >= limit)   // negative ids wrap above it
-            throw std::invalid_argument(std::string(name) + ": node id " +
-                                        std::to_string(static_cast<int64_t>(nodes[i])) + " at position " +
-                                        std::to_string(i) + " is outside [0, " + std::to_string(num_nodes) + ")");
 }
 
 template <typename Id>
