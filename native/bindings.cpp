@@ -323,7 +323,8 @@ std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std
     return s;
 }
 
-py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop) {
+py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop,
+                         bool last_hop) {
     if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
     check_layout(seeds, "seeds", 1);
     py::array stop_ids;
@@ -339,7 +340,7 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
     {
         py::gil_scoped_release release;
         g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed,
-                             stop_ptr, n_stop);
+                             stop_ptr, n_stop, last_hop);
     }
     return py::make_tuple(to_numpy(std::move(g.n_id), {static_cast<py::ssize_t>(g.num_nodes)}),
                           to_numpy(std::move(g.edge_index), {2, static_cast<py::ssize_t>(g.num_edges)}),
@@ -358,9 +359,11 @@ Args:
 )doc")
         .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"), py::arg("fanouts"),
              py::arg("num_threads") = 1)
-        .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), py::arg("stop") = py::none(), R"doc(
+        .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), py::arg("stop") = py::none(),
+             py::arg("last_hop") = false, R"doc(
 Sample the subgraph around unique int64 `seeds`; deterministic in `seed`. `stop` (int64 node ids,
-optional): nodes that are not expanded when they join a frontier after the seeds'.
+optional): nodes that are not expanded when they join a frontier after the seeds'. With `last_hop`,
+they and the nodes only they (or such nodes) drew are expanded as usual except at the last hop.
 
 Returns:
     (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)

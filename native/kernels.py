@@ -66,10 +66,12 @@ class NeighborSampler:
         """Worker threads per hop."""
         return int(self._impl.num_threads)
 
-    def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None
+    def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None, last_hop: bool = False
                ) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
         """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int);
-        the int64 nodes of `stop` are not expanded when they join a frontier after the seeds'.
+        the int64 nodes of `stop` are not expanded when they join a frontier after the seeds'. With
+        `last_hop`, they and the nodes that only they (or such nodes) drew are expanded as usual
+        except at the last hop.
 
         Returns:
             (n_id int64 [n], edge_index int64 [2, e] of local ids, num_sampled_nodes per hop with the
@@ -80,7 +82,7 @@ class NeighborSampler:
         """
         if stop is not None:
             stop = np.ascontiguousarray(stop, dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop)
+        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop, bool(last_hop))
         return n_id, edge_index, list(nodes), list(edges)
 
 

@@ -173,7 +173,8 @@ inline void floyd_sample(SplitMix64& rng, int64_t deg, int64_t k, Scratch& s) {
 // Samples the in-neighbours of frontier[out.begin .. out.end) into `out`.
 template <typename Idx>
 void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, const int64_t* frontier,
-                  int64_t fanout, uint64_t hkey, const uint8_t* stop, ChunkOut& out, Scratch& s) {
+                  int64_t fanout, uint64_t hkey, const uint8_t* stop, const uint8_t* skip, ChunkOut& out,
+                  Scratch& s) {
     out.counts.resize(static_cast<size_t>(out.end - out.begin));
     out.nbrs.clear();
     out.bad_pos = -1;
@@ -195,8 +196,8 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
         const int64_t v = frontier[i];
         const int64_t lo = indptr[v];
         const int64_t deg = indptr[v + 1] - lo;
-        if (stop != nullptr && stop[v]) {
-            counts[i] = 0;  // not expanded (sample's `stop`)
+        if ((stop != nullptr && stop[v]) || (skip != nullptr && skip[i])) {
+            counts[i] = 0;  // not expanded (sample's `stop`: by global id, or by local id at the last hop)
         } else if (fanout < 0 || deg <= fanout) {
             out.nbrs.resize(e + static_cast<size_t>(deg));
             int64_t* nbrs = out.nbrs.data();
@@ -370,7 +371,7 @@ struct NeighborSampler::Impl {
     }
 
     SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed, const int64_t* stop = nullptr,
-                           int64_t n_stop = 0) {
+                           int64_t n_stop = 0, bool last_hop = false) {
         Sample out;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -380,6 +381,7 @@ struct NeighborSampler::Impl {
                 marks.set(num_nodes_);
             }
             stop_on_ = n_stop > 0;
+            last_hop_ = stop_on_ && last_hop;
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
             } else {
@@ -475,6 +477,7 @@ struct NeighborSampler::Impl {
         }
         out.num_sampled_nodes.push_back(batch);
         rows_.clear();
+        if (last_hop_) taint_.assign(static_cast<size_t>(batch), 0);  // seeds are never tainted
         int64_t fs = 0, fe = batch;  // the frontier: n_id[fs, fe)
         for (size_t h = 0; h < fanouts_.size(); ++h) {
             const int64_t edges_before = static_cast<int64_t>(rows_.size());
@@ -536,6 +539,12 @@ struct NeighborSampler::Impl {
             chunks_[c].begin = fs + width * c / n_chunks;
             chunks_[c].end = fs + width * (c + 1) / n_chunks;
         }
+        // Stop nodes: by global id at every hop after the seeds' (their subtrees pruned), or, with
+        // `last_hop`, by local id at the last hop only, together with the nodes only they reached.
+        const bool last = hop + 1 == fanouts_.size();
+        const uint8_t* stop = stop_on_ && !last_hop_ && hop > 0 ? stop_.data() : nullptr;
+        const uint8_t* skip = last_hop_ && last ? taint_.data() : nullptr;
+        const bool track = last_hop_ && !last;
         // The samplers read the frontier while the merge grows n_id: give them their own copy.
         frontier_.resize(static_cast<size_t>(width));
         std::memcpy(frontier_.data(), n_id.data() + fs, static_cast<size_t>(width) * sizeof(int64_t));
@@ -544,10 +553,14 @@ struct NeighborSampler::Impl {
         run_ordered(
             n_chunks, n_threads,
             [&](int64_t c, int w) {
-                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey,
-                             hop > 0 && stop_on_ ? stop_.data() : nullptr, chunks_[c], scratch_[w]);
+                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, stop, skip, chunks_[c],
+                             scratch_[w]);
             },
-            [&](int64_t c) { merge_chunk(indices, hop, chunks_[c], n_id); });
+            [&](int64_t c) {
+                const size_t first_edge = rows_.size();
+                merge_chunk(indices, hop, chunks_[c], n_id);
+                if (track) track_taint(chunks_[c], first_edge, fe, n_id);
+            });
     }
 
     // Assigns local ids to a chunk's new neighbours (discovery order) and appends its edges' rows.
@@ -588,6 +601,25 @@ struct NeighborSampler::Impl {
         n_id.resize(n);
     }
 
+    // With `last_hop`: a node discovered at this hop (local id >= hop_start) is tainted if it is a
+    // stop node or if every frontier node that drew it is tainted; tainted nodes are not expanded at
+    // the last hop. New nodes start tainted (the identity of the AND over their finders).
+    void track_taint(const ChunkOut& ch, size_t first_edge, int64_t hop_start, const PodBuffer<int64_t>& n_id) {
+        taint_.resize(n_id.size(), 1);
+        uint8_t* taint = taint_.data();
+        const uint8_t* stop = stop_.data();
+        const int64_t* ids = n_id.data();
+        const int64_t* rows = rows_.data();
+        size_t e = first_edge;
+        for (int64_t i = ch.begin; i < ch.end; ++i) {
+            const uint8_t finder = taint[i];
+            for (int64_t c = 0, k = ch.counts.data()[i - ch.begin]; c < k; ++c, ++e) {
+                const int64_t id = rows[e];
+                if (id >= hop_start) taint[id] &= static_cast<uint8_t>(finder | stop[ids[id]]);
+            }
+        }
+    }
+
     const int64_t* indptr_ptr_ = nullptr;  // the caller's arrays, referenced (not copied)
     const void* indices_ptr_ = nullptr;
     bool indices64_ = false;
@@ -599,6 +631,8 @@ struct NeighborSampler::Impl {
     std::vector<int32_t> local_;  // global id -> local id in the current batch, kAbsent otherwise
     std::vector<uint8_t> stop_;   // 1 for the current call's stop nodes (sized on first use)
     bool stop_on_ = false;
+    bool last_hop_ = false;       // stop nodes and the nodes only they reach: not expanded at the last hop
+    std::vector<uint8_t> taint_;  // with last_hop_: 1 for those nodes, by local id
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
     PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
@@ -619,8 +653,8 @@ SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uin
 }
 
 SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop,
-                                        int64_t n_stop) {
-    return impl_->sample(seeds, batch, seed, stop, n_stop);
+                                        int64_t n_stop, bool last_hop) {
+    return impl_->sample(seeds, batch, seed, stop, n_stop, last_hop);
 }
 
 int64_t NeighborSampler::num_nodes() const { return impl_->num_nodes_; }

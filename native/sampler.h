@@ -39,7 +39,11 @@ class NeighborSampler {
     // expanded when they join a frontier after the seeds': they keep their place in n_id and the
     // edges to the nodes that sampled them, but no neighbours are drawn for them. Every other
     // node draws what it draws without `stop` (draws are a function of (seed, hop, node)).
-    SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop);
+    // With `last_hop`, the stop nodes, and the nodes that only stop nodes or such nodes drew when they
+    // joined the batch, are expanded as usual except at the last hop: every node's embeddings below
+    // the last layer are then exactly those of the unstopped sample, for every node that is neither.
+    SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop,
+                           bool last_hop = false);
 
     int64_t num_nodes() const;
     int64_t num_edges() const;

@@ -115,7 +115,7 @@ class NeighborSampler:
     def num_nodes(self) -> int:
         return int(self._impl.num_nodes)
 
-    def sample(self, seeds: Any, seed: int, stop: Any = None) -> SampledBatch:
+    def sample(self, seeds: Any, seed: int, stop: Any = None, last_hop: bool = False) -> SampledBatch:
         """Sample the subgraph around `seeds` (unique node ids, int64 or any integer dtype).
 
         Args:
@@ -124,13 +124,17 @@ class NeighborSampler:
             stop: node ids never expanded when they join a frontier after the seeds' (their subtree is
                 pruned, e.g. where a historical embedding stands in for it); every other node draws the
                 neighbours it draws without `stop`.
+            last_hop: prune less: the `stop` nodes, and the nodes that only they (or such nodes) drew
+                when they joined the batch, are expanded as usual except at the last hop. Where a
+                historical embedding stands in for a stop node's last-but-one layer, every other
+                node's lower layers then see exactly what they see without `stop`.
 
         Raises:
             ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry.
         """
         s = _as_seeds(seeds)
         st = None if stop is None else np.ascontiguousarray(_as_numpy(stop), dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st)
+        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop))
         return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]))
 
 
