@@ -883,7 +883,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pipelines[name]["history"] = prepared[name]["figures"].get("history") if name in prepared else None
         split = prepared[name]["figures"].get("memory_split") if name in prepared else None
         pipelines[name]["memory_split"] = None if split is None else \
-            {k: split[k] for k in ("budget", "staleness", "curve", "chosen")}
+            {k: split.get(k) for k in ("budget", "staleness", "prune", "curve", "chosen")}
         pipelines[name]["partition"] = prepared[name]["figures"].get("partition") if name in prepared else None
     loader_bw = None
     if "belady" in names:
@@ -1027,7 +1027,7 @@ def _print(f: dict[str, Any]) -> None:
         if p.get("history"):
             h = p["history"]
             note.append(f"history S={h['staleness']} {_b(h['bytes'])} ({h['rows']:,} embeddings; "
-                        f"{h['pruned']:,} subtrees pruned)")
+                        f"{h['pruned']:,} subtrees pruned, {h.get('prune', 'subtree')} rule)")
         if p.get("memory_split"):
             ms = p["memory_split"]
             note.append(f"memory split: {ms['chosen']['share']:.1%} of the caches' {_b(ms['budget'])} to embeddings")

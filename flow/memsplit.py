@@ -4,8 +4,9 @@ embedding cache and how much to the feature cache.
 A bigger embedding cache prunes more subtrees (fewer rows to read at all); a bigger feature
 cache serves more of the rows that remain. OUTRE estimates both savings from a profiling
 epoch; diskflow plans offline, so `flow.prepare` samples and plans the round once per candidate
-share and counts the rows each plan sends to disk exactly. The split with the fewest disk bytes
-wins (ties: the smaller embedding cache); the whole curve is kept in the packed dataset's
+share and counts the rows each plan sends to disk exactly: a grid of shares, then the midpoints
+between the best of it and its neighbours. The split with the fewest disk bytes wins (ties: the
+smaller embedding cache); the whole curve is kept in the packed dataset's
 figures and drawn as ``memory_split.png`` (OUTRE's Fig. 5 on this graph).
 """
 from __future__ import annotations
@@ -29,6 +30,18 @@ def split_point(share: float, shared: int, history_bytes: int, history_rows: int
             "disk_bytes": disk_rows * row_bytes, "pruned": pruned}
 
 
+def refine_shares(curve: list[dict[str, Any]]) -> list[float]:
+    """The shares between the best candidate so far and its neighbours on the curve (by share) not yet
+    tried: where the fewest bytes lie when the grid straddles them."""
+    pts = sorted(curve, key=lambda p: p["share"])
+    if len(pts) < 2:
+        return []
+    i = pts.index(best_split(pts))
+    tried = {p["share"] for p in pts}
+    mids = [(pts[j]["share"] + pts[i]["share"]) / 2 for j in (i - 1, i + 1) if 0 <= j < len(pts)]
+    return [m for m in mids if m not in tried]
+
+
 def best_split(curve: list[dict[str, Any]]) -> dict[str, Any]:
     """The candidate that reads the fewest bytes from disk (ties: the smaller embedding cache)."""
     return min(curve, key=lambda p: (p["disk_bytes"], p["history_bytes"]))
@@ -50,7 +63,7 @@ def plot_memory_split(path: str | os.PathLike[str], split: dict[str, Any]) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = split["curve"]
+    pts = sorted(split["curve"], key=lambda p: p["share"])
     xs = [100 * p["share"] for p in pts]
     fig, ax = plt.subplots(figsize=(6, 4))
     try:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
+from ..operators.prepare.history import DEFAULT_PRUNE, check_prune
 from ..operators.prepare.sample import check_fanouts
 
 
@@ -85,16 +86,21 @@ HISTORY_AUTO = "auto"       # --history-memory auto: the memory split chooses it
 
 
 def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
-                    default_staleness: int) -> dict[str, object]:
+                    default_staleness: int, prune: str | None = None,
+                    default_prune: str = DEFAULT_PRUNE) -> dict[str, object]:
     """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature
     bytes, or ``"auto"``: its share of the CPU budget chosen by the memory split) of width `hidden`;
-    `staleness` None takes `default_staleness` (given without a cache it is an error)."""
+    `staleness` None takes `default_staleness` and `prune` None `default_prune` (either given
+    without a cache is an error)."""
+    rule = {"history_staleness": staleness or default_staleness,
+            "history_prune": check_prune(prune or default_prune)}
     if memory == HISTORY_AUTO:
-        return {"history_memory": 0, "history_split": True, "history_dim": hidden,
-                "history_staleness": staleness or default_staleness}
+        return {"history_memory": 0, "history_split": True, "history_dim": hidden, **rule}
     nbytes = byte_budget(memory, "--history-memory", feature_bytes) or 0
     if not nbytes:
         if staleness is not None and staleness != default_staleness:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
+        if prune is not None and prune != default_prune:
+            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
         return {"history_memory": 0}      # none, even where the pipeline has one
-    return {"history_memory": nbytes, "history_dim": hidden, "history_staleness": staleness or default_staleness}
+    return {"history_memory": nbytes, "history_dim": hidden, **rule}

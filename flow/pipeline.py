@@ -37,7 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from ..operators.formats.errors import ConfigError, InputError
-from ..operators.prepare.history import DEFAULT_STALENESS
+from ..operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, check_prune
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
@@ -87,6 +87,9 @@ class Pipeline:
             ``"auto"`` (packed loader): the share of the CPU budget that reads the fewest bytes
             from disk, the rest to the feature cache (OUTRE's memory split, `flow.memsplit`).
         history_staleness: batches a cached embedding stays usable (1: never reused).
+        history_prune: what a fresh cached embedding prunes below its node: ``"last-hop"`` (the
+            last hop of its subtree: the lower layers stay exact) or ``"subtree"`` (all of it,
+            OUTRE's rule: fewer rows, and the seeds' lower layers see that node's features alone).
         description: one line for listings.
     """
 
@@ -101,6 +104,7 @@ class Pipeline:
     disk_cache: bool = True
     history_memory: int | str | None = None
     history_staleness: int = DEFAULT_STALENESS
+    history_prune: str = DEFAULT_PRUNE
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +135,7 @@ class Pipeline:
         if isinstance(self.history_staleness, bool) or not isinstance(self.history_staleness, int) \
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
+        check_prune(self.history_prune, "Pipeline.history_prune")
         if self.loader == "online" and self.history_memory not in (None, 0, "0"):
             raise ConfigError("Pipeline.history_memory", "the online loader has no historical embedding cache")
         if self.loader not in ("packed", "online") and (self.cpu_tier != "belady" or self.gpu_tier != "hottest"
@@ -173,11 +178,12 @@ class Pipeline:
         from ..operators.formats.store import Store
         from .options import HISTORY_AUTO, byte_budget
 
-        staleness = options.get("history_staleness", self.history_staleness)
+        rule = {"history_staleness": options.get("history_staleness", self.history_staleness),
+                "history_prune": options.get("history_prune", self.history_prune)}
         if self.history_memory == HISTORY_AUTO:
-            return {**options, "history_memory": 0, "history_split": True, "history_staleness": staleness}
+            return {**options, "history_memory": 0, "history_split": True, **rule}
         nbytes = byte_budget(self.history_memory, "Pipeline.history_memory", Store(store).feature_bytes) or 0
-        return {**options, "history_memory": nbytes, "history_staleness": staleness}
+        return {**options, "history_memory": nbytes, **rule}
 
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""
@@ -187,6 +193,7 @@ class Pipeline:
         if self.history_memory not in (None, 0, "0"):
             options.setdefault("history_memory", self.history_memory)
             options.setdefault("history_staleness", self.history_staleness)
+            options.setdefault("history_prune", self.history_prune)
         train = self._loader_function()
         if self.loader in ("packed", "online"):
             return train(self, store, run_dir, **options)
@@ -209,7 +216,8 @@ class Pipeline:
         return {"name": self.name, "loader": self.loader, "batches": self.batches, "sampler": self.sampler,
                 "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
                 "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
-                **({"history_memory": self.history_memory, "history_staleness": self.history_staleness}
+                **({"history_memory": self.history_memory, "history_staleness": self.history_staleness,
+                    "history_prune": self.history_prune}
                    if self.history_memory not in (None, 0, "0") else {})}
 
 

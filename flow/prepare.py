@@ -74,7 +74,15 @@ from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import as_sparse
 from ..operators.prepare.diskcache import build_layout
-from ..operators.prepare.history import DEFAULT_STALENESS, FLOAT_BYTES, HISTORY_SELECTS, history_rows
+from ..operators.prepare.history import (
+    DEFAULT_PRUNE,
+    DEFAULT_STALENESS,
+    EMBEDDING_BYTES,
+    EMBEDDING_DTYPE,
+    HISTORY_SELECTS,
+    check_prune,
+    history_rows,
+)
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
@@ -90,7 +98,7 @@ from ..operators.prepare.seeds import (
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
 from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
-from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, split_point
+from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, refine_shares, split_point
 from .progress import compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
@@ -136,6 +144,7 @@ class PrepareConfig:
     history_dim: int = 128              # its embedding width: the model's hidden channels
     history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
     history_select: str = "accesses"    # its nodes: the round's most frequent one-hop nodes, or "degree"
+    history_prune: str = DEFAULT_PRUNE  # what a fresh embedding prunes below its node: "last-hop" or "subtree"
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
 
     def validate(self) -> None:
@@ -195,13 +204,16 @@ class PrepareConfig:
                                                   f"got {self.history_select!r}")
         if self.history_select != "accesses" and not (self.history_memory or self.history_split):
             raise ConfigError("--history-select", "applies to a historical embedding cache only (--history-memory)")
+        check_prune(self.history_prune)
+        if self.history_prune != DEFAULT_PRUNE and not (self.history_memory or self.history_split):
+            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
         if self.history_staleness < 1:
             raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if (self.history_memory or self.history_split) and len(self.fanouts) < 2:
             raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         if self.history_memory and self.history_rows == 0:
             raise ConfigError("--history-memory", f"{self.history_memory:,} bytes hold no embedding of "
-                                                  f"{self.history_dim} float32 values")
+                                                  f"{self.history_dim} {EMBEDDING_DTYPE} values")
 
     @property
     def history_rows(self) -> int:
@@ -230,7 +242,8 @@ class PrepareConfig:
         if self.history_rows:
             order["history"] = {"rows": self.history_rows, "dim": self.history_dim,
                                 "staleness": self.history_staleness,
-                                **({"select": self.history_select} if self.history_select != "degree" else {})}
+                                **({"select": self.history_select} if self.history_select != "degree" else {}),
+                                **({"prune": self.history_prune} if self.history_prune != "subtree" else {})}
         return config_hash({"store": store_hash, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                             "superbatch_size": self.superbatch_size, "epochs": self.epochs, "seed": self.seed,
                             "counts": COUNTS, **order})
@@ -245,8 +258,10 @@ class PrepareConfig:
     def pack_key(self, plan_key: str) -> str:
         return config_hash({"plans": plan_key, "packing": self.packing, "disk": self.disk_budget,
                             **({} if self.disk_cache else {"disk_cache": False}),
-                            **({"split": list(SPLIT_SHARES), "dim": self.history_dim, "staleness": self.history_staleness,
-                                "select": self.history_select} if self.history_split else {}),
+                            **({"split": [*SPLIT_SHARES, "refined"], "dim": self.history_dim, "staleness": self.history_staleness,
+                                "select": self.history_select,
+                                **({"prune": self.history_prune} if self.history_prune != "subtree" else {})}
+                               if self.history_split else {}),
                             "k": self.minhash_k, "version": PACKED_VERSION, "layout": 2})
 
 
@@ -584,7 +599,8 @@ def _graph(run: _Run) -> PrepGraph:
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                      cfg.cpu_policy, run.tok, delayed_submit, run.order,
-                     (cfg.history_rows, cfg.history_staleness, cfg.history_select) if cfg.history_rows else None)
+                     (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune)
+                     if cfg.history_rows else None)
 
 
 def _partition_phase(run: _Run, store_hash: str) -> BatchOrder:
@@ -617,7 +633,7 @@ def _split_phase(run: _Run, store_hash: str) -> None:
     cfg = run.cfg
     part_key = run.parts_key
     rb = run.store.row_bytes
-    row_cost = cfg.history_dim * FLOAT_BYTES
+    row_cost = cfg.history_dim * EMBEDDING_BYTES
     most = run.store.num_nodes * row_cost          # an embedding for every node: more is never used
     curve: list[dict[str, Any]] = []
     configs: dict[float, PrepareConfig] = {}
@@ -627,35 +643,43 @@ def _split_phase(run: _Run, store_hash: str) -> None:
     tok = run.tok
     # staleness 1 never reuses an embedding, so no share but 0 can read less
     shares = SPLIT_SHARES[:1] if cfg.history_staleness == 1 else SPLIT_SHARES
+
+    def evaluate(i: int, share: float) -> None:
+        nonlocal shared, best
+        hist = min(int(shared * share), most) // row_cost * row_cost
+        if share and (hist == 0 or any(p["history_bytes"] == hist for p in curve)):
+            return                      # no embedding fits, or the same cache as another share
+        cand = replace(cfg, history_split=False, history_memory=hist, cpu_memory=cfg.cpu_memory - hist)
+        run.cfg, run.tok = cand, f"{tok}s{i}"     # each candidate's tasks under keys of their own
+        s_key = cand.sample_key(store_hash, part_key)
+        p_key = cand.plan_key(s_key)
+        sdir, summaries = _sample_phase(run, s_key)
+        _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False)
+        cpu_bytes = int(planned["tiers"]["cpu_rows"]) * rb
+        if not share:
+            shared = cpu_bytes
+        point = split_point(share, shared, hist, min(cand.history_rows, run.store.num_nodes),
+                            sum(int(x["accesses"]) for x in summaries),
+                            sum(int(x["misses"]) for x in planned["plans"]), rb,
+                            sum(int(x.get("pruned", 0)) for x in summaries), cpu_bytes)
+        curve.append(point)
+        configs[share], stages[share] = cand, (s_key, p_key)
+        # keep the cached stages of the best candidate so far only: each holds a whole round
+        if best is None or best_split([best, point]) is point:
+            beaten, best = (None if best is None else stages[best["share"]]), point
+        else:
+            beaten = stages[share]
+        if beaten is not None:
+            shutil.rmtree(_stage_dir(run.work, "samples", beaten[0]), ignore_errors=True)
+            shutil.rmtree(_stage_dir(run.work, "plans", beaten[1]), ignore_errors=True)
+
     run.keep_stale = True
     try:
         for i, share in enumerate(shares):
-            hist = min(int(shared * share), most) // row_cost * row_cost
-            if share and (hist == 0 or any(p["history_bytes"] == hist for p in curve)):
-                continue                # no embedding fits, or the same cache as a smaller share
-            cand = replace(cfg, history_split=False, history_memory=hist, cpu_memory=cfg.cpu_memory - hist)
-            run.cfg, run.tok = cand, f"{tok}s{i}"     # each candidate's tasks under keys of their own
-            s_key = cand.sample_key(store_hash, part_key)
-            p_key = cand.plan_key(s_key)
-            sdir, summaries = _sample_phase(run, s_key)
-            _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False)
-            cpu_bytes = int(planned["tiers"]["cpu_rows"]) * rb
-            if not share:
-                shared = cpu_bytes
-            point = split_point(share, shared, hist, min(cand.history_rows, run.store.num_nodes),
-                                sum(int(x["accesses"]) for x in summaries),
-                                sum(int(x["misses"]) for x in planned["plans"]), rb,
-                                sum(int(x.get("pruned", 0)) for x in summaries), cpu_bytes)
-            curve.append(point)
-            configs[share], stages[share] = cand, (s_key, p_key)
-            # keep the cached stages of the best candidate so far only: each holds a whole round
-            if best is None or best_split([best, point]) is point:
-                beaten, best = (None if best is None else stages[best["share"]]), point
-            else:
-                beaten = stages[share]
-            if beaten is not None:
-                shutil.rmtree(_stage_dir(run.work, "samples", beaten[0]), ignore_errors=True)
-                shutil.rmtree(_stage_dir(run.work, "plans", beaten[1]), ignore_errors=True)
+            evaluate(i, share)
+        if len(shares) > 1:             # then between the grid's best and its neighbours
+            for j, share in enumerate(refine_shares(curve)):
+                evaluate(len(shares) + j, share)
     finally:
         run.keep_stale, run.tok = False, tok
     chosen = best_split(curve)
@@ -663,7 +687,8 @@ def _split_phase(run: _Run, store_hash: str) -> None:
     s_key, p_key = stages[chosen["share"]]
     _drop_stale(run.work, "samples", _stage_dir(run.work, "samples", s_key))
     _drop_stale(run.work, "plans", _stage_dir(run.work, "plans", p_key))
-    run.split = {"budget": shared, "staleness": cfg.history_staleness, "dim": cfg.history_dim, "row_bytes": rb,
+    run.split = {"budget": shared, "staleness": cfg.history_staleness, "prune": cfg.history_prune,
+                 "dim": cfg.history_dim, "row_bytes": rb,
                  "curve": curve, "chosen": chosen}
 
 
@@ -757,8 +782,8 @@ def _pack_phase(run: _Run, keys: tuple[str, str], sdir: Path, summaries: list[di
         **({"partition": run.partition} if run.partition is not None else {}),
         **({"label_prior": run.label_prior} if run.label_prior is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
-                        "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * 4,
-                        "select": cfg.history_select,
+                        "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * EMBEDDING_BYTES,
+                        "select": cfg.history_select, "prune": cfg.history_prune,
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }

@@ -119,7 +119,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                force: bool = False, readahead: int | None = None, batches: str | None = None,
                partitions: int | None = None, parts_per_group: int | None = None, group_by: str | None = None,
                history_select: str | None = None,
-               history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS) -> dict[str, Any]:
+               history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS,
+               history_prune: str | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -133,7 +134,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
     partition; default one per 128 training nodes) are prepare's, and so are `history_memory` (bytes,
     or a share of the features, of a historical embedding cache of width `hidden` planned into the
-    samples) and `history_staleness`.
+    samples), `history_staleness` and `history_prune` (None: the pipeline's rule).
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -151,7 +152,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,
              "group_by": group_by, "history_select": history_select}
     options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
-    options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS))
+    options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
+                                   history_prune, pipeline.history_prune))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

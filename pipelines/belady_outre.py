@@ -1,7 +1,10 @@
 """belady with OUTRE's two ways of needing fewer bytes: partition-based batches and a historical
 embedding cache, planned offline, on top of the Belady CPU tier, packing and the segmented disk cache.
 
-Pruned subtrees are never sampled, planned or packed. The embedding cache and the Belady CPU tier
+Pruned subtrees are never sampled, planned or packed. A fresh embedding prunes the last hop of its
+node's subtree (``history_prune="last-hop"``), so the seeds' lower layers are exact and the cached
+rows are the only approximation; ``--history-prune subtree`` prunes all of it as OUTRE does (fewer
+bytes, less accuracy). The embedding cache and the Belady CPU tier
 split ``--cpu-memory`` automatically (``--history-memory auto``, the default: the split whose plan
 reads the fewest bytes, `flow.memsplit`); a size given to ``--history-memory`` fixes the embedding
 cache beside the CPU budget instead.

@@ -38,9 +38,13 @@ from ..operators.formats.files import config_hash
 from ..operators.formats.packed import PackedDataset
 from ..operators.formats.store import Store
 from ..operators.prepare.history import (
+    DEFAULT_PRUNE,
     DEFAULT_STALENESS,
+    EMBEDDING_BYTES,
+    EMBEDDING_DTYPE,
     HISTORY_SELECTS,
     HistoryPlanner,
+    check_prune,
     history_nodes,
     history_nodes_by_count,
     history_rows,
@@ -79,7 +83,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
+        history_prune: str = DEFAULT_PRUNE) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -118,6 +123,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             counted by drawing every batch's one-hop nodes first, as `diskflow prepare` does: the
             same plan as a packed round's) or ``"degree"`` (the highest in-degree: nothing drawn
             ahead).
+        history_prune: what a fresh cached embedding prunes below its node, ``"last-hop"`` (the
+            lower layers stay exact) or ``"subtree"`` (OUTRE's rule; `operators.prepare.history`).
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -140,7 +147,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        train_loader: TrainLoader | None = None) -> dict[str, Any]:
+        history_prune: str = DEFAULT_PRUNE, train_loader: TrainLoader | None = None) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -164,7 +171,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
-                                         model == DATA_ONLY, history_select, round_hop1)
+                                         model == DATA_ONLY, history_select, round_hop1, history_prune)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -180,7 +187,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if part_figures is not None:
         report["partition"] = part_figures
     if planner is not None:
-        report["history"] = {"rows": rows, "staleness": history_staleness, "bytes": rows * cfg.hidden * 4,
+        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune,
+                             "bytes": rows * cfg.hidden * EMBEDDING_BYTES,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
     if train_loader is not None:
@@ -236,13 +244,13 @@ def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int,
 
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
                     samples: str | os.PathLike[str] | None, data_only: bool = False, select: str = "degree",
-                    round_hop1: Callable[[], list[list[np.ndarray]]] | None = None
+                    round_hop1: Callable[[], list[list[np.ndarray]]] | None = None, prune: str = DEFAULT_PRUNE
                     ) -> tuple[Callable[[], HistoryPlanner] | None, int]:
     """What makes the historical embedding cache's planner, and its rows, for `memory` bytes (None and 0:
     no cache), its nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes,
     from `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). The planner is made when
     called (drawing the round's one-hop nodes first for ``"accesses"``). With stored `samples`, their
-    round's plan decides: no planner here, the rows it was planned for."""
+    round's plan decides: no planner here, the rows it was planned for. `prune`: the pruning rule."""
     from ..flow.options import byte_budget
 
     if memory == "auto":
@@ -251,6 +259,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
                                               "give a size (e.g. 5%)")
     if select not in HISTORY_SELECTS:
         raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
+    check_prune(prune)
     nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:
@@ -267,15 +276,17 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     if nbytes == 0:
         if staleness != DEFAULT_STALENESS:
             raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
+        if prune != DEFAULT_PRUNE:
+            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
         return None, 0
     rows = history_rows(nbytes, hidden)
     if rows == 0:
-        raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} float32 values")
+        raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} {EMBEDDING_DTYPE} values")
 
     def make() -> HistoryPlanner:
         if select == "accesses" and round_hop1 is not None:
-            return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness)
-        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness)
+            return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness, prune)
+        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness, prune)
 
     return make, min(rows, st.num_nodes)
 

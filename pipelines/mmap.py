@@ -31,7 +31,7 @@ import torch
 from ..flow.pipeline import Pipeline
 from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.store import Store
-from ..operators.prepare.history import DEFAULT_STALENESS
+from ..operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS
 from ..operators.prepare.seeds import PARTS_PER_GROUP
 from .inmemory import EpochHook, gathered_run
 
@@ -98,7 +98,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses") -> dict[str, Any]:
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
+        history_prune: str = DEFAULT_PRUNE) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:

@@ -4,7 +4,8 @@ no packing — every feature the caches miss is read row by row at train time.
 Batches come from groups of min-cut parts (`--batches partition`; parts of different labels grouped
 together, the loss weighed by the split's label shares), the most connected nodes' inputs to the
 last layer are cached and reused for up to `history_staleness` batches (their subtrees are then
-neither sampled nor read), and the CPU tier holds the most accessed rows for the whole round. As in
+neither sampled nor read: the paper's rule, ``history_prune="subtree"``, under which the seeds'
+lower layers see such a node's features alone), and the CPU tier holds the most accessed rows for the whole round. As in
 the paper, the two caches split one memory budget automatically (``--history-memory auto``, the
 default: the share of ``--cpu-memory`` whose plan reads the fewest bytes, `flow.memsplit`); a size
 given to ``--history-memory`` fixes the embedding cache beside the CPU budget instead.
@@ -17,6 +18,6 @@ from __future__ import annotations
 from ..flow.pipeline import Pipeline
 
 PIPELINE = Pipeline("outre", batches="partition", cpu_tier="static", packing=False, disk_cache=False,
-                    history_memory="auto", history_staleness=100,
+                    history_memory="auto", history_staleness=100, history_prune="subtree",
                     description="OUTRE: partition batches + historical embeddings + static CPU tier, rows read one by one")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

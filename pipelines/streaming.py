@@ -29,7 +29,7 @@ from ..flow.stream import StreamConfig, StreamRun
 from ..flow.timeline import plot_timeline
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.store import Store
-from ..operators.prepare.history import DEFAULT_STALENESS, history_rows
+from ..operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, EMBEDDING_DTYPE, history_rows
 from ..operators.prepare.seeds import PARTS_PER_GROUP, label_shares
 from ._packed import packed_budgets
 
@@ -60,7 +60,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         resume: bool = False, processes: bool = True, gpu_wait: float = 60.0, batches: str = "shuffled",
         partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
         group_by: str = "label", history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses", gpus: int = 1,
+        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
+        history_prune: str = DEFAULT_PRUNE, gpus: int = 1,
         cache: str = "per-worker", batches_per_step: int = 1, tls_ca_file: str | None = None,
         tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
@@ -95,7 +96,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             prepare`'s (partition batches: one partition task on a CPU worker writes
             ``run_dir/partition.npy``, which the CPU workers read, and the losses weigh each
             batch's labels as the training split's, `TrainConfig.label_prior`).
-        history_memory, history_staleness, history_select: a historical embedding cache of
+        history_memory, history_staleness, history_select, history_prune: a historical embedding cache of
             `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
             size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
             rounds, so the stream takes a size).
@@ -119,11 +120,12 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     if history_memory == "auto":
         raise ConfigError("--history-memory", "the memory split plans the whole round once per candidate; the "
                                               "stream loader takes a size (e.g. 5%)")
-    hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS)
+    hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
+                           history_prune)
     rows = history_rows(hist["history_memory"], hidden) if hist["history_memory"] else 0
     if hist["history_memory"] and rows == 0:
         raise ConfigError("--history-memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
-                                              "float32 values")
+                                              f"{EMBEDDING_DTYPE} values")
     rdir = Path(run_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
@@ -148,7 +150,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
                        history_rows=rows, history_staleness=history_staleness, history_select=history_select,
-                       gpus=gpus, cache=cache)
+                       history_prune=hist.get("history_prune", DEFAULT_PRUNE), gpus=gpus, cache=cache)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts

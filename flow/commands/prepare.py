@@ -5,7 +5,7 @@ import argparse
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
-from ...operators.prepare.history import HISTORY_SELECTS
+from ...operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
 from ...operators.prepare.seeds import GROUPINGS
 from ..memsplit import SPLIT_PLOT, describe_split
 from ..options import byte_budget, fanouts_option, history_options, positive_int
@@ -76,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "known offline) or the highest in-degree (degree, what an online loader uses)")
     p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=None,
                    help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
+    p.add_argument("--history-prune", choices=HISTORY_PRUNES, default=None,
+                   help="what a fresh cached embedding prunes below its node: last-hop (its subtree's last hop; the "
+                        "lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the "
+                        "seeds' lower layers see that node's features alone) (default: the pipeline's, last-hop)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
                    help="the model's hidden channels, the width of the cached embeddings (default 128)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
@@ -120,7 +124,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.partitions is not None:
         options["partitions"] = args.partitions
     options.update(history_options(args.history_memory if args.history_memory is not None else pipeline.history_memory,
-                                   args.history_staleness, args.hidden, store.feature_bytes, pipeline.history_staleness))
+                                   args.history_staleness, args.hidden, store.feature_bytes, pipeline.history_staleness,
+                                   args.history_prune, pipeline.history_prune))
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     check_outputs(args.out, args.force)              # and so does an --out that is not ours
     from ..roles import tls_security
@@ -165,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
     hist = f.get("history")
     if hist is not None:
         rows.append(("history cache", (f"{hist['rows']:,} embeddings of {hist['dim']} ({format_bytes(hist['bytes'])}), "
-                                       f"staleness {hist['staleness']}: {hist['pruned']:,} subtrees pruned, "
+                                       f"staleness {hist['staleness']}, {hist.get('prune', 'subtree')} rule: "
+                                       f"{hist['pruned']:,} subtrees pruned, "
                                        f"{hist['pushed']:,} embeddings pushed")))
     split = f.get("memory_split")
     if split is not None:

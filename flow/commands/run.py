@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...operators.formats.errors import ConfigError
+from ...operators.prepare.history import check_prune
 from ..options import parse_fanouts, parse_int
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import fmt, new_run_dir, print_epoch
@@ -58,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one-hop nodes) or degree (the highest in-degree, as memory/mmap choose online)")
     p.add_argument("--history-staleness", metavar="S",
                    help="batches a cached embedding stays usable (default 100; 1: never reused)")
+    p.add_argument("--history-prune", metavar="HOW",
+                   help="what a fresh cached embedding prunes below its node: last-hop (default: its subtree's last "
+                        "hop; the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
+                        "seeds' lower layers see that node's features alone)")
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
                         "(default 4)")
@@ -104,6 +109,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "history_select": ("--history-select", str),
     "history_memory": ("--history-memory", str),
     "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
+    "history_prune": ("--history-prune", check_prune),
     "extractors": ("--extractors", lambda s: parse_int("--extractors", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
@@ -171,7 +177,8 @@ def _print_summary(report: dict[str, Any]) -> None:
         gathered = [r["rows_gathered"] for r in epochs if r.get("rows_gathered") is not None]
         rows = f"; rows gathered per epoch {', '.join(f'{g:,}' for g in gathered)}" if gathered else ""
         print(f"history cache: {hist['rows']:,} embeddings ({hist['bytes'] / 2**20:.1f} MiB), staleness "
-              f"{hist['staleness']}: {hist['pruned']:,} subtrees pruned, {hist['pushed']:,} embeddings pushed{rows}")
+              f"{hist['staleness']}, {hist.get('prune', 'subtree')} rule: {hist['pruned']:,} subtrees pruned, "
+              f"{hist['pushed']:,} embeddings pushed{rows}")
     split = report.get("prepare", {}).get("figures", {}).get("memory_split")
     if split:
         from ..memsplit import SPLIT_PLOT, describe_split

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
-from ...operators.prepare.history import DEFAULT_STALENESS, HISTORY_SELECTS
+from ...operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, HISTORY_SELECTS, check_prune
 from ...operators.prepare.policies import Policy, check_policy, policy_id
 from ...operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from ...operators.prepare.superbatch import check_round_config
@@ -20,10 +20,11 @@ class StreamStopped(DiskflowError):
     """The streamed run had to stop (a lost worker or scheduler, a superbatch that fails verification)."""
 
 
-# options added after the first checkpoints were written, with their defaults (left out of the fingerprint)
+# options added after the first checkpoints were written, with the values runs before them had (left out of the
+# fingerprint; history_prune: the rule every cache pruned by before the option existed)
 _LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
                           "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
-                          "history_select": "accesses", "gpus": 1, "cache": "per-worker"}
+                          "history_select": "accesses", "history_prune": "subtree", "gpus": 1, "cache": "per-worker"}
 CACHES = ("per-worker", "shared")    # how the CPU tiers of several GPU workers are planned
 
 
@@ -35,8 +36,8 @@ class StreamConfig:
     trainer's host memory (CPU tier + staging of `staging_batches` batches), as `PrepareConfig`.
     `batches`, `partitions`, `parts_per_group` and `group_by` cut the seeds into batches as
     `PrepareConfig`'s do (partition batches: the graph is partitioned once, on a CPU worker);
-    `history_rows`, `history_staleness` and `history_select` plan a historical embedding cache
-    into the samples as `prepare` does (the one-hop tasks of the whole round, then the plan, run
+    `history_rows`, `history_staleness`, `history_select` and `history_prune` plan a historical
+    embedding cache into the samples as `prepare` does (the one-hop tasks of the whole round, then the plan, run
     before the first sample: the plan of a batch depends on every batch before it).
     """
 
@@ -67,6 +68,7 @@ class StreamConfig:
     history_rows: int = 0               # a historical embedding cache's embeddings (0: none), planned into the samples
     history_staleness: int = DEFAULT_STALENESS
     history_select: str = "accesses"
+    history_prune: str = DEFAULT_PRUNE
     gpus: int = 1                       # GPU workers training data-parallel, each its share of every superbatch
                                         # (0: every worker with the GPU resource when the run starts)
     cache: str = "per-worker"           # their CPU tiers: each its own over its own accesses, or one shared
@@ -101,6 +103,7 @@ class StreamConfig:
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                   f"got {self.history_select!r}")
+        check_prune(self.history_prune)
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
             raise ConfigError("--gpus", f"expected an integer >= 1 (or 0: every GPU worker), got {self.gpus!r}")
         if self.gpus > self.superbatch_size:
@@ -135,7 +138,8 @@ class StreamConfig:
         """What a checkpoint must match to be resumed (options that change results; not the window)."""
         keep = {k: v for k, v in self.describe().items()
                 if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train", "group_timeout_s")
-                and not (k in _LATER and v == _LATER[k])}     # checkpoints made before these existed still match
+                and not (k in _LATER and v == _LATER[k])      # checkpoints made before these existed still match
+                and not (k == "history_prune" and not self.history_rows)}   # no cache: no rule
         train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")
                  and not (k == "label_prior" and v is None)
                  and k not in ("shared_tier", "shared_timeout_s", "rank")

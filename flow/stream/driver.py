@@ -100,7 +100,8 @@ class StreamRun:
         cfg = self.cfg
         return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                          cfg.cpu_policy, tok, self._submit_cpu, None,
-                         (cfg.history_rows, cfg.history_staleness, cfg.history_select) if cfg.history_rows else None)
+                         (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune)
+                         if cfg.history_rows else None)
 
     def _make_lanes(self, gpus: int) -> None:
         """One lane per GPU worker; the sampling graph; the shared tier's planner (``--cache shared``)."""

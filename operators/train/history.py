@@ -12,10 +12,11 @@ binds each batch, and evaluation (no plan) runs the plain model. The table is a 
 model, so checkpoints carry it.
 
 What it approximates (OUTRE's trade): a fresh cached row is what the layer computed for that node
-a few batches ago. With two layers that row is all the seeds read of a pruned node; with three or
-more, the seeds' lower layers also read the pruned node's lower-layer embeddings, computed here
-from its own features alone, its subtree being pruned. With staleness 1 nothing is pruned and
-training is exact.
+a few batches ago. Under the last-hop rule (the default, `operators.prepare.history`) that row is the
+only approximation: the pruned node's own subtree is sampled but for its last hop, so the seeds'
+lower layers read its exact lower-layer embeddings. Under OUTRE's subtree rule, with three or more
+layers, they read lower-layer embeddings computed from its own features alone. With staleness 1
+nothing is pruned and training is exact.
 """
 from __future__ import annotations
 
@@ -25,27 +26,30 @@ import torch
 from torch_geometric.data import Data
 
 from ..formats.errors import ConfigError
+from ..prepare.history import EMBEDDING_DTYPE
 
 FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")
 ATTR = "diskflow_history"        # the model's child module
 
 
 class HistoryCache(torch.nn.Module):
-    """`rows` cached layer outputs of width `dim`, substituted by a forward hook on `layer`."""
+    """`rows` cached layer outputs of width `dim`, substituted by a forward hook on `layer`; stored as
+    `dtype` (float16 by default, as `operators.prepare.history` sizes the cache)."""
 
     table: torch.Tensor
 
-    def __init__(self, layer: torch.nn.Module, rows: int, dim: int) -> None:
+    def __init__(self, layer: torch.nn.Module, rows: int, dim: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.register_buffer("table", torch.zeros(int(rows), int(dim)))
+        self.register_buffer("table", torch.zeros(int(rows), int(dim), dtype=dtype or getattr(torch, EMBEDDING_DTYPE)))
         self._plan: tuple[torch.Tensor, ...] | None = None
         self.pruned = 0
         self.pushed = 0
         layer.register_forward_hook(self._hook)
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, rows: int) -> HistoryCache:
-        """Add a cache of `rows` embeddings to `model` (as its child ``diskflow_history``) and return it."""
+    def attach(cls, model: torch.nn.Module, rows: int, dtype: torch.dtype | None = None) -> HistoryCache:
+        """Add a cache of `rows` embeddings to `model` (as its child ``diskflow_history``) and return it;
+        `dtype`: the table's (default float16)."""
         convs = getattr(model, "convs", None)
         if not isinstance(convs, torch.nn.ModuleList) or len(convs) < 2:
             raise ConfigError("--history-memory", f"a historical embedding cache needs a message-passing model of "
@@ -60,7 +64,7 @@ class HistoryCache(torch.nn.Module):
             dim *= int(heads)
         if dim < 1:
             raise ConfigError("--history-memory", f"cannot tell the output width of {type(layer).__name__}")
-        cache = cls(layer, rows, dim)
+        cache = cls(layer, rows, dim, dtype)
         model.add_module(ATTR, cache)
         return cache
 
@@ -77,7 +81,12 @@ class HistoryCache(torch.nn.Module):
         prune, prune_slot, push, push_slot = self._plan
         self._plan = None                      # one forward per bind
         if push.numel():
-            self.table[push_slot] = output[push].detach().to(self.table.dtype)
+            rows = output[push].detach().to(self.table.dtype)
+            if not bool(torch.isfinite(rows).all()):
+                raise ConfigError("--history-memory", f"a pushed embedding does not fit the cache's {self.table.dtype} "
+                                      f"(largest |value| {float(output[push].detach().abs().max()):.4g}): this "
+                                      "model's activations pass its range; train without the cache")
+            self.table[push_slot] = rows
             self.pushed += int(push.numel())
         if not prune.numel():
             return None

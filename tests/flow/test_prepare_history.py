@@ -15,10 +15,11 @@ from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
+from diskflow.operators.prepare.history import EMBEDDING_BYTES
 
 BASE = {"fanouts": (4, 3, 3), "batch_size": 200, "superbatch_size": 4, "epochs": 3, "seed": 5}
 HIDDEN = 12
-MEMORY = 96 * HIDDEN * 4          # 96 cached embeddings
+MEMORY = 96 * HIDDEN * EMBEDDING_BYTES      # 96 cached embeddings
 
 
 pytestmark = pytest.mark.usefixtures("sync_dask")
@@ -32,7 +33,9 @@ def rounds(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
         for name, extra in (("plain", {}),
                             ("s1", {"history_memory": MEMORY, "history_staleness": 1, "history_select": "degree"}),
                             ("s20", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree"}),
-                            ("s20a", {"history_memory": MEMORY, "history_staleness": 20})):
+                            ("s20a", {"history_memory": MEMORY, "history_staleness": 20}),
+                            ("s20sub", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
+                                        "history_prune": "subtree"})):
             cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN, **extra)
             out[name] = prepare(tiny_store, root / name, cfg, quiet=True)
     return out
@@ -43,10 +46,12 @@ def _samples(path: Path) -> list:
         return [s for sb in ds.superbatches for s in ds.samples(sb.key)]
 
 
-def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: Path) -> None:
-    r = rounds["s20"]
+@pytest.mark.parametrize("name", ["s20", "s20sub"])
+def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: Path, name: str) -> None:
+    r = rounds[name]
     h = r.figures["history"]
-    assert h == {**h, "rows": 96, "dim": HIDDEN, "staleness": 20, "bytes": MEMORY}
+    rule = "subtree" if name == "s20sub" else "last-hop"
+    assert h == {**h, "rows": 96, "dim": HIDDEN, "staleness": 20, "bytes": MEMORY, "prune": rule}
     assert h["pruned"] > 0 and h["pushed"] > 0
     assert r.figures["accesses"] < rounds["plain"].figures["accesses"]     # pruned subtrees are not read
     v = verify(r.path, full=True)
@@ -55,15 +60,23 @@ def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: P
     with PackedDataset(r.path) as ds:
         for (_, feats), s in zip(ds.replay(), (s for sb in ds.superbatches for s in ds.samples(sb.key))):
             assert feats.tobytes() == features[np.asarray(s.n_id, dtype=np.int64)].tobytes()
-    pruned = pushed = 0
+    pruned = pushed = drawn = 0
     for s in _samples(r.path):
         prune, prune_slot, push, push_slot = s.history
         bs, n1 = s.num_sampled_nodes[0], s.num_sampled_nodes[1]
         assert np.all((prune >= bs) & (prune < bs + n1)) and np.all((push >= bs) & (push < bs + n1))
-        assert not np.isin(s.edge_index[1], prune).any()                    # pruned: no neighbours drawn
+        drawn += int(np.isin(s.edge_index[1], prune).sum())     # neighbours drawn for pruned nodes
         assert np.all(prune_slot < 96) and np.all(push_slot < 96)
         pruned, pushed = pruned + prune.shape[0], pushed + push.shape[0]
     assert (pruned, pushed) == (h["pruned"], h["pushed"])
+    # the subtree rule draws nothing below a pruned node; the last-hop rule all but its subtree's last hop
+    assert (drawn == 0) == (rule == "subtree")
+
+
+def test_the_last_hop_rule_reads_between_the_subtree_rule_and_no_cache(rounds) -> None:
+    plain, last_hop, subtree = (rounds[n].figures for n in ("plain", "s20", "s20sub"))
+    assert last_hop["history"]["pruned"] == subtree["history"]["pruned"]      # the same plan, pruned less deep
+    assert subtree["accesses"] < last_hop["accesses"] < plain["accesses"]
 
 
 def test_the_round_s_most_frequent_one_hop_nodes_prune_more_than_degree(rounds, tiny_store: Path) -> None:
@@ -104,6 +117,13 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
     online = inmemory.run(tiny_store, new_run_dir(tmp_path, "m"), **{**common, "history_select": "degree"})
     assert [e["losses"] for e in packed["epochs"]] == [e["losses"] for e in online["epochs"]]
     assert packed["history"]["pruned"] == online["history"]["pruned"]
+    # OUTRE's subtree rule, planned offline and online alike: the same losses, not the last-hop rule's
+    packed_sub = train_packed(rounds["s20sub"].path, new_run_dir(tmp_path, "ps"), threads=1, **model)
+    online_sub = inmemory.run(tiny_store, new_run_dir(tmp_path, "ms"),
+                              **{**common, "history_select": "degree", "history_prune": "subtree"})
+    assert [e["losses"] for e in packed_sub["epochs"]] == [e["losses"] for e in online_sub["epochs"]]
+    assert [e["losses"] for e in packed_sub["epochs"]] != [e["losses"] for e in packed["epochs"]]
+    assert online_sub["history"]["prune"] == "subtree" and online["history"]["prune"] == "last-hop"
     # by default both choose the round's most frequent one-hop nodes (the online run draws them first)
     packed_a = train_packed(rounds["s20a"].path, new_run_dir(tmp_path, "pa"), threads=1, **model)
     online_a = inmemory.run(tiny_store, new_run_dir(tmp_path, "ma"), **common)
@@ -158,6 +178,10 @@ def test_the_width_keys_the_cached_samples(rounds, tiny_store: Path, tmp_path: P
 def test_history_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="--history-select"):
         PrepareConfig(**BASE, history_memory=MEMORY, history_select="pagerank").validate()
+    with pytest.raises(ConfigError, match="--history-prune.*last-hop, subtree"):
+        PrepareConfig(**BASE, history_memory=MEMORY, history_prune="deep").validate()
+    with pytest.raises(ConfigError, match="--history-prune"):
+        PrepareConfig(**BASE, history_prune="subtree").validate()          # no cache to prune for
     with pytest.raises(ConfigError, match="--history-staleness"):
         PrepareConfig(**BASE, history_staleness=7).validate()              # no cache to be stale
     with pytest.raises(ConfigError, match="--partitions"):

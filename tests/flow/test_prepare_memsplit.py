@@ -11,13 +11,14 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-from diskflow.flow.memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, describe_split
+from diskflow.flow.memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, describe_split, refine_shares
 from diskflow.flow.options import history_options
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
+from diskflow.operators.prepare.history import EMBEDDING_BYTES
 
 HIDDEN = 8
 CFG = PrepareConfig(fanouts=(4, 3, 3), batch_size=200, superbatch_size=4, epochs=2, seed=3, cpu_memory=2_450_000,
@@ -36,21 +37,25 @@ def split_run(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_curve_has_every_share_and_the_best_is_chosen(split_run) -> None:
     r, _ = split_run
     split = r.figures["memory_split"]
-    curve = split["curve"]
-    shares = [p["share"] for p in curve]
-    assert shares[0] == 0 and set(shares) <= set(SPLIT_SHARES) and shares == sorted(shares)
+    # the grid first, then the midpoints between its best and that best's neighbours
+    grid = [p for p in split["curve"] if p["share"] in SPLIT_SHARES]
+    assert split["curve"][:len(grid)] == grid and [p["share"] for p in grid] == sorted(p["share"] for p in grid)
+    refined = split["curve"][len(grid):]
+    assert refined and [p["share"] for p in refined] == [x for x in refine_shares(grid)
+                                                         if x in {p["share"] for p in refined}]
+    curve = sorted(split["curve"], key=lambda p: p["share"])
     none = curve[0]
     assert none["history_bytes"] == 0 and none["pruned"] == 0 and none["cpu_bytes"] == split["budget"] > 0
-    most = 4111 * HIDDEN * 4                  # an embedding for every node of the graph
+    most = 4111 * HIDDEN * EMBEDDING_BYTES                  # an embedding for every node of the graph
     for p in curve[1:]:
-        assert p["history_bytes"] == min(int(split["budget"] * p["share"]), most) // (HIDDEN * 4) * (HIDDEN * 4)
-        assert p["history_rows"] == p["history_bytes"] // (HIDDEN * 4)
+        assert p["history_bytes"] == min(int(split["budget"] * p["share"]), most) // (HIDDEN * EMBEDDING_BYTES) * (HIDDEN * EMBEDDING_BYTES)
+        assert p["history_rows"] == p["history_bytes"] // (HIDDEN * EMBEDDING_BYTES)
         # the CPU tier its own plan got: what the budget leaves beside the embeddings and the staging of
         # its (pruned, so smaller) batches
         assert 0 < p["cpu_bytes"] and p["cpu_bytes"] + p["history_bytes"] < CFG.cpu_memory
     # a share asking for more than every node's embedding is the capped one, searched once
     assert [p["history_bytes"] for p in curve] == sorted({p["history_bytes"] for p in curve})
-    assert curve[-1]["history_bytes"] == most and len(curve) < len(SPLIT_SHARES)
+    assert curve[-1]["history_bytes"] == most and len(grid) < len(SPLIT_SHARES)
     # more embeddings prune more subtrees, so fewer rows are gathered at all
     assert [p["accesses"] for p in curve] == sorted((p["accesses"] for p in curve), reverse=True)
     assert curve[-1]["pruned"] > 0
@@ -128,9 +133,15 @@ def test_bad_split_options_are_refused() -> None:
     with pytest.raises(ConfigError, match="--history-select"):
         replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
     assert history_options("auto", None, 16, 1 << 20, 100) == {
-        "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100}
+        "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100,
+        "history_prune": "last-hop"}
+    assert history_options("auto", None, 16, 1 << 20, 100, None, "subtree")["history_prune"] == "subtree"
     with pytest.raises(ConfigError, match="--history-staleness"):
         history_options(None, 7, 16, 1 << 20, 100)
+    with pytest.raises(ConfigError, match="--history-prune"):
+        history_options(None, None, 16, 1 << 20, 100, "subtree")          # no cache to prune for
+    with pytest.raises(ConfigError, match="--history-prune"):
+        history_options("1MiB", None, 16, 1 << 20, 100, "deepest")
 
 
 def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, capsys, one_torch_thread) -> None:
@@ -150,3 +161,14 @@ def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, caps
     assert r.get("history", {}).get("rows", 0) == split["chosen"]["history_rows"] and len(r["epochs"]) == 1
     with pytest.raises(ConfigError, match="Pipeline.history_memory"):
         Pipeline("auto_mem", loader="memory", history_memory="auto")
+
+
+def test_the_refinement_tries_the_midpoints_around_the_best() -> None:
+    def pt(share: float, disk: int) -> dict:
+        return {"share": share, "disk_bytes": disk, "history_bytes": int(share * 100)}
+
+    assert refine_shares([pt(0.0, 9), pt(0.5, 5), pt(0.25, 4)]) == [0.125, 0.375]      # any order
+    assert refine_shares([pt(0.0, 9), pt(0.5, 5)]) == [0.25]                             # the last is best
+    assert refine_shares([pt(0.0, 9), pt(0.5, 5), pt(0.25, 6), pt(0.75, 7)]) == [0.375, 0.625]
+    assert refine_shares([pt(0.0, 4), pt(0.5, 5)]) == [0.25]                             # ties: fewer embeddings
+    assert refine_shares([pt(0.0, 9)]) == []

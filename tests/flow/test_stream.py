@@ -25,6 +25,7 @@ from diskflow.flow.rundir import new_run_dir
 from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
 from diskflow.flow.stream import tasks as stream_tasks
 from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputError
+from diskflow.operators.prepare.history import EMBEDDING_BYTES
 from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
@@ -99,7 +100,7 @@ def test_partition_batches_stream_as_they_prepare(tiny_store: Path, tmp_path: Pa
 
 
 def test_a_history_cache_streams_as_it_prepares(tiny_store: Path, tmp_path: Path) -> None:
-    hist = {"history_memory": 64 * SETTINGS["hidden"] * 4, "history_staleness": 5}     # 64 embeddings
+    hist = {"history_memory": 64 * SETTINGS["hidden"] * EMBEDDING_BYTES, "history_staleness": 5}     # 64 embeddings
     with dask.config.set(scheduler="sync"):
         ref = belady.run(tiny_store, new_run_dir(tmp_path, "ref"), progress=False, **SETTINGS, **hist)
     rep = streaming.run(tiny_store, new_run_dir(tmp_path, "stream"), window=2, **EMBEDDED, **SETTINGS, **hist)

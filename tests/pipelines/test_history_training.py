@@ -37,7 +37,7 @@ def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
     model.train()
     forward(model, batch)
     assert torch.all(seen[-1][2] == 7.0)                   # the pruned row is the cached one
-    assert torch.equal(cache.table[0], seen[-1][1])        # the pushed row went into slot 0
+    assert torch.equal(cache.table[0], seen[-1][1].half())  # the pushed row went into slot 0, as float16
     assert cache.pruned == 1 and cache.pushed == 1
     model.eval()
     before = cache.table.clone()
@@ -45,11 +45,19 @@ def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
     assert not torch.all(seen[-1][2] == 7.0) and torch.equal(cache.table, before)
     with pytest.raises(ConfigError, match="two or more layers"):
         HistoryCache.attach(GraphSAGE(5, 8, 1, 4), 3)
+    with torch.no_grad():
+        model.convs[1].lin_l.bias.fill_(1e6)               # activations past float16's range
+    model.train()
+    with pytest.raises(ConfigError, match="--history-memory.*float16"):
+        forward(model, batch)
 
 
-def test_a_fresh_cache_gives_the_unpruned_logits_with_two_layers(tiny_store: Path) -> None:
-    """Push every one-hop node's first-layer output, then prune them all and substitute: with the model
-    unchanged in between, a 2-layer GraphSAGE's seed logits are the unpruned batch's."""
+@pytest.mark.parametrize("fanouts", [(5, 4), (5, 4, 3), (4, 3, 3, 2)])
+def test_a_fresh_cache_gives_the_unpruned_logits_under_the_last_hop_rule(tiny_store: Path, fanouts) -> None:
+    """Push every one-hop node's input to the last layer, then prune half of them and substitute: with the
+    model unchanged in between, a GraphSAGE of any depth gives the unpruned batch's seed logits under the
+    last-hop rule (the pruned nodes' lower layers are still computed). Under OUTRE's subtree rule that holds
+    for two layers only: deeper, the seeds' lower layers see the pruned nodes' features alone."""
     import numpy as np
     from diskflow.operators.formats.store import Store
     from diskflow.operators.prepare.history import HistoryStep, attach_plan
@@ -58,25 +66,45 @@ def test_a_fresh_cache_gives_the_unpruned_logits_with_two_layers(tiny_store: Pat
 
     st = Store(tiny_store)
     x, y = torch.from_numpy(st.read_features()), torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
-    sampler = NeighborSampler(st.indptr, st.indices, [5, 4], num_threads=1)
+    sampler = NeighborSampler(st.indptr, st.indices, list(fanouts), num_threads=1)
     seeds = st.split_ids("train")[:64]
     full = sampler.sample(seeds, 9)
     hop1 = np.asarray(full.n_id[64:64 + full.num_sampled_nodes[1]], dtype=np.int64)
     slots = np.arange(hop1.shape[0], dtype=np.int64)
     none = np.zeros(0, dtype=np.int64)
     attach_plan(full, HistoryStep(none, none, hop1, slots))
-    cut = sampler.sample(seeds, 9, stop=hop1)
-    attach_plan(cut, HistoryStep(hop1, slots, none, none))
-    assert cut.n_id.shape[0] < full.n_id.shape[0]
+    pruned_slots = slots[::2]                              # every other one-hop node, by its slot
+    pruned = hop1[pruned_slots]
     torch.manual_seed(0)
-    model = GraphSAGE(st.feature_dim, 16, 2, 5, dropout=0.0)
-    HistoryCache.attach(model, rows=hop1.shape[0])
+    model = GraphSAGE(st.feature_dim, 16, len(fanouts), 5, dropout=0.0)
+    HistoryCache.attach(model, rows=hop1.shape[0], dtype=torch.float32)     # exact rows: exact logits
     model.train()
     with torch.no_grad():
         want = forward(model, to_data(full, x, y))
-        got = forward(model, to_data(cut, x, y))
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert history_of(model).pruned == hop1.shape[0]
+        got = {}
+        for rule, last_hop in (("last-hop", True), ("subtree", False)):
+            cut = sampler.sample(seeds, 9, stop=pruned, last_hop=last_hop)
+            attach_plan(cut, HistoryStep(pruned, pruned_slots, none, none, last_hop))
+            assert cut.n_id.shape[0] < full.n_id.shape[0]
+            got[rule] = (forward(model, to_data(cut, x, y)), cut.n_id.shape[0])
+    torch.testing.assert_close(got["last-hop"][0], want, rtol=1e-5, atol=1e-6)
+    if len(fanouts) == 2:      # the same sample: nothing below the pruned nodes but their own last hop
+        torch.testing.assert_close(got["subtree"][0], want, rtol=1e-5, atol=1e-6)
+        assert got["subtree"][1] == got["last-hop"][1]
+    else:                      # fewer nodes, and the approximation
+        assert got["subtree"][1] < got["last-hop"][1]
+        assert not torch.allclose(got["subtree"][0], want, rtol=1e-3, atol=1e-4)
+    assert history_of(model).pruned == 2 * pruned.shape[0]
+    # the default table, float16: the same logits but for its rounding
+    torch.manual_seed(0)
+    half = GraphSAGE(st.feature_dim, 16, len(fanouts), 5, dropout=0.0)
+    assert HistoryCache.attach(half, rows=hop1.shape[0]).table.dtype == torch.float16
+    half.train()
+    with torch.no_grad():
+        forward(half, to_data(full, x, y))
+        cut = sampler.sample(seeds, 9, stop=pruned, last_hop=True)
+        attach_plan(cut, HistoryStep(pruned, pruned_slots, none, none))
+        torch.testing.assert_close(forward(half, to_data(cut, x, y)), want, rtol=1e-2, atol=1e-2)
 
 
 def test_models_the_cache_cannot_serve_are_refused() -> None:
@@ -100,7 +128,7 @@ def test_staleness_one_trains_exactly_as_without_the_cache(tiny_store: Path, tmp
     assert [e["rows_gathered"] for e in s1["epochs"]] == [e["rows_gathered"] for e in plain["epochs"]]
     s20 = inmemory.run(tiny_store, new_run_dir(tmp_path, "s20"), history_memory="64KiB", history_staleness=20,
                        **COMMON)
-    assert s20["history"]["pruned"] > 0 and s20["history"]["rows"] == 64 * 1024 // (12 * 4)
+    assert s20["history"]["pruned"] > 0 and s20["history"]["rows"] == 64 * 1024 // (12 * 2)
     assert sum(e["rows_gathered"] for e in s20["epochs"]) < sum(e["rows_gathered"] for e in plain["epochs"])
     assert [e["losses"] for e in s20["epochs"]] != [e["losses"] for e in plain["epochs"]]
     again = inmemory.run(tiny_store, new_run_dir(tmp_path, "again"), history_memory="64KiB", history_staleness=20,
@@ -118,6 +146,13 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
         Pipeline("h4", loader="stream", history_memory="auto")       # the split plans whole rounds
     with pytest.raises(ConfigError, match="Pipeline.history_staleness"):
         Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
+    with pytest.raises(ConfigError, match="Pipeline.history_prune"):
+        Pipeline("h5", loader="memory", history_memory="1MiB", history_prune="all")
+    assert mine.describe()["history_prune"] == "last-hop"
+    outre = Pipeline("h6", loader="memory", history_memory="64KiB", history_staleness=20, history_prune="subtree")
+    sub = outre.run(tiny_store, new_run_dir(tmp_path, "sub"), **COMMON)
+    assert sub["history"]["prune"] == "subtree" and sub["history"]["pruned"] == r["history"]["pruned"]
+    assert sum(e["rows_gathered"] for e in sub["epochs"]) < sum(e["rows_gathered"] for e in r["epochs"])
     with pytest.raises(ConfigError, match="--history-memory"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "x"), history_memory="8B", **COMMON)
     with pytest.raises(ConfigError, match="two or more"):

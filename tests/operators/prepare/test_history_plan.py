@@ -38,7 +38,7 @@ def test_nodes_rows_and_positions() -> None:
     indptr = np.array([0, 1, 5, 5, 8, 12])                 # in-degrees 1, 4, 0, 3, 4
     assert history_nodes(indptr, 2).tolist() == [1, 4]     # the two highest, ties by lower id
     assert history_nodes(indptr, 0).size == 0 and history_nodes(indptr, 99).tolist() == [0, 1, 2, 3, 4]
-    assert history_rows(4096, 16) == 64
+    assert history_rows(4096, 16) == 128                    # float16 embeddings
     with pytest.raises(ConfigError, match="--history-staleness"):
         HistoryPlanner(np.array([1]), 0)
     n_id = np.array([10, 11, 7, 3, 8, 1])
@@ -71,3 +71,52 @@ def test_stop_prunes_subtrees_and_changes_no_other_draw(tiny_store: Path) -> Non
     with pytest.raises(ValueError, match="out of range"):
         s.sample(seeds, 77, stop=np.array([st.num_nodes]))
     np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # and after a failed one
+
+
+def _tainted(sample, stop: np.ndarray) -> np.ndarray:
+    """Per local id: a stop node, or a node every finder of which (the nodes that drew it when it joined) is one."""
+    hops = np.cumsum([0, *sample.num_sampled_nodes])
+    edges = np.cumsum([0, *sample.num_sampled_edges])
+    n_id = np.asarray(sample.n_id)
+    bad = np.isin(n_id, stop)
+    bad[:hops[1]] = False                                   # the seeds
+    for h in range(1, len(hops) - 1):
+        child, finder = sample.edge_index[:, edges[h - 1]:edges[h]]
+        new = (child >= hops[h]) & (child < hops[h + 1])
+        clean = np.zeros(n_id.shape[0], bool)
+        clean[child[new & ~bad[finder]]] = True             # drawn by at least one clean finder
+        joined = np.arange(hops[h], hops[h + 1])
+        bad[joined] |= ~clean[joined]
+    return bad
+
+
+@pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
+def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_store: Path, fanouts) -> None:
+    st = Store(tiny_store)
+    s = NeighborSampler(st.indptr, st.indices, fanouts, num_threads=2)
+    seeds = st.split_ids("train")[:150]
+    full = s.sample(seeds, 77)
+    bs, n1 = full.num_sampled_nodes[0], full.num_sampled_nodes[1]
+    stop = full.n_id[bs:bs + n1][::3]
+    cut = s.sample(seeds, 77, stop=stop, last_hop=True)
+    last = len(fanouts)
+    before_last = sum(full.num_sampled_nodes[:last])
+    # every hop but the last is the full sample's, node for node and edge for edge
+    np.testing.assert_array_equal(cut.n_id[:before_last], full.n_id[:before_last])
+    np.testing.assert_array_equal(cut.num_sampled_edges[:-1], full.num_sampled_edges[:-1])
+    kept = sum(full.num_sampled_edges[:-1])
+    np.testing.assert_array_equal(cut.edge_index[:, :kept], full.edge_index[:, :kept])
+    # at the last hop, exactly the stopped nodes and the nodes only they drew draw nothing; the others
+    # draw what they drew
+    skip = np.flatnonzero(_tainted(full, stop)[:before_last])
+    g_full = {(int(full.n_id[a]), int(full.n_id[b])) for a, b in full.edge_index[:, kept:].T}
+    g_cut = {(int(cut.n_id[a]), int(cut.n_id[b])) for a, b in cut.edge_index[:, kept:].T}
+    dropped = set(full.n_id[skip].tolist())
+    assert g_cut == {e for e in g_full if e[1] not in dropped}
+    if last == 2:                       # two hops: the subtree rule's sample
+        sub = s.sample(seeds, 77, stop=stop)
+        np.testing.assert_array_equal(cut.n_id, sub.n_id)
+        np.testing.assert_array_equal(cut.edge_index, sub.edge_index)
+    else:
+        assert skip.shape[0] > stop.shape[0]            # some nodes were reached through stopped ones only
+    np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # nothing left marked
