@@ -150,7 +150,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
                        history_rows=rows, history_staleness=history_staleness, history_select=history_select,
-                       history_prune=hist.get("history_prune", DEFAULT_PRUNE), gpus=gpus, cache=cache)
+                       history_prune=history_prune, gpus=gpus, cache=cache)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts
