@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
-from ..operators.prepare.history import DEFAULT_PRUNE, check_prune
+from ..operators.prepare.history import DEFAULT_PRUNE, check_prune, refuse_without_cache
 from ..operators.prepare.sample import check_fanouts
 
 
@@ -98,9 +98,6 @@ def history_options(memory: int | str | None, staleness: int | None, hidden: int
         return {"history_memory": 0, "history_split": True, "history_dim": hidden, **rule}
     nbytes = byte_budget(memory, "--history-memory", feature_bytes) or 0
     if not nbytes:
-        if staleness is not None and staleness != default_staleness:
-            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
-        if prune is not None and prune != default_prune:
-            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
+        refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune)
         return {"history_memory": 0}      # none, even where the pipeline has one
     return {"history_memory": nbytes, "history_dim": hidden, **rule}

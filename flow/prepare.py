@@ -82,6 +82,7 @@ from ..operators.prepare.history import (
     HISTORY_SELECTS,
     check_prune,
     history_rows,
+    refuse_without_cache,
 )
 from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
 from ..operators.prepare.partition import PARTITIONERS, default_parts
@@ -195,18 +196,14 @@ class PrepareConfig:
                 raise ConfigError("--history-memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
             if self.cpu_memory <= 0:
                 raise ConfigError("--history-memory", "auto splits --cpu-memory between the caches; give a CPU budget")
-        elif not self.history_memory and self.history_staleness != DEFAULT_STALENESS:
-            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
         if self.history_memory < 0:
             raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                   f"got {self.history_select!r}")
-        if self.history_select != "accesses" and not (self.history_memory or self.history_split):
-            raise ConfigError("--history-select", "applies to a historical embedding cache only (--history-memory)")
         check_prune(self.history_prune)
-        if self.history_prune != DEFAULT_PRUNE and not (self.history_memory or self.history_split):
-            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
+        if not (self.history_memory or self.history_split):
+            refuse_without_cache(self.history_staleness, self.history_prune, self.history_select)
         if self.history_staleness < 1:
             raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if (self.history_memory or self.history_split) and len(self.fanouts) < 2:

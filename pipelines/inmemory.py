@@ -49,6 +49,7 @@ from ..operators.prepare.history import (
     history_nodes_by_count,
     history_rows,
     planned_width,
+    refuse_without_cache,
 )
 from ..operators.prepare.partition import default_parts
 from ..operators.prepare.sample import NeighborSampler
@@ -274,10 +275,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
                                                   f"({planned['rows']:,} embeddings); drop --history-memory")
         return None, int(planned["rows"]) if data_only else planned_width(samples, planned, hidden)
     if nbytes == 0:
-        if staleness != DEFAULT_STALENESS:
-            raise ConfigError("--history-staleness", "applies to a historical embedding cache only (--history-memory)")
-        if prune != DEFAULT_PRUNE:
-            raise ConfigError("--history-prune", "applies to a historical embedding cache only (--history-memory)")
+        refuse_without_cache(staleness, prune)
         return None, 0
     rows = history_rows(nbytes, hidden)
     if rows == 0:

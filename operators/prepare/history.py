@@ -49,6 +49,17 @@ def check_prune(prune: object, option: str = "--history-prune") -> str:
     return str(prune)
 
 
+def refuse_without_cache(staleness: int | None = None, prune: str | None = None, select: str | None = None, *,
+                         default_staleness: int = DEFAULT_STALENESS, default_prune: str = DEFAULT_PRUNE) -> None:
+    """A ConfigError for a history option given (not None, not its default) where no historical embedding
+    cache is: it would change nothing, so the user has most likely forgotten ``--history-memory``."""
+    for option, value, default in (("--history-staleness", staleness, default_staleness),
+                                   ("--history-select", select, HISTORY_SELECTS[0]),
+                                   ("--history-prune", prune, default_prune)):
+        if value is not None and value != default:
+            raise ConfigError(option, "applies to a historical embedding cache only (--history-memory)")
+
+
 def history_rows(memory: int, dim: int) -> int:
     """Embeddings of width `dim` that `memory` bytes hold."""
     if dim < 1:

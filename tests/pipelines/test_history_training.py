@@ -158,3 +158,7 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
     with pytest.raises(ConfigError, match="two or more"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), history_memory="64KiB",
                      **{**COMMON, "fanouts": (4,)})
+    for option, given in (("--history-staleness", {"history_staleness": 7}),
+                          ("--history-prune", {"history_prune": "subtree"})):    # no cache for them to change
+        with pytest.raises(ConfigError, match=option):
+            inmemory.run(tiny_store, new_run_dir(tmp_path, "z"), **given, **COMMON)
