@@ -180,6 +180,7 @@ void register_exceptions(py::module_& m) {
 
 void register_constants(py::module_& m) {
     m.attr("ALIGN") = kAlign;
+    m.attr("SECTOR") = kSector;
     m.attr("MAX_REQUEST_BYTES") = kMaxRequestBytes;
     m.attr("DEFAULT_QUEUE_DEPTH") = kDefaultQueueDepth;
     m.attr("DEFAULT_THREADS") = kDefaultThreads;
@@ -280,6 +281,13 @@ void register_reader(py::module_& m) {
         .def("set_merge_bytes", &Reader::set_merge_bytes, py::arg("merge_bytes"), py::arg("bounce_bytes"), Release())
         .def("set_gap_bytes", &Reader::set_gap_bytes, py::arg("gap_bytes"), Release())
         .def_property_readonly("gap_bytes", [](Reader& r) { return r.gap_bytes(); })
+        .def("set_unit_bytes", &Reader::set_unit_bytes, py::arg("unit_bytes"), Release())
+        .def_property_readonly("unit_bytes",
+                               [](Reader& r) {
+                                   py::gil_scoped_release release;
+                                   return r.unit_bytes();
+                               })
+        .def("unit_of", &Reader::unit_of, py::arg("handle"), Release())
         .def("counters", &reader_counters)
         .def("reset_counters", &Reader::reset_counters)
         .def("close", &Reader::close, Release());

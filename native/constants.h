@@ -13,6 +13,9 @@ namespace diskflow {
 constexpr int64_t kAlign = 4096;
 constexpr int kPageShift = 12;  // log2(kAlign)
 static_assert((int64_t{1} << kPageShift) == kAlign, "kPageShift must match kAlign");
+// The smallest unit read_rows may read in (set_unit_bytes): the legacy disk sector, the direct-I/O
+// alignment of a device with 512-byte logical blocks.
+constexpr int64_t kSector = 512;
 
 // Requests larger than this are split: keeps the pread threads busy on one big request, and fits
 // io_uring's 32-bit length field.

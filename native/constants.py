@@ -12,6 +12,10 @@ ALIGN: int = int(_native.ALIGN)
 """O_DIRECT granularity: offsets, lengths and buffer addresses of direct reads are multiples of it,
 and the on-disk formats pad their array data to it."""
 
+SECTOR: int = int(_native.SECTOR)
+"""The smallest unit `read_rows` may read in (a reader's `unit_bytes`): a 512-byte sector, where the
+device's direct-I/O alignment allows it."""
+
 MAX_REQUEST_BYTES: int = int(_native.MAX_REQUEST_BYTES)
 """The reader splits larger requests (io_uring's length field is 32 bits)."""
 
@@ -31,4 +35,4 @@ BELADY_NO_USE: int = int(_native.BELADY_NO_USE)
 """A Belady trace's `first_use` of a node with no use in the window (2**31 - 1)."""
 
 __all__ = ["ALIGN", "BELADY_NO_USE", "DEFAULT_BOUNCE_BYTES", "DEFAULT_MERGE_BYTES", "DEFAULT_QUEUE_DEPTH",
-           "DEFAULT_THREADS", "MAX_REQUEST_BYTES"]
+           "DEFAULT_THREADS", "MAX_REQUEST_BYTES", "SECTOR"]

@@ -30,6 +30,25 @@ namespace {
 inline bool aligned(int64_t v) { return (v & (kAlign - 1)) == 0; }
 inline int64_t round_up(int64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
 
+// The direct-I/O alignment of an open file (offsets, lengths and addresses), as statx reports it
+// (STATX_DIOALIGN, Linux 6.1+), within [kSector, kAlign]; kAlign where the kernel or the file
+// system does not say. Only read_rows uses less than kAlign, and only when asked (set_unit_bytes).
+int64_t dio_align(int fd) {
+#ifdef STATX_DIOALIGN
+    struct statx sx {};
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) != 0 &&
+        sx.stx_dio_offset_align > 0) {
+        int64_t a = std::max<int64_t>(sx.stx_dio_offset_align, sx.stx_dio_mem_align);
+        int64_t p = kSector;
+        while (p < a && p < kAlign) p <<= 1;
+        return p;
+    }
+#else
+    (void)fd;
+#endif
+    return kAlign;
+}
+
 std::string errno_text(int err) {
     char buf[256];
     // GNU strerror_r may return a static string instead of filling buf.
@@ -44,6 +63,7 @@ struct IoRequest {
     int fd;
     int32_t file;  // handle, for error messages
     bool direct;
+    int64_t align;  // a direct read resumes only at a multiple of this (the request's unit)
     int64_t offset;
     int64_t length;
     int64_t need;
@@ -108,7 +128,7 @@ namespace {
 // After `done` bytes of a request were read, is the rest of it past the end of file? A direct read
 // that stops at an unaligned position has met the end of file (and cannot be resumed there).
 inline bool stopped_at_eof(const IoRequest& r, int64_t done) {
-    return r.direct && !aligned(r.offset + done);
+    return r.direct && ((r.offset + done) & (r.align - 1)) != 0;
 }
 
 // Reads one request to completion with pread, resubmitting short reads. Returns the bytes read.
@@ -371,7 +391,7 @@ OpenedFile Reader::open(const std::string& path) {
         ::close(fd);
         throw IoError(e, path, errno_text(e) + " (opening for reading: not a regular file)");
     }
-    files_.push_back({fd, direct, path});
+    files_.push_back({fd, direct, direct ? dio_align(fd) : kSector, path});
     paths_.push_back(path);
     return {static_cast<int>(files_.size() - 1), direct, refused};
 }
@@ -423,7 +443,7 @@ void Reader::read(const int64_t* h, const int64_t* off, const int64_t* len, cons
         requested += len[i];
         for (int64_t o = 0; o < len[i]; o += kMaxRequestBytes) {
             int64_t l = std::min(kMaxRequestBytes, len[i] - o);
-            reqs.push_back({f.fd, static_cast<int32_t>(h[i]), f.direct, off[i] + o, l, l, p + o});
+            reqs.push_back({f.fd, static_cast<int32_t>(h[i]), f.direct, kAlign, off[i] + o, l, l, p + o});
         }
     }
     ErrorSlot err;
@@ -454,26 +474,31 @@ void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t r
     if (!std::is_sorted(offs, offs + n)) {
         std::stable_sort(order.begin(), order.end(), [offs](int64_t a, int64_t b) { return offs[a] < offs[b]; });
     }
-    // Runs of touched pages, cut into chunks of at most merge_bytes.
+    // Runs of touched units (4 KiB pages, or smaller where set_unit_bytes allows and the file's
+    // direct-I/O alignment permits), cut into chunks of at most merge_bytes.
+    const int64_t unit = std::max(unit_bytes_, f.dio_align);
+    int shift = 0;
+    while ((int64_t{1} << shift) < unit) ++shift;
+    const int64_t gap_units = gap_bytes_ >> shift;
     struct Chunk {
-        int64_t first_page;
-        int64_t pages;
+        int64_t first;  // in units
+        int64_t units;
         int64_t need;  // bytes of the chunk that rows use (the rest may lie past the end of file)
     };
     std::vector<Chunk> chunks;
-    const int64_t max_pages = std::max<int64_t>(1, merge_bytes_ >> kPageShift);
+    const int64_t max_units = std::max<int64_t>(1, merge_bytes_ >> shift);
     auto flush = [&](int64_t first, int64_t last, int64_t end_byte) {
-        for (int64_t s = first; s <= last; s += max_pages) {
-            int64_t e = std::min(last, s + max_pages - 1);
-            int64_t need = e == last ? end_byte - (s << kPageShift) : (e - s + 1) << kPageShift;
+        for (int64_t s = first; s <= last; s += max_units) {
+            int64_t e = std::min(last, s + max_units - 1);
+            int64_t need = e == last ? end_byte - (s << shift) : (e - s + 1) << shift;
             chunks.push_back({s, e - s + 1, need});
         }
     };
     int64_t run_first = -1, run_last = -1, run_end = 0;
     for (int64_t k = 0; k < n; ++k) {
         int64_t o = offs[order[k]];
-        int64_t fp = o >> kPageShift, lp = (o + row_bytes - 1) >> kPageShift;
-        if (run_first >= 0 && fp <= run_last + 1 + gap_pages_) {
+        int64_t fp = o >> shift, lp = (o + row_bytes - 1) >> shift;
+        if (run_first >= 0 && fp <= run_last + 1 + gap_units) {
             run_last = std::max(run_last, lp);
             run_end = std::max(run_end, o + row_bytes);
         } else {
@@ -494,15 +519,15 @@ void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t r
         int64_t total = 0;
         size_t c_end = c;
         while (c_end < chunks.size() &&
-               (c_end == c || total + (chunks[c_end].pages << kPageShift) <= bounce_capacity_)) {
-            total += chunks[c_end++].pages << kPageShift;
+               (c_end == c || total + (chunks[c_end].units << shift) <= bounce_capacity_)) {
+            total += chunks[c_end++].units << shift;
         }
         uint8_t* bounce = bounce_buffer(total);
         std::vector<IoRequest> reqs;
         int64_t pos = 0;
         for (size_t k = c; k < c_end; ++k) {
-            int64_t len = chunks[k].pages << kPageShift;
-            reqs.push_back({f.fd, static_cast<int32_t>(handle), f.direct, chunks[k].first_page << kPageShift, len,
+            int64_t len = chunks[k].units << shift;
+            reqs.push_back({f.fd, static_cast<int32_t>(handle), f.direct, unit, chunks[k].first << shift, len,
                             chunks[k].need, bounce + pos});
             pos += len;
         }
@@ -511,8 +536,8 @@ void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t r
         if (err.failed()) break;
         pos = 0;
         for (size_t k = c; k < c_end; ++k) {
-            const int64_t cs = chunks[k].first_page << kPageShift;
-            const int64_t ce = cs + (chunks[k].pages << kPageShift);
+            const int64_t cs = chunks[k].first << shift;
+            const int64_t ce = cs + (chunks[k].units << shift);
             while (lo < n && offs[order[lo]] + row_bytes <= cs) ++lo;
             for (int64_t j = lo; j < n && offs[order[j]] < ce; ++j) {
                 const int64_t ro = offs[order[j]];
@@ -557,12 +582,31 @@ void Reader::set_gap_bytes(int64_t gap_bytes) {
                                     std::to_string(kMaxRequestBytes >> 20) + " MiB], got " + std::to_string(gap_bytes));
     }
     std::lock_guard<std::mutex> lk(mu_);
-    gap_pages_ = gap_bytes >> kPageShift;
+    gap_bytes_ = gap_bytes;
 }
 
 int64_t Reader::gap_bytes() {
     std::lock_guard<std::mutex> lk(mu_);
-    return gap_pages_ << kPageShift;
+    return gap_bytes_;
+}
+
+void Reader::set_unit_bytes(int64_t unit_bytes) {
+    if (unit_bytes < kSector || unit_bytes > kAlign || (unit_bytes & (unit_bytes - 1)) != 0) {
+        throw std::invalid_argument("unit_bytes must be a power of two in [" + std::to_string(kSector) + ", " +
+                                    std::to_string(kAlign) + "], got " + std::to_string(unit_bytes));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    unit_bytes_ = unit_bytes;
+}
+
+int64_t Reader::unit_bytes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return unit_bytes_;
+}
+
+int64_t Reader::unit_of(int64_t handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::max(unit_bytes_, file(handle).dio_align);
 }
 
 int64_t Reader::merge_bytes() {

@@ -10,15 +10,17 @@
 //          requests in flight. The fallback where io_uring is unavailable (probed, never assumed).
 //
 // Discipline (as DGL GraphBolt's direct-I/O reader): in O_DIRECT mode every offset, length and
-// buffer address is a multiple of kAlign, checked before anything is submitted; requests are split
+// buffer address is a multiple of kAlign, checked before anything is submitted (read_rows' own
+// requests: of its unit, never less than the file's direct-I/O alignment); requests are split
 // at kMaxRequestBytes; a short read is resubmitted for the remainder, and a read that meets the end
 // of file first is a short-read error; after the first error no new request is submitted, but those
 // in flight are drained before the error is thrown. Where the file system refuses O_DIRECT (EINVAL
 // on open, e.g. tmpfs) the file is opened buffered and `open` says why.
 //
 // `read_rows` reads fixed-size rows at arbitrary byte offsets (rows may straddle pages, repeat, or be
-// unaligned): it reads each distinct 4 KiB page the rows touch exactly once, adjacent pages merged
-// into one request of at most `merge_bytes`, into an aligned bounce buffer, then copies the rows out.
+// unaligned): it reads each distinct unit the rows touch exactly once (a 4 KiB page, or down to a
+// 512-byte sector: set_unit_bytes), adjacent units merged into one request of at most `merge_bytes`,
+// into an aligned bounce buffer, then copies the rows out.
 //
 // Errors: IoError (an I/O failure: errno, path, offsets; `short_read` when the file ended first) and
 // std::invalid_argument (a request the reader refuses: misaligned, out of bounds, bad handle, closed
@@ -65,7 +67,7 @@ struct OpenedFile {
 // The reader's counters since its creation or its last reset_counters().
 struct ReaderCounters {
     int64_t bytes_requested = 0;  // bytes the callers asked for
-    int64_t bytes_read = 0;       // bytes read from disk (whole pages for read_rows)
+    int64_t bytes_read = 0;       // bytes read from disk (whole units for read_rows)
     int64_t requests = 0;         // requests issued to the kernel, after splitting and merging
     double seconds = 0.0;         // time spent in read calls
 };
@@ -124,10 +126,19 @@ class Reader {
     void set_gap_bytes(int64_t gap_bytes);
     int64_t gap_bytes();
 
+    // read_rows' unit (default kAlign): the granularity of its requests, a power of two in [kSector,
+    // kAlign]. A direct file is read in units of at least its own direct-I/O alignment (statx), so a
+    // smaller unit takes effect only where the device allows it (512-byte logical blocks): fewer
+    // bytes per row of a sparse read, as GNNDrive's sector-sized requests. unit_of: a file's unit.
+    void set_unit_bytes(int64_t unit_bytes);
+    int64_t unit_bytes();
+    int64_t unit_of(int64_t handle);
+
  private:
     struct OpenFile {
         int fd = -1;
         bool direct = false;
+        int64_t dio_align = kAlign;  // its direct-I/O alignment (kSector for a buffered file)
         std::string path;
     };
 
@@ -147,7 +158,8 @@ class Reader {
     std::string fallback_reason_;
     int64_t merge_bytes_ = kDefaultMergeBytes;
     int64_t bounce_capacity_ = kDefaultBounceBytes;
-    int64_t gap_pages_ = 0;
+    int64_t gap_bytes_ = 0;
+    int64_t unit_bytes_ = kAlign;
 
     std::mutex mu_;  // everything below
     bool closed_ = false;

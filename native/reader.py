@@ -15,7 +15,8 @@ and disk-cache pages into pinned host memory while Python keeps training (DESIGN
   from one thread; ``"pread"`` runs ``threads`` blocking ``pread`` threads. ``"auto"`` takes
   io_uring when it can, else pread with a ``RuntimeWarning`` saying why.
 * :meth:`DirectReader.read_rows` reads fixed-size rows at arbitrary byte offsets by reading each
-  distinct 4 KiB page once (adjacent pages merged into one request) and copying the rows out.
+  distinct unit once (a 4 KiB page; with ``unit_bytes=SECTOR`` a 512-byte sector where the device's
+  direct-I/O alignment allows it; adjacent units merged into one request) and copying the rows out.
 * Errors are Python exceptions naming the file and the offset: ``OSError`` (``FileNotFoundError``
   etc.), :class:`ShortReadError` (an ``OSError``: the file ended before the requested bytes) and
   ``ValueError`` (misaligned or out-of-bounds request, bad handle).
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .constants import ALIGN, DEFAULT_BOUNCE_BYTES, DEFAULT_MERGE_BYTES, DEFAULT_QUEUE_DEPTH, DEFAULT_THREADS
+from .constants import ALIGN, DEFAULT_BOUNCE_BYTES, DEFAULT_MERGE_BYTES, DEFAULT_QUEUE_DEPTH, DEFAULT_THREADS, SECTOR
 
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
@@ -88,6 +89,10 @@ class DirectReader:
         gap_bytes: read_rows reads through at most this many untouched bytes between two touched
             pages (a multiple of 4096; 0: only adjacent pages merge): fewer, larger requests for
             more bytes, for a device whose request rate is the limit.
+        unit_bytes: read_rows' unit, a power of two in [SECTOR, ALIGN] (default ALIGN: whole pages).
+            A direct file is read in units of at least its own direct-I/O alignment (statx reports
+            it; ALIGN where the kernel does not), so a smaller unit takes effect only where the
+            device allows it: fewer bytes per row of a sparse read (GNNDrive's sector requests).
 
     Attributes:
         backend: the backend in use, "uring" or "pread".
@@ -98,7 +103,7 @@ class DirectReader:
 
     def __init__(self, queue_depth: int = DEFAULT_QUEUE_DEPTH, threads: int = DEFAULT_THREADS, backend: str = "auto",
                  direct: bool = True, *, merge_bytes: int = DEFAULT_MERGE_BYTES,
-                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES, gap_bytes: int = 0) -> None:
+                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES, gap_bytes: int = 0, unit_bytes: int = ALIGN) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct), int(merge_bytes),
@@ -106,6 +111,8 @@ class DirectReader:
         self.backend: str = self._impl.backend
         if gap_bytes:
             self._impl.set_gap_bytes(int(gap_bytes))
+        if unit_bytes != ALIGN:
+            self._impl.set_unit_bytes(int(unit_bytes))
         if self._impl.fallback_reason:
             warnings.warn(f"io_uring unavailable ({self._impl.fallback_reason}); reading with "
                           f"{threads} pread threads instead", RuntimeWarning, stacklevel=2)
@@ -129,6 +136,16 @@ class DirectReader:
     def gap_bytes(self) -> int:
         """read_rows' longest run of untouched bytes read through between two touched pages."""
         return int(self._impl.gap_bytes)
+
+    @property
+    def unit_bytes(self) -> int:
+        """read_rows' unit as set (a file may need more: `unit_of`)."""
+        return int(self._impl.unit_bytes)
+
+    def unit_of(self, handle: int) -> int:
+        """The unit read_rows reads the file of `handle` in: `unit_bytes`, or the file's direct-I/O
+        alignment where that is larger."""
+        return int(self._impl.unit_of(int(handle)))
 
     @property
     def bounce_bytes(self) -> int:
@@ -186,10 +203,11 @@ class DirectReader:
     def read_rows(self, handle: int, row_offsets: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
         """Read rows of `row_bytes` bytes at byte offsets `row_offsets` into out [n, row_bytes] (uint8).
 
-        Each distinct 4 KiB page the rows touch is read once (rows may straddle pages or repeat;
-        adjacent pages are merged into one request), so the counters show
-        bytes_read = distinct pages x 4096 and bytes_requested = n x row_bytes. No alignment is
-        required of the rows or of `out`. A row's last page may extend past the end of the file.
+        Each distinct unit (`unit_of` the file: a 4 KiB page unless `unit_bytes` is smaller) the
+        rows touch is read once (rows may straddle units or repeat; adjacent units are merged into
+        one request), so the counters show bytes_read = distinct units x unit and bytes_requested =
+        n x row_bytes. No alignment is required of the rows or of `out`. A row's last unit may
+        extend past the end of the file.
         """
         self._impl.read_rows(int(handle), _as_int64(row_offsets, "row_offsets"), int(row_bytes), _as_out(out))
 

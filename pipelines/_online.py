@@ -89,6 +89,7 @@ class _OnlineTraining:
         self.features = f"online ({policy}): O_DIRECT reads into a fixed feature buffer"
         self.loader: OnlineLoader | None = None
         self.nbytes = 0
+        self.read: dict[str, int] = {}      # the unit rows are read in and the gap read through
 
     def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
              order: BatchOrder | None) -> OnlineLoader:
@@ -103,6 +104,7 @@ class _OnlineTraining:
                             static=InDegree(st.indptr) if self.policy == "hybrid" else None, threshold=threshold)
         self.loader = OnlineLoader(st, buf, labels, sampler, seeds, cfg.batch_size, cfg.seed, order=order,
                                    extractors=self.extractors, window=self.window, staging_bytes=staging)
+        self.read = {"read_unit": self.loader.readers[0].unit, "gap_bytes": self.loader.readers[0].reader.gap_bytes}
         return self.loader
 
     def epoch_record(self, loader: Any) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class _OnlineTraining:
         return {"online": {"policy": self.policy, "extractors": self.extractors, "window": self.window,
                            "threshold": buf.threshold if self.policy == "hybrid" else None,
                            "cpu_memory": self.nbytes, "slots": buf.slots, "memory": self.loader.memory(),
+                           **self.read,
                            "topology_bytes": int(self.loader.store.indptr.nbytes + self.loader.store.indices.nbytes)}}
 
 
@@ -148,7 +151,8 @@ def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str |
         Other options are the in-memory pipeline's (same seed: same batches, same losses).
 
     Returns:
-        The in-memory pipeline's report, plus ``online`` (policy, buffer slots, fixed memory) and, per
+        The in-memory pipeline's report, plus ``online`` (policy, buffer slots, fixed memory, the unit rows
+        are read in and the gap read through) and, per
         epoch, ``online`` (rows, hits, misses, evictions, rows and bytes read, time to the first batch).
     """
     if pipeline.loader != "online":
@@ -179,4 +183,6 @@ def describe_online(report: dict[str, Any]) -> str:
     rate = f"{hits / rows:.1%}" if rows else "n/a"
     return (f"feature buffer ({o.get('policy')}): {o.get('slots', 0):,} rows, {format_bytes(mem.get('total_bytes', 0))} "
             f"fixed (rows {format_bytes(mem.get('buffer_bytes', 0))}, tables {format_bytes(mem.get('table_bytes', 0))}, "
-            f"staging {format_bytes(mem.get('staging_bytes', 0))}); hit rate {rate}")
+            f"staging {format_bytes(mem.get('staging_bytes', 0))}); hit rate {rate}"
+            + (f"; rows read in {o['read_unit']}-byte units through gaps of {format_bytes(o['gap_bytes'])}"
+               if o.get("read_unit") else ""))

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES
+from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES, SECTOR
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.errors import ConfigError, InputError
 from ..formats.files import byte_offsets, format_bytes
@@ -59,10 +59,16 @@ DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors
 MAX_STAGING_BYTES = 2 << 20         # each extractor's staging rows (a batch's misses go through in pieces) ...
 MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the extractors, within these bounds
 DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
-# Reads go through runs of up to 16 KiB of untouched bytes between touched pages: on a virtio disk
-# that serves ~80k 4 KiB requests/s and 1.1-1.6 GB/s, an epoch of bench compare's default graph
-# (512-byte rows, ~40% of pages touched per batch) took 2.24 s a batch against 3.13 s page by page.
-DEFAULT_GAP_BYTES = 16 << 10
+# Rows are read in 512-byte sectors where the device allows it (GNNDrive's request granularity;
+# whole 4 KiB pages elsewhere), and reads go through runs of up to 12 KiB of untouched bytes between
+# touched sectors. A request costs ~8 us of a virtio disk's time beside its bytes (fio, 64 in
+# flight: 105k 512-byte, 97k 4 KiB, 53k 16 KiB reads/s), so on bench compare's default graph
+# (512-byte rows, ~44% of pages touched per batch) the read through short gaps pays: page by page
+# took 3.13 s a batch against 2.24 s through 16 KiB gaps (an earlier session); sectors through
+# 12 KiB gaps read 2.10 GiB a batch in 129k requests against pages through 16 KiB gaps' 3.53 GiB
+# in 47k, 2.85 s against 3.41 s a batch (medians of three alternated runs, on a 1.1 GiB/s day).
+DEFAULT_GAP_BYTES = 12 << 10
+DEFAULT_UNIT_BYTES = SECTOR
 _NO_USE = np.iinfo(np.int64).max
 NODE_TABLE_BYTES = 4                # the mapping table: a slot per node (int32)
 SLOT_TABLE_BYTES = 8 + 4 + 8 + 8    # per slot: its node, reference count, LRU stamp, static score
@@ -252,13 +258,16 @@ def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
 class StoreRows:
     """Reads store rows into buffer slots with one native direct-I/O reader (one per extractor).
 
-    Rows are read by `DirectReader.read_rows` (each distinct 4 KiB page once, pages merged into one request
-    across gaps of up to `gap_bytes`) in pieces of at most `staging_bytes`, and copied into their slots.
+    Rows are read by `DirectReader.read_rows` (each distinct unit once: a 512-byte sector where the device
+    allows it, else a 4 KiB page, `unit_bytes`; units merged into one request across gaps of up to
+    `gap_bytes`) in pieces of at most `staging_bytes`, and copied into their slots.
     """
 
-    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES) -> None:
+    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES,
+                 unit_bytes: int = DEFAULT_UNIT_BYTES) -> None:
         self.store = store
-        self.reader = DirectReader(backend="auto", bounce_bytes=bounce_bytes(staging_bytes), gap_bytes=gap_bytes)
+        self.reader = DirectReader(backend="auto", bounce_bytes=bounce_bytes(staging_bytes), gap_bytes=gap_bytes,
+                                   unit_bytes=unit_bytes)
         self.row_bytes = int(store.row_bytes)
         self.piece = max(1, int(staging_bytes) // self.row_bytes)
         self.staging = np.empty((self.piece, self.row_bytes), np.uint8)
@@ -303,6 +312,11 @@ class StoreRows:
                                              f"{int(offsets[a]):,} failed: {e.strerror or e}") from e
                 raw[slots[lo + a: lo + b]] = out
 
+    @property
+    def unit(self) -> int:
+        """The unit its reader reads the store's shards in (512 bytes, or 4096 where the device needs it)."""
+        return self.reader.unit_of(self._handle(self.store.shards[0].index))
+
     def counters(self) -> dict[str, float]:
         return self.reader.counters()
 
@@ -337,7 +351,8 @@ class OnlineLoader:
     def __init__(self, store: Any, buffer: FeatureBuffer, labels: torch.Tensor, sampler: Sampler,
                  seeds: np.ndarray, batch_size: int, seed: int, *, order: BatchOrder | None = None,
                  extractors: int = DEFAULT_EXTRACTORS, window: int = 0,
-                 staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES) -> None:
+                 staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES,
+                 unit_bytes: int = DEFAULT_UNIT_BYTES) -> None:
         if extractors < 1:
             raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors}")
         if window < 0:
@@ -346,7 +361,7 @@ class OnlineLoader:
         self.seeds = np.asarray(seeds, np.int64)
         self.batch_size, self.seed, self.order = batch_size, seed, order
         self.extractors, self.window, self.staging_bytes = extractors, window, staging_bytes
-        self.readers = [StoreRows(store, staging_bytes, gap_bytes) for _ in range(extractors)]
+        self.readers = [StoreRows(store, staging_bytes, gap_bytes, unit_bytes) for _ in range(extractors)]
         self.epoch = 0
         self.stage_s: dict[str, float] = {}
         self.counts: dict[str, int] = {}

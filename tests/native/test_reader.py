@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diskflow.native.constants import SECTOR
 from diskflow.native.reader import ALIGN, DirectReader, ShortReadError, aligned_empty, uring_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,11 +189,11 @@ def test_tmpfs(data: tuple[Path, np.ndarray]) -> None:
             np.testing.assert_array_equal(out[4 * ALIGN:], content[ALIGN:5 * ALIGN])
 
 
-def _page_runs(row_offsets: np.ndarray, row_bytes: int, max_pages: int) -> tuple[int, int]:
-    """(distinct pages, requests) the page-merged read must issue: runs of consecutive pages,
-    each cut into pieces of at most max_pages."""
-    first = row_offsets // ALIGN
-    count = (row_offsets + row_bytes - 1) // ALIGN - first + 1
+def _page_runs(row_offsets: np.ndarray, row_bytes: int, max_pages: int, unit: int = ALIGN) -> tuple[int, int]:
+    """(distinct units, requests) the unit-merged read must issue: runs of consecutive units (4 KiB
+    pages unless told), each cut into pieces of at most max_pages units."""
+    first = row_offsets // unit
+    count = (row_offsets + row_bytes - 1) // unit - first + 1
     pages = np.unique(np.repeat(first, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count))
     breaks = np.flatnonzero(np.diff(pages) != 1)
     run_len = np.diff(np.concatenate([[0], breaks + 1, [pages.size]]))
@@ -229,6 +230,60 @@ def test_read_rows_page_merged(backend: str, row_bytes: int, merge_bytes: int, b
         assert c["requests"] == requests
         r.read_rows(h, np.zeros(0, dtype=np.int64), row_bytes, np.empty((0, row_bytes), np.uint8))
         assert r.counters()["requests"] == requests
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("row_bytes,merge_bytes,bounce_bytes", [
+    (512, 1 * MiB, 32 * MiB),          # sector rows at unaligned offsets
+    (80, 2 * ALIGN, 3 * ALIGN),        # small rows, short merges, many rounds
+    (1000, 1 * ALIGN, 1 * ALIGN),      # rows over two sectors, one page per request and per round
+])
+def test_read_rows_in_sectors(backend: str, row_bytes: int, merge_bytes: int, bounce_bytes: int,
+                              data: tuple[Path, np.ndarray]) -> None:
+    """unit_bytes=SECTOR: the same rows, in units of the file's own direct-I/O alignment or 512 bytes."""
+    path, content = data
+    rng = np.random.default_rng(row_bytes)
+    anywhere = rng.integers(0, content.size - row_bytes + 1, 400)
+    offsets = np.concatenate([anywhere, anywhere[:40] + 3, [content.size - row_bytes, 0, SECTOR - 1, ALIGN - 7]])
+    offsets = rng.permutation(offsets).astype(np.int64)
+    want = content[offsets[:, None] + np.arange(row_bytes)]
+    with DirectReader(backend=backend, queue_depth=8, merge_bytes=merge_bytes, bounce_bytes=bounce_bytes,
+                      unit_bytes=SECTOR) as r:
+        assert r.unit_bytes == SECTOR
+        h = r.open(path)
+        unit = r.unit_of(h)         # 512 where the device allows it (statx), else 4096
+        assert unit in (SECTOR, 2 * SECTOR, 4 * SECTOR, ALIGN)
+        units, requests = _page_runs(offsets, row_bytes, merge_bytes // unit, unit)
+        out = np.empty((offsets.size, row_bytes), dtype=np.uint8)
+        r.read_rows(h, offsets, row_bytes, out)
+        np.testing.assert_array_equal(out, want)
+        c = r.counters()
+        assert c["bytes_read"] == units * unit
+        assert c["requests"] == requests
+    with DirectReader(backend=backend) as r:       # the default unit reads whole pages
+        assert r.unit_of(r.open(path)) == ALIGN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_rows_in_sectors_at_an_unpadded_end_of_file(backend: str, disk_dir: Path) -> None:
+    size = 3 * ALIGN + 700           # ends inside a sector
+    content = np.random.default_rng(8).integers(0, 256, size, dtype=np.uint8)
+    path = _write(disk_dir / f"sectors-{backend}.bin", content)
+    with DirectReader(backend=backend, unit_bytes=SECTOR, gap_bytes=ALIGN) as r:
+        h = r.open(path)
+        unit = r.unit_of(h)
+        offsets = np.array([size - 100, 10, ALIGN + 600], dtype=np.int64)
+        out = np.empty((3, 100), np.uint8)
+        r.read_rows(h, offsets, 100, out)
+        np.testing.assert_array_equal(out, content[offsets[:, None] + np.arange(100)])
+        if unit == SECTOR:      # sectors 0 and 9 merge across the 8-sector gap; the last, partial one (25) is apart
+            assert r.counters()["bytes_read"] == 10 * SECTOR + (size - 25 * SECTOR)
+            assert r.counters()["requests"] == 2
+        with pytest.raises(ShortReadError, match=rf"offset {size}.*{path}"):
+            r.read_rows(h, np.array([size - 50]), 100, out[:1])
+    for bad in (256, 768, 2 * ALIGN, 0):
+        with pytest.raises(ValueError, match="unit_bytes must be a power of two in \\[512, 4096\\]"):
+            DirectReader(backend=backend, unit_bytes=bad)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -13,6 +13,7 @@ from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.train.online import (
+    DEFAULT_GAP_BYTES,
     MIN_STAGING_BYTES,
     NODE_TABLE_BYTES,
     SLOT_TABLE_BYTES,
@@ -47,6 +48,7 @@ def test_online_pipelines_train_on_the_inmemory_batches_with_a_small_buffer(name
     assert online["policy"] == pipeline.cpu_tier and online["cpu_memory"] == budget
     assert online["slots"] == 3000 and online["memory"]["total_bytes"] <= budget      # of 4111 rows
     assert online["window"] == (8 if name == "lsmgnn" else 0)
+    assert online["read_unit"] in (512, 4096) and online["gap_bytes"] == DEFAULT_GAP_BYTES
     for e in report["epochs"]:
         o = e["online"]
         assert o["rows"] == o["hits"] + o["misses"] and o["misses"] > 0 and o["first_batch_s"] > 0

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from diskflow.native.constants import ALIGN, SECTOR
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
@@ -26,14 +27,14 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
 
 
 def _loader(st: Store, slots: int, policy: str, *, window: int = 0, extractors: int = 3,
-            staging_bytes: int = 1 << 14) -> OnlineLoader:
+            staging_bytes: int = 1 << 14, unit_bytes: int = SECTOR) -> OnlineLoader:
     static = InDegree(st.indptr) if policy == "hybrid" else None
     buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy, static=static,
                         threshold=max(1, window // 8))
     sampler = NeighborSampler(st.indptr, st.indices, FANOUTS, num_threads=1)
     labels = torch.from_numpy(np.asarray(st.labels, np.int64))
     return OnlineLoader(st, buf, labels, sampler, st.split_ids("train"), BATCH, SEED, extractors=extractors,
-                        window=window, staging_bytes=staging_bytes)
+                        window=window, staging_bytes=staging_bytes, unit_bytes=unit_bytes)
 
 
 def _reference(st: Store, epoch: int) -> list[Any]:
@@ -49,12 +50,13 @@ def _largest_batch(st: Store) -> int:
     return max(int(b.n_id.shape[0]) for e in range(2) for b in _reference(st, e))
 
 
-@pytest.mark.parametrize("policy,window", [("lru", 0), ("hybrid", 6)])
+@pytest.mark.parametrize("policy,window,unit", [("lru", 0, SECTOR), ("lru", 0, ALIGN), ("hybrid", 6, SECTOR)])
 def test_every_batch_is_bit_exact_under_a_buffer_barely_larger_than_a_batch(tiny_store: Path, policy: str,
-                                                                            window: int) -> None:
+                                                                            window: int, unit: int) -> None:
     st = Store(tiny_store)
     slots = _largest_batch(st) + 40          # one batch in flight at a time, rows evicted on every batch
-    loader = _loader(st, slots, policy, window=window)
+    loader = _loader(st, slots, policy, window=window, unit_bytes=unit)
+    assert loader.readers[0].unit in ((SECTOR, ALIGN) if unit == SECTOR else (ALIGN,))
     for epoch in range(2):
         loader.set_epoch(epoch)
         ours = list(loader)
