@@ -85,6 +85,7 @@ def test_online_pipelines_columns_and_crossover(compared: tuple[dict, str, Path]
     for name in ("gnndrive", "lsmgnn"):
         o = p[name]["online"]
         assert o["policy"] == {"gnndrive": "lru", "lsmgnn": "hybrid"}[name] and o["rows"] == o["hits"] + o["misses"]
+        assert o["read_unit"] in (512, 4096) and o["gap_bytes"] > 0
         assert o["memory"]["total_bytes"] <= f["feature_budget_bytes"]
         assert p[name]["prepare_s"] == 0.0 and p[name]["plan_miss_bytes"] is None
         assert p[name]["disk_read_bytes"] is not None and p[name]["first_batch_s"] > 0
@@ -100,12 +101,14 @@ def test_online_pipelines_columns_and_crossover(compared: tuple[dict, str, Path]
     assert f["ratios"]["lsmgnn_misses_over_belady_plan"] == pytest.approx(
         p["lsmgnn"]["online"]["miss_bytes"] / p["belady"]["plan_miss_bytes"])
     bel, g = p["belady"], p["gnndrive"]
-    cross = f["crossover_epochs"]["gnndrive"]
-    if g["epoch_s"] > bel["epoch_s"]:
-        assert bel["prepare_s"] + cross * bel["epoch_s"] < cross * g["epoch_s"]
-        assert bel["prepare_s"] + (cross - 1) * bel["epoch_s"] >= (cross - 1) * g["epoch_s"]
-    else:
-        assert cross is None
+    for key, epoch in (("crossover_epochs", "epoch_s"), ("crossover_epochs_data", "data_epoch_s")):
+        cross = f[key]["gnndrive"]
+        if g[epoch] > bel[epoch]:
+            assert bel["prepare_s"] + cross * bel[epoch] < cross * g[epoch]
+            assert bel["prepare_s"] + (cross - 1) * bel[epoch] >= (cross - 1) * g[epoch]
+        else:
+            assert cross is None
+    assert "with the data path alone" in printed
     for column in ("first batch s", "1 ep. + prep s", "10 ep. + prep s", "ginex / gnndrive data path",
                    "mmap / gnndrive data path", "lsmgnn cache misses / belady plan misses"):
         assert column in printed
