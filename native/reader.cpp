@@ -476,7 +476,7 @@ void Reader::read_rows(int64_t handle, const int64_t* offs, int64_t n, int64_t r
     }
     // Runs of touched units (4 KiB pages, or smaller where set_unit_bytes allows and the file's
     // direct-I/O alignment permits), cut into chunks of at most merge_bytes.
-    const int64_t unit = std::max(unit_bytes_, f.dio_align);
+    const int64_t unit = unit_for(f);
     int shift = 0;
     while ((int64_t{1} << shift) < unit) ++shift;
     const int64_t gap_units = gap_bytes_ >> shift;
@@ -606,7 +606,7 @@ int64_t Reader::unit_bytes() {
 
 int64_t Reader::unit_of(int64_t handle) {
     std::lock_guard<std::mutex> lk(mu_);
-    return std::max(unit_bytes_, file(handle).dio_align);
+    return unit_for(file(handle));
 }
 
 int64_t Reader::merge_bytes() {

@@ -27,6 +27,7 @@
 // reader, bad settings). A reader serialises its calls with a mutex.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +146,8 @@ class Reader {
     void check_open_reader() const;
     // The open file of a handle, or std::invalid_argument. Call with mu_ held.
     OpenFile& file(int64_t handle);
+    // read_rows' unit for a file: unit_bytes_, or the file's direct-I/O alignment where larger. Call with mu_ held.
+    int64_t unit_for(const OpenFile& f) const { return std::max(unit_bytes_, f.dio_align); }
     int64_t execute(const std::vector<IoRequest>& reqs, ErrorSlot& err);
     uint8_t* bounce_buffer(int64_t nbytes);
     void release_bounce();
