@@ -681,6 +681,7 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
               if (rr := c["runs"].get("model", {})).get("report")]
     drep = drun.get("report") or {}
     online = [e["online"] for e in drep.get("epochs", []) if "online" in e]
+    buffer = drep.get("online") or {}       # the online loader's buffer and reads, as its report gives them
     ds = drep.get("dataset") or {}
     row_bytes = ds["feature_bytes"] // ds["nodes"] if ds.get("nodes") else 0
     return {
@@ -705,9 +706,7 @@ def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: 
         "online": None if not online else {
             "miss_bytes": sum(e["misses"] for e in online) * row_bytes, "rows": sum(e["rows"] for e in online),
             "hits": sum(e["hits"] for e in online), "misses": sum(e["misses"] for e in online),
-            "memory": (drep.get("online") or {}).get("memory"), "slots": (drep.get("online") or {}).get("slots"),
-            "policy": (drep.get("online") or {}).get("policy"), "window": (drep.get("online") or {}).get("window"),
-            "read_unit": (drep.get("online") or {}).get("read_unit"), "gap_bytes": (drep.get("online") or {}).get("gap_bytes")},
+            **{k: buffer.get(k) for k in ("memory", "slots", "policy", "window", "read_unit", "gap_bytes")}},
         "process_read_bytes": {g: group("process_read_bytes", g) for g in ("data", "model")},
         "wall_s": {g: group("wall_s", g) for g in ("data", "model")},
         "errors": errors or None,
