@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.files import atomic_path, load_npz, write_bytes
+from ..operators.formats.files import atomic_path, load_npz
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import Counts, add_counts, dense_counts, superbatch_counts
@@ -43,7 +43,7 @@ from ..operators.prepare.partition import edge_cut, partition_graph, undirected_
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_cpu_tier, choose_gpu_tier, planned
 from ..operators.prepare.seeds import BatchOrder
-from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch_bytes, superbatch_hop1
+from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch, sample_superbatch_bytes, superbatch_hop1
 from ..operators.prepare.tiers import tier_sizes
 from .taskprofile import profiled
 
@@ -180,12 +180,13 @@ def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: S
     round's history plan, says); with `out_path`, write its samples file there (never creating the
     directory: a task outliving its failed run must not resurrect it) and hand on the path."""
     t0 = time.time()
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order,
-                                            None if history is None else history[ref.key])
+    steps = None if history is None else history[ref.key]
     if out_path is None:
+        data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order, steps)
         return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
-    write_bytes(out_path, data, parents=False)
-    return SampleResult(ref.key, None, {**summary, "path": out_path}, stamp(t0), path=out_path)
+    summary = sample_superbatch(store_path, out_path, ref, batch_size, list(fanouts), seed, threads, order, steps,
+                                parents=False)
+    return SampleResult(ref.key, None, summary, stamp(t0), path=out_path)
 
 
 def count_task(sample: SampleResult, num_nodes: int) -> Counts:

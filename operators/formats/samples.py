@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import InputError
-from .files import arrow_file_bytes, write_bytes
+from .files import arrow_file_bytes, write_arrow_file
 
 Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 
@@ -118,9 +118,10 @@ def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | 
 
 
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
-                  metadata: dict[str, str] | None = None) -> None:
-    """Write record batches to an Arrow IPC file atomically."""
-    write_bytes(path, samples_bytes(batches, metadata))
+                  metadata: dict[str, str] | None = None, parents: bool = True) -> int:
+    """Write record batches to an Arrow IPC file atomically, past the page cache where the file system
+    allows (`files.write_arrow_file`); return its size. `parents=False`: never create the directory."""
+    return write_arrow_file(path, batches[0].schema if batches else SCHEMA, batches, metadata, parents=parents)
 
 
 def list_values(rb: pa.RecordBatch, name: str) -> np.ndarray:

@@ -109,10 +109,15 @@ def _shard_buffer(nbytes: int) -> np.ndarray:
     buffer is only ever live inside one task, and a thread runs one task at a time. Page
     alignment lets the shard be read with O_DIRECT straight into it.
     """
-    buf = getattr(_THREAD, "shard", None)
+    return _thread_buffer("shard", nbytes)
+
+
+def _thread_buffer(name: str, nbytes: int) -> np.ndarray:
+    """This thread's page-aligned byte buffer `name`, at least `nbytes`, kept for its next task (see `_shard_buffer`)."""
+    buf = getattr(_THREAD, name, None)
     if buf is None or buf.shape[0] < nbytes:
         buf = aligned_empty(nbytes)
-        _THREAD.shard = buf
+        setattr(_THREAD, name, buf)
     return buf[:nbytes]
 
 
@@ -458,6 +463,53 @@ def _local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
     return local
 
 
+def _write_rows_at(path: Path, feats: np.ndarray, rows: np.ndarray, offset: int) -> None:
+    """Write ``feats[rows]`` at byte `offset` of the existing file `path`, durably (fdatasync).
+
+    The range's whole pages go with O_DIRECT where the file system takes it: a tier's rows are hundreds
+    of MB that the packing machine never reads back, and a buffered write copies each byte into fresh
+    page-cache pages first. The partial pages at the two ends are written buffered: the tasks of the
+    neighbouring shards write the rest of those pages (buffered too, so the page cache merges them).
+    """
+    nbytes = rows.shape[0] * feats.shape[1] * feats.dtype.itemsize
+    head = offset % ALIGN
+    buf = _thread_buffer("rows", -(-(head + nbytes) // ALIGN) * ALIGN)
+    kernels.gather_rows(buf[head:head + nbytes].view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats, rows)
+    base = offset - head                                  # the file offset of buf[0]
+    first, end = -(-offset // ALIGN) * ALIGN, (offset + nbytes) // ALIGN * ALIGN    # the whole pages
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as e:
+        raise InputError(path, f"cannot open target rows file ({e.strerror or e})") from e
+    try:
+        if end > first:
+            direct_fd = None
+            with contextlib.suppress(OSError):            # EINVAL: e.g. tmpfs refuses O_DIRECT
+                direct_fd = os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
+            try:
+                _write_all(fd if direct_fd is None else direct_fd, buf[first - base:end - base], path, first)
+            except InputError as e:                      # a file system that opens O_DIRECT but refuses the write
+                cause = e.__cause__
+                if direct_fd is None or not isinstance(cause, OSError) or cause.errno != errno.EINVAL:
+                    raise
+                _write_all(fd, buf[first - base:end - base], path, first)
+            finally:
+                if direct_fd is not None:
+                    os.close(direct_fd)
+            if first > offset:
+                _write_all(fd, buf[head:first - base], path, offset)
+            if offset + nbytes > end:
+                _write_all(fd, buf[end - base:head + nbytes], path, end)
+        else:
+            _write_all(fd, buf[head:head + nbytes], path, offset)
+        try:
+            os.fdatasync(fd)
+        except OSError as e:
+            raise InputError(path, f"flushing its rows to disk failed: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+
+
 def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: FeatureShard, row_bytes: int) -> int:
     """Write the shard's rows of every target file; return the row bytes written.
 
@@ -490,17 +542,8 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
         if size < need:
             raise InputError(t.path, f"target rows file has {size} bytes, {ids.shape[0]} rows need {need}")
         if sel is None:
-            rows = np.empty((hi - lo, feats.shape[1]), feats.dtype)
-            kernels.gather_rows(rows, feats, (filled[lo:hi] - shard.row_start).astype(np.int64, copy=False))
-            fd = os.open(t.path, os.O_WRONLY)
-            try:
-                _write_all(fd, rows, Path(t.path), t.offset + lo * row_bytes)
-                try:
-                    os.fdatasync(fd)
-                except OSError as e:
-                    raise InputError(t.path, f"flushing its rows to disk failed: {e.strerror or e}") from e
-            finally:
-                os.close(fd)
+            _write_rows_at(Path(t.path), feats, (filled[lo:hi] - shard.row_start).astype(np.int64, copy=False),
+                           t.offset + lo * row_bytes)
             written += (hi - lo) * row_bytes
             continue
         mm = np.memmap(t.path, dtype=feats.dtype, mode="r+", offset=t.offset, shape=(ids.shape[0], feats.shape[1]))

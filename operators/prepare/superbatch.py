@@ -18,8 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.errors import ConfigError
-from ..formats.files import write_bytes
-from ..formats.samples import id_type, record_batch, samples_bytes
+from ..formats.samples import id_type, record_batch, samples_bytes, write_samples
 from ..formats.store import Store
 from .history import HistoryStep, sample_planned
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
@@ -93,14 +92,18 @@ def lane_layout(refs: Sequence[SuperbatchRef], lanes: int, lane: int) -> list[Su
 
 def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.PathLike[str], ref: SuperbatchRef,
                       batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None,
-                      order: BatchOrder | None = None) -> dict:
-    """Sample every minibatch of one superbatch and write them to `out_path` (Arrow IPC).
+                      order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None,
+                      parents: bool = True) -> dict:
+    """Sample every minibatch of one superbatch and write them to `out_path` (Arrow IPC, past the page cache
+    where the file system allows: `formats.samples.write_samples`; `parents=False`: never create its
+    directory). `order`, `history`: see `sample_superbatch_records`.
 
     Returns a small summary: batches, accesses (sum of n_id lengths), the largest batch's
     node count, and sampled edges.
     """
-    data, summary = sample_superbatch_bytes(store_path, ref, batch_size, fanouts, seed, num_threads, order)
-    write_bytes(out_path, data)
+    records, metadata, summary = sample_superbatch_records(store_path, ref, batch_size, fanouts, seed, num_threads,
+                                                           order, history)
+    write_samples(out_path, records, metadata, parents=parents)
     return {**summary, "path": str(Path(out_path))}
 
 
@@ -108,9 +111,19 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
                             fanouts: Sequence[int], seed: int, num_threads: int | None = None,
                             order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None
                             ) -> tuple[pa.Buffer, dict]:
-    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary.
-    `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep` per
-    batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
+    """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary."""
+    records, metadata, summary = sample_superbatch_records(store_path, ref, batch_size, fanouts, seed, num_threads,
+                                                           order, history)
+    return samples_bytes(records, metadata), summary
+
+
+def sample_superbatch_records(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
+                              fanouts: Sequence[int], seed: int, num_threads: int | None = None,
+                              order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None
+                              ) -> tuple[list[pa.RecordBatch], dict[str, Any], dict[str, Any]]:
+    """The superbatch's samples as record batches (one per minibatch), the samples file's metadata and the
+    summary. `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep`
+    per batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
     the plan."""
     from .sample import NeighborSampler
 
@@ -133,13 +146,13 @@ def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchR
         accesses += n
         max_nodes = max(max_nodes, n)
         edges += int(s.edge_index.shape[1])
-    data = samples_bytes(records, {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
-                                   "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size})
+    metadata = {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
+                "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size}
     summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
                                "max_nodes": max_nodes, "edges": edges}
     if history is not None:
         summary.update(pruned=pruned, pushed=pushed)
-    return data, summary
+    return records, metadata, summary
 
 
 def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],

@@ -108,3 +108,31 @@ def test_arrow_file_bytes_equal_a_growing_stream_and_fall_back_when_the_estimate
     assert files.arrow_file_bytes(batches[0].schema, iter(batches), {"key": "e0-s00001"}).equals(expected)
     monkeypatch.setattr(pa, "allocate_buffer", lambda n: pa.py_buffer(bytearray(64)))   # an estimate far too small
     assert files.arrow_file_bytes(batches[0].schema, batches, {"key": "e0-s00001"}).equals(expected)
+
+
+@pytest.mark.parametrize("where", ["disk", "shm"])
+def test_write_arrow_file_writes_the_same_bytes_past_the_page_cache(tmp_path: Path, where: str) -> None:
+    """`write_arrow_file` (whole pages with O_DIRECT, then cut to size; buffered where the file system refuses
+    O_DIRECT, as tmpfs does) writes exactly `arrow_file_bytes`' bytes, for sizes on and off a page boundary,
+    reusing its buffer between files; the temporary name never outlives the call."""
+    import pyarrow as pa
+    from diskflow.operators.formats import files
+
+    base = tmp_path if where == "disk" else Path("/dev/shm")
+    if not base.is_dir():
+        pytest.skip("no /dev/shm")
+    rng = np.random.default_rng(1)
+    for n in (0, 5, 1021, 300_001):
+        batches = [pa.RecordBatch.from_arrays(
+            [pa.array([i], pa.int64()),
+             pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(rng.integers(0, 1 << 30, n).astype(np.int32)))],
+            names=["batch", "ids"]) for i in range(3)]
+        out = base / f"diskflow-test-{where}-{n}.arrow"
+        try:
+            size = files.write_arrow_file(out, batches[0].schema, batches, {"n": n})
+            data = out.read_bytes()
+            assert size == len(data)
+            assert files.arrow_file_bytes(batches[0].schema, batches, {"n": n}).equals(pa.py_buffer(data))
+            assert [p.name for p in base.glob(f".{out.name}*")] == []
+        finally:
+            out.unlink(missing_ok=True)
