@@ -34,16 +34,21 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.files import atomic_path, load_npz
+from ..operators.formats.files import atomic_path
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
-from ..operators.prepare.count import Counts, add_counts, dense_counts, superbatch_counts
+from ..operators.prepare.count import Counts, add_counts, dense_counts, load_counts, superbatch_counts
 from ..operators.prepare.history import HistoryStep, history_nodes, history_nodes_by_count, plan_round
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_cpu_tier, choose_gpu_tier, planned
 from ..operators.prepare.seeds import BatchOrder
-from ..operators.prepare.superbatch import SuperbatchRef, sample_superbatch, sample_superbatch_bytes, superbatch_hop1
+from ..operators.prepare.superbatch import (
+    SuperbatchRef,
+    sample_superbatch,
+    sample_superbatch_bytes,
+    superbatch_hop1,
+)
 from ..operators.prepare.tiers import tier_sizes
 from .taskprofile import profiled
 
@@ -214,7 +219,7 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
 
     Args:
         counts: the merged counts the tiers are chosen from (`count.Counts`: dense, or (ids, counts)), or an
-            ``.npz`` holding (ids, counts) (a prepare cache's, read where the task runs).
+            ``.npz`` holding them (`count.save_counts`: a prepare cache's, read where the task runs).
         first: the first superbatches' samples (their largest batch sizes the staging when `max_rows` is None).
         max_rows: the largest batch of the round (staging is sized by it); None: the largest in
             `first`, plus `MAX_ROWS_MARGIN`.
@@ -222,8 +227,7 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
     """
     store = Store(store_path)
     if isinstance(counts, str):
-        saved = load_npz(counts)
-        counts = (saved["ids"], saved["counts"])
+        counts = load_counts(counts)
     freq = dense_counts(counts, store.num_nodes)
     if max_rows is None:
         seen = max(int(s.summary["max_nodes"]) for s in first)

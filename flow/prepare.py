@@ -45,7 +45,6 @@ from ..operators.formats.files import (
     config_hash,
     format_bytes,
     load_npz,
-    narrow_int,
     raise_if_disk_full,
     read_manifest,
     save_npy,
@@ -72,7 +71,7 @@ from ..operators.formats.packed import (
 from ..operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_plan
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
-from ..operators.prepare.count import as_sparse
+from ..operators.prepare.count import Counts, save_counts
 from ..operators.prepare.diskcache import build_layout
 from ..operators.prepare.history import (
     DEFAULT_PRUNE,
@@ -573,12 +572,13 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         s_key = run.cfg.sample_key(store_hash, run.parts_key)
         p_key = run.cfg.plan_key(s_key)
     with phase("sample"):
-        sdir, summaries = _sample_phase(run, s_key)
+        sdir, summaries, counts = _sample_phase(run, s_key)
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
     # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
     with _read_ahead(store, cfg):
         with phase("plan"):
-            pdir, planned_round, early_routes = _plan_phase(run, p_key, sdir, summaries)
+            pdir, planned_round, early_routes = _plan_phase(run, p_key, sdir, summaries, counts=counts)
+        del counts
         with phase("pack"):
             figures = _pack_phase(run, (store_hash, k_key), sdir, summaries, pdir, planned_round, early_routes)
     chain_s = float(sum(float(p.get("chain_s", 0.0)) for p in planned_round["plans"]))
@@ -650,8 +650,8 @@ def _split_phase(run: _Run, store_hash: str) -> None:
         run.cfg, run.tok = cand, f"{tok}s{i}"     # each candidate's tasks under keys of their own
         s_key = cand.sample_key(store_hash, part_key)
         p_key = cand.plan_key(s_key)
-        sdir, summaries = _sample_phase(run, s_key)
-        _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False)
+        sdir, summaries, counts = _sample_phase(run, s_key)
+        _, planned, _ = _plan_phase(run, p_key, sdir, summaries, routes=False, counts=counts)
         cpu_bytes = int(planned["tiers"]["cpu_rows"]) * rb
         if not share:
             shared = cpu_bytes
@@ -689,28 +689,28 @@ def _split_phase(run: _Run, store_hash: str) -> None:
                  "curve": curve, "chosen": chosen}
 
 
-def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]]]:
-    """Sample every superbatch and count its accesses (cached): the samples' directory and summaries."""
+def _sample_phase(run: _Run, s_key: str) -> tuple[Path, list[dict[str, Any]], Counts | None]:
+    """Sample every superbatch and count its accesses (cached): the samples' directory, their summaries and,
+    when sampled now, the round's counts (in memory for the tiers: None where the stage was cached)."""
     stage = _CachedStage(run.work, "samples", s_key)
     manifest = stage.cached()
+    total = None
     if manifest is None:
         sdir = stage.start()
         g = _graph(run)
         samples = [g.sample(k, str(sdir / r.filename)) for k, r in enumerate(run.refs)]
         # One graph: superbatch k is counted as soon as it is sampled, while later ones sample.
         *results, total = compute([*samples, g.counts(list(enumerate(samples)))], desc="sample", disable=run.show())
-        ids, counts = as_sparse(total)
-        with atomic_path(sdir / COUNTS, parents=False) as tmp, open(tmp, "wb") as f:
-            np.savez(f, ids=narrow_int(ids), counts=narrow_int(counts))
+        save_counts(sdir / COUNTS, total, parents=False)
         manifest = stage.finish({"summaries": [r.summary for r in results]}, drop_stale=not run.keep_stale)
-    return stage.path, manifest["summaries"]
+    return stage.path, manifest["summaries"], total
 
 
-def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]], routes: bool = True
-                ) -> tuple[Path, dict[str, Any], list[dict] | None]:
+def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]], routes: bool = True,
+                counts: Counts | None = None) -> tuple[Path, dict[str, Any], list[dict] | None]:
     """Choose the tiers and plan every superbatch (cached): the plans' directory, their manifest (tiers and
     per-superbatch figures) and, when every miss is packed (and `routes`), the routes computed alongside
-    the plans."""
+    the plans. `counts`: the round's counts when the sample phase has them in memory (else its file is read)."""
     store, cfg, tok = run.store, run.cfg, run.tok
     stage = _CachedStage(run.work, "plans", p_key)
     manifest = stage.cached()
@@ -724,7 +724,7 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     g = _graph(run)
     spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
                     cfg.cpu_policy)
-    tiers = g.tiers(str(sdir / COUNTS), samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
+    tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
     # traces run on the other cores while the chain advances.

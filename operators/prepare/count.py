@@ -20,6 +20,8 @@ import os
 import numpy as np
 
 from ...native import kernels
+from ..formats.errors import InputError
+from ..formats.files import atomic_path, load_npz, narrow_int
 from ..formats.samples import read_n_ids
 
 
@@ -128,3 +130,28 @@ def dense_counts(part: Counts, num_nodes: int) -> np.ndarray:
     out = np.zeros(num_nodes, dtype=np.int64)
     out[part[0]] = part[1]
     return out
+
+
+def save_counts(path: str | os.PathLike[str], counts: Counts, parents: bool = True) -> None:
+    """Write round counts to an ``.npz`` atomically: dense counts as they are (member ``dense``, int32 where
+    they fit), sparse ones as (``ids``, ``counts``). Dense counts are written whole: picking out the nodes
+    read at least once cost more than writing the zeros."""
+    with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
+        if isinstance(counts, np.ndarray):
+            np.savez(f, dense=narrow_int(counts))
+        else:
+            np.savez(f, ids=narrow_int(counts[0]), counts=narrow_int(counts[1]))
+
+
+def load_counts(path: str | os.PathLike[str]) -> Counts:
+    """Counts written by `save_counts` (dense, or sparse pairs).
+
+    Raises:
+        InputError: the file lacks both forms.
+    """
+    saved = load_npz(path)
+    if "dense" in saved:
+        return saved["dense"]
+    if "ids" in saved and "counts" in saved:
+        return saved["ids"].astype(np.int64, copy=False), saved["counts"].astype(np.int64, copy=False)
+    raise InputError(path, f"access counts file holds {sorted(saved)}, expected 'dense' or 'ids' and 'counts'")

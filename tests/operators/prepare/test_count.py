@@ -91,3 +91,23 @@ def test_dense_sums_widen_before_int32_overflows() -> None:
     out = np.array([2**31 - 1, 0], np.int32)
     with pytest.raises(OverflowError):
         kernels.count_dense([np.array([0], np.int32)], out)
+
+
+def test_saved_counts_come_back_in_the_form_they_were_written(tmp_path: Path) -> None:
+    """`save_counts` keeps dense counts dense (int32 where they fit) and sparse ones sparse; `load_counts`
+    gives back the same counts either way, and names a file that holds neither form."""
+    from diskflow.operators.formats.errors import InputError
+    from diskflow.operators.prepare.count import load_counts, save_counts
+
+    dense = np.array([0, 3, 0, 2**31 - 1, 1], np.int64)
+    save_counts(tmp_path / "d.npz", dense)
+    back = load_counts(tmp_path / "d.npz")
+    assert isinstance(back, np.ndarray) and back.dtype == np.int32 and back.tolist() == dense.tolist()
+    sparse = (np.array([1, 3, 4], np.int64), np.array([3, 2**40, 1], np.int64))
+    save_counts(tmp_path / "s.npz", sparse)
+    ids, counts = load_counts(tmp_path / "s.npz")
+    assert ids.dtype == counts.dtype == np.int64 and ids.tolist() == [1, 3, 4] and counts.tolist() == [3, 2**40, 1]
+    assert dense_counts((ids, counts), 5).tolist() == [0, 3, 0, 2**40, 1]
+    np.savez(tmp_path / "x.npz", other=np.zeros(2))
+    with pytest.raises(InputError, match="x.npz.*'dense' or 'ids' and 'counts'"):
+        load_counts(tmp_path / "x.npz")
