@@ -29,6 +29,7 @@
 #include "constants.h"
 #include "count.h"
 #include "reader.h"
+#include "route.h"
 #include "rows.h"
 #include "sampler.h"
 #include "uring.h"
@@ -47,6 +48,8 @@ template <>
 const char* dtype_name<int64_t>() { return "int64"; }
 template <>
 const char* dtype_name<int32_t>() { return "int32"; }
+template <>
+const char* dtype_name<uint8_t>() { return "uint8"; }
 
 // Whether `a` has dtype T. Equivalent, not identical: an array that crossed a pickle (a Dask
 // worker) carries an equal dtype object of its own.
@@ -629,6 +632,50 @@ void register_count(py::module_& m) {
           "GIL released. Raises ValueError on unsorted or negative ids.");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Routing (route.h).
+
+py::tuple route_batch_py(const py::object& n_id_obj, const py::object& src_obj, const py::object& idx_obj,
+                         const py::object& in_cache_obj, const py::object& row_obj, int64_t shard_rows,
+                         int64_t num_shards) {
+    py::array n_id = as_array(n_id_obj, "n_id", "int32 or int64");
+    const bool wide = has_dtype<int64_t>(n_id);
+    if (!wide && !has_dtype<int32_t>(n_id))
+        throw py::value_error("n_id: expected dtype int32 or int64, got " + dtype_str(n_id));
+    check_layout(n_id, "n_id", 1);
+    const auto src = input<uint8_t>(src_obj, "src");
+    const auto idx = input<int64_t>(idx_obj, "idx");
+    const int64_t n = static_cast<int64_t>(n_id.shape(0));
+    if (src.size != n || idx.size != n) throw py::value_error("src, idx: one entry per n_id entry expected");
+    bool has_cache = false, has_row = false;
+    const auto in_cache = optional_input<uint8_t>(in_cache_obj, "in_cache", &has_cache);
+    const auto row = optional_input<int64_t>(row_obj, "row", &has_row);
+    if (has_cache != has_row) throw py::value_error("in_cache, row: give both or neither");
+    if (in_cache.size != row.size) throw py::value_error("in_cache, row: one entry per miss each");
+    RoutedBatch out;
+    {
+        py::gil_scoped_release release;
+        const uint8_t* ic = has_cache ? in_cache.data : nullptr;
+        if (wide)
+            route_batch(static_cast<const int64_t*>(n_id.data()), src.data, idx.data, n, ic, row.data, row.size,
+                        shard_rows, num_shards, out);
+        else
+            route_batch(static_cast<const int32_t*>(n_id.data()), src.data, idx.data, n, ic, row.data, row.size,
+                        shard_rows, num_shards, out);
+    }
+    return py::make_tuple(to_numpy(std::move(out.src)), to_numpy(std::move(out.idx)), to_numpy(std::move(out.counts)),
+                          to_numpy(std::move(out.ids)));
+}
+
+void register_route(py::module_& m) {
+    m.def("route_batch", &route_batch_py, py::arg("n_id"), py::arg("src"), py::arg("idx"), py::arg("in_cache"),
+          py::arg("row"), py::arg("shard_rows"), py::arg("num_shards"),
+          "One batch's plan (uint8 src, int64 idx; misses numbered 0..m-1) in the packed index's form:\n"
+          "(src, idx, counts per shard, packed ids in packed order). `in_cache` (uint8) and `row` (int64), one\n"
+          "per miss, place misses in the disk cache or rank them among the packed rows; None: all packed.\n"
+          "GIL released. Raises ValueError naming the fault.");
+}
+
 }  // namespace
 }  // namespace diskflow
 
@@ -641,4 +688,5 @@ PYBIND11_MODULE(_native, m) {
     diskflow::register_reader(m);
     diskflow::register_rows(m);
     diskflow::register_count(m);
+    diskflow::register_route(m);
 }

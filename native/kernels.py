@@ -16,6 +16,8 @@ Kernels:
     count_dense: dense access counts of a superbatch (count.cpp);
     count_ids, merge_counts: sparse access counts of a superbatch and their pairwise sum (count.cpp);
         operators use them through `diskflow.operators.prepare.count`.
+    route_batch: one batch's plan in the packed index's form, its packed ids grouped by shard
+        (route.cpp); operators use it through `diskflow.operators.prepare.route`.
 
 The direct-I/O reader has its own wrapper module, `diskflow.native.reader`.
 """
@@ -249,5 +251,33 @@ def merge_counts(ids_a: np.ndarray, counts_a: np.ndarray, ids_b: np.ndarray,
     return ids, counts
 
 
+def route_batch(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np.ndarray | None,
+                row: np.ndarray | None, shard_rows: int, num_shards: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One batch's plan in the packed index's form, in one native pass (GIL released).
+
+    Args:
+        n_id: the batch's node ids (int32 or int64).
+        src, idx: its plan, uint8 and int64, one per node: 0 GPU / 1 CPU / 2 miss, the misses numbered
+            0..m-1 in order.
+        in_cache, row: uint8 and int64, one per miss: held by the disk cache (then `row` is its row there)
+            or packed (then `row` ranks it among the k packed misses, a permutation of 0..k-1); both None:
+            every miss packed, in miss order.
+        shard_rows, num_shards: the store's shards (node v in shard ``v // shard_rows``).
+
+    Returns:
+        (src uint8, idx int64) with misses as packed rows (2, shard-major and miss order within a shard)
+        or disk-cache rows (3); int64 packed rows per shard [num_shards]; int64 packed ids in packed order.
+
+    Raises:
+        ValueError: misnumbered misses, a layout of another length or not ranking 0..k-1, a packed id
+            outside the shards, or arrays of the wrong dtype, layout or length.
+    """
+    out_src, out_idx, counts, ids = _native.route_batch(n_id, src, idx, in_cache, row, int(shard_rows),
+                                                        int(num_shards))
+    return out_src, out_idx, counts, ids
+
+
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
-           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "gather_rows", "merge_counts"]
+           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "gather_rows", "merge_counts",
+           "route_batch"]

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ...native import kernels
 from ..formats.errors import InputError
 from ..formats.files import ALIGN, NpzReader, atomic_path, write_bytes
 from ..formats.packed import (
@@ -68,10 +69,28 @@ def _stable_order(shard: np.ndarray, num_shards: int) -> np.ndarray:
 
 def _translate(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, layout: tuple[np.ndarray, np.ndarray] | None,
                shard_rows: int, num_shards: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One batch: (src, idx) in index form, its per-shard packed row counts, its packed ids in packed order.
+    """One batch: (src, idx) in index form, its per-shard packed row counts, its packed ids in packed order
+    (`kernels.route_batch`, one native pass; `translate_numpy` is the same in numpy).
 
     `layout`: the batch's (in_cache, row) from the disk-cache layout, per miss; None: no layout.
     """
+    n = np.asarray(n_id)
+    if n.dtype not in (np.int32, np.int64) or not n.flags.c_contiguous:
+        n = np.ascontiguousarray(n, dtype=np.int64)
+    in_cache = row = None
+    if layout is not None:
+        in_cache = np.ascontiguousarray(layout[0], dtype=bool).view(np.uint8)
+        row = np.ascontiguousarray(layout[1], dtype=np.int64)
+    try:
+        return kernels.route_batch(n, np.ascontiguousarray(src, dtype=np.uint8), np.ascontiguousarray(idx, dtype=np.int64),
+                                   in_cache, row, shard_rows, num_shards)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def translate_numpy(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, layout: tuple[np.ndarray, np.ndarray] | None,
+               shard_rows: int, num_shards: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_translate` in numpy (a dozen vector passes a batch): the reference the native kernel is tested against."""
     miss_pos = np.flatnonzero(src == SRC_MISS)
     if miss_pos.size and not np.array_equal(idx[miss_pos], np.arange(miss_pos.size)):
         raise ValueError(f"{where}: the plan's miss numbers are not 0..k-1 in n_id order")
@@ -144,7 +163,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     for j in range(b):
         i = first_batch + j
         where = f"superbatch {key}, batch {i}"
-        n_id = np.asarray(n_ids[j], dtype=np.int64)
+        n_id = np.asarray(n_ids[j])
         plan = plans[j]
         src, idx = np.asarray(plan.src), np.asarray(plan.idx)
         if src.shape != n_id.shape or idx.shape != n_id.shape:
@@ -184,12 +203,13 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         data = index_bytes(records, {"key": key, "epoch": ep, "first_batch": first_batch})
         write_bytes(index_path, data, durable=False, parents=parents)   # made durable by the patch
         draft = {"index_path": str(Path(index_path)), "index_at": segment_fields_at(data)}
-    # Group every batch's packed ids by shard (stable: batch-major, packed order within a batch).
-    flat = np.concatenate(packed_ids) if packed_ids else np.zeros(0, np.int64)
-    by_shard = flat[_stable_order(flat // shard_rows, num_shards)]
-    bounds = np.r_[0, np.cumsum(seg_rows.sum(axis=0))]
+    # Group every batch's packed ids by shard (batch-major, packed order within a batch): each batch's
+    # ids are already shard-major, so shard p takes segment p of every batch in turn.
+    starts = np.zeros((b, num_shards + 1), dtype=np.int64)
+    np.cumsum(seg_rows, axis=1, out=starts[:, 1:])
     for p in range(num_shards):
-        members[ids_member(p)] = by_shard[bounds[p]:bounds[p + 1]]
+        parts = [packed_ids[j][starts[j, p]:starts[j, p + 1]] for j in range(b)]
+        members[ids_member(p)] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     with atomic_path(out_path, durable=False, parents=parents) as tmp, open(tmp, "wb") as f:   # scratch of this run
         np.savez(f, **members)  # type: ignore[arg-type]
     return {

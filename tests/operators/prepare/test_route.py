@@ -1,0 +1,63 @@
+"""The native batch router (`kernels.route_batch` through `route._translate`) against its numpy reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from diskflow.operators.prepare.route import _translate, translate_numpy
+
+SHARD_ROWS, SHARDS = 97, 11
+
+
+def _batch(rng: np.random.Generator, n: int, dtype: type) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch of n distinct ids and a plan of it: GPU, CPU and missed positions, misses numbered in order."""
+    n_id = rng.choice(SHARD_ROWS * SHARDS, size=n, replace=False).astype(dtype)
+    src = rng.integers(0, 3, n).astype(np.uint8)
+    idx = rng.integers(0, 50, n).astype(np.int64)
+    miss = src == 2
+    idx[miss] = np.arange(int(miss.sum()))
+    return n_id, src, idx
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("layout", [False, True])
+def test_native_routing_equals_the_numpy_reference(dtype: type, layout: bool) -> None:
+    """Same (src, idx, counts per shard, packed ids) as numpy, for int32 and int64 ids, with every miss packed
+    or a disk-cache layout holding some of them and ranking the rest in a shuffled order; empty batches too."""
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 5, 300, 1000):
+        n_id, src, idx = _batch(rng, n, dtype)
+        m = int((src == 2).sum())
+        lay = None
+        if layout:
+            in_cache = rng.random(m) < 0.3
+            row = np.empty(m, np.int64)
+            row[in_cache] = rng.integers(0, 10_000, int(in_cache.sum()))
+            row[~in_cache] = rng.permutation(int((~in_cache).sum()))
+            lay = (in_cache, row)
+        got = _translate(n_id, src, idx, lay, SHARD_ROWS, SHARDS, "b")
+        want = translate_numpy(n_id.astype(np.int64), src, idx, lay, SHARD_ROWS, SHARDS, "b")
+        for g, w, name in zip(got, want, ("src", "idx", "counts", "ids")):
+            assert g.dtype == w.dtype and np.array_equal(g, w), (n, name)
+
+
+def test_native_routing_names_the_batch_and_the_fault() -> None:
+    """Each fault numpy's router reports is reported in the same words, after the batch's name."""
+    rng = np.random.default_rng(3)
+    n_id, src, idx = _batch(rng, 200, np.int64)
+    miss = np.flatnonzero(src == 2)
+    bad = idx.copy()
+    bad[miss[[0, 1]]] = bad[miss[[1, 0]]]
+    with pytest.raises(ValueError, match=r"^batch 4: the plan's miss numbers are not 0..k-1 in n_id order"):
+        _translate(n_id, src, bad, None, SHARD_ROWS, SHARDS, "batch 4")
+    with pytest.raises(ValueError, match=r"^batch 4: the layout lists 1 misses, the plan"):
+        _translate(n_id, src, idx, (np.zeros(1, bool), np.zeros(1, np.int64)), SHARD_ROWS, SHARDS, "batch 4")
+    twice = (np.zeros(miss.size, bool), np.zeros(miss.size, np.int64))
+    with pytest.raises(ValueError, match=r"^batch 4: the layout's packed rows are not numbered 0\.\."):
+        _translate(n_id, src, idx, twice, SHARD_ROWS, SHARDS, "batch 4")
+    outside = n_id.copy()
+    outside[miss[3]] = SHARD_ROWS * SHARDS
+    with pytest.raises(ValueError, match=r"^batch 4: packed node id outside the store's 11 shards"):
+        _translate(outside, src, idx, None, SHARD_ROWS, SHARDS, "batch 4")
+    outside[miss[3]] = -1
+    with pytest.raises(ValueError, match=r"outside the store's 11 shards"):
+        _translate(outside, src, idx, None, SHARD_ROWS, SHARDS, "batch 4")
