@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,7 +175,8 @@ def _write_fd(fd: int, data: memoryview, path: Path) -> None:
 
 
 def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: Iterable[pa.RecordBatch],
-                     metadata: dict[str, Any] | None = None, durable: bool = True, parents: bool = True) -> int:
+                     metadata: dict[str, Any] | None = None, durable: bool = True, parents: bool = True,
+                     warm: Sequence[str] = ()) -> int:
     """Write an Arrow IPC file of `batches` (schema with `metadata`) to `path` atomically, past the page
     cache where the file system allows (O_DIRECT); return its size. `durable`, `parents`: see `atomic_path`.
 
@@ -184,6 +185,10 @@ def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: I
     the sampling itself. The file is serialised into a reused page-aligned buffer sized up front (a dry
     run through `pa.MockOutputStream` measures it) and written in whole pages; the file is then cut to
     its size. The bytes are the same as `arrow_file_bytes` gives.
+
+    `warm`: list columns whose values the next tasks read back (a samples file's ``n_id``): once the file
+    is in place, the kernel reads just those bytes back into the page cache in the background
+    (POSIX_FADV_WILLNEED), so its readers neither wait for the disk nor fault its pages in one by one.
     """
     schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
     batches = list(batches)
@@ -221,7 +226,34 @@ def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: I
         finally:
             if fd >= 0:
                 os.close(fd)
+    if warm:
+        _warm_columns(final, buf[:size], warm)
     return size
+
+
+def _warm_columns(path: Path, data: np.ndarray, columns: Sequence[str]) -> None:
+    """Ask the kernel to read the values of list `columns` of the Arrow file `path` (whose bytes are `data`)
+    into the page cache (best effort: nothing is raised)."""
+    try:
+        base = pa.py_buffer(data)
+        reader = pa.ipc.open_file(pa.BufferReader(base))
+        ranges = []
+        for i in range(reader.num_record_batches):
+            rb = reader.get_batch(i)
+            for name in columns:
+                values = rb.column(name).values.buffers()[-1]
+                if values is not None and values.size:
+                    ranges.append((values.address - base.address, values.size))
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, KeyError, pa.ArrowException):
+        return
+    try:
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def arrow_file_bytes(schema: pa.Schema, batches: Iterable[pa.RecordBatch], metadata: dict[str, Any] | None = None

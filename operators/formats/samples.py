@@ -120,8 +120,11 @@ def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | 
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
                   metadata: dict[str, str] | None = None, parents: bool = True) -> int:
     """Write record batches to an Arrow IPC file atomically, past the page cache where the file system
-    allows (`files.write_arrow_file`); return its size. `parents=False`: never create the directory."""
-    return write_arrow_file(path, batches[0].schema if batches else SCHEMA, batches, metadata, parents=parents)
+    allows (`files.write_arrow_file`), except the node ids: counting, tracing, planning and routing read
+    them back next, the edges only training does. Returns the file's size. `parents=False`: never create
+    the directory."""
+    return write_arrow_file(path, batches[0].schema if batches else SCHEMA, batches, metadata, parents=parents,
+                            warm=("n_id",))
 
 
 def list_values(rb: pa.RecordBatch, name: str) -> np.ndarray:

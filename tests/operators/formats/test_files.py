@@ -136,3 +136,34 @@ def test_write_arrow_file_writes_the_same_bytes_past_the_page_cache(tmp_path: Pa
             assert [p.name for p in base.glob(f".{out.name}*")] == []
         finally:
             out.unlink(missing_ok=True)
+
+
+def test_write_arrow_file_reads_the_warm_columns_back_into_the_page_cache(tmp_path: Path) -> None:
+    """Written past the page cache, a file's `warm` list columns are read back into it (in the background):
+    their pages end up cached, and the bytes are unchanged."""
+    import os
+    import time
+
+    import pyarrow as pa
+    from diskflow.operators.formats import files
+    from diskflow.operators.prepare.pack import cached_share
+
+    rng = np.random.default_rng(2)
+    batches = [pa.RecordBatch.from_arrays(
+        [pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(rng.integers(0, 1 << 30, n).astype(np.int32)))
+         for n in (50_000, 400_000)], names=["ids", "edges"]) for _ in range(3)]
+    expected = files.arrow_file_bytes(batches[0].schema, batches)
+    reader = pa.ipc.open_file(pa.BufferReader(expected))
+    spans = [(b.address - expected.address, b.size) for b in
+             (reader.get_batch(i).column("ids").values.buffers()[-1] for i in range(reader.num_record_batches))]
+    out = tmp_path / "s.arrow"
+    files.write_arrow_file(out, batches[0].schema, batches, warm=("ids",))
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + 10
+        while min(cached_share(fd, o, n) for o, n in spans) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert min(cached_share(fd, o, n) for o, n in spans) == 1.0
+    finally:
+        os.close(fd)
+    assert expected.equals(pa.py_buffer(out.read_bytes()))
