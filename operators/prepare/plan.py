@@ -19,6 +19,7 @@ plan from the plan alone, as the trainer would execute it.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ def trace_window(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray],
     Raises:
         ValueError: malformed ids (negative, >= `num_nodes`, repeated in a batch) or `gpu_ids`.
     """
-    nodes, offsets = _concat([*batches, *lookahead], "batches")
+    nodes, offsets = _concat([*batches, *lookahead], "batches", scratch=True)
     out = kernels.belady_trace(nodes, offsets, len(batches), _ids(gpu_ids, "gpu_ids"), int(num_nodes))
     return WindowTrace(out["next_use"], out["first_use"], out["gpu_slot"],
                        np.diff(offsets[:len(batches) + 1]), len(batches) + len(lookahead))
@@ -125,7 +126,7 @@ def plan_belady(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], 
     else:
         if trace is None:
             trace = trace_window(batches, lookahead, gpu, freq.shape[0])
-        nodes, offsets = _concat(batches, "batches")
+        nodes, offsets = _concat(batches, "batches", scratch=True)
         if not np.array_equal(np.diff(offsets), trace.batch_sizes):
             raise ValueError("trace: traced for other batches (batch sizes differ)")
         out = kernels.belady_simulate(nodes, offsets, trace.window_batches, cap, init, gpu, freq,
@@ -303,13 +304,35 @@ def _frequency(frequency: np.ndarray | None) -> np.ndarray | None:
     return None if frequency is None else _ids(frequency, "frequency", "access counts")
 
 
-def _concat(batches: Sequence[np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
-    """One int64 array of all ids and the batch offsets (what the native planner reads)."""
-    arrays = [_ids(b, f"{name}[{i}]") for i, b in enumerate(batches)]
+def _concat(batches: Sequence[np.ndarray], name: str, scratch: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """One int64 array of all ids and the batch offsets (what the native planner reads).
+
+    `scratch`: build the array in this thread's reused buffer (valid until its next `_concat(..., scratch=True)`)
+    for a caller that hands it to a kernel and keeps nothing of it: a window is tens of MB, and a fresh array
+    costs the kernel zeroing every page of it first, several times the concatenation itself.
+    """
+    if not scratch:
+        arrays = [_ids(b, f"{name}[{i}]") for i, b in enumerate(batches)]
+    else:
+        arrays = [np.asarray(b) for b in batches]
+        for i, a in enumerate(arrays):
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                _ids(a, f"{name}[{i}]")      # raises the error it names
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.shape[0] for a in arrays], out=offsets[1:])
-    nodes = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-    return nodes, offsets
+    if not arrays:
+        return np.zeros(0, dtype=np.int64), offsets
+    if not scratch:
+        return np.concatenate(arrays), offsets
+    total = int(offsets[-1])
+    buf = getattr(_SCRATCH, "nodes", None)
+    if buf is None or buf.shape[0] < total:
+        buf = np.empty(total, dtype=np.int64)
+        _SCRATCH.nodes = buf
+    return np.concatenate(arrays, out=buf[:total], casting="unsafe"), offsets     # integers, as `_ids` converts
+
+
+_SCRATCH = threading.local()
 
 
 def plan_superbatch(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], gpu_ids: np.ndarray,
