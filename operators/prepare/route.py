@@ -24,6 +24,7 @@ them out: the routing file is then only what the pack tasks read.
 """
 from __future__ import annotations
 
+import functools
 import os
 import zipfile
 import zlib
@@ -35,7 +36,7 @@ import numpy as np
 
 from ...native import kernels
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, NpzReader, atomic_path, write_bytes
+from ..formats.files import ALIGN, NpzReader, atomic_path, load_npy, narrow_int, write_bytes
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -56,8 +57,15 @@ _NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
 def ids_member(p: int) -> str:
-    """Name of shard p's packed ids inside a routing file."""
+    """Name of shard p's packed ids inside a routing file of the earlier layout (one member per shard)."""
     return f"ids_{p:05d}"
+
+
+def ids_path(route_path: str | os.PathLike[str]) -> Path:
+    """The packed ids of a routing file (``key.npz`` -> ``key.ids.npy``): every shard's, shard-major, sliced
+    by the routing file's ``ids_bounds``."""
+    p = Path(route_path)
+    return p.with_name(f"{p.stem}.ids.npy")
 
 
 def _stable_order(shard: np.ndarray, num_shards: int) -> np.ndarray:
@@ -207,9 +215,13 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     # ids are already shard-major, so shard p takes segment p of every batch in turn.
     starts = np.zeros((b, num_shards + 1), dtype=np.int64)
     np.cumsum(seg_rows, axis=1, out=starts[:, 1:])
-    for p in range(num_shards):
-        parts = [packed_ids[j][starts[j, p]:starts[j, p + 1]] for j in range(b)]
-        members[ids_member(p)] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    # They go to a plain .npy beside the routing file (written first: the routing file's presence implies
+    # it), so a pack task reads its shard's slice without parsing a zip of P members and checking its CRCs.
+    parts = [packed_ids[j][starts[j, p]:starts[j, p + 1]] for p in range(num_shards) for j in range(b)]
+    by_shard = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    members["ids_bounds"] = np.r_[0, np.cumsum(seg_rows.sum(axis=0))].astype(np.int64)
+    with atomic_path(ids_path(out_path), durable=False, parents=parents) as tmp, open(tmp, "wb") as f:
+        np.save(f, narrow_int(by_shard))
     with atomic_path(out_path, durable=False, parents=parents) as tmp, open(tmp, "wb") as f:   # scratch of this run
         np.savez(f, **members)  # type: ignore[arg-type]
     return {
@@ -217,6 +229,39 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         "packed_rows": int(seg_rows.sum()), "dcache_rows": int((src_all == SRC_DCACHE).sum()),
         "gpu_hits": int((src_all == SRC_GPU).sum()), "cpu_hits": int((src_all == SRC_CPU).sum()), **draft,
     }
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1024)
+def _route_head(path: str, stamp: tuple[int, int, int]) -> tuple[str, int, int, int, np.ndarray, np.ndarray | None]:
+    """(key, epoch, first_batch, num_shards, seg_rows, ids_bounds or None) of a routing file, read once per
+    process and file version: every pack task opens every routing file, and parsing a zip's directory and
+    each member's header again cost more than the shard's ids themselves."""
+    z = NpzReader(path)
+    try:
+        head = (str(z["key"]), int(z["epoch"]), int(z["first_batch"]), int(z["num_shards"]), z["seg_rows"],
+                z["ids_bounds"] if "ids_bounds" in z.files else None)
+    finally:
+        z.close()
+    for a in head[4:]:
+        if a is not None:
+            a.flags.writeable = False          # shared by every RouteFile of this version of the file
+    return head
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_layout(path: str, stamp: tuple[int, int, int]) -> tuple[np.dtype, int, int]:
+    """(dtype, length, data offset) of a 1-D .npy file, its header parsed once per process and file version."""
+    mm = load_npy(path, mmap_mode="r")
+    dtype, shape, offset = mm.dtype, mm.shape, int(mm.offset)
+    del mm
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise ValueError(f"expected a 1-D integer array, got shape {shape} of {dtype}")
+    return dtype, int(shape[0]), offset
 
 
 class RouteFile:
@@ -228,28 +273,42 @@ class RouteFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._npz: NpzReader | None = None
         try:
-            self._npz = NpzReader(self.path)
-        except _NPZ_ERRORS as e:
+            head = _route_head(str(self.path), _stamp(self.path))
+        except (KeyError, *_NPZ_ERRORS) as e:
             raise InputError(self.path, f"unreadable routing file ({e})") from e
-        self.key = str(self.get("key"))
-        self.epoch = int(self.get("epoch"))
-        self.first_batch = int(self.get("first_batch"))
-        self.num_shards = int(self.get("num_shards"))
-        self.seg_rows = self.get("seg_rows")
+        self.key, self.epoch, self.first_batch, self.num_shards, self.seg_rows, self._bounds = head
         self.num_batches = int(self.seg_rows.shape[0])
 
     def get(self, name: str) -> np.ndarray:
         try:
+            if self._npz is None:
+                self._npz = NpzReader(self.path)
             return self._npz[name]
         except (KeyError, *_NPZ_ERRORS) as e:
             raise InputError(self.path, f"routing file lacks a readable {name!r} ({e})") from e
 
     def shard_ids(self, p: int) -> np.ndarray:
         """Shard p's packed node ids for all batches (batch-major, packed order)."""
-        ids = self.get(ids_member(p))
-        if ids.shape[0] != int(self.seg_rows[:, p].sum()):
-            raise InputError(self.path, f"shard {p}: {ids.shape[0]} ids, the counts say {int(self.seg_rows[:, p].sum())}")
+        if not 0 <= p < self.num_shards:
+            raise ValueError(f"{self.path}: shard {p} out of range [0, {self.num_shards})")
+        expect = int(self.seg_rows[:, p].sum())
+        if self._bounds is None:                 # the earlier layout: one member per shard
+            ids = self.get(ids_member(p))
+        else:
+            where = ids_path(self.path)
+            bounds = self._bounds
+            try:
+                dtype, length, offset = _npy_layout(str(where), _stamp(where))
+                if bounds.shape != (self.num_shards + 1,) or int(bounds[-1]) != length:
+                    raise ValueError(f"{length} packed ids, the routing file's bounds say {int(bounds[-1])}")
+                lo, hi = int(bounds[p]), int(bounds[p + 1])
+                ids = np.fromfile(where, dtype=dtype, count=hi - lo, offset=offset + lo * dtype.itemsize)
+            except (OSError, ValueError) as e:
+                raise InputError(where, f"unreadable packed ids of {self.path.name} ({e})") from e
+        if ids.shape[0] != expect:
+            raise InputError(self.path, f"shard {p}: {ids.shape[0]} ids, the counts say {expect}")
         return ids
 
     def records(self, seg_offsets: np.ndarray, seg_crc: np.ndarray) -> list[IndexRecord]:
@@ -268,7 +327,9 @@ class RouteFile:
         return out
 
     def close(self) -> None:
-        self._npz.close()
+        if self._npz is not None:
+            self._npz.close()
+            self._npz = None
 
 
 def segment_offsets(seg_rows: np.ndarray, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,8 @@
 """The native batch router (`kernels.route_batch` through `route._translate`) against its numpy reference."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from diskflow.operators.prepare.route import _translate, translate_numpy
@@ -61,3 +63,33 @@ def test_native_routing_names_the_batch_and_the_fault() -> None:
     outside[miss[3]] = -1
     with pytest.raises(ValueError, match=r"outside the store's 11 shards"):
         _translate(outside, src, idx, None, SHARD_ROWS, SHARDS, "batch 4")
+
+
+def test_routing_file_reads_each_shard_from_its_ids_file_and_names_a_missing_one(tmp_path: Path) -> None:
+    """A routing file keeps the packed ids in a plain .npy beside it: every shard's slice comes back as routed
+    (each batch's ids of that shard, batch-major), and a missing or short ids file is an InputError naming it."""
+    from diskflow.operators.formats.errors import InputError
+    from diskflow.operators.formats.plan import BatchPlan
+    from diskflow.operators.prepare.route import RouteFile, ids_path, route_superbatch
+
+    rng = np.random.default_rng(11)
+    batches = [_batch(rng, n, np.int32) for n in (300, 0, 450)]
+    plans = [BatchPlan(src, idx, np.zeros(0, np.int64), np.zeros(0, np.int64)) for _, src, idx in batches]
+    out = tmp_path / "e0-s00000.npz"
+    routed = route_superbatch("e0-s00000", [b[0] for b in batches], plans, None, 0, SHARD_ROWS, SHARDS, out)
+    assert ids_path(out).is_file()
+    want = [_translate(n, s, i, None, SHARD_ROWS, SHARDS, "b") for n, s, i in batches]
+    rf = RouteFile(out)
+    try:
+        assert np.array_equal(rf.seg_rows, routed["seg_rows"])
+        for p in range(SHARDS):
+            expect = np.concatenate([ids[np.sum(c[:p]):np.sum(c[:p + 1])] for _, _, c, ids in want])
+            assert np.array_equal(rf.shard_ids(p), expect)
+    finally:
+        rf.close()
+    np.save(ids_path(out), np.zeros(3, np.int32))
+    with pytest.raises(InputError, match=r"e0-s00000\.ids\.npy.*packed ids"):
+        RouteFile(out).shard_ids(0)
+    ids_path(out).unlink()
+    with pytest.raises(InputError, match=r"e0-s00000\.ids\.npy.*unreadable"):
+        RouteFile(out).shard_ids(0)
