@@ -177,8 +177,17 @@ def _write_fd(fd: int, data: memoryview, path: Path) -> None:
 def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: Iterable[pa.RecordBatch],
                      metadata: dict[str, Any] | None = None, durable: bool = True, parents: bool = True,
                      warm: Sequence[str] = ()) -> int:
+    """Write an Arrow IPC file of `batches` past the page cache; its size (see `write_arrow_file_view`)."""
+    return int(write_arrow_file_view(path, schema, batches, metadata, durable, parents, warm).size)
+
+
+def write_arrow_file_view(path: str | os.PathLike[str], schema: pa.Schema, batches: Iterable[pa.RecordBatch],
+                          metadata: dict[str, Any] | None = None, durable: bool = True, parents: bool = True,
+                          warm: Sequence[str] = ()) -> pa.Buffer:
     """Write an Arrow IPC file of `batches` (schema with `metadata`) to `path` atomically, past the page
-    cache where the file system allows (O_DIRECT); return its size. `durable`, `parents`: see `atomic_path`.
+    cache where the file system allows (O_DIRECT); return the file's bytes as a view of this thread's write
+    buffer, valid only until the thread's next direct write (inspect them at once). `durable`, `parents`:
+    see `atomic_path`.
 
     A samples file is tens of MB written once and read back in part (its node ids) by few: a buffered
     write copies every byte into freshly allocated page-cache pages, which cost preparation more CPU than
@@ -228,7 +237,7 @@ def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: I
                 os.close(fd)
     if warm:
         _warm_columns(final, buf[:size], warm)
-    return size
+    return pa.py_buffer(buf[:size])
 
 
 def _warm_columns(path: Path, data: np.ndarray, columns: Sequence[str]) -> None:

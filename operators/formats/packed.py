@@ -52,6 +52,7 @@ from .files import (
     load_npy,
     preallocate,
     read_manifest,
+    write_arrow_file_view,
     write_bytes,
 )
 from .outputs import OutputKind
@@ -228,6 +229,17 @@ def write_index_file(path: str | os.PathLike[str], records: Sequence[IndexRecord
                      metadata: dict[str, Any] | None = None) -> None:
     """Write a superbatch's index records as an Arrow IPC file (temp name -> rename)."""
     write_bytes(path, index_bytes(records, metadata))
+
+
+def write_index_draft(path: str | os.PathLike[str], records: Sequence[IndexRecord], metadata: dict[str, Any] | None,
+                      parents: bool = True) -> np.ndarray:
+    """Write a superbatch's index whose segment offsets and checksums are not known yet (placeholders), past
+    the page cache (nobody reads it before `patch_segments` completes it, and that fsyncs it); return where
+    those fields lie (`segment_fields_at`)."""
+    schema = INDEX_SCHEMA_INT32 if _fits_int32(records) else INDEX_SCHEMA
+    data = write_arrow_file_view(path, schema, [index_record_batch(r, schema) for r in records], metadata,
+                                 durable=False, parents=parents)
+    return segment_fields_at(data)
 
 
 def segment_fields_at(data: pa.Buffer) -> np.ndarray:

@@ -36,7 +36,7 @@ import numpy as np
 
 from ...native import kernels
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, NpzReader, atomic_path, load_npy, narrow_int, write_bytes
+from ..formats.files import ALIGN, NpzReader, atomic_path, load_npy, narrow_int
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -44,8 +44,7 @@ from ..formats.packed import (
     SRC_PACKED,
     IndexRecord,
     epoch_of_key,
-    index_bytes,
-    segment_fields_at,
+    write_index_draft,
     write_index_file,
 )
 
@@ -208,9 +207,9 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         zeros, none = np.zeros(num_shards, np.int64), np.zeros(num_shards, np.uint32)
         records = [IndexRecord(first_batch + j, ep, srcs[j], idxs[j], ins_pos[j], ins_slot[j], zeros, seg_rows[j],
                                none, int(dcache[j])) for j in range(b)]
-        data = index_bytes(records, {"key": key, "epoch": ep, "first_batch": first_batch})
-        write_bytes(index_path, data, durable=False, parents=parents)   # made durable by the patch
-        draft = {"index_path": str(Path(index_path)), "index_at": segment_fields_at(data)}
+        at = write_index_draft(index_path, records, {"key": key, "epoch": ep, "first_batch": first_batch},
+                               parents=parents)    # made durable by the patch
+        draft = {"index_path": str(Path(index_path)), "index_at": at}
     # Group every batch's packed ids by shard (batch-major, packed order within a batch): each batch's
     # ids are already shard-major, so shard p takes segment p of every batch in turn.
     starts = np.zeros((b, num_shards + 1), dtype=np.int64)
