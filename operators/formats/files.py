@@ -149,17 +149,20 @@ _SCRATCH = threading.local()
 SCRATCH_KEEP = 256 << 20        # a thread keeps its direct-write buffer up to this size for its next file
 
 
-def _write_scratch(nbytes: int) -> np.ndarray:
-    """A page-aligned byte buffer of `nbytes`, reused by this thread's next direct writes (up to `SCRATCH_KEEP`):
-    a fresh buffer per file costs the kernel zeroing every page of it again."""
+def _write_scratch(nbytes: int, keep: np.ndarray | None = None) -> np.ndarray:
+    """A page-aligned byte buffer of at least `nbytes`, reused by this thread's next direct writes (up to
+    `SCRATCH_KEEP`): a fresh buffer per file costs the kernel zeroing every page of it again. `keep`: bytes
+    (of the current buffer) a grown buffer starts with."""
     from ...native.reader import aligned_empty
 
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.shape[0] < nbytes:
         buf = aligned_empty(nbytes)
+        if keep is not None:
+            buf[:keep.shape[0]] = keep
         if nbytes <= SCRATCH_KEEP:
             _SCRATCH.buf = buf
-    return buf[:nbytes]
+    return buf
 
 
 def _write_fd(fd: int, data: memoryview, path: Path) -> None:
@@ -210,14 +213,23 @@ def write_arrow_file_view(path: str | os.PathLike[str], schema: pa.Schema, batch
     mock = pa.MockOutputStream()
     write(mock)
     size = int(mock.size())
-    whole = -(-size // ALIGN) * ALIGN
-    buf = _write_scratch(whole)
+    buf = _write_scratch(-(-size // ALIGN) * ALIGN)
     fixed = pa.FixedSizeBufferWriter(pa.py_buffer(buf))
     write(fixed)
     if fixed.tell() != size:
         raise AssertionError(f"{path}: the Arrow file took {fixed.tell()} bytes, its dry run {size}")
-    buf[size:] = 0
     final = Path(path)
+    _write_direct(final, buf, size, durable, parents)
+    if warm:
+        _warm_columns(final, buf[:size], warm)
+    return pa.py_buffer(buf[:size])
+
+
+def _write_direct(final: Path, buf: np.ndarray, size: int, durable: bool, parents: bool) -> None:
+    """Write ``buf[:size]`` (`buf` page-aligned, whole pages long) to `final` atomically: whole pages with
+    O_DIRECT, then cut to `size`; buffered where the file system refuses O_DIRECT."""
+    whole = -(-size // ALIGN) * ALIGN
+    buf[size:whole] = 0
     with atomic_path(final, durable, parents) as tmp:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         direct = getattr(os, "O_DIRECT", 0)
@@ -227,7 +239,7 @@ def write_arrow_file_view(path: str | os.PathLike[str], schema: pa.Schema, batch
                 fd = os.open(tmp, flags | direct, 0o644)
         try:
             if fd >= 0:
-                _write_fd(fd, buf.data, final)
+                _write_fd(fd, buf[:whole].data, final)
                 os.ftruncate(fd, size)
             else:
                 fd = os.open(tmp, flags, 0o644)
@@ -235,9 +247,50 @@ def write_arrow_file_view(path: str | os.PathLike[str], schema: pa.Schema, batch
         finally:
             if fd >= 0:
                 os.close(fd)
-    if warm:
-        _warm_columns(final, buf[:size], warm)
-    return pa.py_buffer(buf[:size])
+
+
+class _ScratchStream(io.RawIOBase):
+    """A seekable, write-only stream into this thread's page-aligned write buffer, grown (and its bytes
+    kept) where a write passes its end: what `np.savez`'s zip writer writes into, for `write_npz`."""
+
+    def __init__(self, expect: int) -> None:
+        super().__init__()
+        self.buf = _write_scratch(-(-max(expect, 1) // ALIGN) * ALIGN)
+        self.pos = self.end = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else (self.pos + offset if whence == 1 else self.end + offset)
+        return self.pos
+
+    def write(self, b: Any) -> int:
+        view = np.frombuffer(memoryview(b).cast("B"), np.uint8)
+        need = self.pos + view.shape[0]
+        if need > self.buf.shape[0]:
+            grown = _write_scratch(-(-(2 * need) // ALIGN) * ALIGN, keep=self.buf[:self.end])
+            self.buf = grown
+        self.buf[self.pos:need] = view
+        self.pos = need
+        self.end = max(self.end, need)
+        return view.shape[0]
+
+
+def write_npz(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], durable: bool = True,
+              parents: bool = True) -> None:
+    """`np.savez` of `arrays` to `path` atomically, past the page cache (as `write_arrow_file`): the zip is
+    built in this thread's reused page-aligned buffer and written in whole pages. The same bytes as
+    `np.savez` writes to a file."""
+    stream = _ScratchStream(sum(int(np.asarray(a).nbytes) for a in arrays.values()) + 1024 * (len(arrays) + 4))
+    np.savez(stream, **arrays)  # type: ignore[arg-type]
+    _write_direct(Path(path), stream.buf, stream.end, durable, parents)
 
 
 def _warm_columns(path: Path, data: np.ndarray, columns: Sequence[str]) -> None:

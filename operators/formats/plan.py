@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .files import atomic_path, fits_int32, load_npz
+from .files import fits_int32, load_npz, write_npz
 
 SRC_GPU, SRC_CPU, SRC_MISS = 0, 1, 2
 
@@ -73,18 +73,18 @@ class SuperbatchPlan:
 
 
 def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool = True) -> None:
-    """Write a `SuperbatchPlan` atomically (`parents=False`: into an existing directory only, see `atomic_path`)."""
+    """Write a `SuperbatchPlan` atomically, past the page cache (`files.write_npz`; `parents=False`: into an
+    existing directory only, see `files.atomic_path`)."""
     b = plan.batches
     offsets = np.r_[0, np.cumsum([p.src.shape[0] for p in b])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([p.insert_pos.shape[0] for p in b])].astype(np.int64)
     idx_dt = _narrow([p.idx for p in b] + [p.insert_pos for p in b] + [p.insert_slot for p in b])
-    with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
-        np.savez(f, offsets=offsets, ins_offsets=ins_offsets,
-                 src=_cat([p.src for p in b], np.dtype(np.uint8)), idx=_cat([p.idx for p in b], idx_dt),
-                 insert_pos=_cat([p.insert_pos for p in b], idx_dt),
-                 insert_slot=_cat([p.insert_slot for p in b], idx_dt),
-                 final_cache=np.asarray(plan.final_cache, np.int64),
-                 counts=np.array([plan.hits, plan.misses, plan.gpu_hits], np.int64))
+    write_npz(path, {"offsets": offsets, "ins_offsets": ins_offsets,
+                     "src": _cat([p.src for p in b], np.dtype(np.uint8)), "idx": _cat([p.idx for p in b], idx_dt),
+                     "insert_pos": _cat([p.insert_pos for p in b], idx_dt),
+                     "insert_slot": _cat([p.insert_slot for p in b], idx_dt),
+                     "final_cache": np.asarray(plan.final_cache, np.int64),
+                     "counts": np.array([plan.hits, plan.misses, plan.gpu_hits], np.int64)}, parents=parents)
 
 
 def _narrow(arrays: list[np.ndarray]) -> np.dtype:
