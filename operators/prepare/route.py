@@ -256,6 +256,8 @@ def _route_head(path: str, stamp: tuple[int, int, int]) -> tuple[str, int, int, 
 def _npy_layout(path: str, stamp: tuple[int, int, int]) -> tuple[np.dtype, int, int]:
     """(dtype, length, data offset) of a 1-D .npy file, its header parsed once per process and file version."""
     mm = load_npy(path, mmap_mode="r")
+    if not isinstance(mm, np.memmap):       # np.load maps every .npy it is asked to map; kept for the offset
+        raise ValueError("expected a memory-mappable array")
     dtype, shape, offset = mm.dtype, mm.shape, int(mm.offset)
     del mm
     if len(shape) != 1 or dtype.kind not in "iu":
