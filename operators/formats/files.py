@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -145,6 +145,20 @@ def write_bytes(path: str | os.PathLike[str], data: Any, durable: bool = True, p
         f.write(memoryview(data))
 
 
+def _ipc_writer(schema: pa.Schema, batches: Sequence[pa.RecordBatch], metadata: dict[str, Any] | None
+                ) -> Callable[[Any], None]:
+    """A function writing an Arrow IPC file of `batches` (schema with `metadata`, values as strings) to the
+    sink it is given; it may be called more than once (a dry run to size the file, then the real one)."""
+    schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
+
+    def write(sink: Any) -> None:
+        with pa.ipc.new_file(sink, schema) as writer:
+            for rb in batches:
+                writer.write_batch(rb)
+
+    return write
+
+
 _SCRATCH = threading.local()
 SCRATCH_KEEP = 256 << 20        # a thread keeps its direct-write buffer up to this size for its next file
 
@@ -202,13 +216,8 @@ def write_arrow_file_view(path: str | os.PathLike[str], schema: pa.Schema, batch
     is in place, the kernel reads just those bytes back into the page cache in the background
     (POSIX_FADV_WILLNEED), so its readers neither wait for the disk nor fault its pages in one by one.
     """
-    schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
     batches = list(batches)
-
-    def write(sink: Any) -> None:
-        with pa.ipc.new_file(sink, schema) as writer:
-            for rb in batches:
-                writer.write_batch(rb)
+    write = _ipc_writer(schema, batches, metadata)
 
     mock = pa.MockOutputStream()
     write(mock)
@@ -326,17 +335,12 @@ def arrow_file_bytes(schema: pa.Schema, batches: Iterable[pa.RecordBatch], metad
     copies its tens of MB several times over, each time into freshly faulted pages: it cost more than
     sampling the batches); an estimate that falls short falls back to the growing stream.
     """
-    schema = schema.with_metadata({k: str(v) for k, v in (metadata or {}).items()})
     batches = list(batches)
-
-    def write(sink: Any) -> None:
-        with pa.ipc.new_file(sink, schema) as writer:
-            for rb in batches:
-                writer.write_batch(rb)
+    write = _ipc_writer(schema, batches, metadata)
 
     buffers = sum(len(col.buffers()) for rb in batches for col in rb.columns)
     estimate = (sum(rb.nbytes for rb in batches) + 64 * buffers + 1024 * (len(batches) + 2)
-                + 2 * len(schema.serialize()) + 4096)
+                + 2 * len(schema.serialize()) + 2 * len(json.dumps(metadata or {}, default=str)) + 4096)
     try:
         out = pa.allocate_buffer(estimate)
         fixed = pa.FixedSizeBufferWriter(out)
