@@ -159,36 +159,61 @@ def _ipc_writer(schema: pa.Schema, batches: Sequence[pa.RecordBatch], metadata: 
     return write
 
 
-_SCRATCH = threading.local()
+_BUFFERS = threading.local()
 SCRATCH_KEEP = 256 << 20        # a thread keeps its direct-write buffer up to this size for its next file
 
 
-def _write_scratch(nbytes: int, keep: np.ndarray | None = None) -> np.ndarray:
-    """A page-aligned byte buffer of at least `nbytes`, reused by this thread's next direct writes (up to
-    `SCRATCH_KEEP`): a fresh buffer per file costs the kernel zeroing every page of it again. `keep`: bytes
-    (of the current buffer) a grown buffer starts with."""
+def thread_buffer(name: str, nbytes: int, keep: np.ndarray | None = None, limit: int | None = None) -> np.ndarray:
+    """This thread's page-aligned byte buffer `name`, at least `nbytes` long, kept for the thread's next use.
+
+    A fresh buffer per task costs the kernel zeroing every page of it again, often more than the work done
+    in it; a thread runs one task at a time, so a task that keeps nothing of the buffer may reuse it.
+    `keep`: bytes a grown buffer starts with (the current buffer's). `limit`: a buffer larger than this is
+    handed out but not kept.
+    """
     from ...native.reader import aligned_empty
 
-    buf = getattr(_SCRATCH, "buf", None)
+    buf = getattr(_BUFFERS, name, None)
     if buf is None or buf.shape[0] < nbytes:
         buf = aligned_empty(nbytes)
         if keep is not None:
             buf[:keep.shape[0]] = keep
-        if nbytes <= SCRATCH_KEEP:
-            _SCRATCH.buf = buf
+        if limit is None or nbytes <= limit:
+            setattr(_BUFFERS, name, buf)
     return buf
 
 
-def _write_fd(fd: int, data: memoryview, path: Path) -> None:
+def _write_scratch(nbytes: int, keep: np.ndarray | None = None) -> np.ndarray:
+    """This thread's direct-write buffer (`thread_buffer` "write", kept up to `SCRATCH_KEEP`)."""
+    return thread_buffer("write", nbytes, keep, SCRATCH_KEEP)
+
+
+def write_all(fd: int, view: np.ndarray, path: str | os.PathLike[str], offset: int | None = None) -> None:
+    """Write every byte of `view`: at the file position, or at `offset` (`pwrite`), whatever each call takes;
+    errors name the file (and the offset)."""
+    data = view.reshape(-1).view(np.uint8).data
     done = 0
     while done < data.nbytes:
+        at = "" if offset is None else f" at byte {offset + done}"
         try:
-            n = os.write(fd, data[done:])
+            n = os.write(fd, data[done:]) if offset is None else os.pwrite(fd, data[done:], offset + done)
         except OSError as e:
-            raise InputError(path, f"write at byte {done} failed ({e.strerror or e})") from e
+            raise InputError(path, f"write{at} failed ({e.strerror or e})") from e
         if n <= 0:
-            raise InputError(path, f"short write at byte {done}")
+            raise InputError(path, f"short write{at}")
         done += n
+
+
+def open_direct(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int | None:
+    """A descriptor of `path` opened with `flags` | O_DIRECT, or None where the file system (tmpfs) or the
+    platform refuses O_DIRECT."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        return None
+    try:
+        return os.open(path, flags | direct, mode)
+    except OSError:
+        return None
 
 
 def write_arrow_file(path: str | os.PathLike[str], schema: pa.Schema, batches: Iterable[pa.RecordBatch],
@@ -241,20 +266,16 @@ def _write_direct(final: Path, buf: np.ndarray, size: int, durable: bool, parent
     buf[size:whole] = 0
     with atomic_path(final, durable, parents) as tmp:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        direct = getattr(os, "O_DIRECT", 0)
-        fd = -1
-        if direct:
-            with contextlib.suppress(OSError):   # EINVAL: e.g. tmpfs refuses O_DIRECT
-                fd = os.open(tmp, flags | direct, 0o644)
+        fd = open_direct(tmp, flags)
         try:
-            if fd >= 0:
-                _write_fd(fd, buf[:whole].data, final)
+            if fd is not None:
+                write_all(fd, buf[:whole], final)
                 os.ftruncate(fd, size)
             else:
                 fd = os.open(tmp, flags, 0o644)
-                _write_fd(fd, buf[:size].data, final)
+                write_all(fd, buf[:size], final)
         finally:
-            if fd >= 0:
+            if fd is not None:
                 os.close(fd)
 
 

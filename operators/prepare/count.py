@@ -21,7 +21,7 @@ import numpy as np
 
 from ...native import kernels
 from ..formats.errors import InputError
-from ..formats.files import atomic_path, load_npz, narrow_int
+from ..formats.files import load_npz, narrow_int, write_npz
 from ..formats.samples import read_n_ids
 
 
@@ -136,11 +136,9 @@ def save_counts(path: str | os.PathLike[str], counts: Counts, parents: bool = Tr
     """Write round counts to an ``.npz`` atomically: dense counts as they are (member ``dense``, int32 where
     they fit), sparse ones as (``ids``, ``counts``). Dense counts are written whole: picking out the nodes
     read at least once cost more than writing the zeros."""
-    with atomic_path(path, parents=parents) as tmp, open(tmp, "wb") as f:
-        if isinstance(counts, np.ndarray):
-            np.savez(f, dense=narrow_int(counts))
-        else:
-            np.savez(f, ids=narrow_int(counts[0]), counts=narrow_int(counts[1]))
+    arrays = {"dense": narrow_int(counts)} if isinstance(counts, np.ndarray) else \
+        {"ids": narrow_int(counts[0]), "counts": narrow_int(counts[1])}
+    write_npz(path, arrays, parents=parents)
 
 
 def load_counts(path: str | os.PathLike[str]) -> Counts:

@@ -32,10 +32,18 @@ from typing import Any
 import numpy as np
 
 from ...native import kernels
-from ...native.reader import aligned_empty
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, atomic_path, create_aligned_npy, load_npy, save_npy
+from ..formats.files import (
+    ALIGN,
+    atomic_path,
+    create_aligned_npy,
+    load_npy,
+    open_direct,
+    save_npy,
+    thread_buffer,
+)
+from ..formats.files import write_all as _write_all  # a module name of its own: tests patch it here
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store
 from .route import RouteFile
@@ -99,9 +107,6 @@ def prepare_targets(packed_dir: str | os.PathLike[str], gpu_ids: np.ndarray, cpu
 
 # ---------------------------------------------------------------------------- helpers
 
-_THREAD = threading.local()
-
-
 def _shard_buffer(nbytes: int) -> np.ndarray:
     """A page-aligned byte buffer of `nbytes` reused by this thread's pack tasks.
 
@@ -109,27 +114,7 @@ def _shard_buffer(nbytes: int) -> np.ndarray:
     buffer is only ever live inside one task, and a thread runs one task at a time. Page
     alignment lets the shard be read with O_DIRECT straight into it.
     """
-    return _thread_buffer("shard", nbytes)
-
-
-def _thread_buffer(name: str, nbytes: int) -> np.ndarray:
-    """This thread's page-aligned byte buffer `name`, at least `nbytes`, kept for its next task (see `_shard_buffer`)."""
-    buf = getattr(_THREAD, name, None)
-    if buf is None or buf.shape[0] < nbytes:
-        buf = aligned_empty(nbytes)
-        setattr(_THREAD, name, buf)
-    return buf[:nbytes]
-
-
-def _open_direct(path: Path) -> int | None:
-    """A read-only O_DIRECT descriptor of `path`, or None where the filesystem refuses one (tmpfs)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(path, os.O_RDONLY | flag)
-    except OSError:
-        return None
+    return thread_buffer("shard", nbytes)[:nbytes]
 
 
 def _libc() -> Any:
@@ -221,7 +206,7 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
         fd = os.open(shard.path, os.O_RDONLY)
     except OSError as e:
         raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
-    direct_fd = _open_direct(shard.path)
+    direct_fd = open_direct(shard.path, os.O_RDONLY)
     try:
         with contextlib.suppress(OSError, AttributeError):     # with O_DIRECT at hand, the buffered reads
             os.posix_fadvise(fd, shard.offset, nbytes,           # copy cached chunks and read no further
@@ -296,22 +281,6 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
     return done
 
 
-def _write_all(fd: int, view: np.ndarray, path: Path, offset: int | None = None) -> None:
-    """Write every byte of `view`: at the file position, or at `offset` (`pwrite`), whatever each call takes;
-    errors name the file (and the offset)."""
-    data = view.reshape(-1).view(np.uint8).data
-    done = 0
-    while done < data.nbytes:
-        at = "" if offset is None else f" at byte {offset + done}"
-        try:
-            n = os.write(fd, data[done:]) if offset is None else os.pwrite(fd, data[done:], offset + done)
-        except OSError as e:
-            raise InputError(path, f"write{at} failed ({e.strerror or e})") from e
-        if n <= 0:
-            raise InputError(path, f"short write{at}")
-        done += n
-
-
 def _open_new(path: Path) -> tuple[int, bool]:
     """Create `path` for large aligned appends: with O_DIRECT where the filesystem takes it, else buffered.
 
@@ -320,11 +289,8 @@ def _open_new(path: Path) -> tuple[int, bool]:
     packed bytes ran 5-9x slower than O_DIRECT on the benchmark VM) and keeps them out of memory.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    direct = getattr(os, "O_DIRECT", 0)
-    if direct:
-        with contextlib.suppress(OSError):   # EINVAL: e.g. tmpfs refuses O_DIRECT
-            return os.open(path, flags | direct, 0o644), True
-    return os.open(path, flags, 0o644), False
+    fd = open_direct(path, flags)
+    return (fd, True) if fd is not None else (os.open(path, flags, 0o644), False)
 
 
 def _clear_direct(fd: int) -> None:
@@ -358,11 +324,7 @@ class _SegmentWriter:
         """This thread's two write buffers of `n` bytes, kept from its previous pack task: fresh ones per
         shard cost the kernel zeroing 2 x `n` bytes of new pages every time. A thread runs one pack task
         at a time and `close` waits for the last write from them, so reuse is safe."""
-        bufs = getattr(_THREAD, "write_bufs", None)
-        if bufs is None or bufs[0].shape[0] != n:
-            bufs = [aligned_empty(n), aligned_empty(n)]
-            _THREAD.write_bufs = bufs
-        return list(bufs)
+        return [thread_buffer("segments-0", n)[:n], thread_buffer("segments-1", n)[:n]]
 
     @property
     def position(self) -> int:
@@ -473,7 +435,7 @@ def _write_rows_at(path: Path, feats: np.ndarray, rows: np.ndarray, offset: int)
     """
     nbytes = rows.shape[0] * feats.shape[1] * feats.dtype.itemsize
     head = offset % ALIGN
-    buf = _thread_buffer("rows", -(-(head + nbytes) // ALIGN) * ALIGN)
+    buf = thread_buffer("rows", head + nbytes)
     kernels.gather_rows(buf[head:head + nbytes].view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats, rows)
     base = offset - head                                  # the file offset of buf[0]
     first, end = -(-offset // ALIGN) * ALIGN, (offset + nbytes) // ALIGN * ALIGN    # the whole pages
@@ -483,9 +445,7 @@ def _write_rows_at(path: Path, feats: np.ndarray, rows: np.ndarray, offset: int)
         raise InputError(path, f"cannot open target rows file ({e.strerror or e})") from e
     try:
         if end > first:
-            direct_fd = None
-            with contextlib.suppress(OSError):            # EINVAL: e.g. tmpfs refuses O_DIRECT
-                direct_fd = os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
+            direct_fd = open_direct(path, os.O_WRONLY)
             try:
                 _write_all(fd if direct_fd is None else direct_fd, buf[first - base:end - base], path, first)
             except InputError as e:                      # a file system that opens O_DIRECT but refuses the write

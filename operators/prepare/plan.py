@@ -19,7 +19,6 @@ plan from the plan alone, as the trainer would execute it.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from ...native import kernels
 from ..formats.errors import ConfigError
+from ..formats.files import thread_buffer
 from ..formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, BatchPlan, SuperbatchPlan
 
 
@@ -325,14 +325,8 @@ def _concat(batches: Sequence[np.ndarray], name: str, scratch: bool = False) -> 
     if not scratch:
         return np.concatenate(arrays), offsets
     total = int(offsets[-1])
-    buf = getattr(_SCRATCH, "nodes", None)
-    if buf is None or buf.shape[0] < total:
-        buf = np.empty(total, dtype=np.int64)
-        _SCRATCH.nodes = buf
-    return np.concatenate(arrays, out=buf[:total], casting="unsafe"), offsets     # integers, as `_ids` converts
-
-
-_SCRATCH = threading.local()
+    buf = thread_buffer("plan-nodes", total * 8).view(np.int64)[:total]
+    return np.concatenate(arrays, out=buf, casting="unsafe"), offsets     # integers, as `_ids` converts
 
 
 def plan_superbatch(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], gpu_ids: np.ndarray,

@@ -194,7 +194,7 @@ def test_write_npz_writes_what_np_savez_writes(tmp_path: Path, where: str, monke
     try:
         for small in (False, True):
             if small:       # a fresh one-page buffer: every large write grows it
-                monkeypatch.setattr(files, "_SCRATCH", threading.local())
+                monkeypatch.setattr(files, "_BUFFERS", threading.local())
                 monkeypatch.setattr(files._ScratchStream, "__init__", _small_stream_init)
             files.write_npz(out, arrays)
             with zipfile.ZipFile(out) as z:
