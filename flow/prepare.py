@@ -950,7 +950,10 @@ def _read_ahead(store: Store, cfg: PrepareConfig) -> Iterator[None]:
 
 def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray, seg_rows: np.ndarray,
                         row_bytes: int) -> float:
-    """Pages a loader reads over useful bytes: padded packed segments + page-merged disk-cache rows."""
+    """Pages a loader reads over useful bytes: padded packed segments + page-merged disk-cache rows.
+
+    Only superbatches with disk-cache reads have their index read back (the packed segments' share comes
+    from `seg_rows`): a round without a disk cache has nothing to read back after packing."""
     from ..operators.formats.packed import read_index_file
     from ..operators.prepare.reorder import pages_touched
 
@@ -958,6 +961,8 @@ def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray
     pages = int(packed_fmt.padded(seg_rows * row_bytes).sum())
     dc_batches: list[np.ndarray] = []
     for x in routes:
+        if not int(x.get("dcache_rows", 1)):   # no disk-cache reads: its index adds nothing
+            continue
         for rec in read_index_file(stage / ROUND_DIR / index_name(x["key"])):
             rows = rec.idx[rec.src == packed_fmt.SRC_DCACHE]
             if rows.size:
