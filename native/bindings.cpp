@@ -571,15 +571,24 @@ py::tuple count_ids_py(const py::object& nodes_obj, int64_t num_nodes) {
 
 // out[v] += occurrences of v in each array of `arrays` (int32 or int64 each): every array is checked
 // (dtype, layout, ids, no overlap with `out`) before any is counted; counting releases the GIL.
+struct DenseIds { const void* data; int64_t size; bool wide; };
+
+template <typename Out>
+void count_into(const DenseIds& v, int64_t n, Out* out) {
+    if (v.wide) count_dense(static_cast<const int64_t*>(v.data), v.size, n, out);
+    else count_dense(static_cast<const int32_t*>(v.data), v.size, n, out);
+}
+
 void count_dense_py(const py::list& arrays, const py::object& out_obj) {
-    py::array out = as_array(out_obj, "out", "int32");
-    if (!has_dtype<int32_t>(out)) throw py::value_error("out: expected dtype int32, got " + dtype_str(out));
+    py::array out = as_array(out_obj, "out", "uint8, uint16 or int32");
+    const int out_bytes = has_dtype<uint8_t>(out) ? 1 : has_dtype<uint16_t>(out) ? 2 : has_dtype<int32_t>(out) ? 4 : 0;
+    if (!out_bytes) throw py::value_error("out: expected dtype uint8, uint16 or int32, got " + dtype_str(out));
     check_layout(out, "out", 1);
     if (!out.writeable()) throw py::value_error("out: expected a writable array");
     const int64_t n = static_cast<int64_t>(out.shape(0));
     const auto* o_lo = static_cast<const char*>(out.data());
-    const char* o_hi = o_lo + n * static_cast<int64_t>(sizeof(int32_t));
-    struct Ids { const void* data; int64_t size; bool wide; };
+    const char* o_hi = o_lo + n * static_cast<int64_t>(out_bytes);
+    using Ids = DenseIds;
     std::vector<Ids> ids;
     for (size_t i = 0; i < arrays.size(); ++i) {
         const std::string name = "arrays[" + std::to_string(i) + "]";
@@ -596,11 +605,12 @@ void count_dense_py(const py::list& arrays, const py::object& out_obj) {
         else check_ids(static_cast<const int32_t*>(a.data()), size, n, name.c_str());
         ids.push_back({a.data(), size, wide});
     }
-    auto* o = static_cast<int32_t*>(out.mutable_data());
+    void* o = out.mutable_data();
     py::gil_scoped_release release;
     for (const Ids& v : ids) {
-        if (v.wide) count_dense(static_cast<const int64_t*>(v.data), v.size, n, o);
-        else count_dense(static_cast<const int32_t*>(v.data), v.size, n, o);
+        if (out_bytes == 1) count_into(v, n, static_cast<uint8_t*>(o));
+        else if (out_bytes == 2) count_into(v, n, static_cast<uint16_t*>(o));
+        else count_into(v, n, static_cast<int32_t*>(o));
     }
 }
 
@@ -623,9 +633,10 @@ void register_count(py::module_& m) {
           "Raises ValueError on an id out of range.");
     m.def("count_dense", &count_dense_py, py::arg("arrays"), py::arg("out"),
           "out[v] += occurrences of v in each 1-D int32 or int64 array of `arrays` (a list), every id in\n"
-          "[0, len(out)); `out` int32, C-contiguous, sharing no memory with the arrays. Every array is checked\n"
-          "before any is counted (ValueError naming arrays[i]; out untouched); GIL released while counting.\n"
-          "Raises OverflowError where a count would pass 2^31 - 1 (out is then partly counted: discard it).");
+          "[0, len(out)); `out` uint8, uint16 or int32, C-contiguous, sharing no memory with the arrays. Every\n"
+          "array is checked before any is counted (ValueError naming arrays[i]; out untouched); GIL released\n"
+          "while counting. Raises OverflowError where a count would pass out's largest value (out is then\n"
+          "partly counted: discard it).");
     m.def("merge_counts", &merge_counts_py, py::arg("ids_a"), py::arg("counts_a"), py::arg("ids_b"),
           py::arg("counts_b"),
           "The sum of two sparse counts (int64 ids strictly ascending, int64 counts): ids ascending.\n"

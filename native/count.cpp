@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -93,23 +94,30 @@ void count_ids(const int64_t* nodes, int64_t n, int64_t num_nodes, std::vector<i
         }
 }
 
-template <typename Id>
-void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out) {
+template <typename Id, typename Out>
+void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, Out* out) {
     const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(num_nodes, 0));
     constexpr int64_t kAhead = 16;
+    constexpr Out kMax = std::numeric_limits<Out>::max();
     for (int64_t i = 0; i < n; ++i) {
         if (i + kAhead < n) __builtin_prefetch(out + nodes[i + kAhead], 1);   // a prefetch never faults
         const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(nodes[i]));
         if (v >= limit) throw std::invalid_argument("nodes: an id changed while it was counted");
-        if (out[v] == INT32_MAX) throw std::overflow_error("count_dense: a count would pass 2^31 - 1 (count in int64)");
+        if (out[v] == kMax)
+            throw std::overflow_error("count_dense: a count would pass " + std::to_string(static_cast<int64_t>(kMax)) +
+                                      " (count in a wider type)");
         ++out[v];
     }
 }
 
 template void check_ids<int32_t>(const int32_t*, int64_t, int64_t, const char*);
 template void check_ids<int64_t>(const int64_t*, int64_t, int64_t, const char*);
-template void count_dense<int32_t>(const int32_t*, int64_t, int64_t, int32_t*);
-template void count_dense<int64_t>(const int64_t*, int64_t, int64_t, int32_t*);
+template void count_dense<int32_t, uint8_t>(const int32_t*, int64_t, int64_t, uint8_t*);
+template void count_dense<int64_t, uint8_t>(const int64_t*, int64_t, int64_t, uint8_t*);
+template void count_dense<int32_t, uint16_t>(const int32_t*, int64_t, int64_t, uint16_t*);
+template void count_dense<int64_t, uint16_t>(const int64_t*, int64_t, int64_t, uint16_t*);
+template void count_dense<int32_t, int32_t>(const int32_t*, int64_t, int64_t, int32_t*);
+template void count_dense<int64_t, int32_t>(const int64_t*, int64_t, int64_t, int32_t*);
 
 void merge_count_pairs(const int64_t* ia, const int64_t* ca, int64_t na, const int64_t* ib, const int64_t* cb,
                        int64_t nb, std::vector<int64_t>& ids, std::vector<int64_t>& counts) {

@@ -26,10 +26,12 @@ void check_ids(const Id* nodes, int64_t n, int64_t num_nodes, const char* name);
 // Adds one to out[v] for every v in `nodes[0..n)` (int32 or int64 ids, checked by `check_ids`
 // beforehand): a superbatch's dense counts, one pass over its accesses with no copy or widening of
 // the ids. Each id is checked again as it is counted (the caller's arrays are not locked while
-// the GIL is released); std::overflow_error where a count would pass INT32_MAX. After either
-// error `out` holds the counts up to that access: discard it.
-template <typename Id>
-void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, int32_t* out);
+// the GIL is released); std::overflow_error where a count would pass the largest value of `Out`
+// (uint8, uint16 or int32: a superbatch of B batches of unique ids counts at most B per node, so a
+// narrow array is a quarter of an int32 one to fault in, fill and add). After either error `out`
+// holds the counts up to that access: discard it.
+template <typename Id, typename Out>
+void count_dense(const Id* nodes, int64_t n, int64_t num_nodes, Out* out);
 
 // The sum of two sparse counts (each with ids strictly ascending, checked): ids ascending.
 void merge_count_pairs(const int64_t* ids_a, const int64_t* counts_a, int64_t na, const int64_t* ids_b,

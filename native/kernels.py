@@ -230,12 +230,13 @@ def count_dense(arrays: list[np.ndarray], out: np.ndarray) -> None:
 
     Args:
         arrays: the node ids, e.g. a superbatch's ``n_id`` arrays as the samples file holds them.
-        out: int32 [num_nodes], C-contiguous and writable (e.g. ``np.zeros(N, np.int32)``).
+        out: uint8, uint16 or int32 [num_nodes], C-contiguous and writable (e.g. ``np.zeros(N, np.uint8)``:
+            fewer than 256 arrays of unique ids count at most 255 per node).
 
     Raises:
         ValueError: an id out of range, an array of another dtype or layout, or one sharing memory with
             `out` (naming ``arrays[i]``; every array is checked before any is counted, so `out` is untouched).
-        OverflowError: a count would pass 2**31 - 1 (`out` is then partly counted: discard it).
+        OverflowError: a count would pass `out`'s largest value (`out` is then partly counted: discard it).
     """
     _native.count_dense(list(arrays), out)
 

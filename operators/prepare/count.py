@@ -6,11 +6,12 @@ run natively (`diskflow.native.count_ids`, `merge_counts`): one pass over the ac
 the sorted runs, the GIL released.
 
 Where a superbatch reads a large share of the graph (its accesses at least a quarter of the
-nodes), the preparation graph counts it densely instead (`superbatch_counts`, an int32 array of
-N, counted natively from the samples' own id arrays: no concatenation, no widening, no fresh
-int64 temporaries, whose first-touch page zeroing cost more than the counting): merges that are
-one vector addition beat building, returning and merging sorted runs of millions of ids.
-`add_counts` merges either kind (widening to int64 only where an int32 sum could overflow);
+nodes), the preparation graph counts it densely instead (`superbatch_counts`: an array of N in the
+narrowest type its batches allow, uint8 below 256 batches, counted natively from the samples' own
+id arrays: no concatenation, no widening, no fresh int64 temporaries, whose first-touch page
+zeroing cost more than the counting): merges that are one vector addition beat building,
+returning and merging sorted runs of millions of ids. `add_counts` merges either kind, widening
+as sums require (uint8 to uint16 to int32, int64 only where an int32 sum could overflow);
 `as_sparse` and `dense_counts` convert.
 """
 from __future__ import annotations
@@ -60,15 +61,16 @@ def merge_counts(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.
     return runs[0][0], runs[0][1]
 
 
-Counts = tuple[np.ndarray, np.ndarray] | np.ndarray     # sparse (ids ascending, counts) or dense int32/int64 [N]
+Counts = tuple[np.ndarray, np.ndarray] | np.ndarray     # sparse (ids ascending, counts) or dense [N] (any integer type)
 
 DENSE_SHARE = 4     # count densely when the nodes are at most 4 x the accesses
 _INT32_MAX = np.iinfo(np.int32).max
 
 
 def superbatch_counts(n_ids: list[np.ndarray], num_nodes: int) -> Counts:
-    """A superbatch's access counts: dense (int32 [num_nodes], `kernels.count_dense`) when its accesses are
-    at least a quarter of the nodes, else sparse (`count_accesses`).
+    """A superbatch's access counts: dense ([num_nodes], `kernels.count_dense`, uint8 for fewer than 256
+    batches: a node is counted at most once per batch) when its accesses are at least a quarter of the
+    nodes, else sparse (`count_accesses`).
 
     Raises:
         ValueError: a node id outside [0, num_nodes).
@@ -85,17 +87,31 @@ def superbatch_counts(n_ids: list[np.ndarray], num_nodes: int) -> Counts:
             out_of_range = int(cat.min()) if int(cat.min()) < 0 else int(cat.max())
             raise ValueError(f"nodes: node id {out_of_range} is outside [0, {num_nodes})")
         return np.bincount(cat, minlength=num_nodes)
-    out = np.zeros(num_nodes, dtype=np.int32)
     ids = [a if a.dtype in (np.int32, np.int64) and a.flags.c_contiguous else np.ascontiguousarray(a, np.int64)
            for a in n_ids]
+    out = np.zeros(num_nodes, dtype=_narrow_count_type(len(ids)))
+    if out.dtype != np.int32:
+        try:
+            kernels.count_dense(ids, out)
+            return out
+        except OverflowError:    # ids repeated within a batch: count again in int32, which cannot overflow here
+            out = np.zeros(num_nodes, dtype=np.int32)
     kernels.count_dense(ids, out)
     return out
 
 
+def _narrow_count_type(batches: int) -> type[np.integer]:
+    """The narrowest count type for `batches` arrays of unique ids (each node counted at most once per
+    array): uint8 below 256 batches, uint16 below 65536, else int32."""
+    return np.uint8 if batches < 256 else np.uint16 if batches < 65536 else np.int32
+
+
 def _dense_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b of two dense counts, in int32 when no sum can pass its range (each is at most its max)."""
-    narrow = a.dtype == np.int32 and b.dtype == np.int32 and \
-        int(a.max(initial=0)) + int(b.max(initial=0)) <= _INT32_MAX
+    """a + b of two dense counts in a type no sum can pass: uint8 + uint8 in uint16 and sums of 16-bit
+    counts in int32 (no check needed), else int32 when the two maxima allow it, else int64."""
+    if a.itemsize <= 2 and b.itemsize <= 2:
+        return np.add(a, b, dtype=np.uint16 if a.itemsize == b.itemsize == 1 else np.int32)
+    narrow = a.itemsize <= 4 and b.itemsize <= 4 and int(a.max(initial=0)) + int(b.max(initial=0)) <= _INT32_MAX
     return np.add(a, b, dtype=np.int32 if narrow else np.int64)
 
 
@@ -133,7 +149,7 @@ def dense_counts(part: Counts, num_nodes: int) -> np.ndarray:
 
 
 def save_counts(path: str | os.PathLike[str], counts: Counts, parents: bool = True) -> None:
-    """Write round counts to an ``.npz`` atomically: dense counts as they are (member ``dense``, int32 where
+    """Write round counts to an ``.npz`` atomically: dense counts as they are (member ``dense``, at most int32 where
     they fit), sparse ones as (``ids``, ``counts``). Dense counts are written whole: picking out the nodes
     read at least once cost more than writing the zeros."""
     arrays = {"dense": narrow_int(counts)} if isinstance(counts, np.ndarray) else \

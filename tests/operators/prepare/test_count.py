@@ -58,7 +58,7 @@ def test_superbatch_counts_dense_or_sparse_and_their_sums_agree() -> None:
     wide = [rng.choice(n, size=200, replace=False).astype(t) for t in (np.int32, np.int64)]    # 400 >= n / 4
     narrow = [rng.choice(n, size=30, replace=False).astype(np.int64)]                         # 30 < n / 4
     a, b = superbatch_counts(wide, n), superbatch_counts(narrow, n)
-    assert isinstance(a, np.ndarray) and a.shape == (n,) and a.dtype == np.int32      # counted in int32
+    assert isinstance(a, np.ndarray) and a.shape == (n,) and a.dtype == np.uint8      # 2 batches: at most 2 each
     assert isinstance(b, tuple)
     ref = np.bincount(np.concatenate([*wide, *narrow]), minlength=n)
     assert np.array_equal(dense_counts(add_counts(a, b), n), ref)
@@ -91,6 +91,29 @@ def test_dense_sums_widen_before_int32_overflows() -> None:
     out = np.array([2**31 - 1, 0], np.int32)
     with pytest.raises(OverflowError):
         kernels.count_dense([np.array([0], np.int32)], out)
+
+
+def test_narrow_counts_widen_as_their_sums_grow() -> None:
+    """A superbatch's dense counts are uint8 (a node at most once per batch); merging them widens to uint16,
+    then int32, so no sum wraps. Ids repeated within a batch, past 255, are counted again in int32."""
+    from diskflow.native import kernels
+    from diskflow.operators.prepare.count import add_counts, superbatch_counts
+
+    n = 8
+    full = superbatch_counts([np.arange(n, dtype=np.int32)] * 3, n)
+    assert full.dtype == np.uint8 and full.tolist() == [3] * n
+    top = np.full(n, 255, np.uint8)
+    s = add_counts(top, top)
+    assert s.dtype == np.uint16 and s.tolist() == [510] * n
+    s = add_counts(np.full(n, 65535, np.uint16), top)
+    assert s.dtype == np.int32 and s.tolist() == [65790] * n
+    assert add_counts(s, full).dtype == np.int32 and add_counts(s, full).tolist() == [65793] * n
+    repeated = superbatch_counts([np.zeros(300, np.int64)], n)                      # not unique: 300 > 255
+    assert repeated.dtype == np.int32 and repeated.tolist() == [300] + [0] * (n - 1)
+    with pytest.raises(OverflowError, match="pass 255"):
+        kernels.count_dense([np.zeros(256, np.int32)], np.zeros(n, np.uint8))
+    with pytest.raises(ValueError, match="expected dtype uint8, uint16 or int32, got int64"):
+        kernels.count_dense([np.zeros(2, np.int32)], np.zeros(n, np.int64))
 
 
 def test_saved_counts_come_back_in_the_form_they_were_written(tmp_path: Path) -> None:
