@@ -769,11 +769,18 @@ std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offs
         static_cast<uint32_t*>(std::calloc(static_cast<size_t>(universe), sizeof(uint32_t))), &std::free);
     if (!scratch) throw std::bad_alloc();
     uint32_t* met = scratch.get();
-    struct Cand { int64_t neg_freq; int64_t node; };
-    auto better = [](const Cand& a, const Cand& b) {
-        return a.neg_freq != b.neg_freq ? a.neg_freq < b.neg_freq : a.node < b.node;
+    // Ordered by (-frequency, node): `bad` is -frequency mapped order-preserving onto uint64, so the
+    // radix sort of `sort_rows` serves (a batch's new nodes number in the hundreds of thousands).
+    struct Cand {
+        uint64_t bad;
+        int64_t node;
+        bool operator<(const Cand& o) const { return bad != o.bad ? bad < o.bad : node < o.node; }
     };
-    std::vector<Cand> first;
+    auto rank = [&](int64_t node) -> uint64_t {
+        const uint64_t f = freq_len >= 0 ? static_cast<uint64_t>((*frequency)[node]) : 0;
+        return (uint64_t{0} - f) ^ (uint64_t{1} << 63);  // -f as int64, then flipped sign bit: order kept
+    };
+    std::vector<Cand> first, sort_scratch;
     const int64_t n_batches = offsets.size - 1;
     for (int64_t b = 0; b < n_batches && static_cast<int64_t>(chosen.size()) < capacity; ++b) {
         first.clear();
@@ -788,14 +795,14 @@ std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offs
             }
             met[node] = mark;
             if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node)) continue;
-            first.push_back({freq_len >= 0 ? -(*frequency)[node] : 0, node});
+            first.push_back({rank(node), node});
         }
         const size_t room = static_cast<size_t>(capacity) - chosen.size();
         if (first.size() > room) {
-            std::nth_element(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(room), first.end(), better);
+            std::nth_element(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(room), first.end());
             first.resize(room);
         }
-        std::sort(first.begin(), first.end(), better);
+        sort_rows(first.data(), first.data() + first.size(), sort_scratch);
         for (const Cand& c : first) chosen.push_back(c.node);
     }
     return chosen;

@@ -292,6 +292,25 @@ def test_initial_fill_orders_by_first_use_then_frequency() -> None:
     assert initial_fill(trace, 6, None, ids(2)).tolist() == [6, 1, 4, 3, -1, -1]
 
 
+def test_initial_fill_orders_large_batches_like_a_lexsort() -> None:
+    """Batches with thousands of new nodes (the radix-sorted path) give the order of the small ones:
+    first use, then higher frequency, then lower id; frequency ties are common and zero counts too."""
+    rng = np.random.default_rng(5)
+    n = 60_000
+    trace = [rng.choice(n, size=9_000, replace=False).astype(np.int64) for _ in range(4)]
+    freq = rng.integers(0, 4, size=n).astype(np.int64)
+    gpu = np.sort(rng.choice(n, size=500, replace=False)).astype(np.int64)
+    expected, seen = [], set(gpu.tolist())
+    for batch in trace:
+        new = np.array([v for v in dict.fromkeys(batch.tolist()) if v not in seen], np.int64)
+        seen.update(new.tolist())
+        expected += new[np.lexsort((new, -freq[new]))].tolist()
+    for capacity in (5_000, 12_345, len(expected)):
+        assert initial_fill(trace, capacity, freq, gpu).tolist() == expected[:capacity]
+    unweighted = initial_fill(trace, 12_345, None, gpu).tolist()
+    assert unweighted[:9_000 - int(np.isin(trace[0], gpu).sum())] == sorted(set(trace[0].tolist()) - set(gpu.tolist()))
+
+
 def test_gpu_slots() -> None:
     assert gpu_slots(ids(2, 5, 9), ids(9, 0, 5, 10, 2)).tolist() == [2, -1, 1, -1, 0]
     assert gpu_slots(NO_GPU, ids(1, 2)).tolist() == [-1, -1]
