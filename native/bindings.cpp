@@ -28,6 +28,7 @@
 #include "belady.h"
 #include "constants.h"
 #include "count.h"
+#include "crc32.h"
 #include "reader.h"
 #include "route.h"
 #include "rows.h"
@@ -545,7 +546,31 @@ void gather_rows_py(const py::object& out, const py::object& src, const py::obje
     gather_rows(o, s, sp.data, sp.size);
 }
 
+uint32_t gather_rows_crc_py(const py::object& out, const py::object& src, const py::object& src_rows, uint32_t crc) {
+    const RowMatrix o = matrix(out, "out", true);
+    const RowMatrix s = matrix(src, "src", false);
+    check_same_dtype(out, src);
+    const auto sp = input<int64_t>(src_rows, "src_rows");
+    py::gil_scoped_release release;
+    return gather_rows_crc(o, s, sp.data, sp.size, crc);
+}
+
+uint32_t crc32_py(const py::buffer& data, uint32_t value) {
+    const py::buffer_info info = data.request();
+    if (!PyBuffer_IsContiguous(&info.view()[0], 'C')) throw py::value_error("data: expected a contiguous buffer");
+    const auto* p = static_cast<const uint8_t*>(info.ptr);
+    const size_t n = static_cast<size_t>(info.size * info.itemsize);
+    py::gil_scoped_release release;
+    return crc32_update(value, p, n);
+}
+
 void register_rows(py::module_& m) {
+    m.def("gather_rows_crc", &gather_rows_crc_py, py::arg("out"), py::arg("src"), py::arg("src_rows"), py::arg("crc"),
+          "gather_rows, returning the running crc32 (zlib's, after `crc`) of the rows written: each row is\n"
+          "checksummed from the source while in cache and streamed past the cache where 16-byte aligned.");
+    m.def("crc32", &crc32_py, py::arg("data"), py::arg("value") = 0,
+          "zlib's crc32(data, value) of a contiguous buffer, natively (PCLMULQDQ folding where the CPU has it).");
+    m.def("crc32_folds", &crc32_folds, "Whether crc32 folds with PCLMULQDQ on this CPU (else a table).");
     m.def("gather_rows", &gather_rows_py, py::arg("out"), py::arg("src"), py::arg("src_rows"),
           "out[i] = src[src_rows[i]] for i < len(src_rows): 2-D C-contiguous matrices of one dtype and width,\n"
           "int64 rows; one memcpy per row, GIL released. Raises ValueError on mismatched arrays and\n"

@@ -12,7 +12,7 @@ Kernels:
     belady_plan, belady_trace, belady_simulate, belady_initial_fill: the Belady CPU-cache planner
         (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
     copy_rows, gather_rows: one-pass row copies between feature matrices (rows.cpp); packing gathers
-        every segment with `gather_rows`.
+        every segment with `gather_rows_crc`, which checksums the rows as it copies them (crc32.cpp).
     count_dense: dense access counts of a superbatch (count.cpp);
     count_ids, merge_counts: sparse access counts of a superbatch and their pairwise sum (count.cpp);
         operators use them through `diskflow.operators.prepare.count`.
@@ -24,7 +24,7 @@ The direct-I/O reader has its own wrapper module, `diskflow.native.reader`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -212,6 +212,24 @@ def gather_rows(out: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
         IndexError: a row out of range, or `out` shorter than n rows (checked before copying).
     """
     _native.gather_rows(out, src, src_rows)
+
+
+def gather_rows_crc(out: np.ndarray, src: np.ndarray, src_rows: np.ndarray, crc: int = 0) -> int:
+    """`gather_rows`, returning the running crc32 of the rows written (zlib's ``crc32(out[:n], crc)``).
+
+    Each row is checksummed from the source while it is in cache, and written past the cache where rows
+    and `out` are 16-byte aligned (what a packed segment needs: it goes to disk, it is not read again),
+    which together cost about half the gather and then the checksum of the gathered bytes.
+
+    Raises:
+        ValueError, IndexError: as `gather_rows`.
+    """
+    return int(_native.gather_rows_crc(out, src, src_rows, int(crc)))
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """zlib's ``crc32(data, value)`` of a contiguous buffer, computed natively (`gather_rows_crc`'s checksum)."""
+    return int(_native.crc32(data, int(value)))
 
 
 def count_ids(nodes: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:

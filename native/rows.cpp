@@ -1,10 +1,14 @@
 // Row copies between feature matrices (see rows.h). No Python here.
 #include "rows.h"
 
+#include <emmintrin.h>
+
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "crc32.h"
 
 namespace diskflow {
 
@@ -23,7 +27,9 @@ void copy_rows(RowMatrix o, const int64_t* op, RowMatrix s, const int64_t* sp, i
     }
 }
 
-void gather_rows(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n) {
+namespace {
+
+void check_gather(const RowMatrix& o, const RowMatrix& s, const int64_t* sp, int64_t n) {
     if (o.row_bytes != s.row_bytes) throw std::invalid_argument("src: row size differs from out's");
     if (n > o.rows)
         throw std::out_of_range("out: " + std::to_string(o.rows) + " rows, " + std::to_string(n) + " to gather");
@@ -31,6 +37,47 @@ void gather_rows(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n) {
         if (sp[i] < 0 || sp[i] >= s.rows)
             throw std::out_of_range("row " + std::to_string(i) + ": src_rows " + std::to_string(sp[i]) + " (of " +
                                     std::to_string(s.rows) + ") out of range");
+}
+
+// Copies `bytes` (a multiple of 16) from `src` to the 16-byte aligned `dst` past the cache.
+inline void stream_copy(char* dst, const char* src, size_t bytes) {
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    const auto* q = reinterpret_cast<const __m128i*>(src);
+    for (size_t i = 0; i < bytes / 16; i += 4) {  // 64 bytes a step where the row allows
+        if (i + 4 > bytes / 16) {
+            for (; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(q + i));
+            break;
+        }
+        const __m128i a = _mm_loadu_si128(q + i), b = _mm_loadu_si128(q + i + 1);
+        const __m128i c = _mm_loadu_si128(q + i + 2), e = _mm_loadu_si128(q + i + 3);
+        _mm_stream_si128(d + i, a);
+        _mm_stream_si128(d + i + 1, b);
+        _mm_stream_si128(d + i + 2, c);
+        _mm_stream_si128(d + i + 3, e);
+    }
+}
+
+}  // namespace
+
+uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n, uint32_t crc) {
+    check_gather(o, s, sp, n);
+    const size_t rb = static_cast<size_t>(o.row_bytes);
+    constexpr int64_t kAhead = 8;
+    const bool stream = rb % 16 == 0 && reinterpret_cast<uintptr_t>(o.data) % 16 == 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) __builtin_prefetch(s.data + sp[i + kAhead] * s.row_bytes);
+        const char* row = s.data + sp[i] * s.row_bytes;
+        char* dst = o.data + i * o.row_bytes;
+        if (stream) stream_copy(dst, row, rb);
+        else std::memcpy(dst, row, rb);
+        crc = crc32_update(crc, reinterpret_cast<const uint8_t*>(row), rb);
+    }
+    if (stream) _mm_sfence();  // the streamed rows are visible before the buffer is handed on
+    return crc;
+}
+
+void gather_rows(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n) {
+    check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
     constexpr int64_t kAhead = 8;
     for (int64_t i = 0; i < n; ++i) {

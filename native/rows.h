@@ -26,4 +26,11 @@ void copy_rows(RowMatrix out, const int64_t* out_pos, RowMatrix src, const int64
 // `out` holding at least n rows. Checked first, as copy_rows.
 void gather_rows(RowMatrix out, RowMatrix src, const int64_t* src_rows, int64_t n);
 
+// gather_rows that also returns the running crc32 (zlib's, after `crc`) of the n rows written: each
+// row is checksummed from the source while it is in cache, and written with non-temporal stores
+// where rows and `out` are 16-byte aligned (a packed segment is written to disk, not read again:
+// streaming it past the cache saves reading every destination line first). Checked first, as
+// copy_rows.
+uint32_t gather_rows_crc(RowMatrix out, RowMatrix src, const int64_t* src_rows, int64_t n, uint32_t crc);
+
 }  // namespace diskflow

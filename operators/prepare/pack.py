@@ -393,9 +393,8 @@ def gather_segment(dst: np.ndarray, feats: np.ndarray, rows: np.ndarray, crc: in
     The one packing step: `pack_shard` (a shard read into memory) and the streamed packer
     (`operators.stream.pack`, a shard's memory map) both gather every segment with it.
     """
-    kernels.gather_rows(dst.view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats,
-                        np.ascontiguousarray(rows, dtype=np.int64))
-    return crc32(dst.data, crc)
+    return kernels.gather_rows_crc(dst.view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats,
+                                   np.ascontiguousarray(rows, dtype=np.int64), crc)
 
 
 def _routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> Iterator[RouteFile]:
