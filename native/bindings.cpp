@@ -146,11 +146,12 @@ py::array_t<T> to_numpy(std::vector<T>&& v) {
     return py::array_t<T>({static_cast<py::ssize_t>(heap_vec->size())}, {sizeof(T)}, heap_vec->data(), owner);
 }
 
-py::array_t<int64_t> to_numpy(std::unique_ptr<int64_t[]> data, std::vector<py::ssize_t> shape) {
-    if (!data) return py::array_t<int64_t>(std::move(shape));  // empty
-    int64_t* raw = data.release();
-    py::capsule owner(raw, [](void* p) { delete[] static_cast<int64_t*>(p); });
-    return py::array_t<int64_t>(std::move(shape), raw, owner);
+template <typename T>
+py::array_t<T> to_numpy(std::unique_ptr<T[]> data, std::vector<py::ssize_t> shape) {
+    if (!data) return py::array_t<T>(std::move(shape));  // empty
+    T* raw = data.release();
+    py::capsule owner(raw, [](void* p) { delete[] static_cast<T*>(p); });
+    return py::array_t<T>(std::move(shape), raw, owner);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,7 +337,7 @@ std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std
 }
 
 py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop,
-                         bool last_hop) {
+                         bool last_hop, bool narrow) {
     if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
     check_layout(seeds, "seeds", 1);
     py::array stop_ids;
@@ -352,10 +353,14 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
     {
         py::gil_scoped_release release;
         g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed,
-                             stop_ptr, n_stop, last_hop);
+                             stop_ptr, n_stop, last_hop, narrow);
     }
-    return py::make_tuple(to_numpy(std::move(g.n_id), {static_cast<py::ssize_t>(g.num_nodes)}),
-                          to_numpy(std::move(g.edge_index), {2, static_cast<py::ssize_t>(g.num_edges)}),
+    const std::vector<py::ssize_t> nodes{static_cast<py::ssize_t>(g.num_nodes)};
+    const std::vector<py::ssize_t> edges{2, static_cast<py::ssize_t>(g.num_edges)};
+    if (narrow)
+        return py::make_tuple(to_numpy(std::move(g.n_id32), nodes), to_numpy(std::move(g.edge_index32), edges),
+                              py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
+    return py::make_tuple(to_numpy(std::move(g.n_id), nodes), to_numpy(std::move(g.edge_index), edges),
                           py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
 }
 
@@ -372,10 +377,11 @@ Args:
         .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"), py::arg("fanouts"),
              py::arg("num_threads") = 1)
         .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), py::arg("stop") = py::none(),
-             py::arg("last_hop") = false, R"doc(
+             py::arg("last_hop") = false, py::arg("narrow") = false, R"doc(
 Sample the subgraph around unique int64 `seeds`; deterministic in `seed`. `stop` (int64 node ids,
 optional): nodes that are not expanded when they join a frontier after the seeds'. With `last_hop`,
 they and the nodes only they (or such nodes) drew are expanded as usual except at the last hop.
+With `narrow`, n_id and edge_index are int32 (ValueError for a graph of 2^31 nodes or more).
 
 Returns:
     (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)

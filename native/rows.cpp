@@ -43,11 +43,9 @@ void check_gather(const RowMatrix& o, const RowMatrix& s, const int64_t* sp, int
 inline void stream_copy(char* dst, const char* src, size_t bytes) {
     auto* d = reinterpret_cast<__m128i*>(dst);
     const auto* q = reinterpret_cast<const __m128i*>(src);
-    for (size_t i = 0; i < bytes / 16; i += 4) {  // 64 bytes a step where the row allows
-        if (i + 4 > bytes / 16) {
-            for (; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(q + i));
-            break;
-        }
+    const size_t blocks = bytes / 16;
+    size_t i = 0;
+    for (; i + 4 <= blocks; i += 4) {  // a cache line a step
         const __m128i a = _mm_loadu_si128(q + i), b = _mm_loadu_si128(q + i + 1);
         const __m128i c = _mm_loadu_si128(q + i + 2), e = _mm_loadu_si128(q + i + 3);
         _mm_stream_si128(d + i, a);
@@ -55,6 +53,7 @@ inline void stream_copy(char* dst, const char* src, size_t bytes) {
         _mm_stream_si128(d + i + 2, c);
         _mm_stream_si128(d + i + 3, e);
     }
+    for (; i < blocks; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(q + i));
 }
 
 }  // namespace

@@ -345,6 +345,8 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
 struct Sample {
     PodBuffer<int64_t> n_id;
     PodBuffer<int64_t> edge_index;  // [2, E] row-major
+    PodBuffer<int32_t> n_id32;      // narrow samples: n_id and edge_index as int32 instead
+    PodBuffer<int32_t> edge_index32;
     std::vector<int64_t> num_sampled_nodes;
     std::vector<int64_t> num_sampled_edges;
 };
@@ -371,7 +373,10 @@ struct NeighborSampler::Impl {
     }
 
     SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed, const int64_t* stop = nullptr,
-                           int64_t n_stop = 0, bool last_hop = false) {
+                           int64_t n_stop = 0, bool last_hop = false, bool narrow = false) {
+        if (narrow && num_nodes_ > static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1)
+            throw std::invalid_argument("narrow: a graph of " + std::to_string(num_nodes_) +
+                                        " nodes has ids past int32");
         Sample out;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -382,6 +387,7 @@ struct NeighborSampler::Impl {
             }
             stop_on_ = n_stop > 0;
             last_hop_ = stop_on_ && last_hop;
+            narrow_ = narrow;
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
             } else {
@@ -389,10 +395,17 @@ struct NeighborSampler::Impl {
             }
         }
         SampledSubgraph g;
-        g.num_nodes = static_cast<int64_t>(out.n_id.size());
-        g.num_edges = static_cast<int64_t>(out.edge_index.size() / 2);
-        g.n_id = out.n_id.release();
-        g.edge_index = out.edge_index.release();
+        if (narrow) {
+            g.num_nodes = static_cast<int64_t>(out.n_id32.size());
+            g.num_edges = static_cast<int64_t>(out.edge_index32.size() / 2);
+            g.n_id32 = out.n_id32.release();
+            g.edge_index32 = out.edge_index32.release();
+        } else {
+            g.num_nodes = static_cast<int64_t>(out.n_id.size());
+            g.num_edges = static_cast<int64_t>(out.edge_index.size() / 2);
+            g.n_id = out.n_id.release();
+            g.edge_index = out.edge_index.release();
+        }
         g.num_sampled_nodes = std::move(out.num_sampled_nodes);
         g.num_sampled_edges = std::move(out.num_sampled_edges);
         return g;
@@ -500,10 +513,17 @@ struct NeighborSampler::Impl {
     // edge_index = [rows; cols], cols being each expanded node's local id repeated once per edge
     // (frontiers are consecutive ranges of local ids, hop after hop, so nodes [0, expanded)).
     void finish(int64_t expanded, Sample& out) {
+        if (narrow_) finish_into(expanded, out.n_id32, out.edge_index32);
+        else finish_into(expanded, out.n_id, out.edge_index);
+    }
+
+    // finish's work for output ids of type T (int64, or int32 for a narrow sample: converted as copied).
+    template <typename T>
+    void finish_into(int64_t expanded, PodBuffer<T>& n_id_out, PodBuffer<T>& edge_index) {
         const int64_t n_nodes = static_cast<int64_t>(n_id_.size());
         const int64_t n_edges = static_cast<int64_t>(rows_.size());
-        out.n_id.resize(static_cast<size_t>(n_nodes));
-        out.edge_index.resize(static_cast<size_t>(2 * n_edges));
+        n_id_out.resize(static_cast<size_t>(n_nodes));
+        edge_index.resize(static_cast<size_t>(2 * n_edges));
         const int64_t n_tasks =
             std::max<int64_t>(1, std::min<int64_t>(num_threads_, (n_nodes + n_edges) / kMinFinishItems));
         std::vector<int64_t> col_start(static_cast<size_t>(n_tasks) + 1, 0);  // first edge of each slice
@@ -511,17 +531,17 @@ struct NeighborSampler::Impl {
             for (const int64_t stop = expanded * (t + 1) / n_tasks; i < stop; ++i) e += out_count_.data()[i];
             col_start[t + 1] = e;
         }
-        int64_t* rows = out.edge_index.data();
-        int64_t* cols = rows + n_edges;
+        T* rows = edge_index.data();
+        T* cols = rows + n_edges;
         run_parallel(n_tasks, num_threads_, [&](int64_t t, int) {
             const int64_t e0 = n_edges * t / n_tasks, e1 = n_edges * (t + 1) / n_tasks;
-            std::memcpy(rows + e0, rows_.data() + e0, static_cast<size_t>(e1 - e0) * sizeof(int64_t));
-            int64_t* col = cols + col_start[t];
+            std::copy(rows_.data() + e0, rows_.data() + e1, rows + e0);
+            T* col = cols + col_start[t];
             for (int64_t i = expanded * t / n_tasks; i < expanded * (t + 1) / n_tasks; ++i) {
-                col = std::fill_n(col, out_count_.data()[i], i);
+                col = std::fill_n(col, out_count_.data()[i], static_cast<T>(i));
             }
             const int64_t v0 = n_nodes * t / n_tasks, v1 = n_nodes * (t + 1) / n_tasks;
-            std::memcpy(out.n_id.data() + v0, n_id_.data() + v0, static_cast<size_t>(v1 - v0) * sizeof(int64_t));
+            std::copy(n_id_.data() + v0, n_id_.data() + v1, n_id_out.data() + v0);
             for (int64_t i = v0; i < v1; ++i) local_[n_id_.data()[i]] = kAbsent;
         });
     }
@@ -633,6 +653,7 @@ struct NeighborSampler::Impl {
     bool stop_on_ = false;
     bool last_hop_ = false;       // stop nodes and the nodes only they reach: not expanded at the last hop
     std::vector<uint8_t> taint_;  // with last_hop_: 1 for those nodes, by local id
+    bool narrow_ = false;         // this call's n_id and edge_index as int32
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
     PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
@@ -653,8 +674,8 @@ SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uin
 }
 
 SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop,
-                                        int64_t n_stop, bool last_hop) {
-    return impl_->sample(seeds, batch, seed, stop, n_stop, last_hop);
+                                        int64_t n_stop, bool last_hop, bool narrow) {
+    return impl_->sample(seeds, batch, seed, stop, n_stop, last_hop, narrow);
 }
 
 int64_t NeighborSampler::num_nodes() const { return impl_->num_nodes_; }

@@ -18,6 +18,9 @@ struct SampledSubgraph {
     int64_t num_nodes = 0;
     std::unique_ptr<int64_t[]> edge_index;  // [2, num_edges] row-major, local ids
     int64_t num_edges = 0;
+    // A narrow sample's n_id and edge_index, int32 (n_id and edge_index above are then null).
+    std::unique_ptr<int32_t[]> n_id32;
+    std::unique_ptr<int32_t[]> edge_index32;
     std::vector<int64_t> num_sampled_nodes;  // [batch, n_1 .. n_L]
     std::vector<int64_t> num_sampled_edges;  // [e_1 .. e_L]
 };
@@ -42,8 +45,11 @@ class NeighborSampler {
     // With `last_hop`, the stop nodes, and the nodes that only stop nodes or such nodes drew when they
     // joined the batch, are expanded as usual except at the last hop: every node's embeddings below
     // the last layer are then exactly those of the unstopped sample, for every node that is neither.
+    // `narrow`: n_id and edge_index as int32 (n_id32, edge_index32), half the bytes to write and for a
+    // caller storing int32 ids to keep, with no conversion pass; std::invalid_argument when the graph
+    // has 2^31 nodes or more.
     SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop,
-                           bool last_hop = false);
+                           bool last_hop = false, bool narrow = false);
 
     int64_t num_nodes() const;
     int64_t num_edges() const;

@@ -101,8 +101,8 @@ def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) ->
         pa.array([batch], type=pa.int64()),
         pa.array([int(sampled.batch_size)], type=pa.int64()),  # type: ignore[attr-defined]
         _list_array(n_id, schema.field("n_id").type),
-        _list_array(ei[0].astype(np.int32), schema.field("row").type),
-        _list_array(ei[1].astype(np.int32), schema.field("col").type),
+        _list_array(ei[0].astype(np.int32, copy=False), schema.field("row").type),
+        _list_array(ei[1].astype(np.int32, copy=False), schema.field("col").type),
         _list_array(np.asarray(sampled.num_sampled_nodes, dtype=np.int64), schema.field("num_sampled_nodes").type),  # type: ignore[attr-defined]
         _list_array(np.asarray(sampled.num_sampled_edges, dtype=np.int64), schema.field("num_sampled_edges").type),  # type: ignore[attr-defined]
     ]

@@ -115,7 +115,8 @@ class NeighborSampler:
     def num_nodes(self) -> int:
         return int(self._impl.num_nodes)
 
-    def sample(self, seeds: Any, seed: int, stop: Any = None, last_hop: bool = False) -> SampledBatch:
+    def sample(self, seeds: Any, seed: int, stop: Any = None, last_hop: bool = False,
+               narrow: bool = False) -> SampledBatch:
         """Sample the subgraph around `seeds` (unique node ids, int64 or any integer dtype).
 
         Args:
@@ -128,13 +129,17 @@ class NeighborSampler:
                 when they joined the batch, are expanded as usual except at the last hop. Where a
                 historical embedding stands in for a stop node's last-but-one layer, every other
                 node's lower layers then see exactly what they see without `stop`.
+            narrow: `n_id` and `edge_index` as int32, as the samples files store them (half the bytes, no
+                conversion pass); the same values.
 
         Raises:
-            ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry.
+            ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry; `narrow`
+                on a graph of 2**31 nodes or more.
         """
         s = _as_seeds(seeds)
         st = None if stop is None else np.ascontiguousarray(_as_numpy(stop), dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop))
+        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop),
+                                                           bool(narrow))
         return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]))
 
 

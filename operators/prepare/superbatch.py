@@ -133,10 +133,11 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
     batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
     records, accesses, max_nodes, edges = [], 0, 0, 0
     ids = id_type(store.num_nodes)
+    narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
     pruned = pushed = 0
     for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
         if history is None:
-            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), narrow=narrow)
         else:
             step = history[j - ref.first_batch]
             s = sample_planned(sampler, batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), step)

@@ -170,6 +170,23 @@ def test_deterministic_across_threads_and_seeds() -> None:
     assert sample_equal(wide, runs[1])
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_narrow_samples_are_the_wide_ones_in_int32(threads: int) -> None:
+    """`narrow` gives int32 n_id and edge_index with the values of the int64 sample (frontiers wide enough
+    that the output is written in parallel slices), with or without stopped nodes."""
+    indptr, indices = random_csc(6007, 60000, seed=8)
+    seeds = np.random.default_rng(9).choice(6007, 900, replace=False)
+    sampler = NeighborSampler(indptr, indices, [5, 4, 3], threads)
+    for stop in (None, np.arange(0, 6007, 7)):
+        wide = sampler.sample(seeds, 3, stop=stop)
+        narrow = sampler.sample(seeds, 3, stop=stop, narrow=True)
+        assert narrow.n_id.dtype == np.int32 and narrow.edge_index.dtype == np.int32
+        assert wide.n_id.dtype == np.int64 and narrow.edge_index.shape == wide.edge_index.shape
+        assert sample_equal(narrow, wide)
+    empty = sampler.sample(np.zeros(0, np.int64), 3, narrow=True)
+    assert empty.n_id.dtype == np.int32 and empty.n_id.shape == (0,) and empty.edge_index.shape == (2, 0)
+
+
 def test_concurrent_calls_on_one_object() -> None:
     indptr, indices = random_csc(3001, 30000, seed=6)
     sampler = NeighborSampler(indptr, indices, [6, 6], 2)
