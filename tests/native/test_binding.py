@@ -158,7 +158,7 @@ def test_crc32_is_zlibs_for_every_length_alignment_and_start() -> None:
     import zlib
     rng = np.random.default_rng(3)
     data = rng.integers(0, 256, size=1 << 20, dtype=np.uint8)
-    for n in [*range(0, 600), 1023, 1024, 1025, 4096 + 15, (1 << 20) - 7]:
+    for n in [*range(600), 1023, 1024, 1025, 4096 + 15, (1 << 20) - 7]:
         for off in (0, 1, 7):
             part = data[off:off + n]
             for value in (0, 0xDEADBEEF, 0xFFFFFFFF):
