@@ -6,9 +6,12 @@
 // (VPCLMULQDQ), 64 for the last fold) and the Barrett constant floor(x^64 / P).
 #include "crc32.h"
 
-#include <immintrin.h>
-
 #include <array>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DISKFLOW_X86 1
+#endif
 
 namespace diskflow {
 namespace {
@@ -50,6 +53,7 @@ uint32_t crc_table(uint32_t crc, const uint8_t* p, size_t n) {
     return crc;
 }
 
+#ifdef DISKFLOW_X86
 #define DISKFLOW_CLMUL __attribute__((target("pclmul,sse4.1")))
 
 DISKFLOW_CLMUL inline __m128i load(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
@@ -119,6 +123,9 @@ DISKFLOW_VCLMUL uint32_t crc_fold_wide(uint32_t crc, const uint8_t* p, size_t n)
                        _mm512_extracti32x4_epi32(z3, 2), _mm512_extracti32x4_epi32(z3, 3), p, n);
 }
 
+#endif  // DISKFLOW_X86
+
+#ifdef DISKFLOW_X86
 bool has_pclmul() {
     static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
     return yes;
@@ -128,6 +135,9 @@ bool has_vpclmul() {
     static const bool yes = has_pclmul() && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("avx512f");
     return yes;
 }
+#else
+bool has_pclmul() { return false; }
+#endif
 
 }  // namespace
 
@@ -135,12 +145,14 @@ bool crc32_folds() { return has_pclmul(); }
 
 uint32_t crc32_update(uint32_t value, const uint8_t* data, size_t n) {
     uint32_t crc = ~value;
+#ifdef DISKFLOW_X86
     if (n >= 64 && has_pclmul()) {
         const size_t body = n & ~size_t{15};
         crc = body >= 256 && has_vpclmul() ? crc_fold_wide(crc, data, body) : crc_fold(crc, data, body);
         data += body;
         n -= body;
     }
+#endif
     return ~crc_table(crc, data, n);
 }
 

@@ -230,8 +230,18 @@ def gather_rows_crc(out: np.ndarray, src: np.ndarray, src_rows: np.ndarray, crc:
 
 
 def crc32(data: Any, value: int = 0) -> int:
-    """zlib's ``crc32(data, value)`` of a contiguous buffer, computed natively (`gather_rows_crc`'s checksum)."""
-    return int(_native.crc32(data, int(value)))
+    """zlib's ``crc32(data, value)`` of a contiguous buffer (any buffer-protocol object), computed natively
+    with the GIL released: `gather_rows_crc`'s checksum, and `operators.formats.checksum`'s.
+
+    Raises:
+        ValueError: a buffer that is not contiguous.
+    """
+    return int(_native.crc32(data, int(value) & 0xFFFFFFFF))
+
+
+def crc32_folds() -> bool:
+    """Whether `crc32` folds with carry-less multiplication on this CPU (else a table computes it)."""
+    return bool(_native.crc32_folds())
 
 
 def count_ids(nodes: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:

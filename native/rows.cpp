@@ -1,7 +1,10 @@
 // Row copies between feature matrices (see rows.h). No Python here.
 #include "rows.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
+#define DISKFLOW_X86 1
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -39,6 +42,9 @@ void check_gather(const RowMatrix& o, const RowMatrix& s, const int64_t* sp, int
                                     std::to_string(s.rows) + ") out of range");
 }
 
+#ifdef DISKFLOW_X86
+constexpr bool kCanStream = true;
+
 // Copies `bytes` (a multiple of 16) from `src` to the 16-byte aligned `dst` past the cache.
 inline void stream_copy(char* dst, const char* src, size_t bytes) {
     auto* d = reinterpret_cast<__m128i*>(dst);
@@ -56,13 +62,20 @@ inline void stream_copy(char* dst, const char* src, size_t bytes) {
     for (; i < blocks; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(q + i));
 }
 
+inline void stream_fence() { _mm_sfence(); }
+#else
+constexpr bool kCanStream = false;
+inline void stream_copy(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void stream_fence() {}
+#endif
+
 }  // namespace
 
 uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n, uint32_t crc) {
     check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
     constexpr int64_t kAhead = 8;
-    const bool stream = rb % 16 == 0 && reinterpret_cast<uintptr_t>(o.data) % 16 == 0;
+    const bool stream = kCanStream && rb % 16 == 0 && reinterpret_cast<uintptr_t>(o.data) % 16 == 0;
     for (int64_t i = 0; i < n; ++i) {
         if (i + kAhead < n) __builtin_prefetch(s.data + sp[i + kAhead] * s.row_bytes);
         const char* row = s.data + sp[i] * s.row_bytes;
@@ -71,7 +84,7 @@ uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n,
         else std::memcpy(dst, row, rb);
         crc = crc32_update(crc, reinterpret_cast<const uint8_t*>(row), rb);
     }
-    if (stream) _mm_sfence();  // the streamed rows are visible before the buffer is handed on
+    if (stream) stream_fence();  // the streamed rows are visible before the buffer is handed on
     return crc;
 }
 

@@ -1,21 +1,19 @@
-"""crc32 of packed segments, shipped files and checkpoints: zlib's checksum, computed fast.
+"""crc32 of packed segments, shipped files and checkpoints: zlib's checksum, computed natively.
 
 Every byte the system moves is checksummed when it is written and again when it is read
 (DESIGN.md: a checksum per segment; a shipped file is verified on arrival). zlib's own crc32
 runs at about 3 GB/s on this machine's cores, which made checksums a visible share of packing
-and of the GPU worker's staging; ISA-L's (the `isal` package: carry-less multiply folding)
-computes the same values at about 30 GB/s. Without `isal` the values come from zlib: the files
-are the same either way.
+and of the GPU worker's staging. The native one (`native/crc32.cpp`) folds with carry-less
+multiplication where the CPU has it (PCLMULQDQ, VPCLMULQDQ: tens of GB/s, checked at run time),
+with the GIL released, and is the checksum packing folds into its gather
+(`kernels.gather_rows_crc`); elsewhere a table computes the same values.
 
 ``crc32(data, value=0)`` is zlib's signature: the running crc32 of a contiguous buffer.
 """
 from __future__ import annotations
 
-try:
-    from isal.isal_zlib import crc32
-    BACKEND = "isal"
-except ImportError:         # pragma: no cover - isal is a dependency; zlib gives the same values
-    from zlib import crc32
-    BACKEND = "zlib"
+from ...native.kernels import crc32, crc32_folds
+
+BACKEND = "folded" if crc32_folds() else "table"
 
 __all__ = ["BACKEND", "crc32"]
