@@ -220,8 +220,8 @@ def gather_rows_crc(out: np.ndarray, src: np.ndarray, src_rows: np.ndarray, crc:
     """`gather_rows`, returning the running crc32 of the rows written (zlib's ``crc32(out[:n], crc)``).
 
     Each row is checksummed from the source while it is in cache, and written past the cache where rows
-    and `out` are 16-byte aligned (what a packed segment needs: it goes to disk, it is not read again),
-    which together cost about half the gather and then the checksum of the gathered bytes.
+    and `out` are 16-byte aligned (what a packed segment needs: it goes to disk, it is not read again):
+    about two thirds of the time of the gather followed by a checksum of the gathered bytes.
 
     Raises:
         ValueError, IndexError: as `gather_rows`.
