@@ -563,7 +563,7 @@ uint32_t gather_rows_crc_py(const py::object& out, const py::object& src, const 
 
 uint32_t crc32_py(const py::buffer& data, uint32_t value) {
     const py::buffer_info info = data.request();
-    if (!PyBuffer_IsContiguous(&info.view()[0], 'C')) throw py::value_error("data: expected a contiguous buffer");
+    if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("data: expected a contiguous buffer");
     const auto* p = static_cast<const uint8_t*>(info.ptr);
     const size_t n = static_cast<size_t>(info.size * info.itemsize);
     py::gil_scoped_release release;

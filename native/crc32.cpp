@@ -54,6 +54,13 @@ uint32_t crc_table(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 #ifdef DISKFLOW_X86
+// The folding constants (see the head of this file): kXk is x^k mod P.
+constexpr long long kX544 = 0x0154442bd4LL, kX480 = 0x01c6e41596LL;      // D = 512
+constexpr long long kX160 = 0x01751997d0LL, kX96 = 0x00ccaa009eLL;       // D = 128
+constexpr long long kX2080 = 0x011542778aLL, kX2016 = 0x01322d1430LL;    // D = 2048
+constexpr long long kX64 = 0x0163cd6124LL;                               // the last fold
+constexpr long long kPoly33 = 0x01db710641LL, kMu = 0x01f7011641LL;      // P and floor(x^64 / P), Barrett
+
 #define DISKFLOW_CLMUL __attribute__((target("pclmul,sse4.1")))
 
 DISKFLOW_CLMUL inline __m128i load(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
@@ -65,11 +72,12 @@ DISKFLOW_CLMUL inline __m128i fold(__m128i x, __m128i k, __m128i next) {
 
 // Continues a fold whose state is x1..x4 (the next 64 bytes' worth) over p[0..n), n a multiple of
 // 16, and reduces it to the raw crc state.
-DISKFLOW_CLMUL inline __attribute__((always_inline)) uint32_t fold_finish(__m128i x1, __m128i x2, __m128i x3, __m128i x4, const uint8_t* p, size_t n) {
-    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);   // x^(512-32), x^(512+32) mod P
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);   // x^(128-32), x^(128+32) mod P
-    const __m128i k5 = _mm_set_epi64x(0, 0x0163cd6124LL);                  // x^64 mod P
-    const __m128i poly_mu = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL); // mu, P
+DISKFLOW_CLMUL inline __attribute__((always_inline)) uint32_t fold_finish(__m128i x1, __m128i x2, __m128i x3,
+                                                                          __m128i x4, const uint8_t* p, size_t n) {
+    const __m128i k1k2 = _mm_set_epi64x(kX480, kX544);
+    const __m128i k3k4 = _mm_set_epi64x(kX96, kX160);
+    const __m128i k5 = _mm_set_epi64x(0, kX64);
+    const __m128i poly_mu = _mm_set_epi64x(kMu, kPoly33);
     const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
     for (; n >= 64; p += 64, n -= 64) {
         x1 = fold(x1, k1k2, load(p));
@@ -104,8 +112,8 @@ DISKFLOW_VCLMUL inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
 
 // crc_fold with four 512-bit accumulators (sixteen 128-bit lanes, 256 bytes a step), n >= 256.
 DISKFLOW_VCLMUL uint32_t crc_fold_wide(uint32_t crc, const uint8_t* p, size_t n) {
-    const __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x01322d1430LL, 0x011542778aLL));  // x^(2048-+32)
-    const __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL));   // x^(512-+32)
+    const __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x(kX2016, kX2080));
+    const __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x(kX480, kX544));
     __m512i z0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
     __m512i z1 = _mm512_loadu_si512(p + 64), z2 = _mm512_loadu_si512(p + 128), z3 = _mm512_loadu_si512(p + 192);
     p += 256;
