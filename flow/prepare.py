@@ -83,7 +83,15 @@ from ..operators.prepare.history import (
     history_rows,
     refuse_without_cache,
 )
-from ..operators.prepare.pack import pack_shard, prepare_targets, warm_shards, write_tier_rows
+from ..operators.prepare.pack import (
+    EarlyPart,
+    pack_early,
+    pack_shard,
+    prepare_targets,
+    warm_shard_ids,
+    warm_shards,
+    write_tier_rows,
+)
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
@@ -105,10 +113,11 @@ WORK_FORMAT = "diskflow-prepare-cache"
 COUNTS = "counts.npz"                   # the sample stage's access counts over the round (sparse: ids, counts)
 PARTS = "parts.npy"                     # the partition stage's file: every node's part, int32
 PARTITION_FILE = "partition.npy"        # the same file in a packed dataset cut into partition batches
+EARLY = "early"                         # in ``OUT.work``: part files begun while planning (`pack_early`)
 WORK_MARKER = ".diskflow-work.json"     # marks ``OUT.work`` as prepare's cache (see `WORK_KIND`)
 # ``OUT.work``: prepare's cache; older ones (no marker) are recognised by their entries alone
 WORK_KIND = OutputKind("a diskflow prepare cache", markers=(WORK_MARKER,),
-                       patterns=("samples-*", "plans-*", "route", "layout.pkl", "layout.pkl.tmp", ".*.tmp-*"))
+                       patterns=("samples-*", "plans-*", "route", EARLY, "layout.pkl", "layout.pkl.tmp", ".*.tmp-*"))
 
 
 @dataclass(frozen=True)
@@ -304,8 +313,14 @@ def _remove_orphans(root: Path) -> None:
 
 # ---------------------------------------------------------------------------- tasks (thin wrappers)
 
-def _save_plan_task(plan: PlanResult, out_path: str) -> dict:
-    """Write one plan file (the plan stage's cache) and return its figures."""
+def _done(result: Any) -> None:
+    """A task's completion without its result: what a task that must only come after it waits on, so no
+    data moves to it (on a cluster this runs where `result` is)."""
+
+
+def _save_plan_task(plan: PlanResult, out_path: str, after: Any = None) -> dict:
+    """Write one plan file (the plan stage's cache) and return its figures. `after`: a task's result this one
+    waits for (ordering only)."""
     save_plan(out_path, SuperbatchPlan(plan.batches, plan.final_cache, plan.stats["hits"], plan.stats["misses"],
                                        plan.stats["gpu_hits"]), parents=False)
     misses = np.array([b.misses for b in plan.batches], dtype=np.int64)
@@ -341,10 +356,12 @@ def _search_task(sample_paths: list[str], plan_paths: list[str], row_bytes: int,
 
 
 def _route_task(ref: SuperbatchRef, sample_path: str, plan_path: str, layout_path: str | None,
-                shard_rows: int, num_shards: int, out_path: str, planned: SuperbatchPlan | None = None) -> dict:
+                shard_rows: int, num_shards: int, out_path: str, planned: SuperbatchPlan | None = None,
+                after: Any = None) -> dict:
     """Route one superbatch: its plan from the plan task (`planned`, same graph) or from its file. Its index is
     written now too (beside the routing file, ``.index.arrow``), completed by `_index_task` after packing:
-    in the plan phase the route tasks run beside the serial chain, on CPUs it leaves idle."""
+    in the plan phase the route tasks run beside the serial chain, on CPUs it leaves idle. `after`: a
+    task's result this one waits for (ordering only)."""
     import pickle
 
     layout = None
@@ -503,6 +520,7 @@ class _Run:
     keep_stale: bool = False                    # keep other configs' cached stages (while the split is searched)
     parts_key: str | None = None                # the partition's content fingerprint (partition batches)
     label_prior: list[float] | None = None      # the training labels' shares (partition batches weigh losses by them)
+    early: dict[int, EarlyPart] = field(default_factory=dict)   # part files begun while planning, by shard
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -737,20 +755,45 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
         # save tasks; not plan 0, which would then wait for two traces (the others run beside it).
         plans.append(g.plan(k, plans[-1] if plans else None, samples[k], ahead, tiers, traces[k],
                             traces[k + 1] if 0 < k < len(traces) - 1 else None))
-    save_tasks = [delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), key=f"plan-save-{r.key}-{tok}")
-                  for r, plan in zip(run.refs, plans)]
     # Packing every miss (no disk budget, so no disk-cache layout to wait for): route each
     # superbatch as soon as it is planned, while the chain plans the next one.
+    # The read-ahead shards are in the page cache already: their part files are begun superbatch by
+    # superbatch as the routes come (`pack_early`), so their writes overlap the chain instead of the
+    # pack phase; the last superbatch is left to the pack phase, which the chain's end would only delay.
+    # The work beside the chain is then a second chain: every trace, then for each superbatch its
+    # route and its early writes (a plan file is written after its route). Side work thus becomes
+    # ready a piece at a time, so a worker freed by plan k takes plan k + 1 (its trace long done)
+    # instead of side work Dask's ordering would queue ahead of it. The last route waits for its plan
+    # alone: once the chain ends, it runs beside whatever of the second chain is left.
     (run.work / "route").mkdir(exist_ok=True)
-    route_tasks = [delayed_submit(_route_task, r, s.path, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
-                                  len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
-                                  key=f"route-{r.key}-{tok}")
-                   for r, s, plan in zip(run.refs, samples, plans)] \
-        if routes and cfg.packing and cfg.disk_budget is None else []
+    shutil.rmtree(run.work / EARLY, ignore_errors=True)
+    packing_now = routes and cfg.packing and cfg.disk_budget is None
+    warm = warm_shard_ids(store, cfg.readahead) if packing_now and len(run.refs) > 1 else []
+    route_tasks: list[Any] = []
+    save_tasks: list[Any] = []
+    early: Any = None
+    side: Any = [delayed_submit(_done, t, key=f"trace-done-{r.key}-{tok}") for r, t in zip(run.refs, traces)] \
+        if packing_now else None
+    last = len(run.refs) - 1
+    for k, (r, s, plan) in enumerate(zip(run.refs, samples, plans)):
+        route = None
+        if packing_now:
+            route = delayed_submit(_route_task, r, s.path, str(pdir / f"{r.key}.npz"), None, store.shard_rows,
+                                   len(store.shards), str(run.work / "route" / f"{r.key}.npz"), plan,
+                                   after=side if k < last else None, key=f"route-{r.key}-{tok}")
+            route_tasks.append(route)
+            side = route
+            if warm and k < last:
+                side = early = delayed_submit(pack_early, str(store.path), warm, route, str(run.work / EARLY), early,
+                                              key=f"pack-early-{r.key}-{tok}")
+        save_tasks.append(delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), after=route,
+                                         key=f"plan-save-{r.key}-{tok}"))
     # the tiers' figures, not the tiers: their arrays stay on the workers
     figures = delayed_submit(tier_figures, tiers, key=f"tiers-figures-{tok}")
-    done = compute([figures, *save_tasks, *route_tasks], desc="plan", disable=run.show())
-    chosen, stats, early_routes = done[0], done[1:1 + len(save_tasks)], done[1 + len(save_tasks):] or None
+    heads = [figures] if early is None else [figures, early]
+    done = compute([*heads, *save_tasks, *route_tasks], desc="plan", disable=run.show())
+    chosen, run.early = done[0], (done[1] if early is not None else {})
+    stats, early_routes = done[len(heads):len(heads) + len(save_tasks)], done[len(heads) + len(save_tasks):] or None
     tier_fig = {k: chosen[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
     return pdir, stage.finish({"tiers": tier_fig, "plans": stats}, drop_stale=not run.keep_stale), early_routes
 
@@ -909,8 +952,10 @@ def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: li
     _check_room(run.out, base_bytes + int(part_bytes.sum()) + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
     tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
     route_paths = [x["path"] for x in routes]
+    early = run.early if routes is early_routes else {}      # begun while planning, on the same routes
     packs = compute([delayed_submit(pack_shard, str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
-                                    dcache_targets=cache_t, tier_targets=tier_t, key=f"pack-r0-p{p}-{tok}")
+                                    dcache_targets=cache_t, tier_targets=tier_t, early=early.get(p),
+                                    key=f"pack-r0-p{p}-{tok}")
                      for p in range(P)], desc="pack", disable=run.show())
     crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
     compute([delayed_submit(_index_task, x, offsets[x["first_batch"]:x["first_batch"] + x["batches"]],
@@ -929,6 +974,8 @@ def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: li
     figures["disk_used_bytes"] = packed_bytes + dcache_bytes
     figures["read_amplification"] = _read_amplification(stage, routes, offsets, seg_rows, rb)
     shutil.rmtree(work / "route", ignore_errors=True)
+    shutil.rmtree(work / EARLY, ignore_errors=True)
+    figures["early_rows"] = int(sum(e.rows for e in early.values()))
     return parts, dcache, layout_path
 
 

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import mmap
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -240,6 +241,12 @@ class _LazyShard:
         return self._rows
 
 
+def warm_shard_ids(store: Store, budget_bytes: int) -> list[int]:
+    """The shards `warm_shards` reads ahead with `budget_bytes`: the store's first whole shards within it."""
+    sizes = np.array([sh.rows for sh in store.shards], dtype=np.int64) * store.row_bytes
+    return list(range(int(np.searchsorted(np.cumsum(sizes), budget_bytes, side="right"))))
+
+
 def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: threading.Event | None = None,
                 chunk: int = 8 << 20) -> int:
     """Read the store's first shards into the page cache, up to `budget_bytes`; return the bytes read.
@@ -256,9 +263,10 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
     store = Store(store_path)
     probe = np.empty(1, dtype=np.uint8)
     done = 0
-    for shard in store.shards:
+    for p in warm_shard_ids(store, budget_bytes):
+        shard = store.shards[p]
         nbytes = shard.rows * store.row_bytes
-        if done + nbytes > budget_bytes or (stop is not None and stop.is_set()):
+        if stop is not None and stop.is_set():
             break
         try:
             fd = os.open(shard.path, os.O_RDONLY)
@@ -306,25 +314,29 @@ class _SegmentWriter:
     whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
     carries the rest (< ALIGN bytes) to the front of the next buffer. Segments are padded to
     ALIGN, so the last flush of a part file is whole pages too. `close` must follow, also on error.
+    ``start``: where the descriptor stands in the file (appending to a part file begun earlier);
+    ``tag``: names this thread's buffers the writer takes (see `_thread_buffers`).
     """
 
-    def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False) -> None:
+    def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False, start: int = 0,
+                 tag: str = "segments") -> None:
         self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
         n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
-        self._bufs = self._thread_buffers(n)
+        self._bufs = self._thread_buffers(n, tag)
         self._cur = 0
         self.buf = self._bufs[0]
         self.fill = 0
-        self.written = 0   # bytes handed to the file, padding included
+        self.written = start   # file bytes before the buffer (the descriptor's position), padding included
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
         self._pending: Future[None] | None = None
 
     @staticmethod
-    def _thread_buffers(n: int) -> list[np.ndarray]:
+    def _thread_buffers(n: int, tag: str) -> list[np.ndarray]:
         """This thread's two write buffers of `n` bytes, kept from its previous pack task: fresh ones per
         shard cost the kernel zeroing 2 x `n` bytes of new pages every time. A thread runs one pack task
-        at a time and `close` waits for the last write from them, so reuse is safe."""
-        return [thread_buffer("segments-0", n)[:n], thread_buffer("segments-1", n)[:n]]
+        at a time and `close` waits for the last write from them, so reuse is safe; two writers of one
+        thread alive at once take different `tag`s."""
+        return [thread_buffer(f"{tag}-0", n)[:n], thread_buffer(f"{tag}-1", n)[:n]]
 
     @property
     def position(self) -> int:
@@ -530,11 +542,68 @@ def _proc_read_bytes() -> int:
 
 # ---------------------------------------------------------------------------- batched packing
 
+@dataclass(frozen=True)
+class EarlyPart:
+    """Shard p's part file begun while the round was still being planned (`pack_early`).
+
+    Batches ``[0, batches)`` are written, ``position`` bytes of the file; ``crc`` (int64
+    [batches]) are their segments' crc32s and ``rows`` their packed rows. `pack_shard` appends
+    the rest of the round to ``path`` and moves it into place.
+    """
+
+    path: str
+    batches: int
+    position: int
+    rows: int
+    crc: np.ndarray
+
+
+def _open_part(path: Path, position: int) -> tuple[int, bool]:
+    """An existing part file opened for appending at `position` (O_DIRECT where the file system takes it)."""
+    fd = open_direct(path, os.O_WRONLY)
+    direct = fd is not None
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as e:
+            raise InputError(path, f"cannot reopen the part file begun while planning ({e.strerror or e})") from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < position:
+            raise InputError(path, f"part file begun while planning has {size} bytes, its record says {position}")
+        os.lseek(fd, position, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, direct
+
+
+def _append_segments(w: _SegmentWriter, route: RouteFile, p: int, shard: FeatureShard, feats: Any, col: np.ndarray,
+                     crc: np.ndarray) -> int:
+    """Append every batch of `route` for shard p (each segment padded to ALIGN), checking each lands at its
+    offset in `col`; their crcs go to `crc`; return the rows written. `feats()` gives the shard's rows."""
+    local = _local_rows(route, p, shard)
+    counts = route.seg_rows[:, p]
+    bounds = np.r_[0, np.cumsum(counts)]
+    rb = w.row_bytes
+    for j in range(route.num_batches):
+        i = route.first_batch + j
+        if w.position != col[i]:
+            raise ValueError(f"batch {i}, shard {p}: segment offset {col[i]} does not follow the "
+                             f"previous segment (at {w.position}); offsets and routes disagree")
+        seg = local[bounds[j]:bounds[j + 1]]
+        if seg.size:
+            crc[i] = w.rows(feats(), seg)
+        nbytes = seg.shape[0] * rb
+        w.zeros(int(padded(nbytes)) - nbytes)
+    return int(local.shape[0])
+
+
 def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence[str | os.PathLike[str]],
                seg_offsets: np.ndarray, part_path: str | os.PathLike[str], *,
                dcache_targets: Sequence[RowTarget] | None = None, tier_targets: Sequence[RowTarget] | None = None,
-               row_bytes: int | None = None, read_chunk: int = READ_CHUNK, write_buffer: int = WRITE_BUFFER
-               ) -> dict[str, Any]:
+               row_bytes: int | None = None, read_chunk: int = READ_CHUNK, write_buffer: int = WRITE_BUFFER,
+               early: EarlyPart | None = None) -> dict[str, Any]:
     """The batched packing task of shard p: read the shard once, write part-p.bin and its target rows.
 
     Args:
@@ -548,6 +617,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
         row_bytes: expected row size (checked against the store), optional.
         read_chunk: bytes per sequential read of the shard.
         write_buffer: bytes gathered before each write to the part file.
+        early: the part file's first batches, written by `pack_early` while planning: the rest is
+            appended to that file, which is then moved to `part_path` (same file system).
 
     Returns:
         ``{"shard", "crc" (int64 [n], crc32 per segment), "rows", "bytes_read" (raw shard bytes),
@@ -568,34 +639,160 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
 
     crc = np.zeros(n, dtype=np.int64)
-    rows_total = 0
     part = Path(part_path)
-    with atomic_path(part) as tmp:
-        fd, direct = _open_new(tmp)
-        w = _SegmentWriter(fd, part, write_buffer, rb, direct)
+    if early is None:
+        rows_total = 0
+        with atomic_path(part) as tmp:
+            fd, direct = _open_new(tmp)
+            w = _SegmentWriter(fd, part, write_buffer, rb, direct)
+            try:
+                for route in _routes(route_paths, n):
+                    rows_total += _append_segments(w, route, p, shard, feats.rows, col, crc)
+                w.finish()
+            finally:
+                w.close()
+                os.close(fd)
+    else:
+        if not 0 <= early.batches <= n or early.crc.shape != (early.batches,):
+            raise ValueError(f"shard {p}: early part covers {early.batches} batches with {early.crc.shape} crcs, "
+                             f"the round has {n}")
+        crc[:early.batches] = early.crc
+        rows_total = early.rows
+        src = Path(early.path)
+        fd, direct = _open_part(src, early.position)
+        w = _SegmentWriter(fd, part, write_buffer, rb, direct, start=early.position)
         try:
             for route in _routes(route_paths, n):
-                local = _local_rows(route, p, shard)
-                counts = route.seg_rows[:, p]
-                bounds = np.r_[0, np.cumsum(counts)]
-                for j in range(route.num_batches):
-                    i = route.first_batch + j
-                    if w.position != col[i]:
-                        raise ValueError(f"batch {i}, shard {p}: segment offset {col[i]} does not follow the "
-                                         f"previous segment (at {w.position}); offsets and routes disagree")
-                    seg = local[bounds[j]:bounds[j + 1]]
-                    if seg.size:
-                        crc[i] = w.rows(feats.rows(), seg)
-                    nbytes = seg.shape[0] * rb
-                    w.zeros(int(padded(nbytes)) - nbytes)
-                    rows_total += seg.shape[0]
+                if route.first_batch + route.num_batches <= early.batches:
+                    continue
+                if route.first_batch < early.batches:
+                    raise ValueError(f"shard {p}: the early part ends at batch {early.batches}, inside "
+                                     f"{route.path} (batches {route.first_batch}..)")
+                rows_total += _append_segments(w, route, p, shard, feats.rows, col, crc)
             w.finish()
+            os.ftruncate(fd, w.written)
+            os.fsync(fd)
         finally:
             w.close()
             os.close(fd)
+        part.parent.mkdir(parents=True, exist_ok=True)      # as `atomic_path` does for a fresh part file
+        try:
+            os.replace(src, part)
+        except OSError as e:            # another file system: copy it under a temporary name instead
+            if e.errno != errno.EXDEV:
+                raise InputError(part, f"cannot move the part file begun while planning into place ({e})") from e
+            with atomic_path(part) as tmp:
+                shutil.copyfile(src, tmp)
+            src.unlink()
     target_bytes = _write_targets(list(tier_targets or []) + list(dcache_targets or []), feats, shard, rb)
     return {"shard": p, "crc": crc, "rows": rows_total, "bytes_read": feats.bytes_read, "bytes_written": rows_total * rb,
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
+
+
+def _mapped_rows(shard: FeatureShard, dtype: np.dtype, dim: int) -> np.ndarray:
+    """Shard rows [rows, dim] as a read-only memory map (its pages served from the page cache)."""
+    try:
+        return np.memmap(shard.path, dtype=dtype, mode="r", offset=shard.offset, shape=(shard.rows, dim))
+    except (OSError, ValueError) as e:
+        raise InputError(shard.path, f"cannot map feature shard ({e})") from e
+
+
+def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
+               early_dir: str | os.PathLike[str], previous: dict[int, EarlyPart] | None = None, *,
+               min_cached: float = 0.99, write_buffer: int = WRITE_BUFFER) -> dict[int, EarlyPart]:
+    """Begin the part files of read-ahead shards while later superbatches are still being planned.
+
+    Batched packing must wait for the last route before it reads a shard, since a shard is read
+    once for the whole round; the disk meanwhile sits idle while the plan chain runs. A shard the
+    read-ahead (`warm_shards`) already holds in the page cache costs no disk read, so its segments
+    for a superbatch can be written as soon as that superbatch is routed. This task appends the
+    segments of `route` (one superbatch's routing result) to ``early_dir/part-p.bin`` for every
+    shard in `shards` that is still resident and whose part file ends where this superbatch
+    begins, gathering rows from a memory map of the shard (no copy, no read). The writes overlap
+    the chain instead of the pack phase; `pack_shard` appends the rest of the round (`EarlyPart`).
+
+    A shard mostly evicted (less than `min_cached` of its pages in the page cache) is left where
+    it stands: it would cost random reads here, and the pack phase reads it whole. Returns the
+    shards' states (`previous` updated; shards never begun are absent).
+    """
+    store = Store(store_path)
+    states = dict(previous or {})
+    first, rb = int(route["first_batch"]), store.row_bytes
+    out = Path(early_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rf = RouteFile(route["path"])
+    # Shard by shard, each shard's writes left in flight while the next shard is gathered: the task
+    # then takes about as long as its writes, not their sum with the gathering. Two writers at most
+    # are alive, on two pairs of this thread's buffers.
+    open_: tuple[_SegmentWriter, int, int, EarlyPart | None, np.ndarray, int] | None = None
+
+    def close_previous(ok: bool) -> None:
+        nonlocal open_
+        if open_ is None:
+            return
+        w, fd, p, prev, crc, rows = open_
+        open_ = None
+        try:
+            if ok:
+                w.finish()
+        finally:
+            w.close()
+            os.close(fd)
+        states[p] = EarlyPart(str(out / part_name(p)), first + rf.num_batches, w.written,
+                              (prev.rows if prev else 0) + rows,
+                              np.concatenate([prev.crc if prev else np.zeros(0, np.int64), crc[first:]]))
+
+    ok = False
+    try:
+        if rf.first_batch != first:
+            raise InputError(rf.path, f"starts at batch {rf.first_batch}, the route task said {first}")
+        nb = rf.num_batches
+        sizes = np.asarray(padded(rf.seg_rows.astype(np.int64) * rb), dtype=np.int64)    # [nb, P]
+        buf = int(min(write_buffer, max(int(sizes[:, list(shards)].sum(axis=0).max()) if len(shards) else 0, ALIGN)))
+        opened = 0
+        for p in shards:
+            prev = states.get(p)
+            if (prev.batches if prev is not None else 0) != first:
+                continue                                   # fell behind: the pack phase carries on from prev
+            shard = store.shards[p]
+            try:
+                fd = os.open(shard.path, os.O_RDONLY)
+            except OSError as e:
+                raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+            try:
+                resident = cached_share(fd, shard.offset, shard.rows * rb)
+            finally:
+                os.close(fd)
+            if resident < min_cached:
+                continue
+            path = out / part_name(p)
+            fd, direct = _open_new(path) if prev is None else _open_part(path, prev.position)
+            position = 0 if prev is None else prev.position
+            col = np.zeros(first + nb, dtype=np.int64)
+            col[first:] = position + np.r_[0, np.cumsum(sizes[:, p])[:-1]]
+            crc = np.zeros(first + nb, dtype=np.int64)
+            try:
+                w = _SegmentWriter(fd, path, buf, rb, direct, start=position, tag=f"early-{opened % 2}")
+                opened += 1
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                mapped = _mapped_rows(shard, store.feature_dtype, store.feature_dim)
+                rows = _append_segments(w, rf, p, shard, lambda m=mapped: m, col, crc)
+                w.flush()                                  # whole pages (segments are padded): all in flight
+                del mapped
+            except BaseException:
+                w.close()
+                os.close(fd)
+                raise
+            close_previous(True)
+            open_ = (w, fd, p, prev, crc, rows)
+        ok = True
+    finally:
+        close_previous(ok)
+        rf.close()
+    return states
 
 
 def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequence[RowTarget],

@@ -396,3 +396,49 @@ def test_tier_targets_written_whole_in_node_order_or_scattered(rnd: Round, tmp_p
         for slot, node in enumerate(ids):
             want = bytes(rb) if node < 0 else store.gather(np.array([node])).tobytes()
             assert rows[slot].tobytes() == want, (name, slot, node)
+
+
+def _plain_routes(rnd: Round, out: Path) -> tuple[list[dict], np.ndarray]:
+    store = Store(rnd.store)
+    routes = [route_superbatch(r.key, n, p, None, r.round_first_batch, store.shard_rows, len(store.shards),
+                               out / f"{r.key}.npz") for r, n, p in zip(rnd.refs, rnd.n_ids, rnd.plans)]
+    return routes, segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)[0]
+
+
+def test_part_files_begun_while_planning_end_identical(rnd: Round, tmp_path: Path) -> None:
+    from diskflow.operators.prepare.pack import pack_early
+
+    store = Store(rnd.store)
+    routes, offsets = _plain_routes(rnd, tmp_path)
+    paths = [r["path"] for r in routes]
+    assert len(routes) >= 3
+    warm = [0, 2]
+    states = None
+    for k, route in enumerate(routes[:-1]):
+        # shard 2 drops out after the first superbatch (as if evicted): it carries on from there
+        states = pack_early(rnd.store, warm if k == 0 else [0], route, tmp_path / "early", states, min_cached=0.0)
+    assert sorted(states) == warm
+    assert states[0].batches == routes[-1]["first_batch"] and states[2].batches == routes[1]["first_batch"]
+    for p in range(len(store.shards)):
+        plain = pack_shard(rnd.store, p, paths, offsets, tmp_path / "plain" / part_name(p))
+        resumed = pack_shard(rnd.store, p, paths, offsets, tmp_path / "resumed" / part_name(p), early=states.get(p))
+        assert (tmp_path / "plain" / part_name(p)).read_bytes() == (tmp_path / "resumed" / part_name(p)).read_bytes()
+        assert np.array_equal(plain["crc"], resumed["crc"])
+        assert (plain["rows"], plain["file_bytes"]) == (resumed["rows"], resumed["file_bytes"])
+    assert not list((tmp_path / "early").iterdir())          # moved into place
+    assert not list(tmp_path.rglob(".*.tmp-*"))
+
+
+def test_early_packing_skips_shards_out_of_the_page_cache(rnd: Round, tmp_path: Path) -> None:
+    from diskflow.operators.prepare.pack import EarlyPart, pack_early
+
+    routes, offsets = _plain_routes(rnd, tmp_path)
+    # min_cached above 1: no shard counts as resident, so nothing is begun and nothing read
+    assert pack_early(rnd.store, [0, 1], routes[0], tmp_path / "early", None, min_cached=1.01) == {}
+    # a shard whose part file fell behind this route is left as it stands
+    states = pack_early(rnd.store, [1], routes[0], tmp_path / "early", None, min_cached=0.0)
+    assert pack_early(rnd.store, [1], routes[2], tmp_path / "early", states, min_cached=0.0) == states
+    # a record that disagrees with its file is refused, naming the file
+    lie = EarlyPart(states[1].path, states[1].batches, states[1].position + 2 * ALIGN, states[1].rows, states[1].crc)
+    with pytest.raises(InputError, match=part_name(1)):
+        pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "out" / part_name(1), early=lie)
