@@ -122,8 +122,13 @@ def add_counts(a: Counts, b: Counts) -> Counts:
     if isinstance(b, np.ndarray):
         a, b = b, a
     if isinstance(a, np.ndarray):
-        out = a.astype(np.int64)
-        out[np.asarray(b[0], np.int64)] += np.asarray(b[1], np.int64)     # ids are unique: no lost updates
+        # in int32 where the sum must fit (a 16-bit dense count needs no scan), so the merges above this
+        # one stay in int32 too: an int64 total doubles every later merge's bytes
+        ids, cnt = np.asarray(b[0], np.int64), np.asarray(b[1])
+        top = int(np.iinfo(a.dtype).max) if a.itemsize <= 2 else int(a.max(initial=0))
+        wide = a.itemsize > 4 or top + int(cnt.max(initial=0)) > _INT32_MAX
+        out = a.astype(np.int64 if wide else np.int32)
+        out[ids] += cnt.astype(out.dtype, copy=False)     # ids are unique: no lost updates
         return out
     assert not isinstance(b, np.ndarray)    # both sparse here
     return merge_counts(a, b)

@@ -88,6 +88,12 @@ def test_dense_sums_widen_before_int32_overflows() -> None:
     s = add_counts(big, np.array([10, 1, 0], np.int32))
     assert s.dtype == np.int64 and s[0] == 2**31
     assert add_counts(big, (np.array([0]), np.array([10]))).tolist() == [2**31, 5, 0]     # dense + sparse: int64
+    assert add_counts(big, (np.array([0]), np.array([9]))).dtype == np.int32                # ... int32 where it fits
+    # a 16-bit dense count plus a sparse one (a short last superbatch) stays int32, with no scan for its maximum
+    u16 = np.array([65535, 7, 0], np.uint16)
+    s = add_counts(u16, (np.array([0, 2]), np.array([3, 1], np.int64)))
+    assert s.dtype == np.int32 and s.tolist() == [65538, 7, 1] and u16.tolist() == [65535, 7, 0]
+    assert add_counts((np.array([1]), np.array([2**31], np.int64)), u16).dtype == np.int64
     out = np.array([2**31 - 1, 0], np.int32)
     with pytest.raises(OverflowError):
         kernels.count_dense([np.array([0], np.int32)], out)
