@@ -260,9 +260,10 @@ def cpu_tier_task(gpu: GpuTier, first: Sequence[SampleResult], spec: TierSpec, s
     return Tiers(gpu.gpu_ids, cpu_ids, gpu.frequency, dict(gpu.figures))
 
 
-def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | GpuTier) -> WindowTrace:
+def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | GpuTier,
+               after: Any = None) -> WindowTrace:
     """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain (it needs the GPU
-    tier alone)."""
+    tier alone). `after`: an ordering edge only (the previous window's trace)."""
     return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
                         tiers.frequency.shape[0])
 
@@ -360,16 +361,20 @@ class PrepGraph:
         self._tiers = (tiers, gpu)
         return tiers
 
-    def trace(self, k: int, sample: Any, lookahead: Any, tiers: Any) -> Any:
+    def trace(self, k: int, sample: Any, lookahead: Any, tiers: Any, after: Any = None) -> Any:
         """Trace k's window (k and its lookahead), for a planned policy (None otherwise): a task of its
         own that needs no earlier plan, so the sink submits it ahead of the chain and it runs on
-        another worker while the chain advances."""
+        another worker while the chain advances. `after`: a node to finish first (the previous
+        window's trace, for traces submitted as a chain)."""
         if not planned(self.cpu_policy):
             return None
         # The first window's trace needs only the GPU tier: it runs beside the CPU tier's fill, the two
-        # tasks the first plan waits for. Later windows wait for the whole tiers, never delaying the fill.
-        gpu = self._tiers[1] if k == 0 and self._tiers is not None and self._tiers[0] is tiers else tiers
-        return self.submit(trace_task, sample, lookahead, gpu, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
+        # tasks the first plan waits for. Later windows wait for the whole tiers, never delaying the fill,
+        # unless they form a chain (`after`): then one trace at a time is ready, and they all need only
+        # the GPU tier, so the traces the first plans wait for are done during the fill.
+        own = self._tiers is not None and self._tiers[0] is tiers
+        gpu = self._tiers[1] if own and (k == 0 or after is not None) else tiers
+        return self.submit(trace_task, sample, lookahead, gpu, after, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
 
     def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None,
              after: Any = None) -> Any:

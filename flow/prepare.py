@@ -746,8 +746,15 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
     # traces run on the other cores while the chain advances.
-    traces = [g.trace(k, samples[k], samples[k + 1] if k + 1 < len(samples) else None, tiers)
-              for k in range(len(run.refs))]
+    # A chain of their own, in window order (each waits for the previous one's completion token): the
+    # windows the first plans need are traced first, during the CPU tier's fill.
+    traces: list[Any] = []
+    trace_done: Any = None
+    for k in range(len(run.refs)):
+        traces.append(g.trace(k, samples[k], samples[k + 1] if k + 1 < len(samples) else None, tiers,
+                              after=trace_done))
+        trace_done = None if traces[-1] is None else \
+            delayed_submit(_done, traces[-1], key=f"trace-done-{run.refs[k].key}-{tok}")
     plans: list[Any] = []
     for k in range(len(run.refs)):
         ahead = samples[k + 1] if k + 1 < len(samples) else None
@@ -772,8 +779,7 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     route_tasks: list[Any] = []
     save_tasks: list[Any] = []
     early: Any = None
-    side: Any = [delayed_submit(_done, t, key=f"trace-done-{r.key}-{tok}") for r, t in zip(run.refs, traces)] \
-        if packing_now else None
+    side: Any = trace_done if packing_now else None      # the last trace, so every trace comes first
     last = len(run.refs) - 1
     for k, (r, s, plan) in enumerate(zip(run.refs, samples, plans)):
         route = None
