@@ -100,7 +100,7 @@ class Tiers:
 
     gpu_ids: np.ndarray               # sorted node ids of the GPU tier
     cpu_ids: np.ndarray               # the CPU tier where planning starts, per slot (-1: empty)
-    frequency: np.ndarray             # int64 [N]: the counts the tiers were chosen from
+    frequency: np.ndarray             # int32 or int64 [N]: the counts the tiers were chosen from
     figures: dict[str, Any] = field(default_factory=dict)
 
     def __sizeof__(self) -> int:      # `dask.sizeof`: the tiers' arrays

@@ -222,7 +222,7 @@ void build_trace(Trace& tr, const View<int64_t>& nodes, const View<int64_t>& off
 
 // Badness of a row (larger = evicted first), see the header comment.
 struct Ranker {
-    View<int64_t> freq;
+    Frequency freq;
     bool use_freq;
 
     uint64_t operator()(int32_t next_use, int64_t node) const {
@@ -520,7 +520,7 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
             if (t + kPrefetchAhead < end) {  // the per-key state and frequency are random reads
                 const int64_t ahead = t + kPrefetchAhead;
                 __builtin_prefetch(&slot_of[key_at(ahead)]);
-                if (rank.use_freq && in.next_use[ahead] == kNoUse) __builtin_prefetch(&rank.freq[nodes[ahead]]);
+                if (rank.use_freq && in.next_use[ahead] == kNoUse) __builtin_prefetch(rank.freq.address(nodes[ahead]));
             }
             const int64_t key = key_at(t);
             const int32_t g = gpu_at(t, key);
@@ -621,10 +621,10 @@ int64_t belady_planned_accesses(View<int64_t> offsets, int64_t total, int64_t n_
 }
 
 void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int64_t capacity,
-                 View<int64_t> init_cache, View<int64_t> gpu_ids, const View<int64_t>* frequency, uint8_t* src,
+                 View<int64_t> init_cache, View<int64_t> gpu_ids, const Frequency* frequency, uint8_t* src,
                  int64_t* idx, BeladyPlan& out) {
     const int64_t freq_len = frequency != nullptr ? frequency->size : -1;  // -1: no frequency
-    const View<int64_t> freq = frequency != nullptr ? *frequency : View<int64_t>{};
+    const Frequency freq = frequency != nullptr ? *frequency : Frequency{};
     check_capacity(capacity, init_cache);
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     check_sorted_unique(gpu_ids, "gpu_ids");
@@ -704,7 +704,7 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
 
 // Simulates the planned batches of a window from its trace (per-node state, no id mapping).
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
-                     View<int64_t> init_cache, View<int64_t> gpu_ids, View<int64_t> freq, View<int32_t> next_use,
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency freq, View<int32_t> next_use,
                      View<int32_t> first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
     check_capacity(capacity, init_cache);
     check_offsets(offsets, nodes.size);
@@ -746,7 +746,7 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
 }
 
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
-                                         View<int64_t> gpu_ids, const View<int64_t>* frequency) {
+                                         View<int64_t> gpu_ids, const Frequency* frequency) {
     const int64_t freq_len = frequency != nullptr ? frequency->size : -1;
     if (capacity < 0) throw std::invalid_argument("capacity: must be >= 0, got " + std::to_string(capacity));
     check_offsets(offsets, nodes.size);

@@ -25,6 +25,18 @@ struct View {
     const T& operator[](int64_t i) const { return data[i]; }
 };
 
+// Per-node access counts, int32 or int64 as the caller holds them (a round's counts fit int32 in
+// practice, and an int64 copy of them costs an allocation of 8 bytes a node on the way to the plan).
+struct Frequency {
+    const int32_t* c32 = nullptr;
+    const int64_t* c64 = nullptr;
+    int64_t size = 0;
+    int64_t operator[](int64_t i) const { return c32 != nullptr ? c32[i] : c64[i]; }
+    const void* address(int64_t i) const {
+        return c32 != nullptr ? static_cast<const void*>(c32 + i) : static_cast<const void*>(c64 + i);
+    }
+};
+
 // first_use / next_use entry of a node with no use inside the window.
 constexpr int32_t kBeladyNoUse = std::numeric_limits<int32_t>::max();
 
@@ -46,7 +58,7 @@ int64_t belady_planned_accesses(View<int64_t> offsets, int64_t total, int64_t n_
 // (per-node access counts [N], or nullptr) breaks ties between rows with no use in the window.
 // `src`, `idx`: belady_planned_accesses(offsets, nodes.size, n_plan) entries each.
 void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int64_t capacity,
-                 View<int64_t> init_cache, View<int64_t> gpu_ids, const View<int64_t>* frequency, uint8_t* src,
+                 View<int64_t> init_cache, View<int64_t> gpu_ids, const Frequency* frequency, uint8_t* src,
                  int64_t* idx, BeladyPlan& out);
 
 // The window trace of the node-indexed planner (belady_simulate), independent of the cache, so it
@@ -60,12 +72,12 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
 // of `n_window` batches traced by belady_trace; `frequency` is required. `src`, `idx`: nodes.size
 // entries each.
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
-                     View<int64_t> init_cache, View<int64_t> gpu_ids, View<int64_t> frequency, View<int32_t> next_use,
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency frequency, View<int32_t> next_use,
                      View<int32_t> first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
 
 // The (at most) `capacity` non-GPU nodes of the trace with the soonest first use (then the higher
 // frequency, then the lower id), best first.
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,
-                                         View<int64_t> gpu_ids, const View<int64_t>* frequency);
+                                         View<int64_t> gpu_ids, const Frequency* frequency);
 
 }  // namespace diskflow

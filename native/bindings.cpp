@@ -100,6 +100,20 @@ View<T> optional_input(const py::object& obj, const char* name, bool* present) {
     return *present ? input<T>(obj, name) : View<T>{};
 }
 
+// Per-node access counts: a 1-D C-contiguous int32 or int64 array, viewed in place (None where
+// `present` is given and the argument is None).
+Frequency frequency_input(const py::object& obj, const char* name, bool* present = nullptr) {
+    if (present != nullptr) {
+        *present = !obj.is_none();
+        if (!*present) return Frequency{};
+    }
+    py::array a = as_array(obj, name, "int32 or int64 counts");
+    check_layout(a, name, 1);
+    if (has_dtype<int32_t>(a)) return Frequency{static_cast<const int32_t*>(a.data()), nullptr, static_cast<int64_t>(a.shape(0))};
+    if (has_dtype<int64_t>(a)) return Frequency{nullptr, static_cast<const int64_t*>(a.data()), static_cast<int64_t>(a.shape(0))};
+    throw py::value_error(std::string(name) + ": expected dtype int32 or int64, got " + dtype_str(a));
+}
+
 // A 2-D C-contiguous matrix as rows of bytes (any dtype); `writable` for destinations.
 RowMatrix matrix(const py::object& obj, const char* name, bool writable) {
     py::array a = as_array(obj, name, "rows");
@@ -416,7 +430,7 @@ py::dict belady_plan_py(const py::object& nodes_obj, const py::object& offsets_o
     const auto init_cache = input<int64_t>(init_obj, "init_cache");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     bool has_freq;
-    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
+    const auto freq = frequency_input(freq_obj, "frequency", &has_freq);
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     py::array_t<uint8_t> src(plan_end);
     py::array_t<int64_t> idx(plan_end);
@@ -462,7 +476,7 @@ py::dict belady_simulate_py(const py::object& nodes_obj, const py::object& offse
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto init_cache = input<int64_t>(init_obj, "init_cache");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
-    const auto freq = input<int64_t>(freq_obj, "frequency");
+    const auto freq = frequency_input(freq_obj, "frequency");
     const auto next_use = input<int32_t>(next_obj, "next_use");
     const auto first_use = input<int32_t>(first_obj, "first_use");
     const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot");
@@ -485,7 +499,7 @@ py::array_t<int64_t> belady_initial_fill_py(const py::object& nodes_obj, const p
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     bool has_freq;
-    const auto freq = optional_input<int64_t>(freq_obj, "frequency", &has_freq);
+    const auto freq = frequency_input(freq_obj, "frequency", &has_freq);
     std::vector<int64_t> chosen;
     {
         py::gil_scoped_release release;
@@ -498,7 +512,7 @@ void register_belady(py::module_& m) {
     m.def("belady_plan", &belady_plan_py, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"),
           py::arg("capacity"), py::arg("init_cache"), py::arg("gpu_ids"), py::arg("frequency"),
           "Belady CPU-cache plan of the first n_plan batches of a concatenated trace (the rest is lookahead).\n"
-          "nodes/offsets/init_cache/gpu_ids/frequency: int64 1-D C-contiguous (frequency may be None).\n"
+          "nodes/offsets/init_cache/gpu_ids: int64 1-D C-contiguous; frequency: int32 or int64 (may be None).\n"
           "Returns a dict: src (uint8), idx, insert_pos, insert_slot, insert_offsets, final_cache (int64),\n"
           "hits, misses, gpu_hits. Raises ValueError on bad input.");
     m.def("belady_trace", &belady_trace_py, py::arg("nodes"), py::arg("offsets"), py::arg("n_plan"),

@@ -143,11 +143,13 @@ def as_sparse(c: Counts) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dense_counts(part: Counts, num_nodes: int) -> np.ndarray:
-    """Counts as a dense int64 array of length `num_nodes`."""
+    """Counts as a dense array of length `num_nodes`: int32 where they already are (a round's merged counts,
+    which the planner reads as they are: an int64 copy is 8 bytes a node of fresh memory on the serial path
+    before the first plan), else int64."""
     if isinstance(part, np.ndarray):
         if part.shape[0] != num_nodes:
             raise ValueError(f"dense counts of {part.shape[0]} nodes, expected {num_nodes}")
-        return part.astype(np.int64, copy=False)
+        return part if part.dtype == np.int32 else part.astype(np.int64, copy=False)
     out = np.zeros(num_nodes, dtype=np.int64)
     out[part[0]] = part[1]
     return out

@@ -301,7 +301,14 @@ def _ids(values: np.ndarray, name: str, what: str = "node ids") -> np.ndarray:
 
 
 def _frequency(frequency: np.ndarray | None) -> np.ndarray | None:
-    return None if frequency is None else _ids(frequency, "frequency", "access counts")
+    """Access counts as the kernels read them: int32 kept as it is (a round's counts, `count.dense_counts`),
+    any other integer type as int64."""
+    if frequency is None:
+        return None
+    arr = np.asarray(frequency)
+    if arr.dtype == np.int32 and arr.ndim == 1:
+        return np.ascontiguousarray(arr)
+    return _ids(arr, "frequency", "access counts")
 
 
 def _concat(batches: Sequence[np.ndarray], name: str, scratch: bool = False) -> tuple[np.ndarray, np.ndarray]:

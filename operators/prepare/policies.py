@@ -121,7 +121,7 @@ def choose_tier(policy: Policy, counts: np.ndarray, rows: int, exclude: np.ndarr
     """
     if isinstance(policy, str):
         return static_tier(counts, rows, exclude)
-    view = np.asarray(counts).view()
+    view = np.asarray(counts, dtype=np.int64).view()     # the documented int64, whatever the counts were kept in
     view.flags.writeable = False
     try:
         ids = policy(view, int(rows), np.asarray(exclude, np.int64))

@@ -430,6 +430,32 @@ def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
     replay(two, batches, init, gpu)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_int32_counts_plan_exactly_like_int64(seed: int) -> None:
+    """A round's counts stay int32 (`count.dense_counts`): every planner path reads them in place and plans
+    exactly as with int64 counts; other dtypes are refused by name."""
+    rng = np.random.default_rng(100 + seed)
+    n = 400
+    trace = random_trace(rng, 12, n, 70, 0.9)
+    wide = frequency_of(trace, n + 3)
+    narrow = wide.astype(np.int32)
+    gpu = np.sort(rng.choice(n, size=int(rng.integers(0, 15)), replace=False)).astype(np.int64)
+    cap = int(rng.integers(1, 90))
+    init64, init32 = initial_fill(trace[:8], cap, wide, gpu), initial_fill(trace[:8], cap, narrow, gpu)
+    assert np.array_equal(init64, init32)
+    batches, lookahead = trace[:6], trace[6:9]
+    _same_plan(plan_belady(batches, lookahead, cap, init64, gpu, wide),
+               plan_belady(batches, lookahead, cap, init32, gpu, narrow))
+    prebuilt = trace_window(batches, lookahead, gpu, n + 3)
+    _same_plan(plan_belady(batches, [], cap, init64, gpu, wide, trace=prebuilt),
+               plan_belady(batches, [], cap, init32, gpu, narrow, trace=prebuilt))
+    nodes = np.concatenate(batches)
+    offsets = np.r_[0, np.cumsum([b.shape[0] for b in batches])].astype(np.int64)
+    for bad in (wide.astype(np.float64), wide.astype(np.uint32), narrow[::2]):
+        with pytest.raises(ValueError, match="frequency"):
+            kernels.belady_initial_fill(nodes, offsets, cap, gpu, bad)
+
+
 def test_trace_and_simulate_refuse_bad_input() -> None:
     b = [ids(1, 2), ids(2, 5)]
     with pytest.raises(ValueError, match="frequency: has 5 entries but node id 5"):
