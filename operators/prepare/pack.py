@@ -690,11 +690,25 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
 
 
 def _mapped_rows(shard: FeatureShard, dtype: np.dtype, dim: int) -> np.ndarray:
-    """Shard rows [rows, dim] as a read-only memory map (its pages served from the page cache)."""
+    """Shard rows [rows, dim] as a read-only memory map of its pages in the page cache, mapped all at once
+    (MAP_POPULATE where there is one: a gather touching most pages then takes no fault per 64 KiB). The map
+    lives as long as the array (its base)."""
+    nbytes = shard.rows * dim * dtype.itemsize
+    if nbytes == 0:
+        return np.zeros((0, dim), dtype=dtype)
+    start = shard.offset - shard.offset % mmap.ALLOCATIONGRANULARITY
     try:
-        return np.memmap(shard.path, dtype=dtype, mode="r", offset=shard.offset, shape=(shard.rows, dim))
+        fd = os.open(shard.path, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    try:
+        mm = mmap.mmap(fd, shard.offset - start + nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ, offset=start)
     except (OSError, ValueError) as e:
         raise InputError(shard.path, f"cannot map feature shard ({e})") from e
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, dtype=dtype, count=shard.rows * dim, offset=shard.offset - start).reshape(shard.rows, dim)
 
 
 def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
@@ -780,8 +794,8 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
             try:
                 mapped = _mapped_rows(shard, store.feature_dtype, store.feature_dim)
                 rows = _append_segments(w, rf, p, shard, lambda m=mapped: m, col, crc)
-                w.flush()                                  # whole pages (segments are padded): all in flight
                 del mapped
+                w.flush()                                  # whole pages (segments are padded): all in flight
             except BaseException:
                 w.close()
                 os.close(fd)
