@@ -223,21 +223,39 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     return buf[head:head + nbytes].view(dtype).reshape(shard.rows, dim), nbytes
 
 
+def _shard_rows(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool) -> tuple[np.ndarray, int]:
+    """A pack task's one take of a shard's rows, and its bytes: mapped from the page cache when `resident`
+    (a read-ahead shard, wholly cached: no copy), else read into memory (`_read_shard`)."""
+    if resident:
+        try:
+            fd = os.open(shard.path, os.O_RDONLY)
+        except OSError as e:
+            raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+        try:
+            cached = cached_share(fd, shard.offset, shard.rows * dim * dtype.itemsize)
+        finally:
+            os.close(fd)
+        if cached >= 1.0:
+            return _mapped_rows(shard, dtype, dim), shard.rows * dim * dtype.itemsize
+    return _read_shard(shard, dtype, dim, chunk)
+
+
 class _LazyShard:
     """A shard's rows, read (once, sequentially) on first use.
 
     A shard that no batch misses and no tier or disk cache holds is never read: on a graph
-    whose hot rows sit in a few shards, the packing pass reads only those.
+    whose hot rows sit in a few shards, the packing pass reads only those. `resident`: the
+    shard was read ahead, so its rows are mapped from the page cache if all still there.
     """
 
-    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> None:
-        self.shard, self.dtype, self.dim, self.chunk = shard, dtype, dim, chunk
+    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool = False) -> None:
+        self.shard, self.dtype, self.dim, self.chunk, self.resident = shard, dtype, dim, chunk, resident
         self.bytes_read = 0
         self._rows: np.ndarray | None = None
 
     def rows(self) -> np.ndarray:
         if self._rows is None:
-            self._rows, self.bytes_read = _read_shard(self.shard, self.dtype, self.dim, self.chunk)
+            self._rows, self.bytes_read = _shard_rows(self.shard, self.dtype, self.dim, self.chunk, self.resident)
         return self._rows
 
 
@@ -636,7 +654,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     col = offsets[:, p] if offsets.ndim == 2 else offsets
     n = col.shape[0]
     shard = store.shards[p]
-    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, resident=early is not None)
 
     crc = np.zeros(n, dtype=np.int64)
     part = Path(part_path)

@@ -223,9 +223,9 @@ def test_packing_reads_each_raw_byte_once_and_writes_each_packed_byte_once(
         tiny_store: Path, store: Store, cpu_budget: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reads: Counter = Counter()
     written = [0]
-    real_read, real_write = pack_mod._read_shard, pack_mod._write_all
+    real_read, real_write = pack_mod._shard_rows, pack_mod._write_all
 
-    def read_shard(shard, *a, **kw):
+    def read_shard(shard, *a, **kw):      # a pack task's one take of its shard (read, or mapped when read ahead)
         reads[shard.index] += 1
         return real_read(shard, *a, **kw)
 
@@ -237,7 +237,7 @@ def test_packing_reads_each_raw_byte_once_and_writes_each_packed_byte_once(
     def no_feature_reads(*a, **kw):
         raise AssertionError("prepare read feature rows outside the pack tasks")
 
-    monkeypatch.setattr(pack_mod, "_read_shard", read_shard)
+    monkeypatch.setattr(pack_mod, "_shard_rows", read_shard)
     monkeypatch.setattr(pack_mod, "_write_all", write_all)
     for name in ("gather", "read_features", "shard_array"):
         monkeypatch.setattr(Store, name, no_feature_reads)
