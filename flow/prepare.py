@@ -11,6 +11,8 @@ Phases, each a Dask graph with named task groups (so the dashboard tells the sto
     search             the segmented disk-cache layout when packing alone exceeds the disk budget
     route-e{e}-s{k}    final address translation + which rows each shard task packs (right
                        after plan k when there is no disk budget, else after the layout search)
+    pack-early-e{e}-s{k}  the read-ahead shards' part files begun as superbatch k is routed (a chain
+                       beside the plan chain, with the routes), so their writes overlap planning
     pack-r0-p{p}       one per feature shard: read the shard once, write every batch's segment
     index-e{e}-s{k}    the per-superbatch index with segment offsets and checksums
 

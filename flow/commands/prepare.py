@@ -160,6 +160,9 @@ def _run(args: argparse.Namespace) -> int:
     ]
     if f.get("segment_size"):
         rows.append(("disk cache", f"segments of {f['segment_size']} batches, {f.get('dcache_rows', 0):,} row reads"))
+    if f.get("early_rows") and f.get("packed_rows"):
+        rows.append(("packed while planning", (f"{f['early_rows']:,} rows ({f['early_rows'] / f['packed_rows']:.1%} "
+                                               "of the packed rows: the read-ahead shards' part files)")))
     if f.get("read_amplification") is not None:
         rows.append(("read amplification", f"{f['read_amplification']:.3f}"))
     part = f.get("partition")
