@@ -490,6 +490,7 @@ def _clean_work(work: Path, created: bool) -> None:
         if d.is_dir() and not (d / MANIFEST).exists():
             shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(work / "route", ignore_errors=True)
+    shutil.rmtree(work / EARLY, ignore_errors=True)        # part files begun while planning: gigabytes, never reused
     (work / "layout.pkl").unlink(missing_ok=True)
     if work.is_dir():
         _remove_orphans(work)

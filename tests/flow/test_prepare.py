@@ -340,6 +340,27 @@ def test_impossible_budget_leaves_a_previous_output_untouched(tiny_store: Path, 
     verify(out, full=True)
 
 
+def test_a_failed_pack_phase_leaves_no_part_files_begun_while_planning(
+        tiny_store: Path, cpu_budget: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import diskflow.flow.prepare as prep_mod
+
+    def dying(*a, **kw):
+        raise RuntimeError("pack task lost")
+
+    monkeypatch.setattr(prep_mod, "pack_shard", dying)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="pack task lost"):
+        prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True)
+    work = Path(str(out) + ".work")
+    assert work.is_dir() and sorted(work.glob("plans-*"))          # the finished stages stay cached ...
+    assert not (work / "early").exists() and not (work / "route").exists()   # ... begun part files do not
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+    monkeypatch.undo()
+    f = prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True).figures
+    assert f["early_rows"] == 0                       # the plans came from the cache: nothing routed while planning
+    verify(out, full=True)
+
+
 # ----------------------------------------------------------------------------- 4. Belady vs static
 
 def test_belady_misses_no_more_than_static_at_equal_cpu_budget(flavours: dict) -> None:
