@@ -223,20 +223,27 @@ def _read_shard(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int) -> t
     return buf[head:head + nbytes].view(dtype).reshape(shard.rows, dim), nbytes
 
 
+RESIDENT = 0.99   # share of a read-ahead shard's pages that must still be cached for it to be mapped, not read
+
+
+def _shard_cached_share(shard: FeatureShard, nbytes: int) -> float:
+    """`cached_share` of a shard's `nbytes` bytes of features."""
+    try:
+        fd = os.open(shard.path, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    try:
+        return cached_share(fd, shard.offset, nbytes)
+    finally:
+        os.close(fd)
+
+
 def _shard_rows(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool) -> tuple[np.ndarray, int]:
     """A pack task's one take of a shard's rows, and its bytes: mapped from the page cache when `resident`
-    (a read-ahead shard, wholly cached: no copy), else read into memory (`_read_shard`)."""
-    if resident:
-        try:
-            fd = os.open(shard.path, os.O_RDONLY)
-        except OSError as e:
-            raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
-        try:
-            cached = cached_share(fd, shard.offset, shard.rows * dim * dtype.itemsize)
-        finally:
-            os.close(fd)
-        if cached >= 1.0:
-            return _mapped_rows(shard, dtype, dim), shard.rows * dim * dtype.itemsize
+    (a read-ahead shard, still cached: no copy), else read into memory (`_read_shard`)."""
+    nbytes = shard.rows * dim * dtype.itemsize
+    if resident and _shard_cached_share(shard, nbytes) >= RESIDENT:
+        return _mapped_rows(shard, dtype, dim), nbytes
     return _read_shard(shard, dtype, dim, chunk)
 
 
@@ -731,7 +738,7 @@ def _mapped_rows(shard: FeatureShard, dtype: np.dtype, dim: int) -> np.ndarray:
 
 def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
                early_dir: str | os.PathLike[str], previous: dict[int, EarlyPart] | None = None, *,
-               min_cached: float = 0.99, write_buffer: int = WRITE_BUFFER) -> dict[int, EarlyPart]:
+               min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER) -> dict[int, EarlyPart]:
     """Begin the part files of read-ahead shards while later superbatches are still being planned.
 
     Batched packing must wait for the last route before it reads a shard, since a shard is read
@@ -787,15 +794,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
             if (prev.batches if prev is not None else 0) != first:
                 continue                                   # fell behind: the pack phase carries on from prev
             shard = store.shards[p]
-            try:
-                fd = os.open(shard.path, os.O_RDONLY)
-            except OSError as e:
-                raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
-            try:
-                resident = cached_share(fd, shard.offset, shard.rows * rb)
-            finally:
-                os.close(fd)
-            if resident < min_cached:
+            if _shard_cached_share(shard, shard.rows * rb) < min_cached:
                 continue
             path = out / part_name(p)
             fd, direct = _open_new(path) if prev is None else _open_part(path, prev.position)
