@@ -771,10 +771,10 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
     # superbatch as the routes come (`pack_early`), so their writes overlap the chain instead of the
     # pack phase; the last superbatch is left to the pack phase, which the chain's end would only delay.
     # The work beside the chain is then a second chain: every trace, then for each superbatch its
-    # route and its early writes (a plan file is written after its route). Side work thus becomes
-    # ready a piece at a time, so a worker freed by plan k takes plan k + 1 (its trace long done)
-    # instead of side work Dask's ordering would queue ahead of it. The last route waits for its plan
-    # alone: once the chain ends, it runs beside whatever of the second chain is left.
+    # route, its early writes and its plan file. Side work thus becomes ready a piece at a time, so
+    # a worker freed by plan k takes plan k + 1 (its trace long done) instead of side work Dask's
+    # ordering would queue ahead of it. The last route waits for its plan alone: once the chain
+    # ends, it runs beside whatever of the second chain is left.
     (run.work / "route").mkdir(exist_ok=True)
     shutil.rmtree(run.work / EARLY, ignore_errors=True)
     packing_now = routes and cfg.packing and cfg.disk_budget is None
@@ -795,8 +795,10 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
             if warm and k < last:
                 side = early = delayed_submit(pack_early, str(store.path), warm, route, str(run.work / EARLY), early,
                                               key=f"pack-early-{r.key}-{tok}")
-        save_tasks.append(delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"), after=route,
-                                         key=f"plan-save-{r.key}-{tok}"))
+        save_tasks.append(delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"),
+                                         after=side if packing_now else None, key=f"plan-save-{r.key}-{tok}"))
+        if packing_now:
+            side = save_tasks[-1]
     # the tiers' figures, not the tiers: their arrays stay on the workers
     figures = delayed_submit(tier_figures, tiers, key=f"tiers-figures-{tok}")
     heads = [figures] if early is None else [figures, early]
