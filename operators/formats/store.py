@@ -57,6 +57,28 @@ class FeatureShard:
         return self.row_start + self.rows
 
 
+def map_shard(shard: FeatureShard, dtype: np.dtype, dim: int, populate: bool = False) -> np.ndarray:
+    """Shard rows [rows, dim] as a read-only memory map of the file's pages (the map lives as long as the
+    array, its base). `populate`: map every page at once (MAP_POPULATE where there is one) for a caller
+    about to touch most of them from the page cache: one call instead of a fault per 64 KiB."""
+    nbytes = shard.rows * dim * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros((0, dim), dtype=dtype)
+    start = shard.offset - shard.offset % mmap.ALLOCATIONGRANULARITY
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    try:
+        fd = os.open(shard.path, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    try:
+        mm = mmap.mmap(fd, shard.offset - start + nbytes, flags=flags, prot=mmap.PROT_READ, offset=start)
+    except (OSError, ValueError) as e:
+        raise InputError(shard.path, f"cannot map feature shard ({e})") from e
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, dtype=dtype, count=shard.rows * dim, offset=shard.offset - start).reshape(shard.rows, dim)
+
+
 class Store:
     """An ingested dataset: memory-mapped topology, feature shards, labels and splits."""
 
@@ -153,11 +175,8 @@ class Store:
         return np.asarray(node_ids, dtype=np.int64) // self.shard_rows
 
     def shard_array(self, p: int) -> np.ndarray:
-        """Shard p as a read-only memmap of shape (rows, dim)."""
-        s = self.shards[p]
-        if s.rows == 0:
-            return np.zeros((0, self.feature_dim), dtype=self.feature_dtype)
-        return np.memmap(s.path, dtype=self.feature_dtype, mode="r", offset=s.offset, shape=(s.rows, self.feature_dim))
+        """Shard p as a read-only memory map of shape (rows, dim) (`map_shard`)."""
+        return map_shard(self.shards[p], self.feature_dtype, self.feature_dim)
 
     def read_features(self) -> np.ndarray:
         """All features in RAM as one (N, dim) array (the in-memory baseline)."""

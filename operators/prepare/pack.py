@@ -46,7 +46,7 @@ from ..formats.files import (
 )
 from ..formats.files import write_all as _write_all  # a module name of its own: tests patch it here
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
-from ..formats.store import FeatureShard, Store
+from ..formats.store import FeatureShard, Store, map_shard
 from .route import RouteFile
 
 READ_CHUNK = 64 << 20     # bytes per sequential read of a shard
@@ -243,7 +243,7 @@ def _shard_rows(shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resi
     (a read-ahead shard, still cached: no copy), else read into memory (`_read_shard`)."""
     nbytes = shard.rows * dim * dtype.itemsize
     if resident and _shard_cached_share(shard, nbytes) >= RESIDENT:
-        return _mapped_rows(shard, dtype, dim), nbytes
+        return map_shard(shard, dtype, dim, populate=True), nbytes
     return _read_shard(shard, dtype, dim, chunk)
 
 
@@ -714,28 +714,6 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
 
 
-def _mapped_rows(shard: FeatureShard, dtype: np.dtype, dim: int) -> np.ndarray:
-    """Shard rows [rows, dim] as a read-only memory map of its pages in the page cache, mapped all at once
-    (MAP_POPULATE where there is one: a gather touching most pages then takes no fault per 64 KiB). The map
-    lives as long as the array (its base)."""
-    nbytes = shard.rows * dim * dtype.itemsize
-    if nbytes == 0:
-        return np.zeros((0, dim), dtype=dtype)
-    start = shard.offset - shard.offset % mmap.ALLOCATIONGRANULARITY
-    try:
-        fd = os.open(shard.path, os.O_RDONLY)
-    except OSError as e:
-        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
-    try:
-        mm = mmap.mmap(fd, shard.offset - start + nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                       prot=mmap.PROT_READ, offset=start)
-    except (OSError, ValueError) as e:
-        raise InputError(shard.path, f"cannot map feature shard ({e})") from e
-    finally:
-        os.close(fd)
-    return np.frombuffer(mm, dtype=dtype, count=shard.rows * dim, offset=shard.offset - start).reshape(shard.rows, dim)
-
-
 def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
                early_dir: str | os.PathLike[str], previous: dict[int, EarlyPart] | None = None, *,
                min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER) -> dict[int, EarlyPart]:
@@ -809,7 +787,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
                 os.close(fd)
                 raise
             try:
-                mapped = _mapped_rows(shard, store.feature_dtype, store.feature_dim)
+                mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
                 rows = _append_segments(w, rf, p, shard, lambda m=mapped: m, col, crc)
                 del mapped
                 w.flush()                                  # whole pages (segments are padded): all in flight
