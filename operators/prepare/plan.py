@@ -121,7 +121,7 @@ def plan_belady(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray], 
     if freq is None:
         if trace is not None:
             raise ValueError("trace: a prebuilt trace needs the frequency array")
-        nodes, offsets = _concat([*batches, *lookahead], "batches")
+        nodes, offsets = _concat([*batches, *lookahead], "batches", scratch=True)
         out = kernels.belady_plan(nodes, offsets, len(batches), cap, init, gpu, None)
     else:
         if trace is None:
@@ -159,7 +159,7 @@ def initial_fill(batches: Sequence[np.ndarray], capacity: int, frequency: np.nda
         int64 [C]: node per slot, soonest first, padded with -1.
     """
     cap = _capacity(capacity)
-    nodes, offsets = _concat(batches, "batches")
+    nodes, offsets = _concat(batches, "batches", scratch=True)     # the kernel keeps nothing of it
     gpu = _ids(gpu_ids, "gpu_ids")
     freq = _frequency(frequency)
     chosen = kernels.belady_initial_fill(nodes, offsets, cap, gpu, freq)
