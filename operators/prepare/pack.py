@@ -330,6 +330,9 @@ def _clear_direct(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
 
 
+_WRITERS = threading.local()     # each thread's background writers (`_SegmentWriter._thread_writer`), by tag
+
+
 class _SegmentWriter:
     """Appends segments to a part file through two large page-aligned buffers (large writes, in file order).
 
@@ -352,7 +355,7 @@ class _SegmentWriter:
         self.buf = self._bufs[0]
         self.fill = 0
         self.written = start   # file bytes before the buffer (the descriptor's position), padding included
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
+        self._pool = self._thread_writer(tag)
         self._pending: Future[None] | None = None
 
     @staticmethod
@@ -362,6 +365,17 @@ class _SegmentWriter:
         at a time and `close` waits for the last write from them, so reuse is safe; two writers of one
         thread alive at once take different `tag`s."""
         return [thread_buffer(f"{tag}-0", n)[:n], thread_buffer(f"{tag}-1", n)[:n]]
+
+    @staticmethod
+    def _thread_writer(tag: str) -> ThreadPoolExecutor:
+        """This thread's background writer for `tag`, kept like its buffers: starting and joining a thread
+        per part file cost an early-packing task (16 part files a superbatch) over a tenth of its time.
+        `close` waits for the writer's last write, so the next writer of this thread and tag finds it idle."""
+        pool: ThreadPoolExecutor | None = getattr(_WRITERS, tag, None)
+        if pool is None:
+            pool = ThreadPoolExecutor(1, thread_name_prefix=f"pack-write-{tag}")
+            setattr(_WRITERS, tag, pool)
+        return pool
 
     @property
     def position(self) -> int:
@@ -396,10 +410,9 @@ class _SegmentWriter:
             self.fill = 0
 
     def close(self) -> None:
-        """Wait for the write in flight (errors of an abandoned file are dropped) and stop the writer."""
+        """Wait for the write in flight (errors of an abandoned file are dropped); the thread's writer stays."""
         with contextlib.suppress(Exception):
             self._wait()
-        self._pool.shutdown(wait=True)
 
     def rows(self, feats: np.ndarray, local: np.ndarray) -> int:
         """Append feats[local] (rows already range-checked); return the crc32 of their bytes."""
