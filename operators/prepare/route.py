@@ -220,13 +220,16 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
     by_shard = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     members["ids_bounds"] = np.r_[0, np.cumsum(seg_rows.sum(axis=0))].astype(np.int64)
     with atomic_path(ids_path(out_path), durable=False, parents=parents) as tmp, open(tmp, "wb") as f:
-        np.save(f, narrow_int(by_shard))
+        # route_batch checked every id against shard_rows x num_shards: below 2**31, int32 without a scan
+        small = by_shard.dtype.itemsize > 4 and shard_rows * num_shards <= 1 << 31
+        np.save(f, by_shard.astype(np.int32) if small else narrow_int(by_shard))
     with atomic_path(out_path, durable=False, parents=parents) as tmp, open(tmp, "wb") as f:   # scratch of this run
         np.savez(f, **members)  # type: ignore[arg-type]
     return {
         "key": key, "path": str(Path(out_path)), "first_batch": first_batch, "batches": b, "seg_rows": seg_rows,
-        "packed_rows": int(seg_rows.sum()), "dcache_rows": int((src_all == SRC_DCACHE).sum()),
-        "gpu_hits": int((src_all == SRC_GPU).sum()), "cpu_hits": int((src_all == SRC_CPU).sum()), **draft,
+        "packed_rows": int(seg_rows.sum()), "dcache_rows": int(np.count_nonzero(src_all == SRC_DCACHE)),
+        "gpu_hits": int(np.count_nonzero(src_all == SRC_GPU)), "cpu_hits": int(np.count_nonzero(src_all == SRC_CPU)),
+        **draft,
     }
 
 
