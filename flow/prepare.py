@@ -90,6 +90,7 @@ from ..operators.prepare.pack import (
     pack_early,
     pack_shard,
     prepare_targets,
+    release_early_maps,
     warm_shard_ids,
     warm_shards,
     write_tier_rows,
@@ -491,6 +492,7 @@ def _clean_work(work: Path, created: bool) -> None:
             shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(work / "route", ignore_errors=True)
     shutil.rmtree(work / EARLY, ignore_errors=True)        # part files begun while planning: gigabytes, never reused
+    release_early_maps(work / EARLY)                        # and the shards' maps they kept in this process
     (work / "layout.pkl").unlink(missing_ok=True)
     if work.is_dir():
         _remove_orphans(work)
@@ -794,7 +796,7 @@ def _plan_phase(run: _Run, p_key: str, sdir: Path, summaries: list[dict[str, Any
             side = route
             if warm and k < last:
                 side = early = delayed_submit(pack_early, str(store.path), warm, route, str(run.work / EARLY), early,
-                                              key=f"pack-early-{r.key}-{tok}")
+                                              final=k == last - 1, key=f"pack-early-{r.key}-{tok}")
         save_tasks.append(delayed_submit(_save_plan_task, plan, str(pdir / f"{r.key}.npz"),
                                          after=side if packing_now else None, key=f"plan-save-{r.key}-{tok}"))
         if packing_now:

@@ -674,6 +674,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     col = offsets[:, p] if offsets.ndim == 2 else offsets
     n = col.shape[0]
     shard = store.shards[p]
+    if early is not None:
+        release_early_maps(Path(early.path).parent, p)     # this process's map of it from `pack_early`
     feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, resident=early is not None)
 
     crc = np.zeros(n, dtype=np.int64)
@@ -727,9 +729,40 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
 
 
+_EARLY_MAPS: dict[tuple[str, int], np.ndarray] = {}    # (early_dir, shard) -> the shard's memory map
+_EARLY_MAPS_LOCK = threading.Lock()
+
+
+def _early_map(early_dir: str, p: int, shard: FeatureShard, store: Store) -> np.ndarray:
+    """Shard `p` mapped for `pack_early`, kept between its tasks of one run: mapping and unmapping the
+    read-ahead shards afresh for every superbatch took a fifth of each task. Maps kept for another
+    run's directory (a run that failed, or whose last early task ran in another process) are dropped."""
+    key = (early_dir, p)
+    with _EARLY_MAPS_LOCK:
+        for k in [k for k in _EARLY_MAPS if k[0] != early_dir]:
+            del _EARLY_MAPS[k]
+        mapped = _EARLY_MAPS.get(key)
+    if mapped is None:
+        mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
+        with _EARLY_MAPS_LOCK:
+            _EARLY_MAPS[key] = mapped
+    return mapped
+
+
+def release_early_maps(early_dir: str | os.PathLike[str] | None = None, shard: int | None = None) -> None:
+    """Unmap what `pack_early` kept in this process: for `early_dir` (None: every run), shard `shard` (None:
+    all). Mapped pages are not dropped from the page cache (``POSIX_FADV_DONTNEED``), so every run ends with
+    this: its last early task, each shard's pack task and a failed run's clean-up call it."""
+    with _EARLY_MAPS_LOCK:
+        for k in [k for k in _EARLY_MAPS
+                  if (early_dir is None or k[0] == str(early_dir)) and (shard is None or k[1] == shard)]:
+            del _EARLY_MAPS[k]
+
+
 def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
                early_dir: str | os.PathLike[str], previous: dict[int, EarlyPart] | None = None, *,
-               min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER) -> dict[int, EarlyPart]:
+               final: bool = False, min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER
+               ) -> dict[int, EarlyPart]:
     """Begin the part files of read-ahead shards while later superbatches are still being planned.
 
     Batched packing must wait for the last route before it reads a shard, since a shard is read
@@ -742,8 +775,10 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
     the chain instead of the pack phase; `pack_shard` appends the rest of the round (`EarlyPart`).
 
     A shard mostly evicted (less than `min_cached` of its pages in the page cache) is left where
-    it stands: it would cost random reads here, and the pack phase reads it whole. Returns the
-    shards' states (`previous` updated; shards never begun are absent).
+    it stands: it would cost random reads here, and the pack phase reads it whole. The shards' maps
+    are kept for the run's next early task (`release_early_maps`); `final`: the run's last early task,
+    which lets them go (so does any task that fails). Returns the shards' states (`previous` updated;
+    shards never begun are absent).
     """
     store = Store(store_path)
     states = dict(previous or {})
@@ -800,7 +835,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
                 os.close(fd)
                 raise
             try:
-                mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
+                mapped = _early_map(str(early_dir), p, shard, store)
                 rows = _append_segments(w, rf, p, shard, lambda m=mapped: m, col, crc)
                 del mapped
                 w.flush()                                  # whole pages (segments are padded): all in flight
@@ -814,6 +849,8 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
     finally:
         close_previous(ok)
         rf.close()
+        if final or not ok:
+            release_early_maps(early_dir)
     return states
 
 

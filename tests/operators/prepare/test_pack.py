@@ -416,7 +416,8 @@ def test_part_files_begun_while_planning_end_identical(rnd: Round, tmp_path: Pat
     states = None
     for k, route in enumerate(routes[:-1]):
         # shard 2 drops out after the first superbatch (as if evicted): it carries on from there
-        states = pack_early(rnd.store, warm if k == 0 else [0], route, tmp_path / "early", states, min_cached=0.0)
+        states = pack_early(rnd.store, warm if k == 0 else [0], route, tmp_path / "early", states, min_cached=0.0,
+                            final=k == len(routes) - 2)
     assert sorted(states) == warm
     assert states[0].batches == routes[-1]["first_batch"] and states[2].batches == routes[1]["first_batch"]
     for p in range(len(store.shards)):
@@ -442,3 +443,32 @@ def test_early_packing_skips_shards_out_of_the_page_cache(rnd: Round, tmp_path: 
     lie = EarlyPart(states[1].path, states[1].batches, states[1].position + 2 * ALIGN, states[1].rows, states[1].crc)
     with pytest.raises(InputError, match=part_name(1)):
         pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "out" / part_name(1), early=lie)
+
+
+def test_early_packing_keeps_its_shard_maps_for_the_run_only(rnd: Round, tmp_path: Path) -> None:
+    """The maps `pack_early` keeps between its tasks are let go by the run's last early task, by the shard's
+    pack task, by a failed task and by a later run's first task: mapped pages could not be evicted."""
+    from diskflow.operators.prepare import pack
+    from diskflow.operators.prepare.pack import EarlyPart, pack_early, release_early_maps
+
+    routes, offsets = _plain_routes(rnd, tmp_path)
+    paths = [r["path"] for r in routes]
+    one, two = str(tmp_path / "early"), str(tmp_path / "early2")
+    release_early_maps()
+    states = pack_early(rnd.store, [0, 2], routes[0], one, None, min_cached=0.0)
+    kept = dict(pack._EARLY_MAPS)
+    assert sorted(kept) == [(one, 0), (one, 2)]
+    states = pack_early(rnd.store, [0, 2], routes[1], one, states, min_cached=0.0)
+    assert all(pack._EARLY_MAPS[k] is kept[k] for k in kept)          # mapped once for the run
+    pack_shard(rnd.store, 0, paths, offsets, tmp_path / "out" / part_name(0), early=states[0])
+    assert sorted(pack._EARLY_MAPS) == [(one, 2)]                     # the shard's pack task let its map go
+    pack_early(rnd.store, [1], routes[0], two, None, min_cached=0.0)  # another run: the first run's maps go
+    assert sorted(pack._EARLY_MAPS) == [(two, 1)]
+    pack_early(rnd.store, [1], routes[0], tmp_path / "early3", None, min_cached=0.0, final=True)
+    assert pack._EARLY_MAPS == {}
+    pack_early(rnd.store, [2], routes[0], one + "x", None, min_cached=0.0)
+    bad = dict(routes[1], first_batch=routes[1]["first_batch"] + 1)  # a route task that lies: the task fails
+    with pytest.raises(InputError):
+        pack_early(rnd.store, [2], bad, one + "x", {2: EarlyPart("x", 0, 0, 0, np.zeros(0, np.int64))},
+                   min_cached=0.0)
+    assert pack._EARLY_MAPS == {}
