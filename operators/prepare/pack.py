@@ -729,23 +729,31 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             "file_bytes": w.written, "target_bytes_written": target_bytes, "seconds": time.perf_counter() - t0}
 
 
-_EARLY_MAPS: dict[tuple[str, int], np.ndarray] = {}    # (early_dir, shard) -> the shard's memory map
+# (early_dir, shard) -> (the shard file's identity, its memory map)
+_EARLY_MAPS: dict[tuple[str, int], tuple[tuple[Any, ...], np.ndarray]] = {}
 _EARLY_MAPS_LOCK = threading.Lock()
 
 
 def _early_map(early_dir: str, p: int, shard: FeatureShard, store: Store) -> np.ndarray:
     """Shard `p` mapped for `pack_early`, kept between its tasks of one run: mapping and unmapping the
     read-ahead shards afresh for every superbatch took a fifth of each task. Maps kept for another
-    run's directory (a run that failed, or whose last early task ran in another process) are dropped."""
+    run's directory (a run that failed, or whose last early task ran in another process) are dropped;
+    a map is reused only for the same file, unchanged (path, place, inode, size, mtime)."""
+    try:
+        st = os.stat(shard.path)
+    except OSError as e:
+        raise InputError(shard.path, f"cannot open feature shard ({e.strerror or e})") from e
+    ident = (str(shard.path), shard.offset, shard.rows, st.st_ino, st.st_size, st.st_mtime_ns)
     key = (early_dir, p)
     with _EARLY_MAPS_LOCK:
         for k in [k for k in _EARLY_MAPS if k[0] != early_dir]:
             del _EARLY_MAPS[k]
-        mapped = _EARLY_MAPS.get(key)
-    if mapped is None:
-        mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
-        with _EARLY_MAPS_LOCK:
-            _EARLY_MAPS[key] = mapped
+        kept = _EARLY_MAPS.get(key)
+    if kept is not None and kept[0] == ident:
+        return kept[1]
+    mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
+    with _EARLY_MAPS_LOCK:
+        _EARLY_MAPS[key] = (ident, mapped)
     return mapped
 
 

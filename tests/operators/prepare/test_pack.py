@@ -459,7 +459,15 @@ def test_early_packing_keeps_its_shard_maps_for_the_run_only(rnd: Round, tmp_pat
     kept = dict(pack._EARLY_MAPS)
     assert sorted(kept) == [(one, 0), (one, 2)]
     states = pack_early(rnd.store, [0, 2], routes[1], one, states, min_cached=0.0)
-    assert all(pack._EARLY_MAPS[k] is kept[k] for k in kept)          # mapped once for the run
+    assert all(pack._EARLY_MAPS[k][1] is kept[k][1] for k in kept)    # mapped once for the run
+    path = Store(rnd.store).shards[2].path
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))           # a changed file is mapped afresh
+    try:
+        pack_early(rnd.store, [2], routes[0], one, None, min_cached=0.0)
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert pack._EARLY_MAPS[(one, 2)][1] is not kept[(one, 2)][1] and pack._EARLY_MAPS[(one, 0)] is kept[(one, 0)]
     pack_shard(rnd.store, 0, paths, offsets, tmp_path / "out" / part_name(0), early=states[0])
     assert sorted(pack._EARLY_MAPS) == [(one, 2)]                     # the shard's pack task let its map go
     pack_early(rnd.store, [1], routes[0], two, None, min_cached=0.0)  # another run: the first run's maps go
