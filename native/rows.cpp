@@ -15,6 +15,34 @@
 
 namespace diskflow {
 
+namespace {
+
+// How far ahead a source row is prefetched: about this many bytes of rows (within the bounds
+// below), so that many rows' reads are in flight at once. Rows are read in random order from a
+// source far larger than the caches: each waits on memory, and one row's prefetch a few rows ahead
+// (8 rows of 512 bytes) left a gather at ~200 ns a row; 64 rows ahead, all lines, ~90 ns.
+constexpr size_t kAheadBytes = 32 << 10;
+constexpr int64_t kMinAhead = 16, kMaxAhead = 256;
+
+inline int64_t ahead_rows(size_t rb) {
+    const int64_t a = static_cast<int64_t>(kAheadBytes / (rb ? rb : 1));
+    return a < kMinAhead ? kMinAhead : (a > kMaxAhead ? kMaxAhead : a);
+}
+
+// Bytes of a row prefetched at most: the rows are read at random, so without it every cache line
+// of a row but the first waits for memory (a gather of 512-byte rows in random order took three
+// times as long); past this the hardware's own streaming prefetch has caught on.
+constexpr size_t kPrefetchBytes = 512;
+
+// Asks for the cache lines of the `rb`-byte row at `row` (up to kPrefetchBytes of it).
+inline void prefetch_row(const char* row, size_t rb) {
+    const size_t n = rb < kPrefetchBytes ? rb : kPrefetchBytes;
+    for (size_t b = 0; b < n; b += 64) __builtin_prefetch(row + b);
+    __builtin_prefetch(row + n - 1);  // a row that straddles one more line than n / 64 covers
+}
+
+}  // namespace
+
 void copy_rows(RowMatrix o, const int64_t* op, RowMatrix s, const int64_t* sp, int64_t n) {
     if (o.row_bytes != s.row_bytes) throw std::invalid_argument("src: row size differs from out's");
     for (int64_t i = 0; i < n; ++i)  // check everything first: a bad index changes nothing
@@ -23,9 +51,10 @@ void copy_rows(RowMatrix o, const int64_t* op, RowMatrix s, const int64_t* sp, i
                                     std::to_string(o.rows) + ") / src_rows " + std::to_string(sp[i]) + " (of " +
                                     std::to_string(s.rows) + ") out of range");
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    constexpr int64_t kAhead = 8;  // rows between a source row's prefetch and its copy
+    const int64_t ahead = ahead_rows(rb);
+    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * o.row_bytes, rb);
     for (int64_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(s.data + sp[i + kAhead] * o.row_bytes);
+        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * o.row_bytes, rb);
         std::memcpy(o.data + op[i] * o.row_bytes, s.data + sp[i] * o.row_bytes, rb);
     }
 }
@@ -74,10 +103,11 @@ inline void stream_fence() {}
 uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n, uint32_t crc) {
     check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    constexpr int64_t kAhead = 8;
+    const int64_t ahead = ahead_rows(rb);
     const bool stream = kCanStream && rb % 16 == 0 && reinterpret_cast<uintptr_t>(o.data) % 16 == 0;
+    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * s.row_bytes, rb);
     for (int64_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(s.data + sp[i + kAhead] * s.row_bytes);
+        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * s.row_bytes, rb);
         const char* row = s.data + sp[i] * s.row_bytes;
         char* dst = o.data + i * o.row_bytes;
         if (stream) stream_copy(dst, row, rb);
@@ -91,9 +121,10 @@ uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n,
 void gather_rows(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n) {
     check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    constexpr int64_t kAhead = 8;
+    const int64_t ahead = ahead_rows(rb);
+    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * s.row_bytes, rb);
     for (int64_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(s.data + sp[i + kAhead] * s.row_bytes);
+        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * s.row_bytes, rb);
         std::memcpy(o.data + i * o.row_bytes, s.data + sp[i] * s.row_bytes, rb);
     }
 }
