@@ -98,17 +98,17 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
         pack._real_write_all = real
 
         def write_all(fd, view, path, offset=None):
-            if offset is not None:      # a tier rows file's positioned write, not a part file's
+            if not Path(path).name.startswith("part-"):      # a tier rows file's write, not a part file's
                 return real(fd, view, path, offset)
             if not os.listdir(marker_dir):
                 flat = view.reshape(-1)
                 half = flat.shape[0] // 2
-                real(fd, flat[:half], path)
+                real(fd, flat[:half], path, offset)
                 os.fsync(fd)
                 Path(marker_dir, str(os.getpid())).touch()
                 time.sleep(4)
-                return real(fd, flat[half:], path)
-            return real(fd, view, path)
+                return real(fd, flat[half:], path, None if offset is None else offset + flat[:half].nbytes)
+            return real(fd, view, path, offset)
 
         pack._write_all = write_all
 

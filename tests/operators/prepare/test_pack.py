@@ -163,7 +163,8 @@ def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkey
     monkeypatch.setattr(pack_mod, "_write_all", dying)
     with pytest.raises(KeyboardInterrupt):
         pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "part-00001.bin", write_buffer=8192)
-    assert calls["n"] == 2
+    # the failed second write stops the task at its next wait: at most the writes in flight after it were begun
+    assert 2 <= calls["n"] <= 1 + pack_mod.WRITES_IN_FLIGHT
     assert not (tmp_path / "part-00001.bin").exists() and not list(tmp_path.glob(".part-*"))
 
 
@@ -375,8 +376,13 @@ def test_tier_targets_written_whole_in_node_order_or_scattered(rnd: Round, tmp_p
         targets.append(pack_mod.RowTarget(tmp_path / f"{name}.bin", ids, rb))     # rows after one row's offset
     pwrites = []
     real = os.pwrite
-    monkeypatch.setattr(pack_mod.os, "pwrite",
-                        lambda fd, data, off: pwrites.append((off, len(data))) or real(fd, data, off))
+
+    def pwrite(fd: int, data: bytes, off: int) -> int:      # the ascending target's writes (part files' too are pwrites)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("asc.bin"):
+            pwrites.append((off, len(data)))
+        return real(fd, data, off)
+
+    monkeypatch.setattr(pack_mod.os, "pwrite", pwrite)
     k, f, n, p = rnd.refs[0].key, 0, rnd.n_ids[0], rnd.plans[0]
     route = route_superbatch(k, n, p, None, f, store.shard_rows, P, tmp_path / "r.npz")
     offsets, _ = segment_offsets(route["seg_rows"], rb)
