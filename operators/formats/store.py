@@ -202,6 +202,6 @@ class Store:
         bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
         for p in np.flatnonzero(np.diff(bounds)):
             pos = order[bounds[p]:bounds[p + 1]]
-            shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[p]
+            shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[int(p)]
             out[pos] = shard_rows[ids[pos] - self.shards[p].row_start]
         return out

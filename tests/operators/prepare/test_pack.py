@@ -1,6 +1,7 @@
 """Routing, batched packing and plan replay: read-once, bit-exact, and the naive baseline agrees."""
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -393,7 +394,7 @@ def test_tier_targets_written_whole_in_node_order_or_scattered(rnd: Round, tmp_p
     # either end (buffered), each byte of the filled slots once
     assert len(shards_hit) <= len(pwrites) <= 3 * len(shards_hit)
     spans = sorted(pwrites)
-    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(spans))
     assert spans[0][0] == rb and sum(n for _, n in spans) == picked.shape[0] * rb
     for name, ids in (("asc", ascending), ("scat", scattered)):
         data = np.fromfile(tmp_path / f"{name}.bin", np.uint8)
