@@ -806,7 +806,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
     rf = RouteFile(route["path"])
     # Shard by shard, each shard's writes left in flight while the next shard is gathered: the task
     # then takes about as long as its writes, not their sum with the gathering. Two writers at most
-    # are alive, on two pairs of this thread's buffers.
+    # are alive, each on its own set of this thread's buffers (`_SegmentWriter._thread_buffers`).
     open_: tuple[_SegmentWriter, int, int, EarlyPart | None, np.ndarray, int] | None = None
 
     def close_previous(ok: bool) -> None:
