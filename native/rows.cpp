@@ -41,6 +41,19 @@ inline void prefetch_row(const char* row, size_t rb) {
     __builtin_prefetch(row + n - 1);  // a row that straddles one more line than n / 64 covers
 }
 
+// Calls visit(i, row) for the source rows s[sp[0]], ..., s[sp[n - 1]] in that order, each row
+// prefetched `ahead_rows` rows before its visit: the one loop every copy and gather below runs.
+template <typename Visit>
+inline void each_source_row(const RowMatrix& s, const int64_t* sp, int64_t n, Visit&& visit) {
+    const size_t rb = static_cast<size_t>(s.row_bytes);
+    const int64_t ahead = ahead_rows(rb);
+    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * s.row_bytes, rb);
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * s.row_bytes, rb);
+        visit(i, s.data + sp[i] * s.row_bytes);
+    }
+}
+
 }  // namespace
 
 void copy_rows(RowMatrix o, const int64_t* op, RowMatrix s, const int64_t* sp, int64_t n) {
@@ -51,12 +64,7 @@ void copy_rows(RowMatrix o, const int64_t* op, RowMatrix s, const int64_t* sp, i
                                     std::to_string(o.rows) + ") / src_rows " + std::to_string(sp[i]) + " (of " +
                                     std::to_string(s.rows) + ") out of range");
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    const int64_t ahead = ahead_rows(rb);
-    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * o.row_bytes, rb);
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * o.row_bytes, rb);
-        std::memcpy(o.data + op[i] * o.row_bytes, s.data + sp[i] * o.row_bytes, rb);
-    }
+    each_source_row(s, sp, n, [&](int64_t i, const char* row) { std::memcpy(o.data + op[i] * o.row_bytes, row, rb); });
 }
 
 namespace {
@@ -103,17 +111,13 @@ inline void stream_fence() {}
 uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n, uint32_t crc) {
     check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    const int64_t ahead = ahead_rows(rb);
     const bool stream = kCanStream && rb % 16 == 0 && reinterpret_cast<uintptr_t>(o.data) % 16 == 0;
-    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * s.row_bytes, rb);
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * s.row_bytes, rb);
-        const char* row = s.data + sp[i] * s.row_bytes;
+    each_source_row(s, sp, n, [&](int64_t i, const char* row) {
         char* dst = o.data + i * o.row_bytes;
         if (stream) stream_copy(dst, row, rb);
         else std::memcpy(dst, row, rb);
         crc = crc32_update(crc, reinterpret_cast<const uint8_t*>(row), rb);
-    }
+    });
     if (stream) stream_fence();  // the streamed rows are visible before the buffer is handed on
     return crc;
 }
@@ -121,12 +125,7 @@ uint32_t gather_rows_crc(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n,
 void gather_rows(RowMatrix o, RowMatrix s, const int64_t* sp, int64_t n) {
     check_gather(o, s, sp, n);
     const size_t rb = static_cast<size_t>(o.row_bytes);
-    const int64_t ahead = ahead_rows(rb);
-    for (int64_t i = 0; i < ahead && i < n; ++i) prefetch_row(s.data + sp[i] * s.row_bytes, rb);
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + ahead < n) prefetch_row(s.data + sp[i + ahead] * s.row_bytes, rb);
-        std::memcpy(o.data + i * o.row_bytes, s.data + sp[i] * s.row_bytes, rb);
-    }
+    each_source_row(s, sp, n, [&](int64_t i, const char* row) { std::memcpy(o.data + i * o.row_bytes, row, rb); });
 }
 
 }  // namespace diskflow

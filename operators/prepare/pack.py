@@ -343,8 +343,8 @@ class _SegmentWriter:
     so gathering and checksumming overlap the disk instead of alternating with it. Up to
     `WRITES_IN_FLIGHT` writes are under way at once, each a ``pwrite`` at its own offset: with two
     rather than one, this machine's disk took direct writes of 32 MiB about 12% faster (the gap
-    between one write's end and the next one's start left it idle). With ``direct`` (an O_DIRECT descriptor) only
-    whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
+    between one write's end and the next one's start left it idle). With ``direct`` (an O_DIRECT
+    descriptor) only whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
     carries the rest (< ALIGN bytes) to the front of the next buffer. Segments are padded to
     ALIGN, so the last flush of a part file is whole pages too. `close` must follow, also on error.
     ``start``: where in the file the first buffer goes (appending to a part file begun earlier);
