@@ -108,6 +108,7 @@ from ..operators.prepare.seeds import (
 )
 from ..operators.prepare.superbatch import SuperbatchRef, check_round_config, round_layout
 from ..operators.prepare.tiers import staging_buffers
+from .allocator import reuse_for_preparation
 from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
 from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, refine_shares, split_point
 from .progress import compute
@@ -441,7 +442,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         work.mkdir(parents=True, exist_ok=True)
         if not (work / WORK_MARKER).exists():
             write_json(work / WORK_MARKER, {"format": WORK_FORMAT, "packed": out.name}, durable=False)
-        return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
+        with reuse_for_preparation():     # tasks run in this process (threaded scheduler): large blocks reused
+            return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
     except BaseException as e:
         _clean_work(work, created)
         if not (isinstance(e, DiskFullError) and e.path == os.fspath(out)):
