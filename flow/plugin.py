@@ -22,10 +22,11 @@ the run's process group (`join_group`: rank = the worker's place among the run's
 gloo on the CPU, NCCL on CUDA). The group lives as long as the run's job on the worker and is
 destroyed with it; a worker takes part in one data-parallel run at a time.
 
-A GPU worker also gets its allocator back from Dask's memory-trimming setting
-(`flow.allocator.keep_freed_memory`; ``diskflow.keep-freed-memory: false`` keeps Dask's): the
-trainer allocates and frees large tensors every batch, which Dask's setting turns into page
-faults (CPU training about twice as slow).
+Every worker also gets its allocator back from Dask's memory-trimming setting
+(`flow.allocator.keep_freed_memory`; ``diskflow.keep-freed-memory: false`` keeps Dask's): a GPU
+worker's trainer allocates and frees large tensors every batch, and a CPU worker's preparation
+tasks arrays of one entry per node or access, which Dask's setting turns into page faults (CPU
+training about twice as slow).
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ class DiskflowPlugin(WorkerPlugin):
         keep = setting("keep-freed-memory", True)
         if not isinstance(keep, bool):
             keep = str(keep).strip().lower() not in ("0", "false", "no", "off")
-        self.allocator = allocator.describe(self.is_gpu and keep and allocator.keep_freed_memory())
+        self.allocator = allocator.describe(keep and allocator.keep_freed_memory())
 
     def teardown(self, worker: Any) -> None:
         for run in list(getattr(self, "jobs", {})):

@@ -323,8 +323,8 @@ def test_worker_command_checks_its_gpu_options() -> None:
         worker_cmd._run(p.parse_args(["worker", "tcp://h:8786", "--gpu", "--hold-memory", "lots"]))
 
 
-def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path) -> None:
-    """The plugin undoes Dask's MALLOC_TRIM_THRESHOLD_ on the GPU worker, unless its config says not to."""
+def test_workers_reuse_freed_memory(streamed: dict[str, Any], tmp_path: Path) -> None:
+    """The plugin undoes Dask's MALLOC_TRIM_THRESHOLD_ on every worker, GPU or CPU, unless its config says not to."""
     from types import SimpleNamespace
 
     from diskflow.flow.plugin import DiskflowPlugin
@@ -336,7 +336,8 @@ def test_gpu_worker_reuses_freed_memory(streamed: dict[str, Any], tmp_path: Path
                                state=SimpleNamespace(total_resources={"GPU": gpu}))
 
     for setting, gpu, expected in ((False, 1, "the worker's default"), ("off", 1, "the worker's default"),
-                                   (True, 0, "the worker's default"), (None, 1, "reuse freed memory")):
+                                   (False, 0, "the worker's default"), (True, 0, "reuse freed memory"),
+                                   (None, 1, "reuse freed memory"), (None, 0, "reuse freed memory")):
         plugin = DiskflowPlugin()
         with dask.config.set({"diskflow.keep-freed-memory": setting}):
             plugin.setup(worker(gpu))
