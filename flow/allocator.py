@@ -17,8 +17,8 @@ whose freed pages go back to the host, a first touch cost 0.5 to 5 ms a MiB). `r
 stops the allocator mapping large blocks for as long as a prepare runs in this process, so a
 freed block serves the next task. Measured on the bench's prepare (two threads, alternated
 pairs): the kernel's page zeroing 2.8-3.8 -> 2.3-2.4 CPU s and system time 5.0-6.1 -> 4.3 s
-with memory freshly given back to the host; system time 2.7-3.3 -> 1.9-2.2 s otherwise; peak
-RSS about 5% higher.
+with memory freshly given back to the host; system time 2.7-3.3 -> 1.9-2.2 s otherwise (the
+same setting made through ``GLIBC_TUNABLES`` at start); peak RSS about 5% higher.
 """
 from __future__ import annotations
 
