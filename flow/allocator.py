@@ -37,20 +37,22 @@ _prepare_lock = threading.Lock()
 _prepare_depth = 0
 
 
-def _mallopt() -> Any:
-    """glibc's ``mallopt`` (None where the C library is not glibc)."""
+def _glibc() -> Any:
+    """glibc, with ``mallopt`` and ``malloc_trim`` (None where the C library is not glibc)."""
     try:
-        return ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+        lib = ctypes.CDLL("libc.so.6")
+    except OSError:
         return None
+    return lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else None
 
 
 def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
     """Let this process's allocator reuse freed memory; False where the C library is not glibc."""
-    mallopt = _mallopt()
-    if mallopt is None:                   # not glibc: nothing to undo
+    lib = _glibc()
+    if lib is None:                       # not glibc: nothing to undo
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    return bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and \
+        bool(lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
 @contextlib.contextmanager
@@ -62,14 +64,14 @@ def reuse_for_preparation() -> Iterator[bool]:
     memory is given back (``malloc_trim``). Blocks larger than a thread heap (64 MiB) that a
     non-main thread asks for are still mapped: glibc falls back to mapping them."""
     global _prepare_depth
-    mallopt = _mallopt()
-    if mallopt is None:
+    lib = _glibc()
+    if lib is None:
         yield False
         return
     with _prepare_lock:
         if _prepare_depth == 0:
-            mallopt(_M_MMAP_MAX, 0)
-            mallopt(_M_TRIM_THRESHOLD, PREPARE_TRIM_THRESHOLD)
+            lib.mallopt(_M_MMAP_MAX, 0)
+            lib.mallopt(_M_TRIM_THRESHOLD, PREPARE_TRIM_THRESHOLD)
         _prepare_depth += 1
     try:
         yield True
@@ -77,10 +79,9 @@ def reuse_for_preparation() -> Iterator[bool]:
         with _prepare_lock:
             _prepare_depth -= 1
             if _prepare_depth == 0:
-                mallopt(_M_MMAP_MAX, MMAP_MAX_DEFAULT)
+                lib.mallopt(_M_MMAP_MAX, MMAP_MAX_DEFAULT)
                 keep_freed_memory()
-                with contextlib.suppress(OSError, AttributeError):
-                    ctypes.CDLL("libc.so.6").malloc_trim(0)
+                lib.malloc_trim(0)
 
 
 def describe(applied: bool) -> str:

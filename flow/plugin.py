@@ -25,8 +25,8 @@ destroyed with it; a worker takes part in one data-parallel run at a time.
 Every worker also gets its allocator back from Dask's memory-trimming setting
 (`flow.allocator.keep_freed_memory`; ``diskflow.keep-freed-memory: false`` keeps Dask's): a GPU
 worker's trainer allocates and frees large tensors every batch, and a CPU worker's preparation
-tasks arrays of one entry per node or access, which Dask's setting turns into page faults (CPU
-training about twice as slow).
+tasks allocate and free arrays of one entry per node or access; Dask's setting turns both into
+page faults (CPU training about twice as slow).
 """
 from __future__ import annotations
 

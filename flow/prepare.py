@@ -442,7 +442,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         work.mkdir(parents=True, exist_ok=True)
         if not (work / WORK_MARKER).exists():
             write_json(work / WORK_MARKER, {"format": WORK_FORMAT, "packed": out.name}, durable=False)
-        with reuse_for_preparation():     # tasks run in this process (threaded scheduler): large blocks reused
+        with reuse_for_preparation():     # where the tasks run in this process (a threaded scheduler)
             return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
     except BaseException as e:
         _clean_work(work, created)
