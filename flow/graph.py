@@ -8,6 +8,8 @@ Dask graph by the same builder, `PrepGraph`, under the same task keys:
     count-{key}-{tok}            its access counts (sparse, native)
     count-merge-{l}-{i}-{tok}    a pairwise tree of merges: the counts the tiers are chosen from
     tiers-gpu-{tok}              the tiers' sizes and the GPU tier (`policies.choose_gpu_tier`)
+    tiers-trace-{tok}            what a trace needs of it: the GPU tier's ids and N (small, so a distributed
+                                 scheduler runs traces on any free worker, not beside the counts)
     tiers-{tok}                  the CPU tier's first content beside it (`policies.choose_cpu_tier`)
     trace-{key}-{tok}            superbatch key's window traced (its next uses), beside the chain (a
                                  sink may leave it to the plan task: the stream, when the lookahead's
@@ -242,6 +244,25 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
     return GpuTier(choose_gpu_tier(spec.gpu_policy, freq, sizes.gpu_rows), freq, sizes.cpu_rows, figures)
 
 
+@dataclass
+class TraceTier:
+    """What a window's trace needs of the tiers: the GPU tier's ids and the number of nodes. A task's result
+    of its own, small: a distributed scheduler places a task beside its largest inputs, and a trace that took
+    the GPU tier (or the tiers) took their frequency array too, so every trace queued on the worker holding
+    it, between the links of the plan chain, while the other workers waited."""
+
+    gpu_ids: np.ndarray
+    num_nodes: int
+
+    def __sizeof__(self) -> int:      # `dask.sizeof`
+        return object.__sizeof__(self) + self.gpu_ids.nbytes
+
+
+def trace_tier_task(gpu: GpuTier) -> TraceTier:
+    """The GPU tier's ids and N, for the traces (`TraceTier`)."""
+    return TraceTier(gpu.gpu_ids, int(gpu.frequency.shape[0]))
+
+
 def cpu_tier_task(gpu: GpuTier, first: Sequence[SampleResult], spec: TierSpec, start_cpu_ids: np.ndarray | None = None,
                   out_path: str | None = None) -> Tiers:
     """The CPU tier's first content beside the GPU tier: the tiers.
@@ -260,12 +281,12 @@ def cpu_tier_task(gpu: GpuTier, first: Sequence[SampleResult], spec: TierSpec, s
     return Tiers(gpu.gpu_ids, cpu_ids, gpu.frequency, dict(gpu.figures))
 
 
-def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | GpuTier,
+def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tiers | TraceTier,
                after: Any = None) -> WindowTrace:
     """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain (it needs the GPU
     tier alone). `after`: an ordering edge only (the previous window's trace)."""
-    return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
-                        tiers.frequency.shape[0])
+    num_nodes = tiers.num_nodes if isinstance(tiers, TraceTier) else tiers.frequency.shape[0]
+    return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids, num_nodes)
 
 
 def tier_figures(tiers: Tiers) -> dict[str, Any]:
@@ -358,7 +379,7 @@ class PrepGraph:
         gpu = self.submit(gpu_tier_task, total, list(first), self.store_path, spec, max_rows, whole_round,
                           key=f"tiers-gpu-{self.tok}", k=-1)
         tiers = self.submit(cpu_tier_task, gpu, list(first), spec, start_cpu_ids, out_path, key=f"tiers-{self.tok}", k=-1)
-        self._tiers = (tiers, gpu)
+        self._tiers = (tiers, self.submit(trace_tier_task, gpu, key=f"tiers-trace-{self.tok}", k=-1))
         return tiers
 
     def trace(self, k: int, sample: Any, lookahead: Any, tiers: Any, after: Any = None) -> Any:
@@ -373,7 +394,7 @@ class PrepGraph:
         # unless they form a chain (`after`): then one trace at a time is ready, and they all need only
         # the GPU tier, so the traces the first plans wait for are done during the fill.
         own = self._tiers is not None and self._tiers[0] is tiers
-        gpu = self._tiers[1] if own and (k == 0 or after is not None) else tiers
+        gpu = self._tiers[1] if self._tiers is not None and own and (k == 0 or after is not None) else tiers
         return self.submit(trace_task, sample, lookahead, gpu, after, key=f"trace-{self.refs[k].key}-{self.tok}", k=k)
 
     def plan(self, k: int, prev: Any, sample: Any, lookahead: Any, tiers: Any, trace: Any = None,

@@ -383,7 +383,7 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
     with _Keys() as k:
         r = prepare(tiny_store, out, a, quiet=True)
     assert not r.skipped
-    assert {"sample", "count", "count-merge", "tiers-gpu", "tiers", "plan", "route", "pack", "index"} <= k.groups()
+    assert {"sample", "count", "count-merge", "tiers-gpu", "tiers", "tiers-trace", "plan", "route", "pack", "index"} <= k.groups()
 
     def stage(name: str) -> Path:
         (d,) = work.glob(f"{name}-*")

@@ -30,7 +30,8 @@ from processes import start, stop
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 2}
 QUOTA = 2 << 20
-PREP = ("sample", "count", "count-merge", "tiers-gpu", "tiers", "header", "trace", "plan", "pack", "pack-base")
+PREP = ("sample", "count", "count-merge", "tiers-gpu", "tiers", "tiers-trace", "header", "trace", "plan", "pack",
+        "pack-base")
 GPU_TASKS = ("ship", "ship-base", "train")
 
 
