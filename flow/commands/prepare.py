@@ -131,7 +131,11 @@ def _run(args: argparse.Namespace) -> int:
     from ..roles import tls_security
 
     security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
-    with dask_client(scheduler=args.scheduler, n_workers=args.workers, security=security):
+    with dask_client(scheduler=args.scheduler, n_workers=args.workers, security=security) as client:
+        from ..plugin import DiskflowPlugin
+
+        # every worker's allocator reuses what it frees, as in a streamed run (`flow.allocator`)
+        client.register_plugin(DiskflowPlugin())  # type: ignore[attr-defined]
         r = pipeline.prepare(store.path, args.out, force=args.force, **options)
     f = r.figures
     if r.skipped:
