@@ -454,7 +454,7 @@ private:
 // Both paths order rows by (badness, node id), so they produce identical plans.
 struct SimInput {
     const int32_t* keys = nullptr;       // hash path: local id per access
-    const int32_t* first_use = nullptr;  // per key: first batch of the window using it (kNoUse: none)
+    FirstUse first_use;                  // per key: first batch of the window using it (kNoUse: none)
     const int32_t* gpu_slot = nullptr;   // hash path: per key; dense path: per access (nullptr: none)
     const int32_t* next_use = nullptr;   // per planned access
     int64_t num_keys = 0;                // state entries: distinct local ids, or the node universe N
@@ -648,7 +648,7 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
     }
     SimInput in;
     in.keys = tr.local.data();
-    in.first_use = tr.first_use.data();
+    in.first_use = FirstUse{tr.first_use.data(), static_cast<int64_t>(tr.first_use.size()), 4};
     in.gpu_slot = tr.gpu_slot.data();
     in.next_use = tr.next_use.data();
     in.num_keys = tr.ids.size();
@@ -663,9 +663,30 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
 // k + 1 can be built while superbatch k is simulated: `belady_trace` needs only the window's ids,
 // the GPU tier and N; `belady_simulate` needs the previous plan's final cache.
 
+// The backward sweep of `belady_trace`: first uses in entries of type T (none: T's largest value),
+// next uses in int32 (none: kNoUse).
+template <class T>
+void sweep_window(const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t plan_end, int64_t num_nodes,
+                  int32_t* nu, T* fu) {
+    constexpr T kNone = std::numeric_limits<T>::max();
+    std::fill(fu, fu + num_nodes, kNone);
+    for (int64_t b = offsets.size - 2; b >= 0; --b) {
+        const T bi = static_cast<T>(b);
+        for (int64_t t = offsets[b + 1] - 1; t >= offsets[b]; --t) {
+            if (t >= kPrefetchAhead) __builtin_prefetch(&fu[nodes[t - kPrefetchAhead]]);
+            T& last = fu[nodes[t]];
+            if (last == bi)
+                throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
+                                            std::to_string(b));
+            if (t < plan_end) nu[t] = last == kNone ? kNoUse : static_cast<int32_t>(last);
+            last = bi;
+        }
+    }
+}
+
 // Backward sweep over the window with every state array indexed by node id.
 void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,
-                  int64_t num_nodes, int32_t* nu, int32_t* fu, int32_t* gs) {
+                  int64_t num_nodes, int32_t* nu, void* fu, int32_t* gs) {
     if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     check_sorted_unique(gpu_ids, "gpu_ids");
@@ -676,18 +697,10 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
             throw std::invalid_argument("frequency: has " + std::to_string(num_nodes) + " entries but node id " +
                                         std::to_string(nodes[t]) + " occurs");
         }
-    std::fill(fu, fu + num_nodes, kNoUse);
-    for (int64_t b = offsets.size - 2; b >= 0; --b) {
-        const int32_t bi = static_cast<int32_t>(b);
-        for (int64_t t = offsets[b + 1] - 1; t >= offsets[b]; --t) {
-            if (t >= kPrefetchAhead) __builtin_prefetch(&fu[nodes[t - kPrefetchAhead]]);
-            int32_t& last = fu[nodes[t]];
-            if (last == bi)
-                throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
-                                            std::to_string(b));
-            if (t < plan_end) nu[t] = last;
-            last = bi;
-        }
+    switch (first_use_width(offsets.size - 1)) {
+        case 1: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<uint8_t*>(fu)); break;
+        case 2: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<uint16_t*>(fu)); break;
+        default: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<int32_t*>(fu)); break;
     }
     if (gpu_ids.size) {
         if (gpu_ids[gpu_ids.size - 1] >= num_nodes)
@@ -705,7 +718,7 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
 // Simulates the planned batches of a window from its trace (per-node state, no id mapping).
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
                      View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency freq, View<int32_t> next_use,
-                     View<int32_t> first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
+                     FirstUse first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
     check_capacity(capacity, init_cache);
     check_offsets(offsets, nodes.size);
     const int64_t n_plan = offsets.size - 1;
@@ -713,6 +726,9 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     if (next_use.size != nodes.size) throw std::invalid_argument("next_use: one entry per planned access expected");
     if (first_use.size != freq.size)
         throw std::invalid_argument("first_use: one entry per node of the frequency array expected");
+    if (first_use.width < first_use_width(n_window))
+        throw std::invalid_argument("first_use: " + std::to_string(first_use.width) + "-byte entries cannot hold a window of " +
+                                    std::to_string(n_window) + " batches (trace built for a smaller window?)");
     if (gpu_slot.size != 0 && gpu_slot.size != nodes.size)
         throw std::invalid_argument("gpu_slot: one entry per planned access (or none) expected");
     if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
@@ -737,7 +753,7 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
             throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
                                         std::to_string(freq.size) + ")");
     SimInput in;
-    in.first_use = first_use.data;
+    in.first_use = first_use;
     in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
     in.next_use = next_use.data;
     in.num_keys = freq.size;

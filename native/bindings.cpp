@@ -445,6 +445,15 @@ py::dict belady_plan_py(const py::object& nodes_obj, const py::object& offsets_o
     return plan_dict(std::move(src), std::move(idx), out);
 }
 
+// A trace's first uses: a 1-D C-contiguous uint8, uint16 or int32 array (see FirstUse), viewed in place.
+FirstUse first_use_input(const py::object& obj) {
+    py::array a = as_array(obj, "first_use", "uint8, uint16 or int32 first uses");
+    check_layout(a, "first_use", 1);
+    const int width = has_dtype<uint8_t>(a) ? 1 : has_dtype<uint16_t>(a) ? 2 : has_dtype<int32_t>(a) ? 4 : 0;
+    if (width == 0) throw py::value_error("first_use: expected dtype uint8, uint16 or int32, got " + dtype_str(a));
+    return FirstUse{a.data(), static_cast<int64_t>(a.shape(0)), width};
+}
+
 py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan,
                          const py::object& gpu_obj, int64_t num_nodes) {
     const auto nodes = input<int64_t>(nodes_obj, "nodes");
@@ -452,10 +461,13 @@ py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     py::array_t<int32_t> next_use(plan_end);
-    py::array_t<int32_t> first_use(std::max<int64_t>(num_nodes, 0));  // negative: the engine says so
+    const int64_t n_first = std::max<int64_t>(num_nodes, 0);  // negative: the engine says so
+    const int width = first_use_width(offsets.size - 1);
+    py::array first_use = width == 1 ? py::array(py::array_t<uint8_t>(n_first))
+                          : width == 2 ? py::array(py::array_t<uint16_t>(n_first)) : py::array(py::array_t<int32_t>(n_first));
     py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
     int32_t* nu = next_use.mutable_data();
-    int32_t* fu = first_use.mutable_data();
+    void* fu = first_use.mutable_data();
     int32_t* gs = gpu_slot.mutable_data();
     {
         py::gil_scoped_release release;
@@ -478,7 +490,7 @@ py::dict belady_simulate_py(const py::object& nodes_obj, const py::object& offse
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     const auto freq = frequency_input(freq_obj, "frequency");
     const auto next_use = input<int32_t>(next_obj, "next_use");
-    const auto first_use = input<int32_t>(first_obj, "first_use");
+    const FirstUse first_use = first_use_input(first_obj);
     const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot");
     py::array_t<uint8_t> src(nodes.size);
     py::array_t<int64_t> idx(nodes.size);

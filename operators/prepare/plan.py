@@ -53,7 +53,9 @@ class WindowTrace:
     Attributes:
         next_use: int32 [planned accesses]: the window batch next using each access's node
             (2^31 - 1: none in the window).
-        first_use: int32 [N]: the first window batch using each node (2^31 - 1: none).
+        first_use: [N]: the first window batch using each node, in the narrowest of uint8, uint16 and
+            int32 that holds the window's batches and "none" (the type's largest value): a byte a node
+            below 255 window batches.
         gpu_slot: int32 [planned accesses]: GPU-tier slot or -1 (empty: no GPU tier).
         batch_sizes: int64 [planned batches]: accesses per planned batch (checked on use).
         window_batches: batches in the window, lookahead included.
@@ -70,7 +72,7 @@ def trace_window(batches: Sequence[np.ndarray], lookahead: Sequence[np.ndarray],
                  num_nodes: int) -> WindowTrace:
     """Trace a superbatch's window for `plan_belady(..., trace=...)` (native, GIL released).
 
-    Memory is O(N) (an int32 per node), like the frequency array the planner reads anyway.
+    Memory is O(N) (a byte per node below 255 window batches), like the frequency array the planner reads anyway.
 
     Raises:
         ValueError: malformed ids (negative, >= `num_nodes`, repeated in a batch) or `gpu_ids`.

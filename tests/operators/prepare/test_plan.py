@@ -430,6 +430,47 @@ def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
     replay(two, batches, init, gpu)
 
 
+@pytest.mark.parametrize(("window", "dtype"), [(9, np.uint8), (254, np.uint8), (255, np.uint16), (300, np.uint16),
+                                               (65534, np.uint16), (65535, np.int32)])
+def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: type) -> None:
+    """A trace's per-node first uses are uint8 below 255 window batches, uint16 below 65535, else int32 (the
+    type's largest value: none); every width plans exactly like the one-shot planner, and a trace too narrow
+    for the window it is used with is refused by name."""
+    rng = np.random.default_rng(window)
+    n = 60
+    trace = random_trace(rng, window, n, 4, 0.7)
+    freq = frequency_of(trace, n + 2)
+    gpu = ids(1, 7)
+    cap = 9
+    plan_n = max(1, window // 2)
+    batches, lookahead = trace[:plan_n], trace[plan_n:]
+    prebuilt = trace_window(batches, lookahead, gpu, freq.shape[0])
+    assert prebuilt.first_use.dtype == dtype and prebuilt.window_batches == window
+    assert prebuilt.first_use[n + 1] == np.iinfo(dtype).max                  # a node no batch uses
+    used = np.concatenate(trace)
+    first_batch = np.repeat(np.arange(window), [b.shape[0] for b in trace])
+    expect = np.full(n + 2, np.iinfo(dtype).max, np.int64)
+    np.minimum.at(expect, used, first_batch)
+    assert np.array_equal(prebuilt.first_use.astype(np.int64), expect)
+    nodes = np.concatenate(trace)
+    offsets = np.r_[0, np.cumsum([b.shape[0] for b in trace])].astype(np.int64)
+    init = initial_fill(trace[:3], cap, freq, gpu)
+    one = kernels.belady_plan(nodes, offsets, plan_n, cap, init, gpu, freq)
+    two = plan_belady(batches, [], cap, init, gpu, freq, trace=prebuilt)
+    assert np.array_equal(np.concatenate([b.src for b in two.batches]), one["src"])
+    assert np.array_equal(np.concatenate([b.idx for b in two.batches]), one["idx"])
+    assert np.array_equal(two.final_cache, one["final_cache"])
+    if dtype is not np.int32:
+        bigger = np.iinfo(dtype).max + 1          # a window the trace's entries cannot count
+        planned = nodes[:offsets[plan_n]]
+        with pytest.raises(ValueError, match="first_use: .*cannot hold a window of"):
+            kernels.belady_simulate(planned, offsets[:plan_n + 1], bigger, cap, init, gpu, freq, prebuilt.next_use,
+                                    prebuilt.first_use, prebuilt.gpu_slot)
+    with pytest.raises(ValueError, match="first_use: expected dtype uint8, uint16 or int32"):
+        kernels.belady_simulate(nodes[:offsets[plan_n]], offsets[:plan_n + 1], window, cap, init, gpu, freq,
+                                prebuilt.next_use, prebuilt.first_use.astype(np.int64), prebuilt.gpu_slot)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_int32_counts_plan_exactly_like_int64(seed: int) -> None:
     """A round's counts stay int32 (`count.dense_counts`): every planner path reads them in place and plans
