@@ -454,20 +454,26 @@ private:
 // Both paths order rows by (badness, node id), so they produce identical plans.
 struct SimInput {
     const int32_t* keys = nullptr;       // hash path: local id per access
-    FirstUse first_use;                  // per key: first batch of the window using it (kNoUse: none)
+    BatchIndices first_use;              // per key: first batch of the window using it (kNoUse: none)
     const int32_t* gpu_slot = nullptr;   // hash path: per key; dense path: per access (nullptr: none)
-    const int32_t* next_use = nullptr;   // per planned access
+    const void* next_use = nullptr;      // per planned access: NU entries, NU's largest value none (simulate)
     int64_t num_keys = 0;                // state entries: distinct local ids, or the node universe N
     int64_t n_window = 0;                // batches of the window (plan + lookahead): next-use range
     const LocalIds* ids = nullptr;       // hash path: local id -> node
 };
 
-// Simulates the first `n_plan` batches; fills src/idx (one per access of those batches).
-template <bool Dense>
+// Simulates the first `n_plan` batches; fills src/idx (one per access of those batches). `NU`: the
+// type of the next uses (uint8_t, uint16_t or int32_t, see BatchIndices).
+template <bool Dense, class NU>
 void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t n_plan,
               int64_t capacity, const View<int64_t>& init_cache, const Ranker& rank, uint8_t* src, int64_t* idx,
               BeladyPlan& out, SimWorkspace& ws) {
     auto key_at = [&](int64_t t) -> int64_t { return Dense ? nodes[t] : in.keys[t]; };
+    const NU* next_use = static_cast<const NU*>(in.next_use);
+    auto next_at = [&](int64_t t) -> int32_t {
+        const NU v = next_use[t];
+        return v == std::numeric_limits<NU>::max() ? kNoUse : static_cast<int32_t>(v);
+    };
     auto gpu_at = [&](int64_t t, int64_t key) -> int32_t {
         if (Dense) return in.gpu_slot ? in.gpu_slot[t] : -1;
         return in.gpu_slot[key];
@@ -492,7 +498,12 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
         const int64_t key = Dense ? init_cache[s] : next_local++;
         slot_of[key] = static_cast<int32_t>(s);
         cache[s] = key;
-        residents.push({rank(in.first_use[key], init_cache[s]), init_cache[s], key, static_cast<int32_t>(s)});
+        const int32_t first = in.first_use[key];
+        if (first != kNoUse && (first < 0 || first >= in.n_window))
+            throw std::invalid_argument("first_use: node " + std::to_string(init_cache[s]) + " is first used in batch " +
+                                        std::to_string(first) + ", outside the window of " +
+                                        std::to_string(in.n_window) + " batches");
+        residents.push({rank(first, init_cache[s]), init_cache[s], key, static_cast<int32_t>(s)});
     }
 
     // This batch's admissible misses by badness class (next-use batch j < W, far rows at W);
@@ -520,7 +531,7 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
             if (t + kPrefetchAhead < end) {  // the per-key state and frequency are random reads
                 const int64_t ahead = t + kPrefetchAhead;
                 __builtin_prefetch(&slot_of[key_at(ahead)]);
-                if (rank.use_freq && in.next_use[ahead] == kNoUse) __builtin_prefetch(rank.freq.address(nodes[ahead]));
+                if (rank.use_freq && next_at(ahead) == kNoUse) __builtin_prefetch(rank.freq.address(nodes[ahead]));
             }
             const int64_t key = key_at(t);
             const int32_t g = gpu_at(t, key);
@@ -530,7 +541,7 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
                 ++out.gpu_hits;
                 continue;
             }
-            const uint64_t bad = rank(in.next_use[t], nodes[t]);
+            const uint64_t bad = rank(next_at(t), nodes[t]);
             const int32_t slot = slot_of[key];
             if (slot >= 0) {
                 src[t] = 1;
@@ -648,14 +659,15 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
     }
     SimInput in;
     in.keys = tr.local.data();
-    in.first_use = FirstUse{tr.first_use.data(), static_cast<int64_t>(tr.first_use.size()), 4};
+    in.first_use = BatchIndices{tr.first_use.data(), static_cast<int64_t>(tr.first_use.size()), 4};
     in.gpu_slot = tr.gpu_slot.data();
     in.next_use = tr.next_use.data();
     in.num_keys = tr.ids.size();
     in.n_window = offsets.size - 1;
     in.ids = &tr.ids;
     WorkspaceLease ws;
-    simulate<false>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src, idx, out, *ws);
+    simulate<false, int32_t>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, freq_len >= 0}, src, idx,
+                             out, *ws);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -663,11 +675,10 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
 // k + 1 can be built while superbatch k is simulated: `belady_trace` needs only the window's ids,
 // the GPU tier and N; `belady_simulate` needs the previous plan's final cache.
 
-// The backward sweep of `belady_trace`: first uses in entries of type T (none: T's largest value),
-// next uses in int32 (none: kNoUse).
+// The backward sweep of `belady_trace`: next and first uses in entries of type T (none: T's largest value).
 template <class T>
 void sweep_window(const View<int64_t>& nodes, const View<int64_t>& offsets, int64_t plan_end, int64_t num_nodes,
-                  int32_t* nu, T* fu) {
+                  T* nu, T* fu) {
     constexpr T kNone = std::numeric_limits<T>::max();
     std::fill(fu, fu + num_nodes, kNone);
     for (int64_t b = offsets.size - 2; b >= 0; --b) {
@@ -678,7 +689,7 @@ void sweep_window(const View<int64_t>& nodes, const View<int64_t>& offsets, int6
             if (last == bi)
                 throw std::invalid_argument("nodes: node " + std::to_string(nodes[t]) + " occurs twice in batch " +
                                             std::to_string(b));
-            if (t < plan_end) nu[t] = last == kNone ? kNoUse : static_cast<int32_t>(last);
+            if (t < plan_end) nu[t] = last;
             last = bi;
         }
     }
@@ -686,7 +697,7 @@ void sweep_window(const View<int64_t>& nodes, const View<int64_t>& offsets, int6
 
 // Backward sweep over the window with every state array indexed by node id.
 void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,
-                  int64_t num_nodes, int32_t* nu, void* fu, int32_t* gs) {
+                  int64_t num_nodes, void* nu, void* fu, int32_t* gs) {
     if (num_nodes < 0) throw std::invalid_argument("num_nodes: must be >= 0, got " + std::to_string(num_nodes));
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
     check_sorted_unique(gpu_ids, "gpu_ids");
@@ -698,9 +709,9 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
                                         std::to_string(nodes[t]) + " occurs");
         }
     switch (first_use_width(offsets.size - 1)) {
-        case 1: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<uint8_t*>(fu)); break;
-        case 2: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<uint16_t*>(fu)); break;
-        default: sweep_window(nodes, offsets, plan_end, num_nodes, nu, static_cast<int32_t*>(fu)); break;
+        case 1: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<uint8_t*>(nu), static_cast<uint8_t*>(fu)); break;
+        case 2: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<uint16_t*>(nu), static_cast<uint16_t*>(fu)); break;
+        default: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<int32_t*>(nu), static_cast<int32_t*>(fu)); break;
     }
     if (gpu_ids.size) {
         if (gpu_ids[gpu_ids.size - 1] >= num_nodes)
@@ -717,8 +728,8 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
 
 // Simulates the planned batches of a window from its trace (per-node state, no id mapping).
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
-                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency freq, View<int32_t> next_use,
-                     FirstUse first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency freq, BatchIndices next_use,
+                     BatchIndices first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out) {
     check_capacity(capacity, init_cache);
     check_offsets(offsets, nodes.size);
     const int64_t n_plan = offsets.size - 1;
@@ -726,9 +737,11 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     if (next_use.size != nodes.size) throw std::invalid_argument("next_use: one entry per planned access expected");
     if (first_use.size != freq.size)
         throw std::invalid_argument("first_use: one entry per node of the frequency array expected");
-    if (first_use.width < first_use_width(n_window))
-        throw std::invalid_argument("first_use: " + std::to_string(first_use.width) + "-byte entries cannot hold a window of " +
-                                    std::to_string(n_window) + " batches (trace built for a smaller window?)");
+    for (const auto& [uses, name] : {std::pair{next_use, "next_use"}, std::pair{first_use, "first_use"}})
+        if (uses.width < first_use_width(n_window))
+            throw std::invalid_argument(std::string(name) + ": " + std::to_string(uses.width) +
+                                        "-byte entries cannot hold a window of " + std::to_string(n_window) +
+                                        " batches (trace built for a smaller window?)");
     if (gpu_slot.size != 0 && gpu_slot.size != nodes.size)
         throw std::invalid_argument("gpu_slot: one entry per planned access (or none) expected");
     if ((gpu_ids.size == 0) != (gpu_slot.size == 0) && nodes.size)
@@ -758,7 +771,20 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     in.next_use = next_use.data;
     in.num_keys = freq.size;
     in.n_window = n_window;
-    simulate<true>(in, nodes, offsets, n_plan, capacity, init_cache, Ranker{freq, true}, src, idx, out, *ws);
+    // Next uses index the residents' buckets: one outside the window (a trace of another window) is refused.
+    for (int64_t t = 0; t < next_use.size; ++t) {
+        const int32_t j = next_use[t];
+        if (j != kNoUse && (j < 0 || j >= n_window))
+            throw std::invalid_argument("next_use: access " + std::to_string(t) + " is next used in batch " +
+                                        std::to_string(j) + ", outside the window of " + std::to_string(n_window) +
+                                        " batches");
+    }
+    const Ranker rank{freq, true};
+    switch (next_use.width) {
+        case 1: simulate<true, uint8_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
+        case 2: simulate<true, uint16_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
+        default: simulate<true, int32_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
+    }
 }
 
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,

@@ -40,11 +40,11 @@ struct Frequency {
 // first_use / next_use entry of a node with no use inside the window.
 constexpr int32_t kBeladyNoUse = std::numeric_limits<int32_t>::max();
 
-// A window trace's first use per node, in the narrowest type that holds the window's batch indices
-// and "none" (the type's largest value): uint8 below 255 batches, uint16 below 65535, else int32
-// (`first_use_width`). The array has one entry per node, so at a few batches a window a byte
-// instead of four is most of what a trace allocates, zeroes and ships.
-struct FirstUse {
+// A window trace's batch indices (each access's next use, each node's first use), in the narrowest
+// type that holds the window's batch indices and "none" (the type's largest value): uint8 below 255
+// batches, uint16 below 65535, else int32 (`first_use_width`). At a few batches a window, a byte
+// instead of four is most of what a trace allocates, zeroes and ships (first uses: one per node).
+struct BatchIndices {
     const void* data = nullptr;
     int64_t size = 0;
     int width = 4;   // bytes per entry: 1, 2 or 4
@@ -61,7 +61,7 @@ struct FirstUse {
     }
 };
 
-// Bytes per first_use entry for a window of `n_window` batches (1, 2 or 4).
+// Bytes per next_use / first_use entry for a window of `n_window` batches (1, 2 or 4).
 inline int first_use_width(int64_t n_window) {
     return n_window < std::numeric_limits<uint8_t>::max() ? 1 : n_window < std::numeric_limits<uint16_t>::max() ? 2 : 4;
 }
@@ -88,18 +88,19 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
                  int64_t* idx, BeladyPlan& out);
 
 // The window trace of the node-indexed planner (belady_simulate), independent of the cache, so it
-// can be built ahead: next use per planned access (`next_use`, planned accesses), first use per
-// node (`first_use`, num_nodes entries of `first_use_width(offsets.size - 1)` bytes, see FirstUse)
-// and GPU slot per planned access (`gpu_slot`, planned accesses; not written when gpu_ids is empty).
+// can be built ahead: next use per planned access (`next_use`, planned accesses) and first use per
+// node (`first_use`, num_nodes entries), both of `first_use_width(offsets.size - 1)` bytes (see
+// BatchIndices), and GPU slot per planned access (`gpu_slot`, planned accesses; not written when
+// gpu_ids is empty).
 void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,
-                  int64_t num_nodes, int32_t* next_use, void* first_use, int32_t* gpu_slot);
+                  int64_t num_nodes, void* next_use, void* first_use, int32_t* gpu_slot);
 
 // belady_plan's result for the planned batches (`nodes`/`offsets`: those batches only) of a window
 // of `n_window` batches traced by belady_trace; `frequency` is required. `src`, `idx`: nodes.size
 // entries each.
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
-                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency frequency, View<int32_t> next_use,
-                     FirstUse first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
+                     View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency frequency, BatchIndices next_use,
+                     BatchIndices first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
 
 // The (at most) `capacity` non-GPU nodes of the trace with the soonest first use (then the higher
 // frequency, then the lower id), best first.

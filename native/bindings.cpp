@@ -445,13 +445,20 @@ py::dict belady_plan_py(const py::object& nodes_obj, const py::object& offsets_o
     return plan_dict(std::move(src), std::move(idx), out);
 }
 
-// A trace's first uses: a 1-D C-contiguous uint8, uint16 or int32 array (see FirstUse), viewed in place.
-FirstUse first_use_input(const py::object& obj) {
-    py::array a = as_array(obj, "first_use", "uint8, uint16 or int32 first uses");
-    check_layout(a, "first_use", 1);
+// A trace's next or first uses: a 1-D C-contiguous uint8, uint16 or int32 array (see BatchIndices), in place.
+BatchIndices batch_indices_input(const py::object& obj, const char* name) {
+    py::array a = as_array(obj, name, "uint8, uint16 or int32 batch indices");
+    check_layout(a, name, 1);
     const int width = has_dtype<uint8_t>(a) ? 1 : has_dtype<uint16_t>(a) ? 2 : has_dtype<int32_t>(a) ? 4 : 0;
-    if (width == 0) throw py::value_error("first_use: expected dtype uint8, uint16 or int32, got " + dtype_str(a));
-    return FirstUse{a.data(), static_cast<int64_t>(a.shape(0)), width};
+    if (width == 0) throw py::value_error(std::string(name) + ": expected dtype uint8, uint16 or int32, got " + dtype_str(a));
+    return BatchIndices{a.data(), static_cast<int64_t>(a.shape(0)), width};
+}
+
+// A 1-D array of `n` entries of `width` bytes (1: uint8, 2: uint16, 4: int32).
+py::array batch_indices_array(int width, int64_t n) {
+    if (width == 1) return py::array_t<uint8_t>(n);
+    if (width == 2) return py::array_t<uint16_t>(n);
+    return py::array_t<int32_t>(n);
 }
 
 py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_obj, int64_t n_plan,
@@ -460,13 +467,11 @@ py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
-    py::array_t<int32_t> next_use(plan_end);
-    const int64_t n_first = std::max<int64_t>(num_nodes, 0);  // negative: the engine says so
     const int width = first_use_width(offsets.size - 1);
-    py::array first_use = width == 1 ? py::array(py::array_t<uint8_t>(n_first))
-                          : width == 2 ? py::array(py::array_t<uint16_t>(n_first)) : py::array(py::array_t<int32_t>(n_first));
+    py::array next_use = batch_indices_array(width, plan_end);
+    py::array first_use = batch_indices_array(width, std::max<int64_t>(num_nodes, 0));  // negative: the engine says so
     py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
-    int32_t* nu = next_use.mutable_data();
+    void* nu = next_use.mutable_data();
     void* fu = first_use.mutable_data();
     int32_t* gs = gpu_slot.mutable_data();
     {
@@ -489,8 +494,8 @@ py::dict belady_simulate_py(const py::object& nodes_obj, const py::object& offse
     const auto init_cache = input<int64_t>(init_obj, "init_cache");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     const auto freq = frequency_input(freq_obj, "frequency");
-    const auto next_use = input<int32_t>(next_obj, "next_use");
-    const FirstUse first_use = first_use_input(first_obj);
+    const BatchIndices next_use = batch_indices_input(next_obj, "next_use");
+    const BatchIndices first_use = batch_indices_input(first_obj, "first_use");
     const auto gpu_slot = input<int32_t>(gslot_obj, "gpu_slot");
     py::array_t<uint8_t> src(nodes.size);
     py::array_t<int64_t> idx(nodes.size);

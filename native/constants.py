@@ -32,7 +32,7 @@ DEFAULT_BOUNCE_BYTES: int = int(_native.DEFAULT_BOUNCE_BYTES)
 """`read_rows`' staging buffer; larger page sets are read in several rounds. Memory budgets count it."""
 
 BELADY_NO_USE: int = int(_native.BELADY_NO_USE)
-"""A Belady trace's `next_use` (and int32 `first_use`) of a node with no use in the window (2**31 - 1)."""
+"""A Belady trace's int32 `next_use` / `first_use` of a node with no use in the window (2**31 - 1)."""
 
 __all__ = ["ALIGN", "BELADY_NO_USE", "DEFAULT_BOUNCE_BYTES", "DEFAULT_MERGE_BYTES", "DEFAULT_QUEUE_DEPTH",
            "DEFAULT_THREADS", "MAX_REQUEST_BYTES", "SECTOR"]

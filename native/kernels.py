@@ -107,9 +107,10 @@ class BeladyPlanArrays(TypedDict):
 class BeladyTraceArrays(TypedDict):
     """A window trace for `belady_simulate`."""
 
-    next_use: np.ndarray   # int32 per planned access: the next window batch using its node
-    first_use: np.ndarray  # [num_nodes]: first window batch using each node; uint8 below 255 window batches,
-    #                        uint16 below 65535, else int32; none: the dtype's largest value
+    next_use: np.ndarray   # per planned access: the next window batch using its node
+    first_use: np.ndarray  # [num_nodes]: first window batch using each node
+    #                        both uint8 below 255 window batches, uint16 below 65535, else int32; none: the
+    #                        dtype's largest value
     gpu_slot: np.ndarray   # int32 per planned access: GPU slot or -1 (empty without a GPU tier)
 
 
@@ -161,7 +162,7 @@ def belady_simulate(nodes: np.ndarray, offsets: np.ndarray, n_window: int, capac
         n_window: batches of the whole traced window.
         capacity, init_cache, gpu_ids: as for `belady_plan`.
         frequency: per-node access counts [N] (required).
-        next_use, first_use, gpu_slot: the trace's arrays (`first_use` uint8, uint16 or int32, as traced).
+        next_use, first_use, gpu_slot: the trace's arrays (`next_use`, `first_use`: uint8, uint16 or int32, as traced).
 
     Raises:
         ValueError: malformed arrays or ids, or a trace that does not fit the inputs.

@@ -51,11 +51,10 @@ class WindowTrace:
     while k is simulated takes the costlier half off the serial chain.
 
     Attributes:
-        next_use: int32 [planned accesses]: the window batch next using each access's node
-            (2^31 - 1: none in the window).
-        first_use: [N]: the first window batch using each node, in the narrowest of uint8, uint16 and
-            int32 that holds the window's batches and "none" (the type's largest value): a byte a node
-            below 255 window batches.
+        next_use: [planned accesses]: the window batch next using each access's node.
+        first_use: [N]: the first window batch using each node.
+            Both in the narrowest of uint8, uint16 and int32 that holds the window's batch indices and
+            "none" (the type's largest value): a byte an entry below 255 window batches.
         gpu_slot: int32 [planned accesses]: GPU-tier slot or -1 (empty: no GPU tier).
         batch_sizes: int64 [planned batches]: accesses per planned batch (checked on use).
         window_batches: batches in the window, lookahead included.

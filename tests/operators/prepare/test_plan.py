@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -433,9 +434,9 @@ def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
 @pytest.mark.parametrize(("window", "dtype"), [(9, np.uint8), (254, np.uint8), (255, np.uint16), (300, np.uint16),
                                                (65534, np.uint16), (65535, np.int32)])
 def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: type) -> None:
-    """A trace's per-node first uses are uint8 below 255 window batches, uint16 below 65535, else int32 (the
-    type's largest value: none); every width plans exactly like the one-shot planner, and a trace too narrow
-    for the window it is used with is refused by name."""
+    """A trace's next uses and per-node first uses are uint8 below 255 window batches, uint16 below 65535, else
+    int32 (the type's largest value: none); every width plans exactly like the one-shot planner, and a trace too
+    narrow for the window it is used with is refused by name."""
     rng = np.random.default_rng(window)
     n = 60
     trace = random_trace(rng, window, n, 4, 0.7)
@@ -445,7 +446,7 @@ def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: t
     plan_n = max(1, window // 2)
     batches, lookahead = trace[:plan_n], trace[plan_n:]
     prebuilt = trace_window(batches, lookahead, gpu, freq.shape[0])
-    assert prebuilt.first_use.dtype == dtype and prebuilt.window_batches == window
+    assert prebuilt.first_use.dtype == dtype and prebuilt.next_use.dtype == dtype and prebuilt.window_batches == window
     assert prebuilt.first_use[n + 1] == np.iinfo(dtype).max                  # a node no batch uses
     used = np.concatenate(trace)
     first_batch = np.repeat(np.arange(window), [b.shape[0] for b in trace])
@@ -463,9 +464,25 @@ def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: t
     if dtype is not np.int32:
         bigger = np.iinfo(dtype).max + 1          # a window the trace's entries cannot count
         planned = nodes[:offsets[plan_n]]
-        with pytest.raises(ValueError, match="first_use: .*cannot hold a window of"):
+        with pytest.raises(ValueError, match="next_use: .*cannot hold a window of"):
             kernels.belady_simulate(planned, offsets[:plan_n + 1], bigger, cap, init, gpu, freq, prebuilt.next_use,
                                     prebuilt.first_use, prebuilt.gpu_slot)
+        wide_next = prebuilt.next_use.astype(np.int32)
+        wide_next[prebuilt.next_use == np.iinfo(dtype).max] = 2**31 - 1
+        with pytest.raises(ValueError, match="first_use: .*cannot hold a window of"):
+            kernels.belady_simulate(planned, offsets[:plan_n + 1], bigger, cap, init, gpu, freq, wide_next,
+                                    prebuilt.first_use, prebuilt.gpu_slot)
+        # int32 next uses beside narrow first uses (any widths that hold the window) plan alike
+        _same_plan(two, plan_belady(batches, [], cap, init, gpu, freq,
+                                    trace=replace(prebuilt, next_use=wide_next)))
+        beyond = wide_next.copy()
+        beyond[0] = window                                  # a batch after the window's last
+        with pytest.raises(ValueError, match=f"next_use: access 0 is next used in batch {window}, outside the window"):
+            plan_belady(batches, [], cap, init, gpu, freq, trace=replace(prebuilt, next_use=beyond))
+        late = prebuilt.first_use.copy()
+        late[init[0]] = window
+        with pytest.raises(ValueError, match=f"first_use: node {init[0]} is first used in batch {window}, outside"):
+            plan_belady(batches, [], cap, init, gpu, freq, trace=replace(prebuilt, first_use=late))
     with pytest.raises(ValueError, match="first_use: expected dtype uint8, uint16 or int32"):
         kernels.belady_simulate(nodes[:offsets[plan_n]], offsets[:plan_n + 1], window, cap, init, gpu, freq,
                                 prebuilt.next_use, prebuilt.first_use.astype(np.int64), prebuilt.gpu_slot)
