@@ -105,6 +105,10 @@ class Tiers:
     frequency: np.ndarray             # int32 or int64 [N]: the counts the tiers were chosen from
     figures: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def num_nodes(self) -> int:
+        return int(self.frequency.shape[0])
+
     def __sizeof__(self) -> int:      # `dask.sizeof`: the tiers' arrays
         return object.__sizeof__(self) + self.gpu_ids.nbytes + self.cpu_ids.nbytes + self.frequency.nbytes
 
@@ -285,8 +289,8 @@ def trace_task(sample: SampleResult, lookahead: SampleResult | None, tiers: Tier
                after: Any = None) -> WindowTrace:
     """Trace superbatch k's window (k and its lookahead k + 1): independent of the chain (it needs the GPU
     tier alone). `after`: an ordering edge only (the previous window's trace)."""
-    num_nodes = tiers.num_nodes if isinstance(tiers, TraceTier) else tiers.frequency.shape[0]
-    return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids, num_nodes)
+    return trace_window(sample.n_ids(), [] if lookahead is None else lookahead.n_ids(), tiers.gpu_ids,
+                        tiers.num_nodes)
 
 
 def tier_figures(tiers: Tiers) -> dict[str, Any]:

@@ -473,10 +473,7 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
               BeladyPlan& out, SimWorkspace& ws) {
     auto key_at = [&](int64_t t) -> int64_t { return Dense ? nodes[t] : in.keys[t]; };
     const NU* next_use = static_cast<const NU*>(in.next_use);
-    auto next_at = [&](int64_t t) -> int32_t {
-        const NU v = next_use[t];
-        return v == std::numeric_limits<NU>::max() ? kNoUse : static_cast<int32_t>(v);
-    };
+    auto next_at = [&](int64_t t) -> int32_t { return batch_index(next_use[t]); };
     auto gpu_at = [&](int64_t t, int64_t key) -> int32_t {
         if (Dense) return in.gpu_slot ? in.gpu_slot[t] : -1;
         return in.gpu_slot[key];
@@ -715,7 +712,7 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
             throw std::invalid_argument("frequency: has " + std::to_string(num_nodes) + " entries but node id " +
                                         std::to_string(nodes[t]) + " occurs");
         }
-    switch (first_use_width(offsets.size - 1)) {
+    switch (batch_index_width(offsets.size - 1)) {
         case 1: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<uint8_t*>(nu), static_cast<uint8_t*>(fu)); break;
         case 2: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<uint16_t*>(nu), static_cast<uint16_t*>(fu)); break;
         default: sweep_window(nodes, offsets, plan_end, num_nodes, static_cast<int32_t*>(nu), static_cast<int32_t*>(fu)); break;
@@ -745,7 +742,7 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     if (first_use.size != freq.size)
         throw std::invalid_argument("first_use: one entry per node of the frequency array expected");
     for (const auto& [uses, name] : {std::pair{next_use, "next_use"}, std::pair{first_use, "first_use"}})
-        if (uses.width < first_use_width(n_window))
+        if (uses.width < batch_index_width(n_window))
             throw std::invalid_argument(std::string(name) + ": " + std::to_string(uses.width) +
                                         "-byte entries cannot hold a window of " + std::to_string(n_window) +
                                         " batches (trace built for a smaller window?)");
@@ -768,24 +765,23 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
         if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node))
             throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
     }
-    for (int64_t t = 0; t < nodes.size; ++t)
+    // Next uses index the residents' buckets: one outside the window (a trace of another window) is refused.
+    for (int64_t t = 0; t < nodes.size; ++t) {
         if (static_cast<uint64_t>(nodes[t]) >= limit)
             throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
                                         std::to_string(freq.size) + ")");
-    SimInput in;
-    in.first_use = first_use;
-    in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
-    in.next_use = next_use.data;
-    in.num_keys = freq.size;
-    in.n_window = n_window;
-    // Next uses index the residents' buckets: one outside the window (a trace of another window) is refused.
-    for (int64_t t = 0; t < next_use.size; ++t) {
         const int32_t j = next_use[t];
         if (j != kNoUse && (j < 0 || j >= n_window))
             throw std::invalid_argument("next_use: access " + std::to_string(t) + " is next used in batch " +
                                         std::to_string(j) + ", outside the window of " + std::to_string(n_window) +
                                         " batches");
     }
+    SimInput in;
+    in.first_use = first_use;
+    in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
+    in.next_use = next_use.data;
+    in.num_keys = freq.size;
+    in.n_window = n_window;
     const Ranker rank{freq, true};
     switch (next_use.width) {
         case 1: simulate<true, uint8_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;

@@ -42,27 +42,26 @@ constexpr int32_t kBeladyNoUse = std::numeric_limits<int32_t>::max();
 
 // A window trace's batch indices (each access's next use, each node's first use), in the narrowest
 // type that holds the window's batch indices and "none" (the type's largest value): uint8 below 255
-// batches, uint16 below 65535, else int32 (`first_use_width`). At a few batches a window, a byte
+// batches, uint16 below 65535, else int32 (`batch_index_width`). At a few batches a window, a byte
 // instead of four is most of what a trace allocates, zeroes and ships (first uses: one per node).
+template <class T>
+inline int32_t batch_index(T v) {   // an entry as a batch index, kBeladyNoUse for none
+    return v == std::numeric_limits<T>::max() ? kBeladyNoUse : static_cast<int32_t>(v);
+}
+
 struct BatchIndices {
     const void* data = nullptr;
     int64_t size = 0;
     int width = 4;   // bytes per entry: 1, 2 or 4
     int32_t operator[](int64_t i) const {   // kBeladyNoUse for none
-        if (width == 1) {
-            const uint8_t v = static_cast<const uint8_t*>(data)[i];
-            return v == std::numeric_limits<uint8_t>::max() ? kBeladyNoUse : v;
-        }
-        if (width == 2) {
-            const uint16_t v = static_cast<const uint16_t*>(data)[i];
-            return v == std::numeric_limits<uint16_t>::max() ? kBeladyNoUse : v;
-        }
-        return static_cast<const int32_t*>(data)[i];
+        if (width == 1) return batch_index(static_cast<const uint8_t*>(data)[i]);
+        if (width == 2) return batch_index(static_cast<const uint16_t*>(data)[i]);
+        return batch_index(static_cast<const int32_t*>(data)[i]);
     }
 };
 
 // Bytes per next_use / first_use entry for a window of `n_window` batches (1, 2 or 4).
-inline int first_use_width(int64_t n_window) {
+inline int batch_index_width(int64_t n_window) {
     return n_window < std::numeric_limits<uint8_t>::max() ? 1 : n_window < std::numeric_limits<uint16_t>::max() ? 2 : 4;
 }
 
@@ -89,7 +88,7 @@ void belady_plan(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, int
 
 // The window trace of the node-indexed planner (belady_simulate), independent of the cache, so it
 // can be built ahead: next use per planned access (`next_use`, planned accesses) and first use per
-// node (`first_use`, num_nodes entries), both of `first_use_width(offsets.size - 1)` bytes (see
+// node (`first_use`, num_nodes entries), both of `batch_index_width(offsets.size - 1)` bytes (see
 // BatchIndices), and GPU slot per planned access (`gpu_slot`, planned accesses; not written when
 // gpu_ids is empty).
 void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, View<int64_t> gpu_ids,

@@ -467,7 +467,7 @@ py::dict belady_trace_py(const py::object& nodes_obj, const py::object& offsets_
     const auto offsets = input<int64_t>(offsets_obj, "offsets");
     const auto gpu_ids = input<int64_t>(gpu_obj, "gpu_ids");
     const int64_t plan_end = belady_planned_accesses(offsets, nodes.size, n_plan);
-    const int width = first_use_width(offsets.size - 1);
+    const int width = batch_index_width(offsets.size - 1);
     py::array next_use = batch_indices_array(width, plan_end);
     py::array first_use = batch_indices_array(width, std::max<int64_t>(num_nodes, 0));  // negative: the engine says so
     py::array_t<int32_t> gpu_slot(gpu_ids.size ? plan_end : 0);
