@@ -730,6 +730,32 @@ void belady_trace(View<int64_t> nodes, View<int64_t> offsets, int64_t n_plan, Vi
     }
 }
 
+// Every planned access names a node below `limit` and is next used inside the window of `n_window`
+// batches, or never (NU's largest value). This pass runs on the serial chain, so it is one branch-free
+// sweep the compiler vectorises; only a failure is located, by a scalar pass that names it.
+template <class NU>
+void check_accesses(const View<int64_t>& nodes, const NU* next_use, uint64_t limit, int64_t n_window) {
+    constexpr NU kNone = std::numeric_limits<NU>::max();
+    const uint64_t window = static_cast<uint64_t>(n_window);
+    bool bad = false;
+    for (int64_t t = 0; t < nodes.size; ++t) {
+        const NU j = next_use[t];   // a negative int32 entry wraps to a huge index: outside too
+        bad |= (static_cast<uint64_t>(nodes[t]) >= limit) |
+               ((j != kNone) & (static_cast<uint64_t>(static_cast<int64_t>(j)) >= window));
+    }
+    if (!bad) return;
+    for (int64_t t = 0; t < nodes.size; ++t) {
+        if (static_cast<uint64_t>(nodes[t]) >= limit)
+            throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
+                                        std::to_string(limit) + ")");
+        const int32_t j = batch_index(next_use[t]);
+        if (j != kNoUse && (j < 0 || j >= n_window))
+            throw std::invalid_argument("next_use: access " + std::to_string(t) + " is next used in batch " +
+                                        std::to_string(j) + ", outside the window of " + std::to_string(n_window) +
+                                        " batches");
+    }
+}
+
 // Simulates the planned batches of a window from its trace (per-node state, no id mapping).
 void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_window, int64_t capacity,
                      View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency freq, BatchIndices next_use,
@@ -766,15 +792,10 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
             throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
     }
     // Next uses index the residents' buckets: one outside the window (a trace of another window) is refused.
-    for (int64_t t = 0; t < nodes.size; ++t) {
-        if (static_cast<uint64_t>(nodes[t]) >= limit)
-            throw std::invalid_argument("nodes: node id " + std::to_string(nodes[t]) + " outside [0, " +
-                                        std::to_string(freq.size) + ")");
-        const int32_t j = next_use[t];
-        if (j != kNoUse && (j < 0 || j >= n_window))
-            throw std::invalid_argument("next_use: access " + std::to_string(t) + " is next used in batch " +
-                                        std::to_string(j) + ", outside the window of " + std::to_string(n_window) +
-                                        " batches");
+    switch (next_use.width) {
+        case 1: check_accesses(nodes, static_cast<const uint8_t*>(next_use.data), limit, n_window); break;
+        case 2: check_accesses(nodes, static_cast<const uint16_t*>(next_use.data), limit, n_window); break;
+        default: check_accesses(nodes, static_cast<const int32_t*>(next_use.data), limit, n_window); break;
     }
     SimInput in;
     in.first_use = first_use;

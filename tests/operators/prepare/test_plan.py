@@ -486,6 +486,22 @@ def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: t
     with pytest.raises(ValueError, match="first_use: expected dtype uint8, uint16 or int32"):
         kernels.belady_simulate(nodes[:offsets[plan_n]], offsets[:plan_n + 1], window, cap, init, gpu, freq,
                                 prebuilt.next_use, prebuilt.first_use.astype(np.int64), prebuilt.gpu_slot)
+    # Entries of the trace's own width are checked too, wherever the fault sits: the last access here
+    planned, last = nodes[:offsets[plan_n]], offsets[plan_n] - 1
+    simulate = (lambda n, nu: kernels.belady_simulate(n, offsets[:plan_n + 1], window, cap, init, gpu, freq, nu,
+                                                      prebuilt.first_use, prebuilt.gpu_slot))
+    outside = prebuilt.next_use.copy()
+    outside[last] = window                                  # the batch after the window's last
+    with pytest.raises(ValueError, match=f"next_use: access {last} is next used in batch {window}, outside the window"):
+        simulate(planned, outside)
+    if dtype is np.int32:
+        outside[last] = -2
+        with pytest.raises(ValueError, match=f"next_use: access {last} is next used in batch -2, outside the window"):
+            simulate(planned, outside)
+    unknown = planned.copy()
+    unknown[last] = freq.shape[0]                           # a node beyond the frequency array
+    with pytest.raises(ValueError, match=rf"nodes: node id {freq.shape[0]} outside \[0, {freq.shape[0]}\)"):
+        simulate(unknown, prebuilt.next_use)
 
 
 @pytest.mark.parametrize("seed", range(4))
