@@ -1,6 +1,7 @@
 """Progress bars for Dask graphs and long loops."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -55,12 +56,14 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     tasks = list(tasks)
     if not tasks:
         return []
-    try:
-        from distributed import as_completed, default_client
-        client = default_client()
-    except ValueError:
-        client = None
+    client = None
+    if sys.modules.get("distributed") is not None:    # a client exists only where distributed was imported
+        from distributed import default_client
+        with contextlib.suppress(ValueError):
+            client = default_client()
     if client is not None:
+        from distributed import as_completed
+
         keys = [k for t in tasks for k in t.__dask_graph__()]
         futures = client.compute(tasks)
         try:
@@ -94,5 +97,24 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
         def _finish(self, dsk, state, errored):
             self.b.close()
 
+    # Where distributed is loaded, dask looks for a client (a worker's, too) as it always does.
+    scheduler = None if sys.modules.get("distributed") is not None else _local_scheduler(tasks)
     with _Bar():
-        return list(dask.compute(*tasks))
+        return list(dask.compute(*tasks, scheduler=scheduler))
+
+
+def _local_scheduler(tasks: Sequence[Any]) -> Any:
+    """The scheduler `dask.compute` chooses for `tasks` in a process that has not imported distributed (the
+    configured one, else the collections' default), as the callable it names. Given a name or nothing,
+    `dask.compute` imports distributed to look for a client, which cannot exist before that import: a
+    quarter of a second of a fresh process's first prepare, before its first task."""
+    import dask
+    from dask.base import named_schedulers
+
+    chosen = dask.config.get("scheduler", None)
+    if isinstance(chosen, str):
+        return named_schedulers.get(chosen.lower(), chosen)    # an unknown name: dask's own error
+    if chosen is not None:
+        return chosen
+    defaults = {t.__dask_scheduler__ for t in tasks if dask.is_dask_collection(t)}
+    return defaults.pop() if len(defaults) == 1 else None
