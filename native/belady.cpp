@@ -235,10 +235,10 @@ struct Ranker {
 };
 
 // Sorts [first, last) ascending by (bad, node), for the row types below (Resident, Miss): an LSD
-// radix sort (11-bit digits) on the key ((bad - min bad) << node bits) | (node - min node) when
-// the range is large and that key fits 64 bits (six passes at most), std::sort otherwise. Keys are
-// distinct within a range (a node is at most once in a bucket or a batch), so both orders agree.
-// `scratch` is reused from call to call.
+// radix sort (digits of at most 12 bits, spread evenly) on the key ((bad - min bad) << node bits) |
+// (node - min node) when the range is large and that key fits 64 bits (six passes at most),
+// std::sort otherwise. Keys are distinct within a range (a node is at most once in a bucket or a
+// batch), so both orders agree. `scratch` is reused from call to call.
 constexpr size_t kRadixMin = 2048;
 
 inline int bit_width(uint64_t v) { return v == 0 ? 0 : 64 - __builtin_clzll(v); }
@@ -260,8 +260,8 @@ void sort_rows(T* first, T* last, std::vector<T>& scratch) {
     }
     const int nb = bit_width(static_cast<uint64_t>(nmax - nmin));
     const int total = nb + bit_width(bmax - bmin);
-    constexpr int kDigit = 11;
-    if (total > 64) {  // the packed key must fit 64 bits (then at most six 11-bit passes)
+    constexpr int kDigit = 12;  // 4096 counters (32 KiB): a pass's counts stay in L1
+    if (total > 64) {  // the packed key must fit 64 bits (then at most six passes)
         std::sort(first, last);
         return;
     }
@@ -271,10 +271,14 @@ void sort_rows(T* first, T* last, std::vector<T>& scratch) {
     if (scratch.size() < n) scratch.resize(n);
     T* src = first;
     T* dst = scratch.data();
-    std::vector<size_t> count(size_t{1} << kDigit);
-    for (int shift = 0; shift < total; shift += kDigit) {
+    // As few passes as digits of at most kDigit bits allow, the bits spread evenly over them: a
+    // bucket's key of ~23 node bits takes two passes of 12 bits, not three of 11, 11 and 1.
+    const int passes = (total + kDigit - 1) / kDigit;
+    const int digit = passes == 0 ? 0 : (total + passes - 1) / passes;
+    std::vector<size_t> count(size_t{1} << digit);
+    for (int shift = 0; shift < total; shift += digit) {
         std::fill(count.begin(), count.end(), 0);
-        const uint64_t mask = (uint64_t{1} << kDigit) - 1;
+        const uint64_t mask = (uint64_t{1} << digit) - 1;
         for (size_t i = 0; i < n; ++i) ++count[(key(src[i]) >> shift) & mask];
         size_t sum = 0;
         for (size_t& c : count) {
