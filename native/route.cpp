@@ -2,6 +2,7 @@
 #include "route.h"
 
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,19 +32,26 @@ void route_batch(const Id* n_id, const uint8_t* src, const int64_t* idx, int64_t
     Scratch& s = scratch();
     out.src.assign(src, src + n);
     out.idx.assign(idx, idx + n);
+    // The misses' positions, compacted without a branch (miss or not is unpredictable), and whether the
+    // plan numbered them 0..m-1 in order, checked in the same pass.
     std::vector<int64_t>& miss_pos = s.miss_pos;
-    miss_pos.clear();
-    for (int64_t t = 0; t < n; ++t) {
-        if (src[t] != kMiss) continue;
-        if (idx[t] != static_cast<int64_t>(miss_pos.size()))
-            throw std::invalid_argument("the plan's miss numbers are not 0..k-1 in n_id order");
-        miss_pos.push_back(t);
+    if (miss_pos.size() < static_cast<size_t>(n)) miss_pos.resize(static_cast<size_t>(n));
+    int64_t m = 0;
+    bool misnumbered = false;
+    {
+        int64_t* mp = miss_pos.data();
+        for (int64_t t = 0; t < n; ++t) {
+            const bool miss = src[t] == kMiss;
+            misnumbered |= miss & (idx[t] != m);
+            mp[m] = t;
+            m += miss;
+        }
     }
-    const int64_t m = static_cast<int64_t>(miss_pos.size());
+    if (misnumbered) throw std::invalid_argument("the plan's miss numbers are not 0..k-1 in n_id order");
     std::vector<int64_t>& by_rank = s.by_rank;  // packed rank -> position in the batch
     int64_t k = m;
     if (in_cache == nullptr) {
-        by_rank.assign(miss_pos.begin(), miss_pos.end());
+        by_rank.assign(miss_pos.begin(), miss_pos.begin() + m);
     } else {
         if (layout_misses != m)
             throw std::invalid_argument("the layout lists " + std::to_string(layout_misses) + " misses, the plan " +
@@ -67,11 +75,24 @@ void route_batch(const Id* n_id, const uint8_t* src, const int64_t* idx, int64_t
     out.counts.assign(static_cast<size_t>(num_shards), 0);
     std::vector<int64_t>& shard = s.shard;
     shard.resize(static_cast<size_t>(k));
+    // A node's shard is id / shard_rows: by a multiply with the divisor's reciprocal, corrected by one
+    // either way where rounding erred (a division per packed row was most of this loop).
+    // Exact below 2^52 (the estimate is off by at most one there); larger ids divide.
+    const double inv = 1.0 / static_cast<double>(shard_rows);
+    const int64_t limit = num_shards > std::numeric_limits<int64_t>::max() / shard_rows
+                              ? std::numeric_limits<int64_t>::max() : shard_rows * num_shards;
     for (int64_t q = 0; q < k; ++q) {
         const int64_t id = static_cast<int64_t>(n_id[by_rank[q]]);
-        const int64_t p = id < 0 ? -1 : id / shard_rows;
-        if (p < 0 || p >= num_shards)
+        if (id < 0 || id >= limit)
             throw std::invalid_argument("packed node id outside the store's " + std::to_string(num_shards) + " shards");
+        int64_t p;
+        if (id < (int64_t{1} << 52)) {
+            p = static_cast<int64_t>(static_cast<double>(id) * inv);
+            if (p * shard_rows > id) --p;
+            else if ((p + 1) * shard_rows <= id) ++p;
+        } else {
+            p = id / shard_rows;
+        }
         shard[q] = p;
         ++out.counts[p];
     }

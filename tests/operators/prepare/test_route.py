@@ -42,6 +42,27 @@ def test_native_routing_equals_the_numpy_reference(dtype: type, layout: bool) ->
             assert g.dtype == w.dtype and np.array_equal(g, w), (n, name)
 
 
+
+@pytest.mark.parametrize(("shard_rows", "shards"), [(1, 40), (3, 17), (1_000_003, 9), (2**31 - 1, 5), (2**26 + 1, 1000),
+                                                    (3 * 2**33 + 1, 2000), (828_496_424_670, 4000),
+                                                    (2**50 - 3, 8)])
+def test_native_routing_places_every_shard_boundary_like_integer_division(shard_rows: int, shards: int) -> None:
+    """The native router finds a node's shard by a multiply and a correction below 2^52 ids (a division above):
+    every id on either side of the boundaries, up to ids past 2^52, lands where id // shard_rows says. With
+    3 * 2^33 + 1 or 828,496,424,670 rows a shard, the product alone puts a boundary's first id in the shard before."""
+    bounds = np.unique(np.linspace(1, shards - 1, num=min(shards - 1, 64), dtype=np.int64)) * shard_rows
+    n_id = np.unique(np.concatenate([bounds - 1, bounds, [0, shard_rows * shards - 1]]))
+    n_id = n_id[(n_id >= 0) & (n_id < shard_rows * shards)]
+    if shard_rows > 2**45:
+        assert n_id.max() >= 2**52 > n_id[n_id < 2**52].max() > 2**51     # both paths, near where they meet
+    src = np.full(n_id.shape[0], 2, np.uint8)
+    idx = np.arange(n_id.shape[0], dtype=np.int64)
+    got = _translate(n_id, src, idx, None, shard_rows, shards, "b")
+    want = translate_numpy(n_id, src, idx, None, shard_rows, shards, "b")
+    for g, w, name in zip(got, want, ("src", "idx", "counts", "ids")):
+        assert g.dtype == w.dtype and np.array_equal(g, w), name
+    assert np.array_equal(np.repeat(np.arange(shards), got[2]), np.sort(n_id) // shard_rows)
+
 def test_native_routing_names_the_batch_and_the_fault() -> None:
     """Each fault numpy's router reports is reported in the same words, after the batch's name."""
     rng = np.random.default_rng(3)
