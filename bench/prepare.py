@@ -4,7 +4,8 @@ On a synthetic graph whose node features are larger than 4 GiB (by default), wit
 10% of the feature bytes, the benchmark measures, in one process and one run:
 
 (a) **prepare next to its I/O floor.** The disk's sequential write (O_DIRECT, then fsync) and read
-    (O_DIRECT, `common.sequential_read_bw`) bandwidths are measured on a scratch file; the floor is
+    (O_DIRECT, `common.sequential_read_bw`) bandwidths are measured on a scratch file, each the median of
+    several probes (``--bw-writes``, ``--bw-reads``); the floor is
     feature bytes / read bandwidth + packed bytes / write bandwidth (DESIGN.md §5). `prepare` runs
     in this process on Dask's threaded scheduler, so ``/proc/self/io`` counts every byte its tasks
     really moved to and from the disk; its time includes fsyncing the packed dataset (writes left
@@ -90,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes written and read back to measure the disk's bandwidth (default 2 GiB)")
     p.add_argument("--bw-reads", type=int, default=3,
                    help="times the scratch file is read back; the floor uses their median (default 3)")
+    p.add_argument("--bw-writes", type=int, default=3,
+                   help="times the scratch file is written; the floor uses their median (default 3)")
     p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
                    help=f"where the dataset is cached and the outputs go (default ./{DEFAULT_WORKDIR}; large)")
     p.add_argument("--keep", action="store_true", help="keep the packed outputs (the dataset is always kept)")
@@ -115,13 +118,15 @@ def _io_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int | 
     return {"disk_read_bytes": after["read_bytes"] - before["read_bytes"], "disk_write_bytes": written}
 
 
-def disk_bandwidth(directory: Path, nbytes: int, reads: int = 3) -> tuple[float, float, list[float]]:
-    """(sequential read, sequential write) bandwidth in bytes/s of the disk holding `directory`, and every read's.
+def disk_bandwidth(directory: Path, nbytes: int, reads: int = 3, writes: int = 3
+                   ) -> tuple[float, float, list[float], list[float]]:
+    """(sequential read, sequential write) bandwidth in bytes/s of the disk holding `directory`, then every
+    read's and every write's.
 
-    Writes `nbytes` of random data with O_DIRECT (buffered + fsync where O_DIRECT is refused),
-    fsyncs, then reads the file back `reads` times with `sequential_read_bw`, evicting it before
-    each; the read bandwidth is their median (this disk's reads vary run to run). The file is
-    removed afterwards.
+    Writes `nbytes` of random data with O_DIRECT (buffered + fsync where O_DIRECT is refused) and fsyncs,
+    `writes` times over, then reads the file back `reads` times with `sequential_read_bw`, evicting it
+    before each; each bandwidth is the median of its probes (this disk's speed varies from one probe to
+    the next, writes as much as reads). The file is removed afterwards.
     """
     path = directory / "bw-scratch.bin"
     block = min(_BW_BLOCK, -(-max(nbytes, 1) // 4096) * 4096)
@@ -129,19 +134,21 @@ def disk_bandwidth(directory: Path, nbytes: int, reads: int = 3) -> tuple[float,
     buf.write(os.urandom(block))
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        try:
-            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
-        except OSError:
-            fd = os.open(path, flags, 0o644)
-        try:
-            done = 0
-            t0 = time.perf_counter()
-            while done < nbytes:
-                done += os.pwritev(fd, [buf], done)
-            os.fsync(fd)
-            write_s = time.perf_counter() - t0
-        finally:
-            os.close(fd)
+        write_bws = []
+        for _ in range(max(1, writes)):
+            try:
+                fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+            except OSError:
+                fd = os.open(path, flags, 0o644)
+            try:
+                done = 0
+                t0 = time.perf_counter()
+                while done < nbytes:
+                    done += os.pwritev(fd, [buf], done)
+                os.fsync(fd)
+                write_bws.append(done / (time.perf_counter() - t0))
+            finally:
+                os.close(fd)
         read_bws = []
         for _ in range(max(1, reads)):
             drop_page_cache(path)
@@ -149,7 +156,7 @@ def disk_bandwidth(directory: Path, nbytes: int, reads: int = 3) -> tuple[float,
     finally:
         buf.close()
         path.unlink(missing_ok=True)
-    return float(np.median(read_bws)), done / write_s, read_bws
+    return float(np.median(read_bws)), float(np.median(write_bws)), read_bws, write_bws
 
 
 def drop_store(store: Any) -> None:
@@ -373,7 +380,8 @@ def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_
 def _check_args(args: argparse.Namespace) -> None:
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
-                          ("--bw-bytes", args.bw_bytes), ("--bw-reads", args.bw_reads)):
+                          ("--bw-bytes", args.bw_bytes), ("--bw-reads", args.bw_reads),
+                          ("--bw-writes", args.bw_writes)):
         if value < 1:
             raise ConfigError(option, f"must be >= 1, got {value}")
     if not 0 < args.cpu_fraction < 1:
@@ -409,7 +417,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = replace(base, cpu_memory=tier_bytes + staging, readahead=int(args.readahead_fraction * feature_bytes))
     setup_s = time.perf_counter() - t_setup
 
-    read_bw, write_bw, read_bws = disk_bandwidth(work, args.bw_bytes, args.bw_reads)
+    read_bw, write_bw, read_bws, write_bws = disk_bandwidth(work, args.bw_bytes, args.bw_reads, args.bw_writes)
     out = work / "packed"
     scratch = work / "scratch"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -491,7 +499,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "worker_scaling": scaling.get("worker_scaling"), "scaling": scaling,
         "serial_chain_s": res.chain_s, "serial_chain_share": res.chain_s / prepare_s,
         "phase_cpu_s": dict(res.phase_cpu), "tasks": head["tasks"], "timeline": head["timeline"],
-        "seq_read_bws": read_bws,
+        "seq_read_bws": read_bws, "seq_write_bws": write_bws,
         "batched_over_naive": naive_round_s / batched["seconds"],
         "belady_miss_bytes": belady_miss_bytes, "static_miss_bytes": static_miss_bytes,
         "disk_used_bytes": budgeted.get("disk_used_bytes", int(fig["disk_used_bytes"])),
@@ -538,7 +546,7 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
         {"what": "disk sequential read", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_r) + "/s",
          "note": "O_DIRECT, 8 MiB requests; median of " + ", ".join(_bytes(b) + "/s" for b in f["seq_read_bws"])},
         {"what": "disk sequential write", "seconds": "", "bytes": _bytes(args.bw_bytes), "rate": _bytes(bw_w) + "/s",
-         "note": "O_DIRECT, then fsync"},
+         "note": "O_DIRECT, then fsync; median of " + ", ".join(_bytes(b) + "/s" for b in f["seq_write_bws"])},
         {"what": "floor: read features", "seconds": f["floor_read_s"], "bytes": _bytes(f["feature_bytes"]),
          "rate": _bytes(bw_r) + "/s", "note": "at the read bandwidth"},
         {"what": "floor: write packed", "seconds": f["floor_write_s"], "bytes": _bytes(f["packed_bytes"]),

@@ -617,7 +617,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{format_bytes(plan.peak(free_raw))} of {format_bytes(free0)} free"
               + ("; the raw input is deleted after ingest to make room" if free_raw else ""), flush=True)
 
-        read_bw, write_bw, _ = disk_bandwidth(work, args.bw_bytes)   # the median of three reads
+        read_bw, write_bw, *_ = disk_bandwidth(work, args.bw_bytes)   # the medians of three writes and three reads
         floors = Floors(read_bw, write_bw)
         phases: dict[str, dict[str, Any]] = {}
         raw, store_dir, packed = work / "raw", work / "store", work / "packed"

@@ -51,6 +51,7 @@ def test_figures_are_consistent(figures: tuple[dict, Path, str]) -> None:
     assert f["prepare_over_floor"] == pytest.approx(f["prepare_s"] / f["floor_s"])
     assert set(f["phases"]) == set(f["phase_cpu_s"]) == {"sample", "plan", "pack"}
     assert len(f["seq_read_bws"]) == 3 and f["seq_read_bw"] == pytest.approx(sorted(f["seq_read_bws"])[1])
+    assert len(f["seq_write_bws"]) == 3 and f["seq_write_bw"] == pytest.approx(sorted(f["seq_write_bws"])[1])
     # the CPU figures: every task group of the graph profiled, the headline rate from the process's CPU
     assert f["accesses_per_cpu_s"] == pytest.approx(f["accesses"] / f["prepare_cpu_s"])
     groups = {t["group"] for t in f["tasks"]}
