@@ -57,7 +57,8 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     if not tasks:
         return []
     client = None
-    if sys.modules.get("distributed") is not None:    # a client exists only where distributed was imported
+    have_distributed = sys.modules.get("distributed") is not None    # a client exists only where it was imported
+    if have_distributed:
         from distributed import default_client
         with contextlib.suppress(ValueError):
             client = default_client()
@@ -98,7 +99,7 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
             self.b.close()
 
     # Where distributed is loaded, dask looks for a client (a worker's, too) as it always does.
-    scheduler = None if sys.modules.get("distributed") is not None else _local_scheduler(tasks)
+    scheduler = None if have_distributed else _local_scheduler(tasks)
     with _Bar():
         return list(dask.compute(*tasks, scheduler=scheduler))
 

@@ -795,12 +795,6 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
         if (std::binary_search(gpu_ids.data, gpu_ids.data + gpu_ids.size, node))
             throw std::invalid_argument("init_cache: node " + std::to_string(node) + " belongs to the GPU tier");
     }
-    // Next uses index the residents' buckets: one outside the window (a trace of another window) is refused.
-    switch (next_use.width) {
-        case 1: check_accesses(nodes, static_cast<const uint8_t*>(next_use.data), limit, n_window); break;
-        case 2: check_accesses(nodes, static_cast<const uint16_t*>(next_use.data), limit, n_window); break;
-        default: check_accesses(nodes, static_cast<const int32_t*>(next_use.data), limit, n_window); break;
-    }
     SimInput in;
     in.first_use = first_use;
     in.gpu_slot = gpu_slot.size ? gpu_slot.data : nullptr;
@@ -808,10 +802,17 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
     in.num_keys = freq.size;
     in.n_window = n_window;
     const Ranker rank{freq, true};
+    // Next uses index the residents' buckets: one outside the window (a trace of another window) is
+    // refused before the simulation reads them, in entries of the width they were traced in.
+    auto run = [&](auto width_tag) {
+        using NU = decltype(width_tag);
+        check_accesses(nodes, static_cast<const NU*>(next_use.data), limit, n_window);
+        simulate<true, NU>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws);
+    };
     switch (next_use.width) {
-        case 1: simulate<true, uint8_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
-        case 2: simulate<true, uint16_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
-        default: simulate<true, int32_t>(in, nodes, offsets, n_plan, capacity, init_cache, rank, src, idx, out, *ws); break;
+        case 1: run(uint8_t{}); break;
+        case 2: run(uint16_t{}); break;
+        default: run(int32_t{}); break;
     }
 }
 
