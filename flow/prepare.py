@@ -98,6 +98,7 @@ from ..operators.prepare.pack import (
 from ..operators.prepare.partition import PARTITIONERS, default_parts
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
+from ..operators.prepare.sampler_pool import drop_idle_samplers
 from ..operators.prepare.seeds import (
     BATCH_ORDERS,
     GROUPINGS,
@@ -443,7 +444,10 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         if not (work / WORK_MARKER).exists():
             write_json(work / WORK_MARKER, {"format": WORK_FORMAT, "packed": out.name}, durable=False)
         with reuse_for_preparation():     # where the tasks run in this process (a threaded scheduler)
-            return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
+            try:
+                return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
+            finally:
+                drop_idle_samplers()      # the samplers its tasks kept for each other here (a worker's stay)
     except BaseException as e:
         _clean_work(work, created)
         if not (isinstance(e, DiskFullError) and e.path == os.fspath(out)):

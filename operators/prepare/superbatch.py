@@ -21,6 +21,8 @@ from ..formats.errors import ConfigError
 from ..formats.samples import id_type, record_batch, samples_bytes, write_samples
 from ..formats.store import Store
 from .history import HistoryStep, sample_planned
+from .sample import NeighborSampler
+from .sampler_pool import leased_sampler
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
 
@@ -125,12 +127,16 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
     summary. `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep`
     per batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
     the plan."""
-    from .sample import NeighborSampler
+    with leased_sampler(store_path, fanouts, num_threads) as pooled:
+        return _sample_records(pooled.store, pooled.sampler, pooled.split_ids("train"), ref, batch_size, fanouts,
+                               seed, order, history)
 
-    store = Store(store_path)
-    store.populate_topology()
-    sampler = NeighborSampler(store.indptr, store.indices, list(fanouts), num_threads=num_threads)
-    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+
+def _sample_records(store: Store, sampler: NeighborSampler, train_ids: np.ndarray, ref: SuperbatchRef,
+                    batch_size: int, fanouts: Sequence[int], seed: int, order: BatchOrder | None,
+                    history: Sequence[HistoryStep] | None) -> tuple[list[pa.RecordBatch], dict[str, Any], dict[str, Any]]:
+    """`sample_superbatch_records`' work, with a leased sampler."""
+    batches = seed_batches(train_ids, batch_size, ref.epoch, seed, order=order)
     records, accesses, max_nodes, edges = [], 0, 0, 0
     ids = id_type(store.num_nodes)
     narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
@@ -160,13 +166,10 @@ def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batc
                     seed: int, num_threads: int | None = None, order: BatchOrder | None = None) -> list[np.ndarray]:
     """The one-hop nodes of every batch of superbatch `ref`, as the full sample would draw them (draws
     are a function of (seed, hop, node)): what a history plan needs before the batches are sampled."""
-    from .sample import NeighborSampler
-
-    store = Store(store_path)
-    sampler = NeighborSampler(store.indptr, store.indices, list(fanouts)[:1], num_threads=num_threads)
-    batches = seed_batches(store.split_ids("train"), batch_size, ref.epoch, seed, order=order)
-    out = []
-    for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
-        s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
-        out.append(np.asarray(s.n_id[s.batch_size:], dtype=np.int64))
-    return out
+    with leased_sampler(store_path, list(fanouts)[:1], num_threads) as pooled:
+        batches = seed_batches(pooled.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+        out = []
+        for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
+            s = pooled.sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+            out.append(np.asarray(s.n_id[s.batch_size:], dtype=np.int64))
+        return out

@@ -35,6 +35,7 @@ from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare import pack as pack_mod
+from diskflow.operators.prepare.sampler_pool import idle_samplers
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
@@ -478,8 +479,9 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
     shutil.copytree(src.path, out)
     with _Keys() as k:
         r = prepare(tiny_store, out, cfg, force=True, quiet=True)
-    assert not r.skipped and "pack" in k.groups()
+    assert not r.skipped and {"sample", "pack"} <= k.groups()
     _assert_same_tree(out, src.path)
+    assert idle_samplers() == 0          # the samplers its tasks passed on to each other are let go
 
 
 # ----------------------------------------------------------------------------- 6. bad configs
