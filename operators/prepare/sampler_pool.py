@@ -8,11 +8,12 @@ worker, where an array that size is mapped fresh and zeroed by the kernel, more.
 leases a sampler: an idle one built for the same store (the same manifest file, unchanged),
 fanouts and thread count, or a new one, given back when the task is done.
 
-At most `KEEP_IDLE` samplers are kept idle in a process (the least recently used go first), so
-what the pool holds is bounded: each keeps its scratch (4 bytes a node) and its memory maps of
-the topology. `drop_idle_samplers` lets them go: `flow.prepare` calls it when a prepare ends in its
-own process; a Dask worker keeps its (at most two) for the next superbatch or prepare. A sampler
-whose task failed is not kept.
+A process keeps no more samplers idle than it has had leased at once since the pool was last
+emptied (its sampling concurrency: one per scheduler thread that samples; the least recently
+returned go first), so what the pool holds is what its sampling tasks held anyway while they ran:
+each keeps its scratch (4 bytes a node) and its memory maps of the topology. `drop_idle_samplers`
+lets them go: `flow.prepare` calls it when a prepare ends in its own process; a Dask worker keeps
+its for the next superbatch or prepare. A sampler whose task failed is not kept.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ import numpy as np
 from ..formats.store import Store
 from .sample import NeighborSampler
 
-KEEP_IDLE = 2          # idle samplers kept per process: a 2-core box runs two sampling tasks at once
-
 _lock = threading.Lock()
 _idle: list[tuple[tuple[Any, ...], PooledSampler]] = []    # least recently returned first
+_leased = 0            # samplers leased now
+_peak = 0              # the most leased at once since the pool was last emptied: how many are kept idle
 
 
 @dataclass
@@ -68,29 +69,40 @@ def leased_sampler(store_path: str | os.PathLike[str], fanouts: Sequence[int],
                    num_threads: int | None = None) -> Iterator[PooledSampler]:
     """A sampler over the store at `store_path` for the block (`NeighborSampler`'s arguments), its
     topology faulted in (`Store.populate_topology`); idle again afterwards unless the block raised."""
+    global _leased, _peak
     key = _identity(store_path, fanouts, num_threads)
     entry = None
     with _lock:
+        _leased += 1
+        _peak = max(_peak, _leased)
         for i in range(len(_idle) - 1, -1, -1):
             if _idle[i][0] == key:
                 entry = _idle.pop(i)[1]
                 break
-    if entry is None:
-        store = Store(store_path)
-        entry = PooledSampler(store, NeighborSampler(store.indptr, store.indices, list(fanouts),
-                                                     num_threads=num_threads))
-    entry.store.populate_topology()       # cheap where it is resident; faults it back in where it was evicted
-    yield entry                           # an exception skips the return below: a failed task's sampler is dropped
-    with _lock:
-        _idle.append((key, entry))
-        del _idle[:max(0, len(_idle) - KEEP_IDLE)]
+    kept = False
+    try:
+        if entry is None:
+            store = Store(store_path)
+            entry = PooledSampler(store, NeighborSampler(store.indptr, store.indices, list(fanouts),
+                                                         num_threads=num_threads))
+        entry.store.populate_topology()   # cheap where it is resident; faults it back in where it was evicted
+        yield entry
+        kept = True                       # not reached when the block raised: a failed task's sampler is dropped
+    finally:
+        with _lock:
+            _leased -= 1
+            if kept and entry is not None:
+                _idle.append((key, entry))
+                del _idle[:max(0, len(_idle) - _peak)]
 
 
 def drop_idle_samplers() -> int:
     """Let every idle sampler go (their scratch and memory maps); how many there were."""
+    global _peak
     with _lock:
         n = len(_idle)
         _idle.clear()
+        _peak = _leased                   # the next tasks' concurrency decides what is kept from now on
     return n
 
 

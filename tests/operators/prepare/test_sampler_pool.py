@@ -1,5 +1,6 @@
 """Samplers leased from the process's pool: reused for the same store, fanouts and threads only,
-never kept after a failure, bounded, and giving what a fresh sampler gives."""
+never kept after a failure, no more kept than were leased at once, and giving what a fresh sampler
+gives."""
 from __future__ import annotations
 
 import os
@@ -47,24 +48,41 @@ def test_a_returned_sampler_serves_the_next_lease_and_samples_like_a_fresh_one(t
 def test_other_fanouts_or_threads_get_their_own_sampler(tiny_store: Path) -> None:
     with leased_sampler(tiny_store, [4, 3], 1) as a:
         pass
-    with leased_sampler(tiny_store, [4], 1) as b:
+    with leased_sampler(tiny_store, [4], 1) as b, leased_sampler(tiny_store, [4, 3], 2) as c:
         assert b is not a and b.sampler.fanouts == [4]
-    with leased_sampler(tiny_store, [4, 3], 2) as c:
         assert c is not a and c is not b and c.sampler.num_threads == 2
-    with leased_sampler(tiny_store, [4, 3], 2) as again:      # a went when c came back (two kept)
+    with leased_sampler(tiny_store, [4, 3], 2) as again:      # two leased at once: two kept, b and c
         assert again is c
     with leased_sampler(tiny_store, [4], 1) as again:
         assert again is b
 
 
-def test_concurrent_leases_get_different_samplers_and_the_pool_stays_bounded(tiny_store: Path) -> None:
+def test_concurrent_leases_get_different_samplers_and_as_many_are_kept(tiny_store: Path) -> None:
     with leased_sampler(tiny_store, [4, 3], 1) as a, leased_sampler(tiny_store, [4, 3], 1) as b, \
             leased_sampler(tiny_store, [4, 3], 1) as c:
         assert len({id(a), id(b), id(c)}) == 3
-    assert idle_samplers() == sampler_pool.KEEP_IDLE == 2
+    assert idle_samplers() == 3                     # three sampled at once: three are kept
     with leased_sampler(tiny_store, [4, 3], 1) as d, leased_sampler(tiny_store, [4, 3], 1) as e:
-        assert {id(d), id(e)} == {id(a), id(b)}     # given back c, b, a: the least recently returned (c) went
-    assert drop_idle_samplers() == 2 and idle_samplers() == 0
+        assert {id(d), id(e)} == {id(a), id(b)}     # given back c, b, a: the most recently returned first
+    assert drop_idle_samplers() == 3 and idle_samplers() == 0
+
+
+def test_no_more_are_kept_than_were_leased_at_once(tiny_store: Path) -> None:
+    for fanouts in ([4, 3], [4], [2, 2], [3]):      # one at a time: one kept, the last returned
+        with leased_sampler(tiny_store, fanouts, 1) as last:
+            pass
+    assert idle_samplers() == 1
+    with leased_sampler(tiny_store, [3], 1) as again:
+        assert again is last
+    with leased_sampler(tiny_store, [4], 1), leased_sampler(tiny_store, [2, 2], 1):
+        pass
+    assert idle_samplers() == 2
+    drop_idle_samplers()                            # and the count starts again
+    with leased_sampler(tiny_store, [4], 1):
+        pass
+    with leased_sampler(tiny_store, [2, 2], 1):
+        pass
+    assert idle_samplers() == 1
 
 
 def test_a_sampler_whose_task_failed_is_not_kept(tiny_store: Path) -> None:
