@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.files import MANIFEST
 from ..formats.store import Store
 from .sample import NeighborSampler
 
@@ -41,7 +42,7 @@ class PooledSampler:
 
     store: Store
     sampler: NeighborSampler
-    _splits: dict[str, np.ndarray] = field(default_factory=dict)
+    _splits: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def split_ids(self, name: str) -> np.ndarray:
         """`Store.split_ids(name)`, computed once per pooled sampler (read-only: shared by its tasks)."""
@@ -58,7 +59,7 @@ def _identity(store_path: str | os.PathLike[str], fanouts: Sequence[int], num_th
     it by a rename, so its inode changes), the fanouts and the thread count."""
     path = os.path.realpath(store_path)
     try:
-        st = os.stat(os.path.join(path, "manifest.json"))
+        st = os.stat(os.path.join(path, MANIFEST))
     except OSError:
         return (path, None, tuple(fanouts), num_threads)      # Store() below raises the clear error
     return (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, tuple(int(f) for f in fanouts), num_threads)
