@@ -28,6 +28,7 @@ import contextlib
 import os
 import resource
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -447,12 +448,29 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             try:
                 return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
             finally:
-                drop_idle_samplers()      # the samplers its tasks kept for each other here (a worker's stay)
+                _let_samplers_go()
     except BaseException as e:
         _clean_work(work, created)
         if not (isinstance(e, DiskFullError) and e.path == os.fspath(out)):
             raise_if_disk_full(e, work)     # what failed was writing the cache (samples, plans, routes)
         raise
+
+
+def _let_samplers_go() -> None:
+    """Empty the sampler pools the prepare's sampling tasks filled (`sampler_pool`): this process's and,
+    where it ran on a Dask cluster, every worker's (a worker's samplers in use stay theirs). A cluster
+    that is going away has nothing left to free."""
+    drop_idle_samplers()
+    if sys.modules.get("distributed") is None:      # no client can exist where distributed was never imported
+        return
+    from distributed import default_client
+
+    try:
+        client = default_client()
+    except ValueError:
+        return
+    with contextlib.suppress(OSError, TimeoutError):
+        client.run(drop_idle_samplers, on_error="ignore")
 
 
 def link_partitions(src_work: str | os.PathLike[str], dst_work: str | os.PathLike[str]) -> list[str]:

@@ -12,8 +12,9 @@ A process keeps no more samplers idle than it has had leased at once since the p
 emptied (its sampling concurrency: one per scheduler thread that samples; the least recently
 returned go first), so what the pool holds is what its sampling tasks held anyway while they ran:
 each keeps its scratch (4 bytes a node) and its memory maps of the topology. `drop_idle_samplers`
-lets them go: `flow.prepare` calls it when a prepare ends in its own process; a Dask worker keeps
-its for the next superbatch or prepare. A sampler whose task failed is not kept.
+lets them go: `flow.prepare` calls it when a prepare ends, in its own process and on every worker of
+the cluster it ran on; a streaming run's CPU worker keeps its samplers from superbatch to superbatch.
+A sampler whose task failed is not kept.
 """
 from __future__ import annotations
 

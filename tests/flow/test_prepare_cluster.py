@@ -16,6 +16,7 @@ distributed = pytest.importorskip("distributed")    # before any import that nee
 from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
+from diskflow.operators.prepare.sampler_pool import idle_samplers
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 5,
         "disk_budget": 3 << 20, "device": "cuda"}   # segmented disk cache + GPU tier: every target file is shared
@@ -67,6 +68,7 @@ def test_cluster_run_gives_the_same_bytes_as_the_sync_scheduler(tiny_store: Path
     assert [k for k in got if got[k] != ref_files[k]] == [], "index, part, tier and manifest bytes all equal"
     assert r.figures == ref.figures
     verify(r.path, full=True)
+    assert set(client.run(idle_samplers).values()) == {0}, "the workers' sampler pools were emptied"
 
 
 def _set_allowed_failures(dask_scheduler: Any, n: int) -> int:
