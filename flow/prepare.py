@@ -28,7 +28,6 @@ import contextlib
 import os
 import resource
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -113,7 +112,7 @@ from ..operators.prepare.tiers import staging_buffers
 from .allocator import reuse_for_preparation
 from .graph import PlanResult, PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
 from .memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, refine_shares, split_point
-from .progress import compute
+from .progress import active_client, compute
 
 WORK_FORMAT = "diskflow-prepare-cache"
 COUNTS = "counts.npz"                   # the sample stage's access counts over the round (sparse: ids, counts)
@@ -461,16 +460,10 @@ def _let_samplers_go() -> None:
     where it ran on a Dask cluster, every worker's (a worker's samplers in use stay theirs). A cluster
     that is going away has nothing left to free."""
     drop_idle_samplers()
-    if sys.modules.get("distributed") is None:      # no client can exist where distributed was never imported
-        return
-    from distributed import default_client
-
-    try:
-        client = default_client()
-    except ValueError:
-        return
-    with contextlib.suppress(OSError, TimeoutError):
-        client.run(drop_idle_samplers, on_error="ignore")
+    client = active_client()
+    if client is not None:
+        with contextlib.suppress(OSError, TimeoutError):
+            client.run(drop_idle_samplers, on_error="ignore")
 
 
 def link_partitions(src_work: str | os.PathLike[str], dst_work: str | os.PathLike[str]) -> list[str]:

@@ -1,7 +1,6 @@
 """Progress bars for Dask graphs and long loops."""
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -44,6 +43,19 @@ def _wait_until_gone(client: Any, keys: list[Any], timeout: float = 120.0) -> No
         time.sleep(0.05)
 
 
+def active_client() -> Any:
+    """The process's default `distributed.Client`, or None. None without looking where distributed was never
+    imported: no client can exist there, and looking would import it."""
+    if sys.modules.get("distributed") is None:
+        return None
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
 def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> list[Any]:
     """Compute dask collections/delayed objects with one progress bar over their tasks.
 
@@ -56,12 +68,8 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     tasks = list(tasks)
     if not tasks:
         return []
-    client = None
     have_distributed = sys.modules.get("distributed") is not None    # a client exists only where it was imported
-    if have_distributed:
-        from distributed import default_client
-        with contextlib.suppress(ValueError):
-            client = default_client()
+    client = active_client() if have_distributed else None
     if client is not None:
         from distributed import as_completed
 

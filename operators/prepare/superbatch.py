@@ -19,9 +19,7 @@ import pyarrow as pa
 
 from ..formats.errors import ConfigError
 from ..formats.samples import id_type, record_batch, samples_bytes, write_samples
-from ..formats.store import Store
 from .history import HistoryStep, sample_planned
-from .sample import NeighborSampler
 from .sampler_pool import leased_sampler
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
@@ -128,38 +126,31 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
     per batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
     the plan."""
     with leased_sampler(store_path, fanouts, num_threads) as pooled:
-        return _sample_records(pooled.store, pooled.sampler, pooled.split_ids("train"), ref, batch_size, fanouts,
-                               seed, order, history)
-
-
-def _sample_records(store: Store, sampler: NeighborSampler, train_ids: np.ndarray, ref: SuperbatchRef,
-                    batch_size: int, fanouts: Sequence[int], seed: int, order: BatchOrder | None,
-                    history: Sequence[HistoryStep] | None) -> tuple[list[pa.RecordBatch], dict[str, Any], dict[str, Any]]:
-    """`sample_superbatch_records`' work, with a leased sampler."""
-    batches = seed_batches(train_ids, batch_size, ref.epoch, seed, order=order)
-    records, accesses, max_nodes, edges = [], 0, 0, 0
-    ids = id_type(store.num_nodes)
-    narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
-    pruned = pushed = 0
-    for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
-        if history is None:
-            s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), narrow=narrow)
-        else:
-            step = history[j - ref.first_batch]
-            s = sample_planned(sampler, batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), step)
-            pruned, pushed = pruned + int(step.pruned.shape[0]), pushed + int(step.pushed.shape[0])
-        records.append(record_batch(j, s, ids))
-        n = int(s.n_id.shape[0])
-        accesses += n
-        max_nodes = max(max_nodes, n)
-        edges += int(s.edge_index.shape[1])
-    metadata = {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
-                "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size}
-    summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
-                               "max_nodes": max_nodes, "edges": edges}
-    if history is not None:
-        summary.update(pruned=pruned, pushed=pushed)
-    return records, metadata, summary
+        store, sampler = pooled.store, pooled.sampler
+        batches = seed_batches(pooled.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+        records, accesses, max_nodes, edges = [], 0, 0, 0
+        ids = id_type(store.num_nodes)
+        narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
+        pruned = pushed = 0
+        for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
+            if history is None:
+                s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), narrow=narrow)
+            else:
+                step = history[j - ref.first_batch]
+                s = sample_planned(sampler, batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), step)
+                pruned, pushed = pruned + int(step.pruned.shape[0]), pushed + int(step.pushed.shape[0])
+            records.append(record_batch(j, s, ids))
+            n = int(s.n_id.shape[0])
+            accesses += n
+            max_nodes = max(max_nodes, n)
+            edges += int(s.edge_index.shape[1])
+        metadata = {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
+                    "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size}
+        summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
+                                   "max_nodes": max_nodes, "edges": edges}
+        if history is not None:
+            summary.update(pruned=pruned, pushed=pushed)
+        return records, metadata, summary
 
 
 def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
