@@ -45,6 +45,7 @@ from ..operators.formats.files import (
     MANIFEST,
     atomic_path,
     config_hash,
+    drop_thread_buffers,
     format_bytes,
     load_npz,
     raise_if_disk_full,
@@ -447,7 +448,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
             try:
                 return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
             finally:
-                _let_samplers_go()
+                _let_kept_state_go()
     except BaseException as e:
         _clean_work(work, created)
         if not (isinstance(e, DiskFullError) and e.path == os.fspath(out)):
@@ -455,15 +456,22 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
         raise
 
 
-def _let_samplers_go() -> None:
-    """Empty the sampler pools the prepare's sampling tasks filled (`sampler_pool`): this process's and,
-    where it ran on a Dask cluster, every worker's (a worker's samplers in use stay theirs). A cluster
-    that is going away has nothing left to free."""
-    drop_idle_samplers()
+def _let_kept_state_go() -> None:
+    """Let go of what the prepare's tasks kept for the next task of their thread or process: the sampler
+    pools (`sampler_pool`) and the threads' buffers (`thread_buffer`, hundreds of MB after packing),
+    this process's and, where it ran on a Dask cluster, every worker's (what a running task holds stays
+    its own). A cluster that is going away has nothing left to free."""
+    _drop_kept_state()
     client = active_client()
     if client is not None:
         with contextlib.suppress(OSError, TimeoutError):
-            client.run(drop_idle_samplers, on_error="ignore")
+            client.run(_drop_kept_state, on_error="ignore")
+
+
+def _drop_kept_state() -> None:
+    """Empty this process's sampler pool and its threads' kept buffers."""
+    drop_idle_samplers()
+    drop_thread_buffers()
 
 
 def link_partitions(src_work: str | os.PathLike[str], dst_work: str | os.PathLike[str]) -> list[str]:

@@ -23,6 +23,7 @@ from dask.callbacks import Callback
 from diskflow.flow import prepare as prepare_mod
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
 from diskflow.operators.formats.errors import ConfigError, InputError
+from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -482,6 +483,7 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
     assert not r.skipped and {"sample", "pack"} <= k.groups()
     _assert_same_tree(out, src.path)
     assert idle_samplers() == 0          # the samplers its tasks passed on to each other are let go
+    assert kept_thread_buffer_bytes() == 0, "and the buffers its pack tasks kept for their threads"
 
 
 # ----------------------------------------------------------------------------- 6. bad configs

@@ -14,6 +14,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
+from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare.sampler_pool import idle_samplers
@@ -69,6 +70,7 @@ def test_cluster_run_gives_the_same_bytes_as_the_sync_scheduler(tiny_store: Path
     assert r.figures == ref.figures
     verify(r.path, full=True)
     assert set(client.run(idle_samplers).values()) == {0}, "the workers' sampler pools were emptied"
+    assert set(client.run(kept_thread_buffer_bytes).values()) == {0}, "and their threads' buffers let go"
 
 
 def _set_allowed_failures(dask_scheduler: Any, n: int) -> int:

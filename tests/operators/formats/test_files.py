@@ -175,7 +175,6 @@ def test_write_npz_writes_what_np_savez_writes(tmp_path: Path, where: str, monke
     zip of the same members and bytes as `np.savez`, also when its buffer must grow mid-write and where
     O_DIRECT is refused (tmpfs)."""
     import io
-    import threading
     import zipfile
 
     from diskflow.operators.formats import files
@@ -194,7 +193,7 @@ def test_write_npz_writes_what_np_savez_writes(tmp_path: Path, where: str, monke
     try:
         for small in (False, True):
             if small:       # a fresh one-page buffer: every large write grows it
-                monkeypatch.setattr(files, "_BUFFERS", threading.local())
+                files.drop_thread_buffers()
                 monkeypatch.setattr(files._ScratchStream, "__init__", _small_stream_init)
             files.write_npz(out, arrays)
             with zipfile.ZipFile(out) as z:
@@ -216,3 +215,43 @@ def _small_stream_init(self: object, expect: int) -> None:
     io.RawIOBase.__init__(self)  # type: ignore[arg-type]
     self.buf = files._write_scratch(files.ALIGN)  # type: ignore[attr-defined]
     self.pos = self.end = 0  # type: ignore[attr-defined]
+
+
+def test_thread_buffers_are_kept_per_thread_until_dropped() -> None:
+    """`thread_buffer` hands a thread back its own buffer (grown when asked for more), never another
+    thread's; `drop_thread_buffers`, called from any thread, lets every thread's go (their bytes), and a
+    buffer still held stays intact while the thread's next call makes a new one."""
+    import threading
+
+    from diskflow.operators.formats import files
+
+    files.drop_thread_buffers()
+    mine = files.thread_buffer("test-a", 10_000)
+    assert mine.ctypes.data % 4096 == 0 and mine.shape[0] >= 10_000
+    assert files.thread_buffer("test-a", 5_000).ctypes.data == mine.ctypes.data       # the same, kept
+    grown = files.thread_buffer("test-a", 3 << 20)
+    assert grown.ctypes.data != mine.ctypes.data and files.thread_buffer("test-a", 8).ctypes.data == grown.ctypes.data
+    big = [files.thread_buffer("test-big", 1 << 20, limit=4096) for _ in range(2)]
+    assert big[0].ctypes.data != big[1].ctypes.data                                # over its limit: not kept
+    theirs: list[np.ndarray] = []
+    go = threading.Event()
+
+    def other() -> None:
+        theirs.append(files.thread_buffer("test-a", 10_000))
+        go.wait()
+
+    t = threading.Thread(target=other)
+    t.start()
+    while not theirs:
+        go.wait(0.001)
+    assert theirs[0].ctypes.data != grown.ctypes.data
+    held = files.thread_buffer("test-a", 8)
+    held[:4] = [1, 2, 3, 4]
+    assert files.kept_thread_buffer_bytes() == grown.nbytes + theirs[0].nbytes
+    assert files.drop_thread_buffers() == grown.nbytes + theirs[0].nbytes        # this thread's and the other's
+    assert files.kept_thread_buffer_bytes() == 0
+    assert list(held[:4]) == [1, 2, 3, 4]                                          # still the holder's
+    assert files.thread_buffer("test-a", 8).ctypes.data != held.ctypes.data
+    go.set()
+    t.join()
+    files.drop_thread_buffers()
