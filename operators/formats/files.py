@@ -189,10 +189,15 @@ def thread_buffer(name: str, nbytes: int, keep: np.ndarray | None = None, limit:
     mine = _own_buffers()
     buf = mine.get(name)
     if buf is None or buf.shape[0] < nbytes:
-        buf = aligned_empty(nbytes)
+        kept = limit is None or nbytes <= limit
+        # A kept buffer gets room to grow: a task's sizes vary a little from one to the next (a superbatch's
+        # window, its part files), and each regrowth would fault a whole buffer in afresh. The room is
+        # address space only; its pages are mapped when first written.
+        room = nbytes + nbytes // 2 if kept else nbytes
+        buf = aligned_empty(-(-(room if limit is None else min(room, max(limit, nbytes))) // ALIGN) * ALIGN)
         if keep is not None:
             buf[:keep.shape[0]] = keep
-        if limit is None or nbytes <= limit:
+        if kept:
             mine[name] = buf
     return buf
 

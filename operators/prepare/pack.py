@@ -369,7 +369,9 @@ class _SegmentWriter:
         kept from its previous pack task: fresh ones per shard cost the kernel zeroing them again every
         time. A thread runs one pack task at a time and `close` waits for every write from them, so reuse
         is safe; two writers of one thread alive at once take different `tag`s."""
-        return [thread_buffer(f"{tag}-{i}", n)[:n] for i in range(WRITES_IN_FLIGHT + 1)]
+        # Reserved at the full write size whatever `n` (pages are mapped only as written): an early-packing
+        # task's buffers are sized to its superbatch's part files, which grow and shrink from one to the next.
+        return [thread_buffer(f"{tag}-{i}", max(n, WRITE_BUFFER))[:n] for i in range(WRITES_IN_FLIGHT + 1)]
 
     @staticmethod
     def _thread_writer(tag: str) -> ThreadPoolExecutor:
@@ -847,7 +849,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
             col[first:] = position + np.r_[0, np.cumsum(sizes[:, p])[:-1]]
             crc = np.zeros(first + nb, dtype=np.int64)
             try:
-                w = _SegmentWriter(fd, path, buf, rb, direct, start=position, tag=f"early-{opened % 2}")
+                w = _SegmentWriter(fd, path, buf, rb, direct, start=position, tag=("segments", "early")[opened % 2])
                 opened += 1
             except BaseException:
                 os.close(fd)
