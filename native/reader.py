@@ -38,7 +38,13 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .constants import ALIGN, DEFAULT_BOUNCE_BYTES, DEFAULT_MERGE_BYTES, DEFAULT_QUEUE_DEPTH, DEFAULT_THREADS, SECTOR
+from .constants import (
+    ALIGN,
+    DEFAULT_BOUNCE_BYTES,
+    DEFAULT_MERGE_BYTES,
+    DEFAULT_QUEUE_DEPTH,
+    DEFAULT_THREADS,
+)
 
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
