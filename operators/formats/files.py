@@ -168,6 +168,7 @@ SCRATCH_KEEP = 256 << 20        # a thread keeps its direct-write buffer up to t
 
 
 def _own_buffers() -> dict[str, np.ndarray]:
+    """The calling thread's entry of `_BUFFERS` (made on its first call)."""
     me = threading.current_thread()
     with _BUFFERS_LOCK:
         mine = _BUFFERS.get(me)
@@ -190,11 +191,13 @@ def thread_buffer(name: str, nbytes: int, keep: np.ndarray | None = None, limit:
     buf = mine.get(name)
     if buf is None or buf.shape[0] < nbytes:
         kept = limit is None or nbytes <= limit
-        # A kept buffer gets room to grow: a task's sizes vary a little from one to the next (a superbatch's
-        # window, its part files), and each regrowth would fault a whole buffer in afresh. The room is
-        # address space only; its pages are mapped when first written.
-        room = nbytes + nbytes // 2 if kept else nbytes
-        buf = aligned_empty(-(-(room if limit is None else min(room, max(limit, nbytes))) // ALIGN) * ALIGN)
+        # A kept buffer gets room to grow (up to `limit`): a task's sizes vary a little from one to the next
+        # (a superbatch's window, its part files), and each regrowth would fault a whole buffer in afresh.
+        # The room is address space only; its pages are mapped when first written.
+        room = nbytes
+        if kept:
+            room = nbytes + nbytes // 2 if limit is None else min(nbytes + nbytes // 2, limit)
+        buf = aligned_empty(-(-room // ALIGN) * ALIGN)
         if keep is not None:
             buf[:keep.shape[0]] = keep
         if kept:
@@ -216,7 +219,7 @@ def drop_thread_buffers() -> int:
     running task holds stays its own until it drops it; its thread's next `thread_buffer` makes a new one.
     """
     with _BUFFERS_LOCK:
-        kept = [mine for mine in _BUFFERS.values()]
+        kept = list(_BUFFERS.values())
     freed = 0
     for mine in kept:
         for name in list(mine):
