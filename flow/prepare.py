@@ -97,6 +97,7 @@ from ..operators.prepare.pack import (
     write_tier_rows,
 )
 from ..operators.prepare.partition import PARTITIONERS, default_parts
+from ..operators.prepare.plan import release_planner_scratch
 from ..operators.prepare.policies import Policy, check_policy, policy_id
 from ..operators.prepare.route import route_superbatch, segment_offsets, write_index
 from ..operators.prepare.sampler_pool import drop_idle_samplers
@@ -458,7 +459,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
 
 def _let_kept_state_go() -> None:
     """Let go of what the prepare's tasks kept for the next task of their thread or process: the sampler
-    pools (`sampler_pool`) and the threads' buffers (`thread_buffer`, hundreds of MB after packing),
+    pools (`sampler_pool`), the threads' buffers (`thread_buffer`, hundreds of MB after packing) and the
+    Belady planner's scratch (`release_planner_scratch`),
     this process's and, where it ran on a Dask cluster, every worker's (what a running task holds stays
     its own). A cluster that is going away has nothing left to free."""
     _drop_kept_state()
@@ -469,9 +471,10 @@ def _let_kept_state_go() -> None:
 
 
 def _drop_kept_state() -> None:
-    """Empty this process's sampler pool and its threads' kept buffers."""
+    """Empty this process's sampler pool, its threads' kept buffers and the planner's scratch."""
     drop_idle_samplers()
     drop_thread_buffers()
+    release_planner_scratch()
 
 
 def link_partitions(src_work: str | os.PathLike[str], dst_work: str | os.PathLike[str]) -> list[str]:

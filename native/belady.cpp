@@ -445,6 +445,12 @@ public:
     WorkspaceLease& operator=(const WorkspaceLease&) = delete;
     SimWorkspace& operator*() { return *ws_; }
 
+    // The idle workspace, taken out of the pool (null where none is idle).
+    static std::unique_ptr<SimWorkspace> take_idle() {
+        std::lock_guard<std::mutex> lock(mutex());
+        return std::move(idle());
+    }
+
 private:
     // Never destroyed: a daemon thread may still be simulating while the process exits.
     static std::mutex& mutex() { static auto* m = new std::mutex(); return *m; }
@@ -454,6 +460,26 @@ private:
     }
     std::unique_ptr<SimWorkspace> ws_;
 };
+
+template <class V>
+int64_t capacity_bytes(const V& v) {
+    return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
+}
+
+}  // namespace
+
+int64_t belady_release_workspace() {
+    const std::unique_ptr<SimWorkspace> ws = WorkspaceLease::take_idle();
+    if (!ws) return 0;
+    int64_t bytes = capacity_bytes(ws->held) + capacity_bytes(ws->slot_of) + capacity_bytes(ws->cache) +
+                    capacity_bytes(ws->free_slots) + capacity_bytes(ws->missed) + capacity_bytes(ws->by_class) +
+                    capacity_bytes(ws->miss_scratch) + capacity_bytes(ws->admitted) + capacity_bytes(ws->spare) +
+                    capacity_bytes(ws->scratch);
+    for (const auto& bucket : ws->spare) bytes += capacity_bytes(bucket);
+    return bytes;   // `ws` is freed here
+}
+
+namespace {
 
 // Per-access inputs of a simulation. State is kept per key: a dense local id (the hash path,
 // `Dense` false: keys[t], first_use and gpu_slot indexed by local id) or the node id itself (the

@@ -101,6 +101,11 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
                      View<int64_t> init_cache, View<int64_t> gpu_ids, Frequency frequency, BatchIndices next_use,
                      BatchIndices first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
 
+// Frees the scratch a simulation left for the next one in this process (one idle workspace: per-node
+// slot and held arrays, the cache and the residents' buckets; tens of MB on a graph of millions of
+// nodes), and returns its bytes. A simulation under way keeps its own; the next one allocates anew.
+int64_t belady_release_workspace();
+
 // The (at most) `capacity` non-GPU nodes of the trace with the soonest first use (then the higher
 // frequency, then the lower id), best first.
 std::vector<int64_t> belady_initial_fill(View<int64_t> nodes, View<int64_t> offsets, int64_t capacity,

@@ -542,6 +542,8 @@ void register_belady(py::module_& m) {
           py::arg("first_use"), py::arg("gpu_slot"),
           "belady_plan's result for the planned batches (nodes/offsets) of a window traced by belady_trace;\n"
           "n_window: batches of the whole window. Raises ValueError on bad input.");
+    m.def("belady_release_workspace", &belady_release_workspace, Release(),
+          "Frees the scratch the last Belady simulation left for the next one in this process; its bytes.");
     m.def("belady_initial_fill", &belady_initial_fill_py, py::arg("nodes"), py::arg("offsets"), py::arg("capacity"),
           py::arg("gpu_ids"), py::arg("frequency"),
           "The <= capacity non-GPU nodes of the trace with the soonest first use (then higher frequency,\n"

@@ -9,8 +9,8 @@ the dtype and layout stated (1-D C-contiguous int64 unless said otherwise).
 Kernels:
     NeighborSampler: multi-hop uniform neighbor sampling (sampler.cpp); operators use it through
         `diskflow.operators.prepare.sample.NeighborSampler`, which checks fanouts and converts seeds.
-    belady_plan, belady_trace, belady_simulate, belady_initial_fill: the Belady CPU-cache planner
-        (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
+    belady_plan, belady_trace, belady_simulate, belady_initial_fill, belady_release_workspace: the Belady
+        CPU-cache planner (belady.cpp); operators use them through `diskflow.operators.prepare.plan`.
     copy_rows, gather_rows: one-pass row copies between feature matrices (rows.cpp); packing gathers
         every segment with `gather_rows_crc`, which checksums the rows as it copies them (crc32.cpp).
     count_dense: dense access counts of a superbatch (count.cpp);
@@ -170,6 +170,13 @@ def belady_simulate(nodes: np.ndarray, offsets: np.ndarray, n_window: int, capac
     out: BeladyPlanArrays = _native.belady_simulate(nodes, offsets, int(n_window), int(capacity), init_cache,
                                                     gpu_ids, frequency, next_use, first_use, gpu_slot)
     return out
+
+
+def belady_release_workspace() -> int:
+    """Free the scratch the last Belady simulation left for the next one in this process (per-node arrays
+    and the residents' buckets: tens of MB on a graph of millions of nodes); its bytes (0 where none was
+    left). A simulation under way keeps its own."""
+    return int(_native.belady_release_workspace())
 
 
 def belady_initial_fill(nodes: np.ndarray, offsets: np.ndarray, capacity: int, gpu_ids: np.ndarray,

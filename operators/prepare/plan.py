@@ -280,6 +280,13 @@ def replay(plan: SuperbatchPlan, batches: Sequence[np.ndarray], init_cache: np.n
     return cache
 
 
+def release_planner_scratch() -> int:
+    """Free what the Belady planner keeps in this process for its next superbatch (the native simulation's
+    scratch: a slot and a flag per node, the cache and its buckets); its bytes. `flow.prepare` calls it when
+    a prepare ends, with the thread buffers and the sampler pools."""
+    return kernels.belady_release_workspace()
+
+
 def _expect(ok: bool, fault: str) -> None:
     if not ok:
         raise AssertionError(f"invalid plan: {fault}")

@@ -36,6 +36,7 @@ from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare import pack as pack_mod
+from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
 
@@ -484,6 +485,7 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
     _assert_same_tree(out, src.path)
     assert idle_samplers() == 0          # the samplers its tasks passed on to each other are let go
     assert kept_thread_buffer_bytes() == 0, "and the buffers its pack tasks kept for their threads"
+    assert release_planner_scratch() == 0, "and the planner's scratch"
 
 
 # ----------------------------------------------------------------------------- 6. bad configs

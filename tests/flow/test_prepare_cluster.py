@@ -17,6 +17,7 @@ from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
 from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
+from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 5,
@@ -71,6 +72,7 @@ def test_cluster_run_gives_the_same_bytes_as_the_sync_scheduler(tiny_store: Path
     verify(r.path, full=True)
     assert set(client.run(idle_samplers).values()) == {0}, "the workers' sampler pools were emptied"
     assert set(client.run(kept_thread_buffer_bytes).values()) == {0}, "and their threads' buffers let go"
+    assert set(client.run(release_planner_scratch).values()) == {0}, "and the planner's scratch"
 
 
 def _set_allowed_failures(dask_scheduler: Any, n: int) -> int:

@@ -15,6 +15,7 @@ from diskflow.operators.prepare.plan import (
     initial_fill,
     plan_belady,
     plan_static,
+    release_planner_scratch,
     replay,
     static_tier,
     trace_window,
@@ -429,6 +430,24 @@ def test_two_step_planner_equals_the_one_shot_planner(seed: int) -> None:
     assert (two.hits, two.misses, two.gpu_hits) == (one["hits"], one["misses"], one["gpu_hits"])
     _same_plan(two, plan_belady(batches, lookahead, cap, init, gpu, freq))
     replay(two, batches, init, gpu)
+
+
+def test_planner_scratch_is_kept_for_the_next_plan_until_released() -> None:
+    """A simulation leaves its scratch (a slot and a flag per node, the cache, the buckets) for the next one;
+    `release_planner_scratch` frees it (its bytes: at least the per-node arrays), after which plans are the
+    same as before."""
+    rng = np.random.default_rng(11)
+    n = 50_000
+    trace = random_trace(rng, 8, n, 2_000, 0.5)
+    freq = frequency_of(trace, n)
+    release_planner_scratch()
+    batches, lookahead = trace[:4], trace[4:]
+    first = plan_belady(batches, [], 500, None, NO_GPU, freq, trace=trace_window(batches, lookahead, NO_GPU, n))
+    assert release_planner_scratch() >= n * (4 + 1)          # slot_of (int32) and held (char) per node
+    assert release_planner_scratch() == 0                      # nothing left
+    _same_plan(first, plan_belady(batches, [], 500, None, NO_GPU, freq,
+                                  trace=trace_window(batches, lookahead, NO_GPU, n)))
+    release_planner_scratch()
 
 
 @pytest.mark.parametrize(("window", "dtype"), [(9, np.uint8), (254, np.uint8), (255, np.uint16), (300, np.uint16),
