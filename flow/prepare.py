@@ -459,10 +459,10 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
 
 def _let_kept_state_go() -> None:
     """Let go of what the prepare's tasks kept for the next task of their thread or process: the sampler
-    pools (`sampler_pool`), the threads' buffers (`thread_buffer`, hundreds of MB after packing) and the
-    Belady planner's scratch (`release_planner_scratch`),
-    this process's and, where it ran on a Dask cluster, every worker's (what a running task holds stays
-    its own). A cluster that is going away has nothing left to free."""
+    pools (`sampler_pool`), the threads' buffers (`thread_buffer`) and the Belady planner's scratch
+    (`release_planner_scratch`), hundreds of MB each on a graph of millions of nodes; this process's and,
+    where it ran on a Dask cluster, every worker's (what a running task holds stays its own). A cluster
+    that is going away has nothing left to free."""
     _drop_kept_state()
     client = active_client()
     if client is not None:

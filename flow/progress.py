@@ -68,8 +68,7 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     tasks = list(tasks)
     if not tasks:
         return []
-    have_distributed = sys.modules.get("distributed") is not None    # a client exists only where it was imported
-    client = active_client() if have_distributed else None
+    client = active_client()
     if client is not None:
         from distributed import as_completed
 
@@ -107,7 +106,7 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
             self.b.close()
 
     # Where distributed is loaded, dask looks for a client (a worker's, too) as it always does.
-    scheduler = None if have_distributed else _local_scheduler(tasks)
+    scheduler = None if sys.modules.get("distributed") is not None else _local_scheduler(tasks)
     with _Bar():
         return list(dask.compute(*tasks, scheduler=scheduler))
 

@@ -102,7 +102,7 @@ void belady_simulate(View<int64_t> nodes, View<int64_t> offsets, int64_t n_windo
                      BatchIndices first_use, View<int32_t> gpu_slot, uint8_t* src, int64_t* idx, BeladyPlan& out);
 
 // Frees the scratch a simulation left for the next one in this process (one idle workspace: per-node
-// slot and held arrays, the cache and the residents' buckets; tens of MB on a graph of millions of
+// slot and held arrays, the cache and the residents' buckets; 255 MB on the prepare benchmark's 8.4M
 // nodes), and returns its bytes. A simulation under way keeps its own; the next one allocates anew.
 int64_t belady_release_workspace();
 

@@ -144,13 +144,13 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
             accesses += n
             max_nodes = max(max_nodes, n)
             edges += int(s.edge_index.shape[1])
-        metadata = {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
-                    "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size}
-        summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
-                                   "max_nodes": max_nodes, "edges": edges}
-        if history is not None:
-            summary.update(pruned=pruned, pushed=pushed)
-        return records, metadata, summary
+    metadata = {"epoch": ref.epoch, "superbatch": ref.index, "seed": seed,
+                "fanouts": ",".join(map(str, fanouts)), "batch_size": batch_size}
+    summary: dict[str, Any] = {"key": ref.key, "batches": ref.num_batches, "accesses": accesses,
+                               "max_nodes": max_nodes, "edges": edges}
+    if history is not None:
+        summary.update(pruned=pruned, pushed=pushed)
+    return records, metadata, summary
 
 
 def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
