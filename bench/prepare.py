@@ -52,6 +52,8 @@ DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
 DEFAULT_WORKDIR = Path("bench-data") / "prepare"
 VAL_FRAC = TEST_FRAC = 0.002       # unused by prepare; small so the raw nodes stay cheap
 _BW_BLOCK = 8 << 20                # bytes per O_DIRECT request of the bandwidth measurement
+TARGET_ACCESSES_PER_CPU_S = 5_000_000   # issue 'A cheap CPU box keeps a fast GPU fed'
+TARGET_SCALING = 1.7
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -377,6 +379,20 @@ def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_
     return m
 
 
+def _scaling_ceilings(cpu_phases_1: float, pack_1: float, pack_n: float, threads: int, accesses: int
+                      ) -> dict[str, float]:
+    """The most the prepare could scale from one worker to `threads`, its pack phase as measured on each.
+
+    ``ceiling``: the CPU-bound phases (sample + plan, ``cpu_phases_1`` seconds on one worker) divided
+    perfectly among the workers, no serial chain. ``ceiling_at_target``: the same, had the whole prepare
+    (pack included, all of it counted as divisible) cost ``TARGET_ACCESSES_PER_CPU_S``: with less CPU to
+    divide, the disk-bound pack phase weighs more, so the two targets pull against each other.
+    """
+    def ceiling(front_1: float) -> float:
+        return (front_1 + pack_1) / max(1e-9, front_1 / threads + pack_n)
+    return {"ceiling": ceiling(cpu_phases_1), "ceiling_at_target": ceiling(accesses / TARGET_ACCESSES_PER_CPU_S)}
+
+
 def _check_args(args: argparse.Namespace) -> None:
     for option, value in (("--nodes", args.nodes), ("--dim", args.dim), ("--batch-size", args.batch_size),
                           ("--superbatch-size", args.superbatch_size), ("--epochs", args.epochs),
@@ -491,6 +507,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    # the CPU-bound phases alone: what more workers can speed up (packing is the disk's)
                    "cpu_phases_s": [sum(r.phases.get(k, 0.0) for k in ("sample", "plan")) for r in (one, res)]}
         scaling["cpu_phases_scaling"] = scaling["cpu_phases_s"][0] / max(1e-9, scaling["cpu_phases_s"][1])
+        scaling.update(_scaling_ceilings(scaling["cpu_phases_s"][0], one.phases.get("pack", 0.0),
+                                         res.phases.get("pack", 0.0), threads, accesses))
     belady_miss_bytes = int(fig["plan_miss_bytes"])
     static_miss_bytes = static["misses"] * store.row_bytes
     figures: dict[str, Any] = {
@@ -590,9 +608,12 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
                     ["phase", "1 worker s", f"{sc['threads'][1]} workers s", "ratio"])
         print("The pack phase is one pass of the disk on either count of workers: the whole prepare scales only as "
               "far as its CPU-bound phases shorten. Each task's span and thread: the JSON's `timeline`.")
+        print(f"Ceiling, with the pack phases as measured: {sc['ceiling']:.2f}x had sample + plan divided perfectly "
+              f"among the workers; {sc['ceiling_at_target']:.2f}x had the whole prepare also cost "
+              f"{TARGET_ACCESSES_PER_CPU_S:,} accesses per CPU second (less CPU to divide beside the same disk pass).")
     print(f"targets (issue 'A cheap CPU box keeps a fast GPU fed'): prepare <= 1.5x the floor: "
-          f"{f['prepare_over_floor']:.2f}x; >= 5,000,000 accesses per CPU second: {f['accesses_per_cpu_s'] or 0:,.0f}; "
-          f"worker scaling >= 1.7x: " + (f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured "
+          f"{f['prepare_over_floor']:.2f}x; >= {TARGET_ACCESSES_PER_CPU_S:,} accesses per CPU second: "
+          f"{f['accesses_per_cpu_s'] or 0:,.0f}; worker scaling >= {TARGET_SCALING}x: " + (f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured "
                                          "(one core)"))
 
     n, k = f["batches"], f["naive_batches"]

@@ -62,6 +62,9 @@ def test_figures_are_consistent(figures: tuple[dict, Path, str]) -> None:
     sc = f["scaling"]
     assert sc["threads"] == [1, 2] and f["worker_scaling"] == pytest.approx(sc["prepare_s"][0] / sc["prepare_s"][1])
     assert sc["prepare_s"][1] == f["prepare_s"] and set(sc["phase_scaling"]) <= {"sample", "plan", "pack"}
+    f1, (p1, p2) = sc["cpu_phases_s"][0], sc["phases"]["pack"]
+    assert sc["ceiling"] == pytest.approx((f1 + p1) / (f1 / 2 + p2))
+    assert sc["ceiling_at_target"] == pytest.approx((f["accesses"] / 5e6 + p1) / (f["accesses"] / 1e7 + p2))
     assert f["raw_bytes_read"] == f["feature_bytes"]                   # every raw byte read once
     assert f["cpu_rows"] == int(0.10 * f["feature_bytes"]) // (32 * 4)  # the tier is 10% of the features
     assert f["cpu_memory"] == int(0.10 * f["feature_bytes"]) + f["staging_bytes"]
@@ -98,3 +101,12 @@ def test_bad_option_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 2
     assert "--cpu-fraction" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_scaling_ceilings() -> None:
+    """The ceiling divides the CPU-bound phases among the workers and keeps each pack phase as measured."""
+    from diskflow.bench.prepare import _scaling_ceilings
+    c = _scaling_ceilings(8.0, 4.0, 4.0, 2, 10_000_000)
+    assert c["ceiling"] == pytest.approx(12.0 / 8.0)                 # (8 + 4) / (8/2 + 4)
+    assert c["ceiling_at_target"] == pytest.approx(6.0 / 5.0)        # 10M accesses at 5M/s: (2 + 4) / (2/2 + 4)
+    assert _scaling_ceilings(8.0, 0.0, 0.0, 2, 1)["ceiling"] == pytest.approx(2.0)   # no disk pass: the cores
