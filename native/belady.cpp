@@ -156,6 +156,7 @@ private:
 };
 
 constexpr int64_t kPrefetchAhead = 16;  // accesses between a hash prefetch and its lookup
+constexpr int64_t kAdmitAhead = 8;      // admissions between a state prefetch and its write
 
 // ---------------------------------------------------------------------------------------------
 // The trace of one call, mapped to local ids, with every access's next use.
@@ -366,6 +367,13 @@ public:
         return &h.rows.back();
     }
 
+    // The resident `k` places better than the one `worst()` just returned, in its badness class, or
+    // nullptr: a row soon to be evicted, whose state the caller can fetch ahead.
+    const Resident* worst_ahead(size_t k) const {
+        const Bucket& h = buckets_[top_];
+        return k < h.rows.size() ? &h.rows[h.rows.size() - 1 - k] : nullptr;
+    }
+
     // Removes the resident `worst()` just returned.
     void pop_worst() {
         Bucket& h = buckets_[top_];
@@ -524,6 +532,19 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
         if (init_cache[s] < 0) free_slots.push_back(s);
     int64_t next_local = 0;
     for (int64_t s = 0; s < capacity; ++s) {
+        if (Dense) {  // a cache's nodes are in slot order, random by id: fetch their state ahead, in two steps
+            if (s + 2 * kPrefetchAhead < capacity) {
+                const int64_t far = init_cache[s + 2 * kPrefetchAhead];
+                if (far >= 0) {
+                    __builtin_prefetch(&slot_of[far], 1);
+                    __builtin_prefetch(in.first_use.address(far));
+                }
+            }
+            if (rank.use_freq && s + kPrefetchAhead < capacity) {   // its first use is in cache by now
+                const int64_t near = init_cache[s + kPrefetchAhead];
+                if (near >= 0 && in.first_use[near] == kNoUse) __builtin_prefetch(rank.freq.address(near));
+            }
+        }
         if (init_cache[s] < 0) continue;
         const int64_t key = Dense ? init_cache[s] : next_local++;
         slot_of[key] = static_cast<int32_t>(s);
@@ -609,6 +630,9 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
                 sort_rows(cls, cls_end, miss_scratch);
                 for (const Miss* mp = cls; mp != cls_end; ++mp) {
                     const Miss& m = *mp;
+                    // Admitted rows come in badness order, so their keys are random: fetch the state a
+                    // miss will write some admissions ahead, as the access loop does for its reads.
+                    if (cls_end - mp > kAdmitAhead) __builtin_prefetch(&slot_of[mp[kAdmitAhead].key], 1);
                     int64_t s;
                     if (!free_slots.empty()) {
                         s = free_slots.back();
@@ -622,6 +646,10 @@ void simulate(const SimInput& in, const View<int64_t>& nodes, const View<int64_t
                             !(m.bad < worst->bad)) {  // every later miss is worse still
                             admitting = false;
                             break;
+                        }
+                        if (const Resident* next = residents.worst_ahead(kAdmitAhead)) {  // likewise the evicted
+                            __builtin_prefetch(&slot_of[next->key], 1);
+                            __builtin_prefetch(&cache[next->slot], 1);
                         }
                         s = worst->slot;
                         slot_of[worst->key] = -1;

@@ -58,6 +58,7 @@ struct BatchIndices {
         if (width == 2) return batch_index(static_cast<const uint16_t*>(data)[i]);
         return batch_index(static_cast<const int32_t*>(data)[i]);
     }
+    const void* address(int64_t i) const { return static_cast<const char*>(data) + i * width; }
 };
 
 // Bytes per next_use / first_use entry for a window of `n_window` batches (1, 2 or 4).
