@@ -9,7 +9,10 @@ On a synthetic graph whose node features are larger than 4 GiB (by default), wit
     feature bytes / read bandwidth + packed bytes / write bandwidth (DESIGN.md §5). `prepare` runs
     in this process on Dask's threaded scheduler, so ``/proc/self/io`` counts every byte its tasks
     really moved to and from the disk; its time includes fsyncing the packed dataset (writes left
-    in the page cache are not done yet). The store is evicted from the page cache first.
+    in the page cache are not done yet). The store is evicted from the page cache first. The same prepare
+    then runs on one scheduler thread: the ratio of the two is the worker scaling, printed beside its
+    ceiling (sample and plan divided perfectly among the workers, each run's pack phase as measured: the
+    pack phase is one pass of the one disk, which more workers do not shorten).
 (b) **batched vs naive packing** on the same routes, both single-threaded, page cache dropped:
     `pack_shard` for every shard (one sequential read of each shard, large writes) against
     `pack_naive` (DiskGNN's individual packing: a random read per row, the page cache dropped
