@@ -614,10 +614,10 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
         print(f"Ceiling, with the pack phases as measured: {sc['ceiling']:.2f}x had sample + plan divided perfectly "
               f"among the workers; {sc['ceiling_at_target']:.2f}x had the whole prepare also cost "
               f"{TARGET_ACCESSES_PER_CPU_S:,} accesses per CPU second (less CPU to divide beside the same disk pass).")
+    scaled = f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured (one core)"
     print(f"targets (issue 'A cheap CPU box keeps a fast GPU fed'): prepare <= 1.5x the floor: "
           f"{f['prepare_over_floor']:.2f}x; >= {TARGET_ACCESSES_PER_CPU_S:,} accesses per CPU second: "
-          f"{f['accesses_per_cpu_s'] or 0:,.0f}; worker scaling >= {TARGET_SCALING}x: " + (f"{f['worker_scaling']:.2f}x" if f["worker_scaling"] else "not measured "
-                                         "(one core)"))
+          f"{f['accesses_per_cpu_s'] or 0:,.0f}; worker scaling >= {TARGET_SCALING}x: {scaled}")
 
     n, k = f["batches"], f["naive_batches"]
     print_table("(b) packing the same routes, one thread each, page cache dropped (naive: before every batch)", [
