@@ -1,7 +1,7 @@
 """Run a command inside a memory cgroup whose limit counts the page cache, and measure what it read from disk.
 
-Out-of-core means out of core (DESIGN.md §9): a pipeline whose features are several times its
-memory limit must not quietly keep them in the page cache. Both cgroup versions charge a
+Out-of-core means out of core (docs/design.md, "How it is measured"): a pipeline whose
+features are several times its memory limit must not quietly keep them in the page cache. Both cgroup versions charge a
 page-cache page to the cgroup of the process that first reads it, so a limited child can hold no
 more page cache than its limit:
 

@@ -8,7 +8,8 @@ OUTRE's partition batches and historical embedding cache, planned offline) and `
 two + a static CPU tier, misses read row by row). The two OUTRE pipelines train on samples of
 their own (other batches, pruned subtrees): they are compared by bytes read per epoch and by
 test accuracy after the same epochs; ``belady_outre`` also runs at every staleness threshold of
-``--staleness-sweep`` (OUTRE's Table 11 on this graph). How they are measured (DESIGN.md §9):
+``--staleness-sweep`` (OUTRE's Table 11 on this graph). How they are measured
+(docs/design.md, "How it is measured"):
 
 * **One dataset, one set of samples** (for all but the OUTRE pipelines). belady, diskgnn and ginex are prepared (cached in
   ``--workdir``) from the same store with the same fanouts, batch size and seed, so their stored

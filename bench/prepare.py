@@ -6,7 +6,8 @@ On a synthetic graph whose node features are larger than 4 GiB (by default), wit
 (a) **prepare next to its I/O floor.** The disk's sequential write (O_DIRECT, then fsync) and read
     (O_DIRECT, `common.sequential_read_bw`) bandwidths are measured on a scratch file, each the median of
     several probes (``--bw-writes``, ``--bw-reads``); the floor is
-    feature bytes / read bandwidth + packed bytes / write bandwidth (DESIGN.md §5). `prepare` runs
+    feature bytes / read bandwidth + packed bytes / write bandwidth (docs/design.md, "Packing").
+    `prepare` runs
     in this process on Dask's threaded scheduler, so ``/proc/self/io`` counts every byte its tasks
     really moved to and from the disk; its time includes fsyncing the packed dataset (writes left
     in the page cache are not done yet). The store is evicted from the page cache first. The same prepare

@@ -14,7 +14,7 @@ train     one epoch of GraphSAGE with the packed pipeline (`operators.trainer.tr
           belady's CPU tier = the feature budget), no evaluation
 ========  =====================================================================================
 
-How it is measured (DESIGN.md §9):
+How it is measured (docs/design.md, "How it is measured"):
 
 * **Memory.** synth, ingest and prepare run in a memory cgroup (`bench.cgroup`, page cache counted)
   the size of a cheap preprocessing box: the topology (indptr + indices) plus ``--worker-memory``

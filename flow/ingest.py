@@ -1,4 +1,4 @@
-"""Ingest as a Dask graph: a raw Arrow/Parquet dataset becomes a store (DESIGN.md §3).
+"""Ingest as a Dask graph: a raw Arrow/Parquet dataset becomes a store (docs/design.md, "Formats").
 
 Two phases, each one `progress.compute` call on the active scheduler:
 
@@ -140,7 +140,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
     """Ingest the raw dataset `raw` into the store `out`, as Dask tasks on the active scheduler.
 
     Args:
-        raw: directory with edges/, features/, nodes/ (DESIGN.md §3).
+        raw: directory with edges/, features/, nodes/ (docs/design.md, "Formats").
         out: the store directory to create (or replace).
         memory_budget: bytes one task may use (e.g. "1GiB"); sets the feature shard size,
             the edge buckets and the read batch sizes.

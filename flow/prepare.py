@@ -1,4 +1,5 @@
-"""Offline preprocessing as Dask task graphs: store -> packed dataset (DESIGN.md §3-§5).
+"""Offline preprocessing as Dask task graphs: store -> packed dataset (docs/design.md,
+"The preparation graph").
 
 Phases, each a Dask graph with named task groups (so the dashboard tells the story):
 

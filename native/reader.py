@@ -2,7 +2,8 @@
 
 Reads lists of (file, offset, length) requests straight from disk into caller-provided buffers,
 with many requests in flight and the GIL released, so a loader thread can stream packed segments
-and disk-cache pages into pinned host memory while Python keeps training (DESIGN.md §6, §7).
+and disk-cache pages into pinned host memory while Python keeps training (docs/design.md,
+"Direct I/O" and "The pipelined trainer").
 
 * Files are opened with ``O_DIRECT`` (the page cache is bypassed: no double buffering, no memory
   contention with the sampler, true disk traffic). Where the file system refuses it (tmpfs) the

@@ -1,7 +1,7 @@
 """crc32 of packed segments, shipped files and checkpoints: zlib's checksum, computed natively.
 
 Every byte the system moves is checksummed when it is written and again when it is read
-(DESIGN.md: a checksum per segment; a shipped file is verified on arrival). zlib's own crc32
+(docs/design.md, "Formats": a checksum per segment; a shipped file is verified on arrival). zlib's own crc32
 runs at about 3 GB/s on this machine's cores, which made checksums a visible share of packing
 and of the GPU worker's staging. The native one (`native/crc32.cpp`) folds with carry-less
 multiplication where the CPU has it (PCLMULQDQ, VPCLMULQDQ: tens of GB/s, checked at run time),

@@ -1,6 +1,6 @@
 """The packed dataset: its index files and a reader that replays the plan.
 
-A packed dataset (``PACKED/``, see DESIGN.md §3) holds everything a training machine needs
+A packed dataset (``PACKED/``, see docs/design.md, "Formats") holds everything a training machine needs
 and no graph topology: the GPU tier rows, the CPU tier at round start, per shard p one
 ``round-0/part-PPPPP.bin`` of 4096-aligned packed segments in batch order, the segmented
 disk caches ``round-0/dcache-GGGGG.bin``, and per superbatch an index

@@ -1,6 +1,6 @@
 """Read access to an ingested store (the output of `ingest`).
 
-Layout (DESIGN.md §3)::
+Layout (docs/design.md, "Formats")::
 
     STORE/manifest.json         written last; describes everything below
     STORE/indptr.npy            int64 [N+1], CSC by destination

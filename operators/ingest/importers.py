@@ -1,4 +1,5 @@
-"""Write the raw input format (DESIGN.md §3) from a PyG `Data`, numpy `.npy` files or an OGB dataset.
+"""Write the raw input format (docs/design.md, "Formats") from a PyG `Data`, numpy `.npy` files or
+an OGB dataset.
 
 The raw format is a directory of Arrow-partitioned shards, all named `part-NNNNN.*`::
 

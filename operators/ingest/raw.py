@@ -1,6 +1,6 @@
 """Ingest, the shared part: find a raw dataset's files, read them as Arrow, size the work.
 
-A raw dataset (DESIGN.md §3) is a directory with ``edges/``, ``features/`` and
+A raw dataset (docs/design.md, "Formats") is a directory with ``edges/``, ``features/`` and
 ``nodes/``, each holding Arrow-partitioned shards (Parquet, or Arrow IPC in the file
 or the stream format). The stage-specific operators live next to this module:
 `ingest_nodes` (labels and splits), `ingest_edges` (CSC by destination, bucketed
@@ -404,7 +404,7 @@ def write_raw_dataset(out: str | os.PathLike[str], *, src: np.ndarray, dst: np.n
                       labels: np.ndarray, splits: Sequence[str] | np.ndarray, edge_parts: int = 1,
                       feature_parts: int = 1, node_parts: int = 1, feature_format: str = "parquet",
                       row_group_rows: int | None = None) -> Path:
-    """Write in-memory arrays as a raw dataset (DESIGN.md §3): the inverse of ingest.
+    """Write in-memory arrays as a raw dataset (docs/design.md, "Formats"): the inverse of ingest.
 
     Rows are split into contiguous parts, one file each, in node/edge order. Meant for
     tests, benchmarks and small imports; large datasets are written by `synth` part by part.

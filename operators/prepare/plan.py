@@ -1,4 +1,5 @@
-"""CPU-cache plans: where every feature read of a round comes from (DESIGN.md §4, steps 1-2).
+"""CPU-cache plans: where every feature read of a round comes from (docs/design.md,
+"Belady per superbatch").
 
 A round is a sequence of minibatches; batch i reads the rows of `n_id_i` (unique within the
 batch). A static GPU tier serves its nodes; the CPU tier is a cache of C slots whose content is

@@ -1,6 +1,7 @@
 """Streamed packing: one superbatch at a time, as a bundle of files that can travel to the training machine.
 
-In a streamed run (DESIGN.md §1, use 2) the round is never packed as a whole: superbatch k is
+In a streamed run (docs/design.md, "The streamed split-machine run") the round is never packed
+as a whole: superbatch k is
 sampled, planned and packed on a CPU worker while earlier superbatches train, and reaches the
 GPU worker's scratch disk as a `Bundle` — a handful of files, each with its size and crc32:
 

@@ -1,4 +1,5 @@
-"""Nothing of the user's is replaced without --force (DESIGN.md §8): every command that writes a
+"""Nothing of the user's is replaced without --force (docs/design.md, "Outputs: nothing replaced,
+nothing half-written"): every command that writes a
 directory refuses one that is not its own kind of output, in one line naming it and what is there,
 and leaves it as it was; with --force it is replaced by a valid output.
 """

@@ -101,7 +101,7 @@ def test_pipelines_are_found_by_name_or_path(tmp_path: Path) -> None:
     assert "inmemory" in available_pipelines()
     assert load_pipeline("inmemory") is inmemory.PIPELINE
     assert load_pipeline(inmemory.__file__) is inmemory.PIPELINE
-    assert load_pipeline("pipelines/inmemory.py") is inmemory.PIPELINE  # the form DESIGN.md uses, from anywhere
+    assert load_pipeline("pipelines/inmemory.py") is inmemory.PIPELINE  # docs/design.md, "Pipelines as data"
     with pytest.raises(ConfigError, match=r"PIPELINE: unknown pipeline 'nope'; available: .*inmemory"):
         load_pipeline("nope")
     (tmp_path / "norun.py").write_text("def run(store, run_dir):\n    return {}\n")
