@@ -134,7 +134,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch (default 1024)")
     p.add_argument("--superbatch-size", type=int, default=8, help="batches per superbatch (default 8)")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
-    p.add_argument("--hidden", type=int, default=128, help="GraphSAGE hidden channels (default 128)")
+    p.add_argument("--model", default="sage", metavar="MODEL",
+                   help="the model every pipeline trains: sage (default), gcn, gat, mlp, or the path of a .py file "
+                        "that defines a diskflow.Model")
+    p.add_argument("--hidden", type=int, default=128, help="the model's hidden channels (default 128)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
     p.add_argument("--io-model", default="mlp", choices=("mlp", "sage", "gcn", "gat"),   # operators.models.MODELS
                    help="belady's pipelined vs --sequential pair where I/O is the bottleneck trains this model "
@@ -178,8 +181,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_args(args: argparse.Namespace) -> list[str]:
     """Check the options; the pipelines in run order. Sets ``args.definitions`` (name -> `diskflow.Pipeline`)."""
+    from ..flow.options import model_option
     from ..flow.pipeline import load_pipeline, pipeline_names
 
+    args.model = model_option(args.model)
     given = pipeline_names(args.pipelines)
     unknown = [n for n in given if n not in PIPELINES and not n.endswith(".py")]
     if not given or unknown:
@@ -528,7 +533,8 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
                 largest = s
     data_rss = _hwm()
     torch.manual_seed(0)
-    net = build_model("sage", ds.dim, spec["hidden"], int(ds.manifest["num_classes"]), len(spec["fanouts"]))
+    net = build_model(spec.get("model", "sage"), ds.dim, spec["hidden"], int(ds.manifest["num_classes"]),
+                      len(spec["fanouts"]))
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     n = int(largest.n_id.shape[0])
     data = batch_data(largest, torch.zeros((n, ds.dim)), torch.from_numpy(labels[largest.n_id]))
@@ -792,7 +798,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     droppable = [store.path, work / "packed"]
     runs_dir = work / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    shared = {"store": str(store.path), "samples": str(ref), "hidden": args.hidden, "lr": args.lr, "seed": args.seed,
+    shared = {"store": str(store.path), "samples": str(ref), "model": args.model, "hidden": args.hidden, "lr": args.lr, "seed": args.seed,
               "epochs": args.epochs, "fanouts": list(args.fanouts), "batch_size": args.batch_size,
               "threads": args.threads, "warm": warm, "queue_depth": args.queue_depth, "cpu_memory": budget,
               "sequential": False, "measure": None,
@@ -823,10 +829,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             groups: dict[str, list[dict[str, Any]]] = {
                 "data": [{"kind": "data", "model": "none", "sequential": False}],
-                "model": [{"kind": "model", "model": "sage", "sequential": False}]}
+                "model": [{"kind": "model", "model": args.model, "sequential": False}]}
             if name == "belady":
                 groups["data"].append({"kind": "data_nocrc", "model": "none", "sequential": False, "check_crc": False})
-                groups["model"] += [{"kind": "sequential", "model": "sage", "sequential": True},
+                groups["model"] += [{"kind": "sequential", "model": args.model, "sequential": True},
                                     {"kind": "io_model", "model": args.io_model, "sequential": False,
                                      "threads": args.io_threads},
                                     {"kind": "io_sequential", "model": args.io_model, "sequential": True,

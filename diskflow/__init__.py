@@ -16,11 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "DiskflowError", "InputError", "Pipeline", "TierPolicy", "load_pipeline"]
+__all__ = ["ConfigError", "DiskflowError", "InputError", "Model", "Pipeline", "TierPolicy", "load_model",
+           "load_pipeline"]
 
 _PUBLIC = {"Pipeline": "diskflow.flow.pipeline", "load_pipeline": "diskflow.flow.pipeline",
            "TierPolicy": "diskflow.operators.prepare.policies", "DiskflowError": "diskflow.operators.formats.errors",
-           "ConfigError": "diskflow.operators.formats.errors", "InputError": "diskflow.operators.formats.errors"}
+           "ConfigError": "diskflow.operators.formats.errors", "InputError": "diskflow.operators.formats.errors",
+           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.modeldef"}
 
 
 def __getattr__(name: str) -> Any:

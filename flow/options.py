@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 from ..operators.formats.errors import ConfigError
@@ -101,3 +102,12 @@ def history_options(memory: int | str | None, staleness: int | None, hidden: int
         refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune)
         return {"history_memory": 0}      # none, even where the pipeline has one
     return {"history_memory": nbytes, "history_dim": hidden, **rule}
+
+
+def model_option(text: str) -> str:
+    """A `--model` value: a built-in model's name, ``none``, or the path of an existing ``.py`` file that
+    defines a `diskflow.Model` (imported where the model is built, not here)."""
+    from ..operators.train.modeldef import check_model_option, is_model_file
+
+    check_model_option(text, "--model")
+    return os.path.abspath(text) if is_model_file(text) else text

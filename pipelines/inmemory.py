@@ -22,7 +22,6 @@ import os
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -442,7 +441,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     return {
         "pipeline": how.name,
         "title": f"{how.name}: {cfg.model}, fanouts {list(cfg.fanouts)}",
-        "config": {**asdict(cfg), "fanouts": list(cfg.fanouts), "device": str(dev),
+        "config": {**cfg.as_json(), "device": str(dev),
                    "threads": cfg.threads, "torch_threads": torch.get_num_threads(),
                    "samples": None if how.samples is None else str(how.samples),
                    "features": "ram" if how.features is None else str(features)},

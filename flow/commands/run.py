@@ -14,7 +14,8 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError
 from ...operators.prepare.history import check_prune
-from ..options import parse_fanouts, parse_int
+from ...operators.train.modeldef import model_label
+from ..options import model_option, parse_fanouts, parse_int
 from ..pipeline import available_pipelines, load_pipeline
 from ..rundir import fmt, new_run_dir, print_epoch
 from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on an ingested store; prints each epoch and writes RUNS_DIR/<time>-<pipeline>-<model>/report.json.")
     p.add_argument("pipeline", metavar="PIPELINE", help="pipeline name or path of a pipeline .py file")
     p.add_argument("--dataset", required=True, metavar="STORE", help="ingested store directory")
-    p.add_argument("--model", metavar="NAME", help="sage (default), gcn, gat or mlp (features only)")
+    p.add_argument("--model", metavar="MODEL", help="sage (default), gcn, gat, mlp (features only), or the path of a "
+                                                    ".py file that defines a diskflow.Model")
     p.add_argument("--epochs", metavar="N", help="training epochs (default 3)")
     p.add_argument("--fanouts", metavar="K,K,..", help="neighbours per hop, -1 for all (default 10,10,10)")
     p.add_argument("--batch-size", metavar="N", help="seed nodes per batch (default 1024)")
@@ -89,7 +91,7 @@ def parse_float(option: str, text: str) -> float:
 
 # option attribute -> (flag, parser)
 _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "model": ("--model", str),
+    "model": ("--model", model_option),
     "epochs": ("--epochs", lambda s: parse_int("--epochs", s, 1)),
     "fanouts": ("--fanouts", parse_fanouts),
     "batch_size": ("--batch-size", lambda s: parse_int("--batch-size", s, 1)),
@@ -128,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     options.update({k: v for k, v in extras.items() if takes_any or k in params})
 
     label = pipeline.name
-    run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{options.get('model', 'sage')}")
+    run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{model_label(options.get('model', 'sage'))}")
     print(f"run directory: {run_dir}")
     try:
         report = pipeline.run(args.dataset, run_dir, **options)

@@ -16,7 +16,8 @@ from typing import Any
 from ...operators.formats.errors import ConfigError, DiskflowError, InputError
 from ...operators.formats.files import format_bytes, read_manifest, write_json
 from ...operators.train.config import DATA_ONLY, MODELS, TrainConfig
-from ..options import positive_int
+from ...operators.train.modeldef import model_label
+from ..options import model_option, positive_int
 from ..rundir import REPORT, RUN_INFO, fmt, new_run_dir, print_epoch, use_run_dir
 
 
@@ -29,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "checkpoint is saved after every epoch (and on Ctrl-C); --resume continues from it.")
     p.add_argument("packed", metavar="PACKED", help="packed dataset directory")
     d = TrainConfig()       # the defaults, from the one place they are set
-    p.add_argument("--model", default=d.model, choices=(*MODELS, DATA_ONLY),
-                   help=f"{', '.join(MODELS)} (default {d.model}), or {DATA_ONLY} (the data path only, for timing)")
+    p.add_argument("--model", default=d.model, metavar="MODEL",
+                   help=f"{', '.join(MODELS)} (default {d.model}), the path of a .py file that defines a "
+                        f"diskflow.Model, or {DATA_ONLY} (the data path only, for timing)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=d.hidden,
                    help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
@@ -93,12 +95,13 @@ def _run(args: argparse.Namespace) -> int:
     from ...pipelines._packed import train_and_report
     from ..options import byte_budget as budget
 
+    model_option(args.model)
     manifest = _packed_manifest(args.packed)
     packed = Path(args.packed).resolve()
     feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
     cpu = budget(args.cpu_memory, "--cpu-memory", feature_bytes)
     gpu = budget(args.gpu_memory, "--gpu-memory", feature_bytes)
-    label = f"train-{manifest.get('pipeline', 'packed')}-{args.model}"
+    label = f"train-{manifest.get('pipeline', 'packed')}-{model_label(args.model)}"
     if args.run_dir is not None:
         run_dir = use_run_dir(args.run_dir, args.force)
     elif args.resume:

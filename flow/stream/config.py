@@ -140,10 +140,10 @@ class StreamConfig:
                 if k not in ("window", "stage", "checkpoint_every", "gpu_wait_s", "poll_s", "train", "group_timeout_s")
                 and not (k in _LATER and v == _LATER[k])      # checkpoints made before these existed still match
                 and not (k == "history_prune" and not self.history_rows)}   # no cache: no rule
-        train = {k: v for k, v in asdict(self.train).items() if k not in ("queue_depth", "check_crc", "store")
+        train = {k: v for k, v in self.train.as_json().items() if k not in ("queue_depth", "check_crc", "store")
                  and not (k == "label_prior" and v is None)
                  and k not in ("shared_tier", "shared_timeout_s", "rank")
                  and not (k == "world" and v == 1)
                  and not (k == "batches_per_step" and v == 1)}
         return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
-                            "train": {**train, "fanouts": list(train["fanouts"])}})
+                            "train": {**train, "model": self.train.model_key(), "fanouts": list(train["fanouts"])}})

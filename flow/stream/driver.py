@@ -755,12 +755,14 @@ class StreamRun:
     def _load_resume(self) -> int:
         """The stream position of the latest checkpoint, with each lane's state and CPU tier set from it."""
         from ...operators.train.checkpoint import latest_checkpoint, load_checkpoint
+        from ...operators.train.config import check_model_identity
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None:
             return 0
         ck = load_checkpoint(latest)
         st = ck.state
+        check_model_identity(st, self.cfg.train, latest)
         if st.get("fingerprint") != self.fingerprint or "stream_index" not in st:
             raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset, "
                                           "pipeline or number of GPU workers); use the same options, or start a new "

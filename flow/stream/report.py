@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from ...operators.train.record import final_block
@@ -26,7 +26,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
         "pipeline": "streaming",
         "title": f"streaming: {tcfg.model}, fanouts {list(run.cfg.fanouts)}, window {run.cfg.window}",
         "config": {**replace(run.cfg, train=None).describe(), "fanouts": list(run.cfg.fanouts),
-                   "train": {**asdict(tcfg), "fanouts": list(tcfg.fanouts)}, "device": getattr(run, "device", None)},
+                   "train": tcfg.as_json(), "device": getattr(run, "device", None)},
         "dataset": {"store": run.store_path, "nodes": run.store.num_nodes, "dim": run.store.feature_dim,
                     "dtype": str(run.store.feature_dtype), "num_classes": run.store.num_classes,
                     "batches": run.round_batches, "superbatches": run.n,

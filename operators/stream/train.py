@@ -252,7 +252,7 @@ class StreamTrainer:
             return {}
         s = self.loader.stats()
         return {"stages": s["stages"], "io": s["io"], "tiers": s["tiers"], "memory": dict(self.loader.memory),
-                "config": {**asdict(self.cfg), "fanouts": list(self.cfg.fanouts), "device": str(self.dev),
+                "config": {**self.cfg.as_json(), "device": str(self.dev),
                            "torch_threads": torch.get_num_threads()},
                 "eval_note": self.eval_note}
 

@@ -8,13 +8,14 @@ here once. Imports no torch: a config can be built, validated and pickled where 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..formats.errors import ConfigError
-
-MODELS = ("sage", "gcn", "gat", "mlp")
-DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
+from .modeldef import BUILTIN_MODELS as MODELS  # noqa: F401  (the built-in names, re-exported)
+from .modeldef import DATA_ONLY, check_model_option, model_identity, model_label
 
 
 def _positive_int(option: str, value: Any) -> None:
@@ -30,7 +31,8 @@ class TrainConfig:
     """What to train and how; validated on construction (errors name the CLI option).
 
     Attributes:
-        model: one of `MODELS`, or `DATA_ONLY` ("none": build every batch, train nothing).
+        model: one of `MODELS`, the path of a ``.py`` file that defines a `diskflow.Model`, a
+            `diskflow.Model`, or `DATA_ONLY` ("none": build every batch, train nothing).
         hidden, num_layers, dropout, heads: the model's shape; `num_layers` defaults to the
             number of hops (``len(fanouts)``).
         fanouts: `fanouts[k]` neighbours sampled at hop k (-1: all of them).
@@ -48,7 +50,7 @@ class TrainConfig:
             GPU workers computes, in one process.
     """
 
-    model: str = "sage"
+    model: Any = "sage"
     hidden: int = 128
     num_layers: int | None = None
     fanouts: tuple[int, ...] = (10, 10, 10)
@@ -65,8 +67,7 @@ class TrainConfig:
     batches_per_step: int = 1
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS and self.model != DATA_ONLY:
-            raise ConfigError("--model", f"unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        check_model_option(self.model, "--model")
         fanouts = tuple(self.fanouts)
         if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
             raise ConfigError("--fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
@@ -83,7 +84,7 @@ class TrainConfig:
         if self.history_rows < 0:
             raise ConfigError("--history-memory", f"the cache's rows must be >= 0, got {self.history_rows}")
         if self.history_rows > 0 and not self.data_only:
-            if self.model not in HISTORY_MODELS:
+            if not isinstance(self.model, str) or self.model not in HISTORY_MODELS:
                 raise ConfigError("--model", f"a historical embedding cache works with {', '.join(HISTORY_MODELS)} "
                                              f"(GCN's normalisation reads each source's sampled degree, which pruning "
                                              f"changes), got {self.model!r}")
@@ -116,5 +117,43 @@ class TrainConfig:
         return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
 
     def resumable(self) -> dict[str, Any]:
-        """The options a checkpoint must match to be resumed: all of them but `threads`."""
-        return {k: v for k, v in asdict(self).items() if k != "threads"}
+        """The options a checkpoint must match to be resumed: all of them but `threads`, with the model
+        by name and code hash (an edited model file no longer matches)."""
+        options = {k: v for k, v in asdict(self).items() if k not in ("threads", "model")}
+        return {**options, "model": self.model_key()}
+
+    def model_key(self) -> str:
+        """The model as a checkpoint's fingerprint holds it: a built-in's name, a file's ``name#code hash``."""
+        ident = self.model_identity()
+        return f"{ident['name']}#{ident['code_hash']}" if ident["code_hash"] else ident["name"]
+
+    def as_json(self) -> dict[str, Any]:
+        """The options as JSON values (reports): a `diskflow.Model` by its name."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if not isinstance(self.model, str):
+            out["model"] = model_label(self.model)
+        return {**out, "fanouts": list(self.fanouts)}
+
+    def model_identity(self) -> dict[str, str]:
+        """The model's name and a hash of its code ("" for a built-in), as checkpoints record it."""
+        return model_identity(self.model)
+
+
+def check_model_identity(state: Mapping[str, Any], cfg: TrainConfig, source: str | os.PathLike[str]) -> None:
+    """Refuse to resume a checkpoint made with another model, or with the same file's other code.
+
+    Raises:
+        ConfigError: (``--resume``) naming the checkpoint, the model it was made with and what changed.
+    """
+    saved = state.get("model_identity")
+    if not saved or cfg.data_only:
+        return
+    now = cfg.model_identity()
+    if saved.get("code_hash") == now["code_hash"] and (now["code_hash"] or saved.get("name") == now["name"]):
+        return
+    if saved.get("code_hash") and now["code_hash"]:
+        raise ConfigError("--resume", f"the checkpoint {source} was made with model {saved.get('name')!r} whose code "
+                                      f"has changed since ({cfg.model}: sha256 {str(saved['code_hash'])[:12]} then, "
+                                      f"{now['code_hash'][:12]} now); restore the file, or start a new run")
+    raise ConfigError("--resume", f"the checkpoint {source} was made with model {saved.get('name')!r}, not "
+                                  f"{now['name']!r}; resume with the same --model, or start a new run")

@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
+from ..formats.errors import DiskflowError, InputError
 from .history import history_of
-from .models import EdgeFreeMLP, supports_trim
+from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
 
@@ -52,22 +53,64 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
 
     When the model allows it (`models.supports_trim`) and has one layer per sampled hop,
     the per-hop counts are passed too, so layer k skips what cannot reach the seeds: the
-    same logits (bit for bit without dropout; dropout draws fewer masks) for less work. The
-    edge-free MLP sees the seeds' rows only, for the same reason.
+    same logits (bit for bit without dropout; dropout draws fewer masks) for less work. A
+    model that reads a node's own row only (the edge-free MLP) sees the seeds' rows only,
+    for the same reason.
     """
     x = batch.x.float()
     history = history_of(model)
     if history is not None:       # the batch's history plan, for training batches only
         history.bind(batch if model.training else None)
-    if isinstance(model, EdgeFreeMLP):    # a seed's logits read its own row only: skip the neighbours
+    spec = spec_of(model)
+    if isinstance(model, EdgeFreeMLP) or (spec is not None and spec.seeds_only):
         return model(x[:batch.batch_size])
     hops = getattr(batch, "num_sampled_edges", None)
-    if hops is not None and supports_trim(model) and len(hops) == getattr(model, "num_layers", None):
+    if hops is not None and supports_trim(model) and len(hops) == getattr(model, "num_layers", len(hops)):
         out = model(x, batch.edge_index, num_sampled_nodes_per_hop=list(batch.num_sampled_nodes),
                     num_sampled_edges_per_hop=list(hops))
     else:
         out = model(x, batch.edge_index)
     return out[:batch.batch_size]
+
+
+def checked_forward(model: torch.nn.Module, batch: Data, position: int, what: str = "training") -> torch.Tensor:
+    """`forward`, with a user's model held to its contract: one line naming the model's file, the batch
+    and the shapes it got when its forward raises or returns other than [seeds, classes] logits.
+
+    Built-in models are not wrapped: their faults are diskflow's, and keep their tracebacks.
+
+    Raises:
+        InputError: (naming the model's file) the forward raised or returned the wrong shape.
+    """
+    spec = spec_of(model)
+    if spec is None or spec.source is None and spec.name in BUILTINS and BUILTINS[spec.name] is spec:
+        return forward(model, batch)
+    shapes = (f"x {list(batch.x.shape)} {str(batch.x.dtype).replace('torch.', '')}, "
+              f"edge_index {list(batch.edge_index.shape)}, {int(batch.batch_size)} seeds")
+    try:
+        out = forward(model, batch)
+    except DiskflowError:
+        raise
+    except Exception as e:
+        raise InputError(spec.where, f"model {spec.name!r}: forward failed on {what} batch {position} ({shapes}): "
+                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    classes = getattr(model, CLASSES_ATTRIBUTE, None)
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != int(batch.batch_size) \
+            or (classes is not None and out.shape[1] != classes):
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InputError(spec.where, f"model {spec.name!r}: forward returned {got} on {what} batch {position} "
+                                     f"({shapes}); expected one row of {classes} class logits per node of x")
+    return out
+
+
+def model_loss(model: torch.nn.Module, logits: torch.Tensor, target: torch.Tensor,
+               label_prior: torch.Tensor | None) -> torch.Tensor:
+    """The batch's loss: the model's own (`Model.loss`) where it declares one, else cross-entropy,
+    weighed by `label_prior` where given (`prior_weighted_loss`)."""
+    spec = spec_of(model)
+    if spec is not None and spec.loss is not None:
+        return spec.loss(logits, target)
+    return F.cross_entropy(logits, target) if label_prior is None else prior_weighted_loss(logits, target, label_prior)
 
 
 def prior_weighted_loss(logits: torch.Tensor, target: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
@@ -128,10 +171,9 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         batch = batch.to(device, non_blocking=True)
         _sync(device)
         t1 = time.perf_counter()
-        logits = forward(model, batch)
+        logits = checked_forward(model, batch, len(losses))
         target = batch.y[:batch.batch_size]
-        loss = F.cross_entropy(logits, target) if label_prior is None else \
-            prior_weighted_loss(logits, target, label_prior)
+        loss = model_loss(model, logits, target, label_prior)
         loss.backward()
         value = float(loss.item())  # also waits for the device, so the train time is complete
         hits = int((logits.detach().argmax(dim=-1) == target).sum())
@@ -226,9 +268,9 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Data], device: str | torch
     correct = 0
     seen = 0
     try:
-        for batch in loader:
+        for position, batch in enumerate(loader):
             batch = batch.to(device, non_blocking=True)
-            pred = forward(model, batch).argmax(dim=-1)
+            pred = checked_forward(model, batch, position, "evaluation").argmax(dim=-1)
             correct += int((pred == batch.y[:batch.batch_size]).sum())
             seen += batch.batch_size
     finally:

@@ -25,10 +25,10 @@ from torch_geometric.data import Data
 from ..formats.errors import ConfigError, InputError
 from ..prepare.sample import NeighborSampler
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
-from .config import DATA_ONLY, MODELS, TrainConfig
+from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity
 from .history import HistoryCache
 from .loop import evaluate, train_epoch
-from .models import build_model
+from .models import build_model, spec_of
 from .record import EpochTally, final_block, num
 from .steps import Accumulate, StepGroups
 
@@ -244,6 +244,7 @@ class TrainSession:
         The tensors are the live ones (as `torch.nn.Module.state_dict`'s): copy them to keep a snapshot.
         """
         return {
+            "model_identity": self._identity(),
             "records": list(self.records),
             "partial": self.tally.state() if self.tally.losses else None,
             "rng": torch.get_rng_state(),
@@ -252,12 +253,21 @@ class TrainSession:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
         }
 
+    def _identity(self) -> dict[str, str] | None:
+        """The model's name (its `Model`'s) and the hash of its code, as the checkpoint records them."""
+        if self.model is None:
+            return None
+        spec = spec_of(self.model)
+        ident = self.cfg.model_identity()
+        return {**ident, "name": spec.name} if spec is not None else ident
+
     def load_state_dict(self, state: Mapping[str, Any], source: str | Path = "checkpoint") -> None:
         """Restore what `state_dict` saved; training then continues as if never stopped.
 
         Raises:
             InputError: (naming `source`) the state does not fit this model or is incomplete.
         """
+        check_model_identity(state, self.cfg, source)
         try:
             if self.model is not None:
                 self.model.load_state_dict(state["model"])

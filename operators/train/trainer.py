@@ -24,7 +24,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from ..formats.errors import ConfigError, InputError
 from ..formats.files import config_hash
 from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import DATA_ONLY, TrainConfig
+from .config import DATA_ONLY, TrainConfig, check_model_identity
 from .loader import PackedLoader
 from .loop import deterministic
 from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads
@@ -267,6 +266,7 @@ class _Run:
     def _restore(self, ck: Checkpoint, session: TrainSession) -> tuple[int, int]:
         """Model, optimiser, RNG, records and open epoch from `ck`, and the CPU tier where it stopped."""
         st = ck.state
+        check_model_identity(st, self.cfg, ck.path)
         if st.get("fingerprint") != self._fingerprint():
             raise ConfigError("--resume", f"the checkpoint {ck.path} was made with other options or another packed "
                                           "dataset; use the same options, or start a new run without --resume")
@@ -300,7 +300,7 @@ class _Run:
         return {
             "pipeline": str(man.get("pipeline", "packed")),
             "title": f"{man.get('pipeline', 'packed')} (packed): {cfg.model}, fanouts {list(cfg.fanouts)}",
-            "config": {**asdict(cfg), "fanouts": list(cfg.fanouts), "device": str(self.dev),
+            "config": {**cfg.as_json(), "device": str(self.dev),
                        "torch_threads": torch.get_num_threads(), "packed": str(loader.path)},
             "dataset": {"packed": str(loader.path), "store": str(st.path) if st else None,
                         "nodes": loader.ds.num_nodes, "dim": loader.dim, "dtype": str(loader.dtype),

@@ -1,0 +1,232 @@
+"""`diskflow.Model`: a user's model declared once, and finding one by built-in name or ``.py`` file.
+
+A model is a factory from ``(in_channels, out_channels)`` to a `torch.nn.Module` called as
+``model(x, edge_index)``, with an optional loss. Pipelines decide where a batch's features come
+from; the model decides what is trained on them, so the same declaration runs on every path:
+in memory, packed, online, streamed to a GPU worker and data-parallel on N of them.
+
+A run names its model by a string (`TrainConfig.model`): a built-in name or the path of a
+``.py`` file. That string is what travels to Dask workers (a function of a file imported
+under a made-up module name cannot be pickled by reference), and the process that trains
+imports the file itself, as it does a user's tier policy. The file's bytes are hashed, so a
+checkpoint knows which code it was made with.
+
+Imports no torch: configs are checked where no model runs (the CLI, a Dask client).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ..formats.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    import torch
+
+BUILTIN_MODELS = ("sage", "gcn", "gat", "mlp")
+DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
+USER_MODULE = "diskflow_user_model"
+# Shape options a factory may take besides (in_channels, out_channels), by keyword.
+SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads")
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model factory and how to train it: the one way a model is stated.
+
+    Attributes:
+        name: a short name (reports, run directories, checkpoints).
+        factory: ``factory(in_channels, out_channels) -> torch.nn.Module``, called as
+            ``module(x, edge_index)`` and returning one row of logits per node of `x` (or per
+            seed: the first ``batch_size`` rows are the seeds'). A factory may also take any of
+            ``hidden_channels``, ``num_layers``, ``dropout`` and ``heads`` by keyword: it then
+            gets the run's ``--hidden``, ``--num-layers``, ``--dropout`` and ``--heads``.
+        loss: ``loss(logits, target) -> scalar tensor`` over a batch's seeds; None: cross-entropy
+            (weighed by the training split's label shares for partition batches).
+        trim: the module takes PyG's ``num_sampled_nodes_per_hop`` and
+            ``num_sampled_edges_per_hop`` keywords (`trim_to_layer`) and gives the seeds the same
+            logits with them: layer k then skips what cannot reach the seeds.
+        seeds_only: the module reads a node's own row only (an MLP): it is given the seeds' rows.
+        source: the ``.py`` file that defines it (set by `load_model`; None for built-ins and
+            models made in the caller's own process).
+        code_hash: sha256 of that file's bytes ("" without a file).
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    loss: Callable[..., Any] | None = None
+    trim: bool = False
+    seeds_only: bool = False
+    source: str | None = field(default=None, compare=False)
+    code_hash: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
+            raise ConfigError("Model.name", f"expected a short name without spaces or slashes, got {self.name!r}")
+        if not callable(self.factory):
+            raise ConfigError("Model.factory", f"expected a callable (in_channels, out_channels) -> torch.nn.Module, "
+                                               f"got {type(self.factory).__name__}")
+        if self.loss is not None and not callable(self.loss):
+            raise ConfigError("Model.loss", f"expected a callable (logits, target) -> loss, or None, "
+                                            f"got {type(self.loss).__name__}")
+
+    @property
+    def where(self) -> str:
+        """What an error names: the file that defines the model, or its name."""
+        return self.source or f"model {self.name!r}"
+
+    def build(self, in_channels: int, out_channels: int, **shape: Any) -> torch.nn.Module:
+        """The module for features of width `in_channels` and `out_channels` classes.
+
+        `shape` holds the run's `SHAPE_OPTIONS`; the factory gets those its signature names.
+
+        Raises:
+            InputError: (naming `where`) the factory raised, or returned something that is not a module.
+        """
+        import torch
+
+        kwargs = _accepted(self.factory, {k: v for k, v in shape.items() if k in SHAPE_OPTIONS})
+        try:
+            module = self.factory(in_channels, out_channels, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as e:
+            raise InputError(self.where, f"model {self.name!r}: its factory raised {type(e).__name__}: {e} "
+                                         f"(called with in_channels={in_channels}, out_channels={out_channels})") from e
+        if not isinstance(module, torch.nn.Module):
+            raise InputError(self.where, f"model {self.name!r}: its factory returned {type(module).__name__}, "
+                                         "expected a torch.nn.Module")
+        return module
+
+    def describe(self) -> dict[str, Any]:
+        """The model as JSON values: name, file and code hash (reports and checkpoints)."""
+        return {"name": self.name, "source": self.source, "code_hash": self.code_hash}
+
+
+def _accepted(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The `options` that `factory`'s signature takes by keyword (all of them where it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options
+    return {k: v for k, v in options.items() if k in params and params[k].kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def is_model_file(text: str) -> bool:
+    """Whether a `--model` value names a file rather than a built-in model."""
+    return text.endswith(".py") or os.sep in text or "/" in text
+
+
+def check_model_option(model: object, option: str = "model") -> None:
+    """Raise `ConfigError` (naming `option`) unless `model` is a built-in name, ``"none"``, the path of an
+    existing ``.py`` file, or a `Model`. Imports nothing: the file is read where the model is built."""
+    if isinstance(model, Model):
+        return
+    if not isinstance(model, str) or not model:
+        raise ConfigError(option, f"expected a model name ({', '.join(BUILTIN_MODELS)}), the path of a .py file "
+                                  f"that defines a diskflow.Model, or a diskflow.Model; got {model!r}")
+    if model in BUILTIN_MODELS or model == DATA_ONLY:
+        return
+    if not is_model_file(model):
+        raise ConfigError(option, f"unknown model {model!r}; expected one of {', '.join(BUILTIN_MODELS)}, or the path "
+                                  "of a .py file that defines a diskflow.Model")
+    if not Path(model).is_file():
+        raise ConfigError(option, f"no such file {model!r} (a model file is a .py file that defines a diskflow.Model)")
+
+
+def model_label(model: object) -> str:
+    """A short name for run directories and titles: the built-in name, or the file's stem, or the Model's name."""
+    if isinstance(model, Model):
+        return model.name
+    text = str(model)
+    return Path(text).stem if is_model_file(text) else text
+
+
+def file_hash(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes (a model's code)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise InputError(path, f"unreadable model file ({e.strerror or e})") from e
+
+
+def model_identity(model: object) -> dict[str, str]:
+    """What a checkpoint records of the model: its name and a hash of its code ("" for built-ins)."""
+    if isinstance(model, Model):
+        return {"name": model.name, "code_hash": model.code_hash}
+    text = str(model)
+    if is_model_file(text):
+        return {"name": model_label(text), "code_hash": file_hash(text)}
+    return {"name": text, "code_hash": ""}
+
+
+_loaded: dict[tuple[str, str], Model] = {}      # (resolved path, code hash) -> the file's Model, per process
+
+
+def load_model(model: str | os.PathLike[str] | Model) -> Model:
+    """The `Model` of a built-in name, of a ``.py`` file that defines one at module level, or `model` itself.
+
+    A file is imported once per process and content (an edited file is imported again).
+
+    Raises:
+        ConfigError: unknown name, no such file, a file that defines no `Model` or several.
+        InputError: the file exists but cannot be imported (naming it and the error).
+    """
+    if isinstance(model, Model):
+        return model
+    text = os.fspath(model)
+    check_model_option(text, "--model")
+    if text == DATA_ONLY:
+        raise ConfigError("--model", f"{DATA_ONLY!r} trains no model (it runs the data path only)")
+    if not is_model_file(text):
+        from .models import BUILTINS
+
+        return BUILTINS[text]
+    path = Path(text).resolve()
+    digest = file_hash(path)
+    key = (str(path), digest)
+    if key not in _loaded:
+        module = _import_file(path, digest)
+        _loaded[key] = _model_of(module, text, digest)
+    return _loaded[key]
+
+
+def _import_file(path: Path, digest: str) -> ModuleType:
+    """Import a user's model file as a fresh module (its content's hash in the module's name)."""
+    name = f"{USER_MODULE}_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InputError(path, "cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise InputError(path, f"failed to import ({type(e).__name__}: {e})") from e
+    return module
+
+
+def _model_of(module: ModuleType, text: str, digest: str) -> Model:
+    """The one `Model` a module defines at module level (``MODEL`` first, if it has one), with its source."""
+    from dataclasses import replace
+
+    chosen = getattr(module, "MODEL", None)
+    if not isinstance(chosen, Model):
+        found = {id(v): v for v in vars(module).values() if isinstance(v, Model)}
+        if len(found) != 1:
+            raise ConfigError("--model", f"{text!r} defines {'no' if not found else len(found)} diskflow.Model "
+                                         "objects at module level; it must define exactly one (e.g. "
+                                         "model = diskflow.Model(\"mine\", MyNet))")
+        chosen = next(iter(found.values()))
+    return replace(chosen, source=text, code_hash=digest)
