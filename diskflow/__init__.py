@@ -1,10 +1,15 @@
 """diskflow: out-of-core GNN training as a Dask dataflow.
 
-The public names: `Pipeline` (a pipeline definition: how batches are drawn, the sampler and
-fanouts, the GPU and CPU tier policies, packing, the disk cache, the loader), `load_pipeline`
-(a built-in one by name, or the one a ``.py`` file defines), `TierPolicy` (the signature of a
-tier policy function) and the errors every command raises (`DiskflowError`, `ConfigError`,
-`InputError`).
+The public names:
+- the data side: `Pipeline` (a pipeline definition: how batches are drawn, the sampler and
+  fanouts, the GPU and CPU tier policies, packing, the disk cache, the loader), `load_pipeline`
+  (a built-in one by name, or the one a ``.py`` file defines), `TierPolicy` (the signature of a
+  tier policy function);
+- the compute side: `Model` (a model factory, with an optional loss) and `load_model`;
+- the steps, as the commands of the same names run them (`diskflow.api`): `synth`, `ingest`,
+  `prepare`, `train`, and the loaders for a loop of one's own, `PackedLoader` and `OnlineLoader`;
+- `diskflow.pyg`: a store as PyG's remote backend (`FeatureStore`, `GraphStore`, a sampler);
+- the errors every command raises (`DiskflowError`, `ConfigError`, `InputError`).
 
 The distribution maps the repository's folders into this package:
 `diskflow.flow` (framework, CLI), `diskflow.operators` (stages as plain functions),
@@ -16,17 +21,22 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "DiskflowError", "InputError", "Model", "Pipeline", "TierPolicy", "load_model",
-           "load_pipeline"]
+__all__ = ["ConfigError", "DiskflowError", "InputError", "Model", "OnlineLoader", "PackedLoader", "Pipeline",
+           "TierPolicy", "ingest", "load_model", "load_pipeline", "prepare", "synth", "train"]
 
 _PUBLIC = {"Pipeline": "diskflow.flow.pipeline", "load_pipeline": "diskflow.flow.pipeline",
            "TierPolicy": "diskflow.operators.prepare.policies", "DiskflowError": "diskflow.operators.formats.errors",
            "ConfigError": "diskflow.operators.formats.errors", "InputError": "diskflow.operators.formats.errors",
-           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.modeldef"}
+           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.modeldef",
+           **{name: "diskflow.api" for name in ("OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train")}}
 
 
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use (``import diskflow`` alone stays light)."""
+    if name == "pyg":
+        import importlib
+
+        return importlib.import_module("diskflow.pyg")
     if name not in _PUBLIC:
         raise AttributeError(f"module 'diskflow' has no attribute {name!r}")
     import importlib

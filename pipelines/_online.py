@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..flow.options import byte_budget
-from ..flow.pipeline import Pipeline
+from ..flow.pipeline import ONLINE_TIERS, Pipeline
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes
 from ..operators.formats.store import Store
@@ -79,6 +79,40 @@ def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractor
     return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
 
 
+def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, *, batch_size: int,
+                  seed: int, fanouts: Sequence[int], policy: str = "lru", budget: int | str | None = None,
+                  extractors: int = DEFAULT_EXTRACTORS, window: int | None = None,
+                  order: BatchOrder | None = None) -> tuple[OnlineLoader, int]:
+    """The online loader of `seeds` and its feature buffer's bytes: `budget` (bytes or a share of the features;
+    default 10% of them, or one worst-case batch when that is more) holds the buffer, its tables and staging.
+
+    Raises:
+        ConfigError: a bad policy, reader count, window or budget, naming the option.
+    """
+    if policy not in ONLINE_TIERS:
+        raise ConfigError("cpu_tier", f"the online loader's buffer evicts by one of {', '.join(ONLINE_TIERS)}, "
+                                      f"got {policy!r}")
+    if isinstance(extractors, bool) or not isinstance(extractors, int) or extractors < 1:
+        raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors!r}")
+    if window is None:
+        window = DEFAULT_WINDOW if policy == "hybrid" else 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ConfigError("--window", f"expected an integer >= 0, got {window!r}")
+    if policy == "hybrid" and window < 1:
+        raise ConfigError("--window", "the hybrid policy evicts by the next uses in a lookahead window: give >= 1")
+    nbytes = byte_budget(budget, "--cpu-memory", st.feature_bytes)
+    if nbytes is None:
+        nbytes = default_budget(st, batch_size, fanouts, extractors)
+    staging = staging_bytes_for(nbytes, extractors)
+    slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, extractors, staging), st.num_nodes)
+    threshold = max(1, window // 8)
+    buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy,
+                        static=InDegree(st.indptr) if policy == "hybrid" else None, threshold=threshold)
+    loader = OnlineLoader(st, buf, labels, sampler, seeds, batch_size, seed, order=order, extractors=extractors,
+                          window=window, staging_bytes=staging)
+    return loader, nbytes
+
+
 class _OnlineTraining:
     """`gathered_run`'s `TrainLoader` for the online loader: makes the buffer and the loader, reports them."""
 
@@ -93,17 +127,9 @@ class _OnlineTraining:
 
     def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
              order: BatchOrder | None) -> OnlineLoader:
-        nbytes = byte_budget(self.budget, "--cpu-memory", st.feature_bytes)
-        if nbytes is None:
-            nbytes = default_budget(st, cfg.batch_size, cfg.fanouts, self.extractors)
-        self.nbytes = nbytes
-        staging = staging_bytes_for(nbytes, self.extractors)
-        slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, self.extractors, staging), st.num_nodes)
-        threshold = max(1, self.window // 8)
-        buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, self.policy,
-                            static=InDegree(st.indptr) if self.policy == "hybrid" else None, threshold=threshold)
-        self.loader = OnlineLoader(st, buf, labels, sampler, seeds, cfg.batch_size, cfg.seed, order=order,
-                                   extractors=self.extractors, window=self.window, staging_bytes=staging)
+        self.loader, self.nbytes = online_loader(st, labels, sampler, seeds, batch_size=cfg.batch_size, seed=cfg.seed,
+                                                 fanouts=cfg.fanouts, policy=self.policy, budget=self.budget,
+                                                 extractors=self.extractors, window=self.window, order=order)
         self.read = {"read_unit": self.loader.readers[0].unit, "gap_bytes": self.loader.readers[0].reader.gap_bytes}
         return self.loader
 
@@ -157,14 +183,8 @@ def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str |
     """
     if pipeline.loader != "online":
         raise ConfigError("PIPELINE", f"the {pipeline.name} pipeline has the {pipeline.loader} loader, not online")
-    if isinstance(extractors, bool) or not isinstance(extractors, int) or extractors < 1:
-        raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors!r}")
     if window is None:
         window = DEFAULT_WINDOW if pipeline.cpu_tier == "hybrid" else 0
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ConfigError("--window", f"expected an integer >= 0, got {window!r}")
-    if pipeline.cpu_tier == "hybrid" and window < 1:
-        raise ConfigError("--window", "the hybrid policy evicts by the next uses in a lookahead window: give >= 1")
     training = _OnlineTraining(str(pipeline.cpu_tier), cpu_memory, extractors, window)
     options = dict(locals())
     for name in ("pipeline", "cpu_memory", "extractors", "window", "training"):

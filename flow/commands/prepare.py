@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.formats.errors import ConfigError
 from ...operators.formats.files import format_bytes
 from ...operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
 from ...operators.prepare.seeds import GROUPINGS
 from ..memsplit import SPLIT_PLOT, describe_split
-from ..options import byte_budget, fanouts_option, history_options, positive_int
+from ..options import byte_budget, fanouts_option, positive_int
 from ..pipeline import load_pipeline
 from .run import parse_batches
 
@@ -95,48 +94,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ...api import PREPARE_DEFAULTS, prepare
     from ...operators.formats.store import Store
-    from ..cluster import dask_client
-    from ..prepare import check_outputs
 
-    store = Store(args.dataset)   # a bad store fails before a cluster starts
+    options = {k: getattr(args, k) for k in PREPARE_DEFAULTS}
+    cluster = {"scheduler": args.scheduler, "workers": args.workers, "tls_ca_file": args.tls_ca_file,
+               "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    if cluster["scheduler"] is None and cluster["workers"] is None:
+        cluster["workers"] = 0          # the command's own embedded cluster (the dashboard), not local threads
+    r = prepare(args.dataset, args.out, args.pipeline, force=args.force, quiet=False, **cluster, **options)
     pipeline = load_pipeline(args.pipeline)
-    if pipeline.loader != "packed":
-        raise ConfigError("PIPELINE", f"the {pipeline.name} pipeline uses the {pipeline.loader} loader and prepares "
-                                      "nothing; `diskflow prepare` takes pipelines with the packed loader")
-    from ...pipelines._packed import packed_budgets
-
-    fanouts = tuple(args.fanouts) if args.fanouts is not None else pipeline.fanouts
-
-    disk = None if str(args.disk_budget).lower() in ("none", "") else args.disk_budget
-    budgets = packed_budgets(store, args.cpu_memory, args.gpu_memory, disk, fanouts, args.batch_size,
-                             args.queue_depth, device=args.device)
-    options = {
-        "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
-        "device": args.device, "fanouts": fanouts, "batch_size": args.batch_size,
-        "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed,
-        "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": args.minhash_k,
-        "readahead": byte_budget(args.readahead, "--readahead", store.feature_bytes) or 0,
-        "parts_per_group": args.parts_per_group, "group_by": args.group_by, "partitioner": args.partitioner,
-        "partition_threads": args.partition_threads, "history_select": args.history_select}
-    if args.batches is not None:
-        options["batches"] = args.batches
-    if args.partitions is not None:
-        options["partitions"] = args.partitions
-    options.update(history_options(args.history_memory if args.history_memory is not None else pipeline.history_memory,
-                                   args.history_staleness, args.hidden, store.feature_bytes, pipeline.history_staleness,
-                                   args.history_prune, pipeline.history_prune))
-    pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
-    check_outputs(args.out, args.force)              # and so does an --out that is not ours
-    from ..roles import tls_security
-
-    security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
-    with dask_client(scheduler=args.scheduler, n_workers=args.workers, security=security) as client:
-        from ..plugin import DiskflowPlugin
-
-        # every worker's allocator reuses what it frees, as in a streamed run (`flow.allocator`)
-        client.register_plugin(DiskflowPlugin())  # type: ignore[attr-defined]
-        r = pipeline.prepare(store.path, args.out, force=args.force, **options)
+    store = Store(args.dataset)
+    cpu_memory = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes)
     f = r.figures
     if r.skipped:
         print(f"{r.path}: up to date (same store and options; --force redoes it)")
@@ -150,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
         ("CPU tier", (f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
                       f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts")),
-        ("--cpu-memory", (f"{format_bytes(budgets['cpu_memory'])}: CPU tier "
+        ("--cpu-memory", (f"{format_bytes(cpu_memory)}: CPU tier "
                                     f"{format_bytes(f['cpu_rows'] * f['row_bytes'])} + staged misses "
                                     f"{format_bytes(f['staging_bytes'])} + I/O buffers "
                                     f"{format_bytes(f['io_buffer_bytes'])}"

@@ -1,0 +1,293 @@
+"""The Python API: from a PyG `Data` or a raw dataset to out-of-core training, without the command line.
+
+Each function is what the command of the same name runs, with the same checks and the same
+one-line errors (`DiskflowError` and its kinds); the CLI is a thin layer that parses flags,
+calls these and prints. Dask work runs on the caller's Dask client when there is one (a
+``distributed.Client`` made in a notebook: its dashboard shows the task groups), else on
+Dask's local threads, or on the cluster at ``scheduler=``.
+
+    import diskflow
+
+    diskflow.ingest(data, "store")                          # a PyG Data, or a raw directory
+    diskflow.prepare("store", "packed", cpu_memory="10%")   # belady: sample, plan, pack
+    report = diskflow.train("packed", model="my_model.py")  # the pipelined direct-I/O trainer
+
+or a loop of one's own over `PackedLoader` (prepared) or `OnlineLoader` (no preparation).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .flow.options import byte_budget, history_options
+from .flow.pipeline import Pipeline, load_pipeline
+from .operators.formats.errors import ConfigError, InputError
+from .operators.train.modeldef import Model, check_model_option, model_label
+
+__all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train"]
+
+PREPARE_DEFAULTS: dict[str, Any] = {
+    "cpu_memory": "10%", "gpu_memory": 0, "disk_budget": None, "readahead": "1GiB", "device": "cpu",
+    "fanouts": None, "batch_size": 1024, "superbatch_size": 64, "epochs": 1, "seed": 0, "queue_depth": 2,
+    "batches": None, "partitions": None, "parts_per_group": 20, "group_by": "label", "partitioner": "kaminpar",
+    "partition_threads": 1, "history_memory": None, "history_select": "accesses", "history_staleness": None,
+    "history_prune": None, "hidden": 128, "minhash_k": 2,
+}
+
+
+@contextlib.contextmanager
+def _cluster(scheduler: str | None, workers: int | None, tls: dict[str, str | None]) -> Iterator[Any]:
+    """The Dask client to run on: `scheduler`'s, an embedded cluster of `workers` worker processes (0: one per
+    core), or, with neither, the caller's own (none: Dask's local threads)."""
+    if scheduler is None and workers is None:
+        yield None
+        return
+    from .flow.cluster import dask_client
+    from .flow.roles import tls_security
+
+    security = tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
+    with dask_client(scheduler=scheduler, n_workers=workers, security=security) as client:
+        yield client
+
+
+def synth(out: str | os.PathLike[str], *, nodes: int = 100_000, dim: int = 64, classes: int = 8, seed: int = 0,
+          force: bool = False, **options: Any) -> Path:
+    """A synthetic graph in the raw format at `out` (`diskflow synth`): power-law degrees, communities,
+    homophilous labels; `options` are `SynthConfig`'s other fields. Returns `out`."""
+    from .flow.synth import run_synth
+    from .operators.ingest.synth import SynthConfig
+
+    try:
+        cfg = SynthConfig(num_nodes=nodes, feature_dim=dim, num_classes=classes, seed=seed, **options)
+    except TypeError as e:
+        raise ConfigError("synth", f"unknown option ({e})") from None
+    return run_synth(cfg, out, force=force)
+
+
+def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | int = "1GiB",
+           shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
+           force: bool = False, scheduler: str | None = None, workers: int | None = None, **tls: str | None) -> Any:
+    """Validate `source` and write it as a store at `store` (`diskflow ingest`); the `IngestResult`.
+
+    Args:
+        source: a raw dataset directory (edges/, features/, nodes/), or a PyG ``Data`` with ``x``,
+            ``edge_index``, ``y`` and ``train_mask``/``val_mask``/``test_mask`` (written to a
+            temporary raw directory beside `store` first, then ingested).
+        store: the store directory to create; one that holds something else is refused unless `force`.
+        memory_budget, shard_rows, to_undirected, allow_nonfinite: as `diskflow ingest`'s options.
+        scheduler, workers, tls: where the Dask tasks run (default: the caller's client, or local threads).
+    """
+    from .flow.ingest import run_ingest
+
+    with _cluster(scheduler, workers, tls):
+        if isinstance(source, (str, os.PathLike)):
+            return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force)
+        if not hasattr(source, "edge_index"):
+            raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
+                                                          "Data with x, edge_index and y")
+        from .operators.ingest.importers import from_pyg
+
+        parent = Path(store).absolute().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".diskflow-raw-", dir=parent) as tmp:
+            raw = Path(tmp) / "raw"
+            from_pyg(source, raw)
+            return run_ingest(raw, store, memory_budget=memory_budget, shard_rows=shard_rows,
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force)
+
+
+def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, Any]:
+    """The pipeline's `PrepareConfig` options for `store` from `given` (`PREPARE_DEFAULTS` for the rest): budgets
+    turned into bytes and checked against the trainer's fixed needs, the historical embedding cache's settings.
+    The one place the CLI, the benches and this API turn prepare options into a config."""
+    from .pipelines._packed import packed_budgets
+
+    unknown = sorted(set(given) - set(PREPARE_DEFAULTS))
+    if unknown:
+        raise ConfigError(unknown[0], f"not an option of prepare; expected one of {', '.join(sorted(PREPARE_DEFAULTS))}")
+    o = {**PREPARE_DEFAULTS, **given}
+    fanouts = tuple(o["fanouts"]) if o["fanouts"] is not None else pipeline.fanouts
+    disk = None if str(o["disk_budget"]).lower() in ("none", "") else o["disk_budget"]
+    budgets = packed_budgets(store, o["cpu_memory"], o["gpu_memory"], disk, fanouts, o["batch_size"],
+                             o["queue_depth"], device=o["device"])
+    options = {
+        "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
+        "device": o["device"], "fanouts": fanouts, "batch_size": o["batch_size"],
+        "superbatch_size": o["superbatch_size"], "epochs": o["epochs"], "seed": o["seed"],
+        "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": o["minhash_k"],
+        "readahead": byte_budget(o["readahead"], "--readahead", store.feature_bytes) or 0,
+        "parts_per_group": o["parts_per_group"], "group_by": o["group_by"], "partitioner": o["partitioner"],
+        "partition_threads": o["partition_threads"], "history_select": o["history_select"]}
+    if o["batches"] is not None:
+        options["batches"] = "shuffled" if o["batches"] == "random" else o["batches"]
+    if o["partitions"] is not None:
+        options["partitions"] = o["partitions"]
+    options.update(history_options(o["history_memory"] if o["history_memory"] is not None else pipeline.history_memory,
+                                   o["history_staleness"], o["hidden"], store.feature_bytes,
+                                   pipeline.history_staleness, o["history_prune"], pipeline.history_prune))
+    pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
+    return options
+
+
+def prepare(store: str | os.PathLike[str], out: str | os.PathLike[str], pipeline: str | Pipeline = "belady", *,
+            force: bool = False, quiet: bool = True, scheduler: str | None = None, workers: int | None = None,
+            tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+            **options: Any) -> Any:
+    """Sample, plan and pack `store` into the packed dataset `out` with `pipeline` (`diskflow prepare`).
+
+    Args:
+        store: an ingested store.
+        out: the packed dataset to create (its cache goes to ``out.work``).
+        pipeline: a built-in name, a ``.py`` file that defines a `diskflow.Pipeline`, or one.
+        force: redo even when `out` is up to date; replace `out` even when it holds something else.
+        quiet: no progress bars.
+        scheduler, workers, tls_*: where the Dask graph runs (default: the caller's client, or local threads).
+        options: `PREPARE_DEFAULTS`'s keys: ``cpu_memory`` (bytes, ``"4GiB"`` or ``"10%"`` of the features),
+            ``gpu_memory``, ``disk_budget``, ``fanouts``, ``batch_size``, ``superbatch_size``, ``epochs``,
+            ``seed``, ``batches`` (``"partition"``), the history cache's, ...
+
+    Returns:
+        The `PrepareResult`: ``path``, ``skipped``, ``seconds``, ``phases`` and ``figures`` (tier sizes
+        and hit counts, planned misses, bytes packed).
+    """
+    from .flow.prepare import check_outputs
+    from .operators.formats.store import Store
+
+    st = Store(store)                   # a bad store fails before a cluster starts
+    p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+    if p.loader != "packed":
+        raise ConfigError("PIPELINE", f"the {p.name} pipeline uses the {p.loader} loader and prepares nothing; "
+                                      "prepare takes pipelines with the packed loader")
+    resolved = prepare_options(p, st, **options)
+    check_outputs(out, force)           # and so does an out that is not ours
+    with _cluster(scheduler, workers, {"tls_ca_file": tls_ca_file, "tls_cert": tls_cert, "tls_key": tls_key}) as client:
+        if client is not None:
+            from .flow.plugin import DiskflowPlugin
+
+            # every worker's allocator reuses what it frees, as in a streamed run (`flow.allocator`)
+            client.register_plugin(DiskflowPlugin())  # type: ignore[attr-defined]
+        return p.prepare(st.path, out, force=force, quiet=quiet, **resolved)
+
+
+def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = "sage", *,
+          pipeline: str | Pipeline | None = None, run_dir: str | os.PathLike[str] | None = None,
+          runs_dir: str | os.PathLike[str] = "runs", progress: bool = False, **options: Any) -> dict[str, Any]:
+    """Train `model` and return the run's report (also written to ``RUN/report.json``).
+
+    Args:
+        data: a packed dataset (from `prepare`): the pipelined direct-I/O trainer runs on it; or
+            a store: `pipeline` (default ``"inmemory"``) trains on it, preparing first where it packs.
+        model: a built-in name, a ``.py`` file that defines a `diskflow.Model`, or a `Model`. A file
+            is what travels to Dask workers (streamed runs); a `Model` made in this process trains here.
+        pipeline: with a store: a built-in pipeline name, a ``.py`` file, or a `Pipeline`.
+        run_dir: the run directory (default: a new one under `runs_dir`).
+        options: the trainer's or the pipeline's options (``epochs``, ``hidden``, ``lr``, ``cpu_memory``,
+            ``device``, ...), as the CLI's flags of the same names.
+    """
+    from .flow.rundir import new_run_dir
+
+    check_model_option(model if isinstance(model, Model) else os.fspath(model), "model")
+    model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
+    path = Path(data)
+    from .operators.formats.files import read_manifest
+    from .operators.formats.packed import PACKED_FORMAT
+    from .operators.formats.store import STORE_FORMAT
+
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest is None or manifest.get("format") not in (PACKED_FORMAT, STORE_FORMAT):
+        raise InputError(path, "not a store or a packed dataset (no diskflow manifest.json; run diskflow.ingest or "
+                               "diskflow.prepare first)")
+    if manifest.get("format") == PACKED_FORMAT:
+        if pipeline is not None:
+            raise ConfigError("pipeline", f"{path} is a packed dataset: it was prepared by the "
+                                          f"{manifest.get('pipeline')} pipeline already")
+        from .operators.train.trainer import train_packed
+        from .pipelines._packed import train_and_report
+
+        _check_options(train_packed, options, f"training the packed dataset {path} (its round fixes the epochs, "
+                                              "batches and fanouts: prepare again to change them)")
+        feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+        for name in ("cpu_memory", "gpu_memory"):
+            if name in options:
+                options[name] = byte_budget(options[name], f"--{name.replace('_', '-')}", feature_bytes)
+        rd = Path(run_dir) if run_dir is not None else \
+            new_run_dir(runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
+        rd.mkdir(parents=True, exist_ok=True)
+        return train_and_report(path, rd, progress=progress, model=model_arg, **options)
+    p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
+    params = p.parameters()
+    if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
+        unknown = sorted(set(options) - set(params))
+        if unknown:
+            raise ConfigError(unknown[0], f"not an option of the {p.name} pipeline; it takes "
+                                          f"{', '.join(sorted(k for k in params if k not in ('progress', 'model')))}")
+    rd = Path(run_dir) if run_dir is not None else new_run_dir(runs_dir, f"{p.name}-{model_label(model_arg)}")
+    rd.mkdir(parents=True, exist_ok=True)
+    return p.run(path, rd, model=model_arg, progress=progress, **options)
+
+
+def _check_options(fn: Any, options: dict[str, Any], what: str) -> None:
+    """Raise `ConfigError` naming the first of `options` that `fn` does not take."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise ConfigError(unknown[0], f"not an option when {what}")
+
+
+def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_memory: int | str | None = None,
+                 gpu_memory: int | str | None = None, **options: Any) -> Any:
+    """A packed dataset's round as PyG ``Data`` batches (`NeighborLoader`'s fields: ``x``, ``edge_index``, ``y``,
+    ``n_id``, ``batch_size``, ``num_sampled_nodes``, ``num_sampled_edges``), read through the native direct-I/O
+    loader with the load, assemble and graph stages in their own threads.
+
+    ``cpu_memory`` and ``gpu_memory`` take bytes, ``"4GiB"`` or a share of the features (``"10%"``) and are
+    checked before anything is allocated. Iterating yields every batch of the round; ``loader.epochs`` lists its
+    epochs and ``loader.set_epoch(e)`` selects one. ``loader.dim`` and ``loader.num_classes`` size a model;
+    ``loader.stats()`` has the I/O and tier counts; ``loader.close()`` (or ``with``) frees its buffers.
+    """
+    from .operators.formats.files import read_manifest
+    from .operators.formats.packed import PACKED_FORMAT
+    from .operators.train.loader import PackedLoader as _Loader
+
+    manifest = read_manifest(packed) if Path(packed).is_dir() else None
+    if manifest is None or manifest.get("format") != PACKED_FORMAT:
+        raise InputError(packed, "not a packed dataset (no manifest.json; run diskflow.prepare first)")
+    feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+    return _Loader(packed, device=device, cpu_memory=byte_budget(cpu_memory, "--cpu-memory", feature_bytes),
+                   gpu_memory=byte_budget(gpu_memory, "--gpu-memory", feature_bytes), **options)
+
+
+def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 10, 10),
+                 cpu_memory: int | str | None = None, policy: str = "lru", extractors: int = 4,
+                 window: int | None = None, seed: int = 0, split: str = "train", threads: int | None = None) -> Any:
+    """Batches of a store's `split` with no preparation (GNNDrive): sampled as they are drawn, their rows read
+    with O_DIRECT by `extractors` asynchronous readers into a fixed feature buffer of ``cpu_memory`` bytes
+    (default: 10% of the features, at least one worst-case batch) that evicts by ``policy`` (``"lru"``, or
+    ``"hybrid"``: LSM-GNN's lookahead of ``window`` batches, then in-degree).
+
+    The same seed gives the same batches as the in-memory pipeline. ``loader.set_epoch(e)`` selects an epoch;
+    iterating yields its batches as PyG ``Data``; ``loader.close()`` stops its readers.
+    """
+    import numpy as np
+    import torch
+
+    from .operators.formats.store import Store
+    from .operators.prepare.sample import NeighborSampler, check_fanouts
+    from .pipelines._online import online_loader
+
+    st = Store(store)
+    fan = check_fanouts(fanouts)
+    if split not in ("train", "val", "test"):
+        raise ConfigError("split", f"expected train, val or test, got {split!r}")
+    labels = torch.from_numpy(np.asarray(st.labels).astype(np.int64, copy=False))
+    sampler = NeighborSampler(st.indptr, st.indices, list(fan), num_threads=threads or torch.get_num_threads())
+    loader, _ = online_loader(st, labels, sampler, st.split_ids(split), batch_size=batch_size, seed=seed,
+                              fanouts=fan, policy=policy, budget=cpu_memory, extractors=extractors, window=window)
+    return loader
