@@ -28,6 +28,7 @@ DEFAULT_CPU_SHARE = 0.10
 
 def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, progress: bool = True,
                      on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                     on_batch: Callable[[int], Any] | None = None, on_start: Callable[[int, int], Any] | None = None,
                      extra: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     """`operators.trainer.train_packed` with a progress bar per epoch; writes report.json and curves.png.
 
@@ -36,6 +37,8 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
         run_dir: an existing run directory.
         progress: show a bar per epoch (on a terminal).
         on_epoch: called with each epoch's record.
+        on_batch, on_start: called as the bars are (`train_packed`'s hooks): with the batches just
+            trained, and with each epoch's index and batch count as it starts (e.g. to time them).
         extra: more report keys (e.g. the prepare step's figures).
         options: `train_packed`'s keyword arguments.
     """
@@ -54,10 +57,14 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
         close()
         state["bar"] = bar(total=batches, desc=f"{Path(packed).name} epoch {epoch + 1}", unit="batch",
                            disable=None if progress else True)
+        if on_start is not None:
+            on_start(epoch, batches)
 
     def tick(n: int) -> None:
         if state["bar"] is not None:
             state["bar"].update(n)
+        if on_batch is not None:
+            on_batch(n)
 
     def epoch_done(record: dict[str, Any]) -> None:
         close()
