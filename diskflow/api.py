@@ -228,7 +228,9 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
                                           f"{', '.join(sorted(k for k in params if k not in ('progress', 'model')))}")
     rd = Path(run_dir) if run_dir is not None else new_run_dir(runs_dir, f"{p.name}-{model_label(model_arg)}")
     rd.mkdir(parents=True, exist_ok=True)
-    return p.run(path, rd, model=model_arg, progress=progress, **options)
+    if "progress" in params or any(q.kind is q.VAR_KEYWORD for q in params.values()):
+        options["progress"] = progress
+    return p.run(path, rd, model=model_arg, **options)
 
 
 def _check_options(fn: Any, options: dict[str, Any], what: str) -> None:

@@ -118,6 +118,8 @@ _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ...api import train
+
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
     pipeline = load_pipeline(args.pipeline)
@@ -133,7 +135,8 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{model_label(options.get('model', 'sage'))}")
     print(f"run directory: {run_dir}")
     try:
-        report = pipeline.run(args.dataset, run_dir, **options)
+        model = options.pop("model", "sage")
+        report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir, **options)
     except BaseException:
         if not any(run_dir.iterdir()):  # failed before writing anything: leave no empty run behind
             run_dir.rmdir()

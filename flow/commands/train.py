@@ -91,16 +91,16 @@ def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ...api import train
     from ...operators.train.trainer import CHECKPOINTS
-    from ...pipelines._packed import train_and_report
     from ..options import byte_budget as budget
 
     model_option(args.model)
     manifest = _packed_manifest(args.packed)
     packed = Path(args.packed).resolve()
     feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
-    cpu = budget(args.cpu_memory, "--cpu-memory", feature_bytes)
-    gpu = budget(args.gpu_memory, "--gpu-memory", feature_bytes)
+    budget(args.cpu_memory, "--cpu-memory", feature_bytes)     # a bad budget fails before a run directory is made
+    budget(args.gpu_memory, "--gpu-memory", feature_bytes)
     label = f"train-{manifest.get('pipeline', 'packed')}-{model_label(args.model)}"
     if args.run_dir is not None:
         run_dir = use_run_dir(args.run_dir, args.force)
@@ -116,12 +116,12 @@ def _run(args: argparse.Namespace) -> int:
     write_json(run_dir / RUN_INFO, {"packed": str(packed), "model": args.model})
     print(f"run directory: {run_dir}")
     try:
-        report = train_and_report(
-            packed, run_dir, progress=not args.no_progress, on_epoch=print_epoch, model=args.model,
-            hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, dropout=args.dropout, heads=args.heads,
-            seed=args.seed, device=args.device, eval_every=args.eval_every, cpu_memory=cpu, gpu_memory=gpu,
-            queue_depth=args.queue_depth, sequential=args.sequential, check_crc=not args.no_crc,
-            resume=args.resume, store=args.store, threads=args.threads)
+        report = train(packed, args.model, run_dir=run_dir, progress=not args.no_progress, on_epoch=print_epoch,
+                       hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, dropout=args.dropout,
+                       heads=args.heads, seed=args.seed, device=args.device, eval_every=args.eval_every,
+                       cpu_memory=args.cpu_memory, gpu_memory=args.gpu_memory, queue_depth=args.queue_depth,
+                       sequential=args.sequential, check_crc=not args.no_crc, resume=args.resume, store=args.store,
+                       threads=args.threads)
     except DiskflowError:
         if fresh and not (run_dir / CHECKPOINTS).exists():   # failed before training: leave no run behind
             shutil.rmtree(run_dir, ignore_errors=True)
