@@ -458,15 +458,23 @@ def test_first_uses_take_the_narrowest_type_and_plan_alike(window: int, dtype: t
     narrow for the window it is used with is refused by name."""
     rng = np.random.default_rng(window)
     n = 60
-    trace = random_trace(rng, window, n, 4, 0.7)
+    if window <= 400:
+        trace = random_trace(rng, window, n, 4, 0.7)
+        plan_n = max(1, window // 2)
+    else:   # random batches at both ends, node n alone between them: the planned rows' next uses reach the
+        # window's last batches (past 32767 in a 65534-batch window) without planning or drawing 65k batches
+        ends = random_trace(rng, 2 * 150, n, 4, 0.7)
+        trace = [*ends[:150], *([np.array([n], np.int64)] * (window - 300)), *ends[150:]]
+        plan_n = 150
     freq = frequency_of(trace, n + 2)
     gpu = ids(1, 7)
     cap = 9
-    plan_n = max(1, window // 2)
     batches, lookahead = trace[:plan_n], trace[plan_n:]
     prebuilt = trace_window(batches, lookahead, gpu, freq.shape[0])
     assert prebuilt.first_use.dtype == dtype and prebuilt.next_use.dtype == dtype and prebuilt.window_batches == window
     assert prebuilt.first_use[n + 1] == np.iinfo(dtype).max                  # a node no batch uses
+    if window > 400:        # planned rows next used at the window's far end, past int16's range
+        assert prebuilt.next_use[prebuilt.next_use != np.iinfo(dtype).max].max() >= window - 150 > 2**15
     used = np.concatenate(trace)
     first_batch = np.repeat(np.arange(window), [b.shape[0] for b in trace])
     expect = np.full(n + 2, np.iinfo(dtype).max, np.int64)
