@@ -266,8 +266,13 @@ def test_hierarchy_from_the_mount_table(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu io\n")
     assert cgroup.find_hierarchy(f"cgroup2 {tmp_path} cgroup2 rw 0 0\n") is None
     assert cgroup.find_hierarchy("proc /proc proc rw 0 0\n") is None
-    assert "no memory cgroup hierarchy" in str(cgroup.unavailable_reason(cgroup.Hierarchy(2, tmp_path / "none"))) \
-        or not (tmp_path / "none").exists()
+
+def test_unavailable_reason_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert f"cannot create cgroups under {tmp_path / 'none'}" in str(
+        cgroup.unavailable_reason(cgroup.Hierarchy(2, tmp_path / "none")))
+    assert cgroup.unavailable_reason(cgroup.Hierarchy(2, tmp_path)) is None        # a writable root
+    monkeypatch.setattr(cgroup, "find_hierarchy", lambda *_: None)
+    assert "no memory cgroup hierarchy is mounted" in str(cgroup.unavailable_reason())
 
 
 def test_current_cgroup_of_a_process() -> None:
