@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard native/*.cpp native
 
 install: $(STAMP)
 
+# The main job, out of core, in one to two minutes on 2 cores: synth -> ingest -> prepare belady at a 10%
+# feature budget -> pipelined direct-I/O training, checked loss for loss against in-memory; MLP baseline.
 demo: $(STAMP)
 	$(BIN)/diskflow demo
 
