@@ -1,25 +1,54 @@
-"""Smoke test of `diskflow bench compare` on a tiny store (every pipeline, real memory cgroups where the
-machine has them), and of the cgroup helper: limits, OOM kills, true disk reads, timeouts, clean-up."""
+"""Smoke test of `diskflow bench compare` on a tiny store, and of the cgroup helper: limits, OOM kills, true disk
+reads, timeouts, clean-up.
+
+Every pipeline, with a user's pipeline file and one whose preparation fails, runs in one compare whose children
+run in this test's process (``--no-cgroup``): a child process costs some 5 CPU seconds of importing torch and PyG
+alone, and compare starts two per pipeline. One compare of belady alone runs its children as processes, in real
+memory cgroups where the machine has them (`belady_in_children`)."""
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.common import drop_page_cache
 from diskflow.flow.cli import main
 from diskflow.operators.formats.errors import ConfigError
+from mounts import reads_are_counted, skip_where_reads_are_not_counted
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
         "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20), "--staleness-sweep", "1,10,100"]
 KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_amplification", "peak_rss_bytes",
         "test_acc", "losses")
+BUILT_IN = ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn", "ginex", "gnndrive",
+            "inmemory", "lsmgnn", "mmap", "outre"]
+# a user's pipeline (its own CPU tier policy, packed like belady: the same samples, so the same losses)
+USER_PIPELINE = """\
+import numpy as np
+import diskflow
+
+
+def every_other_hot_row(counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
+    hot = np.argsort(-counts, kind="stable")
+    hot = hot[(counts[hot] > 0) & ~np.isin(hot, exclude)]
+    return hot[::2][:rows]
+
+
+pipeline = diskflow.Pipeline("every-other", cpu_tier=every_other_hot_row, packing=True)
+"""
+# samples of its own (partition batches), so prepared just before its runs; a cache of one byte holds no
+# embedding, so that preparation fails
+BAD_PIPELINE = 'from diskflow import Pipeline\nPIPELINE = Pipeline("bad_outre", batches="partition", history_memory="1B")\n'
+DEFAULT_RUN = sorted([*BUILT_IN, "every-other", "bad_outre"])
 
 
 def _leftovers() -> list[str]:
@@ -27,23 +56,74 @@ def _leftovers() -> list[str]:
     return [] if h is None else sorted(p.name for p in h.root.glob(f"{cgroup.PREFIX}*-{os.getpid()}"))
 
 
+def _child_in_this_process(argv: Sequence[str], *, name: str, limit_bytes: int | None,
+                           **_: Any) -> cgroup.LimitedRun:
+    """`cgroup.run_limited` for compare's children (``python -m diskflow.bench.compare --child SPEC``), run
+    in this process: `_child_main` as the child runs it. No cgroup (the compare runs with --no-cgroup)."""
+    import torch
+    from diskflow.bench import compare
+
+    assert list(argv[1:4]) == ["-m", "diskflow.bench.compare", "--child"] and limit_bytes is None, (name, argv)
+    threads = torch.get_num_threads()
+    t0 = time.perf_counter()
+    try:
+        rc = compare._child_main(list(argv[3:]))
+    finally:
+        torch.set_num_threads(threads)
+    return cgroup.LimitedRun(returncode=rc, wall_s=time.perf_counter() - t0, read_bytes=0, peak_rss_bytes=0,
+                             limit_bytes=None, cgroup=None)
+
+
 @pytest.fixture(scope="module")
-def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
+def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, str, Path]]:
+    """Every built-in pipeline, a user's file and a failing one, their children in this process."""
     work = tmp_path_factory.mktemp("bench-compare")
+    (work / "every_other.py").write_text(USER_PIPELINE)
+    (work / "bad.py").write_text(BAD_PIPELINE)
     out = work / "figures.json"
     printed = StringIO()
-    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out)]
+    pipelines = ",".join(["inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre",
+                          "outre", str(work / "every_other.py"), str(work / "bad.py")])
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out),
+            "--pipelines", pipelines, "--no-cgroup"]
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(printed):
+        mp.setattr(cgroup, "run_limited", _child_in_this_process)
+        rc = main(argv)
+    assert rc == 0, printed.getvalue()[-3000:]
+    yield json.loads(out.read_text()), printed.getvalue(), work / "w"
+
+
+@pytest.fixture(scope="module")
+def belady_in_children(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
+    """belady alone, its allowance probe and runs in child processes, in memory cgroups where there are some."""
+    work = tmp_path_factory.mktemp("bench-compare-children")
+    out = work / "figures.json"
+    printed = StringIO()
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out),
+            "--pipelines", "belady"]
     with redirect_stdout(printed):
         rc = main(argv + ([] if CGROUPS else ["--no-cgroup"]))
-    assert rc == 0
+    assert rc == 0, printed.getvalue()[-3000:]
     return json.loads(out.read_text()), printed.getvalue(), work / "w"
+
+
+def test_the_default_is_every_built_in_pipeline() -> None:
+    import argparse
+
+    from diskflow.bench import compare
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    args = parser.parse_args([])
+    assert sorted(args.pipelines.split(",")) == sorted(n for n in BUILT_IN if "_s" not in n)
 
 
 def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> None:
     f, printed, _ = compared
-    assert sorted(f["pipelines"]) == ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn",
-                                      "ginex", "gnndrive", "inmemory", "lsmgnn", "mmap", "outre"]
+    assert sorted(f["pipelines"]) == DEFAULT_RUN
     for name, p in f["pipelines"].items():
+        if name == "bad_outre":
+            continue
         for key in KEYS:
             assert key in p, (name, key)
         assert p["data_epoch_s"] > 0 and p["epoch_s"] > 0 and p["peak_rss_bytes"] > 0, name
@@ -60,7 +140,8 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
     assert f["ratios"]["pipelined_speedup_io_bound"] == pytest.approx(
         bel["io_sequential_epoch_s"] / bel["io_model_epoch_s"])
     for name, p in f["pipelines"].items():
-        assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
+        if name != "bad_outre":
+            assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
     assert all(v > 0 for k, v in f["ratios"].items() if k != "outre_acc_gap_points")   # a gap may be <= 0
     for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
                  "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound, 1 torch thread",
@@ -73,7 +154,7 @@ def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
     p = f["pipelines"]
     assert f["samples_identical"] and f["losses_identical"] is True
     assert "identical epoch by epoch: yes" in printed
-    for name in ("diskgnn", "ginex", "mmap", "gnndrive", "lsmgnn"):   # every pipeline is exact: the very same training
+    for name in ("diskgnn", "ginex", "mmap", "gnndrive", "lsmgnn", "every-other"):   # exact: the very same training
         assert p[name]["losses"] == p["inmemory"]["losses"], name
         assert p[name]["test_acc"] == p["inmemory"]["test_acc"], name
 
@@ -91,8 +172,10 @@ def test_online_pipelines_columns_and_crossover(compared: tuple[dict, str, Path]
         assert p[name]["disk_read_bytes"] is not None and p[name]["first_batch_s"] > 0
         assert f"losses of {name} and inmemory identical epoch by epoch: yes" in printed
     for name, q in p.items():       # total time to train E epochs, preparation included
+        if name == "bad_outre":
+            continue
         assert q["first_batch_s"] > 0, name
-        if name in ("belady", "ginex", "diskgnn"):
+        if name in ("belady", "ginex", "diskgnn", "every-other"):
             assert q["prepare_s"] > 0, name
         for e in (1, 10):
             assert q["total_s"][str(e)] == pytest.approx(q["prepare_s"] + e * q["epoch_s"]), (name, e)
@@ -160,18 +243,50 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
 
 
 def test_disk_traffic_and_amplification(compared: tuple[dict, str, Path]) -> None:
-    f, _, _ = compared
+    f, _, work = compared
+    skip_where_reads_are_not_counted(work)
     p = f["pipelines"]
     assert p["inmemory"]["disk_read_bytes"] == 0 and p["inmemory"]["read_amplification"] is None
-    for name in ("belady", "diskgnn", "ginex"):
+    for name in ("belady", "diskgnn", "ginex", "every-other"):
         assert p[name]["plan_miss_bytes"] > 0 and p[name]["disk_read_bytes"] >= p[name]["plan_miss_bytes"], name
     assert p["belady"]["plan_miss_bytes"] == p["ginex"]["plan_miss_bytes"]      # the same Belady plan
     # ginex reads a 4 KiB page per 188-byte row; belady reads packed segments
     assert p["ginex"]["read_amplification"] > 4 * p["belady"]["read_amplification"] >= 4
 
 
-def test_memory_limits(compared: tuple[dict, str, Path]) -> None:
+def test_a_pipeline_that_fails_to_prepare_is_reported_and_the_others_run(compared: tuple[dict, str, Path]) -> None:
     f, printed, _ = compared
+    bad = f["pipelines"]["bad_outre"]
+    assert "prepare" in next(iter(bad["errors"])) and "--history-memory" in next(iter(bad["errors"].values()))
+    assert bad["epoch_s"] is None and f["pipelines"]["belady"]["epoch_s"] > 0
+    assert "bad_outre: prepare failed" in printed
+
+
+def test_a_users_pipeline_file_is_compared(compared: tuple[dict, str, Path]) -> None:
+    f, _, _ = compared
+    mine = f["pipelines"]["every-other"]
+    assert mine["losses"] == f["pipelines"]["inmemory"]["losses"]      # exact: only where rows come from differs
+    assert mine["plan_miss_bytes"] > 0 and f["prepare"]["every-other"]["cpu_rows"] > 0
+
+
+def test_children_in_processes(belady_in_children: tuple[dict, str, Path], compared: tuple[dict, str, Path]) -> None:
+    """The runs in child processes give the figures the in-process ones give, and the same training."""
+    f, _, work = belady_in_children
+    assert sorted(f["pipelines"]) == ["belady"]
+    p, here = f["pipelines"]["belady"], compared[0]["pipelines"]["belady"]
+    for key in KEYS:
+        assert key in p, key
+    assert p["errors"] is None and p["data_epoch_s"] > 0 and p["epoch_s"] > 0 and p["sequential_epoch_s"] > 0
+    assert p["peak_rss_bytes"] > 0 and p["io_model_epoch_s"] > 0
+    assert p["losses"] == here["losses"] and p["test_acc"] == here["test_acc"]
+    assert p["plan_miss_bytes"] == here["plan_miss_bytes"] > 0
+    if reads_are_counted(work):
+        assert p["disk_read_bytes"] >= p["plan_miss_bytes"]
+    assert not (work / "runs").exists()
+
+
+def test_memory_limits(belady_in_children: tuple[dict, str, Path]) -> None:
+    f, printed, _ = belady_in_children
     if not CGROUPS:
         assert f["no_cgroup"] and f["cgroup_limit_bytes"] is None and "NO memory limits" in printed
         return
@@ -218,28 +333,11 @@ def test_repeats_keep_each_runs_fastest() -> None:
 
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     _, _, work = compared
-    kept = ["belady", "diskgnn", "ginex"]     # the shared samples' datasets stay for the next run
-    # the OUTRE ones (samples of their own) are removed with their caches once their runs are done
+    kept = ["belady", "diskgnn", "every-other", "ginex"]    # the shared samples' datasets stay for the next run
+    # the OUTRE ones (samples of their own) are removed with their caches once their runs are done, and the
+    # one whose preparation failed leaves nothing
     assert sorted(p.name for p in (work / "packed").iterdir()) == sorted([*kept, *(f"{n}.work" for n in kept)])
     assert not (work / "runs").exists()        # run directories removed without --keep
-
-
-def test_a_pipeline_that_fails_to_prepare_is_reported_and_the_others_run(tiny_store: Path, tmp_path: Path) -> None:
-    # samples of its own (partition batches), so prepared just before its runs; a cache of one byte holds no
-    # embedding, so that preparation fails
-    (tmp_path / "bad.py").write_text('from diskflow import Pipeline\n'
-                                     'PIPELINE = Pipeline("bad_outre", batches="partition", history_memory="1B")\n')
-    out = tmp_path / "figures.json"
-    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(tmp_path / "w"),
-            "--pipelines", f"inmemory,belady,{tmp_path / 'bad.py'}", "--json", str(out), "--no-cgroup"]
-    with redirect_stdout(StringIO()) as printed:
-        assert main(argv) == 0
-    f = json.loads(out.read_text())
-    bad = f["pipelines"]["bad_outre"]
-    assert "prepare" in next(iter(bad["errors"])) and "--history-memory" in next(iter(bad["errors"].values()))
-    assert bad["epoch_s"] is None and f["pipelines"]["belady"]["epoch_s"] > 0
-    assert "bad_outre: prepare failed" in printed.getvalue()
-    assert sorted(p.name for p in (tmp_path / "w" / "packed").iterdir()) == ["belady", "belady.work"]
 
 
 def test_a_budget_that_cannot_hold_the_staging_is_one_clear_error(tiny_store: Path, tmp_path: Path,
