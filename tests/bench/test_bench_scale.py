@@ -13,24 +13,15 @@ import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.scale import MARKER, PHASES, byte_plan, worst_batch_rows
 from diskflow.flow.cli import main
+from mounts import skip_where_reads_are_not_counted
 
 CGROUPS = cgroup.unavailable_reason() is None
 NODES, DIM = 60_000, 32
 TINY = ["--nodes", str(NODES), "--dim", str(DIM), "--train-frac", "0.03", "--batch-size", "128", "--fanouts", "4,4",
         "--superbatch-size", "4", "--part-nodes", "20000", "--hidden", "16", "--feature-budget", "5MiB",
-        "--threads", "1", "--bw-bytes", str(16 << 20)]
+        "--threads", "1", "--bw-bytes", str(16 << 20), "--workers", "1"]
 GROUPS = {"synth": {"synth"}, "ingest": {"ingest-nodes", "ingest-scan-edges", "ingest-csc", "ingest-feature-shard"},
           "prepare": {"sample", "count", "tiers", "trace", "plan", "route", "pack", "index"}, "train": {"train-epoch"}}
-
-
-def _block_device(path: Path) -> bool:
-    """Whether `path` is on a filesystem whose I/O /proc/<pid>/io counts (not tmpfs or ramfs)."""
-    best, fstype = "", ""
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        where, kind = line.split()[1:3]
-        if str(path).startswith(where.rstrip("/") + "/") and len(where) > len(best):
-            best, fstype = where, kind
-    return fstype not in ("tmpfs", "ramfs", "")
 
 
 def _leftovers() -> list[str]:
@@ -47,10 +38,18 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
+    """One run of the bench, with free space for the ingest peak but not for raw + store + packed: the raw
+    input is deleted after ingest (the plan's choice without that is `test_byte_plan`'s)."""
+    from diskflow.bench import scale
+
     base = tmp_path_factory.mktemp("bench-scale")
     out = base / "figures.json"
-    rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(base / "w"), "--json", str(out)]
-                            + ([] if CGROUPS else ["--no-cgroup"]))
+    plan = byte_plan(NODES, DIM, 4, 15.0, 0.03, 128, (4, 4), 5 << 20, 1 << 30, 16 << 20)
+    assert plan.ingest_peak < plan.raw + plan.store + plan.packed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scale, "_free", lambda _: plan.raw + plan.store + plan.packed - 1 + scale.DISK_RESERVE)
+        rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(base / "w"), "--json", str(out)]
+                                + ([] if CGROUPS else ["--no-cgroup"]))
     assert rc == 0, err
     return json.loads(out.read_text()), printed, base / "w"
 
@@ -98,13 +97,19 @@ def test_dataset_prepare_and_train_agree(scaled: tuple[dict, str, Path]) -> None
     # the byte plan bounds what was written
     plan = f["byte_plan"]
     assert plan["raw"] >= f["raw_bytes"] and plan["store"] >= f["store_bytes"] and plan["packed"] >= f["packed_bytes_on_disk"]
-    assert 0 < f["disk_peak_bytes"] and not f["raw_freed_bytes"]
+    assert 0 < f["disk_peak_bytes"]
+
+
+def test_the_raw_input_goes_when_the_packed_dataset_needs_its_room(scaled: tuple[dict, str, Path]) -> None:
+    f, printed, _ = scaled
+    assert f["byte_plan"]["free_raw_planned"] and f["raw_freed_bytes"] == f["raw_bytes"] > 0
+    assert "the raw input is deleted after ingest" in printed and "raw input deleted after ingest" in printed
+    assert f["train"]["losses_finite"]
 
 
 def test_disk_traffic(scaled: tuple[dict, str, Path]) -> None:
     f, _, work = scaled
-    if not _block_device(work):
-        pytest.skip("the work directory is not on a block device: /proc/<pid>/io counts none of its I/O")
+    skip_where_reads_are_not_counted(work.parent)
     ph = f["phases"]
     assert ph["synth"]["write_bytes"] >= f["feature_bytes"]                # the raw input went to the disk
     assert ph["ingest"]["read_bytes"] >= f["feature_bytes"]                # and was read back, evicted first
@@ -199,21 +204,3 @@ def test_task_memory_sees_what_each_task_holds() -> None:
     assert big["peak_anon_bytes"] >= w["baseline_anon_bytes"] + (200 << 20)
     assert small["peak_rss_bytes"] < big["peak_rss_bytes"] - (150 << 20)    # the HWM was reset in between
     assert small["peak_anon_bytes"] < big["peak_anon_bytes"] - (150 << 20)
-
-
-def test_the_raw_input_goes_when_the_packed_dataset_needs_its_room(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """With free space for the ingest peak but not for raw + store + packed, the raw input is deleted after ingest."""
-    from diskflow.bench import scale
-
-    plan = byte_plan(NODES, DIM, 4, 15.0, 0.03, 128, (4, 4), 5 << 20, 1 << 30, 16 << 20)
-    assert plan.ingest_peak < plan.raw + plan.store + plan.packed
-    monkeypatch.setattr(scale, "_free", lambda _: plan.raw + plan.store + plan.packed - 1 + scale.DISK_RESERVE)
-    out = tmp_path / "f.json"
-    rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(tmp_path / "w"), "--json", str(out)]
-                            + ([] if CGROUPS else ["--no-cgroup"]))
-    assert rc == 0, err
-    f = json.loads(out.read_text())
-    assert f["byte_plan"]["free_raw_planned"] and f["raw_freed_bytes"] == f["raw_bytes"] > 0
-    assert "the raw input is deleted after ingest" in printed and "raw input deleted after ingest" in printed
-    assert f["train"]["losses_finite"] and not (tmp_path / "w").exists()
