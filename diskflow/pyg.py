@@ -52,6 +52,7 @@ from torch_geometric.sampler import (
 from torch_geometric.sampler.base import NumNeighbors
 
 from .flow.options import byte_budget
+from .native.kernels import copy_rows, count_dense
 from .native.reader import DirectReader, aligned_empty
 from .operators.formats.errors import ConfigError, InputError
 from .operators.formats.files import byte_offsets, format_bytes
@@ -64,7 +65,9 @@ NODE_TYPE = "node"                          # the one node type's name where a c
 EDGE_TYPE = (NODE_TYPE, "to", NODE_TYPE)    # the one edge type's name where a caller names it
 ATTRS = ("x", "y")                          # the tensors of the node type: features, labels
 CACHE_OPTION = "cache_memory"               # the option a budget error names
-SLOT_TABLE_BYTES = 8 + 8                    # per cache slot: its node (int64), its last use (int64)
+POLICIES = ("degree", "lru")                # the row cache's policies (`RowCache`)
+NODE_TABLE_BYTES = {"degree": 4 + 4, "lru": 4}  # per node: its slot (int32), its degree (int32, "degree")
+SLOT_TABLE_BYTES = 8 + 8                    # per cache slot: its node (int64), its key (int64)
 _MAX_SEED = (1 << 63) - 1
 
 
@@ -117,11 +120,22 @@ class RowCache:
     """A bounded CPU cache of a store's feature rows in front of the native direct-I/O reader.
 
     The cache is a fixed array of row slots, a table node -> slot (int32, one entry per node) and,
-    per slot, its node and the call that last used it. `gather` copies the rows it holds, reads the
-    others from the feature shards with O_DIRECT (each shard's rows in offset order, 512-byte sectors
-    where the device allows it, reads merged across short gaps, as `operators.train.online` reads
-    them) and keeps as many of them as there are slots in place of the least recently used rows.
-    Every step is a vectorised pass over the call's ids: no Python loop runs per node.
+    per slot, its node and its key: the slot whose key is lowest is the next to give way. `gather`
+    copies the rows the cache holds, reads the others from the feature shards with O_DIRECT (each
+    shard's rows in offset order, 512-byte sectors where the device allows it, reads merged across
+    short gaps, as `operators.train.online` reads them), and admits a missed row in place of the
+    lowest-keyed one when its own key is higher. The policies (`POLICIES`):
+
+    * ``"degree"`` (the default): a row's key is its node's out-degree, the number of neighbour lists
+      that hold it; a uniform neighbour sampler draws a node about that much more often than a node of
+      degree one, so the cache fills, as rows are read, with the rows batches ask for most (the static
+      degree cache of out-of-core GNN loaders, here filled lazily: nothing is read ahead). The degrees
+      are counted once, natively, from the store's ``indices`` (an int32 per node).
+    * ``"lru"``: a row's key is the call that last asked for it (least recently used first).
+
+    A row that the current call asks for is never given way to another of the same call (a call larger
+    than the cache admits what fits). Every step is a vectorised pass over the call's ids: no Python loop
+    runs per node.
 
     Memory is fixed when the cache is made and never exceeds `budget` bytes (`memory`): the slots,
     the tables, the staging rows a read passes through and the reader's bounce buffer. The rows a
@@ -130,24 +144,27 @@ class RowCache:
     Args:
         store: the store whose features are cached.
         budget: bytes of the whole cache.
+        policy: ``"degree"`` or ``"lru"``.
         option: the option a budget error names.
 
     Raises:
         ConfigError: (`option`) the budget does not hold the tables and read buffers and one row;
-            the message names the smallest budget that does.
+            the message names the smallest budget that does. (``policy``) an unknown policy.
     """
 
-    def __init__(self, store: Store, budget: int, option: str = CACHE_OPTION) -> None:
-        self.store = store
+    def __init__(self, store: Store, budget: int, policy: str = "degree", option: str = CACHE_OPTION) -> None:
+        if policy not in POLICIES:
+            raise ConfigError("policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
+        self.store, self.policy = store, policy
         self.num_nodes = int(store.num_nodes)
         self.row_bytes = int(store.row_bytes)
         self.dim, self.dtype = int(store.feature_dim), np.dtype(store.feature_dtype)
         self.budget = int(budget)
-        slots, self.staging_bytes, self.bounce_bytes, fixed = self.layout(store, self.budget)
+        slots, self.staging_bytes, self.bounce_bytes, fixed = self.layout(store, self.budget, policy)
         if slots < 1:
-            least = self.smallest_budget(store)
-            raise ConfigError(option, f"{format_bytes(self.budget)} does not hold the row cache's node table and read "
-                                      f"buffers ({format_bytes(fixed)} for {self.num_nodes:,} nodes) and one "
+            least = self.smallest_budget(store, policy)
+            raise ConfigError(option, f"{format_bytes(self.budget)} does not hold the row cache's node tables and "
+                                      f"read buffers ({format_bytes(fixed)} for {self.num_nodes:,} nodes) and one "
                                       f"{self.row_bytes}-byte row; the smallest budget that works is "
                                       f"{least:,} bytes ({format_bytes(least)})")
         self.slots = slots
@@ -155,9 +172,14 @@ class RowCache:
         self.rows = self._raw.view(self.dtype).reshape(self.slots, self.dim)
         self.slot_of = np.full(self.num_nodes, -1, np.int32)
         self.node_of = np.full(self.slots, -1, np.int64)
-        self.stamp = np.full(self.slots, -1, np.int64)
+        self.key = np.full(self.slots, -1, np.int64)
+        self.degree: np.ndarray | None = None
+        if policy == "degree":
+            self.degree = np.zeros(self.num_nodes, np.int32)
+            count_dense([np.ascontiguousarray(store.indices)], self.degree)
         self.piece = max(1, self.staging_bytes // self.row_bytes)
         self._staging = np.empty((self.piece, self.row_bytes), np.uint8)
+        self._identity = np.arange(self.piece, dtype=np.int64)
         self._tick = 0
         self._lock = threading.Lock()
         self._reader: DirectReader | None = None
@@ -166,26 +188,26 @@ class RowCache:
         self.counts = {"calls": 0, "rows": 0, "hits": 0, "misses": 0, "admitted": 0, "evicted": 0}
 
     @staticmethod
-    def layout(store: Store, budget: int) -> tuple[int, int, int, int]:
+    def layout(store: Store, budget: int, policy: str = "degree") -> tuple[int, int, int, int]:
         """(slots, staging bytes, bounce bytes, fixed bytes) of a cache of `budget` bytes over `store`.
 
         The staging rows are 1/16 of the budget within [64 KiB, 2 MiB], the reader's bounce buffer as
-        large (at least one merged request), the node table 4 bytes a node; each slot costs its row and
-        `SLOT_TABLE_BYTES`. Never more slots than nodes. Slots may be < 1 (the budget is too small).
+        large (at least one merged request), the node tables `NODE_TABLE_BYTES` a node; each slot costs
+        its row and `SLOT_TABLE_BYTES`. Never more slots than nodes. Slots may be < 1 (too small a budget).
         """
         staging = staging_bytes_for(budget, 1)
         bounce = bounce_bytes(staging)
-        fixed = store.num_nodes * 4 + staging + bounce
+        fixed = store.num_nodes * NODE_TABLE_BYTES[policy] + staging + bounce
         slots = (int(budget) - fixed) // (int(store.row_bytes) + SLOT_TABLE_BYTES)
         return int(min(slots, store.num_nodes)), staging, bounce, fixed
 
     @classmethod
-    def smallest_budget(cls, store: Store) -> int:
+    def smallest_budget(cls, store: Store, policy: str = "degree") -> int:
         """The fewest bytes a cache over `store` works with (the tables, the read buffers, one slot)."""
         per_slot = int(store.row_bytes) + SLOT_TABLE_BYTES
         budget = per_slot
         while True:     # the buffers grow with the budget in steps: a few rounds reach the fixed point
-            slots, _, _, fixed = cls.layout(store, budget)
+            slots, _, _, fixed = cls.layout(store, budget, policy)
             if slots >= 1:
                 return budget
             budget = fixed + per_slot
@@ -194,7 +216,9 @@ class RowCache:
         """The cache's bytes: ``slot_bytes`` (rows), ``table_bytes`` (node table, per-slot tables),
         ``buffer_bytes`` (staging rows and the reader's bounce buffer), ``total_bytes`` (<= ``budget``)."""
         slot_bytes = self.slots * self.row_bytes
-        table = int(self.slot_of.nbytes + self.node_of.nbytes + self.stamp.nbytes)
+        table = int(self.slot_of.nbytes + self.node_of.nbytes + self.key.nbytes)
+        if self.degree is not None:
+            table += int(self.degree.nbytes)
         buffers = int(self._staging.nbytes) + self.bounce_bytes
         return {"slot_bytes": slot_bytes, "table_bytes": table, "buffer_bytes": buffers,
                 "total_bytes": slot_bytes + table + buffers, "budget": self.budget}
@@ -246,45 +270,57 @@ class RowCache:
             slot = self.slot_of[ids]
             hit = slot >= 0
             hit_pos = np.flatnonzero(hit)
-            hit_slots = slot[hit_pos]
-            out[hit_pos] = self.rows[hit_slots]
-            self.stamp[hit_slots] = tick
+            hit_slots = slot[hit_pos].astype(np.int64)
+            copy_rows(out, hit_pos, self.rows, hit_slots)
+            if self.degree is None:
+                self.key[hit_slots] = tick
+            else:                   # this call's rows never give way to its misses
+                self.key[hit_slots] += 1 << 40
             miss_pos = np.flatnonzero(~hit)
             self.counts["calls"] += 1
             self.counts["rows"] += int(ids.shape[0])
             self.counts["hits"] += int(hit_pos.shape[0])
             self.counts["misses"] += int(miss_pos.shape[0])
-            if miss_pos.shape[0]:
-                self._miss(ids[miss_pos], miss_pos, out, tick)
+            try:
+                if miss_pos.shape[0]:
+                    self._miss(ids[miss_pos], miss_pos, out, tick)
+            finally:
+                if self.degree is not None:
+                    self.key[hit_slots] -= 1 << 40
         return out
 
     def _miss(self, miss_ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray, tick: int) -> None:
-        """Read the missed rows into `out` and admit as many distinct ones as there are slots (LRU victims)."""
+        """Read the missed rows into `out`; admit the highest-keyed distinct ones in place of lower-keyed rows."""
         order = np.argsort(miss_ids, kind="stable")
         ids, pos = miss_ids[order], miss_pos[order]
         first = np.ones(ids.shape[0], bool)
         first[1:] = ids[1:] != ids[:-1]
-        distinct = int(np.count_nonzero(first))
-        k = min(distinct, self.slots)
-        victims = (np.arange(self.slots, dtype=np.int64) if k == self.slots
-                   else np.argpartition(self.stamp, k - 1)[:k].astype(np.int64))
-        admit = first & (np.cumsum(first) <= k)        # the first k distinct misses, in id order
-        new = ids[admit]
+        rank = np.cumsum(first) - 1                     # each missed row's place among the distinct ones
+        cand = ids[first]
+        ckey = np.full(cand.shape[0], tick, np.int64) if self.degree is None else self.degree[cand].astype(np.int64)
+        k = min(cand.shape[0], self.slots)
+        best = np.argpartition(-ckey, k - 1)[:k] if k < cand.shape[0] else np.arange(cand.shape[0])
+        best = best[np.argsort(-ckey[best], kind="stable")]               # highest key first
+        victims = np.argpartition(self.key, k - 1)[:k] if k < self.slots else np.arange(self.slots)
+        victims = victims[np.argsort(self.key[victims], kind="stable")]   # lowest key first
+        m = int(np.count_nonzero(ckey[best] > self.key[victims]))       # keys fall on one side, rise on the other
+        best, victims = best[:m], victims[:m].astype(np.int64)
+        new = cand[best]
         old = self.node_of[victims]
         self.slot_of[old[old >= 0]] = -1
         self.counts["evicted"] += int(np.count_nonzero(old >= 0))
         self.node_of[victims] = new
         self.slot_of[new] = victims
-        self.stamp[victims] = tick
-        self.counts["admitted"] += k
-        dest = np.full(ids.shape[0], -1, np.int64)
-        dest[admit] = victims
+        self.key[victims] = ckey[best]
+        self.counts["admitted"] += m
+        cand_slot = np.full(cand.shape[0], -1, np.int64)
+        cand_slot[best] = victims
         try:
-            self._read(ids, pos, dest, out)
+            self._read(ids, pos, cand_slot[rank], out)
         except BaseException:           # the admitted slots hold no valid row: forget them
             self.slot_of[new] = -1
             self.node_of[victims] = -1
-            self.stamp[victims] = -1
+            self.key[victims] = -1
             raise
 
     def _read(self, ids: np.ndarray, pos: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
@@ -307,10 +343,10 @@ class RowCache:
                 except OSError as e:
                     raise InputError(s.path, f"reading {b - a:,} feature rows from byte offset "
                                              f"{int(offsets[a]):,} failed: {e.strerror or e}") from e
-                out_raw[pos[lo + a: lo + b]] = buf
+                copy_rows(out_raw, pos[lo + a: lo + b], buf, self._identity[: b - a])
                 d = dest[lo + a: lo + b]
-                keep = d >= 0
-                slots_raw[d[keep]] = buf[keep]
+                keep = np.flatnonzero(d >= 0)
+                copy_rows(slots_raw, d[keep], buf, keep)
 
     def close(self) -> None:
         """Close the reader's files (the cache can still serve; a later miss reopens them)."""
@@ -382,29 +418,35 @@ class FeatureStore(StoreFeatureStore):
     Args:
         store: a store (`diskflow ingest`'s output), or its path.
         cache_memory: the row cache's bytes (rows, tables and read buffers together).
+        policy: the row cache's policy, ``"degree"`` (keep the rows of the nodes most neighbour lists
+            hold) or ``"lru"`` (`RowCache`).
 
     Raises:
         InputError: naming the path, when it is not a store.
         ConfigError: (``cache_memory``) not a byte size or share, or too small for the cache's tables and
-            read buffers and one row; the message names the smallest budget that works.
+            read buffers and one row; the message names the smallest budget that works. (``policy``)
+            an unknown policy.
     """
 
-    def __init__(self, store: Store | str | os.PathLike[str], cache_memory: int | str = "10%") -> None:
+    def __init__(self, store: Store | str | os.PathLike[str], cache_memory: int | str = "10%",
+                 policy: str = "degree") -> None:
         super().__init__(store)
         budget = byte_budget(cache_memory, CACHE_OPTION, self.store.feature_bytes)
         self.cache_memory = cache_memory
-        self.cache = RowCache(self.store, int(budget or 0))
+        self.cache = RowCache(self.store, int(budget or 0), policy)
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of `ids` through the row cache (misses read with O_DIRECT)."""
         return self.cache.gather(ids)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its store's path and budget (a spawned loader worker opens its own reader and cache)."""
-        return (type(self), (str(self.store.path), self.cache.budget))
+        """Pickled as its store's path, budget and policy (a spawned loader worker opens its own reader and
+        cache)."""
+        return (type(self), (str(self.store.path), self.cache.budget, self.cache.policy))
 
     def __repr__(self) -> str:
-        return f"FeatureStore({str(self.store.path)!r}, cache_memory={format_bytes(self.cache.budget)!r})"
+        return (f"FeatureStore({str(self.store.path)!r}, cache_memory={format_bytes(self.cache.budget)!r}, "
+                f"policy={self.cache.policy!r})")
 
 
 class GraphStore(pyg_data.GraphStore):

@@ -79,8 +79,9 @@ def test_stock_graphsage_trains_through_it(backend: tuple[FeatureStore, GraphSto
     assert len(losses) > 3 and all(np.isfinite(losses))
 
 
-def test_cache_keeps_its_budget_and_serves_the_stores_rows(tiny_store: Path) -> None:
-    features = FeatureStore(tiny_store, cache_memory=BUDGET)
+@pytest.mark.parametrize("policy", ["degree", "lru"])
+def test_cache_keeps_its_budget_and_serves_the_stores_rows(tiny_store: Path, policy: str) -> None:
+    features = FeatureStore(tiny_store, cache_memory=BUDGET, policy=policy)
     cache, store = features.cache, features.store
     rows = store.read_features()
     rng = np.random.default_rng(0)
@@ -98,17 +99,39 @@ def test_cache_keeps_its_budget_and_serves_the_stores_rows(tiny_store: Path) -> 
     budget = 400 << 10
     assert mem["budget"] == budget and mem["total_bytes"] <= budget
     # what is really allocated: the slots, the tables, the staging rows, the reader's bounce buffer
-    allocated = (cache.rows.nbytes + cache.slot_of.nbytes + cache.node_of.nbytes + cache.stamp.nbytes
-                 + cache._staging.nbytes + cache._reader_here().bounce_bytes)
+    allocated = (cache.rows.nbytes + cache.slot_of.nbytes + cache.node_of.nbytes + cache.key.nbytes
+                 + (0 if cache.degree is None else cache.degree.nbytes) + cache._staging.nbytes
+                 + cache._reader_here().bounce_bytes)
     assert allocated == mem["total_bytes"]
     assert features[None, "y", 7].item() == store.labels[7] and features[None, "x", 2:5].shape == (3, store.feature_dim)
     mask = torch.zeros(store.num_nodes, dtype=torch.bool)
     mask[[3, 9]] = True
     assert torch.equal(features[None, "x", mask], torch.from_numpy(rows[[3, 9]]))
-    whole = FeatureStore(tiny_store, cache_memory="200%").cache       # room for every row: never more slots
+    whole = FeatureStore(tiny_store, cache_memory="200%", policy=policy).cache       # room for every row: never more slots
     assert whole.slots == store.num_nodes and whole.memory()["total_bytes"] <= 2 * store.feature_bytes
     with pytest.raises(IndexError, match="out of range"):
         features[None, "x", torch.tensor([store.num_nodes])]
+
+
+def test_degree_cache_keeps_the_rows_most_neighbour_lists_hold(tiny_store: Path) -> None:
+    store = Store(tiny_store)
+    cache = FeatureStore(store, cache_memory=BUDGET).cache
+    degree = np.bincount(np.asarray(store.indices), minlength=store.num_nodes)
+    assert np.array_equal(cache.degree, degree)
+    rows = store.read_features()
+    everything = np.random.default_rng(1).permutation(store.num_nodes)
+    assert np.array_equal(cache.gather(everything), rows[everything])     # one call larger than the cache
+    held = np.zeros(store.num_nodes, bool)
+    held[cache.cached()] = True
+    assert held.sum() == cache.slots and degree[held].min() >= degree[~held].max()
+    admitted = cache.counts["admitted"]
+    ids = np.random.default_rng(2).integers(0, store.num_nodes, 2000)
+    assert np.array_equal(cache.gather(ids), rows[ids]) and cache.counts["admitted"] == admitted   # none ranks higher
+    lru = FeatureStore(store, cache_memory=BUDGET, policy="lru").cache
+    lru.gather(everything[: lru.slots])
+    first = set(lru.cached().tolist())
+    lru.gather(everything[lru.slots: lru.slots + 10])       # the 10 least recently used rows give way
+    assert len(first - set(lru.cached().tolist())) == 10
 
 
 def test_what_pyg_asks_of_the_stores(backend: tuple[FeatureStore, GraphStore]) -> None:
@@ -186,6 +209,8 @@ def test_bad_input_fails_in_one_line(tiny_store: Path, tiny_raw: Path, tmp_path:
         FeatureStore(tiny_store, cache_memory=least - 1)
     with pytest.raises(ConfigError, match="cache_memory: not a byte size"):
         FeatureStore(tiny_store, cache_memory="lots")
+    with pytest.raises(ConfigError, match="policy: expected one of degree, lru"):
+        FeatureStore(tiny_store, cache_memory=BUDGET, policy="fifo")
     with pytest.raises(ConfigError, match="num_neighbors"):
         NeighborSampler(GraphStore(tiny_store), [5, -2])
 
