@@ -514,12 +514,12 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
     zero; a model run's)."""
     import torch
 
+    from ..flow.runtimes import memory as inmemory  # noqa: F401
     from ..operators.formats.packed import PackedDataset
     from ..operators.train.batches import batch_data
     from ..operators.train.loop import deterministic, forward
     from ..operators.train.models import build_model
     from ..operators.train.trainer import train_packed  # noqa: F401  (what a run imports)
-    from ..pipelines import inmemory, mmap  # noqa: F401
 
     ds = PackedDataset(spec["samples"])
     labels = np.load(ds.path / str(ds.manifest["labels"]))
@@ -621,7 +621,8 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
                 spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"], epochs=spec["epochs"],
                 cpu_memory=spec["cpu_memory"], progress=False, **common)
         else:
-            from ..pipelines import inmemory, mmap
+            from ..flow.runtimes import memory as inmemory
+            from ..flow.runtimes import mmap
 
             module = inmemory if spec["pipeline"] == "inmemory" else mmap
             report = module.run(spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
@@ -753,7 +754,7 @@ def _crossover(planned: dict[str, Any] | None, online: dict[str, Any], epoch: st
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Prepare, measure every pipeline in its own (limited) process, print the tables, return the figures."""
-    from ..pipelines._packed import budget as parse_budget
+    from ..flow.runtimes.packed import budget as parse_budget
     from .cgroup import current_procs, find_hierarchy, unavailable_reason
     from .prepare import max_batch_rows
 

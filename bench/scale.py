@@ -340,9 +340,9 @@ def _child_ingest(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    from ..flow.runtimes.packed import packed_budgets
     from ..operators.formats.store import Store
     from ..pipelines import belady
-    from ..pipelines._packed import packed_budgets
 
     store = Store(spec["store"])
     b = packed_budgets(store, spec["cpu_memory"], 0, None, spec["fanouts"], spec["batch_size"], spec["queue_depth"])

@@ -295,11 +295,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..flow.plugin import GPU
     from ..flow.prepare import PrepareConfig, prepare
     from ..flow.roles import stream_client
+    from ..flow.runtimes.packed import packed_budgets
     from ..flow.stream import StreamConfig, StreamRun
     from ..operators.formats.errors import ConfigError
     from ..operators.formats.store import Store
     from ..operators.stream.train import StreamTrainConfig
-    from ..pipelines._packed import packed_budgets
 
     if args.repeats < 1:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")

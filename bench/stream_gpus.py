@@ -73,12 +73,12 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     from distributed import get_task_stream
 
     from ..flow.roles import stream_client
+    from ..flow.runtimes.packed import packed_budgets
     from ..flow.stream import StreamConfig, StreamRun
     from ..flow.stream.config import CACHES
     from ..operators.formats.errors import ConfigError
     from ..operators.formats.store import Store
     from ..operators.stream.train import StreamTrainConfig
-    from ..pipelines._packed import packed_budgets
 
     if args.repeats < 1:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")

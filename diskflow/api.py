@@ -105,7 +105,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
     """The pipeline's `PrepareConfig` options for `store` from `given` (`PREPARE_DEFAULTS` for the rest): budgets
     turned into bytes and checked against the trainer's fixed needs, the historical embedding cache's settings.
     The one place the CLI, the benches and this API turn prepare options into a config."""
-    from .pipelines._packed import packed_budgets
+    from .flow.runtimes.packed import packed_budgets
 
     unknown = sorted(set(given) - set(PREPARE_DEFAULTS))
     if unknown:
@@ -190,24 +190,21 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
             ``device``, ...), as the CLI's flags of the same names.
     """
     from .flow.rundir import new_run_dir
+    from .operators.formats.store import Store
 
     check_model_option(model if isinstance(model, Model) else os.fspath(model), "model")
     model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
     path = Path(data)
     from .operators.formats.files import read_manifest
     from .operators.formats.packed import PACKED_FORMAT
-    from .operators.formats.store import STORE_FORMAT
 
     manifest = read_manifest(path) if path.is_dir() else None
-    if manifest is None or manifest.get("format") not in (PACKED_FORMAT, STORE_FORMAT):
-        raise InputError(path, "not a store or a packed dataset (no diskflow manifest.json; run diskflow.ingest or "
-                               "diskflow.prepare first)")
-    if manifest.get("format") == PACKED_FORMAT:
+    if manifest is not None and manifest.get("format") == PACKED_FORMAT:
         if pipeline is not None:
             raise ConfigError("pipeline", f"{path} is a packed dataset: it was prepared by the "
                                           f"{manifest.get('pipeline')} pipeline already")
+        from .flow.runtimes.packed import train_and_report
         from .operators.train.trainer import train_packed
-        from .pipelines._packed import train_and_report
 
         _check_options(train_packed, options, f"training the packed dataset {path} (its round fixes the epochs, "
                                               "batches and fanouts: prepare again to change them)")
@@ -220,6 +217,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         rd.mkdir(parents=True, exist_ok=True)
         return train_and_report(path, rd, progress=progress, model=model_arg, **options)
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
+    Store(path)                 # not a store: one line naming it, before a run directory is made
     params = p.parameters()
     if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
         unknown = sorted(set(options) - set(params))
@@ -280,9 +278,9 @@ def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = 1024, fanou
     import numpy as np
     import torch
 
+    from .flow.runtimes.online import online_loader
     from .operators.formats.store import Store
     from .operators.prepare.sample import NeighborSampler, check_fanouts
-    from .pipelines._online import online_loader
 
     st = Store(store)
     fan = check_fanouts(fanouts)

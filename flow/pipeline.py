@@ -45,9 +45,9 @@ from ..operators.prepare.seeds import BATCH_ORDERS
 PACKAGE = "diskflow.pipelines"
 USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
 # loader -> the function that trains with it ("module:function"; imported only when a run starts)
-LOADERS = {"packed": "diskflow.pipelines._packed:run_packed", "memory": "diskflow.pipelines.inmemory:run",
-           "mmap": "diskflow.pipelines.mmap:run", "stream": "diskflow.pipelines.streaming:run",
-           "online": "diskflow.pipelines._online:run_online"}
+LOADERS = {"packed": "diskflow.flow.runtimes.packed:run_packed", "memory": "diskflow.flow.runtimes.memory:run",
+           "mmap": "diskflow.flow.runtimes.mmap:run", "stream": "diskflow.flow.runtimes.stream:run",
+           "online": "diskflow.flow.runtimes.online:run_online"}
 ONLINE_TIERS = ("lru", "hybrid")   # the online loader's buffer eviction: GNNDrive's LRU standby list, LSM-GNN's hybrid
 BATCHES = BATCH_ORDERS        # "shuffled": a fresh permutation per epoch; "partition": groups of min-cut parts
 SAMPLERS = ("neighbor",)      # uniform neighbour sampling per hop (PyG NeighborLoader's), native

@@ -177,7 +177,7 @@ class JobTimeline:
 
     def trainer_hooks(self, superbatch_size: int, on_epoch: Callable[[dict[str, Any]], Any] | None = None
                       ) -> dict[str, Callable[..., Any]]:
-        """``on_start``, ``on_batch`` and ``on_epoch`` for `pipelines._packed.train_and_report` that time
+        """``on_start``, ``on_batch`` and ``on_epoch`` for `flow.runtimes.packed.train_and_report` that time
         each superbatch of `superbatch_size` batches (``train``: from the previous superbatch's last
         batch, or the epoch's start, to its own last batch) and each evaluation (``eval``: the epoch
         record's ``stage_s``, ending as the record arrives) on the trainer's row; `on_epoch` is called after."""

@@ -99,7 +99,7 @@ def test_bad_input_is_one_error(tiny_store: Path, packed: Path, tmp_path: Path) 
         diskflow.train(packed, epochs=3)
     with pytest.raises(diskflow.ConfigError, match="^model: unknown model 'gin'"):
         diskflow.train(packed, "gin")
-    with pytest.raises(diskflow.InputError, match="not a store or a packed dataset"):
+    with pytest.raises(diskflow.InputError, match="not a diskflow store"):
         diskflow.train(tmp_path)
     with pytest.raises(diskflow.InputError, match="not a packed dataset"):
         diskflow.PackedLoader(tiny_store)

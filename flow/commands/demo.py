@@ -70,8 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ...operators.formats.store import Store
     from ...operators.ingest.synth import SynthConfig
-    from ...pipelines import inmemory
-    from ...pipelines._packed import packed_budgets, train_and_report
     from ..cluster import dask_client
     from ..ingest import run_ingest
     from ..options import byte_budget
@@ -79,6 +77,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..plugin import DiskflowPlugin
     from ..prepare import check_outputs
     from ..rundir import REPORT, new_run_dir, print_epoch
+    from ..runtimes import memory as inmemory
+    from ..runtimes.packed import packed_budgets, train_and_report
     from ..synth import run_synth
     from ..timeline import TIMELINE, JobTimeline
 

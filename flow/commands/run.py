@@ -174,7 +174,7 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{'-' if stream.get('models_equal') is None else 'yes' if stream['models_equal'] else 'no'} "
               f"({stream.get('models_checked')} checked)")
     if report.get("online"):
-        from ...pipelines._online import describe_online
+        from ..runtimes.online import describe_online
 
         print(describe_online(report))
     hist = report.get("history")

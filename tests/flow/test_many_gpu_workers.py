@@ -192,7 +192,7 @@ def _quarter(store_path: Path) -> int:
 
     from diskflow.bench.stream_gpus import quarter_budget
     from diskflow.operators.formats.store import Store
-    from diskflow.pipelines._packed import packed_budgets
+    from diskflow.flow.runtimes.packed import packed_budgets
 
     st = Store(store_path)
     b = packed_budgets(st, None, 0, None, SETTINGS["fanouts"], SETTINGS["batch_size"])

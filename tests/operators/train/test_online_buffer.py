@@ -19,7 +19,7 @@ from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
 from diskflow.operators.train.online import FeatureBuffer, OnlineLoader, StoreRows, buffer_slots
-from diskflow.pipelines._online import InDegree
+from diskflow.flow.runtimes.online import InDegree
 
 FANOUTS, BATCH, SEED = [4, 3], 96, 11
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),

@@ -94,9 +94,9 @@ def test_config_fills_and_normalises() -> None:
 
 def test_the_entry_points_take_their_defaults_from_the_config() -> None:
     """One place for the defaults: the trainers' keyword defaults are TrainConfig's."""
+    from diskflow.flow.runtimes import memory as inmemory
     from diskflow.operators.stream.train import StreamTrainConfig
     from diskflow.operators.train.trainer import train_packed
-    from diskflow.pipelines import inmemory
 
     defaults = TrainConfig()
     for fn in (inmemory.run, inmemory.gathered_run, train_packed):

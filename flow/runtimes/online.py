@@ -6,7 +6,7 @@ are extracted by asynchronous direct-I/O readers into one fixed-size host featur
 (`operators.train.online`). The pipeline's ``cpu_tier`` says how the buffer evicts: ``"lru"``
 (GNNDrive's standby list; the ``gnndrive`` pipeline) or ``"hybrid"`` (LSM-GNN's levels over a
 lookahead window, then in-degree; the ``lsmgnn`` pipeline). Training is the one session every
-pipeline trains with (`pipelines.inmemory.gathered_run`), so the losses equal the in-memory
+pipeline trains with (`flow.runtimes.memory.gathered_run`), so the losses equal the in-memory
 pipeline's.
 
     diskflow run gnndrive --dataset STORE [--cpu-memory 10%] [--extractors 4]
@@ -22,14 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..flow.options import byte_budget
-from ..flow.pipeline import ONLINE_TIERS, Pipeline
-from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import format_bytes
-from ..operators.formats.store import Store
-from ..operators.prepare.sample import NeighborSampler
-from ..operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
-from ..operators.train.online import (
+from ...operators.formats.errors import ConfigError
+from ...operators.formats.files import format_bytes
+from ...operators.formats.store import Store
+from ...operators.prepare.sample import NeighborSampler
+from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
+from ...operators.train.online import (
     DEFAULT_EXTRACTORS,
     DEFAULT_WINDOW,
     MAX_STAGING_BYTES,
@@ -41,8 +39,10 @@ from ..operators.train.online import (
     buffer_slots,
     staging_bytes_for,
 )
-from ..operators.train.session import StoreFeatures, TrainConfig
-from .inmemory import EpochHook, gathered_run
+from ...operators.train.session import StoreFeatures, TrainConfig
+from ..options import byte_budget
+from ..pipeline import ONLINE_TIERS, Pipeline
+from .memory import EpochHook, gathered_run
 
 DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
 

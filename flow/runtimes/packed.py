@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..flow.options import byte_budget as budget
-from ..flow.options import history_options
-from ..flow.progress import bar
-from ..flow.rundir import plot_curves, write_report
-from ..operators.formats.errors import ConfigError
-from ..operators.formats.store import Store
-from ..operators.prepare.history import DEFAULT_STALENESS
+from ...operators.formats.errors import ConfigError
+from ...operators.formats.store import Store
+from ...operators.prepare.history import DEFAULT_STALENESS
+from ..options import byte_budget as budget
+from ..options import history_options
+from ..progress import bar
+from ..rundir import plot_curves, write_report
 
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
 DEFAULT_CPU_SHARE = 0.10
@@ -42,7 +42,7 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
         extra: more report keys (e.g. the prepare step's figures).
         options: `train_packed`'s keyword arguments.
     """
-    from ..operators.train.trainer import (
+    from ...operators.train.trainer import (
         train_packed,  # torch: imported only when training (not by `prepare`)
     )
 
@@ -98,8 +98,8 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
         ``io_reserve`` (the I/O buffers prepare reserves), ``staging_batches`` (staging
         buffers), ``gpu_memory`` and ``disk_budget`` in bytes.
     """
-    from ..operators.prepare.tiers import staging_piece_bytes
-    from ..operators.train.memory import io_buffer_bytes, staging_count
+    from ...operators.prepare.tiers import staging_piece_bytes
+    from ...operators.train.memory import io_buffer_bytes, staging_count
 
     reserve = io_buffer_bytes()
     staging = staging_count(device, queue_depth, sequential)
