@@ -19,6 +19,7 @@ BENCHES = {
     "stream": "streaming vs prepare-then-train on the split cluster: stream_s, prepare_s, train_s, GPU-worker idle fraction",
     "compare": "every pipeline on one dataset and the same samples, each in its own memory cgroup, side by side",
     "scale": "a run whose features exceed this machine's RAM: synth, ingest, prepare, train, each in a memory cgroup",
+    "pyg": "PyG's NodeLoader over diskflow's remote backend vs memory-mapped and in-RAM features, in a memory cgroup",
 }
 
 
