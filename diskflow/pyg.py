@@ -368,6 +368,16 @@ class StoreFeatureStore(pyg_data.FeatureStore):
         self.num_nodes = int(self.store.num_nodes)
         self.labels = self.store.labels
 
+    @property
+    def num_features(self) -> int:
+        """The feature dimension: a model's input channels."""
+        return int(self.store.feature_dim)
+
+    @property
+    def num_classes(self) -> int:
+        """The label classes: a node classifier's output channels."""
+        return int(self.store.num_classes)
+
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of `ids` (int64 node ids) as a new writable (len(ids), dim) array."""
         raise NotImplementedError

@@ -140,6 +140,7 @@ def test_what_pyg_asks_of_the_stores(backend: tuple[FeatureStore, GraphStore]) -
     assert [(a.group_name, a.attr_name) for a in features.get_all_tensor_attrs()] == [(None, "x"), (None, "y")]
     assert features.get_tensor_size(None, "x") == (store.num_nodes, store.feature_dim)
     assert features.get_tensor_size("node", "y") == (store.num_nodes,) and features.get_tensor_size(None, "z") is None
+    assert (features.num_features, features.num_classes) == (store.feature_dim, store.num_classes)
     (attr,) = graph.get_all_edge_attrs()
     assert attr.edge_type is None and attr.layout.value == "csc" and attr.size == (store.num_nodes,) * 2
     row, colptr, perm = graph.csc()
