@@ -29,14 +29,14 @@ import importlib.util
 import inspect
 import os
 import pkgutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..operators.formats.errors import ConfigError, InputError
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.userfile import import_user_file
 from ..operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, check_prune
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
@@ -295,15 +295,4 @@ def _builtin_at(path: Path, builtin: list[str]) -> ModuleType | None:
 
 def _import_file(path: Path) -> ModuleType:
     """Import a user's pipeline file as a fresh module."""
-    name = f"{USER_MODULE}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise InputError(path, "cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(name, None)
-        raise InputError(path, f"failed to import ({type(e).__name__}: {e})") from e
-    return module
+    return import_user_file(path, f"{USER_MODULE}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}")

@@ -16,10 +16,8 @@ Imports no torch: configs are checked where no model runs (the CLI, a Dask clien
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import inspect
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..formats.errors import ConfigError, InputError
+from ..formats.userfile import import_user_file
 
 if TYPE_CHECKING:
     import torch
@@ -203,18 +202,7 @@ def load_model(model: str | os.PathLike[str] | Model) -> Model:
 
 def _import_file(path: Path, digest: str) -> ModuleType:
     """Import a user's model file as a fresh module (its content's hash in the module's name)."""
-    name = f"{USER_MODULE}_{digest[:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise InputError(path, "cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(name, None)
-        raise InputError(path, f"failed to import ({type(e).__name__}: {e})") from e
-    return module
+    return import_user_file(path, f"{USER_MODULE}_{digest[:16]}")
 
 
 def _model_of(module: ModuleType, text: str, digest: str) -> Model:
