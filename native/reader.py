@@ -14,7 +14,9 @@ and disk-cache pages into pinned host memory while Python keeps training (docs/d
 * Backends: ``"uring"`` (io_uring through its system calls, in every build; used when the kernel
   allows it at run time, see :func:`uring_unavailable`) keeps ``queue_depth`` requests in flight
   from one thread; ``"pread"`` runs ``threads`` blocking ``pread`` threads. ``"auto"`` takes
-  io_uring when it can, else pread with a ``RuntimeWarning`` saying why.
+  io_uring when it can, else pread with a ``RuntimeWarning`` saying why. ``DISKFLOW_NO_URING=1`` in the
+  environment refuses io_uring as a kernel that forbids it would (``"auto"`` reads with pread and warns,
+  ``"uring"`` raises ``OSError``): the fallback can be had and tested anywhere.
 * :meth:`DirectReader.read_rows` reads fixed-size rows at arbitrary byte offsets by reading each
   distinct unit once (a 4 KiB page; with ``unit_bytes=SECTOR`` a 512-byte sector where the device's
   direct-I/O alignment allows it; adjacent units merged into one request) and copying the rows out.
@@ -32,9 +34,10 @@ Example::
 """
 from __future__ import annotations
 
+import errno
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,15 +50,24 @@ from .constants import (
     DEFAULT_THREADS,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
+NO_URING = "DISKFLOW_NO_URING"   # set (to anything but "" or "0"): io_uring is refused, as by the kernel
+
+
+def _refused_by_environment() -> str:
+    value = os.environ.get(NO_URING, "")
+    return "" if value in ("", "0") else f"{NO_URING}={value} is set"
 
 
 def uring_unavailable() -> str:
     """``""`` when io_uring is usable in this process, else why not (e.g. ``"io_uring_setup failed:
-    Operation not permitted"`` under a seccomp filter). Probed once per process: a small ring reads
-    one byte from a pipe."""
-    return str(_native.uring_unavailable())
+    Operation not permitted"`` under a seccomp filter, or ``"DISKFLOW_NO_URING=1 is set"``). The kernel
+    is probed once per process: a small ring reads one byte from a pipe."""
+    return _refused_by_environment() or str(_native.uring_unavailable())
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -113,16 +125,20 @@ class DirectReader:
                  bounce_bytes: int = DEFAULT_BOUNCE_BYTES, gap_bytes: int = 0, unit_bytes: int = ALIGN) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self._impl = _native.DirectReader(int(queue_depth), int(threads), backend, bool(direct), int(merge_bytes),
-                                          int(bounce_bytes))
+        refused = _refused_by_environment() if backend != "pread" else ""
+        if refused and backend == "uring":
+            raise OSError(errno.EPERM, f"backend 'uring' unavailable: {refused}")
+        self._impl = _native.DirectReader(int(queue_depth), int(threads), "pread" if refused else backend,
+                                          bool(direct), int(merge_bytes), int(bounce_bytes))
         self.backend: str = self._impl.backend
         if gap_bytes:
             self._impl.set_gap_bytes(int(gap_bytes))
         if unit_bytes != ALIGN:
             self._impl.set_unit_bytes(int(unit_bytes))
-        if self._impl.fallback_reason:
-            warnings.warn(f"io_uring unavailable ({self._impl.fallback_reason}); reading with "
-                          f"{threads} pread threads instead", RuntimeWarning, stacklevel=2)
+        why = refused or self._impl.fallback_reason
+        if why:
+            warnings.warn(f"io_uring unavailable ({why}); reading with {threads} pread threads instead",
+                          RuntimeWarning, stacklevel=2)
 
     @property
     def queue_depth(self) -> int:
@@ -231,7 +247,7 @@ class DirectReader:
         """Close every file and free the reader's buffers; the reader cannot be used afterwards."""
         self._impl.close()
 
-    def __enter__(self) -> DirectReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

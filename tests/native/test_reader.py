@@ -612,6 +612,33 @@ def test_uring_refused_by_the_kernel_falls_back_to_pread(data: tuple[Path, np.nd
     _seccomp_child(_SETUP_REFUSED, data[0])
 
 
+def test_the_environment_refuses_uring_as_the_kernel_would(data: tuple[Path, np.ndarray],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """DISKFLOW_NO_URING=1: "auto" reads with pread and warns why, "uring" raises OSError (EPERM); "0" or
+    empty leaves the kernel's answer."""
+    path, want = data
+    monkeypatch.delenv("DISKFLOW_NO_URING", raising=False)
+    kernel = uring_unavailable()
+    monkeypatch.setenv("DISKFLOW_NO_URING", "1")
+    assert uring_unavailable() == "DISKFLOW_NO_URING=1 is set"
+    with pytest.warns(RuntimeWarning, match=r"^io_uring unavailable \(DISKFLOW_NO_URING=1 is set\); reading with 3 "
+                                            r"pread threads instead$"):
+        r = DirectReader(backend="auto", threads=3)
+    with r:
+        assert r.backend == "pread"
+        out = aligned_empty(2 * ALIGN)
+        r.read(r.open(str(path)), [ALIGN, 0], [ALIGN, ALIGN], out, [0, ALIGN])
+        assert (out[:ALIGN] == want[ALIGN:2 * ALIGN]).all() and (out[ALIGN:] == want[:ALIGN]).all()
+    with pytest.raises(OSError, match=r"backend 'uring' unavailable: DISKFLOW_NO_URING=1 is set") as e:
+        DirectReader(backend="uring")
+    assert e.value.errno == errno.EPERM
+    with DirectReader(backend="pread") as r:                 # asked for: no warning
+        assert r.backend == "pread"
+    for value in ("0", ""):
+        monkeypatch.setenv("DISKFLOW_NO_URING", value)
+        assert uring_unavailable() == kernel
+
+
 @pytest.mark.skipif(bool(uring_unavailable()), reason="io_uring refused here")
 def test_a_failing_ring_raises_and_is_replaced(data: tuple[Path, np.ndarray]) -> None:
     """io_uring_enter itself failing (here: refused by seccomp after the ring was made) raises an
