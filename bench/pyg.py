@@ -49,8 +49,9 @@ batch asks for and the disk's random-read rate; ``mmap`` faults pages in with th
 around them, and where a batch touches every window of the file (fanouts 10,10 from 1024 seeds touch
 ~74k rows of the default graph's 2M) it reads about the whole feature file per batch, so its time
 follows the feature bytes and the disk's bandwidth. The ratio therefore grows with the graph: on a
-shared virtio disk with an 8 MiB read-ahead, 2.3x to 2.7x at the default 2M nodes (mmap read 1.0 GB a
-batch, remote 176 MB) and 6.0x at 4M (2.0 GB against 137 MB).
+shared virtio disk with an 8 MiB read-ahead it was 2.3x to 2.7x in single runs at the default 2M nodes
+and 3.4x best of three (mmap read 1.0 GB a batch, remote 176 MB; the disk's speed moves from run to
+run, so the repeats' own ratios spread from 2.1x to 3.8x), and 6.0x at 4M nodes (2.0 GB against 137 MB).
 """
 from __future__ import annotations
 
