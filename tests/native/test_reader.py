@@ -599,8 +599,9 @@ def _seccomp_child(body: str, path: Path) -> None:
     """Run `body` after the prelude in a fresh interpreter; skip where seccomp is unavailable."""
     if platform.machine() not in ("x86_64", "aarch64"):
         pytest.skip("the seccomp filter assumes io_uring's system call numbers 425/426")
+    env = {k: v for k, v in os.environ.items() if k != "DISKFLOW_NO_URING"}    # the kernel's refusal alone
     proc = subprocess.run([sys.executable, "-c", _SECCOMP_PRELUDE + body, str(path)], check=False, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode == 77:
         pytest.skip("seccomp filters are not available here")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -639,7 +640,7 @@ def test_the_environment_refuses_uring_as_the_kernel_would(data: tuple[Path, np.
         assert uring_unavailable() == kernel
 
 
-@pytest.mark.skipif(bool(uring_unavailable()), reason="io_uring refused here")
+@pytest.mark.skipif(bool(uring_unavailable()), reason=f"io_uring refused here: {uring_unavailable()}")
 def test_a_failing_ring_raises_and_is_replaced(data: tuple[Path, np.ndarray]) -> None:
     """io_uring_enter itself failing (here: refused by seccomp after the ring was made) raises an
     OSError naming the file and offset instead of hanging, and the reader starts a fresh ring."""
