@@ -11,11 +11,11 @@ from setuptools import setup
 PACKAGES = {
     "diskflow": "diskflow",
     "diskflow.flow": "flow",
-    "diskflow.flow.commands": "flow/commands",
     "diskflow.flow.stream": "flow/stream",
     "diskflow.flow.runtimes": "flow/runtimes",
     "diskflow.operators": "operators",
     **{f"diskflow.operators.{stage}": f"operators/{stage}" for stage in ("formats", "ingest", "prepare", "train", "stream")},
+    "diskflow.cli": "cli",
     "diskflow.native": "native",
     "diskflow.pipelines": "pipelines",
     "diskflow.bench": "bench",

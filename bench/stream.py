@@ -78,6 +78,8 @@ from .common import print_table
 
 TARGET = 1.15
 
+from .streamsetup import bench_store, pin, set_up_cluster
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Dataset, round, model and cluster of the comparison."""
@@ -125,36 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the fastest streamed run's report and timeline here (report.json, timeline.png)")
 
 
-def _store(args: argparse.Namespace) -> Path:
-    if args.dataset:
-        return Path(args.dataset)
-    import dask
-
-    from ..flow.ingest import run_ingest
-    from ..flow.synth import run_synth
-    from ..operators.formats.files import read_manifest
-    from ..operators.ingest.synth import SynthConfig
-
-    work = Path(args.work) / f"n{args.nodes}-d{args.dim}-t{args.train_frac}-s{args.seed}"
-    if read_manifest(work / "store") is None:
-        cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, train_frac=args.train_frac, val_frac=0.01,
-                          test_frac=0.01, seed=args.seed)
-        with dask.config.set(scheduler="threads"):
-            raw = run_synth(cfg, work / "raw")
-            run_ingest(raw, work / "store")
-        shutil.rmtree(work / "raw", ignore_errors=True)
-    return work / "store"
 
 
-def _pin(cores: list[int]) -> list[int]:
-    """Restrict every thread of this process (and threads it starts later) to `cores`; the cores it had."""
-    before = sorted(os.sched_getaffinity(0))
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:     # a thread that just ended
-            pass
-    return before
 
 
 def _process_cpu_s() -> float:
@@ -196,12 +170,6 @@ def _prepare_until(stop: threading.Event, store: Path, work: Path, cfg: Any, cpu
     return n
 
 
-def _warm_up() -> bool:
-    """Runs on the GPU worker: import the trainer (torch, PyG) before anything is measured."""
-    from ..operators.stream import train as stream_train  # noqa: F401
-    from ..operators.train import trainer  # noqa: F401
-
-    return True
 
 
 def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -214,43 +182,8 @@ def _train_task(packed: str, run_dir: str, options: dict[str, Any]) -> dict[str,
             "train_s": report["final"]["train_s"]}
 
 
-def _pin_cluster(client: Any, cpus: list[str], gpu: list[str]) -> dict[str, list[int]]:
-    """The preprocessing side (CPU workers, one core each while there are enough, and this process with the
-    scheduler) on the first cores, the GPU worker on the rest; the cores each got."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return {}
-    n = min(max(len(cpus), 1), len(cores) - 1)
-    plan = {a: [cores[i % n]] for i, a in enumerate(cpus)}
-    plan.update({a: cores[n:] for a in gpu})
-    pinned = {}
-    for a, c in plan.items():
-        client.run(_pin, c, workers=[a])
-        pinned[a] = c
-    _pin(cores[:n])
-    pinned["driver"] = cores[:n]
-    return pinned
 
 
-def set_up_cluster(client: Any, args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, list[int]], str]:
-    """Before anything is measured: the plugin on every worker, the GPU workers' trainer imported, the cores
-    pinned (unless ``--no-pin``) and the allocator set. Returns (GPU workers, CPU workers, pinned cores, the
-    allocator's description)."""
-    from ..flow.allocator import describe as describe_allocator
-    from ..flow.allocator import keep_freed_memory
-    from ..flow.plugin import GPU, DiskflowPlugin
-
-    client.register_plugin(DiskflowPlugin())
-    table = client.run_on_scheduler(lambda dask_scheduler: {a: dict(w.resources) for a, w in
-                                                            dask_scheduler.workers.items()})
-    gpus = sorted(a for a, r in table.items() if r.get(GPU))
-    cpus = sorted(a for a, r in table.items() if not r.get(GPU))
-    pinned = _pin_cluster(client, cpus, gpus) if not args.no_pin else {}
-    client.run(_warm_up, workers=gpus)
-    # the GPU workers' plugin does this itself (flow.allocator); the CPU workers get it too, so that both sides
-    # run as they would in a split run's setup
-    allocator = describe_allocator(not args.dask_malloc and all(client.run(keep_freed_memory).values()))
-    return gpus, cpus, pinned, allocator
 
 
 def stream_breakdown(report: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.repeats < 1:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")
-    store = Store(_store(args))
+    store = Store(bench_store(args))
     budgets = packed_budgets(store, args.cpu_memory, 0, None, args.fanouts, args.batch_size)
     tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
     round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
@@ -382,7 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 write_report(keep, best)
                 plot_timeline(keep, best)
     finally:
-        _pin(affinity)
+        pin(affinity)
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
     rep = best

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from .common import print_table
-from .stream import _pin, _store, set_up_cluster
+from .streamsetup import bench_store as _store
+from .streamsetup import pin as _pin
+from .streamsetup import set_up_cluster
 
 IDLE_TARGET = 0.1
 

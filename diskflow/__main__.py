@@ -1,4 +1,4 @@
 """`python -m diskflow` is the `diskflow` command."""
-from diskflow.flow.cli import main
+from diskflow.cli import main
 
 raise SystemExit(main())

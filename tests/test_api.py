@@ -10,7 +10,7 @@ import dask
 import numpy as np
 import pytest
 import torch
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from torch_geometric.data import Data
 
 import diskflow

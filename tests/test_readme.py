@@ -60,7 +60,7 @@ def test_no_block_imports_internals(code: str) -> None:
 
 def test_the_import_check_sees_internal_names() -> None:
     assert internal_imports("from diskflow.operators.train.loader import PackedLoader\n") != []
-    assert internal_imports("import diskflow.flow.cli\n") != []
+    assert internal_imports("import diskflow.flow.pipeline\n") != []
     assert internal_imports("from diskflow import flow\n") != []
     assert internal_imports("import diskflow\nx = diskflow.operators.formats\n") != []
     assert internal_imports("import diskflow\nfrom diskflow import Pipeline\n") == []

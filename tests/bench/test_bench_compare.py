@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.common import drop_page_cache
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.operators.formats.errors import ConfigError
 from mounts import reads_are_counted, skip_where_reads_are_not_counted
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 
 TINY = ["--nodes", "6007", "--dim", "32", "--train-frac", "0.3", "--batch-size", "128", "--fanouts", "4,4",
         "--superbatch-size", "4", "--workers", "0", "--threads", "2", "--bw-bytes", str(16 << 20),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.pyg import VARIANTS, allowance_for
-from diskflow.flow.cli import main
+from diskflow.cli import main
 
 CGROUPS = cgroup.unavailable_reason() is None
 BUDGET = 400 << 10

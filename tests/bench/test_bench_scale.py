@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from diskflow.bench import cgroup
 from diskflow.bench.scale import MARKER, PHASES, byte_plan, worst_batch_rows
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from mounts import skip_where_reads_are_not_counted
 
 CGROUPS = cgroup.unavailable_reason() is None

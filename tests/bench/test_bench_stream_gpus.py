@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from diskflow.flow.cli import main
+from diskflow.cli import main
 
 
 def test_bench_stream_on_two_gpu_workers_writes_its_figures(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

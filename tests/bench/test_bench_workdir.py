@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from diskflow.bench.common import BENCH_MARKER, check_workdir, mark_workdir
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.operators.formats.errors import InputError
 
 

@@ -8,8 +8,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from diskflow.flow.cli import COMMANDS, build_parser, main
-from diskflow.flow.commands.demo import _print_same_losses
+from diskflow.cli import COMMANDS, build_parser, main
+from diskflow.cli.demo import _print_same_losses
 
 # The demo's main job at a tiny size: a budget that holds the staging of these batches and part of the
 # features (prepare names the smallest that works: 2.95 MiB), so rows come from the CPU tier and the disk.

@@ -12,7 +12,7 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, prepare
 
 PREPARE = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--cpu-memory", "16MiB",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dask
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import DiskFullError
 

@@ -471,7 +471,7 @@ def _cli(argv: list[str]) -> int:
     """Run `diskflow ingest ARGV` through the subcommand's own parser."""
     import argparse
 
-    from diskflow.flow.commands import ingest as command
+    from diskflow.cli import ingest as command
 
     parser = argparse.ArgumentParser(prog="diskflow")
     command.register(parser.add_subparsers(dest="command"))

@@ -140,7 +140,7 @@ def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpu
     for g in ("gpu-0", "gpu-1"):
         assert not list((cluster["root"] / g / "scratch").iterdir()), "each worker's scratch emptied"
 
-    from diskflow.flow.cli import main
+    from diskflow.cli import main
 
     assert main(["report", report["run_dir"]]) == 0      # every GPU worker's idle share, and its row drawn
     text = capsys.readouterr().out
@@ -191,8 +191,8 @@ def _quarter(store_path: Path) -> int:
     from types import SimpleNamespace
 
     from diskflow.bench.stream_gpus import quarter_budget
-    from diskflow.operators.formats.store import Store
     from diskflow.flow.runtimes.packed import packed_budgets
+    from diskflow.operators.formats.store import Store
 
     st = Store(store_path)
     b = packed_budgets(st, None, 0, None, SETTINGS["fanouts"], SETTINGS["batch_size"])
@@ -275,7 +275,7 @@ def test_a_lost_gpu_worker_stops_the_run_naming_its_last_checkpoint(cluster: dic
 
 
 def test_tls_options_name_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from diskflow.flow.cli import main
+    from diskflow.cli import main
 
     cert = tmp_path / "node.pem"
     cert.write_text("x")

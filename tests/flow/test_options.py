@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from diskflow.bench import sampler as bench_sampler
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.flow.options import parse_fanouts
 from diskflow.operators.formats.errors import ConfigError
 

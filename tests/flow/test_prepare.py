@@ -530,7 +530,7 @@ def test_cpu_budget_below_the_staging_reserve(tiny_store: Path, staging: int, tm
 
 def test_prepare_cli_runs_and_refuses_a_bad_readahead(tiny_store: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from diskflow.flow.cli import main
+    from diskflow.cli import main
 
     args = ["prepare", "belady", "--dataset", str(tiny_store), "--fanouts", "4,3", "--batch-size", "64",
             "--superbatch-size", "4", "--workers", "1", "--cpu-memory", "16MiB"]

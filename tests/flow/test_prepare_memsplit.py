@@ -145,7 +145,7 @@ def test_bad_split_options_are_refused() -> None:
 
 
 def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, capsys, one_torch_thread) -> None:
-    from diskflow.flow.cli import main
+    from diskflow.cli import main
     from diskflow.flow.pipeline import Pipeline
     from diskflow.flow.rundir import new_run_dir
 

@@ -18,8 +18,8 @@ distributed = pytest.importorskip("distributed")    # before any import that nee
 
 
 import dask
+from diskflow.cli import report as report_cmd
 from diskflow.flow import stream as stream_mod
-from diskflow.flow.commands import report as report_cmd
 from diskflow.flow.roles import stream_client
 from diskflow.flow.rundir import new_run_dir
 from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
@@ -313,7 +313,7 @@ def test_run_command_options() -> None:
 
 def test_worker_command_checks_its_gpu_options() -> None:
     """`diskflow worker`: the training worker's options need --gpu, and sizes must parse (before Dask starts)."""
-    from diskflow.flow.commands import worker as worker_cmd
+    from diskflow.cli import worker as worker_cmd
 
     p = argparse.ArgumentParser()
     worker_cmd.register(p.add_subparsers())

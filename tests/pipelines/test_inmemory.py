@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, InputError

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError

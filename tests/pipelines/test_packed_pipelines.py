@@ -11,8 +11,8 @@ from typing import Any
 
 import dask
 import pytest
+from diskflow.cli import train as train_cmd
 from diskflow.flow import cli
-from diskflow.flow.commands import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, DiskflowError

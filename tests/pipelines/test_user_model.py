@@ -10,7 +10,7 @@ from typing import Any
 
 import dask
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-from diskflow.flow.cli import main
+from diskflow.cli import main
 
 import diskflow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.flow.commands import verify as verify_cmd
+from diskflow.cli import verify as verify_cmd
 from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.files import read_manifest, write_manifest
 from diskflow.operators.formats.packed import (

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from diskflow.flow.cli import main
+from diskflow.cli import main
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.ingest.importers import from_npy, from_ogb, from_pyg
 from pyarrow import ipc

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from diskflow.cli import main
 from diskflow.flow import synth as flow_synth
-from diskflow.flow.cli import main
 from diskflow.flow.synth import run_synth
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.ingest.synth import Layout, SynthConfig, centroids, labels_of, synth_part

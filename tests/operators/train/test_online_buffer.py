@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from diskflow.flow.runtimes.online import InDegree
 from diskflow.native.constants import ALIGN, SECTOR
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
 from diskflow.operators.train.online import FeatureBuffer, OnlineLoader, StoreRows, buffer_slots
-from diskflow.flow.runtimes.online import InDegree
 
 FANOUTS, BATCH, SEED = [4, 3], 96, 11
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ...operators.formats.errors import InputError
-from ...operators.formats.files import format_bytes, read_manifest
+from ..operators.formats.errors import InputError
+from ..operators.formats.files import format_bytes, read_manifest
 
 
 def register(sub: argparse._SubParsersAction) -> None:

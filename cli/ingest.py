@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.formats.files import format_bytes
+from ..operators.formats.files import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,11 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
-    from ...operators.formats.outputs import check_replaceable
-    from ...operators.formats.store import STORE_KIND
-    from ...operators.ingest.raw import find_raw_files
-    from ..cluster import dask_client
-    from ..ingest import run_ingest
+    from ..flow.cluster import dask_client
+    from ..flow.ingest import run_ingest
+    from ..operators.formats.outputs import check_replaceable
+    from ..operators.formats.store import STORE_KIND
+    from ..operators.ingest.raw import find_raw_files
 
     find_raw_files(args.raw)  # a missing or empty dataset fails before a cluster starts
     check_replaceable(args.out, args.force, STORE_KIND)     # and so does an OUT that is not a store

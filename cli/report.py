@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.formats.errors import InputError
-from ...operators.formats.files import format_bytes
-from ..rundir import read_report
-from ..timeline import TIMELINE, key_numbers, plot_timeline
+from ..flow.rundir import read_report
+from ..flow.timeline import TIMELINE, key_numbers, plot_timeline
+from ..operators.formats.errors import InputError
+from ..operators.formats.files import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from ...operators.formats.files import format_bytes
-from ...operators.formats.verify import verify
-from ..options import positive_int
+from ..flow.options import positive_int
+from ..operators.formats.files import format_bytes
+from ..operators.formats.verify import verify
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ...bench.common import check_workdir, mark_workdir, write_figures
+from ..bench.common import check_workdir, mark_workdir, write_figures
 
 BENCHES = {
     "sampler": "native neighbor sampler vs a vectorised numpy reference (edges/s)",
@@ -42,8 +42,8 @@ _WORKDIRS = ("workdir", "work")     # the benchmarks' work-directory options (`-
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.formats.outputs import replace_foreign
-    from ..rundir import RUN_KIND
+    from ..flow.rundir import RUN_KIND
+    from ..operators.formats.outputs import replace_foreign
 
     workdirs = [getattr(args, dest) for dest in _WORKDIRS if getattr(args, dest, None)]
     for work in workdirs:       # refuse a user's folder before a benchmark deletes and rewrites parts of it

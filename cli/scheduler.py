@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..roles import run_dask_cli, scheduler_argv, tls_argv
+from ..flow.roles import run_dask_cli, scheduler_argv, tls_argv
 
 
 def register(sub: argparse._SubParsersAction) -> None:

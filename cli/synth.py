@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ...operators.formats.files import format_bytes
-from ...operators.ingest.synth import SynthConfig
-from ..options import positive_int
+from ..flow.options import positive_int
+from ..operators.formats.files import format_bytes
+from ..operators.ingest.synth import SynthConfig
 
 _D = SynthConfig()
 
@@ -82,10 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.formats.outputs import check_replaceable
-    from ...operators.ingest.importers import RAW_KIND
-    from ..cluster import dask_client
-    from ..synth import run_synth
+    from ..flow.cluster import dask_client
+    from ..flow.synth import run_synth
+    from ..operators.formats.outputs import check_replaceable
+    from ..operators.ingest.importers import RAW_KIND
 
     cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes,
                       avg_degree=args.avg_degree, homophily=args.homophily, signal=args.signal, noise=args.noise,

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...operators.formats.errors import ConfigError
-from ...operators.prepare.history import check_prune
-from ...operators.train.modeldef import model_label
-from ..options import model_option, parse_fanouts, parse_int
-from ..pipeline import available_pipelines, load_pipeline
-from ..rundir import fmt, new_run_dir, print_epoch
-from ..stream import RUN_OPTIONS, add_run_arguments, resume_dir
+from ..flow.options import model_option, parse_fanouts, parse_int
+from ..flow.pipeline import available_pipelines, load_pipeline
+from ..flow.rundir import fmt, new_run_dir, print_epoch
+from ..flow.stream import RUN_OPTIONS, add_run_arguments, resume_dir
+from ..operators.formats.errors import ConfigError
+from ..operators.prepare.history import check_prune
+from ..operators.train.modeldef import model_label
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_batches(option: str, text: str) -> str:
     """A batch order's name; ``random`` names the shuffled order."""
-    from ...operators.prepare.seeds import BATCH_ORDERS
+    from ..operators.prepare.seeds import BATCH_ORDERS
 
     name = "shuffled" if text == "random" else text
     if name not in BATCH_ORDERS:
@@ -118,7 +118,7 @@ _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...api import train
+    from ..api import train
 
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
@@ -174,7 +174,7 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{'-' if stream.get('models_equal') is None else 'yes' if stream['models_equal'] else 'no'} "
               f"({stream.get('models_checked')} checked)")
     if report.get("online"):
-        from ..runtimes.online import describe_online
+        from ..flow.runtimes.online import describe_online
 
         print(describe_online(report))
     hist = report.get("history")
@@ -186,7 +186,7 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{hist['pushed']:,} embeddings pushed{rows}")
     split = report.get("prepare", {}).get("figures", {}).get("memory_split")
     if split:
-        from ..memsplit import SPLIT_PLOT, describe_split
+        from ..flow.memsplit import SPLIT_PLOT, describe_split
 
         print(f"memory split: {describe_split(split)} (curve: {Path(report['prepare']['path']) / SPLIT_PLOT})")
     if report.get("peak_rss_bytes"):

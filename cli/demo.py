@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...operators.formats.files import format_bytes
-from ..options import fanouts_option, positive_int
+from ..flow.options import fanouts_option, positive_int
+from ..operators.formats.files import format_bytes
 
 FLOOR_BYTES = 256 << 20     # the most the floor measurement reads (O_DIRECT, sequential)
 SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling tasks and Belady planning
@@ -68,19 +68,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...operators.formats.store import Store
-    from ...operators.ingest.synth import SynthConfig
-    from ..cluster import dask_client
-    from ..ingest import run_ingest
-    from ..options import byte_budget
-    from ..pipeline import load_pipeline
-    from ..plugin import DiskflowPlugin
-    from ..prepare import check_outputs
-    from ..rundir import REPORT, new_run_dir, print_epoch
-    from ..runtimes import memory as inmemory
-    from ..runtimes.packed import packed_budgets, train_and_report
-    from ..synth import run_synth
-    from ..timeline import TIMELINE, JobTimeline
+    from ..flow.cluster import dask_client
+    from ..flow.ingest import run_ingest
+    from ..flow.options import byte_budget
+    from ..flow.pipeline import load_pipeline
+    from ..flow.plugin import DiskflowPlugin
+    from ..flow.prepare import check_outputs
+    from ..flow.rundir import REPORT, new_run_dir, print_epoch
+    from ..flow.runtimes import memory as inmemory
+    from ..flow.runtimes.packed import packed_budgets, train_and_report
+    from ..flow.synth import run_synth
+    from ..flow.timeline import TIMELINE, JobTimeline
+    from ..operators.formats.store import Store
+    from ..operators.ingest.synth import SynthConfig
 
     work = Path(args.workdir)
     t0 = time.perf_counter()
@@ -191,7 +191,7 @@ def _floor(packed: Path) -> tuple[float, int, str]:
     """The disk's sequential read bandwidth (bytes/s) over the packed part files, largest first, up to
     `FLOOR_BYTES`, each read with O_DIRECT (`bench.common.sequential_read_bw`); the bytes read to
     measure it and which files (nan, 0, "" where nothing was packed)."""
-    from ...bench.common import sequential_read_bw
+    from ..bench.common import sequential_read_bw
 
     parts = sorted(packed.glob("round-*/part-*.bin"), key=lambda p: p.stat().st_size, reverse=True)
     done, seconds, used = 0, 0.0, []

@@ -1,4 +1,4 @@
-"""The `diskflow` command line: one subcommand per module in `flow/commands`."""
+"""The `diskflow` command line's parser and entry point: one subcommand per module of this package."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        module = importlib.import_module(f"{__package__}.commands.{name}")
+        module = importlib.import_module(f"{__package__}.{name}")
         module.register(sub)
     return parser
 

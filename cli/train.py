@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...operators.formats.errors import ConfigError, DiskflowError, InputError
-from ...operators.formats.files import format_bytes, read_manifest, write_json
-from ...operators.train.config import DATA_ONLY, MODELS, TrainConfig
-from ...operators.train.modeldef import model_label
-from ..options import model_option, positive_int
-from ..rundir import REPORT, RUN_INFO, fmt, new_run_dir, print_epoch, use_run_dir
+from ..flow.options import model_option, positive_int
+from ..flow.rundir import REPORT, RUN_INFO, fmt, new_run_dir, print_epoch, use_run_dir
+from ..operators.formats.errors import ConfigError, DiskflowError, InputError
+from ..operators.formats.files import format_bytes, read_manifest, write_json
+from ..operators.train.config import DATA_ONLY, MODELS, TrainConfig
+from ..operators.train.modeldef import model_label
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,9 +91,9 @@ def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...api import train
-    from ...operators.train.trainer import CHECKPOINTS
-    from ..options import byte_budget as budget
+    from ..api import train
+    from ..flow.options import byte_budget as budget
+    from ..operators.train.trainer import CHECKPOINTS
 
     model_option(args.model)
     manifest = _packed_manifest(args.packed)

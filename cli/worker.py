@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.formats.errors import ConfigError
-from ...operators.formats.files import parse_bytes
-from ..roles import run_dask_cli, set_worker_config, tls_argv, worker_argv
+from ..flow.roles import run_dask_cli, set_worker_config, tls_argv, worker_argv
+from ..operators.formats.errors import ConfigError
+from ..operators.formats.files import parse_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ...operators.formats.files import format_bytes
-from ...operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
-from ...operators.prepare.seeds import GROUPINGS
-from ..memsplit import SPLIT_PLOT, describe_split
-from ..options import byte_budget, fanouts_option, positive_int
-from ..pipeline import load_pipeline
+from ..flow.memsplit import SPLIT_PLOT, describe_split
+from ..flow.options import byte_budget, fanouts_option, positive_int
+from ..flow.pipeline import load_pipeline
+from ..operators.formats.files import format_bytes
+from ..operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
+from ..operators.prepare.seeds import GROUPINGS
 from .run import parse_batches
 
 
@@ -94,8 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...api import PREPARE_DEFAULTS, prepare
-    from ...operators.formats.store import Store
+    from ..api import PREPARE_DEFAULTS, prepare
+    from ..operators.formats.store import Store
 
     options = {k: getattr(args, k) for k in PREPARE_DEFAULTS}
     cluster = {"scheduler": args.scheduler, "workers": args.workers, "tls_ca_file": args.tls_ca_file,

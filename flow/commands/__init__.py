@@ -1,1 +1,0 @@
-"""One module per `diskflow` subcommand; each exposes `register(subparsers)`."""
