@@ -1,6 +1,7 @@
 """Shared plumbing for `diskflow bench ...`: tables, JSON figures, the disk's physical floor."""
 from __future__ import annotations
 
+import argparse
 import json
 import mmap
 import os
@@ -102,3 +103,17 @@ def sequential_read_bw(path: str | os.PathLike[str], block: int = 4 << 20, max_b
         os.close(fd)
         buf.close()
     return done / dt if dt > 0 else float("nan")
+
+
+def add_graph_arguments(p: argparse.ArgumentParser, *, nodes: int, size_note: str, train_frac: float,
+                        train_note: str, dim: int = 128) -> None:
+    """The synthetic graph's options every bench that makes one takes (its defaults are the bench's own):
+    --nodes, --dim, --dtype, --avg-degree, --train-frac and --part-nodes."""
+    p.add_argument("--nodes", type=int, default=nodes, help=f"synthetic graph: nodes (default {nodes:,}: {size_note})")
+    p.add_argument("--dim", type=int, default=dim, help=f"synthetic graph: feature dimension (default {dim})")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="synthetic graph: feature dtype (default float32)")
+    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
+    p.add_argument("--train-frac", type=float, default=train_frac,
+                   help=f"synthetic graph: share of training nodes (default {train_frac}: {train_note})")
+    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")

@@ -89,7 +89,7 @@ from ..flow.options import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
-from .common import drop_page_cache, print_table, sequential_read_bw
+from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
@@ -119,14 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or .py files that define a diskflow.Pipeline with the packed loader; belady is "
                         "always prepared, its samples feed inmemory and mmap")
     p.add_argument("--dataset", metavar="STORE", help="an ingested store to use instead of the synthetic graph")
-    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
-                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: 4.0 GiB of 128-dim float32 features)")
-    p.add_argument("--dim", type=int, default=128, help="synthetic graph: feature dimension (default 128)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="synthetic graph: dtype")
-    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
-    p.add_argument("--train-frac", type=float, default=0.006,
-                   help="synthetic graph: share of training nodes (default 0.006: ~50 batches of 1024)")
-    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    add_graph_arguments(p, nodes=DEFAULT_NODES, size_note="4.0 GiB of 128-dim float32 features", train_frac=0.006,
+                        train_note="~50 batches of 1024")
     p.add_argument("--workers", type=int, default=None,
                    help="Dask worker processes generating the dataset (default one per core; 0 = threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph, the samples and the model")

@@ -50,7 +50,7 @@ from ..flow.options import fanouts_option
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import config_hash, format_bytes
 from ..operators.prepare.tiers import staging_piece_bytes
-from .common import drop_page_cache, print_table, sequential_read_bw
+from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 
 DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
 DEFAULT_WORKDIR = Path("bench-data") / "prepare"
@@ -62,15 +62,8 @@ TARGET_SCALING = 1.7
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench prepare`."""
-    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
-                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: 4.0 GiB of 128-dim float32 features)")
-    p.add_argument("--dim", type=int, default=128, help="feature dimension (default 128)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
-    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
-    p.add_argument("--train-frac", type=float, default=0.006,
-                   help="fraction of nodes that are training seeds (default 0.006, ~50 batches of 1024 at the "
-                        "default size; ogbn-papers100M trains on 1.1%%)")
-    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    add_graph_arguments(p, nodes=DEFAULT_NODES, size_note="4.0 GiB of 128-dim float32 features", train_frac=0.006,
+                        train_note="~50 batches of 1024 at the default size; ogbn-papers100M trains on 1.1%%")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph and of the samples")
     p.add_argument("--fanouts", type=fanouts_option(), default=(10, 10, 10), help="per-hop fanouts (default 10,10,10)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch (default 1024)")

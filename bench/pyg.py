@@ -69,7 +69,7 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import drop_page_cache, print_table
+from .common import add_graph_arguments, drop_page_cache, print_table
 from .compare import _read_ahead_kb
 
 VARIANTS = ("remote", "mmap", "inmemory")
@@ -84,14 +84,8 @@ TARGETS = {"remote_over_mmap": (">=", 3.0)}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench pyg`."""
     p.add_argument("--dataset", metavar="STORE", help="an ingested store to use instead of the synthetic graph")
-    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
-                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: 1 GiB of 128-dim float32 features)")
-    p.add_argument("--dim", type=int, default=128, help="synthetic graph: feature dimension (default 128)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="synthetic graph: dtype")
-    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
-    p.add_argument("--train-frac", type=float, default=0.05,
-                   help="synthetic graph: share of training nodes (default 0.05: ~97 batches of 1024)")
-    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    add_graph_arguments(p, nodes=DEFAULT_NODES, size_note="1 GiB of 128-dim float32 features", train_frac=0.05,
+                        train_note="~97 batches of 1024")
     p.add_argument("--workers", type=int, default=0,
                    help="Dask worker processes generating the dataset (default 0: threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph, the shuffle and the sampler")

@@ -71,7 +71,7 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import print_table
+from .common import add_graph_arguments, print_table
 
 DEFAULT_NODES = 14_000_000         # x 512 float32 = 26.7 GiB of features
 DEFAULT_DIM = 512
@@ -93,16 +93,9 @@ SMALL_FILES = 64 << 20             # manifests, tier ids, plans' own overhead
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench scale`."""
-    p.add_argument("--nodes", type=int, default=DEFAULT_NODES,
-                   help=f"synthetic graph: nodes (default {DEFAULT_NODES:,}: with --dim 512, 26.7 GiB of float32 "
-                        "features, more than this machine's RAM)")
-    p.add_argument("--dim", type=int, default=DEFAULT_DIM, help=f"feature dimension (default {DEFAULT_DIM})")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype (default float32)")
-    p.add_argument("--avg-degree", type=float, default=15.0, help="synthetic graph: mean degree (default 15)")
-    p.add_argument("--train-frac", type=float, default=0.005,
-                   help="share of nodes that are training seeds (default 0.005: ~69 batches of 1024 at the "
-                        "default size, so one epoch takes minutes)")
-    p.add_argument("--part-nodes", type=int, default=250_000, help="synthetic graph: nodes per synth task")
+    add_graph_arguments(p, nodes=DEFAULT_NODES, dim=DEFAULT_DIM, train_frac=0.005,
+                        size_note=f"with --dim {DEFAULT_DIM}, 26.7 GiB of float32 features, more than this machine's RAM",
+                        train_note="~69 batches of 1024 at the default size, so one epoch takes minutes")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph, the samples and the model")
     p.add_argument("--fanouts", type=fanouts_option(), default=(10, 5), help="per-hop fanouts (default 10,5)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch (default 1024)")
