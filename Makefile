@@ -1,10 +1,14 @@
-# Two-command quickstart: `make demo` (set up, then run the demo) and `make test`.
+# Two-command quickstart: `make demo` (set up, then run the demo) and `make test`; `make lint`: ruff and mypy.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.diskflow-installed
+# the top-level packages setup.py maps into `diskflow` (flow, operators, native, cli, ...), linked with
+# diskflow/*.py under one `diskflow` folder for mypy
+SOURCES   = $(filter-out diskflow tests,$(patsubst %/__init__.py,%,$(wildcard */__init__.py)))
+TYPECHECK = build/typecheck/diskflow
 
-.PHONY: demo test install clean
+.PHONY: demo test install lint clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard native/*.cpp native/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +26,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
+	ln -s $(addprefix $(CURDIR)/,$(SOURCES) $(wildcard diskflow/*.py)) $(TYPECHECK)/
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/*.so

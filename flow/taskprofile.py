@@ -14,7 +14,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _ACTIVE: list[TaskProfile] = []
 _LOCK = threading.Lock()
@@ -112,7 +115,7 @@ class AnonPeak:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, self.now() - self.start)
 
-    def __enter__(self) -> AnonPeak:
+    def __enter__(self) -> Self:
         self.start = self.now()
         self._thread.start()
         return self

@@ -30,8 +30,8 @@ def _float_at_least(option: str, minimum: float) -> Callable[[str], float]:
 RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "scheduler": ("--scheduler", str, "tcp://HOST:PORT of a running Dask scheduler (default: an embedded cluster)"),
     "window": ("--window", _int_at_least("--window", 1),
-               "streaming: superbatches staged on the GPU worker / prepared ahead of training at most (default 2); "
-               "online pipelines: batches sampled ahead, lsmgnn's lookahead (default 8)"),
+               ("streaming: superbatches staged on the GPU worker / prepared ahead of training at most (default 2); "
+                "online pipelines: batches sampled ahead, lsmgnn's lookahead (default 8)")),
     "workers": ("--workers", _int_at_least("--workers", 0), "CPU workers of the embedded cluster (default: cores - 1)"),
     "scratch": ("--scratch", str, "the embedded GPU worker's scratch directory (default RUN/scratch)"),
     "quota": ("--quota", str, "the embedded GPU worker's scratch quota, e.g. 10GiB (default: none)"),
@@ -44,8 +44,8 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
                           "superbatches whose counts decide the GPU tier (default 2)"),
     "checkpoint_every": ("--checkpoint-every", _int_at_least("--checkpoint-every", 1),
                          "superbatches between checkpoints (default 1; also at every epoch's end)"),
-    "cpu_memory": ("--cpu-memory", str, "trainer host memory for features: bytes (4GiB) or a share (10%%); online "
-                                        "pipelines: their feature buffer with its tables and staging"),
+    "cpu_memory": ("--cpu-memory", str, ("trainer host memory for features: bytes (4GiB) or a share (10%%); online "
+                                         "pipelines: their feature buffer with its tables and staging")),
     "gpu_memory": ("--gpu-memory", str, "GPU memory for the GPU tier: bytes or a share of the features"),
     "gpu_wait": ("--gpu-wait", _float_at_least("--gpu-wait", 0.0),
                  "seconds to wait for a GPU-resource worker to join (default 60)"),

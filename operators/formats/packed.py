@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,9 @@ from .files import (
 )
 from .outputs import OutputKind
 from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_KIND = OutputKind("a diskflow packed dataset", formats=(PACKED_FORMAT,))   # what `prepare` may replace
@@ -442,7 +445,7 @@ class PackedDataset:
         self._fds.clear()
         self._dcache_key, self._dcache_map = -1, None
 
-    def __enter__(self) -> PackedDataset:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

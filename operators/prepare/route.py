@@ -260,7 +260,7 @@ def _npy_layout(path: str, stamp: tuple[int, int, int]) -> tuple[np.dtype, int, 
     """(dtype, length, data offset) of a 1-D .npy file, its header parsed once per process and file version."""
     mm = load_npy(path, mmap_mode="r")
     if not isinstance(mm, np.memmap):       # np.load maps every .npy it is asked to map; kept for the offset
-        raise ValueError("expected a memory-mappable array")
+        raise ValueError("expected a memory-mappable array")  # noqa: TRY004  (the caller reports ValueErrors)
     dtype, shape, offset = mm.dtype, mm.shape, int(mm.offset)
     del mm
     if len(shape) != 1 or dtype.kind not in "iu":
