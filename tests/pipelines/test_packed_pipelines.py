@@ -12,7 +12,7 @@ from typing import Any
 import dask
 import pytest
 from diskflow.cli import train as train_cmd
-from diskflow.flow import cli
+from diskflow import cli
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.errors import ConfigError, DiskflowError
