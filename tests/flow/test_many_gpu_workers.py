@@ -5,10 +5,11 @@ A two-epoch stream with ``--gpus 2`` trains every superbatch's batches split bet
 (train tasks ran on both, each on its own share), their weights are equal after every superbatch, and the
 final model equals a one-worker run of the same batches with their gradients averaged two by two
 (``batches_per_step=2``; tolerance 1e-5 relative, 1e-6 absolute for the float sums' order, though on the
-CPU they come out bit for bit). A run interrupted after its sixth superbatch (mid-epoch) resumes to the
-same model. With ``--cache shared`` the two workers keep one CPU tier of their pooled budgets in shared
-memory, planned over the merged stream: the same model as ``per-worker`` at the same budget, fewer packed
-bytes read, the tier's file removed at the end, and an interrupted run resumes to the same model.
+CPU they come out bit for bit). A run interrupted after its third superbatch (mid-epoch, before one where
+the second worker has no batch) resumes to the same model. With ``--cache shared`` the two workers keep one
+CPU tier of their pooled budgets in shared memory, planned over the merged stream: the same model as
+``per-worker`` at the same budget, fewer packed bytes read, the tier's file removed at the end, and an
+interrupted run resumes to the same model (one epoch each).
 """
 from __future__ import annotations
 
@@ -170,22 +171,7 @@ def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, An
     assert plain["epochs"][0]["losses"][2:10] != pytest.approx(la[2:10], rel=1e-3)
 
 
-def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str, Any], tiny_store: Path,
-                                                               two_gpus: tuple[dict[str, Any], float],
-                                                               tmp_path: Path) -> None:
-    report, _ = two_gpus
-    run_dir = new_run_dir(tmp_path, "cut")
-    opts = {"scheduler": cluster["address"], "gpus": 2, "window": 1, "progress": False, **cluster["tls"], **SETTINGS}
-    with pytest.raises(Cut):
-        streaming.run(tiny_store, run_dir, on_superbatch=cut_after(5), **opts)
-    resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
-    assert resumed["resumed_from"] and resumed["stream"]["start_index"] == 6
-    a, b = _model(resumed), _model(report)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["loss"] for r in resumed["epochs"]] == [r["loss"] for r in report["epochs"]]
-
-
-def _quarter(store_path: Path) -> int:
+def _quarter(store_path: Path, settings: dict[str, Any]) -> int:
     """A budget whose CPU tier holds at most a quarter of the features (on the worker with the smallest
     staging), as `diskflow bench stream --gpus 2` sizes it."""
     from types import SimpleNamespace
@@ -195,9 +181,9 @@ def _quarter(store_path: Path) -> int:
     from diskflow.operators.formats.store import Store
 
     st = Store(store_path)
-    b = packed_budgets(st, None, 0, None, SETTINGS["fanouts"], SETTINGS["batch_size"])
-    args = SimpleNamespace(batch_size=SETTINGS["batch_size"], superbatch_size=SETTINGS["superbatch_size"],
-                           epochs=SETTINGS["epochs"], fanouts=SETTINGS["fanouts"], seed=SETTINGS["seed"])
+    b = packed_budgets(st, None, 0, None, settings["fanouts"], settings["batch_size"])
+    args = SimpleNamespace(batch_size=settings["batch_size"], superbatch_size=settings["superbatch_size"],
+                           epochs=settings["epochs"], fanouts=settings["fanouts"], seed=settings["seed"])
     return quarter_budget(st, args, 2, b["staging_batches"], b["io_reserve"])
 
 
@@ -208,9 +194,9 @@ def _packed(report: dict[str, Any]) -> int:
 def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: dict[str, Any], tiny_store: Path,
                                                                         tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture) -> None:
-    budget = _quarter(tiny_store)
-    opts = {"scheduler": cluster["address"], "gpus": 2, "cpu_memory": budget, "progress": False, **cluster["tls"],
-            **SETTINGS}
+    settings = {**SETTINGS, "epochs": 1}       # four superbatches: a shared tier, its reads and a resume need no more
+    opts = {"scheduler": cluster["address"], "gpus": 2, "cpu_memory": _quarter(tiny_store, settings),
+            "progress": False, **cluster["tls"], **settings}
     own = streaming.run(tiny_store, new_run_dir(tmp_path, "own"), cache="per-worker", **opts)
     shared = streaming.run(tiny_store, new_run_dir(tmp_path, "shared"), cache="shared", **opts)
     nodes = own["dataset"]["nodes"]
@@ -227,20 +213,22 @@ def test_a_shared_cpu_tier_trains_the_same_model_from_fewer_disk_reads(cluster: 
 
     run_dir = new_run_dir(tmp_path, "cut-shared")
     with pytest.raises(Cut):
-        streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut_after(5), **opts)
+        streaming.run(tiny_store, run_dir, cache="shared", window=1, on_superbatch=cut_after(1), **opts)
     opts["gpus"] = 0            # --gpus all: both GPU workers, as the checkpoint was made with
     capsys.readouterr()
     resumed = streaming.run(tiny_store, run_dir, cache="shared", resume=True, **opts)
-    assert resumed["stream"]["start_index"] == 6 and resumed["stream"]["gpus"] == 2
+    assert resumed["stream"]["start_index"] == 2 and resumed["stream"]["gpus"] == 2
     assert "this run trains on" not in capsys.readouterr().err, "no note that some GPU workers sit idle"
     c = _model(resumed)
     assert all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_a_run_resumes_where_one_worker_has_no_batch(cluster: dict[str, Any], tiny_store: Path,
-                                                     two_gpus: tuple[dict[str, Any], float], tmp_path: Path) -> None:
-    """Cut after the third superbatch: the resumed run starts at the epoch's 1-batch superbatch, where the
-    second worker's share is empty (its trainer starts with no superbatch of its own)."""
+def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str, Any], tiny_store: Path,
+                                                               two_gpus: tuple[dict[str, Any], float],
+                                                               tmp_path: Path) -> None:
+    """Cut after the third superbatch (mid-epoch): the resumed run starts at the epoch's 1-batch superbatch,
+    where the second worker's share is empty (its trainer starts with no superbatch of its own), and ends with
+    the uninterrupted run's model and losses."""
     from diskflow.operators.formats.errors import ConfigError
 
     report, _ = two_gpus
@@ -249,9 +237,11 @@ def test_a_run_resumes_where_one_worker_has_no_batch(cluster: dict[str, Any], ti
     with pytest.raises(Cut):
         streaming.run(tiny_store, run_dir, window=1, on_superbatch=cut_after(2), **opts)
     resumed = streaming.run(tiny_store, run_dir, resume=True, **opts)
-    assert resumed["stream"]["start_index"] == 3 and resumed["timeline"][0]["lanes"][1]["batches"] == 0
+    assert resumed["resumed_from"] and resumed["stream"]["start_index"] == 3
+    assert resumed["timeline"][0]["lanes"][1]["batches"] == 0
     a, b = _model(resumed), _model(report)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in resumed["epochs"]] == [r["loss"] for r in report["epochs"]]
     with pytest.raises(ConfigError, match=r"--gpus: 2 GPU workers share batches of which an epoch holds 1"):
         streaming.run(tiny_store, new_run_dir(tmp_path, "one-batch"), **{**opts, "batch_size": 4096})
 
