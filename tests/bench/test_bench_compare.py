@@ -2,22 +2,21 @@
 reads, timeouts, clean-up.
 
 Every pipeline, with a user's pipeline file and one whose preparation fails, runs in one compare whose children
-run in this test's process (``--no-cgroup``): a child process costs some 5 CPU seconds of importing torch and PyG
-alone, and compare starts two per pipeline. One compare of belady alone runs its children as processes, in real
-memory cgroups where the machine has them (`belady_in_children`)."""
+run in this test's process (``--no-cgroup``, tests/bench_children.py): a child process costs some 5 CPU seconds
+of importing torch and PyG alone, and compare starts two per pipeline. One compare of belady alone runs its
+children as processes, in real memory cgroups where the machine has them (`belady_in_children`)."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
-from typing import Any
 
 import pytest
+from bench_children import compare_children_in_this_process
 from diskflow.bench import cgroup
 from diskflow.bench.common import drop_page_cache
 from diskflow.cli import main
@@ -26,10 +25,10 @@ from mounts import reads_are_counted, skip_where_reads_are_not_counted
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
-        "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20), "--staleness-sweep", "1,10,100"]
+        "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20), "--staleness-sweep", "1,100"]
 KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_amplification", "peak_rss_bytes",
         "test_acc", "losses")
-BUILT_IN = ["belady", "belady_outre", "belady_outre_s1", "belady_outre_s10", "diskgnn", "ginex", "gnndrive",
+BUILT_IN = ["belady", "belady_outre", "belady_outre_s1", "diskgnn", "ginex", "gnndrive",
             "inmemory", "lsmgnn", "mmap", "outre"]
 # a user's pipeline (its own CPU tier policy, packed like belady: the same samples, so the same losses)
 USER_PIPELINE = """\
@@ -56,24 +55,6 @@ def _leftovers() -> list[str]:
     return [] if h is None else sorted(p.name for p in h.root.glob(f"{cgroup.PREFIX}*-{os.getpid()}"))
 
 
-def _child_in_this_process(argv: Sequence[str], *, name: str, limit_bytes: int | None,
-                           **_: Any) -> cgroup.LimitedRun:
-    """`cgroup.run_limited` for compare's children (``python -m diskflow.bench.compare --child SPEC``), run
-    in this process: `_child_main` as the child runs it. No cgroup (the compare runs with --no-cgroup)."""
-    import torch
-    from diskflow.bench import compare
-
-    assert list(argv[1:4]) == ["-m", "diskflow.bench.compare", "--child"] and limit_bytes is None, (name, argv)
-    threads = torch.get_num_threads()
-    t0 = time.perf_counter()
-    try:
-        rc = compare._child_main(list(argv[3:]))
-    finally:
-        torch.set_num_threads(threads)
-    return cgroup.LimitedRun(returncode=rc, wall_s=time.perf_counter() - t0, read_bytes=0, peak_rss_bytes=0,
-                             limit_bytes=None, cgroup=None)
-
-
 @pytest.fixture(scope="module")
 def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, str, Path]]:
     """Every built-in pipeline, a user's file and a failing one, their children in this process."""
@@ -86,8 +67,7 @@ def compared(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                           "outre", str(work / "every_other.py"), str(work / "bad.py")])
     argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out),
             "--pipelines", pipelines, "--no-cgroup"]
-    with pytest.MonkeyPatch.context() as mp, redirect_stdout(printed):
-        mp.setattr(cgroup, "run_limited", _child_in_this_process)
+    with compare_children_in_this_process(), redirect_stdout(printed):
         rc = main(argv)
     assert rc == 0, printed.getvalue()[-3000:]
     yield json.loads(out.read_text()), printed.getvalue(), work / "w"
@@ -202,7 +182,7 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
 
     f, printed, _ = compared
     p = f["pipelines"]
-    for name in ("belady_outre", "outre", "belady_outre_s1", "belady_outre_s10"):
+    for name in ("belady_outre", "outre", "belady_outre_s1"):
         assert p[name]["batches"] == "partition" and p[name]["partition"]["parts"] >= 2, name
         assert p[name]["losses"] != p["inmemory"]["losses"], name
         split = p[name]["memory_split"]           # the OUTRE pipelines split the feature budget automatically
@@ -216,8 +196,8 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
             or name == "outre"                    # no embedding cache: the same partition batches, whatever S
     # one partition of the store for all of them: computed by the first prepared, linked into the others' caches,
     # and counted in every one's preparation time
-    parts = {n: p[n]["partition"] for n in ("belady_outre", "outre", "belady_outre_s1", "belady_outre_s10")}
-    assert sorted(x["cached"] for x in parts.values()) == [False, True, True, True]
+    parts = {n: p[n]["partition"] for n in ("belady_outre", "outre", "belady_outre_s1")}
+    assert sorted(x["cached"] for x in parts.values()) == [False, True, True]
     assert len({x["seconds"] for x in parts.values()}) == 1
     for n in parts:
         assert f["prepare"][n]["seconds"] >= parts[n]["seconds"], n
@@ -228,7 +208,7 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
     assert p["belady_outre_s1"]["history"] is None
     assert p["belady_outre"]["plan_miss_bytes"] <= p["belady_outre_s1"]["plan_miss_bytes"]   # S=100 can do what S=1 does
     sweep = f["staleness_sweep"]
-    assert [(x["staleness"], x["pipeline"]) for x in sweep] == [(1, "belady_outre_s1"), (10, "belady_outre_s10"),
+    assert [(x["staleness"], x["pipeline"]) for x in sweep] == [(1, "belady_outre_s1"),
                                                                (100, "belady_outre")]
     for x in sweep:
         assert x["disk_read_bytes_per_epoch"] == p[x["pipeline"]]["disk_read_bytes"] / 2
