@@ -334,7 +334,9 @@ def _prepare_seconds(path: Path, r: Any, reused: float = 0.0) -> float | None:
         known = json.loads(book.read_text()) if book.is_file() else {}
     except ValueError:
         known = {}
-    key = str(read_manifest(path).get("config_hash"))
+    manifest = read_manifest(path)
+    assert manifest is not None                         # a prepared dataset: finished, so it has one
+    key = str(manifest.get("config_hash"))
     if not r.skipped:
         known[path.name] = {"config_hash": key, "seconds": float(r.seconds) + reused}
         tmp = book.with_suffix(".tmp")
@@ -787,7 +789,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ref = prepared["belady"]["path"]
     warm = {str(e): [str(p) for p in files] for e, files in _samples_files(ref).items()}
     sample_bytes = sum(Path(p).stat().st_size for files in warm.values() for p in files)
-    batches = int(read_manifest(ref)["round"]["batches"]) // args.epochs     # per epoch
+    manifest = read_manifest(ref)
+    assert manifest is not None                         # belady's prepared dataset
+    batches = int(manifest["round"]["batches"]) // args.epochs     # per epoch
 
     seq_bw, bw_bytes = _seq_read_bw(store, args.bw_bytes)
     droppable = [store.path, work / "packed"]
@@ -799,6 +803,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "sequential": False, "measure": None,
               "home_procs": str(current_procs(hierarchy)) if hierarchy is not None else None}
 
+    probe_rss: int | None
+    data_rss: int | None
     if args.allowance is None:
         probe = _launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
         if "error" in probe:

@@ -75,6 +75,7 @@ def load(path: Path) -> dict[str, Any]:
         missing.append("headline (an object)")
     if missing:
         raise ResultsError(f"{path}: missing {', '.join(missing)}")
+    assert isinstance(head, dict)          # a missing or non-object headline is missing above
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(data["date"])):
         raise ResultsError(f"{path}: date {data['date']!r} is not YYYY-MM-DD")
     try:

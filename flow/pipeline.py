@@ -151,8 +151,8 @@ class Pipeline:
         """The `flow.prepare.PrepareConfig` of this pipeline with `options` (budgets, fanouts, ...)."""
         from .prepare import PrepareConfig
 
-        fixed = {"pipeline": self.name, "cpu_policy": self.cpu_tier, "gpu_policy": self.gpu_tier,
-                 "packing": self.packing, "disk_cache": self.disk_cache}
+        fixed: dict[str, Any] = {"pipeline": self.name, "cpu_policy": self.cpu_tier, "gpu_policy": self.gpu_tier,
+                                 "packing": self.packing, "disk_cache": self.disk_cache}
         clash = sorted(set(options) & set(fixed))
         if clash:
             raise ConfigError(clash[0], f"fixed by the {self.name} pipeline ({clash[0]}={fixed[clash[0]]!r})")
@@ -268,7 +268,7 @@ def _by_reference(pipeline: Pipeline, module: ModuleType) -> Pipeline:
     source = getattr(module, "__file__", None)
     if source is None or not module.__name__.startswith(USER_MODULE):
         return pipeline
-    changes = {}
+    changes: dict[str, Any] = {}
     for field_name in ("gpu_tier", "cpu_tier"):
         fn = getattr(pipeline, field_name)
         name = getattr(fn, "__qualname__", "")

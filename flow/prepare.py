@@ -1004,9 +1004,11 @@ def _pack_misses(run: _Run, stage: Path, sample_paths: list[str], plan_paths: li
                             crc[x["first_batch"]:x["first_batch"] + x["batches"]],
                             str(rnd / index_name(x["key"])), key=f"index-{x['key']}-{tok}")
              for x in routes], desc="index", disable=run.show())
-    parts = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])} for p in range(P)]
-    dcache = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
-               "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)} for g, n in enumerate(cache_nodes)]
+    parts: list[dict[str, Any]] = [{"path": f"{ROUND_DIR}/{part_name(p)}", "bytes": int(part_bytes[p])}
+                                   for p in range(P)]
+    dcache: list[dict[str, Any]] = [{"path": f"{ROUND_DIR}/{dcache_name(g)}", "rows": len(n),
+                                     "crc": file_crc(rnd / dcache_name(g), 0, len(n) * rb)}
+                                    for g, n in enumerate(cache_nodes)]
     packed_bytes = int(sum(p["bytes"] for p in parts))
     dcache_bytes = int(sum(packed_fmt.padded(d["rows"] * rb) for d in dcache))
     figures.update(packed_bytes=packed_bytes, dcache_bytes=dcache_bytes,

@@ -176,7 +176,7 @@ class JobTimeline:
         self.add_tasks(stream.data)
 
     def trainer_hooks(self, superbatch_size: int, on_epoch: Callable[[dict[str, Any]], Any] | None = None
-                      ) -> dict[str, Callable[..., Any]]:
+                      ) -> dict[str, Any]:
         """``on_start``, ``on_batch`` and ``on_epoch`` for `flow.runtimes.packed.train_and_report` that time
         each superbatch of `superbatch_size` batches (``train``: from the previous superbatch's last
         batch, or the epoch's start, to its own last batch) and each evaluation (``eval``: the epoch

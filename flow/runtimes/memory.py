@@ -326,6 +326,7 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
         figures = partition_task(str(st.path), parts, "kaminpar", seed, 1, str(run_dir / "partition.npy"))
     order = BatchOrder("partition", figures["path"], group, group_by, str(st.path / st.manifest["labels"]))
     figures["group_by"] = group_by
+    assert order.parts is not None             # partition batches: the partition's path
     if load_parts(order.parts).shape[0] != st.num_nodes:
         raise ConfigError("--partition", f"{order.parts} gives the parts of {load_parts(order.parts).shape[0]:,} "
                                          f"nodes, the store has {st.num_nodes:,}")

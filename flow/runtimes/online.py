@@ -106,8 +106,9 @@ def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, see
     staging = staging_bytes_for(nbytes, extractors)
     slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, extractors, staging), st.num_nodes)
     threshold = max(1, window // 8)
-    buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy,
-                        static=InDegree(st.indptr) if policy == "hybrid" else None, threshold=threshold)
+    degree: Any = InDegree(st.indptr) if policy == "hybrid" else None     # indexed as the degree array would be
+    buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy, static=degree,
+                        threshold=threshold)
     loader = OnlineLoader(st, buf, labels, sampler, seeds, batch_size, seed, order=order, extractors=extractors,
                           window=window, staging_bytes=staging)
     return loader, nbytes

@@ -119,10 +119,11 @@ class StreamConfig:
         if self.history_rows and len(self.fanouts) < 2:
             raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
         if self.batches == "shuffled":
-            for option, value, default in (("--partitions", self.partitions, None),
-                                           ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
-                                           ("--group-by", self.group_by, "label")):
-                if value != default:
+            partition_only: tuple[tuple[str, object, object], ...] = (
+                ("--partitions", self.partitions, None), ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
+                ("--group-by", self.group_by, "label"))
+            for option, given, default in partition_only:
+                if given != default:
                     raise ConfigError(option, "applies to partition batches only (--batches partition)")
 
     def describe(self) -> dict[str, Any]:

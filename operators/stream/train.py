@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

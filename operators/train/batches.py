@@ -37,9 +37,13 @@ class Sample(Protocol):
 
     n_id: np.ndarray               # int64 global node ids, the batch's seeds first
     edge_index: np.ndarray         # int64 [2, E] local positions into n_id, source -> target
-    num_sampled_nodes: Sequence[int]
-    num_sampled_edges: Sequence[int]
     batch_size: int
+
+    @property
+    def num_sampled_nodes(self) -> Sequence[int]: ...   # read-only: a list or a tuple will do
+
+    @property
+    def num_sampled_edges(self) -> Sequence[int]: ...
 
 
 class Sampler(Protocol):

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -60,6 +60,9 @@ from .assemble import SOURCES, BatchAssembly, SourceCounts, make_reader
 from .batches import Sample, batch_data
 from .memory import check_memory, memory_plan
 from .pipe import END, Pipe, StageClock, Stopped, guard
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class PackedLoader(BatchAssembly):
@@ -276,7 +279,7 @@ class PackedLoader(BatchAssembly):
                 self.reader.close()
         self.ds.close()
 
-    def __enter__(self) -> PackedLoader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
