@@ -6,6 +6,7 @@ import argparse
 from ..flow.memsplit import SPLIT_PLOT, describe_split
 from ..flow.options import byte_budget, fanouts_option, positive_int
 from ..flow.pipeline import load_pipeline
+from ..flow.security import add_tls_arguments, check_tls
 from ..operators.formats.files import format_bytes
 from ..operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
 from ..operators.prepare.seeds import GROUPINGS
@@ -87,9 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "something else (deleting it)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="embedded cluster workers")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="use a running Dask scheduler (tcp://host:8786)")
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE", help="--scheduler tls://...: the cluster's CA certificate")
-    p.add_argument("--tls-cert", default=None, metavar="FILE", help="--scheduler tls://...: this client's certificate")
-    p.add_argument("--tls-key", default=None, metavar="FILE", help="--scheduler tls://...: this client's private key")
+    add_tls_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -97,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..api import PREPARE_DEFAULTS, prepare
     from ..operators.formats.store import Store
 
+    check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)   # first: before the store is read
     options = {k: getattr(args, k) for k in PREPARE_DEFAULTS}
     cluster = {"scheduler": args.scheduler, "workers": args.workers, "tls_ca_file": args.tls_ca_file,
                "tls_cert": args.tls_cert, "tls_key": args.tls_key}

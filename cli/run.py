@@ -15,6 +15,7 @@ from typing import Any
 from ..flow.options import model_option, parse_fanouts, parse_int
 from ..flow.pipeline import available_pipelines, load_pipeline
 from ..flow.rundir import fmt, new_run_dir, print_epoch
+from ..flow.security import check_tls
 from ..flow.stream import RUN_OPTIONS, add_run_arguments, resume_dir
 from ..operators.formats.errors import ConfigError
 from ..operators.prepare.history import check_prune
@@ -122,6 +123,8 @@ def _run(args: argparse.Namespace) -> int:
 
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
+    # the scheduler's address against the TLS options, before a run directory is made (the pipeline checks again)
+    check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
     pipeline = load_pipeline(args.pipeline)
     params = pipeline.parameters()
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..flow.roles import run_dask_cli, scheduler_argv, tls_argv
+from ..flow.roles import run_dask_cli, scheduler_argv
+from ..flow.security import add_tls_arguments, check_tls
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,18 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="run without the dashboard")
     p.add_argument("--scheduler-file", default=None, metavar="PATH",
                    help="write the scheduler's address to this JSON file (workers can read it)")
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
-                   help="TLS: the CA certificate every process of the cluster trusts (with --tls-cert, --tls-key; the "
-                        "scheduler then listens on tls://)")
-    p.add_argument("--tls-cert", default=None, metavar="FILE", help="TLS: this process's certificate (PEM)")
-    p.add_argument("--tls-key", default=None, metavar="FILE", help="TLS: this process's private key (PEM)")
+    add_tls_arguments(p, listens=True)
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     argv = scheduler_argv(args.host, args.port, None if args.no_dashboard else args.dashboard_address,
                           args.scheduler_file)
-    tls = tls_argv(args.tls_ca_file, args.tls_cert, args.tls_key)
-    if tls and not (args.host or "").startswith("tls://"):
+    files = check_tls(args.host, args.tls_ca_file, args.tls_cert, args.tls_key, role="scheduler", address_option="--host")
+    tls = files.argv()
+    if files.enabled and not (args.host or "").startswith("tls://"):
         tls += ["--protocol", "tls"]
     return run_dask_cli("scheduler", argv + tls)

@@ -11,8 +11,11 @@ is the same worker.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
-from ..flow.roles import run_dask_cli, set_worker_config, tls_argv, worker_argv
+from ..flow.roles import run_dask_cli, set_worker_config, worker_argv
+from ..flow.security import add_tls_arguments, check_tls, probe
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
 
@@ -40,11 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit", default=None, metavar="SIZE", help="worker memory limit (Dask's, default auto)")
     p.add_argument("--no-nanny", action="store_true", help="run the worker in this process (no restarting nanny)")
     p.add_argument("--scheduler-file", default=None, metavar="PATH", help="read the scheduler's address from this file")
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
-                   help="TLS: the CA certificate every process of the cluster trusts (with --tls-cert, --tls-key; the "
-                        "scheduler then listens on tls://)")
-    p.add_argument("--tls-cert", default=None, metavar="FILE", help="TLS: this process's certificate (PEM)")
-    p.add_argument("--tls-key", default=None, metavar="FILE", help="TLS: this process's private key (PEM)")
+    add_tls_arguments(p, listens=True)
     p.set_defaults(func=_run)
 
 
@@ -62,4 +61,19 @@ def _run(args: argparse.Namespace) -> int:
     argv = worker_argv(args.scheduler, gpu=args.gpu, nthreads=args.nthreads, local_directory=args.local_directory,
                        name=args.name, memory_limit=args.memory_limit, nanny=not args.no_nanny,
                        scheduler_file=args.scheduler_file, host=args.host)
-    return run_dask_cli("worker", argv + tls_argv(args.tls_ca_file, args.tls_cert, args.tls_key))
+    address = args.scheduler or _address_in(args.scheduler_file)
+    tls = check_tls(address, args.tls_ca_file, args.tls_cert, args.tls_key, role="worker", address_option="SCHEDULER")
+    if address:
+        probe(address, tls, role="worker")      # a refused certificate: one line, not a worker retrying forever
+    return run_dask_cli("worker", argv + tls.argv())
+
+
+def _address_in(scheduler_file: str | None) -> str | None:
+    """The address in a scheduler file already written (None: none yet; Dask's worker waits for it)."""
+    if not scheduler_file:
+        return None
+    try:
+        address = json.loads(Path(scheduler_file).read_text()).get("address")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return address if isinstance(address, str) else None

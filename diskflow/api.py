@@ -49,7 +49,7 @@ def _cluster(scheduler: str | None, workers: int | None, tls: dict[str, str | No
     from .flow.cluster import dask_client
     from .flow.roles import tls_security
 
-    security = tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
+    security = tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"), scheduler)
     with dask_client(scheduler=scheduler, n_workers=workers, security=security) as client:
         yield client
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 from ..operators.formats.errors import ConfigError, DiskflowError
+from .security import refusal
 
 
 @contextlib.contextmanager
@@ -18,8 +19,10 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
 
     Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
     process per core by default); with it, connects to `tcp://HOST:PORT` and fails
-    with a clear error (not a hang) when the scheduler cannot be reached. `security` (a
-    `distributed.Security`, `flow.roles.tls_security`): a ``tls://`` scheduler's.
+    with a clear error (not a hang) when the scheduler cannot be reached, and one line
+    (`flow.security.SchedulerRefused`) when it refuses this client's certificate. `security` (a
+    `distributed.Security`, `flow.roles.tls_security`): a ``tls://`` scheduler's, or the embedded
+    cluster's, which then listens on ``tls://``.
     """
     from distributed import Client, LocalCluster
 
@@ -28,15 +31,20 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
         try:
             client = Client(scheduler, timeout="15s", **({"security": security} if security else {}))
         except (OSError, TimeoutError) as e:
+            refused = refusal(scheduler, e, security)
+            if refused is not None:
+                raise refused from None
             raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
         cluster = None
     else:
         n = n_workers or max(1, os.cpu_count() or 1)
         if n < 1:
             raise ConfigError("--workers", f"must be >= 1, got {n}")
+        tls = {"security": security, "protocol": "tls://"} if security is not None else {}
         cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=processes,
-                               memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.CRITICAL)
-        client = Client(cluster)
+                               memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.CRITICAL,
+                               **tls)
+        client = Client(cluster, **({"security": security} if security is not None else {}))
     try:
         if not quiet:
             link = client.dashboard_link or "(no dashboard: install bokeh)"

@@ -26,6 +26,7 @@ import dask
 
 from ..operators.formats.errors import ConfigError
 from .plugin import GPU, config_env, worker_config
+from .security import check_tls, refusal
 
 
 def scheduler_argv(host: str | None = None, port: int | None = None, dashboard_address: str | None = ":8787",
@@ -75,30 +76,12 @@ def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | Non
     return argv + list(extra)
 
 
-def tls_argv(ca_file: str | None, cert: str | None, key: str | None) -> list[str]:
-    """`dask scheduler`/`dask worker`'s TLS options (files checked here, so a typo fails before Dask starts)."""
-    argv: list[str] = []
-    for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
-        if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(flag, f"{path}: no such file")
-            argv += [flag, str(Path(path).resolve())]
-    if argv and (ca_file is None or cert is None):
-        raise ConfigError("--tls-ca-file/--tls-cert", "TLS needs the CA certificate and this process's certificate "
-                                                      "(and its key, unless the certificate file holds it)")
-    return argv
-
-
-def tls_security(ca_file: str | None, cert: str | None, key: str | None) -> Any:
-    """A client's `distributed.Security` for a ``tls://`` scheduler from these files, or None (Dask's own
-    ``distributed.comm.tls`` config then applies, as to any Dask client)."""
-    if ca_file is None and cert is None and key is None:
-        return None
-    tls_argv(ca_file, cert, key)        # the same checks
-    from distributed import Security
-
-    return Security(tls_ca_file=str(ca_file), tls_client_cert=str(cert), tls_client_key=key,
-                    require_encryption=True)
+def tls_security(ca_file: str | None, cert: str | None, key: str | None, scheduler: str | None = None) -> Any:
+    """A client's `distributed.Security` for `scheduler` from these files, checked against its address
+    (`flow.security.check_tls`), or None: plain TCP, or Dask's own ``distributed.comm.tls`` config, which
+    Dask then reads as for any client."""
+    files = check_tls(scheduler, ca_file, cert, key, role="client")
+    return files.security("client") if files.ca_file is not None else None
 
 
 def set_worker_config(scratch: str | None, quota: str | None, device: str | None,
@@ -153,6 +136,9 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
         try:
             client = Client(scheduler, timeout=connect_timeout, **({"security": security} if security else {}))
         except (OSError, TimeoutError) as e:
+            refused = refusal(scheduler, e, security)
+            if refused is not None:
+                raise refused from None
             raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout} ({e}); "
                                 "is `diskflow scheduler` running there, and the port open?") from e
         try:
