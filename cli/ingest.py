@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..flow.security import add_tls_arguments, check_tls
 from ..operators.formats.files import format_bytes
 
 
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="worker processes of the embedded cluster (default: one per core)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",
                    help="use a running Dask scheduler (tcp://host:8786) instead of an embedded cluster")
+    add_tls_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -40,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from ..operators.formats.store import STORE_KIND
     from ..operators.ingest.raw import find_raw_files
 
+    security = check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key).security()
     find_raw_files(args.raw)  # a missing or empty dataset fails before a cluster starts
     check_replaceable(args.out, args.force, STORE_KIND)     # and so does an OUT that is not a store
-    with dask_client(scheduler=args.scheduler, n_workers=args.workers):
+    tls = {"security": security} if security is not None else {}
+    with dask_client(scheduler=args.scheduler, n_workers=args.workers, **tls):
         r = run_ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,
                        to_undirected=args.to_undirected, allow_nonfinite=args.allow_nonfinite, force=args.force)
     if r.skipped:

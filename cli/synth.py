@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..flow.options import positive_int
+from ..flow.security import add_tls_arguments, check_tls
 from ..operators.formats.files import format_bytes
 from ..operators.ingest.synth import SynthConfig
 
@@ -76,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", metavar="ADDR", default=None,
                    help="use a running Dask scheduler (tcp://HOST:PORT) instead of an embedded cluster; "
                         "OUT must then be on a filesystem all workers share")
+    add_tls_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="regenerate even if OUT is already this dataset, and replace OUT even if it is not a raw dataset")
     p.set_defaults(func=_run)
@@ -87,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..operators.formats.outputs import check_replaceable
     from ..operators.ingest.importers import RAW_KIND
 
+    security = check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key).security()
     cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes,
                       avg_degree=args.avg_degree, homophily=args.homophily, signal=args.signal, noise=args.noise,
                       label_noise=args.label_noise, degree_exponent=args.degree_exponent, dtype=args.dtype,
@@ -94,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
                       part_nodes=args.part_nodes, feature_format=args.feature_format, locality=args.locality)
     cfg.validate()
     check_replaceable(args.out, args.force, RAW_KIND)    # before a cluster starts
-    with dask_client(args.scheduler, n_workers=args.workers):
+    with dask_client(args.scheduler, n_workers=args.workers, security=security):
         out = run_synth(cfg, args.out, force=args.force)
     m = json.loads((out / "manifest.json").read_text())
     print(f"synth: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges, "
