@@ -33,8 +33,8 @@ How it is measured (docs/design.md, "How it is measured"):
   fill); the next ``--batches`` are timed (``next()`` of the loader: sampling, feature fetch, the
   batch's assembly) and their true disk traffic is ``read_bytes`` of ``/proc/self/io`` (O_DIRECT
   reads and page faults that reach the disk count; page-cache hits do not). Read amplification is
-  that over the bytes of the rows the batches ask for. ``--repeats R`` runs every variant R times,
-  interleaved, and keeps each variant's fastest run.
+  that over the bytes of the rows the batches ask for. ``--repeats R`` (default 3) runs every variant R
+  times, interleaved, and keeps each variant's fastest run: the disk's speed moves from run to run here.
 
 The figures: ``batches_per_s`` and ``disk_read_bytes`` of each variant, ``remote_over_mmap`` (the
 ratio of batches per second; the target is >= 3), ``remote_over_inmemory``, the parameters (with the
@@ -98,8 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cache's budget, and with the allowance the cgroup limit of remote and mmap")
     p.add_argument("--allowance", default=None,
                    help="memory for the process itself inside the cgroup (default: measured by a probe)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run every variant this many times, interleaved, and keep each one's fastest (default 1)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="run every variant this many times, interleaved, and keep each one's fastest (default 3: "
+                        "on a shared machine the disk's speed moves from run to run)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
     p.add_argument("--no-cgroup", action="store_true",
                    help="run without memory cgroups (no limits: the figures are then not out of core; "
