@@ -18,7 +18,6 @@ import io
 import json
 import mmap
 import os
-import re
 import shutil
 import threading
 import uuid
@@ -658,23 +657,25 @@ def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
 # ---------------------------------------------------------------------------- byte sizes
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-
-
 def parse_bytes(value: str | float, option: str = "size") -> int:
-    """Parse a byte size such as `512MiB`, `2GiB`, `1.5GB` or `4096`; errors name the option."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """A byte size such as `512MiB`, `2GiB`, `1.5GB` or `4096` (Dask's own parser); errors name the option."""
+    from dask.utils import parse_bytes as dask_parse_bytes
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(option, f"not a byte size: {value!r} (use e.g. 512MiB, 2GiB, 1.5GB)")
+    if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(option, f"must be >= 0, got {value}")
         return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(option, f"not a byte size: {value!r} (use e.g. 512MiB, 2GiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    try:
+        if not value.strip() or not value.strip()[0].isdigit() and value.strip()[0] not in ".-":
+            raise ValueError(value)         # Dask reads a bare unit ("MiB") as one of it
+        n = dask_parse_bytes(value.strip())
+    except (ValueError, TypeError):
+        raise ConfigError(option, f"not a byte size: {value!r} (use e.g. 512MiB, 2GiB, 1.5GB)") from None
+    if n < 0:
+        raise ConfigError(option, f"must be >= 0, got {value}")
+    return int(n)
 
 
 def format_bytes(n: float) -> str:
