@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +26,8 @@ from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
 from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
 from .lanes import Lane, interleave, merge_epoch
+
+log = logging.getLogger(__name__)
 from .report import stream_report
 from .tasks import (
     final_cache_task,
@@ -173,8 +175,7 @@ class StreamRun:
         for lane, addr in zip(self.lanes, gpus):
             lane.gpu_addr = addr
         if len(gpus) > need:
-            print(f"note: {len(gpus)} GPU workers; this run trains on {', '.join(gpus[:need])} (--gpus {need})",
-                  file=sys.stderr)
+            log.warning("%d GPU workers; this run trains on %s (--gpus %d)", len(gpus), ", ".join(gpus[:need]), need)
         self.cpu_addrs = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
 
     def _check_health(self) -> None:
@@ -608,8 +609,7 @@ class StreamRun:
             what += f" (GPU worker {lane.rank}, {lane.gpu_addr})"
         if kind == "ship" and isinstance(exc, ShipVerifyError) and k not in lane.reshipped:
             lane.reshipped.add(k)
-            print(f"diskflow: superbatch {self.refs[k].key} failed verification on arrival ({exc}); shipping it again",
-                  file=sys.stderr, flush=True)
+            log.warning("superbatch %s failed verification on arrival (%s); shipping it again", self.refs[k].key, exc)
             self._prepare_chain(self._chain_of(lane), k, attempt=1, only=[lane])
             return
         if kind == "ship" and isinstance(exc, ShipVerifyError):
