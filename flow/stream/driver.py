@@ -26,8 +26,6 @@ from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
 from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
 from .lanes import Lane, interleave, merge_epoch
-
-log = logging.getLogger(__name__)
 from .report import stream_report
 from .tasks import (
     final_cache_task,
@@ -43,6 +41,8 @@ from .tasks import (
     train_task,
     worker_table,
 )
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- the driver
 
