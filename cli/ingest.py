@@ -36,19 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
-    from ..flow.cluster import dask_client
-    from ..flow.ingest import run_ingest
-    from ..operators.formats.outputs import check_replaceable
-    from ..operators.formats.store import STORE_KIND
-    from ..operators.ingest.raw import find_raw_files
+    from ..api import ingest
 
-    security = check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key).security()
-    find_raw_files(args.raw)  # a missing or empty dataset fails before a cluster starts
-    check_replaceable(args.out, args.force, STORE_KIND)     # and so does an OUT that is not a store
-    tls = {"security": security} if security is not None else {}
-    with dask_client(scheduler=args.scheduler, n_workers=args.workers, **tls):
-        r = run_ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,
-                       to_undirected=args.to_undirected, allow_nonfinite=args.allow_nonfinite, force=args.force)
+    check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
+    r = ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,
+               to_undirected=args.to_undirected, allow_nonfinite=args.allow_nonfinite, force=args.force,
+               scheduler=args.scheduler, workers=0 if args.workers is None else args.workers,
+               tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
     if r.skipped:
         print(f"{r.path}: up to date ({r.num_nodes:,} nodes, {r.num_edges:,} edges; "
               "inputs and options unchanged, --force rebuilds)")

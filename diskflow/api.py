@@ -82,7 +82,13 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
         scheduler, workers, tls: where the Dask tasks run (default: the caller's client, or local threads).
     """
     from .flow.ingest import run_ingest
+    from .operators.formats.outputs import check_replaceable
+    from .operators.formats.store import STORE_KIND
+    from .operators.ingest.raw import find_raw_files
 
+    if isinstance(source, (str, os.PathLike)):
+        find_raw_files(source)      # a missing or empty dataset fails before a cluster starts
+    check_replaceable(store, force, STORE_KIND)     # and so does a store path that holds something else
     with _cluster(scheduler, workers, tls):
         if isinstance(source, (str, os.PathLike)):
             return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,

@@ -460,7 +460,7 @@ def test_cli_options_reach_run_ingest(tmp_path: Path, monkeypatch: pytest.Monkey
     raw = _raw(tmp_path)
     assert _cli([str(raw), str(tmp_path / "store"), "--memory-budget", "64KiB", "--allow-nonfinite", "--force",
                  "--workers", "3"]) == 0
-    assert calls[0] == ("client", {"scheduler": None, "n_workers": 3})
+    assert calls[0] == ("client", {"scheduler": None, "n_workers": 3, "security": None})
     assert calls[1] == ("ingest", {"memory_budget": "64KiB", "shard_rows": None, "to_undirected": False,
                                    "allow_nonfinite": True, "force": True})
     with pytest.raises(InputError, match="no such directory"):  # flow.cli prints it as one line, exit 2
