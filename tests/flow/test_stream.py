@@ -297,6 +297,7 @@ def test_run_command_options() -> None:
     opts = {k: RUN_OPTIONS[k][1](v) for k, v in vars(args).items() if v is not None}
     assert opts == {"scheduler": "tcp://h:8786", "window": 3, "quota": "1GiB", "gpu_wait": 5.0}
     import inspect
+
     from diskflow.flow.runtimes import stream as stream_runtime
 
     assert set(RUN_OPTIONS) <= set(inspect.signature(stream_runtime.run).parameters)
