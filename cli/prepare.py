@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     r = prepare(args.dataset, args.out, args.pipeline, force=args.force, quiet=False, **cluster, **options)
     pipeline = load_pipeline(args.pipeline)
     store = Store(args.dataset)
-    cpu_memory = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes)
+    cpu_memory = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0
     f = r.figures
     if r.skipped:
         print(f"{r.path}: up to date (same store and options; --force redoes it)")

@@ -121,7 +121,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                                               "stream loader takes a size (e.g. 5%)")
     hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
                            history_prune)
-    rows = history_rows(hist["history_memory"], hidden) if hist["history_memory"] else 0
+    memory = hist["history_memory"]
+    rows = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
     if hist["history_memory"] and rows == 0:
         raise ConfigError("--history-memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
                                               f"{EMBEDDING_DTYPE} values")
