@@ -15,8 +15,9 @@ from diskflow.cli import main
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import DiskFullError
 
-# A round whose samples and plans (~4 MB) fit the 20 MiB disk and whose packed segments (~25 MB) do not.
-ROUND = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--epochs", "12",
+# A round of samples and plans (~1.7 MB) and packed segments (~5 MB): with 3.5 MiB left free, the first fit and
+# the second do not.
+ROUND = ["--fanouts", "4,3", "--batch-size", "64", "--superbatch-size", "4", "--epochs", "2",
          "--cpu-memory", "3MiB", "--workers", "1", "--readahead", "0"]
 CFG = PrepareConfig(fanouts=(4, 3), batch_size=64, superbatch_size=4, epochs=8, cpu_memory=int(1.0 * 2**20),
                     readahead=0)
@@ -47,13 +48,14 @@ def test_prepare_on_a_full_disk_fails_in_one_line(tiny_store: Path, small_disk, 
 
 
 def test_prepare_checks_free_space_before_packing(tiny_store: Path, small_disk, capfd: pytest.CaptureFixture) -> None:
+    small_disk.fill(leave=7 << 19)
     out = small_disk.root / "packed"
     assert main(["prepare", "belady", "--dataset", str(tiny_store), "--out", str(out), *ROUND]) == 2
     line = _one_error_line(capfd.readouterr().err, "prepare")
     m = re.search(r": not enough free space: .* \(([\d,]+) bytes\) to write there, .* \(([\d,]+) bytes\) free", line)
     assert m and line.startswith(f"diskflow prepare: error: {out}: "), line
     needed, free = (int(g.replace(",", "")) for g in m.groups())
-    assert needed > free > 0 and needed > 20 << 20
+    assert needed > free > 0 and needed > 7 << 19
     assert not out.exists() and not list(small_disk.root.glob(".packed.tmp-*")), "no staging directory"
     # the finished samples and plans stay as a cache (manifest inside the .work dir only) for a re-run
     assert all(p.parent.parent.name == "packed.work" for p in small_disk.manifests())
