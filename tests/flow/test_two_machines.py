@@ -28,7 +28,7 @@ from diskflow.pipelines import belady, streaming
 from processes import start, stop
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
-                            "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 2}
+                            "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 3}
 QUOTA = 2 << 20
 PREP = ("sample", "count", "count-merge", "tiers-gpu", "tiers", "tiers-trace", "header", "trace", "plan", "pack",
         "pack-base")
@@ -87,7 +87,7 @@ def test_two_epochs_on_separate_processes(machines: dict[str, Any], tiny_store: 
     report = streaming.run(tiny_store, run_dir, scheduler=machines["address"], window=2, progress=False,
                            on_superbatch=kill_a_cpu_worker, **SETTINGS)
     assert killed and procs[killed[0]].wait(timeout=10) == -signal.SIGKILL
-    assert report["stream"]["trained"] == report["stream"]["superbatches"] == 10
+    assert report["stream"]["trained"] == report["stream"]["superbatches"] == 8
 
     # placement, from the scheduler's own record of every task
     where: dict[str, set[str]] = {}
