@@ -38,7 +38,7 @@ N = 1_200_000           # nodes; with 4124-byte rows the features span 4.95e9 by
 DIM = 1031              # an odd width: rows straddle pages
 SHARD_ROWS = 131_072    # 10 shards; the last holds rows past byte 2**32 of the feature matrix
 LOW, HIGH = 700, 1500   # the reachable nodes: ids [0, LOW) and [N - HIGH, N)
-SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 8, "fanouts": (4, 3), "batch_size": 128, "epochs": 2,
+SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 8, "fanouts": (4, 3), "batch_size": 128, "epochs": 1,
                             "lr": 0.01, "dropout": 0.0, "seed": 3, "threads": 1, "progress": False}
 
 
