@@ -40,18 +40,17 @@ The figures: ``batches_per_s`` and ``disk_read_bytes`` of each variant, ``remote
 ratio of batches per second; the target is >= 3), ``remote_over_inmemory``, the parameters (with the
 disk's read-ahead window: a page fault of mmap reads that much around the page while the kernel sees
 the window used), and per variant the details (rows, bytes asked for, amplification, memory peaks and
-cgroup charge, the row cache's counters). The default graph is synthesised into ``--workdir`` once
-(2M nodes x 128 float32: 1 GiB of features, 10 times the budget; half a minute to make on a 2-core
-machine, then about a minute and a half a run), and ``--dataset`` takes an ingested store instead.
+cgroup charge, the row cache's counters). The default graph is the other benches' (`bench.prepare`'s
+8.4M nodes x 128 float32: 4 GiB of features, 10 times the budget), synthesised into ``--workdir`` once
+(a few minutes on a 2-core machine; a run then takes about eight), and ``--dataset`` takes an ingested
+store instead.
 
 What bounds each variant: ``remote`` reads the batch's missed rows, so its time follows the rows a
 batch asks for and the disk's random-read rate; ``mmap`` faults pages in with the read-ahead window
 around them, and where a batch touches every window of the file (fanouts 10,10 from 1024 seeds touch
-~74k rows of the default graph's 2M) it reads about the whole feature file per batch, so its time
-follows the feature bytes and the disk's bandwidth. The ratio therefore grows with the graph: on a
-shared virtio disk with an 8 MiB read-ahead it was 2.3x to 2.7x in single runs at the default 2M nodes
-and 3.4x best of three (mmap read 1.0 GB a batch, remote 176 MB; the disk's speed moves from run to
-run, so the repeats' own ratios spread from 2.1x to 3.8x), and 6.0x at 4M nodes (2.0 GB against 137 MB).
+~79k rows of the default graph's 8.4M) it reads about the whole feature file per batch, so its time
+follows the feature bytes and the disk's bandwidth. The ratio therefore grows with the graph (the
+figures by graph size are in docs/results/pyg.json).
 """
 from __future__ import annotations
 
@@ -71,11 +70,11 @@ from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes, parse_bytes
 from .common import add_graph_arguments, drop_page_cache, print_table
 from .compare import _read_ahead_kb
+from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
 VARIANTS = ("remote", "mmap", "inmemory")
 LIMITED = ("remote", "mmap")             # run in the memory cgroup; inmemory is the unlimited reference
 DEFAULT_WORKDIR = Path("bench-data") / "pyg"
-DEFAULT_NODES = 2_000_000                # x 128 float32 = 1 GiB of features
 ALLOWANCE_MARGIN = 0.25                  # on top of the probe's peak RSS
 _ROUND = 16 << 20                        # the allowance is rounded up to this
 TARGETS = {"remote_over_mmap": (">=", 3.0)}
@@ -84,7 +83,7 @@ TARGETS = {"remote_over_mmap": (">=", 3.0)}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench pyg`."""
     p.add_argument("--dataset", metavar="STORE", help="an ingested store to use instead of the synthetic graph")
-    add_graph_arguments(p, nodes=DEFAULT_NODES, size_note="1 GiB of 128-dim float32 features", train_frac=0.05,
+    add_graph_arguments(p, nodes=DEFAULT_NODES, size_note="4.0 GiB of 128-dim float32 features", train_frac=0.05,
                         train_note="~97 batches of 1024")
     p.add_argument("--workers", type=int, default=0,
                    help="Dask worker processes generating the dataset (default 0: threads)")
