@@ -15,8 +15,8 @@ from diskflow.cli import main
 CGROUPS = cgroup.unavailable_reason() is None
 BUDGET = 400 << 10
 # The allowance is given (the probe would be one more process to start); 1 GiB holds torch, PyG and the tiny store.
-TINY = ["--fanouts", "4,4", "--batch-size", "128", "--warmup", "1", "--batches", "3", "--feature-budget", "400KiB",
-        "--allowance", "1GiB"]
+TINY = ["--fanouts", "4,4", "--batch-size", "128", "--warmup", "1", "--batches", "3", "--repeats", "1",
+        "--feature-budget", "400KiB", "--allowance", "1GiB"]
 
 
 def test_bench_pyg_figures(tiny_store: Path, tmp_path: Path) -> None:
