@@ -1,6 +1,7 @@
 """Shared fixtures: small synthetic graphs made once per session (odd sizes on purpose)."""
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,31 @@ import pytest
 with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.script, deprecated in torch 2.13
     warnings.simplefilter("ignore", DeprecationWarning)
     import torch_geometric.nn  # noqa: F401  (once, here: every test module may then import it)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "plots: the module checks the figures runs draw (rendered for real)")
+
+
+def _save_unrendered(fig: object, fname: object, *args: object, **kwargs: object) -> None:
+    if isinstance(fname, (str, os.PathLike)):
+        open(fname, "wb").close()          # the file, empty: nothing is drawn
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _figures_unrendered(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Figures (curves.png, timeline.png, the memory split's) are built but not drawn: their layout and
+    savefig write an empty file. Drawing costs about 0.3 s a figure, and the suite's runs save some 130
+    that only a few modules look at; those are marked ``pytestmark = pytest.mark.plots`` and draw them."""
+    if request.node.get_closest_marker("plots") is not None:
+        yield
+        return
+    from matplotlib.figure import Figure
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Figure, "savefig", _save_unrendered)
+        mp.setattr(Figure, "tight_layout", lambda *args, **kwargs: None)
+        yield
 
 
 @pytest.fixture(scope="session")

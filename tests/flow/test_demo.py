@@ -13,6 +13,7 @@ from diskflow.cli.demo import _print_same_losses
 
 # The demo's main job at a tiny size: a budget that holds the staging of these batches and part of the
 # features (prepare names the smallest that works: 2.95 MiB), so rows come from the CPU tier and the disk.
+pytestmark = pytest.mark.plots      # the demo's figures are drawn
 TINY = ["--nodes", "8000", "--dim", "16", "--classes", "4", "--train", "0.5", "--val", "0.2", "--test", "0.2",
         "--epochs", "2", "--fanouts", "5,5", "--batch-size", "256", "--hidden", "32", "--workers", "1",
         "--cpu-memory", "3250000"]

@@ -34,6 +34,7 @@ from processes import start, stop
 
 # 10 batches an epoch, superbatches of 3, 3, 3 and 1: in the last one the second worker has no batch (it still
 # takes part in the step, with a zero gradient)
+pytestmark = pytest.mark.plots      # the timeline is drawn
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.3, "seed": 5, "threads": 1, "superbatch_size": 3}
 

@@ -24,7 +24,7 @@ HIDDEN = 8
 CFG = PrepareConfig(fanouts=(4, 3, 3), batch_size=200, superbatch_size=4, epochs=2, seed=3, cpu_memory=2_450_000,
                     history_dim=HIDDEN, history_staleness=30, history_split=True)
 
-pytestmark = pytest.mark.usefixtures("sync_dask")
+pytestmark = [pytest.mark.usefixtures("sync_dask"), pytest.mark.plots]     # the split's curve is drawn
 
 
 @pytest.fixture(scope="module")

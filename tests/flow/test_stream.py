@@ -38,7 +38,7 @@ EMBEDDED: dict[str, Any] = {"workers": 1, "processes": False, "progress": False}
 PREP = ("sample", "plan", "pack")
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.plots]    # the timeline is drawn
 
 
 def _losses(report: dict[str, Any]) -> list[float]:

@@ -27,6 +27,7 @@ from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoi
 from diskflow.pipelines import belady, streaming
 from processes import start, stop
 
+pytestmark = pytest.mark.plots      # the timeline is drawn
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "superbatch_size": 3}
 QUOTA = 2 << 20

@@ -12,6 +12,7 @@ from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.pipelines import inmemory
 
 # Small and quick, but the same settings for both models, so the gap is the graph's doing.
+pytestmark = pytest.mark.plots      # the curves are drawn
 SETTINGS = {"hidden": 32, "fanouts": (5, 5), "batch_size": 256, "epochs": 3, "lr": 0.01, "dropout": 0.2,
             "seed": 0, "threads": 1, "progress": False}
 MARGIN = 0.20  # absolute test-accuracy gain of GraphSAGE over the MLP (measured: about 0.32; edges flipped: 0.12)

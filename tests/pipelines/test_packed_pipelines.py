@@ -26,7 +26,7 @@ SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "b
                             "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "progress": False}
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread", "sync_dask")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread", "sync_dask"), pytest.mark.plots]   # curves are drawn
 
 
 @pytest.fixture(scope="module")
