@@ -89,7 +89,14 @@ from ..flow.options import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
-from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
+from .common import (
+    add_graph_arguments,
+    drop_page_cache,
+    print_table,
+    read_child_spec,
+    sequential_read_bw,
+    write_child_out,
+)
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
@@ -458,12 +465,11 @@ def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float)
 
 def _child_main(argv: list[str]) -> int:
     """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``."""
-    if len(argv) != 2 or argv[0] != "--child":
-        print("usage: python -m diskflow.bench.compare --child SPEC.json", file=sys.stderr)
+    spec = read_child_spec(argv, "diskflow.bench.compare")
+    if spec is None:
         return 2
-    spec = json.loads(Path(argv[1]).read_text())
     if spec["pipeline"] == "probe":
-        _write_out(spec, _probe(spec))
+        write_child_out(spec, _probe(spec))
         return 0
     from .cgroup import current_procs, find_hierarchy
 
@@ -475,14 +481,8 @@ def _child_main(argv: list[str]) -> int:
             mine.write_text(str(os.getpid()))
         _drop([Path(p) for p in spec["drop"]])
         result["runs"][run["kind"]] = _train(spec, run)
-        _write_out(spec, result)
+        write_child_out(spec, result)
     return 0
-
-
-def _write_out(spec: dict[str, Any], result: dict[str, Any]) -> None:
-    tmp = Path(spec["out"] + ".tmp")
-    tmp.write_text(json.dumps(result, default=float))
-    tmp.replace(spec["out"])
 
 
 def _hwm() -> int:

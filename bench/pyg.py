@@ -68,7 +68,7 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import add_graph_arguments, drop_page_cache, print_table
+from .common import add_graph_arguments, drop_page_cache, print_table, read_child_spec, write_child_out
 from .compare import _read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
@@ -234,14 +234,10 @@ def _charge_reader(in_cgroup: bool) -> Any:
 
 def _child_main(argv: list[str]) -> int:
     """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``."""
-    if len(argv) != 2 or argv[0] != "--child":
-        print("usage: python -m diskflow.bench.pyg --child SPEC.json", file=sys.stderr)
+    spec = read_child_spec(argv, "diskflow.bench.pyg")
+    if spec is None:
         return 2
-    spec = json.loads(Path(argv[1]).read_text())
-    result = _measure(spec)
-    tmp = Path(spec["out"] + ".tmp")
-    tmp.write_text(json.dumps(result, default=float))
-    tmp.replace(spec["out"])
+    write_child_out(spec, _measure(spec))
     return 0
 
 

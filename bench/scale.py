@@ -71,7 +71,7 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import add_graph_arguments, print_table
+from .common import add_graph_arguments, print_table, read_child_spec, write_child_out
 
 DEFAULT_NODES = 14_000_000         # x 512 float32 = 26.7 GiB of features
 DEFAULT_DIM = 512
@@ -393,13 +393,12 @@ def _cpu_self() -> float:
 
 def _child_main(argv: list[str]) -> int:
     """Entry of a phase's process: ``--child SPEC``; writes its figures to the spec's ``out``."""
-    if len(argv) != 2 or argv[0] != "--child":
-        print("usage: python -m diskflow.bench.scale --child SPEC.json", file=sys.stderr)
+    spec = read_child_spec(argv, "diskflow.bench.scale")
+    if spec is None:
         return 2
     from .prepare import proc_io
     from .taskmemory import memory_cgroup, status_bytes
 
-    spec = json.loads(Path(argv[1]).read_text())
     phase = spec["phase"]
     out: dict[str, Any] = {"phase": phase, "cgroup": memory_cgroup()}
     try:
@@ -413,9 +412,7 @@ def _child_main(argv: list[str]) -> int:
         out["error"] = str(e)
     out["io"] = proc_io()                       # after the cluster closed: the reaped workers' counters are in
     out["driver_peak_rss_bytes"] = status_bytes("VmHWM")
-    tmp = Path(spec["out"] + ".tmp")
-    tmp.write_text(json.dumps(out, default=float))
-    tmp.replace(spec["out"])
+    write_child_out(spec, out)
     return 2 if "error" in out else 0
 
 
