@@ -5,7 +5,6 @@ import argparse
 import json
 import mmap
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,24 +20,6 @@ BENCH_KIND = OutputKind(
     "a diskflow benchmark work directory", markers=(BENCH_MARKER,),
     patterns=("raw", "store", "packed", "packed.work", "scratch", "runs", "max-batch-rows-*.json", "calibration.arrow",
               "bw-scratch.bin", "seq-read-scratch.bin", "n*-d*-t*-s*", "diskflow-bench-stream-*", ".*.tmp-*"))
-
-
-def read_child_spec(argv: Sequence[str], module: str) -> dict[str, Any] | None:
-    """The spec of a bench's child process (``--child SPEC.json``), or None after printing the usage.
-
-    The benches run each measurement in a child process of their own; all of them take the same argv.
-    """
-    if len(argv) != 2 or argv[0] != "--child":
-        print(f"usage: python -m {module} --child SPEC.json", file=sys.stderr)
-        return None
-    return json.loads(Path(argv[1]).read_text())
-
-
-def write_child_out(spec: dict[str, Any], result: dict[str, Any]) -> None:
-    """Write a child's figures to its spec's ``out``, whole or not at all (through a temporary file)."""
-    tmp = Path(spec["out"] + ".tmp")
-    tmp.write_text(json.dumps(result, default=float))
-    tmp.replace(spec["out"])
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:

@@ -89,14 +89,8 @@ from ..flow.options import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
-from .common import (
-    add_graph_arguments,
-    drop_page_cache,
-    print_table,
-    read_child_spec,
-    sequential_read_bw,
-    write_child_out,
-)
+from .child import child_failure, launch_child, read_child_spec, write_child_out
+from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
@@ -437,27 +431,14 @@ def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float)
     The child writes its figures after every run it finishes, so the runs done before a failure
     (an OOM kill, a timeout) are kept; the failure is the ``error`` of the runs it did not finish.
     """
-    from .cgroup import run_limited
-
     name = spec["pipeline"] + (f"-{spec['group']}" if spec.get("group") else "")
-    spec_path = work / "runs" / f"{name}.spec.json"
-    out_path = work / "runs" / f"{name}.out.json"
-    out_path.unlink(missing_ok=True)
-    spec = {**spec, "out": str(out_path)}
-    spec_path.write_text(json.dumps(spec))
-    r = run_limited([sys.executable, "-m", "diskflow.bench.compare", "--child", str(spec_path)], name=name,
-                    limit_bytes=limit, timeout_s=timeout)
-    result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.is_file() else {"runs": {}}
+    r, out = launch_child("diskflow.bench.compare", work / "runs", name, spec, limit, timeout)
+    result: dict[str, Any] = out if out is not None else {"runs": {}}
     result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
                   cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=r.limit_bytes,
                   cgroup=r.cgroup)
     if r.returncode != 0:
-        why = [f"exit status {r.returncode}"]
-        if r.oom_kills:
-            why.append(f"killed by the OOM killer of its cgroup ({format_bytes(limit or 0)} limit)")
-        if r.timed_out:
-            why.append(f"timed out after {timeout:.0f} s (--timeout)")
-        result["error"] = ", ".join(why)
+        result["error"] = child_failure(r, limit, timeout)
         for run in spec.get("runs", []):
             result["runs"].setdefault(run["kind"], {"error": result["error"]})
     return result

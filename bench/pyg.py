@@ -55,7 +55,6 @@ figures by graph size are in docs/results/pyg.json).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -68,7 +67,8 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import add_graph_arguments, drop_page_cache, print_table, read_child_spec, write_child_out
+from .child import child_failure, launch_child, read_child_spec, write_child_out
+from .common import add_graph_arguments, drop_page_cache, print_table
 from .compare import _read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
@@ -174,27 +174,13 @@ def _feature_store(variant: str, store: Any, budget: int) -> Any:
 
 def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float) -> dict[str, Any]:
     """Run one child (`_child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures."""
-    from .cgroup import run_limited
-
-    runs = work / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    name = f"pyg-{spec['variant']}-{spec['repeat']}"
-    spec_path, out_path = runs / f"{name}.spec.json", runs / f"{name}.out.json"
-    out_path.unlink(missing_ok=True)
-    spec = {**spec, "out": str(out_path)}
-    spec_path.write_text(json.dumps(spec))
-    r = run_limited([sys.executable, "-m", "diskflow.bench.pyg", "--child", str(spec_path)], name=name,
-                    limit_bytes=limit, timeout_s=timeout)
-    result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    r, out = launch_child("diskflow.bench.pyg", work / "runs", f"pyg-{spec['variant']}-{spec['repeat']}", spec,
+                          limit, timeout)
+    result: dict[str, Any] = out if out is not None else {}
     result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
                   cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=limit)
-    if r.returncode != 0 or not out_path.is_file():
-        why = [f"exit status {r.returncode}"]
-        if r.oom_kills:
-            why.append(f"killed by the OOM killer of its cgroup ({format_bytes(limit or 0)} limit)")
-        if r.timed_out:
-            why.append(f"timed out after {timeout:.0f} s (--timeout)")
-        result["error"] = ", ".join(why)
+    if r.returncode != 0 or out is None:
+        result["error"] = child_failure(r, limit, timeout)
     return result
 
 

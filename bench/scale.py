@@ -71,7 +71,8 @@ import numpy as np
 from ..flow.options import byte_budget, fanouts_option
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .common import add_graph_arguments, print_table, read_child_spec, write_child_out
+from .child import read_child_spec, write_child_out
+from .common import add_graph_arguments, print_table
 
 DEFAULT_NODES = 14_000_000         # x 512 float32 = 26.7 GiB of features
 DEFAULT_DIM = 512
