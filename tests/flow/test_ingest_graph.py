@@ -16,6 +16,7 @@ from diskflow.flow.ingest import IngestResult, run_ingest
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import SPLITS, Store
 from diskflow.operators.ingest.raw import write_raw_dataset
+from task_keys import TaskKeys
 
 N, E, DIM = 1013, 5003, 7
 
@@ -49,17 +50,6 @@ def _csc_reference(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray
     return np.concatenate([[0], np.cumsum(counts)]), np.repeat(ref.indices, ref.data.astype(np.int64))
 
 
-class _Keys(Callback):
-    """Records the key of every task the local scheduler runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keys: list[str] = []
-
-    def _pretask(self, key, dsk, state):
-        self.keys.append(str(key))
-
-
 def _mtimes(path: Path) -> dict[str, int]:
     return {str(p.relative_to(path)): p.stat().st_mtime_ns for p in sorted(path.rglob("*"))}
 
@@ -69,7 +59,7 @@ def _mtimes(path: Path) -> dict[str, int]:
 def test_store_matches_scipy_and_input_with_several_buckets(tmp_path: Path) -> None:
     g = _graph()
     raw = _raw(tmp_path, g)
-    with _Keys() as seen:
+    with TaskKeys() as seen:
         r = run_ingest(raw, tmp_path / "store", memory_budget="16KiB", shard_rows=300)
     assert isinstance(r, IngestResult) and not r.skipped
     assert (r.num_nodes, r.num_edges) == (N, E)
@@ -359,7 +349,7 @@ def test_rerun_is_skipped_without_touching_files(tmp_path: Path) -> None:
     out = tmp_path / "store"
     first = run_ingest(raw, out, memory_budget="64KiB")
     before = _mtimes(out)
-    with _Keys() as seen:
+    with TaskKeys() as seen:
         again = run_ingest(raw, out, memory_budget="64KiB")
     assert again.skipped and not seen.keys
     assert (again.num_nodes, again.num_edges, again.num_shards) == (first.num_nodes, first.num_edges, first.num_shards)

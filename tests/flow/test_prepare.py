@@ -19,7 +19,6 @@ from typing import Any
 import dask
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from diskflow.flow import prepare as prepare_mod
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
 from diskflow.operators.formats.errors import ConfigError, InputError
@@ -39,6 +38,7 @@ from diskflow.operators.prepare import pack as pack_mod
 from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
+from task_keys import TaskKeys
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
 CPU_ROWS = 600          # CPU-tier rows on top of the staging reserve: far fewer than the rows a round touches
@@ -49,22 +49,6 @@ GPU_ROWS = 250
 def _sync_scheduler():
     with dask.config.set(scheduler="sync"):
         yield
-
-
-class _Keys(Callback):
-    """Records the key of every task the local scheduler runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keys: list[str] = []
-
-    def _pretask(self, key, dsk, state):
-        self.keys.append(str(key))
-
-    def groups(self) -> set[str]:
-        from dask.utils import key_split
-
-        return {key_split(k) for k in self.keys}
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +367,7 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
         tiny_store: Path, cpu_budget: int, store: Store, tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "out.work"
     a = PrepareConfig(**BASE, cpu_memory=cpu_budget)
-    with _Keys() as k:
+    with TaskKeys() as k:
         r = prepare(tiny_store, out, a, quiet=True)
     assert not r.skipped
     assert {"sample", "count", "count-merge", "tiers-gpu", "tiers", "tiers-trace", "plan", "route", "pack", "index"} <= k.groups()
@@ -394,7 +378,7 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
 
     # same config: nothing runs, nothing is touched
     before = {**_stat(out), **{f"work/{x}": v for x, v in _stat(work).items()}}
-    with _Keys() as k:
+    with TaskKeys() as k:
         r = prepare(tiny_store, out, a, quiet=True)
     assert r.skipped and k.keys == []
     assert r.figures == read_figures(out)
@@ -403,7 +387,7 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
     # a new disk budget: layout + pack again, no sampling or planning
     samples, plans = _stat(stage("samples")), _stat(stage("plans"))
     b = replace(a, disk_budget=3 << 20)
-    with _Keys() as k:
+    with TaskKeys() as k:
         r = prepare(tiny_store, out, b, quiet=True)
     assert not r.skipped and r.figures["dcache_rows"] > 0
     assert k.groups() == {"search", "route", "pack", "index"}
@@ -412,7 +396,7 @@ def test_rerun_skips_and_changed_budgets_redo_only_what_depends_on_them(
 
     # a new CPU budget: re-plan (and re-pack), but no re-sampling
     c = replace(b, cpu_memory=cpu_budget + 200 * store.row_bytes)
-    with _Keys() as k:
+    with TaskKeys() as k:
         r = prepare(tiny_store, out, c, quiet=True)
     assert not r.skipped and r.figures["cpu_rows"] == CPU_ROWS + 200
     assert not {"sample", "count", "count-merge"} & k.groups() and {"tiers", "plan", "pack"} <= k.groups()
@@ -479,7 +463,7 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
     src, cfg = flavours["belady-segmented"]
     out = tmp_path / "out"
     shutil.copytree(src.path, out)
-    with _Keys() as k:
+    with TaskKeys() as k:
         r = prepare(tiny_store, out, cfg, force=True, quiet=True)
     assert not r.skipped and {"sample", "pack"} <= k.groups()
     _assert_same_tree(out, src.path)
@@ -506,7 +490,7 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
 def test_bad_config_fails_before_any_work(change: dict, option: str, tiny_store: Path, cpu_budget: int,
                                           tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with _Keys() as k, pytest.raises(ConfigError) as e:
+    with TaskKeys() as k, pytest.raises(ConfigError) as e:
         prepare(tiny_store, out, replace(PrepareConfig(**BASE, cpu_memory=cpu_budget), **change), quiet=True)
     assert str(e.value).startswith(option), str(e.value)
     assert k.keys == [], "a config that cannot work is rejected before sampling"
@@ -522,7 +506,7 @@ def test_cpu_budget_below_the_staging_reserve(tiny_store: Path, staging: int, tm
     # the plan stage is not left looking finished; the finished sampling stays reusable
     work = tmp_path / "out.work"
     assert not [d for d in work.glob("plans-*") if (d / "manifest.json").exists()]
-    with _Keys() as k:
+    with TaskKeys() as k:
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=staging), quiet=True)
     assert "sample" not in k.groups()
     verify(out, full=True)
