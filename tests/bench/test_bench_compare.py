@@ -22,6 +22,7 @@ from diskflow.bench.common import drop_page_cache
 from diskflow.cli import main
 from diskflow.operators.formats.errors import ConfigError
 from mounts import reads_are_counted, skip_where_reads_are_not_counted
+from user_pipeline import USER_PIPELINE
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",
@@ -30,20 +31,6 @@ KEYS = ("data_epoch_s", "epoch_s", "disk_read_bytes", "plan_miss_bytes", "read_a
         "test_acc", "losses")
 BUILT_IN = ["belady", "belady_outre", "belady_outre_s1", "diskgnn", "ginex", "gnndrive",
             "inmemory", "lsmgnn", "mmap", "outre"]
-# a user's pipeline (its own CPU tier policy, packed like belady: the same samples, so the same losses)
-USER_PIPELINE = """\
-import numpy as np
-import diskflow
-
-
-def every_other_hot_row(counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
-    hot = np.argsort(-counts, kind="stable")
-    hot = hot[(counts[hot] > 0) & ~np.isin(hot, exclude)]
-    return hot[::2][:rows]
-
-
-pipeline = diskflow.Pipeline("every-other", cpu_tier=every_other_hot_row, packing=True)
-"""
 # samples of its own (partition batches), so prepared just before its runs; a cache of one byte holds no
 # embedding, so that preparation fails
 BAD_PIPELINE = 'from diskflow import Pipeline\nPIPELINE = Pipeline("bad_outre", batches="partition", history_memory="1B")\n'

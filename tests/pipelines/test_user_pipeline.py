@@ -11,24 +11,10 @@ import dask
 import numpy as np
 import pytest
 from diskflow.cli import main
+from user_pipeline import USER_PIPELINE
 
 import diskflow
 
-# what the README shows, word for word (tests/pipelines/test_user_pipeline.py keeps them equal)
-USER_PIPELINE = '''\
-import numpy as np
-import diskflow
-
-
-def every_other_hot_row(counts: np.ndarray, rows: int, exclude: np.ndarray) -> np.ndarray:
-    """The CPU tier: every other row of the most accessed ones outside the GPU tier."""
-    hot = np.argsort(-counts, kind="stable")
-    hot = hot[(counts[hot] > 0) & ~np.isin(hot, exclude)]
-    return hot[::2][:rows]
-
-
-pipeline = diskflow.Pipeline("every-other", cpu_tier=every_other_hot_row, packing=True)
-'''
 SMALL = ["--fanouts", "4,4", "--batch-size", "256", "--superbatch-size", "4", "--epochs", "2"]
 
 
