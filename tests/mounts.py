@@ -1,8 +1,9 @@
-"""Where a path lives: its file system's type, and whether `/proc/<pid>/io` counts the reads served from it.
+"""Where a path lives: its file system's type, and whether `/proc/<pid>/io` counts the I/O to and from it.
 
-``read_bytes`` of ``/proc/<pid>/io`` counts the bytes a process caused to be fetched from a block device. A
-file system in memory (tmpfs, ramfs: e.g. ``TMPDIR=/dev/shm/...``) has none, so it reads 0 there however much
-is read; a test that asserts disk traffic skips there, saying so.
+``read_bytes`` and ``write_bytes`` of ``/proc/<pid>/io`` count the bytes a process caused to be fetched from or
+sent to a block device. A file system in memory (tmpfs, ramfs: e.g. ``TMPDIR=/dev/shm/...``) has none, so they
+read 0 there however much is read or written, and its pages are the files themselves (never evicted, always
+"cached"). A test that asserts disk traffic or page-cache residency skips there, saying so.
 """
 from __future__ import annotations
 
@@ -35,5 +36,12 @@ def reads_are_counted(path: str | os.PathLike[str]) -> bool:
 def skip_where_reads_are_not_counted(path: str | os.PathLike[str]) -> None:
     """Skip the test where `path` is on a file system in memory (its disk traffic reads 0 there)."""
     if not reads_are_counted(path):
-        pytest.skip(f"{Path(path)} is on {fs_type(path)}: /proc/<pid>/io read_bytes counts no read from it "
+        pytest.skip(f"{Path(path)} is on {fs_type(path)}: /proc/<pid>/io counts no read from or write to it "
                     "because no block device serves it")
+
+
+def skip_where_in_memory(path: str | os.PathLike[str], checks: str) -> None:
+    """Skip a test of `checks` (e.g. "page-cache residency") where `path` is on a file system in memory."""
+    if not reads_are_counted(path):
+        pytest.skip(f"{Path(path)} is on {fs_type(path)}: {checks} means nothing there because its pages "
+                    "are the files themselves")

@@ -23,6 +23,7 @@ from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.diskcache import build_layout
 from diskflow.operators.prepare.pack import RowTarget, pack_naive, pack_shard
 from diskflow.operators.prepare.route import RouteFile, route_superbatch, segment_offsets
+from mounts import skip_where_in_memory
 from packed_rounds import (
     Round,
     build_packed,
@@ -243,6 +244,7 @@ def _cached_pages(path: Path) -> np.ndarray:
 def test_shard_read_mixes_page_cache_and_direct_reads(tmp_path: Path, head: int) -> None:
     """A shard at any byte offset, its first half cached and the rest not: the bytes come back exact, the
     cached half from the cache, the rest with O_DIRECT (which leaves the page cache untouched)."""
+    skip_where_in_memory(tmp_path, "page-cache residency")
     from diskflow.operators.formats.store import FeatureShard
     from diskflow.operators.prepare.pack import _read_shard
 
