@@ -16,6 +16,7 @@ from diskflow.cli import main
 from mounts import skip_where_reads_are_not_counted
 
 CGROUPS = cgroup.unavailable_reason() is None
+NO_CGROUP = [] if CGROUPS else ["--no-cgroup"]      # without root: no memory cgroups, and the bench would say so first
 NODES, DIM = 60_000, 32
 TINY = ["--nodes", str(NODES), "--dim", str(DIM), "--train-frac", "0.03", "--batch-size", "128", "--fanouts", "4,4",
         "--superbatch-size", "4", "--part-nodes", "20000", "--hidden", "16", "--feature-budget", "5MiB",
@@ -48,8 +49,7 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
     assert plan.ingest_peak < plan.raw + plan.store + plan.packed
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scale, "_free", lambda _: plan.raw + plan.store + plan.packed - 1 + scale.DISK_RESERVE)
-        rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(base / "w"), "--json", str(out)]
-                                + ([] if CGROUPS else ["--no-cgroup"]))
+        rc, printed, err = _cli(["bench", "scale", *TINY, "--workdir", str(base / "w"), "--json", str(out), *NO_CGROUP])
     assert rc == 0, err
     return json.loads(out.read_text()), printed, base / "w"
 
@@ -160,21 +160,22 @@ def test_byte_plan() -> None:
 
 def test_too_little_disk_fails_early_in_one_line(tmp_path: Path) -> None:
     work = tmp_path / "w"
-    rc, _, err = _cli(["bench", "scale", "--nodes", "2000000000", "--dim", "4096", "--workdir", str(work)])
+    rc, _, err = _cli(["bench", "scale", "--nodes", "2000000000", "--dim", "4096", "--workdir", str(work), *NO_CGROUP])
     assert rc == 2 and err.count("\n") == 1
     assert "--workdir: the run needs" in err and "free" in err and "lower --nodes or --dim" in err
     assert not work.exists()                                    # nothing was written, nothing is left
 
 
 def test_too_small_a_feature_budget_fails_early(tmp_path: Path) -> None:
-    rc, _, err = _cli(["bench", "scale", "--nodes", "200000", "--dim", "64", "--workdir", str(tmp_path / "w")])
+    rc, _, err = _cli(["bench", "scale", "--nodes", "200000", "--dim", "64", "--workdir", str(tmp_path / "w"),
+                       *NO_CGROUP])
     assert rc == 2 and "--feature-budget:" in err and "give more than" in err
     assert not (tmp_path / "w").exists()
 
 
 def test_a_work_directory_holding_other_outputs_is_refused(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
-    rc, _, err = _cli(["bench", "scale", *TINY, "--workdir", str(tmp_path)])
+    rc, _, err = _cli(["bench", "scale", *TINY, "--workdir", str(tmp_path), *NO_CGROUP])
     assert rc == 2 and "--workdir:" in err and "store" in err and MARKER in err
     assert (tmp_path / "store").is_dir()
 
