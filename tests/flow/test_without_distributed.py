@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 NEEDS_DISTRIBUTED = ("test_stream.py", "test_two_machines.py", "test_progress.py", "test_prepare_cluster.py")
-# Collect them in a fresh interpreter where `import distributed` fails, as on a machine without it.
+# Collect them in a fresh interpreter where `import distributed` fails, as on a machine without it (without
+# tests/conftest.py: its fixtures play no part in collecting, and it imports PyG).
 COLLECT = ("import sys; sys.modules['distributed'] = None; import pytest; "
-           "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', *sys.argv[1:]]))")
+           "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', '--noconftest', *sys.argv[1:]]))")
 
 
 def test_modules_that_need_distributed_skip_without_it() -> None:
