@@ -198,8 +198,8 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     from .flow.rundir import new_run_dir
     from .operators.formats.store import Store
 
-    check_model_option(model if isinstance(model, Model) else os.fspath(model), "model")
     model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
+    check_model_option(model_arg, "model")
     path = Path(data)
     from .operators.formats.files import read_manifest
     from .operators.formats.packed import PACKED_FORMAT
@@ -225,14 +225,14 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
     Store(path)                 # not a store: one line naming it, before a run directory is made
     params = p.parameters()
-    if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
-        unknown = sorted(set(options) - set(params))
-        if unknown:
-            raise ConfigError(unknown[0], f"not an option of the {p.name} pipeline; it takes "
-                                          f"{', '.join(sorted(k for k in params if k not in ('progress', 'model')))}")
+    takes_any = any(q.kind is q.VAR_KEYWORD for q in params.values())
+    unknown = [] if takes_any else sorted(set(options) - set(params))
+    if unknown:
+        raise ConfigError(unknown[0], f"not an option of the {p.name} pipeline; it takes "
+                                      f"{', '.join(sorted(k for k in params if k not in ('progress', 'model')))}")
     rd = Path(run_dir) if run_dir is not None else new_run_dir(runs_dir, f"{p.name}-{model_label(model_arg)}")
     rd.mkdir(parents=True, exist_ok=True)
-    if "progress" in params or any(q.kind is q.VAR_KEYWORD for q in params.values()):
+    if takes_any or "progress" in params:
         options["progress"] = progress
     return p.run(path, rd, model=model_arg, **options)
 
