@@ -11,6 +11,7 @@ from setuptools import setup
 PACKAGES = {
     "diskflow": "diskflow",
     "diskflow.flow": "flow",
+    "diskflow.flow.prepare": "flow/prepare",
     "diskflow.flow.stream": "flow/stream",
     "diskflow.flow.runtimes": "flow/runtimes",
     "diskflow.operators": "operators",

@@ -222,9 +222,10 @@ def max_batch_rows(store: Any, prep_cfg: Any, work: Path) -> int:
     hash of the store and the sampling config, so the CPU budget can be the tier plus exactly that
     reserve.
     """
+    from ..flow.prepare.cache import sample_key
     from ..operators.prepare.superbatch import round_layout, sample_superbatch
 
-    key = prep_cfg.sample_key(config_hash(store.manifest))
+    key = sample_key(prep_cfg, config_hash(store.manifest))
     cache = work / f"max-batch-rows-{key[:16]}.json"
     if cache.is_file():
         return int(json.loads(cache.read_text())["max_batch_rows"])

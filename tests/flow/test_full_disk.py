@@ -64,7 +64,7 @@ def test_prepare_checks_free_space_before_packing(tiny_store: Path, small_disk, 
 def test_enospc_while_packing_leaves_nothing_valid(tiny_store: Path, small_disk, monkeypatch: pytest.MonkeyPatch
                                                     ) -> None:
     """With the free-space check out of the way, the packing tasks themselves meet ENOSPC."""
-    import diskflow.flow.prepare as prep
+    import diskflow.flow.prepare.phases as prep
 
     monkeypatch.setattr(prep, "check_free_space", lambda needs: None)
     monkeypatch.setattr(prep, "_check_room", lambda out, nbytes: None)

@@ -19,8 +19,8 @@ from typing import Any
 import dask
 import numpy as np
 import pytest
-from diskflow.flow import prepare as prepare_mod
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
+from diskflow.flow.prepare import cache as prepare_cache
 from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.packed import (
@@ -329,7 +329,7 @@ def test_impossible_budget_leaves_a_previous_output_untouched(tiny_store: Path, 
 
 def test_a_failed_pack_phase_leaves_no_part_files_begun_while_planning(
         tiny_store: Path, cpu_budget: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import diskflow.flow.prepare as prep_mod
+    import diskflow.flow.prepare.phases as prep_mod
 
     def dying(*a, **kw):
         raise RuntimeError("pack task lost")
@@ -445,7 +445,7 @@ def test_a_cache_manifest_gone_after_writing_is_an_input_error(tiny_store: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage's manifest that cannot be read back right after it was written stops prepare with an InputError
     naming it (an explicit check, not an assert that ``python -O`` removes)."""
-    monkeypatch.setattr(prepare_mod, "read_manifest", lambda directory: None)
+    monkeypatch.setattr(prepare_cache, "read_manifest", lambda directory: None)
     with pytest.raises(InputError, match="missing right after it was written") as e:
         prepare(tiny_store, tmp_path / "out", PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True)
     assert Path(e.value.path).name == "manifest.json" and Path(e.value.path).parent.name.startswith("samples-")
