@@ -37,10 +37,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...operators.formats.errors import DiskFullError
-from ...operators.formats.files import config_hash, drop_thread_buffers, raise_if_disk_full
+from ...operators.formats.files import config_hash, raise_if_disk_full
 from ...operators.formats.outputs import check_replaceable, replace_foreign
 from ...operators.formats.packed import PACKED_KIND
 from ...operators.formats.store import Store
+from ...operators.formats.threadbuffers import drop_thread_buffers
 from ...operators.prepare.plan import release_planner_scratch
 from ...operators.prepare.sampler_pool import drop_idle_samplers
 from ...operators.prepare.seeds import label_shares, parts_fingerprint

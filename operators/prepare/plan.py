@@ -27,8 +27,8 @@ import numpy as np
 
 from ...native import kernels
 from ..formats.errors import ConfigError
-from ..formats.files import thread_buffer
 from ..formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, BatchPlan, SuperbatchPlan
+from ..formats.threadbuffers import thread_buffer
 
 
 def gpu_slots(gpu_ids_sorted: np.ndarray, n_ids: np.ndarray) -> np.ndarray:

@@ -22,7 +22,6 @@ import pytest
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
 from diskflow.flow.prepare import cache as prepare_cache
 from diskflow.operators.formats.errors import ConfigError, InputError
-from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -33,6 +32,7 @@ from diskflow.operators.formats.packed import (
 )
 from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.threadbuffers import kept_thread_buffer_bytes
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare import pack as pack_mod
 from diskflow.operators.prepare.plan import release_planner_scratch

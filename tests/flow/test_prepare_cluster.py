@@ -14,8 +14,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 from diskflow.flow.prepare import PrepareConfig, PrepareResult, prepare
-from diskflow.operators.formats.files import kept_thread_buffer_bytes
 from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.threadbuffers import kept_thread_buffer_bytes
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diskflow.operators.formats import threadbuffers
 from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.files import read_into, save_aligned_npy
 
@@ -193,7 +194,7 @@ def test_write_npz_writes_what_np_savez_writes(tmp_path: Path, where: str, monke
     try:
         for small in (False, True):
             if small:       # a fresh one-page buffer: every large write grows it
-                files.drop_thread_buffers()
+                threadbuffers.drop_thread_buffers()
                 monkeypatch.setattr(files._ScratchStream, "__init__", _small_stream_init)
             files.write_npz(out, arrays)
             with zipfile.ZipFile(out) as z:
@@ -223,21 +224,20 @@ def test_thread_buffers_are_kept_per_thread_until_dropped() -> None:
     buffer still held stays intact while the thread's next call makes a new one."""
     import threading
 
-    from diskflow.operators.formats import files
 
-    files.drop_thread_buffers()
-    mine = files.thread_buffer("test-a", 10_000)
+    threadbuffers.drop_thread_buffers()
+    mine = threadbuffers.thread_buffer("test-a", 10_000)
     assert mine.ctypes.data % 4096 == 0 and mine.shape[0] >= 10_000
-    assert files.thread_buffer("test-a", 5_000).ctypes.data == mine.ctypes.data       # the same, kept
-    grown = files.thread_buffer("test-a", 3 << 20)
-    assert grown.ctypes.data != mine.ctypes.data and files.thread_buffer("test-a", 8).ctypes.data == grown.ctypes.data
-    big = [files.thread_buffer("test-big", 1 << 20, limit=4096) for _ in range(2)]
+    assert threadbuffers.thread_buffer("test-a", 5_000).ctypes.data == mine.ctypes.data       # the same, kept
+    grown = threadbuffers.thread_buffer("test-a", 3 << 20)
+    assert grown.ctypes.data != mine.ctypes.data and threadbuffers.thread_buffer("test-a", 8).ctypes.data == grown.ctypes.data
+    big = [threadbuffers.thread_buffer("test-big", 1 << 20, limit=4096) for _ in range(2)]
     assert big[0].ctypes.data != big[1].ctypes.data                                # over its limit: not kept
     theirs: list[np.ndarray] = []
     go = threading.Event()
 
     def other() -> None:
-        theirs.append(files.thread_buffer("test-a", 10_000))
+        theirs.append(threadbuffers.thread_buffer("test-a", 10_000))
         go.wait()
 
     t = threading.Thread(target=other)
@@ -245,13 +245,13 @@ def test_thread_buffers_are_kept_per_thread_until_dropped() -> None:
     while not theirs:
         go.wait(0.001)
     assert theirs[0].ctypes.data != grown.ctypes.data
-    held = files.thread_buffer("test-a", 8)
+    held = threadbuffers.thread_buffer("test-a", 8)
     held[:4] = [1, 2, 3, 4]
-    assert files.kept_thread_buffer_bytes() == grown.nbytes + theirs[0].nbytes
-    assert files.drop_thread_buffers() == grown.nbytes + theirs[0].nbytes        # this thread's and the other's
-    assert files.kept_thread_buffer_bytes() == 0
+    assert threadbuffers.kept_thread_buffer_bytes() == grown.nbytes + theirs[0].nbytes
+    assert threadbuffers.drop_thread_buffers() == grown.nbytes + theirs[0].nbytes        # this thread's and the other's
+    assert threadbuffers.kept_thread_buffer_bytes() == 0
     assert list(held[:4]) == [1, 2, 3, 4]                                          # still the holder's
-    assert files.thread_buffer("test-a", 8).ctypes.data != held.ctypes.data
+    assert threadbuffers.thread_buffer("test-a", 8).ctypes.data != held.ctypes.data
     go.set()
     t.join()
-    files.drop_thread_buffers()
+    threadbuffers.drop_thread_buffers()
