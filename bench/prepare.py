@@ -16,7 +16,7 @@ On a synthetic graph whose node features are larger than 4 GiB (by default), wit
     pack phase is one pass of the one disk, which more workers do not shorten).
 (b) **batched vs naive packing** on the same routes, both single-threaded, page cache dropped:
     `pack_shard` for every shard (one sequential read of each shard, large writes) against
-    `pack_naive` (DiskGNN's individual packing: a random read per row, the page cache dropped
+    `naivepack.pack_naive` (DiskGNN's individual packing: a random read per row, the page cache dropped
     before every batch, as when the features are several times the memory). Naive packing is run
     on the first ``--naive-batches`` batches and scaled to the round. Both outputs are checked
     against the packed index's segment checksums.
@@ -366,7 +366,7 @@ def _measure_batched(store: Any, route_paths: list[str], offsets: np.ndarray, ou
 
 
 def _measure_naive(store: Any, route_paths: list[str], offsets: np.ndarray, out_dir: Path) -> dict[str, Any]:
-    from ..operators.prepare.pack import pack_naive
+    from .naivepack import pack_naive
 
     out_dir.mkdir(parents=True, exist_ok=True)
     drop_store(store)

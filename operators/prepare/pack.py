@@ -10,24 +10,18 @@ shard, into files preallocated before packing (`prepare_targets`); rows of one s
 come from every shard, so they are scattered through a shared memory map, never one write
 per row.
 
-`pack_naive` is the benchmark's baseline, DiskGNN's "individual packing": batch by batch,
-every needed row is fetched with its own random read (page cache dropped first), so rows
-shared by several batches are read several times. Both produce byte-identical part files.
+The part files' and tier files' writers are `operators.prepare.writers`; the benchmark's baseline,
+DiskGNN's "individual packing", is `bench.naivepack.pack_naive` (byte-identical part files).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
-import fcntl
-import mmap
 import os
 import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from ...native import kernels
-from ..formats.checksum import crc32
 from ..formats.errors import InputError
 from ..formats.files import (
     ALIGN,
@@ -44,16 +37,15 @@ from ..formats.files import (
     load_npy,
     open_direct,
     save_npy,
-    thread_buffer,
 )
-from ..formats.files import write_all as _write_all  # a module name of its own: tests patch it here
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store, map_shard
+from ..formats.threadbuffers import thread_buffer
+from .pagecache import cached_share
 from .route import RouteFile
+from .writers import WRITE_BUFFER, SegmentWriter, open_new, write_rows_at
 
 READ_CHUNK = 64 << 20     # bytes per sequential read of a shard
-WRITE_BUFFER = 32 << 20   # bytes gathered before one write to a part file
-WRITES_IN_FLIGHT = 2      # a part file's writes under way at once
 
 
 @dataclass(frozen=True)
@@ -120,46 +112,6 @@ def _shard_buffer(nbytes: int) -> np.ndarray:
     """
     return thread_buffer("shard", nbytes)[:nbytes]
 
-
-def _libc() -> Any:
-    """libc through ctypes, with the signatures `cached_share` calls (None where it cannot be loaded)."""
-    lib = getattr(_libc, "lib", False)
-    if lib is False:
-        import ctypes
-
-        try:
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.mmap.restype = ctypes.c_void_p
-            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                 ctypes.c_long]
-            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        except (OSError, AttributeError):
-            lib = None
-        _libc.lib = lib  # type: ignore[attr-defined]
-    return lib
-
-
-def cached_share(fd: int, offset: int, nbytes: int) -> float:
-    """The share of the pages of file bytes [offset, offset + nbytes) that the page cache holds (mincore on
-    a map of the range, which reads nothing); 1.0 where that cannot be asked, so callers read buffered."""
-    import ctypes
-
-    lib = _libc()
-    if lib is None or nbytes <= 0:
-        return 1.0
-    lo = offset - offset % mmap.PAGESIZE
-    length = offset + nbytes - lo
-    addr = lib.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
-    if addr is None or addr == ctypes.c_void_p(-1).value:
-        return 1.0
-    try:
-        vec = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
-        if lib.mincore(addr, length, vec.ctypes.data) != 0:
-            return 1.0
-    finally:
-        lib.munmap(addr, length)
-    return float(np.count_nonzero(vec & 1)) / vec.shape[0]
 
 
 def _read_span(fd: int, direct_fd: int | None, buf: np.ndarray, start: int, pos: int, end: int, chunk: int,
@@ -317,149 +269,8 @@ def warm_shards(store_path: str | os.PathLike[str], budget_bytes: int, stop: thr
     return done
 
 
-def _open_new(path: Path) -> tuple[int, bool]:
-    """Create `path` for large aligned appends: with O_DIRECT where the filesystem takes it, else buffered.
 
-    Part files are written once and not read back by the packing machine, so O_DIRECT skips
-    the page-cache copy and the dirty-page writeback throttling (buffered writes of a round's
-    packed bytes ran 5-9x slower than O_DIRECT on the benchmark VM) and keeps them out of memory.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    fd = open_direct(path, flags)
-    return (fd, True) if fd is not None else (os.open(path, flags, 0o644), False)
-
-
-def _clear_direct(fd: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
-
-
-_WRITERS = threading.local()     # each thread's background writers (`_SegmentWriter._thread_writer`), by tag
-
-
-class _SegmentWriter:
-    """Appends segments to a part file through large page-aligned buffers (large writes, each at its offset).
-
-    While earlier buffers are written by background threads, the task gathers rows into the next,
-    so gathering and checksumming overlap the disk instead of alternating with it. Up to
-    `WRITES_IN_FLIGHT` writes are under way at once, each a ``pwrite`` at its own offset: with two
-    rather than one, this machine's disk took direct writes of 32 MiB about 12% faster (the gap
-    between one write's end and the next one's start left it idle). With ``direct`` (an O_DIRECT
-    descriptor) only whole pages are written: a flush writes the buffer up to the last multiple of ALIGN and
-    carries the rest (< ALIGN bytes) to the front of the next buffer. Segments are padded to
-    ALIGN, so the last flush of a part file is whole pages too. `close` must follow, also on error.
-    ``start``: where in the file the first buffer goes (appending to a part file begun earlier);
-    ``tag``: names this thread's buffers and writer threads (see `_thread_buffers`).
-    """
-
-    def __init__(self, fd: int, path: Path, size: int, row_bytes: int, direct: bool = False, start: int = 0,
-                 tag: str = "segments") -> None:
-        self.fd, self.path, self.row_bytes, self.direct = fd, path, row_bytes, direct
-        n = -(-max(size, row_bytes + ALIGN) // ALIGN) * ALIGN   # room for a row after a carried tail
-        self._bufs = self._thread_buffers(n, tag)
-        self._cur = 0
-        self.buf = self._bufs[0]
-        self.fill = 0
-        self.written = start   # file bytes before the buffer (where it will be written), padding included
-        self._pool = self._thread_writer(tag)
-        self._pending: collections.deque[Future[None]] = collections.deque()
-
-    @staticmethod
-    def _thread_buffers(n: int, tag: str) -> list[np.ndarray]:
-        """This thread's write buffers of `n` bytes (one per write in flight, and the one being filled),
-        kept from its previous pack task: fresh ones per shard cost the kernel zeroing them again every
-        time. A thread runs one pack task at a time and `close` waits for every write from them, so reuse
-        is safe; two writers of one thread alive at once take different `tag`s."""
-        # Reserved at the full write size whatever `n` (pages are mapped only as written): an early-packing
-        # task's buffers are sized to its superbatch's part files, which grow and shrink from one to the next.
-        return [thread_buffer(f"{tag}-{i}", max(n, WRITE_BUFFER))[:n] for i in range(WRITES_IN_FLIGHT + 1)]
-
-    @staticmethod
-    def _thread_writer(tag: str) -> ThreadPoolExecutor:
-        """This thread's background writers for `tag` (`WRITES_IN_FLIGHT` threads), kept like its buffers:
-        starting and joining a thread per part file cost an early-packing task (16 part files a
-        superbatch) over a tenth of its time. `close` waits for every write, so the next writer of this
-        thread and tag finds them idle."""
-        pool: ThreadPoolExecutor | None = getattr(_WRITERS, tag, None)
-        if pool is None:
-            pool = ThreadPoolExecutor(WRITES_IN_FLIGHT, thread_name_prefix=f"pack-write-{tag}")
-            setattr(_WRITERS, tag, pool)
-        return pool
-
-    @property
-    def position(self) -> int:
-        return self.written + self.fill
-
-    def _wait(self, keep: int = 0) -> None:
-        """Wait for the oldest writes until at most `keep` are in flight."""
-        while len(self._pending) > keep:
-            self._pending.popleft().result()                    # re-raises the writer's InputError
-
-    def flush(self) -> None:
-        n = self.fill - self.fill % ALIGN if self.direct else self.fill
-        if not n:
-            return
-        tail = self.fill - n
-        k = len(self._bufs)
-        nxt = self._bufs[(self._cur + 1) % k]
-        self._wait(k - 2)                                       # nxt's previous write (the oldest) is done
-        nxt[:tail] = self.buf[n:self.fill]
-        self._pending.append(self._pool.submit(_write_all, self.fd, self.buf[:n], self.path, self.written))
-        self.written += n
-        self.buf, self._cur, self.fill = nxt, (self._cur + 1) % k, tail
-
-    def finish(self) -> None:
-        """Write everything buffered (the last segment is padded, so whole pages when direct)."""
-        self.flush()
-        self._wait()
-        if self.fill:   # not page-aligned: finish with a buffered write
-            _clear_direct(self.fd)
-            self.direct = False
-            _write_all(self.fd, self.buf[:self.fill], self.path, self.written)
-            self.written += self.fill
-            self.fill = 0
-
-    def close(self) -> None:
-        """Wait for every write in flight (errors of an abandoned file are dropped); the thread's writers stay.
-
-        All of them: the caller closes the descriptor next, and a write still under way would then write
-        to whatever file reuses its number."""
-        pending, self._pending = self._pending, collections.deque()
-        futures_wait(pending)
-
-    def rows(self, feats: np.ndarray, local: np.ndarray) -> int:
-        """Append feats[local] (rows already range-checked); return the crc32 of their bytes."""
-        crc, t, rb = 0, 0, self.row_bytes
-        while t < local.shape[0]:
-            if self.buf.shape[0] - self.fill < rb:
-                self.flush()
-            k = min(local.shape[0] - t, (self.buf.shape[0] - self.fill) // rb)
-            crc = gather_segment(self.buf[self.fill:self.fill + k * rb], feats, local[t:t + k], crc)
-            self.fill += k * rb
-            t += k
-        return crc
-
-    def zeros(self, n: int) -> None:
-        while n:
-            if self.fill == self.buf.shape[0]:
-                self.flush()
-            k = min(n, self.buf.shape[0] - self.fill)
-            self.buf[self.fill:self.fill + k] = 0
-            self.fill += k
-            n -= k
-
-
-def gather_segment(dst: np.ndarray, feats: np.ndarray, rows: np.ndarray, crc: int = 0) -> int:
-    """Gather ``feats[rows]`` into the byte buffer `dst` (exactly their bytes) in one native pass; return
-    the running crc32 of the segment (`crc`: the value so far).
-
-    The one packing step: `pack_shard` (a shard read into memory) and the streamed packer
-    (`operators.stream.pack`, a shard's memory map) both gather every segment with it.
-    """
-    return kernels.gather_rows_crc(dst.view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats,
-                                   np.ascontiguousarray(rows, dtype=np.int64), crc)
-
-
-def _routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> Iterator[RouteFile]:
+def read_routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> Iterator[RouteFile]:
     """The routing files in order, checked to cover batches 0..num_batches-1 exactly once."""
     nxt = 0
     for rp in route_paths:
@@ -478,57 +289,12 @@ def _routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int) -> 
         raise ValueError(f"routing files cover {nxt} batches, the segment offsets {num_batches}")
 
 
-def _local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
+def local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
     ids = route.shard_ids(p)
     local = ids - shard.row_start
     if local.size and (local.min() < 0 or local.max() >= shard.rows):
         raise InputError(route.path, f"shard {p}: packed node id outside rows [{shard.row_start}, {shard.row_stop})")
     return local
-
-
-def _write_rows_at(path: Path, feats: np.ndarray, rows: np.ndarray, offset: int) -> None:
-    """Write ``feats[rows]`` at byte `offset` of the existing file `path`, durably (fdatasync).
-
-    The range's whole pages go with O_DIRECT where the file system takes it: a tier's rows are hundreds
-    of MB that the packing machine never reads back, and a buffered write copies each byte into fresh
-    page-cache pages first. The partial pages at the two ends are written buffered: the tasks of the
-    neighbouring shards write the rest of those pages (buffered too, so the page cache merges them).
-    """
-    nbytes = rows.shape[0] * feats.shape[1] * feats.dtype.itemsize
-    head = offset % ALIGN
-    buf = thread_buffer("rows", head + nbytes)
-    kernels.gather_rows(buf[head:head + nbytes].view(feats.dtype).reshape(rows.shape[0], feats.shape[1]), feats, rows)
-    base = offset - head                                  # the file offset of buf[0]
-    first, end = -(-offset // ALIGN) * ALIGN, (offset + nbytes) // ALIGN * ALIGN    # the whole pages
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError as e:
-        raise InputError(path, f"cannot open target rows file ({e.strerror or e})") from e
-    try:
-        if end > first:
-            direct_fd = open_direct(path, os.O_WRONLY)
-            try:
-                _write_all(fd if direct_fd is None else direct_fd, buf[first - base:end - base], path, first)
-            except InputError as e:                      # a file system that opens O_DIRECT but refuses the write
-                cause = e.__cause__
-                if direct_fd is None or not isinstance(cause, OSError) or cause.errno != errno.EINVAL:
-                    raise
-                _write_all(fd, buf[first - base:end - base], path, first)
-            finally:
-                if direct_fd is not None:
-                    os.close(direct_fd)
-            if first > offset:
-                _write_all(fd, buf[head:first - base], path, offset)
-            if offset + nbytes > end:
-                _write_all(fd, buf[end - base:head + nbytes], path, end)
-        else:
-            _write_all(fd, buf[head:head + nbytes], path, offset)
-        try:
-            os.fdatasync(fd)
-        except OSError as e:
-            raise InputError(path, f"flushing its rows to disk failed: {e.strerror or e}") from e
-    finally:
-        os.close(fd)
 
 
 def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: FeatureShard, row_bytes: int) -> int:
@@ -563,7 +329,7 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
         if size < need:
             raise InputError(t.path, f"target rows file has {size} bytes, {ids.shape[0]} rows need {need}")
         if sel is None:
-            _write_rows_at(Path(t.path), feats, (filled[lo:hi] - shard.row_start).astype(np.int64, copy=False),
+            write_rows_at(Path(t.path), feats, (filled[lo:hi] - shard.row_start).astype(np.int64, copy=False),
                            t.offset + lo * row_bytes)
             written += (hi - lo) * row_bytes
             continue
@@ -576,18 +342,6 @@ def _write_targets(targets: Sequence[RowTarget], shard_rows: _LazyShard, shard: 
             del mm
         written += sel.size * row_bytes
     return written
-
-
-def _proc_read_bytes() -> int:
-    """This process's `read_bytes` from /proc/self/io (bytes that really came from the block device)."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
 
 
 # ---------------------------------------------------------------------------- batched packing
@@ -628,11 +382,11 @@ def _open_part(path: Path, position: int) -> tuple[int, bool]:
     return fd, direct
 
 
-def _append_segments(w: _SegmentWriter, route: RouteFile, p: int, shard: FeatureShard, feats: Any, col: np.ndarray,
+def _append_segments(w: SegmentWriter, route: RouteFile, p: int, shard: FeatureShard, feats: Any, col: np.ndarray,
                      crc: np.ndarray) -> int:
     """Append every batch of `route` for shard p (each segment padded to ALIGN), checking each lands at its
     offset in `col`; their crcs go to `crc`; return the rows written. `feats()` gives the shard's rows."""
-    local = _local_rows(route, p, shard)
+    local = local_rows(route, p, shard)
     counts = route.seg_rows[:, p]
     bounds = np.r_[0, np.cumsum(counts)]
     rb = w.row_bytes
@@ -695,10 +449,10 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     if early is None:
         rows_total = 0
         with atomic_path(part) as tmp:
-            fd, direct = _open_new(tmp)
-            w = _SegmentWriter(fd, part, write_buffer, rb, direct)
+            fd, direct = open_new(tmp)
+            w = SegmentWriter(fd, part, write_buffer, rb, direct)
             try:
-                for route in _routes(route_paths, n):
+                for route in read_routes(route_paths, n):
                     rows_total += _append_segments(w, route, p, shard, feats.rows, col, crc)
                 w.finish()
             finally:
@@ -712,9 +466,9 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
         rows_total = early.rows
         src = Path(early.path)
         fd, direct = _open_part(src, early.position)
-        w = _SegmentWriter(fd, part, write_buffer, rb, direct, start=early.position)
+        w = SegmentWriter(fd, part, write_buffer, rb, direct, start=early.position)
         try:
-            for route in _routes(route_paths, n):
+            for route in read_routes(route_paths, n):
                 if route.first_batch + route.num_batches <= early.batches:
                     continue
                 if route.first_batch < early.batches:
@@ -808,8 +562,8 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
     rf = RouteFile(route["path"])
     # Shard by shard, each shard's writes left in flight while the next shard is gathered: the task
     # then takes about as long as its writes, not their sum with the gathering. Two writers at most
-    # are alive, each on its own set of this thread's buffers (`_SegmentWriter._thread_buffers`).
-    open_: tuple[_SegmentWriter, int, int, EarlyPart | None, np.ndarray, int] | None = None
+    # are alive, each on its own set of this thread's buffers (`SegmentWriter._thread_buffers`).
+    open_: tuple[SegmentWriter, int, int, EarlyPart | None, np.ndarray, int] | None = None
 
     def close_previous(ok: bool) -> None:
         nonlocal open_
@@ -843,13 +597,13 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
             if _shard_cached_share(shard, shard.rows * rb) < min_cached:
                 continue
             path = out / part_name(p)
-            fd, direct = _open_new(path) if prev is None else _open_part(path, prev.position)
+            fd, direct = open_new(path) if prev is None else _open_part(path, prev.position)
             position = 0 if prev is None else prev.position
             col = np.zeros(first + nb, dtype=np.int64)
             col[first:] = position + np.r_[0, np.cumsum(sizes[:, p])[:-1]]
             crc = np.zeros(first + nb, dtype=np.int64)
             try:
-                w = _SegmentWriter(fd, path, buf, rb, direct, start=position, tag=("segments", "early")[opened % 2])
+                w = SegmentWriter(fd, path, buf, rb, direct, start=position, tag=("segments", "early")[opened % 2])
                 opened += 1
             except BaseException:
                 os.close(fd)
@@ -886,107 +640,3 @@ def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequenc
     written = _write_targets(list(targets), feats, shard, store.row_bytes)
     return {"shard": p, "bytes_read": feats.bytes_read, "target_bytes_written": written}
 
-
-# ---------------------------------------------------------------------------- naive baseline
-
-def _drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _evict(maps: Sequence[mmap.mmap], shards: Sequence[FeatureShard]) -> None:
-    """Evict the shards from the page cache, including the pages our own maps hold."""
-    for m in maps:
-        m.madvise(mmap.MADV_DONTNEED)   # unmap our pages first: the page cache cannot drop mapped pages
-    for s in shards:
-        _drop_cache(s.path)
-
-
-def pack_naive(store_path: str | os.PathLike[str], route_paths: Sequence[str | os.PathLike[str]],
-               seg_offsets: np.ndarray, part_dir: str | os.PathLike[str], *, drop_cache: bool = True,
-               drop_every_batch: bool = False) -> dict[str, Any]:
-    """Individual packing (the benchmark's baseline): batch by batch, one random read per row.
-
-    Each shard is mapped with ``MADV_RANDOM`` (no readahead), so gathering a batch's rows
-    faults in exactly the pages holding them: one small random read per row, vectorised
-    (no Python loop per row). Rows needed by several batches are read again unless the page
-    cache still holds them; `drop_every_batch` evicts it before every batch (the worst case).
-
-    Args:
-        store_path: the ingested store.
-        route_paths: the round's routing files, in round order.
-        seg_offsets: int64 [n, P] from `route.segment_offsets`.
-        part_dir: directory receiving part-PPPPP.bin for every shard (temp names, renamed at the end).
-        drop_cache: evict the shards from the page cache before starting.
-        drop_every_batch: evict them before every batch.
-
-    Returns:
-        ``{"crc" (int64 [n, P]), "rows", "bytes_read" (rows x row_bytes fetched),
-        "disk_read_bytes" (/proc/self/io delta), "bytes_written", "seconds"}``.
-    """
-    t0 = time.perf_counter()
-    io0 = _proc_read_bytes()
-    store = Store(store_path)
-    rb, P = store.row_bytes, len(store.shards)
-    offsets = np.asarray(seg_offsets, dtype=np.int64)
-    n = offsets.shape[0]
-    if offsets.ndim != 2 or offsets.shape[1] != P:
-        raise ValueError(f"seg_offsets must be [batches, {P}], got {offsets.shape}")
-    if drop_cache:
-        for s in store.shards:
-            _drop_cache(s.path)
-    crc = np.zeros((n, P), dtype=np.int64)
-    end = np.zeros(P, dtype=np.int64)   # end of the last segment written to each part file
-    rows_total = 0
-    maps: list[mmap.mmap] = []
-    shards: list[np.ndarray] = []
-    try:
-        for s in store.shards:
-            if s.rows == 0:
-                shards.append(np.zeros((0, store.feature_dim), store.feature_dtype))
-                continue
-            with open(s.path, "rb") as f:
-                maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-            maps[-1].madvise(mmap.MADV_RANDOM)
-            shards.append(np.frombuffer(maps[-1], dtype=store.feature_dtype, count=s.rows * store.feature_dim,
-                                        offset=s.offset).reshape(s.rows, store.feature_dim))
-        with contextlib.ExitStack() as stack:
-            tmps = [stack.enter_context(atomic_path(Path(part_dir) / part_name(p))) for p in range(P)]
-            fds = [os.open(t, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for t in tmps]
-            try:
-                for route in _routes(route_paths, n):
-                    local = [_local_rows(route, p, store.shards[p]) for p in range(P)]
-                    bounds = np.vstack([np.zeros((1, P), np.int64), np.cumsum(route.seg_rows, axis=0)])
-                    for j in range(route.num_batches):
-                        i = route.first_batch + j
-                        if drop_every_batch:
-                            _evict(maps, store.shards)
-                        for p in range(P):
-                            rows = local[p][bounds[j, p]:bounds[j + 1, p]]
-                            end[p] = offsets[i, p] + padded(rows.size * rb)
-                            if not rows.size:
-                                continue
-                            seg = np.ascontiguousarray(shards[p][rows])   # one page fault (random read) per row
-                            data = seg.reshape(-1).view(np.uint8).data
-                            crc[i, p] = crc32(data)
-                            os.pwritev(fds[p], [data, bytes(int(padded(data.nbytes)) - data.nbytes)], int(offsets[i, p]))
-                            rows_total += rows.size
-                for p in range(P):
-                    os.ftruncate(fds[p], int(end[p]))
-            finally:
-                for fd in fds:
-                    os.close(fd)
-    finally:
-        shards.clear()   # release the buffer exports before closing the maps
-        for m in maps:
-            m.close()
-    io1 = _proc_read_bytes()
-    return {"crc": crc, "rows": rows_total, "bytes_read": rows_total * rb,
-            "disk_read_bytes": (io1 - io0) if io0 >= 0 and io1 >= 0 else -1,
-            "bytes_written": rows_total * rb, "seconds": time.perf_counter() - t0}
-
-
-# ---------------------------------------------------------------------------- a whole round, serially

@@ -19,7 +19,7 @@ is a complete packed dataset that `PackedLoader` reads and `PackedLoader.follow`
 A bundle carries its files inline (``data``: moved by Dask from the worker that packed it, no
 shared filesystem needed) or names a directory holding them (``url``: any fsspec URL, e.g. a
 shared filesystem). Packing reads each needed row once per superbatch through the shard's memory
-map and gathers every segment with `prepare.pack.gather_segment`, the packing step of `pack_shard` too.
+map and gathers every segment with `prepare.writers.gather_segment`, the packing step of `pack_shard` too.
 """
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ from ..formats.packed import (
 from ..formats.plan import BatchPlan
 from ..formats.samples import read_n_ids
 from ..formats.store import Store
-from ..prepare.pack import gather_segment
 from ..prepare.route import RouteFile, route_superbatch, segment_offsets
 from ..prepare.superbatch import SuperbatchRef
+from ..prepare.writers import gather_segment
 
 BASE_FILES = ("gpu_ids.npy", "gpu_cache.npy", "cpu_ids.npy", "cpu_init.npy", "labels.npy")
 

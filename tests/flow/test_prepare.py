@@ -35,6 +35,7 @@ from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.threadbuffers import kept_thread_buffer_bytes
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare import pack as pack_mod
+from diskflow.operators.prepare import writers as writers_mod
 from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
@@ -210,7 +211,7 @@ def test_packing_reads_each_raw_byte_once_and_writes_each_packed_byte_once(
         tiny_store: Path, store: Store, cpu_budget: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reads: Counter = Counter()
     written = [0]
-    real_read, real_write = pack_mod._shard_rows, pack_mod._write_all
+    real_read, real_write = pack_mod._shard_rows, writers_mod._write_all
 
     def read_shard(shard, *a, **kw):      # a pack task's one take of its shard (read, or mapped when read ahead)
         reads[shard.index] += 1
@@ -225,7 +226,7 @@ def test_packing_reads_each_raw_byte_once_and_writes_each_packed_byte_once(
         raise AssertionError("prepare read feature rows outside the pack tasks")
 
     monkeypatch.setattr(pack_mod, "_shard_rows", read_shard)
-    monkeypatch.setattr(pack_mod, "_write_all", write_all)
+    monkeypatch.setattr(writers_mod, "_write_all", write_all)
     for name in ("gather", "read_features", "shard_array"):
         monkeypatch.setattr(Store, name, no_feature_reads)
     for cfg in (PrepareConfig(**BASE, cpu_memory=cpu_budget),

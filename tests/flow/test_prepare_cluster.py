@@ -98,10 +98,10 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
     pids = set(client.run(os.getpid).values())
 
     def slow_first_part_write(marker_dir: str) -> None:   # runs in each worker process
-        from diskflow.operators.prepare import pack
+        from diskflow.operators.prepare import writers
 
-        real = getattr(pack, "_real_write_all", pack._write_all)
-        pack._real_write_all = real
+        real = getattr(writers, "_real_write_all", writers._write_all)
+        writers._real_write_all = real
 
         def write_all(fd, view, path, offset=None):
             if not Path(path).name.startswith("part-"):      # a tier rows file's write, not a part file's
@@ -116,7 +116,7 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
                 return real(fd, flat[half:], path, None if offset is None else offset + flat[:half].nbytes)
             return real(fd, view, path, offset)
 
-        pack._write_all = write_all
+        writers._write_all = write_all
 
     client.run(slow_first_part_write, str(marks))
     old = client.run_on_scheduler(_set_allowed_failures, n=allowed_failures)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diskflow.bench.naivepack import pack_naive
 from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.files import ALIGN
 from diskflow.operators.formats.packed import (
@@ -21,7 +22,7 @@ from diskflow.operators.formats.packed import (
 from diskflow.operators.formats.plan import SRC_MISS, BatchPlan
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.diskcache import build_layout
-from diskflow.operators.prepare.pack import RowTarget, pack_naive, pack_shard
+from diskflow.operators.prepare.pack import RowTarget, pack_shard
 from diskflow.operators.prepare.route import RouteFile, route_superbatch, segment_offsets
 from mounts import skip_where_in_memory
 from packed_rounds import (
@@ -151,10 +152,10 @@ def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkey
     routes = [route_superbatch(k, n, p, None, f, store.shard_rows, len(store.shards), tmp_path / f"{k}.npz")
               for k, f, n, p in sb]
     offsets, _ = segment_offsets(np.concatenate([r["seg_rows"] for r in routes]), store.row_bytes)
-    import diskflow.operators.prepare.pack as pack_mod
+    import diskflow.operators.prepare.writers as writers_mod
 
     calls = {"n": 0}
-    real = pack_mod._write_all
+    real = writers_mod._write_all
 
     def dying(fd, view, path, offset=None):
         calls["n"] += 1
@@ -162,11 +163,11 @@ def test_killed_pack_task_leaves_no_part_file(rnd: Round, tmp_path: Path, monkey
             raise KeyboardInterrupt("worker killed")
         real(fd, view, path, offset)
 
-    monkeypatch.setattr(pack_mod, "_write_all", dying)
+    monkeypatch.setattr(writers_mod, "_write_all", dying)
     with pytest.raises(KeyboardInterrupt):
         pack_shard(rnd.store, 1, [r["path"] for r in routes], offsets, tmp_path / "part-00001.bin", write_buffer=8192)
     # the failed second write stops the task at its next wait: at most the writes in flight after it were begun
-    assert 2 <= calls["n"] <= 1 + pack_mod.WRITES_IN_FLIGHT
+    assert 2 <= calls["n"] <= 1 + writers_mod.WRITES_IN_FLIGHT
     assert not (tmp_path / "part-00001.bin").exists() and not list(tmp_path.glob(".part-*"))
 
 
