@@ -39,7 +39,16 @@ from .tasks import (
     select_task,
     ship_task,
     train_task,
-    worker_table,
+)
+from .workers import (
+    WorkerTable,
+    assign_gpu_workers,
+    check_all_gpus,
+    check_health,
+    check_lanes,
+    cpu_workers,
+    wait_for_gpu_workers,
+    worker_resources,
 )
 
 log = logging.getLogger(__name__)
@@ -130,66 +139,24 @@ class StreamRun:
         return set().union(*(lane.reshipped for lane in self.lanes))
 
     # ------------------------------------------------------------------ cluster
-    def _workers(self) -> dict[str, dict[str, float]]:
-        try:
-            return self.client.run_on_scheduler(worker_table)
-        except Exception as e:   # any comm failure means the scheduler is gone
-            raise StreamStopped(f"lost the Dask scheduler ({type(e).__name__}: {e}); {self._where()}") from e
+    def _workers(self) -> WorkerTable:
+        return worker_resources(self.client, self._where)
 
     def _find_workers(self) -> None:
         """The GPU workers this run uses (waits `gpu_wait_s` for `gpus` of them) and the CPU workers."""
-        deadline = time.monotonic() + self.cfg.gpu_wait_s
         need = self.cfg.gpus or 1
-        while True:
-            table = self._workers()
-            gpus = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) > 0)
-            if len(gpus) >= need:
-                break
-            if time.monotonic() > deadline:
-                found = (f"no worker with the {GPU} resource joined within {self.cfg.gpu_wait_s:.0f} s "
-                         f"({len(table)} workers without it)") if not gpus else \
-                    (f"{len(gpus)} of the {need} workers with the {GPU} resource --gpus {need} needs joined within "
-                     f"{self.cfg.gpu_wait_s:.0f} s")
-                raise StreamStopped(f"{found}; start one with `diskflow worker SCHEDULER --gpu --scratch DIR` or "
-                                    f"`dask worker SCHEDULER --resources {GPU}=1`")
-            time.sleep(0.5)
+        table, gpus = wait_for_gpu_workers(self._workers, need, self.cfg.gpu_wait_s)
         if self.cfg.gpus == 0:      # --gpus all: every GPU worker there is now
-            if len(gpus) > self.cfg.superbatch_size:
-                raise ConfigError("--gpus", f"all {len(gpus)} GPU workers share each superbatch's batches; a "
-                                            f"superbatch of {self.cfg.superbatch_size} (--superbatch-size) leaves some "
-                                            "with none")
-            if len(gpus) > 1 and self.cfg.history_rows:
-                raise ConfigError("--history-memory", "a historical embedding cache trains on one GPU worker; "
-                                                      f"--gpus all found {len(gpus)}")
+            check_all_gpus(self.cfg, len(gpus))
             self._make_lanes(len(gpus))
             self.fingerprint = replace(self.cfg, gpus=len(gpus)).fingerprint(config_hash(self.store.manifest))
             need = len(gpus)
-        idle = [lane.rank for lane in self.lanes if lane.round_batches == 0]
-        if idle:
-            per_epoch = sum(r.num_batches for r in self.refs if r.epoch == 0)
-            raise ConfigError("--gpus", f"{self.gpus} GPU workers share batches of which an epoch holds {per_epoch}: "
-                                        f"worker(s) {idle} would train none")
-        if self.gpus > 1 and getattr(self.cfg.train, "batches_per_step", 1) > 1:
-            raise ConfigError("--batches-per-step", "with several GPU workers each takes one batch per step; the "
-                                                    "step already holds one batch of each")
-        for lane, addr in zip(self.lanes, gpus):
-            lane.gpu_addr = addr
-        if len(gpus) > need:
-            log.warning("%d GPU workers; this run trains on %s (--gpus %d)", len(gpus), ", ".join(gpus[:need]), need)
-        self.cpu_addrs = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
+        check_lanes(self.cfg, self.lanes, sum(r.num_batches for r in self.refs if r.epoch == 0))
+        assign_gpu_workers(self.lanes, gpus, need)
+        self.cpu_addrs = cpu_workers(table)
 
     def _check_health(self) -> None:
-        table = self._workers()
-        for lane in self.lanes:
-            if lane.gpu_addr not in table:
-                raise StreamStopped(f"the GPU worker {lane.gpu_addr} left the cluster; {self._where()}")
-        if self.cpu_addrs:
-            alive = [a for a in self.cpu_addrs if a in table]
-            if not alive:
-                raise StreamStopped(f"every CPU worker this run was using ({', '.join(self.cpu_addrs)}) left the "
-                                    f"cluster; {self._where()}")
-            fresh = sorted(a for a, r in table.items() if float(r.get(GPU, 0)) <= 0)
-            self.cpu_addrs = fresh     # later submissions use the workers there are now
+        self.cpu_addrs = check_health(self._workers(), self.lanes, self.cpu_addrs, self._where)
 
     def _setup_group(self) -> None:
         """A data-parallel run: every GPU worker joins the run's process group (rank = its lane)."""
