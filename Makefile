@@ -24,8 +24,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/diskflow demo
 
+# two pytest processes, one test file each at a time (module fixtures such as a test cluster start once)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
