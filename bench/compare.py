@@ -752,11 +752,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = parse_budget(args.feature_budget, "--feature-budget", fb)
     if budget is None or budget <= 0:
         raise ConfigError("--feature-budget", f"must be > 0, got {args.feature_budget!r}")
-    from ..flow.prepare import PrepareConfig
+    from ..api import prepare_options
+    from ..flow.pipeline import load_pipeline
 
-    base = PrepareConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                         superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
-    max_rows = max_batch_rows(store, base, work)
+    belady = load_pipeline("belady")
+    base = belady.prepare_config(**prepare_options(belady, store, fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                                                   superbatch_size=args.superbatch_size, epochs=args.epochs,
+                                                   seed=args.seed))
+    max_rows = max_batch_rows(store, base, work)     # the round's largest batch: the sampling options alone count
     fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
     # the pipelines with samples of their own are prepared just before their runs and, unless --keep or
     # --repeats, removed after them: at the defaults each packed round is as big as belady's

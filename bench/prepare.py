@@ -412,7 +412,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build (or reuse) the dataset, then measure (a)-(d); print the tables and return the figures."""
-    from ..flow.prepare import PrepareConfig
+    from ..api import prepare_options
+    from ..flow.pipeline import load_pipeline
     from ..operators.formats.store import Store
     from ..operators.prepare.route import segment_offsets
 
@@ -423,12 +424,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_setup = time.perf_counter()
     store = Store(make_dataset(args, work))
     feature_bytes = store.num_nodes * store.row_bytes
-    base = PrepareConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                         superbatch_size=args.superbatch_size, epochs=args.epochs, seed=args.seed)
+    belady = load_pipeline("belady")
+    round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size,
+                  "superbatch_size": args.superbatch_size, "epochs": args.epochs, "seed": args.seed}
+    base = belady.prepare_config(**prepare_options(belady, store, **round_opts))
     staging = base.staging_batches * staging_piece_bytes(max_batch_rows(store, base, work), store.row_bytes,
                                                          len(store.shards))
     tier_bytes = int(args.cpu_fraction * feature_bytes)
-    cfg = replace(base, cpu_memory=tier_bytes + staging, readahead=int(args.readahead_fraction * feature_bytes))
+    options = prepare_options(belady, store, cpu_memory=tier_bytes + staging,
+                              readahead=int(args.readahead_fraction * feature_bytes), **round_opts)
+    # the CPU budget is the tier and the staging buffers alone, so the tier is --cpu-fraction of the features:
+    # no I/O buffers are reserved out of it
+    cfg = belady.prepare_config(**{**options, "io_reserve": 0})
     setup_s = time.perf_counter() - t_setup
 
     read_bw, write_bw, read_bws, write_bws = disk_bandwidth(work, args.bw_bytes, args.bw_reads, args.bw_writes)

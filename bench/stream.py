@@ -225,8 +225,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import dask
     from distributed import get_task_stream
 
+    from ..api import prepare_options
+    from ..flow.pipeline import load_pipeline
     from ..flow.plugin import GPU
-    from ..flow.prepare import PrepareConfig, prepare
+    from ..flow.prepare import prepare
     from ..flow.roles import stream_client
     from ..flow.runtimes.packed import packed_budgets
     from ..flow.stream import StreamConfig, StreamRun
@@ -238,9 +240,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")
     store = Store(bench_store(args))
     budgets = packed_budgets(store, args.cpu_memory, 0, None, args.fanouts, args.batch_size)
-    tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
     round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
                   "epochs": args.epochs, "seed": args.seed}
+    belady = load_pipeline("belady")
+    # the budgets above (staging buffers included), as the streamed run's, for the device the round trains on
+    options = prepare_options(belady, store, cpu_memory=budgets["cpu_memory"], **round_opts)
+    cfg = belady.prepare_config(**{**options, "device": "cuda" if args.device.startswith("cuda") else "cpu"})
+    tmp = Path(tempfile.mkdtemp(prefix="diskflow-bench-stream-", dir=args.work if not args.dataset else None))
     evaluate_once = args.epochs + 1      # val/test after the last epoch only, offline and streamed alike
     train_opts = {"model": args.model, "hidden": args.hidden, "lr": 3e-3, "dropout": 0.2, "seed": args.seed,
                   "threads": args.threads, "device": args.device, "eval_every": evaluate_once,
@@ -255,9 +261,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            quiet=True, keep_freed_memory=not args.dask_malloc) as client:
             gpu, cpus, pinned, allocator = set_up_cluster(client, args)
             clock = _CpuClock(client, cpus, gpu)
-            cfg = PrepareConfig(cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
-                                io_reserve=budgets["io_reserve"],
-                                device="cuda" if args.device.startswith("cuda") else "cpu", **round_opts)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size,
                                      cpu_memory=budgets["cpu_memory"], threads=args.threads,
