@@ -140,6 +140,7 @@ class StreamRun:
 
     # ------------------------------------------------------------------ cluster
     def _workers(self) -> WorkerTable:
+        """Every worker's resources now (`workers.worker_resources`)."""
         return worker_resources(self.client, self._where)
 
     def _find_workers(self) -> None:

@@ -290,6 +290,7 @@ def read_routes(route_paths: Sequence[str | os.PathLike[str]], num_batches: int)
 
 
 def local_rows(route: RouteFile, p: int, shard: FeatureShard) -> np.ndarray:
+    """The rows of shard p (`shard`) that `route` packs, as row numbers within the shard (checked in range)."""
     ids = route.shard_ids(p)
     local = ids - shard.row_start
     if local.size and (local.min() < 0 or local.max() >= shard.rows):

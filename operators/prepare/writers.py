@@ -97,6 +97,7 @@ class SegmentWriter:
 
     @property
     def position(self) -> int:
+        """The file offset the next appended byte will have."""
         return self.written + self.fill
 
     def _wait(self, keep: int = 0) -> None:
@@ -105,6 +106,7 @@ class SegmentWriter:
             self._pending.popleft().result()                    # re-raises the writer's InputError
 
     def flush(self) -> None:
+        """Hand the filled buffer to a background write (whole pages only when direct) and go on in the next."""
         n = self.fill - self.fill % ALIGN if self.direct else self.fill
         if not n:
             return
@@ -149,6 +151,7 @@ class SegmentWriter:
         return crc
 
     def zeros(self, n: int) -> None:
+        """Append `n` zero bytes (a segment's padding)."""
         while n:
             if self.fill == self.buf.shape[0]:
                 self.flush()
