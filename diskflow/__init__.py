@@ -9,12 +9,15 @@ The public names:
 - the steps, as the commands of the same names run them (`diskflow.api`): `synth`, `ingest`,
   `prepare`, `train`, and the loaders for a loop of one's own, `PackedLoader` and `OnlineLoader`;
 - `diskflow.pyg`: a store as PyG's remote backend (`FeatureStore`, `GraphStore`, a sampler);
-- the errors every command raises (`DiskflowError`, `ConfigError`, `InputError`).
+- the errors every command raises (`DiskflowError`, `ConfigError`, `InputError`);
+- the modules the command line uses beside these: `diskflow.config` (options' defaults and values),
+  `diskflow.sizes`, `diskflow.datasets` (importers, stores, verify), `diskflow.runs` (run
+  directories, reports, the timeline), `diskflow.cluster` (client, roles, TLS), `diskflow.errors`.
 
-The distribution maps the repository's folders into this package:
-`diskflow.flow` (framework, CLI), `diskflow.operators` (stages as plain functions),
-`diskflow.native` (C++ kernels), `diskflow.pipelines` (pipeline definitions) and
-`diskflow.bench` (side-by-side benchmarks).
+The distribution maps the repository's folders into this package: `diskflow.cli` (the command
+line, over the public names only), `diskflow.flow` (framework), `diskflow.operators` (stages as
+plain functions), `diskflow.native` (C++ kernels), `diskflow.pipelines` (pipeline definitions)
+and `diskflow.bench` (side-by-side benchmarks).
 """
 from __future__ import annotations
 

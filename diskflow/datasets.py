@@ -1,0 +1,48 @@
+"""Datasets on disk: raw datasets (from the importers or `diskflow.synth`), stores and packed datasets.
+
+The importers write a raw dataset (``edges/``, ``features/``, ``nodes/`` shards and a manifest) from a PyG
+``Data``, ``.npy`` arrays or an OGB dataset folder, reading the source in bounded-memory chunks; `Store`
+reads an ingested store; `verify` checks a packed dataset against its store. The ``check_*_output``
+functions refuse an output path that holds something else before a long job starts writing it.
+
+    from diskflow.datasets import from_npy, verify
+
+    from_npy("raw", features="x.npy", edge_index="edges.npy", labels="y.npy", split="split.npy")
+    verify("packed", full=True)
+"""
+from __future__ import annotations
+
+import os
+
+from .operators.formats.files import read_manifest
+from .operators.formats.store import Store
+from .operators.formats.verify import verify
+from .operators.ingest.importers import from_npy, from_ogb, from_pyg, load_pyg_file
+
+__all__ = ["Store", "check_packed_output", "check_raw_output", "from_npy", "from_ogb", "from_pyg", "load_pyg_file",
+           "read_manifest", "verify"]
+
+
+def check_raw_output(out: str | os.PathLike[str], force: bool) -> None:
+    """Refuse `out` unless it is missing, empty or a raw dataset (`force`: allow replacing it), before an
+    importer or synth reads a possibly large source.
+
+    Raises:
+        InputError: `out` holds something else, naming what.
+    """
+    from .operators.formats.outputs import check_replaceable
+    from .operators.ingest.importers import RAW_KIND
+
+    check_replaceable(out, force, RAW_KIND)
+
+
+def check_packed_output(out: str | os.PathLike[str], force: bool) -> None:
+    """Refuse `out` (and its cache ``out.work``) unless missing, empty or a packed dataset and prepare cache
+    (`force`: allow replacing them), before preparing into it starts a cluster.
+
+    Raises:
+        InputError: either holds something else, naming what.
+    """
+    from .flow.prepare import check_outputs
+
+    check_outputs(out, force)

@@ -1,0 +1,126 @@
+"""Run directories and what is written into them: reports, the timeline, the per-epoch lines.
+
+A run directory (``runs/<time>-<pipeline>-<model>``) holds ``report.json``, ``curves.png``, checkpoints
+and, for streamed runs and the demo, ``timeline.png``; `diskflow train`, `run`, `report` and `demo`
+make and read them through these functions, and so can a script:
+
+    from diskflow.runs import key_numbers, read_report
+
+    print(key_numbers(read_report("runs/20261128-101500-streaming-sage")))
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .flow import rundir as _rundir
+from .flow import timeline as _timeline
+from .flow.memsplit import SPLIT_PLOT
+from .flow.memsplit import describe_split as _describe_split
+from .flow.timeline import TIMELINE, JobTimeline
+from .operators.formats.files import write_json
+
+__all__ = ["REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output", "describe_online",
+           "describe_split", "fmt", "has_checkpoints", "key_numbers", "new_run_dir", "plot_timeline", "print_epoch",
+           "read_report", "unfinished_run", "use_run_dir", "write_run_info"]
+
+REPORT = _rundir.REPORT         # the run's report, written when it finishes
+RUN_INFO = _rundir.RUN_INFO     # written first by `diskflow train`: which packed dataset the run trains
+
+
+def new_run_dir(root: str | os.PathLike[str] = "runs", name: str = "run") -> Path:
+    """A fresh directory ``root/YYYYmmdd-HHMMSS-name`` (``-2``, ``-3``... when taken), so runs never overwrite
+    each other and sort by time."""
+    return _rundir.new_run_dir(root, name)
+
+
+def use_run_dir(path: str | os.PathLike[str], force: bool = False) -> Path:
+    """The run directory the user named: created when missing, reused when it is one already; a directory
+    holding anything else is refused (with `force`: emptied), so training never mixes into a user's folder."""
+    return _rundir.use_run_dir(path, force)
+
+
+def check_run_output(path: str | os.PathLike[str], force: bool) -> None:
+    """Refuse `path` unless it is missing, empty or a run directory (with `force`: delete what it holds), for
+    writers that fill a directory with a report and a timeline in place, before they start."""
+    from .operators.formats.outputs import replace_foreign
+
+    replace_foreign(path, force, _rundir.RUN_KIND)
+
+
+def read_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A finished run's report, given its run directory or the ``report.json`` itself.
+
+    Raises:
+        InputError: no report (the run did not finish), or one that does not parse.
+    """
+    return _rundir.read_report(path)
+
+
+def write_run_info(run_dir: str | os.PathLike[str], packed: str | os.PathLike[str], model: str) -> None:
+    """Record which packed dataset and model `run_dir` trains, before training starts, so that
+    `unfinished_run` finds the run again to resume it."""
+    write_json(Path(run_dir) / RUN_INFO, {"packed": str(packed), "model": model})
+
+
+def unfinished_run(runs_dir: str | os.PathLike[str], packed: str | os.PathLike[str]) -> Path | None:
+    """The newest run directory under `runs_dir` that trains `packed` (`write_run_info`) and has no report yet:
+    the run ``diskflow train --resume`` continues; None when there is none."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return None
+    for d in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name, reverse=True):
+        info = d / RUN_INFO
+        if info.is_file() and not (d / REPORT).exists():
+            try:
+                if json.loads(info.read_text()).get("packed") == str(packed):
+                    return d
+            except (OSError, json.JSONDecodeError):
+                continue
+    return None
+
+
+def has_checkpoints(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether the trainer has checkpointed into `run_dir` (then a failed run is kept, to be resumed)."""
+    from .operators.train.trainer import CHECKPOINTS
+
+    return (Path(run_dir) / CHECKPOINTS).exists()
+
+
+def fmt(x: Any, spec: str = ".4f") -> str:
+    """A report figure for a table, formatted by `spec`; ``-`` when absent (None)."""
+    return _rundir.fmt(x, spec)
+
+
+print_epoch: Callable[[dict[str, Any]], None] = _rundir.print_epoch
+"""One line per finished epoch (loss, accuracies, time, throughput, bytes read), as the commands print it;
+pass it as a trainer's ``on_epoch``."""
+
+
+def key_numbers(report: dict[str, Any]) -> dict[str, Any]:
+    """A streamed run's key figures from its report: superbatches trained, stream time, GPU idle fraction,
+    workers, scratch peak, final loss and accuracy (what `diskflow report` prints)."""
+    return _timeline.key_numbers(report)
+
+
+def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any],
+                  path: str | os.PathLike[str] | None = None) -> Path | None:
+    """Draw a streamed run's timeline (each worker's tasks, the GPU workers' superbatches) as a PNG at `path`
+    (default ``run_dir/timeline.png``); its path, None when the report has no timeline."""
+    return _timeline.plot_timeline(run_dir, report, path)
+
+
+def describe_split(split: dict[str, Any]) -> str:
+    """One line on a prepared memory split (``--history-memory auto``): the share given to embeddings and the
+    disk bytes it saves against none."""
+    return _describe_split(split)
+
+
+def describe_online(report: dict[str, Any]) -> str:
+    """One line on an online pipeline's run (gnndrive, lsmgnn): its feature buffer's policy, size and hit rate."""
+    from .flow.runtimes.online import describe_online as describe
+
+    return describe(report)
