@@ -42,14 +42,13 @@ _WORKDIRS = ("workdir", "work")     # the benchmarks' work-directory options (`-
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..flow.rundir import RUN_KIND
-    from ..operators.formats.outputs import replace_foreign
+    from ..runs import check_run_output
 
     workdirs = [getattr(args, dest) for dest in _WORKDIRS if getattr(args, dest, None)]
     for work in workdirs:       # refuse a user's folder before a benchmark deletes and rewrites parts of it
         check_workdir(work, args.force)
     if isinstance(getattr(args, "keep", None), str):    # stream's --keep DIR receives a report and a timeline
-        replace_foreign(args.keep, args.force, RUN_KIND)
+        check_run_output(args.keep, args.force)
     try:
         figures = importlib.import_module(f"diskflow.bench.{args.bench}").run(args)
     finally:

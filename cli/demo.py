@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..flow.options import fanouts_option, positive_int
-from ..operators.formats.files import format_bytes
+from ..sizes import format_bytes
+from .options import fanouts_option, positive_int
 
 FLOOR_BYTES = 256 << 20     # the most the floor measurement reads (O_DIRECT, sequential)
 SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling tasks and Belady planning
@@ -68,66 +68,60 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..flow.cluster import dask_client
-    from ..flow.ingest import run_ingest
-    from ..flow.options import byte_budget
-    from ..flow.pipeline import load_pipeline
-    from ..flow.plugin import DiskflowPlugin
-    from ..flow.prepare import check_outputs
-    from ..flow.rundir import REPORT, new_run_dir, print_epoch
-    from ..flow.runtimes import memory as inmemory
-    from ..flow.runtimes.packed import packed_budgets, train_and_report
-    from ..flow.synth import run_synth
-    from ..flow.timeline import TIMELINE, JobTimeline
-    from ..operators.formats.store import Store
-    from ..operators.ingest.synth import SynthConfig
+    from .. import load_pipeline
+    from ..api import ingest, prepare, prepare_options, synth, train
+    from ..cluster import client, register_plugin
+    from ..config import SynthConfig
+    from ..datasets import Store, check_packed_output
+    from ..runs import REPORT, TIMELINE, JobTimeline, new_run_dir, print_epoch
+    from ..sizes import byte_budget
 
     work = Path(args.workdir)
     t0 = time.perf_counter()
-    cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes, seed=args.seed,
-                      train_frac=args.train, val_frac=args.val, test_frac=args.test)
-    byte_budget(args.cpu_memory, "--cpu-memory", args.nodes * args.dim * 4)   # a bad budget or --workdir fails
-    check_outputs(work / "packed", False)                                        # before anything runs
+    shape = {"nodes": args.nodes, "dim": args.dim, "classes": args.classes, "seed": args.seed,
+             "train_frac": args.train, "val_frac": args.val, "test_frac": args.test}
+    SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes, seed=args.seed,
+                train_frac=args.train, val_frac=args.val, test_frac=args.test)     # bad sizes, a bad budget or
+    byte_budget(args.cpu_memory, "--cpu-memory", args.nodes * args.dim * 4)       # --workdir fail before
+    check_packed_output(work / "packed", False)                                   # anything runs
     pipeline = load_pipeline("belady")
     round_ = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "epochs": args.epochs, "seed": args.seed}
-    model = {"model": args.model, "hidden": args.hidden, "threads": args.threads}
+    model = {"hidden": args.hidden, "threads": args.threads}
     timeline = JobTimeline()
-    with dask_client(n_workers=args.workers) as client, timeline.tasks(client):
-        workers = len(client.nthreads())                         # type: ignore[attr-defined]
-        client.register_plugin(DiskflowPlugin())                 # type: ignore[attr-defined]
+    with client(n_workers=args.workers) as c, timeline.tasks(c):
+        workers = len(c.nthreads())                              # type: ignore[attr-defined]
+        register_plugin(c)
         _step(1, f"synth: {args.nodes:,} nodes, {args.dim}-dim float32 features, as a Dask graph on {workers} "
                  f"worker{'s' if workers != 1 else ''}")
-        raw, secs = _timed(run_synth, cfg, work / "raw")
+        raw, secs = _timed(lambda: synth(work / "raw", **shape))
         _step(2, "ingest: CSC index, feature shards, splits (Dask graph)")
-        ingested, ingest_s = _timed(run_ingest, raw, work / "store")
+        ingested, ingest_s = _timed(lambda: ingest(raw, work / "store"))
         store = Store(ingested.path)
         print(f"      synth {secs:.1f}s, ingest {ingest_s:.1f}s: {store.num_nodes:,} nodes, {ingested.num_edges:,} "
               f"edges, {format_bytes(store.feature_bytes)} of features")
 
-        budgets = packed_budgets(store, args.cpu_memory, 0, None, round_["fanouts"], args.batch_size)
-        _step(3, f"prepare belady at --cpu-memory {args.cpu_memory} ({format_bytes(budgets['cpu_memory'])}): sample "
+        options = {"cpu_memory": args.cpu_memory, "superbatch_size": SUPERBATCH, **round_}
+        budget = prepare_options(pipeline, store, **options)["cpu_memory"]
+        _step(3, f"prepare belady at --cpu-memory {args.cpu_memory} ({format_bytes(budget)}): sample "
                  "the round, tiers, Belady-planned CPU cache, pack the misses (Dask graph)")
-        prepared = pipeline.prepare(store.path, work / "packed", force=True, cpu_memory=budgets["cpu_memory"],
-                                    staging_batches=budgets["staging_batches"], io_reserve=budgets["io_reserve"],
-                                    superbatch_size=SUPERBATCH, **round_)
-    _print_prepared(prepared, budgets["cpu_memory"])
+        prepared = prepare(store.path, work / "packed", pipeline, force=True, quiet=False, **options)
+    _print_prepared(prepared, budget)
 
     _step(4, "train out of core: pipelined load -> assemble -> graph -> train, direct I/O from the packed dataset")
     ooc_dir = new_run_dir(work / "runs", f"train-belady-{args.model}")
-    ooc = train_and_report(prepared.path, ooc_dir, cpu_memory=budgets["cpu_memory"],
-                           **timeline.trainer_hooks(SUPERBATCH, on_epoch=print_epoch),
-                           **model)
+    ooc = train(prepared.path, args.model, run_dir=ooc_dir, progress=True, cpu_memory=budget,
+                **timeline.trainer_hooks(SUPERBATCH, on_epoch=print_epoch), **model)
     _print_out_of_core(ooc, prepared.path)
 
     _step(5, "in-memory reference: the same round with every feature in RAM")
     ref_dir = new_run_dir(work / "runs", f"inmemory-{args.model}")
-    ref = inmemory.run(store.path, ref_dir, **round_, **model)
+    ref = train(store.path, args.model, pipeline="inmemory", run_dir=ref_dir, progress=True, **round_, **model)
     if not _print_same_losses(ooc, ref):
         return 1
 
     _step(6, "MLP baseline: the same features, no graph")
     mlp_dir = new_run_dir(work / "runs", "inmemory-mlp")
-    mlp = inmemory.run(store.path, mlp_dir, **round_, **{**model, "model": "mlp"})
+    mlp = train(store.path, "mlp", pipeline="inmemory", run_dir=mlp_dir, progress=True, **round_, **model)
 
     _print_accuracies(args.model, ooc, ref, mlp)
     png = timeline.plot(ooc_dir / TIMELINE, f"diskflow demo: synth, ingest and prepare on {workers} Dask "
@@ -143,9 +137,9 @@ def _step(n: int, text: str) -> None:
     print(f"[{n}/6] {text}", flush=True)
 
 
-def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+def _timed(fn: Any) -> tuple[Any, float]:
     t = time.perf_counter()
-    out = fn(*args)
+    out = fn()
     return out, time.perf_counter() - t
 
 

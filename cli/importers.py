@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..flow.options import byte_size
-from ..operators.formats.files import format_bytes
+from ..sizes import format_bytes
+from .options import byte_size
 
 _FORMAT_HELP = "feature shard format: Arrow IPC file or Parquet (default: %(default)s)"
 
@@ -74,14 +74,13 @@ def _summary(out: Path) -> int:
 
 def _check_out(args: argparse.Namespace) -> None:
     """Refuse an OUT that is not a raw dataset before reading the source (which may be large)."""
-    from ..operators.formats.outputs import check_replaceable
-    from ..operators.ingest.importers import RAW_KIND
+    from ..datasets import check_raw_output
 
-    check_replaceable(args.out, args.force, RAW_KIND)
+    check_raw_output(args.out, args.force)
 
 
 def _run_pyg(args: argparse.Namespace) -> int:
-    from ..operators.ingest.importers import from_pyg, load_pyg_file
+    from ..datasets import from_pyg, load_pyg_file
 
     _check_out(args)
     data = load_pyg_file(args.file)
@@ -90,7 +89,7 @@ def _run_pyg(args: argparse.Namespace) -> int:
 
 
 def _run_npy(args: argparse.Namespace) -> int:
-    from ..operators.ingest.importers import from_npy
+    from ..datasets import from_npy
 
     _check_out(args)
     return _summary(from_npy(args.out, features=args.features, edge_index=args.edge_index, src=args.src,
@@ -100,7 +99,7 @@ def _run_npy(args: argparse.Namespace) -> int:
 
 
 def _run_ogb(args: argparse.Namespace) -> int:
-    from ..operators.ingest.importers import from_ogb
+    from ..datasets import from_ogb
 
     _check_out(args)
     return _summary(from_ogb(args.root, args.out, split=args.split_name, feature_format=args.feature_format,

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..operators.formats.errors import InputError
-from ..operators.formats.files import format_bytes, read_manifest
+from ..errors import InputError
+from ..sizes import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..datasets import read_manifest
+
     path = Path(args.path)
     if not path.is_dir():
         raise InputError(path, "no such directory")

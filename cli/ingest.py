@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..flow.security import add_tls_arguments, check_tls
-from ..operators.formats.files import format_bytes
+from ..cluster import check_tls
+from ..sizes import format_bytes
+from .options import add_tls_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:

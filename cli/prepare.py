@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..flow.memsplit import SPLIT_PLOT, describe_split
-from ..flow.options import byte_budget, fanouts_option, positive_int
-from ..flow.pipeline import load_pipeline
-from ..flow.security import add_tls_arguments, check_tls
-from ..operators.formats.files import format_bytes
-from ..operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS
-from ..operators.prepare.seeds import GROUPINGS
-from .run import parse_batches
+from .. import load_pipeline
+from ..cluster import check_tls
+from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS
+from ..runs import SPLIT_PLOT, describe_split
+from ..sizes import byte_budget, format_bytes
+from .options import add_tls_arguments, fanouts_option, parse_batches, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,58 +29,64 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PACKED",
                    help="packed dataset directory to create (its cache goes to PACKED.work); an existing PACKED or "
                         "PACKED.work that is not a packed dataset / prepare cache is refused unless --force")
-    p.add_argument("--gpu-memory", default="0", metavar="SIZE",
-                   help="bytes for the static GPU tier, e.g. 2GiB (default 0; needs --device cuda)")
-    p.add_argument("--cpu-memory", default="10%", metavar="SIZE",
+    d = PREPARE_DEFAULTS    # the defaults, from the one place they are set
+    p.add_argument("--gpu-memory", default=d["gpu_memory"], metavar="SIZE",
+                   help="bytes for the static GPU tier, e.g. 2GiB (default %(default)s; needs --device cuda)")
+    p.add_argument("--cpu-memory", default=d["cpu_memory"], metavar="SIZE",
                    help="host memory for features on the training machine (CPU tier + staging of in-flight "
                         "batches), as bytes (4GiB) or a share of the feature bytes (10%%; default %(default)s)")
-    p.add_argument("--disk-budget", default=None, metavar="SIZE",
+    p.add_argument("--disk-budget", default=d["disk_budget"], metavar="SIZE",
                    help="most disk space for packed data (e.g. 20GiB); beyond it the segmented disk cache is used "
                         "(default: no limit)")
-    p.add_argument("--readahead", default="1GiB", metavar="SIZE",
+    p.add_argument("--readahead", default=d["readahead"], metavar="SIZE",
                    help="feature bytes read into this machine's page cache while sampling and planning keep the "
                         "CPUs busy, so that part of the packing pass overlaps them; bytes or a share of the "
                         "features (25%%); 0 turns it off (default %(default)s)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the training device (default: cpu)")
-    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=None,
+    p.add_argument("--device", choices=("cpu", "cuda"), default=d["device"],
+                   help="the training device (default: %(default)s)")
+    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=d["fanouts"],
                    help="neighbours sampled per hop (default: the pipeline's, 10,10,10 for the built-in ones)")
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1024, help="seeds per minibatch (default 1024)")
-    p.add_argument("--superbatch-size", type=int, default=64, metavar="S",
-                   help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default 64)")
-    p.add_argument("--epochs", type=positive_int("--epochs"), default=1, help="epochs in the round (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of batch order and sampling (default 0)")
-    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=2,
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=d["batch_size"],
+                   help="seeds per minibatch (default %(default)s)")
+    p.add_argument("--superbatch-size", type=int, default=d["superbatch_size"], metavar="S",
+                   help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default "
+                        "%(default)s)")
+    p.add_argument("--epochs", type=positive_int("--epochs"), default=d["epochs"],
+                   help="epochs in the round (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"], help="seed of batch order and sampling (default %(default)s)")
+    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=d["queue_depth"],
                    help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
-                        "reserved out of --cpu-memory (default 2, as `diskflow train`)")
-    p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=None,
+                        "reserved out of --cpu-memory (default %(default)s, as `diskflow train`)")
+    p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=d["batches"],
                    help="shuffled ('random'; the pipeline's default) or partition: batches from groups of min-cut parts (OUTRE)")
-    p.add_argument("--partitions", type=positive_int("--partitions"), default=None,
+    p.add_argument("--partitions", type=positive_int("--partitions"), default=d["partitions"],
                    help="partition batches: parts of the graph (default one per 128 training nodes)")
-    p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=20,
-                   help="partition batches: parts whose training nodes are shuffled together (default 20)")
-    p.add_argument("--group-by", choices=GROUPINGS, default="label",
+    p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=d["parts_per_group"],
+                   help="partition batches: parts whose training nodes are shuffled together (default %(default)s)")
+    p.add_argument("--group-by", choices=GROUPINGS, default=d["group_by"],
                    help="partition batches: how parts meet in a group, label (parts of different majority labels "
                         "together; default) or random (OUTRE's)")
-    p.add_argument("--partitioner", choices=("kaminpar", "metis"), default="kaminpar",
-                   help="partition batches: the partitioner (default kaminpar)")
-    p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=1,
-                   help="partition batches: the partitioner's threads (default 1: the same parts every run)")
-    p.add_argument("--history-memory", default=None, metavar="SIZE",
+    p.add_argument("--partitioner", choices=("kaminpar", "metis"), default=d["partitioner"],
+                   help="partition batches: the partitioner (default %(default)s)")
+    p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=d["partition_threads"],
+                   help="partition batches: the partitioner's threads (default %(default)s: the same parts every run)")
+    p.add_argument("--history-memory", default=d["history_memory"], metavar="SIZE",
                    help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
                         "the samples, or 'auto': the share of --cpu-memory that reads the fewest bytes from disk, "
                         "the rest for the feature cache (default: the pipeline's)")
-    p.add_argument("--history-select", choices=HISTORY_SELECTS, default="accesses",
+    p.add_argument("--history-select", choices=HISTORY_SELECTS, default=d["history_select"],
                    help="the embedding cache's nodes: the round's most frequent one-hop nodes (accesses, default; "
                         "known offline) or the highest in-degree (degree, what an online loader uses)")
-    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=None,
+    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=d["history_staleness"],
                    help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
-    p.add_argument("--history-prune", choices=HISTORY_PRUNES, default=None,
+    p.add_argument("--history-prune", choices=HISTORY_PRUNES, default=d["history_prune"],
                    help="what a fresh cached embedding prunes below its node: last-hop (its subtree's last hop; the "
                         "lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the "
                         "seeds' lower layers see that node's features alone) (default: the pipeline's, last-hop)")
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=128,
-                   help="the model's hidden channels, the width of the cached embeddings (default 128)")
-    p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=2, help="MinHash functions (default 2)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=d["hidden"],
+                   help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
+    p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=d["minhash_k"],
+                   help="MinHash functions (default %(default)s)")
     p.add_argument("--force", action="store_true",
                    help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "
                         "something else (deleting it)")
@@ -93,8 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..api import PREPARE_DEFAULTS, prepare
-    from ..operators.formats.store import Store
+    from ..api import prepare
+    from ..datasets import Store
 
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)   # first: before the store is read
     options = {k: getattr(args, k) for k in PREPARE_DEFAULTS}

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..flow.rundir import read_report
-from ..flow.timeline import TIMELINE, key_numbers, plot_timeline
-from ..operators.formats.errors import InputError
-from ..operators.formats.files import format_bytes
+from ..errors import InputError
+from ..runs import TIMELINE, key_numbers, plot_timeline, read_report
+from ..sizes import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

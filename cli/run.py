@@ -12,14 +12,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..flow.options import model_option, parse_fanouts, parse_int
-from ..flow.pipeline import available_pipelines, load_pipeline
-from ..flow.rundir import fmt, new_run_dir, print_epoch
-from ..flow.security import check_tls
-from ..flow.stream import RUN_OPTIONS, add_run_arguments, resume_dir
-from ..operators.formats.errors import ConfigError
-from ..operators.prepare.history import check_prune
-from ..operators.train.modeldef import model_label
+from .. import load_pipeline
+from ..cluster import check_tls
+from ..config import (
+    PREPARE_DEFAULTS,
+    TrainConfig,
+    available_pipelines,
+    check_prune,
+    model_label,
+    parse_fanouts,
+)
+from ..errors import ConfigError
+from ..runs import SPLIT_PLOT, describe_online, describe_split, fmt, new_run_dir, print_epoch
+from .options import model_option, parse_batches, parse_float, parse_int
+from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,17 +36,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on an ingested store; prints each epoch and writes RUNS_DIR/<time>-<pipeline>-<model>/report.json.")
     p.add_argument("pipeline", metavar="PIPELINE", help="pipeline name or path of a pipeline .py file")
     p.add_argument("--dataset", required=True, metavar="STORE", help="ingested store directory")
-    p.add_argument("--model", metavar="MODEL", help="sage (default), gcn, gat, mlp (features only), or the path of a "
-                                                    ".py file that defines a diskflow.Model")
-    p.add_argument("--epochs", metavar="N", help="training epochs (default 3)")
-    p.add_argument("--fanouts", metavar="K,K,..", help="neighbours per hop, -1 for all (default 10,10,10)")
-    p.add_argument("--batch-size", metavar="N", help="seed nodes per batch (default 1024)")
-    p.add_argument("--hidden", metavar="N", help="hidden channels (default 128)")
+    d = TrainConfig()       # the defaults, from the one place they are set (each pipeline's own apply)
+    p.add_argument("--model", metavar="MODEL", help=f"{d.model} (default), gcn, gat, mlp (features only), or the path "
+                                                    "of a .py file that defines a diskflow.Model")
+    p.add_argument("--epochs", metavar="N", help=f"training epochs (default {d.epochs})")
+    p.add_argument("--fanouts", metavar="K,K,..",
+                   help=f"neighbours per hop, -1 for all (default {','.join(map(str, d.fanouts))})")
+    p.add_argument("--batch-size", metavar="N", help=f"seed nodes per batch (default {d.batch_size})")
+    p.add_argument("--hidden", metavar="N", help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", metavar="N", help="model layers (default: number of hops)")
     p.add_argument("--dropout", metavar="P", help="dropout probability")
-    p.add_argument("--lr", metavar="LR", help="Adam learning rate (default 3e-3)")
-    p.add_argument("--seed", metavar="N", help="seed of model init, batch order and sampling (default 0)")
-    p.add_argument("--eval-every", metavar="N", help="evaluate val/test every N epochs (default 1)")
+    p.add_argument("--lr", metavar="LR", help=f"Adam learning rate (default {d.lr:g})")
+    p.add_argument("--seed", metavar="N", help=f"seed of model init, batch order and sampling (default {d.seed})")
+    p.add_argument("--eval-every", metavar="N", help=f"evaluate val/test every N epochs (default {d.eval_every})")
     p.add_argument("--device", metavar="DEV", help="cpu (default) or cuda[:N]")
     p.add_argument("--threads", metavar="N", help="torch and sampler threads")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
@@ -50,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", metavar="N", help="partition batches: parts of the graph (default one per 128 training nodes)")
     p.add_argument("--partition", metavar="FILE",
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
-    p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default 20)")
+    p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default "
+                                                          f"{PREPARE_DEFAULTS['parts_per_group']})")
     p.add_argument("--group-by", metavar="HOW", help="partition batches: how parts meet in a group, label (default: "
                                                     "parts of different majority labels together) or random (OUTRE's)")
     p.add_argument("--history-memory", metavar="SIZE",
@@ -71,23 +80,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 4)")
     add_run_arguments(p)
     p.set_defaults(func=_run)
-
-
-def parse_batches(option: str, text: str) -> str:
-    """A batch order's name; ``random`` names the shuffled order."""
-    from ..operators.prepare.seeds import BATCH_ORDERS
-
-    name = "shuffled" if text == "random" else text
-    if name not in BATCH_ORDERS:
-        raise ConfigError(option, f"expected one of {', '.join(BATCH_ORDERS)} (or random), got {text!r}")
-    return name
-
-
-def parse_float(option: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(option, f"expected a number, got {text!r}") from None
 
 
 # option attribute -> (flag, parser)
@@ -177,8 +169,6 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{'-' if stream.get('models_equal') is None else 'yes' if stream['models_equal'] else 'no'} "
               f"({stream.get('models_checked')} checked)")
     if report.get("online"):
-        from ..flow.runtimes.online import describe_online
-
         print(describe_online(report))
     hist = report.get("history")
     if hist:
@@ -189,8 +179,6 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{hist['pushed']:,} embeddings pushed{rows}")
     split = report.get("prepare", {}).get("figures", {}).get("memory_split")
     if split:
-        from ..flow.memsplit import SPLIT_PLOT, describe_split
-
         print(f"memory split: {describe_split(split)} (curve: {Path(report['prepare']['path']) / SPLIT_PLOT})")
     if report.get("peak_rss_bytes"):
         print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB  wall {fmt(report.get('wall_s'), '.1f')} s")

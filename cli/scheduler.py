@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..flow.roles import run_dask_cli, scheduler_argv
-from ..flow.security import add_tls_arguments, check_tls
+from ..cluster import check_tls, run_dask_cli, scheduler_argv
+from .options import add_tls_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:

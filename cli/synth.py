@@ -6,10 +6,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..flow.options import positive_int
-from ..flow.security import add_tls_arguments, check_tls
-from ..operators.formats.files import format_bytes
-from ..operators.ingest.synth import SynthConfig
+from ..cluster import check_tls
+from ..config import SynthConfig
+from ..sizes import format_bytes
+from .options import add_tls_arguments, positive_int
 
 _D = SynthConfig()
 
@@ -84,21 +84,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..flow.cluster import dask_client
-    from ..flow.synth import run_synth
-    from ..operators.formats.outputs import check_replaceable
-    from ..operators.ingest.importers import RAW_KIND
+    from ..api import synth
+    from ..cluster import client
+    from ..datasets import check_raw_output
 
     security = check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key).security()
-    cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes,
-                      avg_degree=args.avg_degree, homophily=args.homophily, signal=args.signal, noise=args.noise,
-                      label_noise=args.label_noise, degree_exponent=args.degree_exponent, dtype=args.dtype,
-                      seed=args.seed, train_frac=args.train, val_frac=args.val, test_frac=args.test,
-                      part_nodes=args.part_nodes, feature_format=args.feature_format, locality=args.locality)
-    cfg.validate()
-    check_replaceable(args.out, args.force, RAW_KIND)    # before a cluster starts
-    with dask_client(args.scheduler, n_workers=args.workers, security=security):
-        out = run_synth(cfg, args.out, force=args.force)
+    options = {"avg_degree": args.avg_degree, "homophily": args.homophily, "signal": args.signal, "noise": args.noise,
+               "label_noise": args.label_noise, "degree_exponent": args.degree_exponent, "dtype": args.dtype,
+               "train_frac": args.train, "val_frac": args.val, "test_frac": args.test, "part_nodes": args.part_nodes,
+               "feature_format": args.feature_format, "locality": args.locality}
+    shape = {"nodes": args.nodes, "dim": args.dim, "classes": args.classes, "seed": args.seed}
+    SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes, seed=args.seed,
+                **options).validate()           # a bad option fails before a cluster starts
+    check_raw_output(args.out, args.force)      # and so does an OUT that holds something else
+    with client(args.scheduler, n_workers=args.workers, security=security):
+        out = synth(args.out, force=args.force, **shape, **options)
     m = json.loads((out / "manifest.json").read_text())
     print(f"synth: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges, "
           f"{format_bytes(m['feature_bytes'])} of features ({m['feature_dim']}-dim {m['feature_dtype']}), "

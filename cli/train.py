@@ -8,17 +8,25 @@ newest unfinished run of the same PACKED under ``--runs-dir`` from its last chec
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-from ..flow.options import model_option, positive_int
-from ..flow.rundir import REPORT, RUN_INFO, fmt, new_run_dir, print_epoch, use_run_dir
-from ..operators.formats.errors import ConfigError, DiskflowError, InputError
-from ..operators.formats.files import format_bytes, read_manifest, write_json
-from ..operators.train.config import DATA_ONLY, MODELS, TrainConfig
-from ..operators.train.modeldef import model_label
+from ..config import DATA_ONLY, MODELS, TrainConfig, model_label
+from ..errors import ConfigError, DiskflowError, InputError
+from ..runs import (
+    REPORT,
+    fmt,
+    has_checkpoints,
+    new_run_dir,
+    print_epoch,
+    unfinished_run,
+    use_run_dir,
+    write_run_info,
+)
+from ..sizes import byte_budget as budget
+from ..sizes import format_bytes
+from .options import model_option, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,31 +77,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _packed_manifest(path: str) -> dict[str, Any]:
+    from ..datasets import read_manifest
+
     m = read_manifest(path) if Path(path).is_dir() else None
     if m is None:
         raise InputError(path, "not a packed dataset (no manifest.json; run `diskflow prepare`)")
     return m
 
 
-def _unfinished_run(runs_dir: Path, packed: Path) -> Path | None:
-    """The newest run directory under `runs_dir` that trains `packed` and has no report yet."""
-    if not runs_dir.is_dir():
-        return None
-    for d in sorted((d for d in runs_dir.iterdir() if d.is_dir()), key=lambda d: d.name, reverse=True):
-        info = d / RUN_INFO
-        if info.is_file() and not (d / REPORT).exists():
-            try:
-                if json.loads(info.read_text()).get("packed") == str(packed):
-                    return d
-            except (OSError, json.JSONDecodeError):
-                continue
-    return None
-
-
 def _run(args: argparse.Namespace) -> int:
     from ..api import train
-    from ..flow.options import byte_budget as budget
-    from ..operators.train.trainer import CHECKPOINTS
 
     model_option(args.model)
     manifest = _packed_manifest(args.packed)
@@ -105,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         run_dir = use_run_dir(args.run_dir, args.force)
     elif args.resume:
-        found = _unfinished_run(Path(args.runs_dir), packed)
+        found = unfinished_run(args.runs_dir, packed)
         if found is None:
             raise ConfigError("--resume", f"no unfinished run of {packed} under {args.runs_dir}/ "
                                           "(give its --run-dir, or start without --resume)")
@@ -113,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         run_dir = new_run_dir(args.runs_dir, label)
     fresh = not any(run_dir.iterdir())
-    write_json(run_dir / RUN_INFO, {"packed": str(packed), "model": args.model})
+    write_run_info(run_dir, packed, args.model)
     print(f"run directory: {run_dir}")
     try:
         report = train(packed, args.model, run_dir=run_dir, progress=not args.no_progress, on_epoch=print_epoch,
@@ -123,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
                        sequential=args.sequential, check_crc=not args.no_crc, resume=args.resume, store=args.store,
                        threads=args.threads)
     except DiskflowError:
-        if fresh and not (run_dir / CHECKPOINTS).exists():   # failed before training: leave no run behind
+        if fresh and not has_checkpoints(run_dir):   # failed before training: leave no run behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     print_summary(report)

@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..flow.options import positive_int
-from ..operators.formats.files import format_bytes
-from ..operators.formats.verify import verify
+from ..sizes import format_bytes
+from .options import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..datasets import verify
+
     t0 = time.perf_counter()
     out = verify(args.packed, full=args.full, sample_batches=args.batches, seed=args.seed, store_path=args.store)
     print(f"{args.packed}: OK in {time.perf_counter() - t0:.1f}s")

@@ -14,10 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ..flow.roles import run_dask_cli, set_worker_config, worker_argv
-from ..flow.security import add_tls_arguments, check_tls, probe
-from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import parse_bytes
+from ..cluster import check_tls, probe, run_dask_cli, set_worker_config, worker_argv
+from ..errors import ConfigError
+from ..sizes import parse_bytes
+from .options import add_tls_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,95 @@
+"""argparse value parsers and shared flags of the commands: each refusal names the flag and the fault.
+
+The ``*_option`` and ``positive_int``-style builders are argparse ``type``s (a bad value stops parsing with
+argparse's own message); `parse_int`, `parse_float` and `parse_batches` raise `ConfigError` for values
+parsed after argparse (`diskflow run` passes on only the flags given).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from ..config import BATCH_ORDERS, check_model_option, is_model_file, parse_fanouts
+from ..errors import ConfigError
+from ..sizes import parse_bytes
+
+
+def positive_int(option: str) -> Callable[[str], int]:
+    """Parser for an integer >= 1."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: expected an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{option}: must be >= 1, got {value}")
+        return value
+    return parse
+
+
+def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
+    """`parse_fanouts` as an argparse ``type``."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return parse_fanouts(text, option)
+        except ConfigError as e:  # -> argparse's own message format
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def byte_size(option: str) -> Callable[[str], int]:
+    """Parser for sizes such as `2GiB`, `512MiB`, `1.5GB`."""
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text, option)
+        except ConfigError as e:  # -> argparse's own message format
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def parse_int(option: str, text: str, minimum: int) -> int:
+    """An integer option >= minimum, or a ConfigError naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def parse_float(option: str, text: str) -> float:
+    """A number, or a ConfigError naming the option."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(option, f"expected a number, got {text!r}") from None
+
+
+def parse_batches(option: str, text: str) -> str:
+    """A batch order's name; ``random`` names the shuffled order."""
+    name = "shuffled" if text == "random" else text
+    if name not in BATCH_ORDERS:
+        raise ConfigError(option, f"expected one of {', '.join(BATCH_ORDERS)} (or random), got {text!r}")
+    return name
+
+
+def model_option(text: str) -> str:
+    """A `--model` value: a built-in model's name, ``none``, or the path of an existing ``.py`` file that
+    defines a `diskflow.Model` (imported where the model is built, not here)."""
+    check_model_option(text, "--model")
+    return os.path.abspath(text) if is_model_file(text) else text
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser, listens: bool = False) -> None:
+    """Add ``--tls-ca-file``, ``--tls-cert`` and ``--tls-key`` to a command's parser (`listens`: a scheduler's
+    or a worker's own, else a client's of ``--scheduler tls://...``)."""
+    who = "this process's" if listens else "--scheduler tls://...: this client's"
+    parser.add_argument("--tls-ca-file", default=None, metavar="FILE",
+                        help=("TLS: the CA certificate every process of the cluster trusts (with --tls-cert, "
+                              "--tls-key; the scheduler then listens on tls://)") if listens else
+                        "--scheduler tls://...: the CA certificate the cluster's certificates are signed by")
+    parser.add_argument("--tls-cert", default=None, metavar="FILE", help=f"{who} certificate (PEM)")
+    parser.add_argument("--tls-key", default=None, metavar="FILE",
+                        help=f"{who} private key (PEM; default: in --tls-cert)")
