@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..operators.formats.errors import DiskflowError, is_disk_full
+from ..errors import ConfigError, DiskflowError, is_disk_full
 
 # Subcommand modules, in the order `diskflow --help` lists them.
 COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")
@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiskflowError as e:
         if args.verbose:
             raise
-        print(f"diskflow {args.command}: error: {e}", file=sys.stderr)
+        message = f"{flag_of(_command_parser(parser, args), e.option)}: {e.fault}" if isinstance(e, ConfigError) else e
+        print(f"diskflow {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as e:
         # Writers name their output when the disk fills (DiskFullError, above); this is the net
@@ -54,3 +55,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"diskflow {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def flag_of(parser: argparse.ArgumentParser | None, option: str) -> str:
+    """The flag a `ConfigError`'s `option` stands for on the command line: the long flag of `parser`'s argument
+    whose ``dest`` is `option` (a config field or API parameter such as ``cpu_memory`` -> ``--cpu-memory``).
+    The library names config fields; only the command line knows its flags. An option already written as a
+    flag (``--x``), or one no argument stores, is returned as it is."""
+    if parser is None or option.startswith("-"):
+        return option
+    for action in parser._actions:
+        if action.dest == option and action.option_strings:
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            return (longs or action.option_strings)[0]
+    return option
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser | None:
+    """The parser of the subcommand `args` ran (``bench compare``'s, ``import npy``'s: the innermost one)."""
+    found: argparse.ArgumentParser | None = None
+    current = parser
+    while True:
+        subparsers = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subparsers:
+            return found
+        action = subparsers[0]
+        chosen = getattr(args, action.dest, None)
+        child = action.choices.get(chosen) if chosen is not None else None
+        if child is None:
+            return found
+        found = current = child
