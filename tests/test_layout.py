@@ -32,3 +32,41 @@ def test_the_layout_section_names_every_stage_pipeline_benchmark_and_test_folder
     missing += [f"tests/operators/{t}" for t in _folders("tests/operators") if t not in layout]
     missing += [f"tests/{t}" for t in _folders("tests") if f"tests/{t}" not in layout]
     assert missing == [], f"README.md's layout section does not mention {missing}"
+
+
+INTERNAL = ("flow", "operators", "native", "pipelines")     # the floors below the public API
+
+
+def _internal_imports(path: Path) -> list[str]:
+    """The imports of `path` (a module of diskflow/cli) that reach an internal floor: ``..flow``,
+    ``diskflow.operators...``, ``from .. import native``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            elif node.level == 1:
+                continue                                     # cli's own modules
+            else:
+                base = ".".join(["diskflow", *(["?"] * (node.level - 2)), *([node.module] if node.module else [])])
+            names = [base] if node.module else [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "diskflow" and len(parts) > 1 and (parts[1] in INTERNAL or parts[1] == "?"):
+                found.append(f"{path.name}:{node.lineno}: {name}")
+    return found
+
+
+def test_the_cli_imports_only_the_public_api() -> None:
+    """The command line is the top floor: it calls `diskflow`, `diskflow.api` and the public modules beside them
+    (and the benchmarks it runs), never the framework, the operators, the native engine or the pipelines."""
+    modules = sorted((ROOT / "cli").glob("*.py"))
+    assert modules
+    found = [hit for path in modules for hit in _internal_imports(path)]
+    assert found == [], f"the CLI imports internals: {found}"
