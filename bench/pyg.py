@@ -64,7 +64,8 @@ from typing import Any
 
 import numpy as np
 
-from ..flow.options import byte_budget, fanouts_option
+from ..config import fanouts_option
+from ..flow.options import byte_budget
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, write_child_out

@@ -68,7 +68,8 @@ from typing import Any
 
 import numpy as np
 
-from ..flow.options import byte_budget, fanouts_option
+from ..config import fanouts_option
+from ..flow.options import byte_budget
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, parse_bytes
 from .child import read_child_spec, write_child_out

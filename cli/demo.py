@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config import fanouts_option
 from ..sizes import format_bytes
-from .options import fanouts_option, positive_int
+from .options import positive_int
 
 FLOOR_BYTES = 256 << 20     # the most the floor measurement reads (O_DIRECT, sequential)
 SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling tasks and Belady planning

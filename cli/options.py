@@ -1,16 +1,16 @@
 """argparse value parsers and shared flags of the commands: each refusal names the flag and the fault.
 
-The ``*_option`` and ``positive_int``-style builders are argparse ``type``s (a bad value stops parsing with
-argparse's own message); `parse_int`, `parse_float` and `parse_batches` raise `ConfigError` for values
+`positive_int` and `byte_size` build argparse ``type``s (a bad value stops parsing with
+argparse's own message; `diskflow.config` has the ones the benchmarks share, `fanouts_option` and
+`model_option`); `parse_int`, `parse_float` and `parse_batches` raise `ConfigError` for values
 parsed after argparse (`diskflow run` passes on only the flags given).
 """
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 
-from ..config import BATCH_ORDERS, check_model_option, is_model_file, parse_fanouts
+from ..config import BATCH_ORDERS
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
@@ -25,16 +25,6 @@ def positive_int(option: str) -> Callable[[str], int]:
         if value < 1:
             raise argparse.ArgumentTypeError(f"{option}: must be >= 1, got {value}")
         return value
-    return parse
-
-
-def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
-    """`parse_fanouts` as an argparse ``type``."""
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return parse_fanouts(text, option)
-        except ConfigError as e:  # -> argparse's own message format
-            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 
@@ -73,13 +63,6 @@ def parse_batches(option: str, text: str) -> str:
     if name not in BATCH_ORDERS:
         raise ConfigError(option, f"expected one of {', '.join(BATCH_ORDERS)} (or random), got {text!r}")
     return name
-
-
-def model_option(text: str) -> str:
-    """A `--model` value: a built-in model's name, ``none``, or the path of an existing ``.py`` file that
-    defines a `diskflow.Model` (imported where the model is built, not here)."""
-    check_model_option(text, "--model")
-    return os.path.abspath(text) if is_model_file(text) else text
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser, listens: bool = False) -> None:

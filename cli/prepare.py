@@ -5,10 +5,10 @@ import argparse
 
 from .. import load_pipeline
 from ..cluster import check_tls
-from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS
+from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split
 from ..sizes import byte_budget, format_bytes
-from .options import add_tls_arguments, fanouts_option, parse_batches, positive_int
+from .options import add_tls_arguments, parse_batches, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:

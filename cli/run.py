@@ -20,11 +20,12 @@ from ..config import (
     available_pipelines,
     check_prune,
     model_label,
+    model_option,
     parse_fanouts,
 )
 from ..errors import ConfigError
 from ..runs import SPLIT_PLOT, describe_online, describe_split, fmt, new_run_dir, print_epoch
-from .options import model_option, parse_batches, parse_float, parse_int
+from .options import parse_batches, parse_float, parse_int
 from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
 

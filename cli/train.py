@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..config import DATA_ONLY, MODELS, TrainConfig, model_label
+from ..config import DATA_ONLY, MODELS, TrainConfig, model_label, model_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..runs import (
     REPORT,
@@ -26,7 +26,7 @@ from ..runs import (
 )
 from ..sizes import byte_budget as budget
 from ..sizes import format_bytes
-from .options import model_option, positive_int
+from .options import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,10 +11,15 @@ The commands take their flags' defaults from here, so a default is never written
 """
 from __future__ import annotations
 
+import argparse
+import os
+from collections.abc import Callable
+
 from .api import PREPARE_DEFAULTS
 from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
 from .flow.stream.config import StreamConfig
+from .operators.formats.errors import ConfigError
 from .operators.ingest.synth import SynthConfig
 from .operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS, check_prune
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
@@ -23,4 +28,27 @@ from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_fi
 
 __all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "MODELS", "PREPARE_DEFAULTS",
            "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune",
-           "is_model_file", "model_label", "parse_fanouts"]
+           "fanouts_option", "is_model_file", "model_label", "model_option", "parse_fanouts"]
+
+
+def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
+    """`parse_fanouts` as an argparse ``type``: a bad value stops parsing with argparse's own message naming
+    `option` (every command's and benchmark's ``--fanouts`` reads alike)."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return parse_fanouts(text, option)
+        except ConfigError as e:  # -> argparse's own message format
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def model_option(text: str) -> str:
+    """A ``--model`` value: a built-in model's name, ``none``, or the path of an existing ``.py`` file that
+    defines a `diskflow.Model`, made absolute so that Dask workers find it (imported where the model is built,
+    not here).
+
+    Raises:
+        ConfigError: naming ``--model``, for anything else.
+    """
+    check_model_option(text, "--model")
+    return os.path.abspath(text) if is_model_file(text) else text
