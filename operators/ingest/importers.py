@@ -98,7 +98,7 @@ def write_feature_shard(path: str | os.PathLike[str], chunks: Iterable[tuple[np.
                     writer.write_batch(feature_batch(node_id, x))
                     rows += len(node_id)
         else:
-            raise ConfigError("--format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
+            raise ConfigError("feature_format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
     return rows
 
 
@@ -123,7 +123,7 @@ class RawWriter:
 
     def __init__(self, root: Path, feature_format: str = "arrow") -> None:
         if feature_format not in FEATURE_FORMATS:
-            raise ConfigError("--format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
+            raise ConfigError("feature_format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
         self.root = root
         self.feature_format = feature_format
         for sub in ("edges", "features", "nodes"):
@@ -390,7 +390,7 @@ def _load_npy(path: str | os.PathLike[str]) -> np.ndarray:
 def _npy_edges(edge_index: Any, src: Any, dst: Any) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
     """(src view, dst view, {role: path}) from either one [2, E] file or two [E] files."""
     if (edge_index is None) == (src is None and dst is None):
-        raise ConfigError("--edge-index", "give either an edge_index file or both --src and --dst files")
+        raise ConfigError("edge_index", "give either an edge_index file or both src and dst files")
     if edge_index is not None:
         arr = _load_npy(edge_index)
         if arr.ndim == 2 and arr.shape[0] == 2:
@@ -403,7 +403,7 @@ def _npy_edges(edge_index: Any, src: Any, dst: Any) -> tuple[np.ndarray, np.ndar
             raise InputError(edge_index, f"edge index must be integers, got {arr.dtype}")
         return s, d, {"edge_index": os.fspath(edge_index)}
     if src is None or dst is None:
-        raise ConfigError("--src" if src is None else "--dst", "both --src and --dst files are needed")
+        raise ConfigError("src" if src is None else "dst", "both src and dst files are needed")
     s, d = _load_npy(src), _load_npy(dst)
     for arr, path in ((s, src), (d, dst)):
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
@@ -443,7 +443,7 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
         if y.shape[0] != num_nodes:
             raise InputError(labels, f"has {y.shape[0]} labels but {features} has {num_nodes} rows")
     if split is not None and any(p is not None for p in (train_idx, val_idx, test_idx)):
-        raise ConfigError("--split", "give either --split or --train-idx/--val-idx/--test-idx, not both")
+        raise ConfigError("split", "give either split or train_idx/val_idx/test_idx, not both")
     if split is not None:
         codes = _split_codes(_load_npy(split), num_nodes, split)
     else:
@@ -563,7 +563,7 @@ def _find_split_dir(root: Path, split: str | None) -> Path | None:
         return None
     dirs = sorted(p for p in split_root.iterdir() if p.is_dir())
     if len(dirs) > 1:
-        raise InputError(split_root, f"several split folders ({', '.join(p.name for p in dirs)}); choose one with --split")
+        raise InputError(split_root, f"several split folders ({', '.join(p.name for p in dirs)}); choose one with split")
     return dirs[0] if dirs else None
 
 

@@ -284,9 +284,9 @@ def check_id_range(ids: np.ndarray, num_nodes: int, path: Path, row0: int, what:
 
 def check_memory_budget(value: str | int) -> int:
     """The memory budget in bytes; a ConfigError when it is not a size or absurdly small."""
-    budget = parse_bytes(value, "--memory-budget")
+    budget = parse_bytes(value, "memory_budget")
     if budget < MIN_MEMORY_BUDGET:
-        raise ConfigError("--memory-budget", f"must be at least {format_bytes(MIN_MEMORY_BUDGET)}, got {value!r}")
+        raise ConfigError("memory_budget", f"must be at least {format_bytes(MIN_MEMORY_BUDGET)}, got {value!r}")
     return budget
 
 

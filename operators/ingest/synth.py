@@ -55,14 +55,8 @@ _TAG_LAYOUT = 2**62 + 1
 _TAG_CENTROIDS = 2**62 + 2
 _TAG_LABELS = 2**62 + 3
 
-# The CLI option that sets each field (errors name the option the user typed).
-OPTION = {
-    "num_nodes": "--nodes", "feature_dim": "--dim", "num_classes": "--classes", "avg_degree": "--avg-degree",
-    "homophily": "--homophily", "signal": "--signal", "noise": "--noise", "label_noise": "--label-noise",
-    "degree_exponent": "--degree-exponent", "dtype": "--dtype", "seed": "--seed", "train_frac": "--train",
-    "val_frac": "--val", "test_frac": "--test", "part_nodes": "--part-nodes", "feature_format": "--format",
-    "locality": "--locality",
-}
+# What an error names for a field `diskflow.synth` takes under a shorter keyword (`nodes=`); the others by name.
+OPTION = {"num_nodes": "nodes", "feature_dim": "dim", "num_classes": "classes"}
 
 
 @dataclass(frozen=True)
@@ -111,7 +105,7 @@ class SynthConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the option when a value is out of range."""
         def fail(name: str, fault: str) -> None:
-            raise ConfigError(OPTION[name], f"{fault}, got {getattr(self, name)!r}")
+            raise ConfigError(OPTION.get(name, name), f"{fault}, got {getattr(self, name)!r}")
 
         for f in fields(self):
             v = getattr(self, f.name)

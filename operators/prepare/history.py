@@ -42,7 +42,7 @@ HISTORY_PRUNES = ("last-hop", "subtree")     # what a fresh embedding prunes bel
 DEFAULT_PRUNE = "last-hop"
 
 
-def check_prune(prune: object, option: str = "--history-prune") -> str:
+def check_prune(prune: object, option: str = "history_prune") -> str:
     """`prune` if it names a pruning rule (`HISTORY_PRUNES`), else a ConfigError naming `option`."""
     if prune not in HISTORY_PRUNES:
         raise ConfigError(option, f"expected one of {', '.join(HISTORY_PRUNES)}, got {prune!r}")
@@ -53,19 +53,19 @@ def refuse_without_cache(staleness: int | None = None, prune: str | None = None,
                          default_staleness: int = DEFAULT_STALENESS, default_prune: str = DEFAULT_PRUNE) -> None:
     """A ConfigError for a history option given (not None, not its default) where no historical embedding
     cache is: it would change nothing, so the user has most likely forgotten ``--history-memory``."""
-    for option, value, default in (("--history-staleness", staleness, default_staleness),
-                                   ("--history-select", select, HISTORY_SELECTS[0]),
-                                   ("--history-prune", prune, default_prune)):
+    for option, value, default in (("history_staleness", staleness, default_staleness),
+                                   ("history_select", select, HISTORY_SELECTS[0]),
+                                   ("history_prune", prune, default_prune)):
         if value is not None and value != default:
-            raise ConfigError(option, "applies to a historical embedding cache only (--history-memory)")
+            raise ConfigError(option, "applies to a historical embedding cache only (history_memory)")
 
 
 def history_rows(memory: int, dim: int) -> int:
     """Embeddings of width `dim` that `memory` bytes hold."""
     if dim < 1:
-        raise ConfigError("--hidden", f"the cached embeddings need a width >= 1, got {dim}")
+        raise ConfigError("hidden", f"the cached embeddings need a width >= 1, got {dim}")
     if memory < 0:
-        raise ConfigError("--history-memory", f"must be >= 0 bytes, got {memory}")
+        raise ConfigError("history_memory", f"must be >= 0 bytes, got {memory}")
     return int(memory) // (int(dim) * EMBEDDING_BYTES)
 
 
@@ -118,7 +118,7 @@ class HistoryPlanner:
 
     def __init__(self, nodes: np.ndarray, staleness: int, prune: str = DEFAULT_PRUNE) -> None:
         if staleness < 1:
-            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reuse), got {staleness}")
+            raise ConfigError("history_staleness", f"must be >= 1 (1: never reuse), got {staleness}")
         self.nodes = np.asarray(nodes, dtype=np.int64)
         if self.nodes.ndim != 1 or np.any(np.diff(self.nodes) <= 0):
             raise ValueError("history nodes must be sorted and unique")
@@ -161,8 +161,8 @@ def planned_width(where: object, planned: dict, hidden: int) -> int:
     """The rows of a round planned for a cache of ``planned["dim"]``-wide embeddings, checked against the
     model's `hidden` channels (`where` names the round in the error)."""
     if int(planned["dim"]) != hidden:
-        raise ConfigError("--hidden", f"{where} was planned for a historical embedding cache of width "
-                                      f"{planned['dim']}; train with --hidden {planned['dim']} (got {hidden})")
+        raise ConfigError("hidden", f"{where} was planned for a historical embedding cache of width "
+                                    f"{planned['dim']}; train with hidden={planned['dim']} (got {hidden})")
     return int(planned["rows"])
 
 

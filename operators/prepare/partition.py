@@ -39,7 +39,7 @@ def undirected_adjacency(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.nd
     without self loops or repeats: what METIS-style partitioners take."""
     n = int(indptr.shape[0]) - 1
     if n < 1:
-        raise ConfigError("--partitions", "the store has no nodes to partition")
+        raise ConfigError("partitions", "the store has no nodes to partition")
     degrees = np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.int64)
     dst = np.repeat(np.arange(n, dtype=np.int64), degrees)
     src = np.asarray(indices, dtype=np.int64)
@@ -82,11 +82,11 @@ def partition_graph(xadj: np.ndarray, adjncy: np.ndarray, parts: int, *, method:
     """
     n = int(xadj.shape[0]) - 1
     if method not in PARTITIONERS:
-        raise ConfigError("--partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {method!r}")
+        raise ConfigError("partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {method!r}")
     if not 2 <= parts <= n:
-        raise ConfigError("--partitions", f"expected 2 to {n:,} parts (the store's nodes), got {parts:,}")
+        raise ConfigError("partitions", f"expected 2 to {n:,} parts (the store's nodes), got {parts:,}")
     if threads < 1:
-        raise ConfigError("--partition-threads", f"must be >= 1, got {threads}")
+        raise ConfigError("partition_threads", f"must be >= 1, got {threads}")
     if method == "metis":
         import pymetis
 

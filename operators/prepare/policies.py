@@ -62,7 +62,7 @@ class FilePolicy:
             digest = hashlib.sha256(self.path.encode()).hexdigest()[:16]
             spec = importlib.util.spec_from_file_location(f"diskflow_user_policy_{digest}", self.path)
             if spec is None or spec.loader is None:
-                raise ConfigError("PIPELINE", f"{self.path}: cannot be imported for its policy {self.name}")
+                raise ConfigError("pipeline", f"{self.path}: cannot be imported for its policy {self.name}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             FilePolicy._loaded[key] = getattr(module, self.name)

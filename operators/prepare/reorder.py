@@ -29,7 +29,7 @@ def batch_hashes(num_batches: int, k: int = 2, seed: int = 0) -> np.ndarray:
         int64 array of shape `[k, num_batches]`.
     """
     if k < 1:
-        raise ConfigError("--minhash-k", f"the number of MinHash functions must be >= 1, got {k}")
+        raise ConfigError("minhash_k", f"the number of MinHash functions must be >= 1, got {k}")
     rng = np.random.default_rng(seed)
     return np.stack([rng.permutation(num_batches) for _ in range(k)]).astype(np.int64, copy=False)
 

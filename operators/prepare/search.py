@@ -140,7 +140,7 @@ def _check(row_bytes: int, disk_budget: int, pad_bytes_per_batch: int) -> None:
     if pad_bytes_per_batch < 0:
         raise ValueError(f"pad_bytes_per_batch must be >= 0, got {pad_bytes_per_batch}")
     if disk_budget < 0:
-        raise ConfigError("--disk-budget", f"must be >= 0 bytes, got {disk_budget}")
+        raise ConfigError("disk_budget", f"must be >= 0 bytes, got {disk_budget}")
 
 
 def search_trace(trace: MissTrace, row_bytes: int, disk_budget: int, pad_bytes_per_batch: int = 0) -> SegmentSearch:
@@ -154,7 +154,7 @@ def search_trace(trace: MissTrace, row_bytes: int, disk_budget: int, pad_bytes_p
     if smallest > disk_budget:
         floor = trace.num_distinct * row_bytes + n * pad_bytes_per_batch
         raise ConfigError(
-            "--disk-budget",
+            "disk_budget",
             f"{disk_budget} bytes ({format_bytes(disk_budget)}) cannot hold this round's disk misses: "
             f"the smallest workable budget is {smallest} bytes ({format_bytes(smallest)}), one disk-cache "
             f"segment for the whole round; no layout fits below the {trace.num_distinct} distinct missed rows "
@@ -184,7 +184,7 @@ def search_segment_size(misses: list[np.ndarray], row_bytes: int, disk_budget: i
         `actual_bytes <= disk_budget` always.
 
     Raises:
-        ConfigError: (`--disk-budget`) no segment size fits; the message gives the smallest
+        ConfigError: (`disk_budget`) no segment size fits; the message gives the smallest
             budget that does.
     """
     return search_trace(MissTrace(misses), row_bytes, disk_budget, pad_bytes_per_batch)

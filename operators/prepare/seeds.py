@@ -55,15 +55,15 @@ class BatchOrder:
 
     def __post_init__(self) -> None:
         if self.kind not in BATCH_ORDERS:
-            raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.kind!r}")
+            raise ConfigError("batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.kind!r}")
         if self.kind == "partition" and self.parts is None:
-            raise ConfigError("--batches", "partition batches need a partition of the graph (its parts file)")
+            raise ConfigError("batches", "partition batches need a partition of the graph (its parts file)")
         if self.group < 1:
-            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.group}")
+            raise ConfigError("parts_per_group", f"must be >= 1, got {self.group}")
         if self.grouping not in GROUPINGS:
-            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
+            raise ConfigError("group_by", f"expected one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
         if self.grouping == "label" and self.kind == "partition" and self.labels is None:
-            raise ConfigError("--group-by", "grouping parts by label needs the nodes' labels")
+            raise ConfigError("group_by", "grouping parts by label needs the nodes' labels")
 
     def describe(self) -> dict:
         """What the order depends on, as JSON values (the parts file by its content's fingerprint; the
@@ -82,13 +82,13 @@ def seed_batches(seeds: np.ndarray, batch_size: int, epoch: int, seed: int,
     every re-run trains on the same batches.
     """
     if batch_size < 1:
-        raise ConfigError("--batch-size", f"expected an integer >= 1, got {batch_size}")
+        raise ConfigError("batch_size", f"expected an integer >= 1, got {batch_size}")
     ids = np.asarray(seeds, dtype=np.int64)
     if order is not None and order.parts is not None and shuffle:
         parts = load_parts(order.parts)
         if ids.shape[0] and int(ids.max()) >= parts.shape[0]:
-            raise ConfigError("--partition", f"{order.parts}: {parts.shape[0]:,} nodes' parts, but seed "
-                                             f"{int(ids.max()):,} is among the training nodes (a partition of another graph?)")
+            raise ConfigError("partition", f"{order.parts}: {parts.shape[0]:,} nodes' parts, but seed "
+                                           f"{int(ids.max()):,} is among the training nodes (a partition of another graph?)")
         labels = None if order.grouping == "random" else np.asarray(load_labels(order.labels)[ids])
         ids = ids[partition_order(parts[ids], order.group, epoch, seed, labels)]
     elif shuffle:
@@ -140,8 +140,8 @@ def load_parts(path: str | os.PathLike[str]) -> np.ndarray:
     """The partition file (int32 part per node), memory-mapped; the same file is opened once per process."""
     parts = _mapped(path, "a partition file (an int32 .npy of every node's part)")
     if parts.ndim != 1 or parts.dtype != np.int32:
-        raise ConfigError("--partition", f"{os.fspath(path)}: expected a 1-D int32 array of parts, got "
-                                         f"{parts.dtype} {parts.shape}")
+        raise ConfigError("partition", f"{os.fspath(path)}: expected a 1-D int32 array of parts, got "
+                                       f"{parts.dtype} {parts.shape}")
     return parts
 
 
@@ -169,13 +169,13 @@ def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
     losses are weighed by (`train.config.TrainConfig.label_prior`)."""
     labels = np.asarray(labels, dtype=np.int64)
     if labels.shape[0] and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ConfigError("--batches", f"partition batches weigh the losses by the training labels' shares, which "
-                                       f"must be in [0, {num_classes}); the training split has labels from "
-                                       f"{int(labels.min())} to {int(labels.max())}")
+        raise ConfigError("batches", f"partition batches weigh the losses by the training labels' shares, which "
+                                     f"must be in [0, {num_classes}); the training split has labels from "
+                                     f"{int(labels.min())} to {int(labels.max())}")
     counts = np.bincount(labels, minlength=num_classes)[:num_classes]
     total = int(counts.sum())
     if total == 0:
-        raise ConfigError("--batches", "partition batches need training seeds with labels")
+        raise ConfigError("batches", "partition batches need training seeds with labels")
     return tuple(float(c) / total for c in counts)
 
 
@@ -184,7 +184,7 @@ def load_labels(path: str | os.PathLike[str] | None) -> np.ndarray:
     from ..formats.errors import InputError
 
     if path is None:
-        raise ConfigError("--group-by", "grouping parts by label needs the nodes' labels")
+        raise ConfigError("group_by", "grouping parts by label needs the nodes' labels")
     labels = _mapped(path, "a labels file (an .npy of every node's label)")
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise InputError(path, f"expected a 1-D integer array of labels, got {labels.dtype} {labels.shape}")

@@ -46,21 +46,21 @@ class SuperbatchRef:
 def check_round_config(batch_size: int, superbatch_size: int, epochs: int, fanouts: Sequence[int]) -> None:
     """Reject configs that cannot describe a round, naming the option."""
     if batch_size < 1:
-        raise ConfigError("--batch-size", f"must be >= 1, got {batch_size}")
+        raise ConfigError("batch_size", f"must be >= 1, got {batch_size}")
     if superbatch_size < 1:
-        raise ConfigError("--superbatch-size", f"must be >= 1 batch, got {superbatch_size}")
+        raise ConfigError("superbatch_size", f"must be >= 1 batch, got {superbatch_size}")
     if epochs < 1:
-        raise ConfigError("--epochs", f"must be >= 1, got {epochs}")
+        raise ConfigError("epochs", f"must be >= 1, got {epochs}")
     if len(fanouts) == 0:
-        raise ConfigError("--fanouts", "must name at least one hop (e.g. 10,10,10)")
+        raise ConfigError("fanouts", "must name at least one hop (e.g. 10,10,10)")
     if any(int(f) < -1 for f in fanouts):
-        raise ConfigError("--fanouts", f"each fanout must be >= -1 (-1 = all neighbours), got {list(fanouts)}")
+        raise ConfigError("fanouts", f"each fanout must be >= -1 (-1 = all neighbours), got {list(fanouts)}")
 
 
 def round_layout(num_train: int, batch_size: int, superbatch_size: int, epochs: int) -> list[SuperbatchRef]:
     """All superbatches of a round, in training order."""
     if num_train == 0:
-        raise ConfigError("--dataset", "the store has no training nodes (split 'train' is empty)")
+        raise ConfigError("store", "the store has no training nodes (split 'train' is empty)")
     per_epoch = -(-num_train // batch_size)
     refs = []
     for e in range(epochs):

@@ -60,18 +60,19 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
         io_reserve: the loader's other I/O buffers (`load.io_buffer_bytes`), reserved too.
     """
     if device not in DEVICES:
-        raise ConfigError("--device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
-    if gpu_budget < 0 or cpu_budget < 0:
-        raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+        raise ConfigError("device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
+    for option, nbytes in (("gpu_memory", gpu_budget), ("cpu_memory", cpu_budget)):
+        if nbytes < 0:
+            raise ConfigError(option, f"must be >= 0 bytes, got {nbytes}")
     if device == "cpu" and gpu_budget > 0:
-        raise ConfigError("--gpu-memory", f"a GPU tier of {format_bytes(gpu_budget)} was asked for on a CPU-only run "
-                          "(--device cpu); use --gpu-memory 0 or train with --device cuda")
+        raise ConfigError("gpu_memory", f"a GPU tier of {format_bytes(gpu_budget)} was asked for on a CPU-only run "
+                          "(device='cpu'); use gpu_memory=0 or train with device='cuda'")
     if staging_batches < 1:
-        raise ConfigError("--staging-batches", f"must be >= 1, got {staging_batches}")
+        raise ConfigError("staging_batches", f"must be >= 1, got {staging_batches}")
     staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
     need = staging + io_reserve
     if cpu_budget < need:
-        raise ConfigError("--cpu-memory", f"{format_bytes(cpu_budget)} cannot hold the trainer's staging buffers "
+        raise ConfigError("cpu_memory", f"{format_bytes(cpu_budget)} cannot hold the trainer's staging buffers "
                           f"({staging_batches} x {format_bytes(staging // staging_batches)} for batches of up to "
                           f"{max_batch_rows:,} rows = {format_bytes(staging)}) and I/O buffers "
                           f"({format_bytes(io_reserve)}); the smallest budget that works is {format_bytes(need)} "

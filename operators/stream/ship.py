@@ -64,9 +64,9 @@ class ScratchSpace:
     def __init__(self, root: str | os.PathLike[str], quota: int | None = None, hold_memory: int = 0) -> None:
         self.root = Path(root)
         if quota is not None and quota <= 0:
-            raise ConfigError("--quota", f"must be > 0 bytes, got {quota}")
+            raise ConfigError("quota", f"must be > 0 bytes, got {quota}")
         if hold_memory < 0:
-            raise ConfigError("--hold-memory", f"must be >= 0 bytes, got {hold_memory}")
+            raise ConfigError("hold_memory", f"must be >= 0 bytes, got {hold_memory}")
         self.quota = quota
         self.hold_memory = hold_memory
         try:
@@ -98,10 +98,10 @@ class ScratchSpace:
             while self._pending:
                 self._deleted.wait()
             if self.quota is not None and self.used + nbytes > self.quota:
-                raise ConfigError("--quota", (
+                raise ConfigError("quota", (
                     f"staging {name} ({format_bytes(nbytes)}) would take the scratch directory {self.root} to "
                     f"{format_bytes(self.used + nbytes)}, above its quota of {format_bytes(self.quota)} "
-                    f"({len(self._held)} staged now); lower --window or --superbatch-size, or raise the quota"))
+                    f"({len(self._held)} staged now); lower window or superbatch_size, or raise the quota"))
             self._held[name] = self._held.get(name, 0) + nbytes
             self.used += nbytes
             self.peak = max(self.peak, self.used)

@@ -71,8 +71,8 @@ class StreamTrainer:
         self.fingerprint = fingerprint
         self.resume = resume
         if resume is not None and resume.get("fingerprint") != fingerprint:
-            raise ConfigError("--resume", "the checkpoint was made with other options or another dataset; use the "
-                                          "same options, or start a new run without --resume")
+            raise ConfigError("resume", "the checkpoint was made with other options or another dataset; use the "
+                                        "same options, or start a new run without resume")
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         self.loader: PackedLoader | None = None

@@ -135,7 +135,7 @@ class InMemoryLoader:
                  batch_size: int, shuffle: bool, seed: int, stream: int = TRAIN_STREAM,
                  order: BatchOrder | None = None, history: Any = None) -> None:
         if batch_size < 1:
-            raise ConfigError("--batch-size", f"expected an integer >= 1, got {batch_size}")
+            raise ConfigError("batch_size", f"expected an integer >= 1, got {batch_size}")
         self.features = features
         self.labels = labels
         self.sampler = sampler
@@ -153,7 +153,7 @@ class InMemoryLoader:
             native: Any = sampler       # the native sampler: its graph arrays and `stop`
             fanouts = list(getattr(native, "fanouts", []))
             if len(fanouts) < 2:
-                raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+                raise ConfigError("history_memory", "a historical embedding cache needs two or more hops")
             self._hop1 = NeighborSampler(native.indptr, native.indices, fanouts[:1],
                                          num_threads=getattr(native, "num_threads", 1))
         self.epoch = 0

@@ -28,7 +28,7 @@ HISTORY_MODELS = ("sage", "gat")      # models whose layers a pruned subtree lea
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What to train and how; validated on construction (errors name the CLI option).
+    """What to train and how; validated on construction (errors name the field).
 
     Attributes:
         model: one of `MODELS`, the path of a ``.py`` file that defines a `diskflow.Model`, a
@@ -67,11 +67,11 @@ class TrainConfig:
     batches_per_step: int = 1
 
     def __post_init__(self) -> None:
-        check_model_option(self.model, "--model")
+        check_model_option(self.model, "model")
         fanouts = tuple(self.fanouts)
         if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
-            raise ConfigError("--fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
-                                           f"got {list(self.fanouts)}")
+            raise ConfigError("fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
+                                         f"got {list(self.fanouts)}")
         object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
         if self.num_layers is None:
             object.__setattr__(self, "num_layers", len(fanouts))
@@ -82,30 +82,30 @@ class TrainConfig:
                                                  f"got {list(self.label_prior)[:8]}")
             object.__setattr__(self, "label_prior", prior)
         if self.history_rows < 0:
-            raise ConfigError("--history-memory", f"the cache's rows must be >= 0, got {self.history_rows}")
+            raise ConfigError("history_memory", f"the cache's rows must be >= 0, got {self.history_rows}")
         if self.history_rows > 0 and not self.data_only:
             if not isinstance(self.model, str) or self.model not in HISTORY_MODELS:
-                raise ConfigError("--model", f"a historical embedding cache works with {', '.join(HISTORY_MODELS)} "
-                                             f"(GCN's normalisation reads each source's sampled degree, which pruning "
-                                             f"changes), got {self.model!r}")
+                raise ConfigError("model", f"a historical embedding cache works with {', '.join(HISTORY_MODELS)} "
+                                           f"(GCN's normalisation reads each source's sampled degree, which pruning "
+                                           f"changes), got {self.model!r}")
             if self.num_layers != len(self.fanouts):
-                raise ConfigError("--num-layers", f"a historical embedding cache needs one layer per sampled hop "
-                                                  f"({len(self.fanouts)}), got {self.num_layers}")
-        for option, value in (("--hidden", self.hidden), ("--num-layers", self.num_layers),
-                              ("--batch-size", self.batch_size), ("--epochs", self.epochs),
-                              ("--eval-every", self.eval_every), ("--heads", self.heads),
-                              ("--batches-per-step", self.batches_per_step)):
+                raise ConfigError("num_layers", f"a historical embedding cache needs one layer per sampled hop "
+                                                f"({len(self.fanouts)}), got {self.num_layers}")
+        for option, value in (("hidden", self.hidden), ("num_layers", self.num_layers),
+                              ("batch_size", self.batch_size), ("epochs", self.epochs),
+                              ("eval_every", self.eval_every), ("heads", self.heads),
+                              ("batches_per_step", self.batches_per_step)):
             _positive_int(option, value)
         if self.threads is not None:
-            _positive_int("--threads", self.threads)
+            _positive_int("threads", self.threads)
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
                                              and self.lr > 0):
-            raise ConfigError("--lr", f"expected a positive number, got {self.lr!r}")
+            raise ConfigError("lr", f"expected a positive number, got {self.lr!r}")
         if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float))
                                                   and 0.0 <= self.dropout < 1.0):
-            raise ConfigError("--dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+            raise ConfigError("dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError("--seed", f"expected an integer >= 0, got {self.seed!r}")
+            raise ConfigError("seed", f"expected an integer >= 0, got {self.seed!r}")
 
     @property
     def data_only(self) -> bool:
@@ -143,7 +143,7 @@ def check_model_identity(state: Mapping[str, Any], cfg: TrainConfig, source: str
     """Refuse to resume a checkpoint made with another model, or with the same file's other code.
 
     Raises:
-        ConfigError: (``--resume``) naming the checkpoint, the model it was made with and what changed.
+        ConfigError: (``resume``) naming the checkpoint, the model it was made with and what changed.
     """
     saved = state.get("model_identity")
     if not saved or cfg.data_only:
@@ -152,8 +152,8 @@ def check_model_identity(state: Mapping[str, Any], cfg: TrainConfig, source: str
     if saved.get("code_hash") == now["code_hash"] and (now["code_hash"] or saved.get("name") == now["name"]):
         return
     if saved.get("code_hash") and now["code_hash"]:
-        raise ConfigError("--resume", f"the checkpoint {source} was made with model {saved.get('name')!r} whose code "
-                                      f"has changed since ({cfg.model}: sha256 {str(saved['code_hash'])[:12]} then, "
-                                      f"{now['code_hash'][:12]} now); restore the file, or start a new run")
-    raise ConfigError("--resume", f"the checkpoint {source} was made with model {saved.get('name')!r}, not "
-                                  f"{now['name']!r}; resume with the same --model, or start a new run")
+        raise ConfigError("resume", f"the checkpoint {source} was made with model {saved.get('name')!r} whose code "
+                                    f"has changed since ({cfg.model}: sha256 {str(saved['code_hash'])[:12]} then, "
+                                    f"{now['code_hash'][:12]} now); restore the file, or start a new run")
+    raise ConfigError("resume", f"the checkpoint {source} was made with model {saved.get('name')!r}, not "
+                                f"{now['name']!r}; resume with the same model, or start a new run")

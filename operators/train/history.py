@@ -52,18 +52,18 @@ class HistoryCache(torch.nn.Module):
         `dtype`: the table's (default float16)."""
         convs = getattr(model, "convs", None)
         if not isinstance(convs, torch.nn.ModuleList) or len(convs) < 2:
-            raise ConfigError("--history-memory", f"a historical embedding cache needs a message-passing model of "
-                                                  f"two or more layers (a `convs` list), got {type(model).__name__}")
+            raise ConfigError("history_memory", f"a historical embedding cache needs a message-passing model of "
+                                                f"two or more layers (a `convs` list), got {type(model).__name__}")
         layer = convs[len(convs) - 2]
         if type(layer).__name__ == "GCNConv":
-            raise ConfigError("--model", "a historical embedding cache cannot stand in under GCN: its normalisation "
-                                         "reads each source's sampled degree, which pruning changes")
+            raise ConfigError("model", "a historical embedding cache cannot stand in under GCN: its normalisation "
+                                       "reads each source's sampled degree, which pruning changes")
         dim = int(getattr(layer, "out_channels", 0) or 0)
         heads = getattr(layer, "heads", 1)
         if getattr(layer, "concat", False):
             dim *= int(heads)
         if dim < 1:
-            raise ConfigError("--history-memory", f"cannot tell the output width of {type(layer).__name__}")
+            raise ConfigError("history_memory", f"cannot tell the output width of {type(layer).__name__}")
         cache = cls(layer, rows, dim, dtype)
         model.add_module(ATTR, cache)
         return cache
@@ -83,7 +83,7 @@ class HistoryCache(torch.nn.Module):
         if push.numel():
             rows = output[push].detach().to(self.table.dtype)
             if not bool(torch.isfinite(rows).all()):
-                raise ConfigError("--history-memory", f"a pushed embedding does not fit the cache's {self.table.dtype} "
+                raise ConfigError("history_memory", f"a pushed embedding does not fit the cache's {self.table.dtype} "
                                       f"(largest |value| {float(output[push].detach().abs().max()):.4g}): this "
                                       "model's activations pass its range; train without the cache")
             self.table[push_slot] = rows

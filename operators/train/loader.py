@@ -98,15 +98,15 @@ class PackedLoader(BatchAssembly):
                  gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None,
                  shared: Any = None) -> None:
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
-            raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+            raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as e:
-            raise ConfigError("--device", f"not a torch device: {device!r}") from e
+            raise ConfigError("device", f"not a torch device: {device!r}") from e
         if self.device.type not in ("cpu", "cuda"):
-            raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
+            raise ConfigError("device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
+            raise ConfigError("device", f"{device!r} requested but CUDA is not available on this machine")
         self.ds = PackedDataset(packed_dir, held)
         self.path = self.ds.path
         self.queue_depth = queue_depth
@@ -158,7 +158,7 @@ class PackedLoader(BatchAssembly):
         name = self.ds.manifest.get("labels")
         if not name:
             raise InputError(self.path / "manifest.json", "no labels (prepared by an older version; re-run "
-                                                          "`diskflow prepare --force`)")
+                                                          "prepare with force=True)")
         p = self.path / str(name)
         try:
             labels = load_npy(p)

@@ -69,10 +69,10 @@ def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int |
     the smallest budget that works).
 
     Raises:
-        ConfigError: ``--cpu-memory`` below ``host_bytes``, or ``--gpu-memory`` below the GPU tier.
+        ConfigError: ``cpu_memory`` below ``host_bytes``, or ``gpu_memory`` below the GPU tier.
     """
     if cpu_memory is not None and plan["host_bytes"] > cpu_memory:
-        raise ConfigError("--cpu-memory", (
+        raise ConfigError("cpu_memory", (
             f"{format_bytes(cpu_memory)} ({cpu_memory:,} bytes) is too small: the CPU tier "
             f"({format_bytes(plan['cpu_tier_bytes'])}) + {plan['staging_buffers']} staging buffers x "
             f"{format_bytes(plan['staging_piece_bytes'])} ({format_bytes(plan['staging_bytes'])}) + I/O "
@@ -82,6 +82,6 @@ def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int |
             + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
               "or prepare with a smaller CPU tier"))
     if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
-        raise ConfigError("--gpu-memory", (
+        raise ConfigError("gpu_memory", (
             f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
-            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller --gpu-memory"))
+            f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller gpu_memory"))

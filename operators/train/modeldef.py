@@ -184,9 +184,9 @@ def load_model(model: str | os.PathLike[str] | Model) -> Model:
     if isinstance(model, Model):
         return model
     text = os.fspath(model)
-    check_model_option(text, "--model")
+    check_model_option(text, "model")
     if text == DATA_ONLY:
-        raise ConfigError("--model", f"{DATA_ONLY!r} trains no model (it runs the data path only)")
+        raise ConfigError("model", f"{DATA_ONLY!r} trains no model (it runs the data path only)")
     if not is_model_file(text):
         from .models import BUILTINS
 
@@ -213,8 +213,8 @@ def _model_of(module: ModuleType, text: str, digest: str) -> Model:
     if not isinstance(chosen, Model):
         found = {id(v): v for v in vars(module).values() if isinstance(v, Model)}
         if len(found) != 1:
-            raise ConfigError("--model", f"{text!r} defines {'no' if not found else len(found)} diskflow.Model "
-                                         "objects at module level; it must define exactly one (e.g. "
-                                         "model = diskflow.Model(\"mine\", MyNet))")
+            raise ConfigError("model", f"{text!r} defines {'no' if not found else len(found)} diskflow.Model "
+                                       "objects at module level; it must define exactly one (e.g. "
+                                       "model = diskflow.Model(\"mine\", MyNet))")
         chosen = next(iter(found.values()))
     return replace(chosen, source=text, code_hash=digest)

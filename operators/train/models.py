@@ -53,7 +53,7 @@ def _gcn(in_channels: int, out_channels: int, hidden_channels: int = 128, num_la
 def _gat(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
          dropout: float = 0.0, heads: int = 4) -> torch.nn.Module:
     if heads < 1 or hidden_channels % heads:
-        raise ConfigError("--hidden", f"GAT needs a hidden size divisible by its {heads} heads, got {hidden_channels}")
+        raise ConfigError("hidden", f"GAT needs a hidden size divisible by its {heads} heads, got {hidden_channels}")
     return GAT(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout, heads=heads)
 
 
@@ -108,11 +108,11 @@ def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_c
     """
     spec = load_model(name)
     if hidden_channels < 1:
-        raise ConfigError("--hidden", f"expected an integer >= 1, got {hidden_channels}")
+        raise ConfigError("hidden", f"expected an integer >= 1, got {hidden_channels}")
     if num_layers < 1:
-        raise ConfigError("--num-layers", f"expected an integer >= 1, got {num_layers}")
+        raise ConfigError("num_layers", f"expected an integer >= 1, got {num_layers}")
     if not 0.0 <= dropout < 1.0:
-        raise ConfigError("--dropout", f"expected a probability in [0, 1), got {dropout}")
+        raise ConfigError("dropout", f"expected a probability in [0, 1), got {dropout}")
     module = spec.build(in_channels, out_channels, hidden_channels=hidden_channels, num_layers=num_layers,
                         dropout=dropout, heads=heads)
     object.__setattr__(module, SPEC_ATTRIBUTE, spec)    # a plain attribute: not a submodule, not in state_dict

@@ -97,7 +97,7 @@ class FeatureBuffer:
         threshold: ``"hybrid"``: next uses at most this many batches ahead are kept longest.
 
     Raises:
-        ConfigError: (``--cpu-memory``) no slot; an unknown policy.
+        ConfigError: (``cpu_memory``) no slot; an unknown policy.
     """
 
     def __init__(self, num_nodes: int, slots: int, dim: int, dtype: np.dtype | str, policy: str = "lru",
@@ -105,7 +105,7 @@ class FeatureBuffer:
         if policy not in POLICIES:
             raise ConfigError("policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
         if slots < 1:
-            raise ConfigError("--cpu-memory", "the feature buffer holds no row")
+            raise ConfigError("cpu_memory", "the feature buffer holds no row")
         if policy == "hybrid" and static is None:
             raise ConfigError("policy", "the hybrid policy needs a static score per node")
         self.policy, self.threshold, self.static = policy, max(1, int(threshold)), static
@@ -143,14 +143,14 @@ class FeatureBuffer:
         flight release theirs when gathered); returns early if `stop` is set.
 
         Raises:
-            ConfigError: (``--cpu-memory``) the batch alone needs more rows than the buffer has.
+            ConfigError: (``cpu_memory``) the batch alone needs more rows than the buffer has.
         """
         n_id = np.asarray(n_id, np.int64)
         if n_id.shape[0] > self.slots:
-            raise ConfigError("--cpu-memory", f"batch {index} has {n_id.shape[0]:,} distinct rows, the feature buffer "
-                                              f"holds {self.slots:,} ({format_bytes(self.slots * self.row_bytes)}); "
-                                              f"give at least {format_bytes(n_id.shape[0] * self.row_bytes)} of "
-                                              "rows plus the tables")
+            raise ConfigError("cpu_memory", f"batch {index} has {n_id.shape[0]:,} distinct rows, the feature buffer "
+                                            f"holds {self.slots:,} ({format_bytes(self.slots * self.row_bytes)}); "
+                                            f"give at least {format_bytes(n_id.shape[0] * self.row_bytes)} of "
+                                            "rows plus the tables")
         with self._cond:
             aliases = self.slot_of[n_id].astype(np.int64)
             hit = aliases >= 0
@@ -241,7 +241,7 @@ def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
     `staging_bytes_for` the budget unless given).
 
     Raises:
-        ConfigError: (``--cpu-memory``) the budget does not even hold those.
+        ConfigError: (``cpu_memory``) the budget does not even hold those.
     """
     if staging_bytes is None:
         staging_bytes = staging_bytes_for(budget, extractors)
@@ -249,9 +249,9 @@ def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,
     per_slot = row_bytes + SLOT_TABLE_BYTES
     slots = (int(budget) - fixed) // per_slot
     if slots < 1:
-        raise ConfigError("--cpu-memory", f"{format_bytes(budget)} does not hold the feature buffer's tables and "
-                                          f"staging ({format_bytes(fixed)} for {num_nodes:,} nodes and "
-                                          f"{extractors} extractors) and one row")
+        raise ConfigError("cpu_memory", f"{format_bytes(budget)} does not hold the feature buffer's tables and "
+                                        f"staging ({format_bytes(fixed)} for {num_nodes:,} nodes and "
+                                        f"{extractors} extractors) and one row")
     return int(slots)
 
 
@@ -354,9 +354,9 @@ class OnlineLoader:
                  staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES,
                  unit_bytes: int = DEFAULT_UNIT_BYTES) -> None:
         if extractors < 1:
-            raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors}")
+            raise ConfigError("extractors", f"expected an integer >= 1, got {extractors}")
         if window < 0:
-            raise ConfigError("--window", f"expected an integer >= 0, got {window}")
+            raise ConfigError("window", f"expected an integer >= 0, got {window}")
         self.store, self.buffer, self.labels, self.sampler = store, buffer, labels, sampler
         self.seeds = np.asarray(seeds, np.int64)
         self.batch_size, self.seed, self.order = batch_size, seed, order

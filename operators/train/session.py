@@ -42,16 +42,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
     """`device` as a torch device: "cpu" or "cuda[:N]", CUDA only where this machine has it.
 
     Raises:
-        ConfigError: (``--device``) not a torch device, another kind, or CUDA unavailable here.
+        ConfigError: (``device``) not a torch device, another kind, or CUDA unavailable here.
     """
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ConfigError("--device", f"not a torch device: {device!r}") from e
+        raise ConfigError("device", f"not a torch device: {device!r}") from e
     if dev.type not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
+        raise ConfigError("device", f"expected 'cpu' or 'cuda[:N]', got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device", f"{device!r} requested but CUDA is not available on this machine")
+        raise ConfigError("device", f"{device!r} requested but CUDA is not available on this machine")
     return dev
 
 

@@ -66,9 +66,9 @@ class SharedTier:
             try:    # allocated now, not on first touch: a full /dev/shm is an error here, not a SIGBUS later
                 os.posix_fallocate(fd, 0, size)
             except OSError as e:
-                raise ConfigError("--cache", f"{self.path}: cannot allocate the shared CPU tier, {format_bytes(size)} "
-                                             f"({e.strerror or e}); give {self.path.parent} more room or a smaller "
-                                             "--cpu-memory, or use --cache per-worker") from e
+                raise ConfigError("cache", f"{self.path}: cannot allocate the shared CPU tier, {format_bytes(size)} "
+                                           f"({e.strerror or e}); give {self.path.parent} more room or a smaller "
+                                           "cpu_memory, or use cache='per-worker'") from e
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -268,8 +268,8 @@ class _Run:
         st = ck.state
         check_model_identity(st, self.cfg, ck.path)
         if st.get("fingerprint") != self._fingerprint():
-            raise ConfigError("--resume", f"the checkpoint {ck.path} was made with other options or another packed "
-                                          "dataset; use the same options, or start a new run without --resume")
+            raise ConfigError("resume", f"the checkpoint {ck.path} was made with other options or another packed "
+                                        "dataset; use the same options, or start a new run without resume")
         session.load_state_dict(st, ck.path)
         epoch, batch = ck.epoch, ck.batch
         if epoch >= self.cfg.epochs and batch == 0:

@@ -102,7 +102,7 @@ def test_impossible_budget_names_the_smallest_that_works() -> None:
     smallest = _brute_bytes(misses, len(misses))
     with pytest.raises(ConfigError) as err:
         search_segment_size(misses, ROW, smallest - 1, PAD)
-    assert err.value.option == "--disk-budget"
+    assert err.value.option == "disk_budget"
     assert str(smallest) in str(err.value)
     assert int(re.search(r"smallest workable budget is (\d+) bytes", str(err.value)).group(1)) == smallest
     found = search_segment_size(misses, ROW, smallest, PAD)
@@ -114,7 +114,7 @@ def test_impossible_budget_names_the_smallest_that_works() -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ConfigError, match="--disk-budget"):
+    with pytest.raises(ConfigError, match="disk_budget"):
         search_segment_size(_trace(0), ROW, -1)
     with pytest.raises(ValueError, match="twice"):
         search_segment_size([np.array([1, 2]), np.array([3, 3])], ROW, 0)
