@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import os
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,6 +57,21 @@ if TYPE_CHECKING:
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
 NO_URING = "DISKFLOW_NO_URING"   # set (to anything but "" or "0"): io_uring is refused, as by the kernel
+
+_LIVE: weakref.WeakSet[DirectReader] = weakref.WeakSet()     # every reader of this process
+_INHERITED: list[Any] = []      # a forked child's copies of its parent's readers: never destroyed there
+
+
+def _keep_inherited_readers() -> None:
+    """In a forked child: the parent's readers came along, but not their pread threads or ring thread.
+    Their native halves are kept for good, so no destructor joins a thread that is not there (a crash);
+    the child opens readers of its own (e.g. `diskflow.pyg`'s loader workers)."""
+    _INHERITED.extend(r._impl for r in list(_LIVE))
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_inherited_readers)
 
 
 def _refused_by_environment() -> str:
@@ -130,6 +146,7 @@ class DirectReader:
             raise OSError(errno.EPERM, f"backend 'uring' unavailable: {refused}")
         self._impl = _native.DirectReader(int(queue_depth), int(threads), "pread" if refused else backend,
                                           bool(direct), int(merge_bytes), int(bounce_bytes))
+        _LIVE.add(self)
         self.backend: str = self._impl.backend
         if gap_bytes:
             self._impl.set_gap_bytes(int(gap_bytes))

@@ -216,10 +216,15 @@ def test_bad_input_fails_in_one_line(tiny_store: Path, tiny_raw: Path, tmp_path:
         NeighborSampler(GraphStore(tiny_store), [5, -2])
 
 
-def test_loader_workers_read_with_their_own_reader(backend: tuple[FeatureStore, GraphStore]) -> None:
+@pytest.mark.parametrize("uring", [True, False], ids=["auto", "pread"])
+def test_loader_workers_read_with_their_own_reader(tiny_store: Path, uring: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Forked loader workers open their own direct-I/O reader and sampler (rings and threads do not survive a
-    fork): their batches carry the store's rows."""
-    features, graph = backend
+    fork): their batches carry the store's rows. With the pread fallback too (a host that refuses io_uring),
+    whose parent's threads a worker must not try to join."""
+    if not uring:
+        monkeypatch.setenv("DISKFLOW_NO_URING", "1")
+    features, graph = FeatureStore(tiny_store, cache_memory=BUDGET), GraphStore(tiny_store)
     store = features.store
     features.cache.gather(np.arange(10))        # the parent's reader exists before the fork
     rows = store.read_features()
