@@ -126,7 +126,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         "device": o["device"], "fanouts": fanouts, "batch_size": o["batch_size"],
         "superbatch_size": o["superbatch_size"], "epochs": o["epochs"], "seed": o["seed"],
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": o["minhash_k"],
-        "readahead": byte_budget(o["readahead"], "--readahead", store.feature_bytes) or 0,
+        "readahead": byte_budget(o["readahead"], "readahead", store.feature_bytes) or 0,
         "parts_per_group": o["parts_per_group"], "group_by": o["group_by"], "partitioner": o["partitioner"],
         "partition_threads": o["partition_threads"], "history_select": o["history_select"]}
     if o["batches"] is not None:
@@ -167,7 +167,7 @@ def prepare(store: str | os.PathLike[str], out: str | os.PathLike[str], pipeline
     st = Store(store)                   # a bad store fails before a cluster starts
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     if p.loader != "packed":
-        raise ConfigError("PIPELINE", f"the {p.name} pipeline uses the {p.loader} loader and prepares nothing; "
+        raise ConfigError("pipeline", f"the {p.name} pipeline uses the {p.loader} loader and prepares nothing; "
                                       "prepare takes pipelines with the packed loader")
     resolved = prepare_options(p, st, **options)
     check_outputs(out, force)           # and so does an out that is not ours
@@ -217,7 +217,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
         for name in ("cpu_memory", "gpu_memory"):
             if name in options:
-                options[name] = byte_budget(options[name], f"--{name.replace('_', '-')}", feature_bytes)
+                options[name] = byte_budget(options[name], name, feature_bytes)
         rd = Path(run_dir) if run_dir is not None else \
             new_run_dir(runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
         rd.mkdir(parents=True, exist_ok=True)
@@ -266,8 +266,8 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
     if manifest is None or manifest.get("format") != PACKED_FORMAT:
         raise InputError(packed, "not a packed dataset (no manifest.json; run diskflow.prepare first)")
     feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
-    return _Loader(packed, device=device, cpu_memory=byte_budget(cpu_memory, "--cpu-memory", feature_bytes),
-                   gpu_memory=byte_budget(gpu_memory, "--gpu-memory", feature_bytes), **options)
+    return _Loader(packed, device=device, cpu_memory=byte_budget(cpu_memory, "cpu_memory", feature_bytes),
+                   gpu_memory=byte_budget(gpu_memory, "gpu_memory", feature_bytes), **options)
 
 
 def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 10, 10),

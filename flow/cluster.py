@@ -39,7 +39,7 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
     else:
         n = n_workers or max(1, os.cpu_count() or 1)
         if n < 1:
-            raise ConfigError("--workers", f"must be >= 1, got {n}")
+            raise ConfigError("workers", f"must be >= 1, got {n}")
         tls = {"security": security, "protocol": "tls://"} if security is not None else {}
         cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=processes,
                                memory_limit=memory_limit, dashboard_address=":0", silence_logs=logging.CRITICAL,

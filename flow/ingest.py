@@ -159,7 +159,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
     t0 = time.perf_counter()
     budget = check_memory_budget(memory_budget)
     if shard_rows is not None and int(shard_rows) < 1:
-        raise ConfigError("--shard-rows", f"must be >= 1, got {shard_rows}")
+        raise ConfigError("shard_rows", f"must be >= 1, got {shard_rows}")
     files = find_raw_files(raw)
     out_p = Path(out).absolute()
     _check_out(files, out_p)

@@ -24,7 +24,7 @@ def positive_int(option: str) -> Callable[[str], int]:
     return parse
 
 
-def parse_fanouts(text: str, option: str = "--fanouts") -> tuple[int, ...]:
+def parse_fanouts(text: str, option: str = "fanouts") -> tuple[int, ...]:
     """Per-hop fanouts such as ``10,15,-1`` (-1: all neighbours): the one parser of every command's and
     benchmark's fanouts option; the values are checked by the sampler's own rule (`check_fanouts`).
 
@@ -83,7 +83,7 @@ def parse_int(option: str, text: str, minimum: int) -> int:
     return value
 
 
-HISTORY_AUTO = "auto"       # --history-memory auto: the memory split chooses it (`flow.memsplit`)
+HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it (`flow.memsplit`)
 
 
 def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
@@ -97,7 +97,7 @@ def history_options(memory: int | str | None, staleness: int | None, hidden: int
             "history_prune": check_prune(prune or default_prune)}
     if memory == HISTORY_AUTO:
         return {"history_memory": 0, "history_split": True, "history_dim": hidden, **rule}
-    nbytes = byte_budget(memory, "--history-memory", feature_bytes) or 0
+    nbytes = byte_budget(memory, "history_memory", feature_bytes) or 0
     if not nbytes:
         refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune)
         return {"history_memory": 0}      # none, even where the pipeline has one

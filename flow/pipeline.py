@@ -166,7 +166,7 @@ class Pipeline:
         from .prepare import prepare
 
         if self.loader not in ("packed", "stream"):
-            raise ConfigError("PIPELINE", f"the {self.name} pipeline ({self.loader} loader) prepares nothing")
+            raise ConfigError("pipeline", f"the {self.name} pipeline ({self.loader} loader) prepares nothing")
         return prepare(store, out, self.prepare_config(**self.history_options(store, options)), force=force,
                        quiet=quiet)
 
@@ -245,7 +245,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str]) -> Pipeline:
         module = importlib.import_module(f"{PACKAGE}.{path.stem if looks_like_path else text}")
     else:
         what = f"no such file {text!r}" if looks_like_path else f"unknown pipeline {text!r}"
-        raise ConfigError("PIPELINE", f"{what}; available: {', '.join(builtin) or '(none)'}, "
+        raise ConfigError("pipeline", f"{what}; available: {', '.join(builtin) or '(none)'}, "
                                       "or the path of a .py file that defines a diskflow.Pipeline")
     return pipeline_of(module, text)
 
@@ -256,7 +256,7 @@ def pipeline_of(module: ModuleType, text: str) -> Pipeline:
         return module.PIPELINE
     found = {id(v): v for v in vars(module).values() if isinstance(v, Pipeline)}
     if len(found) != 1:
-        raise ConfigError("PIPELINE", f"{text!r} defines {'no' if not found else len(found)} diskflow.Pipeline "
+        raise ConfigError("pipeline", f"{text!r} defines {'no' if not found else len(found)} diskflow.Pipeline "
                                       "objects at module level; it must define exactly one (e.g. "
                                       "pipeline = diskflow.Pipeline(\"mine\", cpu_tier=my_policy))")
     return _by_reference(next(iter(found.values())), module)

@@ -163,7 +163,7 @@ class DiskflowPlugin(WorkerPlugin):
         job = self.jobs.get(run)
         if job is None:
             raise GpuStateLost(f"the GPU worker {self.address} holds no state of run {run} (it was restarted, or a "
-                               "second GPU worker got the task); the run cannot continue without --resume")
+                               "second GPU worker got the task); the run cannot continue without resume")
         return job
 
     # ------------------------------------------------------------------ data-parallel runs
@@ -195,8 +195,8 @@ class DiskflowPlugin(WorkerPlugin):
         self.gpu_space()
         if dist.is_initialized():
             others = [r for r in self.groups if r != run]
-            raise ConfigError("--gpus", f"GPU worker {self.address} already trains a data-parallel run "
-                                        f"({', '.join(others) or 'another group'}); one at a time")
+            raise ConfigError("gpus", f"GPU worker {self.address} already trains a data-parallel run "
+                                      f"({', '.join(others) or 'another group'}); one at a time")
         device = self.resolved_device()
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":       # NCCL: each rank on its own GPU (`--device cuda:K`, or CUDA_VISIBLE_DEVICES)

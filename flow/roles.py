@@ -55,7 +55,7 @@ def worker_argv(scheduler: str | None, *, gpu: bool = False, nthreads: int | Non
     The GPU worker gets 2 threads by default: one trains, the other stages the next superbatch.
     """
     if not scheduler and not scheduler_file:
-        raise ConfigError("SCHEDULER", "give the scheduler's address (tcp://HOST:8786) or --scheduler-file")
+        raise ConfigError("scheduler", "give the scheduler's address (tcp://HOST:8786) or a scheduler_file")
     argv = [scheduler] if scheduler else []
     if scheduler_file:
         argv += ["--scheduler-file", scheduler_file]
@@ -88,7 +88,7 @@ def set_worker_config(scratch: str | None, quota: str | None, device: str | None
                       hold_memory: str | None = None) -> dict[str, Any]:
     """Put the diskflow worker settings into this process's Dask config and environment (children inherit)."""
     if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ConfigError("--device", f"expected cpu or cuda[:N], got {device!r}")
+        raise ConfigError("device", f"expected cpu or cuda[:N], got {device!r}")
     cfg = worker_config(scratch, quota, device, hold_memory=hold_memory)
     os.environ.update(config_env(cfg))
     dask.config.set(cfg)
@@ -150,7 +150,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
         return
     n = cpu_workers if cpu_workers is not None else max(1, (os.cpu_count() or 2) - 1)
     if n < 0:
-        raise ConfigError("--workers", f"must be >= 0, got {n}")
+        raise ConfigError("workers", f"must be >= 0, got {n}")
     settings = worker_config(scratch, quota, device, keep_freed_memory, hold_memory)
     kwargs: dict[str, Any] = {"local_directory": local_directory} if local_directory else {}
     if security is not None:
@@ -165,8 +165,8 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
             spec = dict(cluster.new_spec)
             cuda_devices = _cuda_devices() if gpu_workers > 1 and device in ("cuda", None) else 0
             if 0 < cuda_devices < gpu_workers:
-                raise ConfigError("--gpus", f"{gpu_workers} GPU workers on CUDA need a device each; this machine has "
-                                            f"{cuda_devices} (or give --device cpu)")
+                raise ConfigError("gpus", f"{gpu_workers} GPU workers on CUDA need a device each; this machine has "
+                                          f"{cuda_devices} (or give device='cpu')")
             for g in range(gpu_workers):
                 options = {**spec.get("options", {}), "nthreads": 2, "resources": {GPU: 1}}
                 # several GPU workers: a scratch directory each, and on CUDA a device each (cuda:0, cuda:1, ...)

@@ -29,7 +29,9 @@ import dask
 from ..operators.formats.errors import ConfigError, DiskflowError
 
 ROLES = ("client", "worker", "scheduler")
-OPTIONS = (("ca_file", "--tls-ca-file"), ("cert", "--tls-cert"), ("key", "--tls-key"))
+OPTIONS = (("ca_file", "tls_ca_file"), ("cert", "tls_cert"), ("key", "tls_key"))     # the fields errors name
+# the same options as flags: the texts of the errors below still name them so (the CLI's output is pinned)
+FLAGS = {"ca_file": "--tls-ca-file", "cert": "--tls-cert", "key": "--tls-key"}
 NEEDS = ("TLS needs the CA certificate of the cluster (--tls-ca-file), this process's certificate (--tls-cert) "
          "and its private key (--tls-key, or in the certificate's file)")
 
@@ -109,7 +111,7 @@ def check_tls(address: str | None, ca_file: str | os.PathLike[str] | None = None
     listens_plain = role == "scheduler" and address is not None and "://" not in address
     if given and proto is not None and proto != "tls" and not listens_plain:
         raise ConfigError(address_option, f"{address} is a {proto}:// address, which does not use "
-                                          f"{', '.join(flags[n] for n in given)}; give the scheduler's "
+                                          f"{', '.join(FLAGS[n] for n in given)}; give the scheduler's "
                                           f"tls://HOST:PORT, or leave the TLS options out")
     for name, path in given.items():
         if not Path(path).exists():
@@ -121,8 +123,8 @@ def check_tls(address: str | None, ca_file: str | os.PathLike[str] | None = None
             return TLSFiles()
         configured = _from_config(role)
         if configured is None:
-            raise ConfigError("--tls-ca-file", f"missing: {address_option} {address} is a TLS scheduler; {NEEDS}, "
-                                               "or Dask's distributed.comm.tls config")
+            raise ConfigError("tls_ca_file", f"missing: {address_option} {address} is a TLS scheduler; {NEEDS}, "
+                                             "or Dask's distributed.comm.tls config")
         files = configured
         flags = {name: f"Dask's distributed.comm.tls.{_config_key(role, name)}" for name, _ in OPTIONS}
     else:
@@ -194,7 +196,7 @@ def _check_pem(files: dict[str, str], flags: dict[str, str]) -> None:
 
 
 def _no_passphrase() -> bytes:
-    raise ConfigError("--tls-key", "an encrypted private key; Dask reads keys without a passphrase")
+    raise ConfigError("tls_key", "an encrypted private key; Dask reads keys without a passphrase")
 
 
 def _ssl_reason(e: BaseException) -> str:
@@ -277,7 +279,7 @@ def _own_certificate_fault(security: Any, role: str) -> str | None:
 
 
 def probe(address: str, files: TLSFiles, *, role: str = "worker", timeout: float | str | None = None,
-          address_option: str = "SCHEDULER") -> None:
+          address_option: str = "scheduler") -> None:
     """Connect to `address` once as `role` and hang up, so a scheduler that refuses this process's certificate
     (or its plain connection) is one `SchedulerRefused` line before Dask starts a worker that would retry
     forever or fail with a traceback. A scheduler not reachable yet passes: Dask's worker waits for it.

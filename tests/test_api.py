@@ -91,7 +91,7 @@ def test_the_online_loader_draws_every_training_seed(tiny_store: Path) -> None:
 def test_bad_input_is_one_error(tiny_store: Path, packed: Path, tmp_path: Path) -> None:
     with pytest.raises(diskflow.InputError, match="not a diskflow store"):
         diskflow.prepare(tmp_path, tmp_path / "out")
-    with pytest.raises(diskflow.ConfigError, match=r"--cpu-memory: .* the smallest budget that works is"):
+    with pytest.raises(diskflow.ConfigError, match=r"^cpu_memory: .* the smallest budget that works is"):
         diskflow.prepare(tiny_store, tmp_path / "out", cpu_memory="10KiB", **SMALL)
     with pytest.raises(diskflow.ConfigError, match="^minhash: not an option of prepare"):
         diskflow.prepare(tiny_store, tmp_path / "out", minhash=3)
@@ -103,7 +103,7 @@ def test_bad_input_is_one_error(tiny_store: Path, packed: Path, tmp_path: Path) 
         diskflow.train(tmp_path)
     with pytest.raises(diskflow.InputError, match="not a packed dataset"):
         diskflow.PackedLoader(tiny_store)
-    with pytest.raises(diskflow.ConfigError, match="^--cpu-memory: "):
+    with pytest.raises(diskflow.ConfigError, match="^cpu_memory: "):
         diskflow.PackedLoader(packed, cpu_memory="lots")
     with pytest.raises(diskflow.InputError, match="torch_geometric Data"):
         diskflow.ingest(42, tmp_path / "store")

@@ -165,8 +165,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
     if samples is not None and batches != "shuffled":
-        raise ConfigError("--batches", "the stored samples of --samples fix the batches; partition batches come "
-                                       "from a packed dataset prepared with --batches partition")
+        raise ConfigError("batches", "the stored samples fix the batches; partition batches come "
+                                     "from a packed dataset prepared with batches='partition'")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
@@ -253,31 +253,31 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     from ..options import byte_budget
 
     if memory == "auto":
-        raise ConfigError("--history-memory", "auto splits the CPU budget of a packed pipeline between its feature "
-                                              "cache and the embedding cache; this pipeline has no feature cache: "
-                                              "give a size (e.g. 5%)")
+        raise ConfigError("history_memory", "auto splits the CPU budget of a packed pipeline between its feature "
+                                            "cache and the embedding cache; this pipeline has no feature cache: "
+                                            "give a size (e.g. 5%)")
     if select not in HISTORY_SELECTS:
-        raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
+        raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
     check_prune(prune)
-    nbytes = byte_budget(memory, "--history-memory", st.feature_bytes) or 0
+    nbytes = byte_budget(memory, "history_memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:
             planned = ds.manifest.get("figures", {}).get("history")
         if planned is None:
             if nbytes:
-                raise ConfigError("--history-memory", f"the stored samples of {samples} were planned without a "
-                                                      "history cache (prepare them with --history-memory)")
+                raise ConfigError("history_memory", f"the stored samples of {samples} were planned without a "
+                                                    "history cache (prepare them with history_memory)")
             return None, 0
         if nbytes:
-            raise ConfigError("--history-memory", f"the stored samples of {samples} fix the history cache "
-                                                  f"({planned['rows']:,} embeddings); drop --history-memory")
+            raise ConfigError("history_memory", f"the stored samples of {samples} fix the history cache "
+                                                f"({planned['rows']:,} embeddings); drop history_memory")
         return None, int(planned["rows"]) if data_only else planned_width(samples, planned, hidden)
     if nbytes == 0:
         refuse_without_cache(staleness, prune)
         return None, 0
     rows = history_rows(nbytes, hidden)
     if rows == 0:
-        raise ConfigError("--history-memory", f"{nbytes:,} bytes hold no embedding of {hidden} {EMBEDDING_DTYPE} values")
+        raise ConfigError("history_memory", f"{nbytes:,} bytes hold no embedding of {hidden} {EMBEDDING_DTYPE} values")
 
     def make() -> HistoryPlanner:
         if select == "accesses" and round_hop1 is not None:
@@ -302,19 +302,19 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
     """The training batches' order for `batches` and, for partition batches, the partition's figures
     (partitioning the graph into ``run_dir/partition.npy`` when no `partition` file is given)."""
     if batches not in BATCH_ORDERS:
-        raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {batches!r}")
+        raise ConfigError("batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {batches!r}")
     if batches == "shuffled":
-        for option, value in (("--partition", partition), ("--partitions", partitions)):
+        for option, value in (("partition", partition), ("partitions", partitions)):
             if value is not None:
-                raise ConfigError(option, "applies to partition batches only (--batches partition)")
+                raise ConfigError(option, "applies to partition batches only (batches='partition')")
         if group != PARTS_PER_GROUP:
-            raise ConfigError("--parts-per-group", "applies to partition batches only (--batches partition)")
+            raise ConfigError("parts_per_group", "applies to partition batches only (batches='partition')")
         if group_by != "label":
-            raise ConfigError("--group-by", "applies to partition batches only (--batches partition)")
+            raise ConfigError("group_by", "applies to partition batches only (batches='partition')")
         return None, None
     if partition is not None:
         if partitions is not None:
-            raise ConfigError("--partitions", "give either a partition file or a number of parts, not both")
+            raise ConfigError("partitions", "give either a partition file or a number of parts, not both")
         path = Path(partition)
         if not path.is_file():
             raise InputError(path, "no such partition file (a packed dataset's partition.npy)")
@@ -328,8 +328,8 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
     figures["group_by"] = group_by
     assert order.parts is not None             # partition batches: the partition's path
     if load_parts(order.parts).shape[0] != st.num_nodes:
-        raise ConfigError("--partition", f"{order.parts} gives the parts of {load_parts(order.parts).shape[0]:,} "
-                                         f"nodes, the store has {st.num_nodes:,}")
+        raise ConfigError("partition", f"{order.parts} gives the parts of {load_parts(order.parts).shape[0]:,} "
+                                       f"nodes, the store has {st.num_nodes:,}")
     return order, figures
 
 
@@ -343,8 +343,8 @@ class StoredSamplesLoader:
 
     Raises:
         InputError: not a packed dataset, or prepared from another store.
-        ConfigError: sampled with other fanouts, batch size or seed (``--samples``), or too few
-            epochs (``--epochs``).
+        ConfigError: sampled with other fanouts, batch size or seed (``samples``), or too few
+            epochs (``epochs``).
     """
 
     def __init__(self, features: Any, labels: torch.Tensor, packed: str | os.PathLike[str], store: Store,
@@ -358,13 +358,13 @@ class StoredSamplesLoader:
         theirs = (list(rc.get("fanouts", [])), rc.get("batch_size"), rc.get("seed"))
         ours = (list(cfg.fanouts), cfg.batch_size, cfg.seed)
         if theirs != ours:
-            raise ConfigError("--samples", f"{self.ds.path} was sampled with fanouts {theirs[0]}, batch "
-                                           f"size {theirs[1]}, seed {theirs[2]}; this run has fanouts "
-                                           f"{ours[0]}, batch size {ours[1]}, seed {ours[2]}")
+            raise ConfigError("samples", f"{self.ds.path} was sampled with fanouts {theirs[0]}, batch "
+                                         f"size {theirs[1]}, seed {theirs[2]}; this run has fanouts "
+                                         f"{ours[0]}, batch size {ours[1]}, seed {ours[2]}")
         held = int(man["round"]["epochs"])
         if cfg.epochs > held:
-            raise ConfigError("--epochs", f"{cfg.epochs} epochs asked for, the samples in {self.ds.path} "
-                                          f"hold {held}")
+            raise ConfigError("epochs", f"{cfg.epochs} epochs asked for, the samples in {self.ds.path} "
+                                        f"hold {held}")
         self.epoch = 0
         self.stage_s: dict[str, float] = {"sample": 0.0, "gather": 0.0}
 

@@ -55,7 +55,7 @@ class MappedFeatures:
 
     def __init__(self, store: Store, advice: str = "random") -> None:
         if advice not in ADVICE:
-            raise ConfigError("--advice", f"expected one of {', '.join(ADVICE)}, got {advice!r}")
+            raise ConfigError("advice", f"expected one of {', '.join(ADVICE)}, got {advice!r}")
         self.store = store
         self.advice = advice
         self.shards = [self._map(p) for p in range(len(store.shards))]
@@ -117,7 +117,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         the time spent faulting rows in.
     """
     if advice not in ADVICE:
-        raise ConfigError("--advice", f"expected one of {', '.join(ADVICE)}, got {advice!r}")
+        raise ConfigError("advice", f"expected one of {', '.join(ADVICE)}, got {advice!r}")
     options = dict(locals())    # exactly the arguments above
     del options["advice"]
     return gathered_run(NAME, features=lambda st: MappedFeatures(st, advice), **options)

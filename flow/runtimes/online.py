@@ -93,14 +93,14 @@ def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, see
         raise ConfigError("cpu_tier", f"the online loader's buffer evicts by one of {', '.join(ONLINE_TIERS)}, "
                                       f"got {policy!r}")
     if isinstance(extractors, bool) or not isinstance(extractors, int) or extractors < 1:
-        raise ConfigError("--extractors", f"expected an integer >= 1, got {extractors!r}")
+        raise ConfigError("extractors", f"expected an integer >= 1, got {extractors!r}")
     if window is None:
         window = DEFAULT_WINDOW if policy == "hybrid" else 0
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ConfigError("--window", f"expected an integer >= 0, got {window!r}")
+        raise ConfigError("window", f"expected an integer >= 0, got {window!r}")
     if policy == "hybrid" and window < 1:
-        raise ConfigError("--window", "the hybrid policy evicts by the next uses in a lookahead window: give >= 1")
-    nbytes = byte_budget(budget, "--cpu-memory", st.feature_bytes)
+        raise ConfigError("window", "the hybrid policy evicts by the next uses in a lookahead window: give >= 1")
+    nbytes = byte_budget(budget, "cpu_memory", st.feature_bytes)
     if nbytes is None:
         nbytes = default_budget(st, batch_size, fanouts, extractors)
     staging = staging_bytes_for(nbytes, extractors)
@@ -183,7 +183,7 @@ def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str |
         epoch, ``online`` (rows, hits, misses, evictions, rows and bytes read, time to the first batch).
     """
     if pipeline.loader != "online":
-        raise ConfigError("PIPELINE", f"the {pipeline.name} pipeline has the {pipeline.loader} loader, not online")
+        raise ConfigError("pipeline", f"the {pipeline.name} pipeline has the {pipeline.loader} loader, not online")
     if window is None:
         window = DEFAULT_WINDOW if pipeline.cpu_tier == "hybrid" else 0
     training = _OnlineTraining(str(pipeline.cpu_tier), cpu_memory, extractors, window)

@@ -103,7 +103,7 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
 
     reserve = io_buffer_bytes()
     staging = staging_count(device, queue_depth, sequential)
-    cpu = budget(cpu_memory, "--cpu-memory", store.feature_bytes)
+    cpu = budget(cpu_memory, "cpu_memory", store.feature_bytes)
     if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
         rows = batch_size
         for f in fanouts:
@@ -111,8 +111,8 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
         cpu = (staging * staging_piece_bytes(min(rows, store.num_nodes), store.row_bytes, len(store.shards))
                + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE))
     return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
-            "gpu_memory": budget(gpu_memory, "--gpu-memory", store.feature_bytes) or 0,
-            "disk_budget": budget(disk_budget, "--disk-budget", store.feature_bytes)}
+            "gpu_memory": budget(gpu_memory, "gpu_memory", store.feature_bytes) or 0,
+            "disk_budget": budget(disk_budget, "disk_budget", store.feature_bytes)}
 
 
 def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
@@ -147,7 +147,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     rdir = Path(run_dir)
     out = Path(packed) if packed is not None else rdir / "packed"
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
-        raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+        raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
                              device=dev)

@@ -41,8 +41,8 @@ def _local(store: str | os.PathLike[str]) -> str:
     if text.startswith("file://"):
         return text[len("file://"):]
     if "://" in text:
-        raise ConfigError("--dataset", f"{text!r}: CPU workers memory-map the store, so give a path (or a file:// URL) "
-                                       "on a filesystem they share; --stage takes any fsspec URL for the packed data")
+        raise ConfigError("store", f"{text!r}: CPU workers memory-map the store, so give a path (or a file:// URL) "
+                                   "on a filesystem they share; stage takes any fsspec URL for the packed data")
     return text
 
 
@@ -117,19 +117,19 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
 
     st = Store(_local(store))
     if history_memory == "auto":
-        raise ConfigError("--history-memory", "the memory split plans the whole round once per candidate; the "
-                                              "stream loader takes a size (e.g. 5%)")
+        raise ConfigError("history_memory", "the memory split plans the whole round once per candidate; the "
+                                            "stream loader takes a size (e.g. 5%)")
     hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
                            history_prune)
     memory = hist["history_memory"]
     rows = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
     if hist["history_memory"] and rows == 0:
-        raise ConfigError("--history-memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
-                                              f"{EMBEDDING_DTYPE} values")
+        raise ConfigError("history_memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
+                                            f"{EMBEDDING_DTYPE} values")
     rdir = Path(run_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
-        raise ConfigError("--queue-depth", f"expected an integer >= 1, got {queue_depth!r}")
+        raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth,
                              device=device or "cpu")
     gpu = budgets["gpu_memory"]
@@ -155,11 +155,11 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts
     if gpus > 1 and batches_per_step > 1:
-        raise ConfigError("--batches-per-step", "with --gpus N each GPU worker takes one batch per step; the step "
-                                                "already holds N batches")
+        raise ConfigError("batches_per_step", "with gpus=N each GPU worker takes one batch per step; the step "
+                                              "already holds N batches")
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
     if gpus > 1 and not scheduler and not processes:
-        raise ConfigError("--gpus", "data-parallel GPU workers each need a process of their own (processes=True)")
+        raise ConfigError("gpus", "data-parallel GPU workers each need a process of their own (processes=True)")
     security = tls_security(tls_ca_file, tls_cert, tls_key, scheduler)
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
                        processes=processes, quiet=not progress, hold_memory=hold_memory, gpu_workers=gpus,

@@ -79,52 +79,53 @@ class StreamConfig:
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
         check_policy(self.cpu_policy, "cpu", "cpu_policy")
         check_policy(self.gpu_policy, "gpu", "gpu_policy")
-        for option, value in (("--window", self.window), ("--tier-superbatches", self.tier_superbatches),
-                              ("--checkpoint-every", self.checkpoint_every), ("--staging-batches", self.staging_batches),
-                              ("--sampler-threads", self.sampler_threads)):
+        for option, value in (("window", self.window), ("tier_superbatches", self.tier_superbatches),
+                              ("checkpoint_every", self.checkpoint_every), ("staging_batches", self.staging_batches),
+                              ("sampler_threads", self.sampler_threads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
-        if self.gpu_memory < 0 or self.cpu_memory < 0:
-            raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+        for option, nbytes in (("gpu_memory", self.gpu_memory), ("cpu_memory", self.cpu_memory)):
+            if nbytes < 0:
+                raise ConfigError(option, f"must be >= 0 bytes, got {nbytes}")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ConfigError("--device", f"expected cpu or cuda[:N], got {self.device!r}")
+            raise ConfigError("device", f"expected cpu or cuda[:N], got {self.device!r}")
         if self.batches not in BATCH_ORDERS:
-            raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
+            raise ConfigError("batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
         if self.group_by not in GROUPINGS:
-            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
+            raise ConfigError("group_by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
         if self.partitions is not None and (isinstance(self.partitions, bool) or self.partitions < 2):
-            raise ConfigError("--partitions", f"must be >= 2, got {self.partitions}")
+            raise ConfigError("partitions", f"must be >= 2, got {self.partitions}")
         if isinstance(self.parts_per_group, bool) or self.parts_per_group < 1:
-            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
+            raise ConfigError("parts_per_group", f"must be >= 1, got {self.parts_per_group}")
         if isinstance(self.history_rows, bool) or not isinstance(self.history_rows, int) or self.history_rows < 0:
-            raise ConfigError("--history-memory", f"the cache's rows must be an integer >= 0, got {self.history_rows!r}")
+            raise ConfigError("history_memory", f"the cache's rows must be an integer >= 0, got {self.history_rows!r}")
         if self.history_staleness < 1:
-            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
+            raise ConfigError("history_staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if self.history_select not in HISTORY_SELECTS:
-            raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
-                                                  f"got {self.history_select!r}")
+            raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
+                                                f"got {self.history_select!r}")
         check_prune(self.history_prune)
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
-            raise ConfigError("--gpus", f"expected an integer >= 1 (or 0: every GPU worker), got {self.gpus!r}")
+            raise ConfigError("gpus", f"expected an integer >= 1 (or 0: every GPU worker), got {self.gpus!r}")
         if self.gpus > self.superbatch_size:
-            raise ConfigError("--gpus", f"{self.gpus} GPU workers share each superbatch's batches; a superbatch of "
-                                        f"{self.superbatch_size} (--superbatch-size) leaves some with none")
+            raise ConfigError("gpus", f"{self.gpus} GPU workers share each superbatch's batches; a superbatch of "
+                                      f"{self.superbatch_size} (superbatch_size) leaves some with none")
         if self.gpus > 1 and self.history_rows:
-            raise ConfigError("--history-memory", "a historical embedding cache is planned for one model's order of "
-                                                  "batches; it trains on one GPU worker (--gpus 1)")
+            raise ConfigError("history_memory", "a historical embedding cache is planned for one model's order of "
+                                                "batches; it trains on one GPU worker (gpus=1)")
         if self.cache not in CACHES:
-            raise ConfigError("--cache", f"expected one of {', '.join(CACHES)}, got {self.cache!r}")
+            raise ConfigError("cache", f"expected one of {', '.join(CACHES)}, got {self.cache!r}")
         if not self.group_timeout_s > 0:
             raise ConfigError("group_timeout_s", f"must be > 0 seconds, got {self.group_timeout_s!r}")
         if self.history_rows and len(self.fanouts) < 2:
-            raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+            raise ConfigError("history_memory", "a historical embedding cache needs two or more hops")
         if self.batches == "shuffled":
             partition_only: tuple[tuple[str, object, object], ...] = (
-                ("--partitions", self.partitions, None), ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
-                ("--group-by", self.group_by, "label"))
+                ("partitions", self.partitions, None), ("parts_per_group", self.parts_per_group, PARTS_PER_GROUP),
+                ("group_by", self.group_by, "label"))
             for option, given, default in partition_only:
                 if given != default:
-                    raise ConfigError(option, "applies to partition batches only (--batches partition)")
+                    raise ConfigError(option, "applies to partition batches only (batches='partition')")
 
     def describe(self) -> dict[str, Any]:
         """The config as JSON values, policies by `policy_id` (the GPU policy only when not the default)."""

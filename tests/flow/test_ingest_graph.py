@@ -326,9 +326,9 @@ def test_missing_raw_directory_and_bad_options(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such directory"):
         run_ingest(tmp_path / "nope", tmp_path / "store")
     raw = _raw(tmp_path)
-    with pytest.raises(ConfigError, match="--shard-rows"):
+    with pytest.raises(ConfigError, match="^shard_rows"):
         run_ingest(raw, tmp_path / "store", shard_rows=0)
-    with pytest.raises(ConfigError, match="--memory-budget"):
+    with pytest.raises(ConfigError, match="^memory_budget"):
         run_ingest(raw, tmp_path / "store", memory_budget="a lot")
     with pytest.raises(ConfigError, match="overlaps the raw dataset"):
         run_ingest(raw, raw)

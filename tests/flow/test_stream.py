@@ -95,7 +95,7 @@ def test_partition_batches_stream_as_they_prepare(tiny_store: Path, tmp_path: Pa
     assert rep["partition"]["parts"] == 8 and rep["partition"]["group_by"] == "label"
     assert (Path(rep["run_dir"]) / "partition.npy").is_file()
     assert rep["config"]["train"]["label_prior"] == pytest.approx(ref["config"]["label_prior"])
-    with pytest.raises(ConfigError, match="--parts-per-group"):
+    with pytest.raises(ConfigError, match="^parts_per_group"):
         streaming.run(tiny_store, tmp_path / "bad", window=2, parts_per_group=3, **EMBEDDED, **SETTINGS)
 
 
@@ -107,7 +107,7 @@ def test_a_history_cache_streams_as_it_prepares(tiny_store: Path, tmp_path: Path
     assert ref["history"]["pruned"] > 0
     assert _losses(rep) == _losses(ref), "the same pruned samples, the same table"
     assert rep["config"]["history_rows"] == ref["history"]["rows"] == rep["config"]["train"]["history_rows"]
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         streaming.run(tiny_store, tmp_path / "auto", window=2, history_memory="auto", **EMBEDDED, **SETTINGS)
 
 
@@ -264,9 +264,9 @@ def test_gpu_worker_lost_then_resume(tiny_store: Path, tmp_path: Path, reference
 
 
 def test_quota_too_small_stops_the_run(tiny_store: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--quota: staging .* above its quota of 100.00 KiB"):
+    with pytest.raises(ConfigError, match=r"^quota: staging .* above its quota of 100.00 KiB"):
         streaming.run(tiny_store, tmp_path / "run", window=2, quota="100KiB", **EMBEDDED, **SETTINGS)
-    with pytest.raises(ConfigError, match="--dataset: 's3://bucket/store': CPU workers memory-map the store"):
+    with pytest.raises(ConfigError, match="^store: 's3://bucket/store': CPU workers memory-map the store"):
         streaming.run("s3://bucket/store", tmp_path / "run", **EMBEDDED, **SETTINGS)
 
 

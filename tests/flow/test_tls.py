@@ -280,7 +280,7 @@ def test_a_misconfigured_worker_exits_2_as_a_process(certs: dict[str, Path], tmp
 def test_the_library_raises_config_errors_naming_the_option(certs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         check_tls("tls://127.0.0.1:9")
-    assert e.value.option == "--tls-ca-file"
+    assert e.value.option == "tls_ca_file"
     with pytest.raises(ConfigError, match="is a tcp:// address") as e:
         check_tls("127.0.0.1:9", certs["ca"], certs["node"], certs["key"])   # no scheme: Dask's default, tcp
     assert e.value.option == "--scheduler"
@@ -297,4 +297,4 @@ def test_the_library_raises_config_errors_naming_the_option(certs: dict[str, Pat
     _openssl(tmp_path, "pkey", "-in", str(certs["key"]), "-out", str(encrypted), "-aes128", "-passout", "pass:x")
     with pytest.raises(ConfigError, match="an encrypted private key") as e:
         check_tls("tls://127.0.0.1:9", certs["ca"], certs["node"], encrypted)
-    assert e.value.option == "--tls-key"
+    assert e.value.option == "tls_key"

@@ -48,7 +48,7 @@ def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
     with torch.no_grad():
         model.convs[1].lin_l.bias.fill_(1e6)               # activations past float16's range
     model.train()
-    with pytest.raises(ConfigError, match="--history-memory.*float16"):
+    with pytest.raises(ConfigError, match="^history_memory.*float16"):
         forward(model, batch)
 
 
@@ -111,9 +111,9 @@ def test_models_the_cache_cannot_serve_are_refused() -> None:
     from diskflow.operators.train.config import TrainConfig
     from torch_geometric.nn.models import GCN
 
-    with pytest.raises(ConfigError, match="--model"):
+    with pytest.raises(ConfigError, match="^model"):
         TrainConfig(model="gcn", history_rows=8)
-    with pytest.raises(ConfigError, match="--num-layers"):
+    with pytest.raises(ConfigError, match="^num_layers"):
         TrainConfig(model="sage", fanouts=(3, 3, 3), num_layers=2, history_rows=8)
     TrainConfig(model="none", history_rows=8)              # nothing trained: nothing to refuse
     with pytest.raises(ConfigError, match="GCN"):
@@ -153,12 +153,12 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
     sub = outre.run(tiny_store, new_run_dir(tmp_path, "sub"), **COMMON)
     assert sub["history"]["prune"] == "subtree" and sub["history"]["pruned"] == r["history"]["pruned"]
     assert sum(e["rows_gathered"] for e in sub["epochs"]) < sum(e["rows_gathered"] for e in r["epochs"])
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "x"), history_memory="8B", **COMMON)
     with pytest.raises(ConfigError, match="two or more"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), history_memory="64KiB",
                      **{**COMMON, "fanouts": (4,)})
-    for option, given in (("--history-staleness", {"history_staleness": 7}),
-                          ("--history-prune", {"history_prune": "subtree"})):    # no cache for them to change
+    for option, given in (("history_staleness", {"history_staleness": 7}),
+                          ("history_prune", {"history_prune": "subtree"})):    # no cache for them to change
         with pytest.raises(ConfigError, match=option):
             inmemory.run(tiny_store, new_run_dir(tmp_path, "z"), **given, **COMMON)

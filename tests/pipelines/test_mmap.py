@@ -62,7 +62,7 @@ def test_plain_mmap_advice_gives_the_same_losses(tiny_store: Path, tmp_path: Pat
                       **dict(SETTINGS, epochs=1))
     assert report["config"]["features"] == "mmap (normal)"
     assert report["epochs"][0]["losses"] == reference["epochs"][0]["losses"]
-    with pytest.raises(ConfigError, match="--advice: expected one of random, normal, got 'willneed'"):
+    with pytest.raises(ConfigError, match="^advice: expected one of random, normal, got 'willneed'"):
         mmap.run(tiny_store, tmp_path, advice="willneed")
 
 
@@ -135,11 +135,11 @@ def test_a_hook_can_stop_a_run_early(tiny_store: Path, packed: Path, tmp_path: P
 
 def test_samples_that_do_not_match_the_run_are_refused(tiny_store: Path, packed: Path, tmp_path: Path,
                                                        tiny_raw: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--samples: .* fanouts \[5, 5\].*this run has fanouts \[4, 4\]"):
+    with pytest.raises(ConfigError, match=r"^samples: .* fanouts \[5, 5\].*this run has fanouts \[4, 4\]"):
         mmap.run(tiny_store, tmp_path, samples=packed, **dict(SETTINGS, fanouts=(4, 4)))
-    with pytest.raises(ConfigError, match="--samples: .*seed 3.*seed 4"):
+    with pytest.raises(ConfigError, match="^samples: .*seed 3.*seed 4"):
         inmemory.run(tiny_store, tmp_path, samples=packed, **dict(SETTINGS, seed=4))
-    with pytest.raises(ConfigError, match="--epochs: 3 epochs asked for, the samples .* hold 2"):
+    with pytest.raises(ConfigError, match="^epochs: 3 epochs asked for, the samples .* hold 2"):
         mmap.run(tiny_store, tmp_path, samples=packed, **dict(SETTINGS, epochs=3))
     with pytest.raises(InputError, match="not a finished packed dataset"):
         mmap.run(tiny_store, tmp_path, samples=tmp_path, **SETTINGS)

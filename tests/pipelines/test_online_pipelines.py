@@ -67,9 +67,9 @@ def test_online_partition_batches_match_the_inmemory_ones(tiny_store: Path, tmp_
 
 def test_online_options_are_checked(tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lsm = load_pipeline("lsmgnn")
-    with pytest.raises(ConfigError, match="--window: the hybrid policy"):
+    with pytest.raises(ConfigError, match="^window: the hybrid policy"):
         lsm.run(tiny_store, new_run_dir(tmp_path, "w"), window=0, **SETTINGS)
-    with pytest.raises(ConfigError, match="--extractors"):
+    with pytest.raises(ConfigError, match="^extractors"):
         lsm.run(tiny_store, new_run_dir(tmp_path, "e"), extractors=0, **SETTINGS)
     with pytest.raises(ConfigError, match="Pipeline.cpu_tier: the online loader's buffer evicts by one of lru, hybrid"):
         Pipeline("x", loader="online", cpu_tier="static")

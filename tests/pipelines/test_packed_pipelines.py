@@ -85,13 +85,13 @@ def test_run_is_reachable_as_diskflow_run(tiny_store: Path, tmp_path: Path, caps
 
 
 def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget: Callable) -> None:
-    with pytest.raises(ConfigError, match="--cpu-memory"):
+    with pytest.raises(ConfigError, match="^cpu_memory"):
         belady.run(tiny_store, tmp_path, cpu_memory="1KiB", **SETTINGS)
-    with pytest.raises(ConfigError, match="--cpu-memory"):
+    with pytest.raises(ConfigError, match="^cpu_memory"):
         belady.run(tiny_store, tmp_path, cpu_memory="lots", **SETTINGS)
     with pytest.raises(ConfigError, match="--disk-budget"):
         ginex.run(tiny_store, tmp_path, cpu_memory=budget(100), disk_budget="1MiB", **SETTINGS)
-    with pytest.raises(ConfigError, match="--queue-depth"):
+    with pytest.raises(ConfigError, match="^queue_depth"):
         diskgnn.run(tiny_store, tmp_path, queue_depth=0, **SETTINGS)
 
 
@@ -100,7 +100,7 @@ def test_a_budget_error_names_the_smallest_budget_that_works(pipeline: Any, tiny
     """One error, one figure: the budget it names runs (with an empty CPU tier), a byte less does not."""
     import re
 
-    with pytest.raises(ConfigError, match="--cpu-memory: .*smallest budget that works") as err:
+    with pytest.raises(ConfigError, match="^cpu_memory: .*smallest budget that works") as err:
         pipeline.run(tiny_store, tmp_path / "tiny", cpu_memory="1KiB", **SETTINGS)
     need = int(re.search(r"\(([\d,]+) bytes, with an empty CPU tier\)", str(err.value)).group(1).replace(",", ""))
     with pytest.raises(ConfigError, match=f"smallest budget that works is .*{need:,} bytes"):
@@ -173,7 +173,7 @@ def test_diskflow_train_resumes_the_unfinished_run(packed: Path, tmp_path: Path,
 
 
 def test_diskflow_train_errors_leave_no_run_directory(packed: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--cpu-memory: .* need at least"):
+    with pytest.raises(ConfigError, match="^cpu_memory: .* need at least"):
         train_cli([str(packed), "--cpu-memory", "1MiB", "--runs-dir", str(tmp_path), "--no-progress"])
     with pytest.raises(ConfigError, match="--cpu-memory"):
         train_cli([str(packed), "--cpu-memory", "much", "--runs-dir", str(tmp_path), "--no-progress"])
