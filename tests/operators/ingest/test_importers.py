@@ -197,7 +197,7 @@ def test_npy_overlapping_and_exclusive_splits(npy_dir: Path, tmp_path: Path) -> 
         from_npy(tmp_path / "raw", features=npy_dir / "x.npy", edge_index=npy_dir / "ei.npy",
                  train_idx=npy_dir / "train.npy", test_idx=npy_dir / "train.npy")
     assert e.value.path.endswith("train.npy")
-    with pytest.raises(ConfigError, match="split"):
+    with pytest.raises(ConfigError, match="^split"):
         from_npy(tmp_path / "raw", features=npy_dir / "x.npy", edge_index=npy_dir / "ei.npy",
                  split=npy_dir / "split.npy", train_idx=npy_dir / "train.npy")
     with pytest.raises(InputError, match="no such file") as e:

@@ -113,7 +113,7 @@ def test_an_ipc_file_rewritten_as_a_stream_after_listing_is_an_input_error(tmp_p
 
 def test_budget_and_sizing_helpers() -> None:
     assert check_memory_budget("1GiB") == 1 << 30
-    with pytest.raises(ConfigError, match="memory_budget"):
+    with pytest.raises(ConfigError, match="^memory_budget"):
         check_memory_budget("lots")
     with pytest.raises(ConfigError, match="at least"):
         check_memory_budget(100)

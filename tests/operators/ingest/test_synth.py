@@ -263,5 +263,5 @@ def test_locality_puts_dense_clusters_inside_the_communities(tmp_path: Path, sma
     assert near(local) > 2 * near(small_raw)
     label = local["label"][np.argsort(local["node_id"])]
     assert np.mean(label[local["src"]] == label[local["dst"]]) == pytest.approx(SMALL.get("homophily", 0.75), abs=0.05)
-    with pytest.raises(ConfigError, match="locality"):
+    with pytest.raises(ConfigError, match="^locality"):
         SynthConfig(locality=1.5)

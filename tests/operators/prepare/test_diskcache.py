@@ -117,7 +117,7 @@ def test_k1_layout_is_valid() -> None:
 
 
 def test_impossible_budget_and_empty_rounds() -> None:
-    with pytest.raises(ConfigError, match="disk_budget"):
+    with pytest.raises(ConfigError, match="^disk_budget"):
         build_layout(_trace(0), ROW, 1000, PAD)
     empty = build_layout([], ROW, 0)
     assert empty.segment_size is None and empty.in_cache == [] and empty.disk_bytes == 0

@@ -39,7 +39,7 @@ def test_nodes_rows_and_positions() -> None:
     assert history_nodes(indptr, 2).tolist() == [1, 4]     # the two highest, ties by lower id
     assert history_nodes(indptr, 0).size == 0 and history_nodes(indptr, 99).tolist() == [0, 1, 2, 3, 4]
     assert history_rows(4096, 16) == 128                    # float16 embeddings
-    with pytest.raises(ConfigError, match="history_staleness"):
+    with pytest.raises(ConfigError, match="^history_staleness"):
         HistoryPlanner(np.array([1]), 0)
     n_id = np.array([10, 11, 7, 3, 8, 1])
     assert local_positions(n_id, 2, 5, np.array([8, 7])).tolist() == [4, 2]

@@ -394,7 +394,7 @@ def test_plan_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
     assert figures["belady_full_misses"] <= figures["belady_misses"] <= figures["static_misses"]
     assert figures["belady_accesses_per_s"] > 0
     assert "CPU-cache planners at the same capacity" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="superbatch"):
+    with pytest.raises(ConfigError, match="--superbatch"):
         bench_plan.run(parser.parse_args(["--superbatch", "0"]))
 
 

@@ -114,7 +114,7 @@ def test_impossible_budget_names_the_smallest_that_works() -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ConfigError, match="disk_budget"):
+    with pytest.raises(ConfigError, match="^disk_budget"):
         search_segment_size(_trace(0), ROW, -1)
     with pytest.raises(ValueError, match="twice"):
         search_segment_size([np.array([1, 2]), np.array([3, 3])], ROW, 0)

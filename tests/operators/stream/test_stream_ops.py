@@ -193,12 +193,12 @@ def test_scratch_quota_is_a_hard_limit(tmp_path: Path) -> None:
     space = ScratchSpace(tmp_path / "scratch", quota=10_000)
     space.reserve("run/base", 6_000)
     space.reserve("run/e0-s00000", 3_000)
-    with pytest.raises(ConfigError, match=r"quota: staging run/e0-s00001 .* above its quota"):
+    with pytest.raises(ConfigError, match=r"^quota: staging run/e0-s00001 .* above its quota"):
         space.reserve("run/e0-s00001", 2_000)
     space.release("run/e0-s00000")
     space.reserve("run/e0-s00001", 2_000)
     assert space.usage()["peak"] == 9_000 and space.usage()["peak_staged"] == 2 and space.used == 8_000
-    with pytest.raises(ConfigError, match="quota"):
+    with pytest.raises(ConfigError, match="^quota"):
         ScratchSpace(tmp_path / "s2", quota=0)
     (tmp_path / "a").mkdir()
     (tmp_path / "a/f").write_bytes(b"x" * 100)
@@ -218,7 +218,7 @@ def test_held_memory_has_a_budget(tmp_path: Path) -> None:
     assert (u["memory"], u["peak_memory"], u["hold_memory"]) == (5_000, 10_000, 10_000)
     assert not ScratchSpace(tmp_path / "s2").try_hold("x", 1), "no budget: nothing is held"
     assert ScratchSpace(tmp_path / "s3").try_hold("x", 0)
-    with pytest.raises(ConfigError, match="hold_memory"):
+    with pytest.raises(ConfigError, match="^hold_memory"):
         ScratchSpace(tmp_path / "s4", hold_memory=-1)
 
 

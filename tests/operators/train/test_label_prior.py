@@ -47,7 +47,7 @@ def test_label_shares_and_bad_priors() -> None:
     for bad in ([], [-1.0, 2.0], [0.0, 0.0], [float("nan")]):
         with pytest.raises(ConfigError, match="label_prior"):
             TrainConfig(label_prior=bad)
-    with pytest.raises(ConfigError, match="batches"):
+    with pytest.raises(ConfigError, match="^batches"):
         label_shares(np.zeros(0, dtype=np.int64), 3)
     with pytest.raises(ConfigError, match="from -1 to 1"):
         label_shares(np.array([-1, 0, 1]), 2)                 # an unlabeled training node

@@ -368,7 +368,7 @@ def test_the_memory_budget_is_checked_before_anything_starts(layouts: dict[str, 
     assert plan["assembled_batches"] == 5 and plan["assembled_bytes"] == 5 * m * rb and plan["assembled_on"] == "host"
     need = plan["host_bytes"]
     assert need == plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"]
-    with pytest.raises(ConfigError, match=rf"cpu_memory: .*need at least {need:,} bytes"):
+    with pytest.raises(ConfigError, match=rf"^cpu_memory: .*need at least {need:,} bytes"):
         PackedLoader(layouts["belady"], cpu_memory=need - 1)
     PackedLoader(layouts["belady"], cpu_memory=need).close()
     seq = memory_plan(ds, torch.device("cpu"), 2, True)
@@ -404,7 +404,7 @@ def test_batches_larger_than_a_staging_buffer_load_in_pieces(layouts: dict[str, 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
 def test_bad_queue_depth_is_a_config_error(layouts: dict[str, Path], bad: object) -> None:
-    with pytest.raises(ConfigError, match="queue_depth"):
+    with pytest.raises(ConfigError, match="^queue_depth"):
         PackedLoader(layouts["belady"], queue_depth=bad)  # type: ignore[arg-type]
 
 

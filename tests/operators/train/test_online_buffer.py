@@ -127,10 +127,10 @@ def test_memory_stays_fixed_and_a_tiny_buffer_throttles_extraction(tiny_store: P
 def test_a_batch_larger_than_the_buffer_and_a_budget_without_room_name_cpu_memory(tiny_store: Path) -> None:
     st = Store(tiny_store)
     loader = _loader(st, 50, "lru")
-    with pytest.raises(ConfigError, match=r"cpu_memory: batch 0 has .* distinct rows, the feature buffer holds 50"):
+    with pytest.raises(ConfigError, match=r"^cpu_memory: batch 0 has .* distinct rows, the feature buffer holds 50"):
         list(loader)
     loader.close()
-    with pytest.raises(ConfigError, match="cpu_memory: .* does not hold the feature buffer's tables"):
+    with pytest.raises(ConfigError, match="^cpu_memory: .* does not hold the feature buffer's tables"):
         buffer_slots(1 << 16, st.num_nodes, st.row_bytes, extractors=4)
     assert buffer_slots(64 << 20, 1000, 512, 1) > 0
 
@@ -192,7 +192,7 @@ def test_hybrid_evicts_no_reuse_first_then_far_reuse_then_lowest_static_score() 
 def test_buffer_refuses_an_unknown_policy_and_an_empty_buffer() -> None:
     with pytest.raises(ConfigError, match="policy"):
         FeatureBuffer(10, 4, 2, np.float32, "fifo")
-    with pytest.raises(ConfigError, match="cpu_memory"):
+    with pytest.raises(ConfigError, match="^cpu_memory"):
         FeatureBuffer(10, 0, 2, np.float32, "lru")
     with pytest.raises(ConfigError, match="static score"):
         FeatureBuffer(10, 4, 2, np.float32, "hybrid")

@@ -110,17 +110,17 @@ def test_the_entry_points_take_their_defaults_from_the_config() -> None:
     assert inspect.signature(inmemory.run).parameters["seed"].default == defaults.seed
     stream = StreamTrainConfig()
     assert {k: getattr(stream, k) for k in TrainConfig.__dataclass_fields__} == vars(defaults)
-    with pytest.raises(ConfigError, match="hidden"):
+    with pytest.raises(ConfigError, match="^hidden"):
         StreamTrainConfig(hidden=0)     # validated on construction, on the client, like TrainConfig
 
 
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     for bad, fault in (("tpu", "not a torch device"), ("meta", "expected 'cpu' or 'cuda")):
-        with pytest.raises(ConfigError, match=f"device: {fault}"):
+        with pytest.raises(ConfigError, match=f"^device: {fault}"):
             resolve_device(bad)
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="device: 'cuda:0' requested but CUDA is not available"):
+        with pytest.raises(ConfigError, match="^device: 'cuda:0' requested but CUDA is not available"):
             resolve_device("cuda:0")
 
 

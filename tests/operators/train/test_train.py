@@ -61,7 +61,7 @@ def test_seed_batches_partition_the_seeds_in_a_fixed_order() -> None:
     assert not np.array_equal(np.concatenate(batches), np.concatenate(seed_batches(seeds, 64, epoch=1, seed=5)))
     assert not np.array_equal(np.concatenate(batches), np.concatenate(seed_batches(seeds, 64, epoch=0, seed=6)))
     assert np.array_equal(np.concatenate(seed_batches(seeds, 64, 3, 5, shuffle=False)), seeds)
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match="^batch_size"):
         seed_batches(seeds, 0, 0, 0)
 
 
@@ -142,15 +142,15 @@ def test_mlp_ignores_edges_and_sage_does_not() -> None:
 
 
 def test_model_and_config_errors_name_the_option() -> None:
-    with pytest.raises(ConfigError, match="model: unknown model 'gin'"):
+    with pytest.raises(ConfigError, match="^model: unknown model 'gin'"):
         build_model("gin", 4, 8, 2, 2)
-    with pytest.raises(ConfigError, match="hidden"):
+    with pytest.raises(ConfigError, match="^hidden"):
         build_model("gat", 4, 10, 2, 2, heads=4)
-    with pytest.raises(ConfigError, match="fanouts"):
+    with pytest.raises(ConfigError, match="^fanouts"):
         TrainConfig(fanouts=(5, -2))
-    with pytest.raises(ConfigError, match="epochs"):
+    with pytest.raises(ConfigError, match="^epochs"):
         TrainConfig(epochs=0)
-    with pytest.raises(ConfigError, match="lr"):
+    with pytest.raises(ConfigError, match="^lr"):
         TrainConfig(lr=-1.0)
     assert TrainConfig(fanouts=(4, 3, 2)).num_layers == 3
 

@@ -227,15 +227,15 @@ def test_resume_with_other_options_is_refused(packed: Path, tmp_path: Path) -> N
 
     with pytest.raises(KeyboardInterrupt):
         train_packed(packed, tmp_path, threads=1, on_epoch=stop, **MODEL)
-    with pytest.raises(ConfigError, match="resume"):
+    with pytest.raises(ConfigError, match="^resume"):
         train_packed(packed, tmp_path, resume=True, threads=1, **{**MODEL, "hidden": 32})
 
 
 def test_budgets_and_options_fail_before_training(packed: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cpu_memory"):
+    with pytest.raises(ConfigError, match="^cpu_memory"):
         train_packed(packed, tmp_path, cpu_memory=1000, **MODEL)
-    with pytest.raises(ConfigError, match="model"):
+    with pytest.raises(ConfigError, match="^model"):
         train_packed(packed, tmp_path, **{**MODEL, "model": "transformer"})
-    with pytest.raises(ConfigError, match="device"):
+    with pytest.raises(ConfigError, match="^device"):
         train_packed(packed, tmp_path, device="tpu", **MODEL)
     assert not (tmp_path / CHECKPOINTS).exists()
