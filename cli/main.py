@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import ConfigError, DiskflowError, is_disk_full
+from .logs import FORMAT, log_to_stderr
 
 # Subcommand modules, in the order `diskflow --help` lists them.
 COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")
@@ -34,8 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn user mistakes and a full disk into one clear line (exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format=FORMAT)
+    log_to_stderr(args.verbose)         # the library's progress notes (the Dask dashboard's address) and warnings
     try:
         return int(args.func(args) or 0)
     except DiskflowError as e:

@@ -4,18 +4,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 
 from ..operators.formats.errors import ConfigError, DiskflowError
 from .security import refusal
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                 threads_per_worker: int = 1, memory_limit: str | int = "auto",
                 quiet: bool = False, processes: bool = True, security: object = None) -> Iterator[object]:
-    """A `distributed.Client` for the duration of a command; prints the dashboard address.
+    """A `distributed.Client` for the duration of a command; logs the dashboard address (unless `quiet`).
 
     Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
     process per core by default); with it, connects to `tcp://HOST:PORT` and fails
@@ -47,8 +48,7 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
         client = Client(cluster, **({"security": security} if security is not None else {}))
     try:
         if not quiet:
-            link = client.dashboard_link or "(no dashboard: install bokeh)"
-            print(f"Dask dashboard: {link}", file=sys.stderr, flush=True)
+            log.info("Dask dashboard: %s", client.dashboard_link or "(no dashboard: install bokeh)")
         yield client
     finally:
         client.close()

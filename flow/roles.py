@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,8 @@ import dask
 from ..operators.formats.errors import ConfigError
 from .plugin import GPU, config_env, worker_config
 from .security import check_tls, refusal
+
+log = logging.getLogger(__name__)
 
 
 def scheduler_argv(host: str | None = None, port: int | None = None, dashboard_address: str | None = ":8787",
@@ -143,7 +144,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                                 "is `diskflow scheduler` running there, and the port open?") from e
         try:
             if not quiet:
-                print(f"Dask dashboard: {client.dashboard_link or '(none)'}", file=sys.stderr, flush=True)
+                log.info("Dask dashboard: %s", client.dashboard_link or "(none)")
             yield client
         finally:
             client.close()
@@ -183,7 +184,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
             try:
                 client.wait_for_workers(n + gpu_workers, timeout=120)
                 if not quiet:
-                    print(f"Dask dashboard: {client.dashboard_link or '(none)'}", file=sys.stderr, flush=True)
+                    log.info("Dask dashboard: %s", client.dashboard_link or "(none)")
                 yield client
             finally:
                 client.close()
