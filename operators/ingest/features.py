@@ -190,7 +190,7 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         if not allow_nonfinite and not np.isfinite(x).all():
             i = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InputError(path, f"non-finite feature value (NaN or inf) for node {int(ids[i])} at row "
-                                   f"{row0 + int(pos[i])} (pass --allow-nonfinite to accept it)")
+                                   f"{row0 + int(pos[i])} (pass allow_nonfinite=True to accept it)")
         number = seen + np.arange(len(ids), dtype=np.int64)
         earlier = stamp[slot]
         if (earlier >= 0).any():
