@@ -11,19 +11,6 @@ from ..operators.prepare.history import DEFAULT_PRUNE, check_prune, refuse_witho
 from ..operators.prepare.sample import check_fanouts
 
 
-def positive_int(option: str) -> Callable[[str], int]:
-    """Parser for an integer >= 1."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: expected an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{option}: must be >= 1, got {value}")
-        return value
-    return parse
-
-
 def parse_fanouts(text: str, option: str = "fanouts") -> tuple[int, ...]:
     """Per-hop fanouts such as ``10,15,-1`` (-1: all neighbours): the one parser of every command's and
     benchmark's fanouts option; the values are checked by the sampler's own rule (`check_fanouts`).
@@ -47,16 +34,6 @@ def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]
     return parse
 
 
-def byte_size(option: str) -> Callable[[str], int]:
-    """Parser for sizes such as `2GiB`, `512MiB`, `1.5GB`."""
-    def parse(text: str) -> int:
-        try:
-            return parse_bytes(text, option)
-        except ConfigError as e:  # -> argparse's own message format
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
-
-
 def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
     """Bytes from an int, ``"2GiB"``, or a share of `whole` such as ``"10%"``; None stays None."""
     if value is None:
@@ -70,17 +47,6 @@ def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
             raise ConfigError(option, f"must be >= 0, got {value!r}")
         return int(whole * share)
     return parse_bytes(value, option)
-
-
-def parse_int(option: str, text: str, minimum: int) -> int:
-    """An integer option >= minimum, or a ConfigError naming the option."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
-    return value
 
 
 HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it (`flow.memsplit`)

@@ -16,7 +16,6 @@ scheduler and the TLS library's reason, where Dask would raise a traceback or re
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import ssl
@@ -307,15 +306,3 @@ def probe(address: str, files: TLSFiles, *, role: str = "worker", timeout: float
         if refused is not None:
             raise refused from None
 
-
-def add_tls_arguments(parser: argparse.ArgumentParser, listens: bool = False) -> None:
-    """Add ``--tls-ca-file``, ``--tls-cert`` and ``--tls-key`` to a command's parser (`listens`: a scheduler's
-    or a worker's own, else a client's of ``--scheduler tls://...``)."""
-    who = "this process's" if listens else "--scheduler tls://...: this client's"
-    parser.add_argument("--tls-ca-file", default=None, metavar="FILE",
-                        help=("TLS: the CA certificate every process of the cluster trusts (with --tls-cert, "
-                              "--tls-key; the scheduler then listens on tls://)") if listens else
-                        "--scheduler tls://...: the CA certificate the cluster's certificates are signed by")
-    parser.add_argument("--tls-cert", default=None, metavar="FILE", help=f"{who} certificate (PEM)")
-    parser.add_argument("--tls-key", default=None, metavar="FILE",
-                        help=f"{who} private key (PEM; default: in --tls-cert)")

@@ -43,9 +43,8 @@ and re-reading the CPU tier's rows for the checkpoint's ids.
 from __future__ import annotations
 
 from ..graph import MAX_ROWS_MARGIN, PlanResult, SampleResult, Tiers
-from .cli import RUN_OPTIONS, add_run_arguments, resume_dir
 from .config import PHASES, StreamConfig, StreamStopped
 from .driver import StreamRun
 
-__all__ = ["MAX_ROWS_MARGIN", "PHASES", "RUN_OPTIONS", "PlanResult", "SampleResult", "StreamConfig", "StreamRun",
-           "StreamStopped", "Tiers", "add_run_arguments", "resume_dir"]
+__all__ = ["MAX_ROWS_MARGIN", "PHASES", "PlanResult", "SampleResult", "StreamConfig", "StreamRun", "StreamStopped",
+           "Tiers"]

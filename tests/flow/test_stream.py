@@ -19,10 +19,11 @@ distributed = pytest.importorskip("distributed")    # before any import that nee
 
 import dask
 from diskflow.cli import report as report_cmd
+from diskflow.cli.stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 from diskflow.flow import stream as stream_mod
 from diskflow.flow.roles import stream_client
 from diskflow.flow.rundir import new_run_dir
-from diskflow.flow.stream import RUN_OPTIONS, StreamStopped, add_run_arguments, resume_dir
+from diskflow.flow.stream import StreamStopped
 from diskflow.flow.stream import tasks as stream_tasks
 from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputError
 from diskflow.operators.prepare.history import EMBEDDING_BYTES
