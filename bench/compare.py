@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from ..flow.options import fanouts_option
+from ..config import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
@@ -176,7 +176,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_args(args: argparse.Namespace) -> list[str]:
     """Check the options; the pipelines in run order. Sets ``args.definitions`` (name -> `diskflow.Pipeline`)."""
-    from ..flow.options import model_option
+    from ..config import model_option
     from ..flow.pipeline import load_pipeline, pipeline_names
 
     args.model = model_option(args.model)

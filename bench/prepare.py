@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ..flow.options import fanouts_option
+from ..config import fanouts_option
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import config_hash, format_bytes
 from ..operators.prepare.tiers import staging_piece_bytes

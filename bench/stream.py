@@ -73,7 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..flow.options import fanouts_option
+from ..config import fanouts_option
 from .common import print_table
 
 TARGET = 1.15

@@ -1,9 +1,6 @@
-"""argparse value parsers that fail with a message naming the option and the fault."""
+"""Option values the library shares: fanouts, byte budgets, the historical embedding cache's settings; each
+refusal is a `ConfigError` naming the option and the fault."""
 from __future__ import annotations
-
-import argparse
-import os
-from collections.abc import Callable
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
@@ -22,16 +19,6 @@ def parse_fanouts(text: str, option: str = "fanouts") -> tuple[int, ...]:
         return tuple(check_fanouts([int(t) for t in text.split(",")]))
     except (ValueError, ConfigError):
         raise ConfigError(option, f"expected comma-separated integers >= -1, got {text!r}") from None
-
-
-def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
-    """`parse_fanouts` as an argparse ``type``."""
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            return parse_fanouts(text, option)
-        except ConfigError as e:  # -> argparse's own message format
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
 
 
 def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
@@ -69,11 +56,3 @@ def history_options(memory: int | str | None, staleness: int | None, hidden: int
         return {"history_memory": 0}      # none, even where the pipeline has one
     return {"history_memory": nbytes, "history_dim": hidden, **rule}
 
-
-def model_option(text: str) -> str:
-    """A `--model` value: a built-in model's name, ``none``, or the path of an existing ``.py`` file that
-    defines a `diskflow.Model` (imported where the model is built, not here)."""
-    from ..operators.train.modeldef import check_model_option, is_model_file
-
-    check_model_option(text, "--model")
-    return os.path.abspath(text) if is_model_file(text) else text
