@@ -69,64 +69,65 @@ class PrepareConfig:
         check_policy(self.cpu_policy, "cpu", "cpu_policy")
         check_policy(self.gpu_policy, "gpu", "gpu_policy")
         if self.device not in ("cpu", "cuda"):
-            raise ConfigError("--device", f"expected cpu or cuda, got {self.device!r}")
+            raise ConfigError("device", f"expected cpu or cuda, got {self.device!r}")
         if self.device == "cpu" and self.gpu_memory > 0:
-            raise ConfigError("--gpu-memory", f"a GPU tier of {self.gpu_memory:,} bytes was asked for on a CPU-only "
-                                              "run (--device cpu); use --gpu-memory 0 or train with --device cuda")
-        if self.gpu_memory < 0 or self.cpu_memory < 0:
-            raise ConfigError("--gpu-memory/--cpu-memory", "budgets must be >= 0")
+            raise ConfigError("gpu_memory", f"a GPU tier of {self.gpu_memory:,} bytes was asked for on a CPU-only "
+                                            "run (device='cpu'); use gpu_memory=0 or train with device='cuda'")
+        for option, nbytes in (("gpu_memory", self.gpu_memory), ("cpu_memory", self.cpu_memory)):
+            if nbytes < 0:
+                raise ConfigError(option, f"must be >= 0 bytes, got {nbytes}")
         if self.staging_batches < 1:
-            raise ConfigError("--staging-batches", f"must be >= 1, got {self.staging_batches}")
+            raise ConfigError("staging_batches", f"must be >= 1, got {self.staging_batches}")
         if not self.packing and self.disk_budget is not None:
-            raise ConfigError("--disk-budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
+            raise ConfigError("disk_budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
-            raise ConfigError("--disk-budget", f"must be > 0, got {self.disk_budget}")
+            raise ConfigError("disk_budget", f"must be > 0, got {self.disk_budget}")
         if self.minhash_k < 1:
-            raise ConfigError("--minhash-k", f"must be >= 1, got {self.minhash_k}")
+            raise ConfigError("minhash_k", f"must be >= 1, got {self.minhash_k}")
         if self.readahead < 0:
-            raise ConfigError("--readahead", f"must be >= 0 bytes, got {self.readahead}")
+            raise ConfigError("readahead", f"must be >= 0 bytes, got {self.readahead}")
         if self.sampler_threads < 1:
-            raise ConfigError("--sampler-threads", f"must be >= 1, got {self.sampler_threads}")
+            raise ConfigError("sampler_threads", f"must be >= 1, got {self.sampler_threads}")
         if self.batches not in BATCH_ORDERS:
-            raise ConfigError("--batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
+            raise ConfigError("batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
         if self.partitioner not in PARTITIONERS:
-            raise ConfigError("--partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
+            raise ConfigError("partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
         if self.partitions is not None and self.partitions < 2:
-            raise ConfigError("--partitions", f"must be >= 2, got {self.partitions}")
+            raise ConfigError("partitions", f"must be >= 2, got {self.partitions}")
         if self.parts_per_group < 1:
-            raise ConfigError("--parts-per-group", f"must be >= 1, got {self.parts_per_group}")
+            raise ConfigError("parts_per_group", f"must be >= 1, got {self.parts_per_group}")
         if self.partition_threads < 1:
-            raise ConfigError("--partition-threads", f"must be >= 1, got {self.partition_threads}")
+            raise ConfigError("partition_threads", f"must be >= 1, got {self.partition_threads}")
         if self.group_by not in GROUPINGS:
-            raise ConfigError("--group-by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
+            raise ConfigError("group_by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
         if self.batches == "shuffled":
-            for option, value, default in (("--partitions", self.partitions, None),
-                                           ("--parts-per-group", self.parts_per_group, PARTS_PER_GROUP),
-                                           ("--group-by", self.group_by, "label"),
-                                           ("--partitioner", self.partitioner, "kaminpar"),
-                                           ("--partition-threads", self.partition_threads, 1)):
+            for option, value, default in (("partitions", self.partitions, None),
+                                           ("parts_per_group", self.parts_per_group, PARTS_PER_GROUP),
+                                           ("group_by", self.group_by, "label"),
+                                           ("partitioner", self.partitioner, "kaminpar"),
+                                           ("partition_threads", self.partition_threads, 1)):
                 if value != default:
-                    raise ConfigError(option, "applies to partition batches only (--batches partition)")
+                    raise ConfigError(option, "applies to partition batches only (batches='partition')")
         if self.history_split:
             if self.history_memory:
-                raise ConfigError("--history-memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
+                raise ConfigError("history_memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
             if self.cpu_memory <= 0:
-                raise ConfigError("--history-memory", "auto splits --cpu-memory between the caches; give a CPU budget")
+                raise ConfigError("history_memory", "auto splits cpu_memory between the caches; give a CPU budget")
         if self.history_memory < 0:
-            raise ConfigError("--history-memory", f"must be >= 0 bytes, got {self.history_memory}")
+            raise ConfigError("history_memory", f"must be >= 0 bytes, got {self.history_memory}")
         if self.history_select not in HISTORY_SELECTS:
-            raise ConfigError("--history-select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
-                                                  f"got {self.history_select!r}")
+            raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
+                                                f"got {self.history_select!r}")
         check_prune(self.history_prune)
         if not (self.history_memory or self.history_split):
             refuse_without_cache(self.history_staleness, self.history_prune, self.history_select)
         if self.history_staleness < 1:
-            raise ConfigError("--history-staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
+            raise ConfigError("history_staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if (self.history_memory or self.history_split) and len(self.fanouts) < 2:
-            raise ConfigError("--history-memory", "a historical embedding cache needs two or more hops")
+            raise ConfigError("history_memory", "a historical embedding cache needs two or more hops")
         if self.history_memory and self.history_rows == 0:
-            raise ConfigError("--history-memory", f"{self.history_memory:,} bytes hold no embedding of "
-                                                  f"{self.history_dim} {EMBEDDING_DTYPE} values")
+            raise ConfigError("history_memory", f"{self.history_memory:,} bytes hold no embedding of "
+                                                f"{self.history_dim} {EMBEDDING_DTYPE} values")
 
     @property
     def history_rows(self) -> int:

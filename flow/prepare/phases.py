@@ -438,10 +438,10 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
     seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
     offsets, part_bytes = segment_offsets(seg_rows, rb)
     if not cfg.disk_cache and cfg.disk_budget is not None and int(part_bytes.sum()) > cfg.disk_budget:
-        raise ConfigError("--disk-budget", (
+        raise ConfigError("disk_budget", (
             f"packing every miss takes {format_bytes(int(part_bytes.sum()))} of disk, more than "
             f"{format_bytes(cfg.disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
-            "(disk_cache=False); raise --disk-budget or leave it out"))
+            "(disk_cache=False); raise disk_budget or leave it out"))
     cache_nodes: list[np.ndarray] = []
     if layout_path is not None:
         import pickle

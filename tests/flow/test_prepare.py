@@ -262,7 +262,7 @@ def test_packing_reads_each_raw_byte_once_and_writes_each_packed_byte_once(
 def test_disk_budget_is_never_exceeded(tiny_store: Path, cpu_budget: int, features: np.ndarray,
                                        reference_n_ids: list[np.ndarray], tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(ConfigError, match="--disk-budget") as e:
+    with pytest.raises(ConfigError, match="^disk_budget") as e:
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget, disk_budget=1 << 20), quiet=True)
     assert not (out / "manifest.json").exists() and not out.exists()
     assert not list(tmp_path.glob(".out.tmp-*")), "no staging directory left behind"
@@ -274,7 +274,7 @@ def test_disk_budget_is_never_exceeded(tiny_store: Path, cpu_budget: int, featur
     unconstrained = int(m.group(1))
     assert 1 << 20 < smallest < unconstrained
 
-    with pytest.raises(ConfigError, match="--disk-budget"):
+    with pytest.raises(ConfigError, match="^disk_budget"):
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget, disk_budget=smallest - 1), quiet=True)
     used = []
     step = (unconstrained - smallest) // 3
@@ -321,7 +321,7 @@ def test_impossible_budget_leaves_a_previous_output_untouched(tiny_store: Path, 
     out = tmp_path / "out"
     prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget), quiet=True)
     before = {k: p.read_bytes() for k, p in _files(out).items()}
-    with pytest.raises(ConfigError, match="--disk-budget"):
+    with pytest.raises(ConfigError, match="^disk_budget"):
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=cpu_budget, disk_budget=1 << 20), quiet=True)
     assert {k: p.read_bytes() for k, p in _files(out).items()} == before
     assert not list(tmp_path.glob(".out.tmp-*"))
@@ -476,31 +476,31 @@ def test_force_rebuilds_identically(flavours: dict, tiny_store: Path, tmp_path: 
 # ----------------------------------------------------------------------------- 6. bad configs
 
 @pytest.mark.parametrize("change, option", [
-    ({"superbatch_size": 0}, "--superbatch-size"),
-    ({"fanouts": ()}, "--fanouts"),
-    ({"batch_size": 0}, "--batch-size"),
-    ({"epochs": 0}, "--epochs"),
-    ({"disk_budget": 0}, "--disk-budget"),
-    ({"packing": False, "disk_budget": 1 << 20}, "--disk-budget"),   # Ginex packs nothing
+    ({"superbatch_size": 0}, "superbatch_size"),
+    ({"fanouts": ()}, "fanouts"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"epochs": 0}, "epochs"),
+    ({"disk_budget": 0}, "disk_budget"),
+    ({"packing": False, "disk_budget": 1 << 20}, "disk_budget"),   # Ginex packs nothing
     ({"cpu_policy": "lru"}, "cpu_policy"),
-    ({"gpu_memory": 1 << 20}, "--gpu-memory"),            # a GPU tier on a CPU-only run
-    ({"device": "tpu"}, "--device"),
-    ({"staging_batches": 0}, "--staging-batches"),
-    ({"readahead": -1}, "--readahead"),
+    ({"gpu_memory": 1 << 20}, "gpu_memory"),            # a GPU tier on a CPU-only run
+    ({"device": "tpu"}, "device"),
+    ({"staging_batches": 0}, "staging_batches"),
+    ({"readahead": -1}, "readahead"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x)))
 def test_bad_config_fails_before_any_work(change: dict, option: str, tiny_store: Path, cpu_budget: int,
                                           tmp_path: Path) -> None:
     out = tmp_path / "out"
     with TaskKeys() as k, pytest.raises(ConfigError) as e:
         prepare(tiny_store, out, replace(PrepareConfig(**BASE, cpu_memory=cpu_budget), **change), quiet=True)
-    assert str(e.value).startswith(option), str(e.value)
+    assert str(e.value).startswith(f"{option}: "), str(e.value)
     assert k.keys == [], "a config that cannot work is rejected before sampling"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cpu_budget_below_the_staging_reserve(tiny_store: Path, staging: int, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(ConfigError, match=r"^--cpu-memory: .*staging") as e:
+    with pytest.raises(ConfigError, match=r"^cpu_memory: .*staging") as e:
         prepare(tiny_store, out, PrepareConfig(**BASE, cpu_memory=staging - 1), quiet=True)
     assert f"{staging / 2**20:.2f} MiB" in str(e.value), "the message names the reserve to give"
     assert not out.exists()

@@ -129,7 +129,7 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
     online_a = inmemory.run(tiny_store, new_run_dir(tmp_path, "ma"), **common)
     assert [e["losses"] for e in packed_a["epochs"]] == [e["losses"] for e in online_a["epochs"]]
     assert packed_a["history"]["pruned"] == online_a["history"]["pruned"] > packed["history"]["pruned"]
-    with pytest.raises(ConfigError, match="--hidden 12"):
+    with pytest.raises(ConfigError, match="hidden=12"):
         train_packed(rounds["s20"].path, new_run_dir(tmp_path, "q"), threads=1, hidden=16)
     data_only = train_packed(rounds["s20"].path, new_run_dir(tmp_path, "d"), threads=1, model="none")
     assert len(data_only["epochs"]) == BASE["epochs"]                     # no model: no width to match
@@ -176,19 +176,19 @@ def test_the_width_keys_the_cached_samples(rounds, tiny_store: Path, tmp_path: P
 
 
 def test_history_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match="--history-select"):
+    with pytest.raises(ConfigError, match="^history_select"):
         PrepareConfig(**BASE, history_memory=MEMORY, history_select="pagerank").validate()
-    with pytest.raises(ConfigError, match="--history-prune.*last-hop, subtree"):
+    with pytest.raises(ConfigError, match="^history_prune.*last-hop, subtree"):
         PrepareConfig(**BASE, history_memory=MEMORY, history_prune="deep").validate()
-    with pytest.raises(ConfigError, match="--history-prune"):
+    with pytest.raises(ConfigError, match="^history_prune"):
         PrepareConfig(**BASE, history_prune="subtree").validate()          # no cache to prune for
-    with pytest.raises(ConfigError, match="--history-staleness"):
+    with pytest.raises(ConfigError, match="^history_staleness"):
         PrepareConfig(**BASE, history_staleness=7).validate()              # no cache to be stale
-    with pytest.raises(ConfigError, match="--partitions"):
+    with pytest.raises(ConfigError, match="^partitions"):
         PrepareConfig(**BASE, partitions=12).validate()                    # shuffled batches: no partition
-    with pytest.raises(ConfigError, match="--history-staleness"):
+    with pytest.raises(ConfigError, match="^history_staleness"):
         PrepareConfig(**BASE, history_memory=MEMORY, history_staleness=0).validate()
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         PrepareConfig(**BASE, history_memory=8).validate()
     with pytest.raises(ConfigError, match="two or more hops"):
         PrepareConfig(**{**BASE, "fanouts": (4,)}, history_memory=MEMORY).validate()

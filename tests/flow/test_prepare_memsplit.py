@@ -124,23 +124,23 @@ def test_staleness_one_searches_nothing_and_other_selections_key_the_dataset(spl
 
 
 def test_bad_split_options_are_refused() -> None:
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         replace(CFG, history_memory=1 << 20).validate()
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         replace(CFG, cpu_memory=0).validate()
-    with pytest.raises(ConfigError, match="--history-memory"):
+    with pytest.raises(ConfigError, match="^history_memory"):
         replace(CFG, fanouts=(5,)).validate()
-    with pytest.raises(ConfigError, match="--history-select"):
+    with pytest.raises(ConfigError, match="^history_select"):
         replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
     assert history_options("auto", None, 16, 1 << 20, 100) == {
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100,
         "history_prune": "last-hop"}
     assert history_options("auto", None, 16, 1 << 20, 100, None, "subtree")["history_prune"] == "subtree"
-    with pytest.raises(ConfigError, match="--history-staleness"):
+    with pytest.raises(ConfigError, match="^history_staleness"):
         history_options(None, 7, 16, 1 << 20, 100)
-    with pytest.raises(ConfigError, match="--history-prune"):
+    with pytest.raises(ConfigError, match="^history_prune"):
         history_options(None, None, 16, 1 << 20, 100, "subtree")          # no cache to prune for
-    with pytest.raises(ConfigError, match="--history-prune"):
+    with pytest.raises(ConfigError, match="^history_prune"):
         history_options("1MiB", None, 16, 1 << 20, 100, "deepest")
 
 

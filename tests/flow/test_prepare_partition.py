@@ -136,20 +136,20 @@ def test_bad_partition_options(tiny_store: Path, tmp_path: Path) -> None:
     from diskflow.flow.pipeline import Pipeline
     from diskflow.pipelines import inmemory
 
-    with pytest.raises(ConfigError, match="--batches"):
+    with pytest.raises(ConfigError, match="^batches"):
         PrepareConfig(**BASE, batches="metis").validate()
-    with pytest.raises(ConfigError, match="--partitions"):
+    with pytest.raises(ConfigError, match="^partitions"):
         PrepareConfig(**BASE, batches="partition", partitions=1).validate()
-    with pytest.raises(ConfigError, match="--partitioner"):
+    with pytest.raises(ConfigError, match="^partitioner"):
         PrepareConfig(**BASE, batches="partition", partitioner="fennel").validate()
-    with pytest.raises(ConfigError, match="--group-by"):
+    with pytest.raises(ConfigError, match="^group_by"):
         PrepareConfig(**BASE, batches="partition", group_by="degree").validate()
-    with pytest.raises(ConfigError, match="--group-by"):
+    with pytest.raises(ConfigError, match="^group_by"):
         PrepareConfig(**BASE, group_by="random").validate()            # shuffled batches have no groups
-    with pytest.raises(ConfigError, match="--group-by"):
+    with pytest.raises(ConfigError, match="^group_by"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "g"), group_by="random", epochs=1, progress=False)
     assert Pipeline("s", loader="stream", batches="partition").batches == "partition"   # streamed too
-    with pytest.raises(ConfigError, match="--partition: applies to partition batches"):
+    with pytest.raises(ConfigError, match="^partition: applies to partition batches"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "x"), partition=tmp_path / "p.npy", epochs=1, progress=False)
     with pytest.raises(InputError, match="p.npy"):
         inmemory.run(tiny_store, new_run_dir(tmp_path, "x2"), batches="partition", partition=tmp_path / "p.npy",

@@ -89,7 +89,7 @@ def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget:
         belady.run(tiny_store, tmp_path, cpu_memory="1KiB", **SETTINGS)
     with pytest.raises(ConfigError, match="^cpu_memory"):
         belady.run(tiny_store, tmp_path, cpu_memory="lots", **SETTINGS)
-    with pytest.raises(ConfigError, match="--disk-budget"):
+    with pytest.raises(ConfigError, match="^disk_budget"):
         ginex.run(tiny_store, tmp_path, cpu_memory=budget(100), disk_budget="1MiB", **SETTINGS)
     with pytest.raises(ConfigError, match="^queue_depth"):
         diskgnn.run(tiny_store, tmp_path, queue_depth=0, **SETTINGS)
