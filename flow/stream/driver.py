@@ -177,7 +177,7 @@ class StreamRun:
                 fut.result()
         ck = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
         return (f"{self.start + self.trained} of {self.n} superbatches are trained and {ck}; continue with the same "
-                f"command and `--resume {self.run_dir}`")
+                f"options and resume=True in the run directory {self.run_dir}")
 
     def _cpu(self, k: int) -> dict[str, Any]:
         kw: dict[str, Any] = {"priority": -k}
@@ -406,8 +406,8 @@ class StreamRun:
 
             hosts = sorted({get_address_host(lane.gpu_addr) for lane in self.lanes})
             if len(hosts) > 1:
-                raise ConfigError("--cache", f"a shared CPU tier lives in one machine's memory; the GPU workers are on "
-                                             f"{', '.join(hosts)} (use --cache per-worker)")
+                raise ConfigError("cache", f"a shared CPU tier lives in one machine's memory; the GPU workers are on "
+                                           f"{', '.join(hosts)} (use cache='per-worker')")
         if self.cfg.batches == "partition":
             self._partition()
         infos = c.gather([c.submit(probe_task, key=f"probe-{self.tok}" + (f"-g{lane.rank}" if self.gpus > 1 else ""),
@@ -418,8 +418,8 @@ class StreamRun:
             lane.device = own if want is None or (want == "cuda" and own.startswith("cuda")) else want
         kinds = sorted({lane.device.split(":")[0] for lane in self.lanes})
         if len(kinds) > 1:
-            raise ConfigError("--device", f"the GPU workers train on different kinds of device ({', '.join(kinds)}); "
-                                          "give them the same --device")
+            raise ConfigError("device", f"the GPU workers train on different kinds of device ({', '.join(kinds)}); "
+                                        "give them the same device")
         self.device = self.lanes[0].device
         self.start = 0
         self.resumed_from: str | None = None
@@ -732,13 +732,13 @@ class StreamRun:
         st = ck.state
         check_model_identity(st, self.cfg.train, latest)
         if st.get("fingerprint") != self.fingerprint or "stream_index" not in st:
-            raise ConfigError("--resume", f"the checkpoint {latest} was made by another run (other options, dataset, "
-                                          "pipeline or number of GPU workers); use the same options, or start a new "
-                                          "run without --resume")
+            raise ConfigError("resume", f"the checkpoint {latest} was made by another run (other options, dataset, "
+                                        "pipeline or number of GPU workers); use the same options, or start a new "
+                                        "run without resume")
         saved = len(st.get("lanes") or [None])
         if saved != self.gpus:
-            raise ConfigError("--gpus", f"the checkpoint {latest} was trained on {saved} GPU worker(s), this run has "
-                                        f"{self.gpus}; resume with the same number")
+            raise ConfigError("gpus", f"the checkpoint {latest} was trained on {saved} GPU worker(s), this run has "
+                                      f"{self.gpus}; resume with the same number")
         self.records = list(st.get("stream_records", st.get("records")) or [])
         self.last_checkpoint = latest
         self.resumed_from = str(latest)

@@ -54,7 +54,7 @@ def wait_for_gpu_workers(workers: Callable[[], WorkerTable], need: int, wait_s: 
         if time.monotonic() > deadline:
             found = (f"no worker with the {GPU} resource joined within {wait_s:.0f} s "
                      f"({len(table)} workers without it)") if not gpus else \
-                (f"{len(gpus)} of the {need} workers with the {GPU} resource --gpus {need} needs joined within "
+                (f"{len(gpus)} of the {need} workers with the {GPU} resource gpus={need} needs joined within "
                  f"{wait_s:.0f} s")
             raise StreamStopped(f"{found}; start one with `diskflow worker SCHEDULER --gpu --scratch DIR` or "
                                 f"`dask worker SCHEDULER --resources {GPU}=1`")
@@ -64,12 +64,12 @@ def wait_for_gpu_workers(workers: Callable[[], WorkerTable], need: int, wait_s: 
 def check_all_gpus(cfg: StreamConfig, found: int) -> None:
     """``--gpus all`` (``cfg.gpus == 0``): refuse `found` GPU workers the run could not give work to each."""
     if found > cfg.superbatch_size:
-        raise ConfigError("--gpus", f"all {found} GPU workers share each superbatch's batches; a "
-                                    f"superbatch of {cfg.superbatch_size} (--superbatch-size) leaves some "
-                                    "with none")
+        raise ConfigError("gpus", f"all {found} GPU workers share each superbatch's batches; a "
+                                  f"superbatch of {cfg.superbatch_size} (superbatch_size) leaves some "
+                                  "with none")
     if found > 1 and cfg.history_rows:
-        raise ConfigError("--history-memory", "a historical embedding cache trains on one GPU worker; "
-                                              f"--gpus all found {found}")
+        raise ConfigError("history_memory", "a historical embedding cache trains on one GPU worker; "
+                                            f"gpus=0 (all of them) found {found}")
 
 
 def check_lanes(cfg: StreamConfig, lanes: Sequence[Lane], epoch_batches: int) -> None:
@@ -77,11 +77,11 @@ def check_lanes(cfg: StreamConfig, lanes: Sequence[Lane], epoch_batches: int) ->
     and several lanes with more than one batch per step."""
     idle = [lane.rank for lane in lanes if lane.round_batches == 0]
     if idle:
-        raise ConfigError("--gpus", f"{len(lanes)} GPU workers share batches of which an epoch holds {epoch_batches}: "
-                                    f"worker(s) {idle} would train none")
+        raise ConfigError("gpus", f"{len(lanes)} GPU workers share batches of which an epoch holds {epoch_batches}: "
+                                  f"worker(s) {idle} would train none")
     if len(lanes) > 1 and getattr(cfg.train, "batches_per_step", 1) > 1:
-        raise ConfigError("--batches-per-step", "with several GPU workers each takes one batch per step; the "
-                                                "step already holds one batch of each")
+        raise ConfigError("batches_per_step", "with several GPU workers each takes one batch per step; the "
+                                              "step already holds one batch of each")
 
 
 def assign_gpu_workers(lanes: Sequence[Lane], gpus: Sequence[str], need: int) -> None:
@@ -89,7 +89,7 @@ def assign_gpu_workers(lanes: Sequence[Lane], gpus: Sequence[str], need: int) ->
     for lane, addr in zip(lanes, gpus):
         lane.gpu_addr = addr
     if len(gpus) > need:
-        log.warning("%d GPU workers; this run trains on %s (--gpus %d)", len(gpus), ", ".join(gpus[:need]), need)
+        log.warning("%d GPU workers; this run trains on %s (gpus=%d)", len(gpus), ", ".join(gpus[:need]), need)
 
 
 def check_health(table: WorkerTable, lanes: Sequence[Lane], cpu_addrs: Sequence[str], where: Callable[[], str]

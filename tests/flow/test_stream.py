@@ -253,14 +253,14 @@ def test_gpu_worker_lost_then_resume(tiny_store: Path, tmp_path: Path, reference
             client.retire_workers(gpu, close_workers=True)
 
     with pytest.raises(StreamStopped, match=r"the GPU worker \S+ left the cluster; [3-4] of 8 superbatches are trained "
-                                            r"and the last checkpoint is .*e0000-b00000[69].*--resume"):
+                                            r"and the last checkpoint is .*e0000-b00000[69].*resume=True in the run directory"):
         streaming.run(tiny_store, run_dir, window=2, on_superbatch=lose_gpu, **EMBEDDED, **SETTINGS)
     rep = streaming.run(tiny_store, run_dir, window=2, resume=True, **EMBEDDED, **SETTINGS)
     assert rep["resumed_from"] and rep["stream"]["start_index"] in (3, 4)
     assert rep["stream"]["trained"] == 8 - rep["stream"]["start_index"]
     assert _losses(rep) == reference["losses"]
     assert _same_model(_model(run_dir), reference["model"])
-    with pytest.raises(ConfigError, match="--resume: the checkpoint .* was made by another run"):
+    with pytest.raises(ConfigError, match="^resume: the checkpoint .* was made by another run"):
         streaming.run(tiny_store, run_dir, window=2, resume=True, **EMBEDDED, **{**SETTINGS, "lr": 0.02})
 
 
