@@ -63,7 +63,7 @@ def _check_positive(option: str, value: int) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Sample the same seed batches natively and with numpy; print the table; return the figures."""
-    fanouts = list(parse_fanouts(args.fanouts))
+    fanouts = list(parse_fanouts(args.fanouts, "--fanouts"))
     for option, value in (("--batch-size", args.batch_size), ("--batches", args.batches),
                           ("--numpy-batches", args.numpy_batches)):
         _check_positive(option, value)
