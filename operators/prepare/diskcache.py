@@ -67,7 +67,7 @@ def build_layout(misses: list[np.ndarray], row_bytes: int, disk_budget: int, pad
         The layout; `disk_bytes <= disk_budget`.
 
     Raises:
-        ConfigError: (`--disk-budget`) the budget is below the smallest workable layout.
+        ConfigError: (`disk_budget`) the budget is below the smallest workable layout.
     """
     trace = MissTrace(misses)
     found = search_trace(trace, row_bytes, disk_budget, pad_bytes_per_batch)

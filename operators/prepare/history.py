@@ -52,7 +52,7 @@ def check_prune(prune: object, option: str = "history_prune") -> str:
 def refuse_without_cache(staleness: int | None = None, prune: str | None = None, select: str | None = None, *,
                          default_staleness: int = DEFAULT_STALENESS, default_prune: str = DEFAULT_PRUNE) -> None:
     """A ConfigError for a history option given (not None, not its default) where no historical embedding
-    cache is: it would change nothing, so the user has most likely forgotten ``--history-memory``."""
+    cache is: it would change nothing, so the user has most likely forgotten ``history_memory``."""
     for option, value, default in (("history_staleness", staleness, default_staleness),
                                    ("history_select", select, HISTORY_SELECTS[0]),
                                    ("history_prune", prune, default_prune)):
