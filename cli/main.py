@@ -58,17 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+# config fields / API parameters whose command-line argument stores under another name
+DESTS = {"store": "dataset", "train_frac": "train", "val_frac": "val", "test_frac": "test"}
+
+
 def flag_of(parser: argparse.ArgumentParser | None, option: str) -> str:
     """The flag a `ConfigError`'s `option` stands for on the command line: the long flag of `parser`'s argument
     whose ``dest`` is `option` (a config field or API parameter such as ``cpu_memory`` -> ``--cpu-memory``).
     The library names config fields; only the command line knows its flags. An option already written as a
-    flag (``--x``), or one no argument stores, is returned as it is."""
+    flag (``--x``), or one no argument stores, is returned as it is; a positional reads as its metavar."""
     if parser is None or option.startswith("-"):
         return option
     for action in parser._actions:
         if action.dest == option and action.option_strings:
             longs = [s for s in action.option_strings if s.startswith("--")]
             return (longs or action.option_strings)[0]
+        if action.dest == option and not action.option_strings:     # a positional: as the usage line shows it
+            return str(action.metavar or action.dest.upper())
+    if option in DESTS:
+        return flag_of(parser, DESTS[option])
     return option
 
 

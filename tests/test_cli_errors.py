@@ -1,6 +1,6 @@
 """A `ConfigError` names a config field or API parameter (``cpu_memory``); the command line prints the flag the
 running command has for it (``--cpu-memory``), and an option already written as a flag, or one the command has
-no flag for, as it is."""
+no flag for, as it is; a positional argument as its metavar."""
 from __future__ import annotations
 
 import argparse
@@ -27,9 +27,10 @@ def test_a_field_name_maps_to_the_commands_flag() -> None:
     assert flag_of(prepare, "--cpu-memory") == "--cpu-memory"        # a flag already
     assert flag_of(prepare, "--scratch/--quota") == "--scratch/--quota"
     assert flag_of(prepare, "resources") == "resources"              # no argument stores it
-    assert flag_of(prepare, "pipeline") == "pipeline"                # a positional argument has no flag
+    assert flag_of(prepare, "pipeline") == "PIPELINE"                # a positional: as its usage line shows it
     assert flag_of(None, "cpu_memory") == "cpu_memory"
     assert flag_of(_subparser("synth"), "feature_format") == "--format"   # by dest, not by spelling
+    assert flag_of(prepare, "store") == "--dataset" and flag_of(_subparser("synth"), "train_frac") == "--train"
 
 
 def _raises(error: ConfigError):
