@@ -16,6 +16,7 @@ from .. import load_pipeline
 from ..cluster import check_tls
 from ..config import (
     PREPARE_DEFAULTS,
+    RUN_DEFAULTS,
     TrainConfig,
     available_pipelines,
     check_prune,
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", metavar="LR", help=f"Adam learning rate (default {d.lr:g})")
     p.add_argument("--seed", metavar="N", help=f"seed of model init, batch order and sampling (default {d.seed})")
     p.add_argument("--eval-every", metavar="N", help=f"evaluate val/test every N epochs (default {d.eval_every})")
-    p.add_argument("--device", metavar="DEV", help="cpu (default) or cuda[:N]")
+    p.add_argument("--device", metavar="DEV", help=f"cpu or cuda[:N] (default {PREPARE_DEFAULTS['device']})")
     p.add_argument("--threads", metavar="N", help="torch and sampler threads")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -71,14 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="packed pipelines: the embedding cache's nodes, accesses (default: the round's most frequent "
                         "one-hop nodes) or degree (the highest in-degree, as memory/mmap choose online)")
     p.add_argument("--history-staleness", metavar="S",
-                   help="batches a cached embedding stays usable (default 100; 1: never reused)")
+                   help=f"batches a cached embedding stays usable (default {RUN_DEFAULTS['history_staleness']}; "
+                        "1: never reused)")
     p.add_argument("--history-prune", metavar="HOW",
                    help="what a fresh cached embedding prunes below its node: last-hop (default: its subtree's last "
                         "hop; the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
                         "seeds' lower layers see that node's features alone)")
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
-                        "(default 4)")
+                        f"(default {RUN_DEFAULTS['extractors']})")
     add_run_arguments(p)
     p.set_defaults(func=_run)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import StreamConfig
+from ..config import RUN_DEFAULTS, StreamConfig, TrainConfig
 from ..errors import ConfigError, InputError
 from .options import parse_int
 
@@ -35,12 +35,13 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "scheduler": ("--scheduler", str, "tcp://HOST:PORT of a running Dask scheduler (default: an embedded cluster)"),
     "window": ("--window", _int_at_least("--window", 1),
                (f"streaming: superbatches staged on the GPU worker / prepared ahead of training at most (default "
-                f"{_S.window}); online pipelines: batches sampled ahead, lsmgnn's lookahead (default 8)")),
+                f"{_S.window}); online pipelines: batches sampled ahead, lsmgnn's lookahead (default "
+                f"{RUN_DEFAULTS['online_window']})")),
     "workers": ("--workers", _int_at_least("--workers", 0), "CPU workers of the embedded cluster (default: cores - 1)"),
     "scratch": ("--scratch", str, "the embedded GPU worker's scratch directory (default RUN/scratch)"),
     "quota": ("--quota", str, "the embedded GPU worker's scratch quota, e.g. 10GiB (default: none)"),
     "hold_memory": ("--hold-memory", str, ("the embedded GPU worker's memory for staged index and samples, which "
-                                           "skip the scratch disk while they fit (default 256MiB; 0: all on disk)")),
+                                           f"skip the scratch disk while they fit (default {RUN_DEFAULTS['hold_memory']}; 0: all on disk)")),
     "stage": ("--stage", str, "an fsspec URL both machines reach; superbatches travel through it instead of Dask"),
     "superbatch_size": ("--superbatch-size", _int_at_least("--superbatch-size", 1),
                         f"batches per superbatch (streaming default {_S.superbatch_size})"),
@@ -61,7 +62,8 @@ RUN_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
                                "Belady over its own accesses; the default) or shared (GPU workers on one machine: "
                                "one tier of their pooled budgets in shared memory, Belady over the merged stream)")),
     "batches_per_step": ("--batches-per-step", _int_at_least("--batches-per-step", 1),
-                         ("streaming: batches whose mean gradient makes one optimizer step (default 1): what "
+                         ("streaming: batches whose mean gradient makes one optimizer step (default "
+                          f"{TrainConfig().batches_per_step}): what "
                           "--gpus N computes, on one worker")),
     "tls_ca_file": ("--tls-ca-file", str, ("--scheduler tls://...: the CA certificate the cluster's certificates "
                                            "are signed by (Dask's distributed.comm.tls.ca-file)")),

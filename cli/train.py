@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..config import DATA_ONLY, MODELS, TrainConfig, model_label, model_option
+from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TrainConfig, model_label, model_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..runs import (
     REPORT,
@@ -53,13 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="model-initialisation seed (default: the round's sampling seed)")
     p.add_argument("--eval-every", type=positive_int("--eval-every"), default=d.eval_every,
                    help=f"evaluate val/test every N epochs (default {d.eval_every})")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--device", default=PREPARE_DEFAULTS["device"],
+                   help=f"cpu or cuda[:N] (default {PREPARE_DEFAULTS['device']})")
     p.add_argument("--cpu-memory", default=None, metavar="SIZE",
                    help="host memory for features (CPU tier + in-flight batches + I/O buffers), as bytes (4GiB) "
                         "or a share of the feature bytes (10%%); checked before training (default: unchecked)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="GPU memory for the GPU tier (default: unchecked)")
-    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=2,
-                   help="capacity of each queue between stages (default 2)")
+    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=PREPARE_DEFAULTS["queue_depth"],
+                   help=f"capacity of each queue between stages (default {PREPARE_DEFAULTS['queue_depth']})")
     p.add_argument("--sequential", action="store_true", help="run the stages one after another (no overlap)")
     p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of PACKED")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where run directories go (default runs)")

@@ -18,16 +18,23 @@ from collections.abc import Callable
 from .api import PREPARE_DEFAULTS
 from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
+from .flow.plugin import HOLD_MEMORY
 from .flow.stream.config import StreamConfig
 from .operators.formats.errors import ConfigError
 from .operators.ingest.synth import SynthConfig
-from .operators.prepare.history import HISTORY_PRUNES, HISTORY_SELECTS, check_prune
+from .operators.prepare.history import DEFAULT_STALENESS, HISTORY_PRUNES, HISTORY_SELECTS, check_prune
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
 from .operators.train.config import MODELS, TrainConfig
 from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_file, model_label
+from .operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW
+
+# the defaults of options no config dataclass holds: the online pipelines' extractors and lookahead window,
+# the historical embedding cache's staleness, the GPU worker's memory for held index and samples
+RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDOW,
+                "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY}
 
 __all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "MODELS", "PREPARE_DEFAULTS",
-           "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune",
+           "RUN_DEFAULTS",            "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune",
            "fanouts_option", "is_model_file", "model_label", "model_option", "parse_fanouts"]
 
 
