@@ -30,7 +30,7 @@ __all__ = ["ConfigError", "DiskflowError", "InputError", "Model", "OnlineLoader"
 _PUBLIC = {"Pipeline": "diskflow.flow.pipeline", "load_pipeline": "diskflow.flow.pipeline",
            "TierPolicy": "diskflow.operators.prepare.policies", "DiskflowError": "diskflow.operators.formats.errors",
            "ConfigError": "diskflow.operators.formats.errors", "InputError": "diskflow.operators.formats.errors",
-           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.modeldef",
+           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.catalog",
            **{name: "diskflow.api" for name in ("OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train")}}
 
 

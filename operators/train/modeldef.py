@@ -21,11 +21,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..formats.errors import ConfigError, InputError
-from ..formats.userfile import import_user_file
 
 if TYPE_CHECKING:
     import torch
@@ -167,54 +165,3 @@ def model_identity(model: object) -> dict[str, str]:
     if is_model_file(text):
         return {"name": model_label(text), "code_hash": file_hash(text)}
     return {"name": text, "code_hash": ""}
-
-
-_loaded: dict[tuple[str, str], Model] = {}      # (resolved path, code hash) -> the file's Model, per process
-
-
-def load_model(model: str | os.PathLike[str] | Model) -> Model:
-    """The `Model` of a built-in name, of a ``.py`` file that defines one at module level, or `model` itself.
-
-    A file is imported once per process and content (an edited file is imported again).
-
-    Raises:
-        ConfigError: unknown name, no such file, a file that defines no `Model` or several.
-        InputError: the file exists but cannot be imported (naming it and the error).
-    """
-    if isinstance(model, Model):
-        return model
-    text = os.fspath(model)
-    check_model_option(text, "model")
-    if text == DATA_ONLY:
-        raise ConfigError("model", f"{DATA_ONLY!r} trains no model (it runs the data path only)")
-    if not is_model_file(text):
-        from .models import BUILTINS
-
-        return BUILTINS[text]
-    path = Path(text).resolve()
-    digest = file_hash(path)
-    key = (str(path), digest)
-    if key not in _loaded:
-        module = _import_file(path, digest)
-        _loaded[key] = _model_of(module, text, digest)
-    return _loaded[key]
-
-
-def _import_file(path: Path, digest: str) -> ModuleType:
-    """Import a user's model file as a fresh module (its content's hash in the module's name)."""
-    return import_user_file(path, f"{USER_MODULE}_{digest[:16]}")
-
-
-def _model_of(module: ModuleType, text: str, digest: str) -> Model:
-    """The one `Model` a module defines at module level (``MODEL`` first, if it has one), with its source."""
-    from dataclasses import replace
-
-    chosen = getattr(module, "MODEL", None)
-    if not isinstance(chosen, Model):
-        found = {id(v): v for v in vars(module).values() if isinstance(v, Model)}
-        if len(found) != 1:
-            raise ConfigError("model", f"{text!r} defines {'no' if not found else len(found)} diskflow.Model "
-                                       "objects at module level; it must define exactly one (e.g. "
-                                       "model = diskflow.Model(\"mine\", MyNet))")
-        chosen = next(iter(found.values()))
-    return replace(chosen, source=text, code_hash=digest)

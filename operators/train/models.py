@@ -1,4 +1,4 @@
-"""The built-in models (stock PyG models behind one call, `model(x, edge_index)`) and building any model.
+"""Building any model (a built-in, a user's file or a `Model`) as a module called `model(x, edge_index)`.
 
 Pipelines differ only in where a batch's features come from, never in the model, so
 accuracy and speed compare like for like. The MLP baseline takes (and ignores) the same
@@ -8,69 +8,18 @@ exactly what the graph adds.
 from __future__ import annotations
 
 import torch
-from torch_geometric.nn import MLP
-from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+from torch_geometric.nn.models import GAT, GraphSAGE
 
 from ..formats.errors import ConfigError
-from .config import MODELS
-from .modeldef import Model, load_model
+from .catalog import BUILTINS, load_model
+from .mlp import EdgeFreeMLP
+from .modeldef import BUILTIN_MODELS as MODELS
+from .modeldef import Model
 
 __all__ = ["BUILTINS", "MODELS", "EdgeFreeMLP", "Model", "build_model", "spec_of", "supports_trim"]
 
 SPEC_ATTRIBUTE = "_diskflow_model"
 CLASSES_ATTRIBUTE = "_diskflow_classes"
-
-
-class EdgeFreeMLP(torch.nn.Module):
-    """`torch_geometric.nn.MLP` with the GNN call signature; the graph is ignored."""
-
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
-                 dropout: float = 0.0) -> None:
-        super().__init__()
-        # No normalisation, like the GNNs below: the baseline differs from them only in the graph.
-        self.mlp = MLP(in_channels=in_channels, hidden_channels=hidden_channels, out_channels=out_channels,
-                       num_layers=num_layers, dropout=dropout, norm=None)
-
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-node logits from the node's own features only."""
-        return self.mlp(x)
-
-    def reset_parameters(self) -> None:
-        self.mlp.reset_parameters()
-
-
-def _sage(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
-          dropout: float = 0.0) -> torch.nn.Module:
-    return GraphSAGE(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout)
-
-
-def _gcn(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
-         dropout: float = 0.0) -> torch.nn.Module:
-    # Sampled subgraphs are directed (neighbour -> seed); GCN's self-loops keep each node's own row.
-    return GCN(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout)
-
-
-def _gat(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
-         dropout: float = 0.0, heads: int = 4) -> torch.nn.Module:
-    if heads < 1 or hidden_channels % heads:
-        raise ConfigError("hidden", f"GAT needs a hidden size divisible by its {heads} heads, got {hidden_channels}")
-    return GAT(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout, heads=heads)
-
-
-def _mlp(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
-         dropout: float = 0.0) -> torch.nn.Module:
-    return EdgeFreeMLP(in_channels, hidden_channels, out_channels, num_layers, dropout=dropout)
-
-
-# PyG's `trim_to_layer` leaves the seeds' outputs of GraphSAGE and GAT bit-identical (their layers
-# only read a target's in-edges) at about half the cost. GCN is not trimmed: its symmetric
-# normalisation reads the *source* node's degree, which trimming changes.
-BUILTINS: dict[str, Model] = {
-    "sage": Model("sage", _sage, trim=True),
-    "gcn": Model("gcn", _gcn),
-    "gat": Model("gat", _gat, trim=True),
-    "mlp": Model("mlp", _mlp, seeds_only=True),
-}
 
 
 def spec_of(module: torch.nn.Module) -> Model | None:
