@@ -13,6 +13,7 @@ PACKAGES = {
     "diskflow.flow": "flow",
     "diskflow.flow.prepare": "flow/prepare",
     "diskflow.flow.stream": "flow/stream",
+    "diskflow.flow.dashboard": "flow/dashboard",
     "diskflow.flow.runtimes": "flow/runtimes",
     "diskflow.operators": "operators",
     **{f"diskflow.operators.{stage}": f"operators/{stage}" for stage in ("formats", "ingest", "prepare", "train", "stream")},

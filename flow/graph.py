@@ -412,8 +412,11 @@ class PrepGraph:
 
 def delayed_submit(fn: Callable[..., Any], *args: Any, key: str, k: int = -1, **kwargs: Any) -> Any:
     """`Submit` for a graph computed as a whole (`dask.delayed`, any scheduler); profiled while a
-    `flow.taskprofile.profile_tasks` block runs."""
+    `flow.taskprofile.profile_tasks` block runs; the bytes it reads and writes reported to Dask
+    (`flow.dashboard.publish.Metered`)."""
     import dask
 
-    return dask.delayed(profiled(fn, key), pure=False)(*args, dask_key_name=key, **kwargs)
+    from .dashboard.publish import Metered
+
+    return dask.delayed(Metered(profiled(fn, key)), pure=False)(*args, dask_key_name=key, **kwargs)
 

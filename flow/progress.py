@@ -59,8 +59,9 @@ def active_client() -> Any:
 def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> list[Any]:
     """Compute dask collections/delayed objects with one progress bar over their tasks.
 
-    Uses the active `distributed.Client` when there is one (futures, as they finish),
-    else the local scheduler with a per-task callback.
+    Uses the active `distributed.Client` when there is one (futures, as they finish), its tasks in the Dask
+    span of the phase (`flow.dashboard.spans.phase`: ``prepare/sample``, ``ingest/scan``), else the local
+    scheduler with a per-task callback.
     """
     import dask
     from dask.callbacks import Callback
@@ -72,8 +73,11 @@ def compute(tasks: Sequence[Any], desc: str, disable: bool | None = None) -> lis
     if client is not None:
         from distributed import as_completed
 
+        from .dashboard.spans import phase
+
         keys = [k for t in tasks for k in t.__dask_graph__()]
-        futures = client.compute(tasks)
+        with phase(desc):
+            futures = client.compute(tasks)
         try:
             with bar(total=len(futures), desc=desc, unit="task", disable=disable) as b:
                 for f in as_completed(futures):

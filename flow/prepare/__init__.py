@@ -47,6 +47,7 @@ from ...operators.prepare.sampler_pool import drop_idle_samplers
 from ...operators.prepare.seeds import label_shares, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
 from ..allocator import reuse_for_preparation
+from ..dashboard.spans import command as span_command
 from ..progress import active_client
 from .cache import (
     WORK_KIND,
@@ -99,7 +100,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     try:
         work.mkdir(parents=True, exist_ok=True)
         mark_work(work, out.name)
-        with reuse_for_preparation():     # where the tasks run in this process (a threaded scheduler)
+        with reuse_for_preparation(), span_command("prepare"):     # tasks run here on a threaded scheduler
             try:
                 return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
             finally:
