@@ -21,6 +21,8 @@ from ...operators.prepare.partition import default_parts
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import lane_layout, round_layout
+from ..dashboard.spans import SpannedClient
+from ..dashboard.stream import announce_run
 from ..graph import PrepGraph, TierSpec, partition_task
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
@@ -75,7 +77,6 @@ class StreamRun:
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  on_superbatch: Callable[[dict[str, Any]], None] | None = None) -> None:
         cfg.validate()
-        self.client = client
         self.store = Store(store)
         self.store_path = str(self.store.path.resolve())
         self.run_dir = Path(run_dir)
@@ -84,6 +85,7 @@ class StreamRun:
         self.progress = progress
         self.on_epoch, self.on_superbatch = on_epoch, on_superbatch
         self.refs = round_layout(self.store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
+        self.client = SpannedClient(client, [r.key for r in self.refs])     # a Dask span per superbatch and phase
         self.n = len(self.refs)
         self.round_batches = sum(r.num_batches for r in self.refs)
         self.tok = f"{uuid.uuid4().int % 10**8:08d}"
@@ -413,6 +415,7 @@ class StreamRun:
         infos = c.gather([c.submit(probe_task, key=f"probe-{self.tok}" + (f"-g{lane.rank}" if self.gpus > 1 else ""),
                                    pure=False, **self._gpu(lane, 0, 0)) for lane in self.lanes])
         self.gpu_info = infos[0]
+        self.floors = [info.get("floor_bps") for info in infos]     # each GPU worker's scratch read floor
         for lane, info in zip(self.lanes, infos):   # each GPU worker trains on its own device (cuda:K each)
             own, want = str(info["device"]), self.cfg.device
             lane.device = own if want is None or (want == "cuda" and own.startswith("cuda")) else want
@@ -431,6 +434,7 @@ class StreamRun:
         for lane in self.lanes:
             lane.next_train = self.start
         self.t_start = time.time()      # the stream's clock: from the first submission
+        announce_run(c, self.run_id, self.t_start, self.n, self.start, [(lane.run, lane.gpu_addr) for lane in self.lanes])
         self._open_bars()
         try:
             if self.gpus > 1:
@@ -686,10 +690,11 @@ class StreamRun:
         entry = {"key": r.key, "index": k, "epoch": r.epoch, "batches": r.num_batches, "phases": ph,
                  "prepared": ph["pack"]["end"], "shipped": ph["ship"]["end"], "trained": ph["train"]["end"],
                  "loss": out.get("loss"), "seeds_per_s": out.get("seeds_per_s"), "bytes": out.get("bytes"),
-                 "held_bytes": out.get("held_bytes"),
+                 "held_bytes": out.get("held_bytes"), "loader": out.get("loader"),
                  "figures": out.get("pack", {}).get("figures", {}), "plan": out.get("pack", {}).get("plan", {})}
         if self.gpus > 1:
             entry["lanes"] = [{"batches": lane.refs[k].num_batches, "phases": phases(o), "bytes": o.get("bytes"),
+                               "loader": o.get("loader"),
                                "model_crc": o.get("model_crc"), "losses": o.get("losses"),
                                "figures": o.get("pack", {}).get("figures", {}), "plan": o.get("pack", {}).get("plan", {})}
                               for lane, o in zip(self.lanes, outs)]

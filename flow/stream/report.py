@@ -1,6 +1,7 @@
 """The report of a streamed run: where the time went (per phase and worker), the GPU's idle share, scratch use."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -43,6 +44,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
             "stream_s": end, "train_busy_s": train_busy,
             "gpu_idle_fraction": (1.0 - train_busy / end) if end > 0 else None,
             "tiers": base_meta.get("tiers", {}), "scratch": scratch,
+            "floor_bps": [f if f is not None and math.isfinite(f) else None for f in getattr(run, "floors", [])],
             **_gpu_workers(run, end),
         },
         **({"partition": run.partition} if getattr(run, "partition", None) is not None else {}),

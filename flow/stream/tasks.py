@@ -13,6 +13,16 @@ import numpy as np
 from ...operators.formats.store import Store
 from ...operators.prepare.superbatch import SuperbatchRef
 from ...operators.stream.pack import Bundle, pack_base, pack_superbatch, stream_header
+from ..dashboard.publish import (
+    BYTES,
+    PACKED_READ,
+    STORE_READ,
+    WRITTEN,
+    measure,
+    measure_rows,
+    publish,
+    stage_delta,
+)
 from ..graph import PlanResult, SampleResult, Tiers, stamp
 from ..plugin import PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .config import StreamStopped
@@ -101,7 +111,12 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
         order = [first + i for i in range(rank, len(plan.batches), world)]
     bundle = pack_superbatch(store, ref, sample.data, plans, header, final_cache=final,
                              stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order)
-    bundle.meta.update(timing={**plan.timing, "pack": stamp(t0)}, plan=plan.stats)
+    timing = stamp(t0)
+    bundle.meta.update(timing={**plan.timing, "pack": timing}, plan=plan.stats, index=index)
+    read = int(bundle.meta["figures"]["packed_rows"]) * int(header["row_bytes"])    # rows gathered from the store
+    bundle.meta["figures"]["store_read_bytes"] = read
+    measure(STORE_READ, read, BYTES)
+    publish("packed", job=run, index=index, key=ref.key, store_read_bytes=read, t=timing["t1"])
     return bundle
 
 
@@ -111,11 +126,23 @@ def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str, cpu_ro
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
     bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, cpu_rows=cpu_rows)
     bundle.meta.update(timing={"pack": stamp(t0)}, tiers=tiers.figures)
+    rows = int(np.count_nonzero(np.asarray(tiers.gpu_ids) >= 0))
+    rows += int(np.count_nonzero(np.asarray(tiers.cpu_ids) >= 0)) if cpu_rows else 0
+    measure(STORE_READ, rows * Store(store).row_bytes, BYTES)
     return bundle
 
 
 def probe_task() -> dict[str, Any]:
-    return _plugin().describe()
+    """A GPU worker's description (`DiskflowPlugin.describe`) and its scratch disk's read floor, measured now
+    (`flow.dashboard.floor`), which the diskflow page draws the run's disk throughput against."""
+    from ..dashboard.floor import read_floor
+
+    plugin = _plugin()
+    info = plugin.describe()
+    if plugin.is_gpu:
+        info["floor_bps"] = read_floor(plugin.scratch)
+        publish("floor", bps=info["floor_bps"])
+    return info
 
 
 def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> dict[str, Any]:
@@ -142,9 +169,14 @@ def ship_task(run: str, bundle: Bundle, start_index: int, after: Any = None) -> 
         raise
     disk = space.observe(job.root)
     drop_source(bundle)
+    timing = stamp(t0)
+    written = int(out.get("bytes", 0))
+    measure(WRITTEN, written, BYTES)
+    if "index" in bundle.meta:
+        publish("shipped", job=run, index=int(bundle.meta["index"]), written_bytes=written, t=timing["t1"])
     return {**out, "disk_bytes": disk, "usage": space.usage(),
             "meta": {k: v for k, v in bundle.meta.items() if k != "timing"},
-            "timing": {**bundle.meta.get("timing", {}), "ship": stamp(t0)}}
+            "timing": {**bundle.meta.get("timing", {}), "ship": timing}}
 
 
 def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: Any, device: str,
@@ -171,7 +203,9 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
         if job.trainer is None:
             job.trainer = StreamTrainer(cfg, device, fingerprint, resume)
         job.trainer.base_dir = str(job.base)
+        before = job.trainer.loader.stats() if job.trainer.loader is not None else None
         out = job.trainer.train(shipped["dir"], entry, shipped["held"])
+        after = job.trainer.loader.stats() if job.trainer.loader is not None else None
         if shipped["dir"] is not None:
             job.trainer.release()
             space.discard(f"{run}/{entry['key']}", shipped["dir"])
@@ -180,11 +214,25 @@ def train_task(run: str, shipped: dict[str, Any], entry: dict[str, Any], cfg: An
             state, arrays = job.trainer.checkpoint()
             out["checkpoint"] = {"state": state, "arrays": arrays}
     out["timing"] = {**shipped["timing"], "train": stamp(t0)}
+    out["loader"] = _superbatch_figures(run, entry, before, after, out["timing"]["train"])
     out["usage"] = space.usage()
     out["pack"] = shipped.get("meta", {})
     out["bytes"] = int(shipped.get("bytes", 0))
     out["held_bytes"] = int(shipped.get("held_bytes", 0))
     return out
+
+
+def _superbatch_figures(run: str, entry: dict[str, Any], before: dict[str, Any] | None, after: dict[str, Any] | None,
+                        timing: dict[str, Any]) -> dict[str, Any]:
+    """What the loader did for this superbatch (`publish.stage_delta`: stage busy seconds, packed bytes read,
+    rows per tier): reported as Dask measures and published for the diskflow page, after the superbatch."""
+    delta: dict[str, Any] = stage_delta(before, after) if after is not None else {"stages": {}, "rows": {}, "bytes_read": 0,
+                                                                    "read_s": 0.0}
+    measure(PACKED_READ, delta["bytes_read"], BYTES)
+    measure_rows(delta["rows"])
+    publish("trained", job=run, index=int(entry["index"]), key=entry["key"], t0=timing["t0"], t1=timing["t1"],
+            batches=0 if entry.get("empty") else int(entry["batches"]), **delta)
+    return delta
 
 
 def finish_task(run: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ distributed = pytest.importorskip("distributed")    # before any import that nee
 
 
 import dask
+from dask.utils import key_split
 from diskflow.cli import report as report_cmd
 from diskflow.cli.stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 from diskflow.flow import stream as stream_mod
@@ -67,7 +68,7 @@ def reference(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 def _held(dask_scheduler: Any) -> int:
     """Runs on the scheduler: results of sample/plan/pack tasks held in workers' memory."""
     return sum(1 for ts in dask_scheduler.tasks.values()
-               if ts.state == "memory" and str(ts.key).split("-")[0] in ("sample", "plan", "pack"))
+               if ts.state == "memory" and key_split(ts.key) in ("sample", "plan", "pack"))
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +206,14 @@ def test_report_draws_the_timeline(streamed: dict[str, Any], capsys: pytest.Capt
     run_dir = Path(streamed["run_dir"])
     assert (run_dir / "timeline.png").stat().st_size > 0 and (run_dir / "report.json").is_file()
     (run_dir / "timeline.png").unlink()
-    assert report_cmd._run(argparse.Namespace(run=str(run_dir), out=None)) == 0
+    assert report_cmd._run(argparse.Namespace(run=str(run_dir), out=None, page=None)) == 0
     out = capsys.readouterr().out
     assert "superbatches trained   8 of 8 (window 2)" in out and "of quota 3.00 MiB" in out
     assert "held in memory         index and samples, peak " in out and "of 256.00 MiB" in out
     assert (run_dir / "timeline.png").stat().st_size > 0
+    assert "diskflow-lanes" in (run_dir / "dashboard.html").read_text(), "the diskflow page's figures"
     with pytest.raises(InputError, match="no report"):
-        report_cmd._run(argparse.Namespace(run=str(run_dir / "scratch"), out=None))
+        report_cmd._run(argparse.Namespace(run=str(run_dir / "scratch"), out=None, page=None))
 
 
 def test_a_superbatch_failing_verification_is_shipped_again(tiny_store: Path, tmp_path: Path, reference: dict[str, Any],

@@ -1,0 +1,57 @@
+"""The floor the page draws disk throughput against: the GPU worker's scratch disk, read sequentially.
+
+Measured once as a run starts (the driver's probe of each GPU worker): a probe file written with
+O_DIRECT and synced, then read back sequentially with O_DIRECT, the way the trainer reads packed
+segments, and removed. Where the file system refuses O_DIRECT (tmpfs), the page cache is used and
+the figure is the memory's, which is that disk's floor too.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from pathlib import Path
+
+PROBE_BYTES = 32 << 20      # enough for a steady figure, about 30 ms on a 1 GB/s disk
+BLOCK = 4 << 20
+
+
+def read_floor(directory: str | os.PathLike[str], nbytes: int = PROBE_BYTES) -> float:
+    """Bytes per second of a sequential direct read in `directory` (created when missing); nan on failure."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f".diskflow-floor-{os.getpid()}"
+    buf = mmap.mmap(-1, BLOCK)          # page-aligned, as O_DIRECT wants
+    buf.write(os.urandom(4096) * (BLOCK // 4096))
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o600)
+        except OSError:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for off in range(0, nbytes, BLOCK):
+                os.pwritev(fd, [buf], off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            fd = os.open(path, os.O_RDONLY | direct)
+        except OSError:
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            done, t0 = 0, time.perf_counter()
+            while done < nbytes:
+                n = os.preadv(fd, [buf], done)
+                if n <= 0:
+                    break
+                done += n
+            dt = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        return done / dt if dt > 0 and done else float("nan")
+    except OSError:
+        return float("nan")
+    finally:
+        buf.close()
+        path.unlink(missing_ok=True)
