@@ -1,10 +1,13 @@
-"""`diskflow report RUN`: a streamed run's timeline as a PNG (what each machine did when) and its key numbers."""
+"""`diskflow report RUN`: a streamed run's timeline as a PNG (what each machine did when), its key numbers, and the
+diskflow page's figures drawn from report.json (`flow.dashboard`: stage lanes, preparation's lead, tier hit rates,
+disk bytes/s against the floor, GPU idle share) as one standalone HTML file."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import InputError
-from ..runs import TIMELINE, key_numbers, plot_timeline, read_report
+from ..runs import PAGE, TIMELINE, draw_page, key_numbers, plot_timeline, read_report
 from ..sizes import format_bytes
 
 
@@ -12,9 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="draw a streamed run's timeline (PNG) and print its key numbers",
                        description="Read RUN/report.json and draw RUN/timeline.png: a Gantt chart of the CPU "
                                    "workers' sample/plan/pack tasks and the GPU worker's ship/train tasks, with the "
-                                   "stream's time, GPU idle fraction and scratch peak.")
+                                   "stream's time, GPU idle fraction and scratch peak; and RUN/dashboard.html, the "
+                                   "figures the scheduler's /diskflow page showed while the run ran.")
     p.add_argument("run", metavar="RUN", help="run directory (holding report.json)")
     p.add_argument("--out", default=None, metavar="PNG", help=f"where to draw (default RUN/{TIMELINE})")
+    p.add_argument("--page", default=None, metavar="HTML",
+                   help=f"where to draw the diskflow page's figures (default RUN/{PAGE})")
     p.set_defaults(func=_run)
 
 
@@ -51,6 +57,9 @@ def _run(args: argparse.Namespace) -> int:
     if k["reshipped"]:
         print(f"shipped twice          {', '.join(k['reshipped'])}")
     print(f"timeline: {path}")
+    page = Path(args.page) if args.page else Path(args.run) / PAGE
+    draw_page(report, page, title=f"diskflow: {Path(args.run).name}")
+    print(f"page:     {page} (the /diskflow page's figures)")
     return 0
 
 

@@ -2,7 +2,10 @@
 
 Start it on the preprocessing machine; workers and `diskflow run ... --scheduler
 tcp://HOST:8786` connect to it; the dashboard (http://HOST:8787/status) shows the run's task
-groups (sample, count, plan, pack, ship, train). Runs until Ctrl-C.
+groups (sample, count, plan, pack, ship, train), and diskflow's scheduler plugin (a preload,
+`flow.dashboard.preload`) adds http://HOST:8787/diskflow: each GPU worker's stage lanes, the
+preparation's lead, tier hit rates, disk bytes/s against the floor and the GPU idle share, live
+(`flow.dashboard.page`). Runs until Ctrl-C.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from .options import add_tls_arguments
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scheduler", help="start a Dask scheduler (with its dashboard) for split runs",
                        description="Start the Dask scheduler that CPU workers, the GPU worker and `diskflow run ... "
-                                   "--scheduler tcp://HOST:PORT` connect to. Equivalent to `dask scheduler`.")
+                                   "--scheduler tcp://HOST:PORT` connect to. Equivalent to `dask scheduler --preload "
+                                   "diskflow.flow.dashboard.preload` (the diskflow page, /diskflow).")
     p.add_argument("--host", default=None, help="address to listen on (default: all interfaces)")
     p.add_argument("--port", type=int, default=8786, help="scheduler port (default 8786; 0: any free port)")
     p.add_argument("--dashboard-address", default=":8787", metavar="ADDR",

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cluster import check_tls, probe, run_dask_cli, set_worker_config, worker_argv
+from ..cluster import check_tls, log_links, probe, run_dask_cli, set_worker_config, worker_argv
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 from .options import add_tls_arguments
@@ -65,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     tls = check_tls(address, args.tls_ca_file, args.tls_cert, args.tls_key, role="worker", address_option="SCHEDULER")
     if address:
         probe(address, tls, role="worker")      # a refused certificate: one line, not a worker retrying forever
+        log_links(address, tls)      # the dashboard's address and the diskflow page's (or that it is absent)
     return run_dask_cli("worker", argv + tls.argv())
 
 

@@ -15,14 +15,17 @@ this process's certificate into one line (`docs/security.md`).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .flow.cluster import dask_client as client
 from .flow.roles import run_dask_cli, scheduler_argv, set_worker_config, worker_argv
 from .flow.security import TLSFiles, check_tls, probe
 
-__all__ = ["TLSFiles", "check_tls", "client", "probe", "register_plugin", "run_dask_cli", "scheduler_argv",
-           "set_worker_config", "worker_argv"]
+__all__ = ["TLSFiles", "check_tls", "client", "log_links", "probe", "register_plugin", "run_dask_cli",
+           "scheduler_argv", "set_worker_config", "worker_argv"]
+
+log = logging.getLogger(__name__)
 
 
 def register_plugin(client: Any) -> None:
@@ -32,3 +35,12 @@ def register_plugin(client: Any) -> None:
     from .flow.plugin import DiskflowPlugin
 
     client.register_plugin(DiskflowPlugin())
+
+
+def log_links(address: str, files: TLSFiles, role: str = "worker") -> None:
+    """Log (INFO) the Dask dashboard's address of the scheduler at `address` and the diskflow page's beside it,
+    or that the page is absent (a scheduler without diskflow's plugin); nothing while it does not answer."""
+    from .flow.dashboard.links import log_remote_links
+
+    security = files.security(role)
+    log_remote_links(address, security.get_connection_args(role) if security is not None else None, log)

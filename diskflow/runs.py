@@ -23,11 +23,12 @@ from .flow.memsplit import describe_split as _describe_split
 from .flow.timeline import TIMELINE, JobTimeline
 from .operators.formats.files import write_json
 
-__all__ = ["REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output", "describe_online",
-           "describe_split", "fmt", "has_checkpoints", "key_numbers", "new_run_dir", "plot_timeline", "print_epoch",
-           "read_report", "unfinished_run", "use_run_dir", "write_run_info"]
+__all__ = ["PAGE", "REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output",
+           "describe_online", "describe_split", "draw_page", "fmt", "has_checkpoints", "key_numbers", "new_run_dir",
+           "plot_timeline", "print_epoch", "read_report", "unfinished_run", "use_run_dir", "write_run_info"]
 
 REPORT = _rundir.REPORT         # the run's report, written when it finishes
+PAGE = "dashboard.html"         # `draw_page`'s default file in a run directory
 RUN_INFO = _rundir.RUN_INFO     # written first by `diskflow train`: which packed dataset the run trains
 
 
@@ -111,6 +112,17 @@ def plot_timeline(run_dir: str | os.PathLike[str], report: dict[str, Any],
     """Draw a streamed run's timeline (each worker's tasks, the GPU workers' superbatches) as a PNG at `path`
     (default ``run_dir/timeline.png``); its path, None when the report has no timeline."""
     return _timeline.plot_timeline(run_dir, report, path)
+
+
+def draw_page(report: dict[str, Any], path: str | os.PathLike[str], title: str = "diskflow") -> Path:
+    """Draw a streamed run's diskflow page (the figures the scheduler's ``/diskflow`` showed while it ran: stage
+    lanes, the preparation's lead, tier hit rates, disk bytes/s against the floor, GPU idle share) from its
+    report, as one standalone HTML file at `path`."""
+    from .flow.dashboard.figures import save_html
+    from .flow.dashboard.state import from_report
+
+    save_html(from_report(report), path, title)
+    return Path(path)
 
 
 def describe_split(split: dict[str, Any]) -> str:

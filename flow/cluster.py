@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterator
 
 from ..operators.formats.errors import ConfigError, DiskflowError
+from .dashboard.links import log_links
+from .dashboard.links import register as register_page
 from .security import refusal
 
 log = logging.getLogger(__name__)
@@ -16,7 +18,8 @@ log = logging.getLogger(__name__)
 def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                 threads_per_worker: int = 1, memory_limit: str | int = "auto",
                 quiet: bool = False, processes: bool = True, security: object = None) -> Iterator[object]:
-    """A `distributed.Client` for the duration of a command; logs the dashboard address (unless `quiet`).
+    """A `distributed.Client` for the duration of a command; logs the dashboard's and the diskflow page's
+    addresses (unless `quiet`; the embedded cluster's scheduler gets the page, `flow.dashboard.page`).
 
     Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
     process per core by default); with it, connects to `tcp://HOST:PORT` and fails
@@ -47,8 +50,10 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                                **tls)
         client = Client(cluster, **({"security": security} if security is not None else {}))
     try:
+        if cluster is not None:
+            register_page(client)
         if not quiet:
-            log.info("Dask dashboard: %s", client.dashboard_link or "(no dashboard: install bokeh)")
+            log_links(client, log)
         yield client
     finally:
         client.close()

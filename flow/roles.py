@@ -24,16 +24,20 @@ from typing import Any
 import dask
 
 from ..operators.formats.errors import ConfigError
+from .dashboard.links import log_links
+from .dashboard.links import register as register_page
 from .plugin import GPU, config_env, worker_config
 from .security import check_tls, refusal
 
 log = logging.getLogger(__name__)
+PAGE_PRELOAD = "diskflow.flow.dashboard.preload"     # the scheduler plugin with the /diskflow page
 
 
 def scheduler_argv(host: str | None = None, port: int | None = None, dashboard_address: str | None = ":8787",
                    scheduler_file: str | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """`dask scheduler`'s arguments for a diskflow scheduler (dashboard on by default)."""
-    argv: list[str] = []
+    """`dask scheduler`'s arguments for a diskflow scheduler (dashboard on by default, with the diskflow page:
+    `flow.dashboard.preload`)."""
+    argv: list[str] = ["--preload", PAGE_PRELOAD]
     if host:
         argv += ["--host", host]
     if port is not None:
@@ -144,7 +148,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                                 "is `diskflow scheduler` running there, and the port open?") from e
         try:
             if not quiet:
-                log.info("Dask dashboard: %s", client.dashboard_link or "(none)")
+                log_links(client, log)
             yield client
         finally:
             client.close()
@@ -183,8 +187,9 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
             client = Client(cluster, **({"security": security} if security else {}))
             try:
                 client.wait_for_workers(n + gpu_workers, timeout=120)
+                register_page(client)
                 if not quiet:
-                    log.info("Dask dashboard: %s", client.dashboard_link or "(none)")
+                    log_links(client, log)
                 yield client
             finally:
                 client.close()

@@ -72,7 +72,7 @@ def test_a_foreign_directory_is_refused_then_replaced_with_force(
 
     assert main(argv(out)) == 2
     err = capfd.readouterr().err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("Dask dashboard:")]
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("Dask dashboard:", "diskflow page:"))]
     command = argv(out)[0]
     assert len(lines) == 1 and lines[0].startswith(f"diskflow {command}: error: {foreign}: holds 1 entry (x), not a "
                                                    "diskflow "), err

@@ -25,7 +25,7 @@ CFG = PrepareConfig(fanouts=(4, 3), batch_size=64, superbatch_size=4, epochs=8, 
 
 def _one_error_line(err: str, command: str) -> str:
     """The stderr of a failed command: its one error line (the dashboard link aside), nothing else."""
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("Dask dashboard:")]
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("Dask dashboard:", "diskflow page:"))]
     assert len(lines) == 1, f"expected one line, got:\n{err}"
     assert lines[0].startswith(f"diskflow {command}: error: ")
     assert "Traceback" not in err and "AssertionError" not in err

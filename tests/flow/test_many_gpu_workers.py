@@ -13,10 +13,12 @@ interrupted run resumes to the same model (one epoch each).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ import torch
 distributed = pytest.importorskip("distributed")    # before any import that needs it, so the module skips
 
 from dask.utils import key_split
+from diskflow.flow.dashboard import links, state
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
@@ -63,7 +66,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     sf = root / "scheduler.json"
     procs: dict[str, subprocess.Popen] = {}
     try:
-        procs["scheduler"] = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+        procs["scheduler"] = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
                                      "--scheduler-file", str(sf), *flags], root / "scheduler.log")
         deadline = time.monotonic() + 60
         while not sf.exists():
@@ -148,6 +151,26 @@ def test_two_gpu_workers_share_every_superbatch(cluster: dict[str, Any], two_gpu
     text = capsys.readouterr().out
     assert "2, data-parallel (per-worker CPU tiers), models equal after every superbatch: yes" in text
     assert all(a in text for a in gpus) and (Path(report["run_dir"]) / "timeline.png").stat().st_size > 0
+
+
+def test_the_diskflow_page_shows_both_gpu_workers(cluster: dict[str, Any], two_gpus: tuple[dict[str, Any], float]
+                                                 ) -> None:
+    """`diskflow scheduler` serves the page; a data-parallel run has a row per GPU worker there, agreeing with
+    report.json."""
+    report, _ = two_gpus
+    dashboard, page = links.client_links(cluster["client"])
+    assert dashboard and page == dashboard.replace("/status", "/diskflow")
+    assert b"bokeh" in urllib.request.urlopen(page, timeout=10).read().lower()
+    with urllib.request.urlopen(f"{page}/data.json?run={report['stream']['run']}", timeout=10) as r:
+        snap = json.loads(r.read())["page"]
+    gpus = report["stream"]["gpu_workers"]
+    assert [(ln["rank"], ln["worker"]) for ln in snap["lanes"]] == list(enumerate(gpus))
+    assert all(ln["recent"] and ln["trained"] == 8 for ln in snap["lanes"])
+    assert [ln["batches"] for ln in snap["lanes"]] == [ln["batches"] for ln in report["stream"]["lanes"]]
+    assert [ln["idle_share"] for ln in snap["lanes"]] == pytest.approx(
+        report["stream"]["gpu_idle_fraction_per_worker"], abs=1e-6)
+    assert snap["totals"]["bytes_read"] == sum(ln["io"]["bytes_read"] for ln in report["stream"]["lanes"])
+    assert [ln["batches"] for ln in state.from_report(report)["lanes"]] == [ln["batches"] for ln in snap["lanes"]]
 
 
 def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, Any], tiny_store: Path,

@@ -1,0 +1,186 @@
+"""The diskflow page on the scheduler's dashboard: a short streamed run on an embedded cluster, watched over HTTP
+while it trains (``/diskflow``, ``/diskflow/data.json`` with Dask's fine performance metrics), its figures moving
+and agreeing with report.json at the end; the same figures drawn from report.json; headless Chromium rendering
+the page with no console error; and the link printed, or the page said absent. (A data-parallel run's lanes:
+test_many_gpu_workers.py, on a `diskflow scheduler`.)"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from chromium import Chromium, find_chromium
+from diskflow.flow.dashboard import links, state
+from diskflow.flow.dashboard.figures import save_html
+from diskflow.flow.dashboard.spans import phase_name, stream_tags
+from diskflow.flow.roles import stream_client
+from diskflow.flow.rundir import new_run_dir
+from diskflow.pipelines import streaming
+
+SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 1,
+                            "lr": 0.01, "seed": 1, "threads": 1, "superbatch_size": 2, "device": "cpu",
+                            "cpu_memory": 4_500_000, "window": 2, "progress": False}
+SCREENSHOT_AT = 3       # superbatches trained when the browser opens the page
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200, url
+        return bytes(r.read())
+
+
+def _data(base: str) -> dict[str, Any]:
+    return json.loads(_get(f"{base}/diskflow/data.json"))
+
+
+@pytest.fixture(scope="module")
+def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A streamed run on an embedded cluster, polled over HTTP after every superbatch (and, where Chromium is
+    installed, opened in it once), then the page's data once the workers' last metrics have arrived."""
+    tmp = tmp_path_factory.mktemp("dash")
+    polls: list[dict[str, Any]] = []
+    shots: dict[str, Any] = {}
+    browser = find_chromium()
+    with stream_client(None, cpu_workers=1, scratch=str(tmp / "scratch"), device="cpu", processes=False,
+                       quiet=True) as client:
+        _dashboard, page = links.client_links(client)
+        assert page is not None and page.endswith("/diskflow")
+        base = page.rsplit("/diskflow", 1)[0]
+
+        def poll(out: dict[str, Any]) -> None:
+            polls.append(_data(base))
+            if len(polls) == 1:
+                shots["html"] = _get(page).decode()
+            if len(polls) == SCREENSHOT_AT and browser is not None:
+                with Chromium(browser, tmp / "chromium") as chrome:
+                    shots.update(chrome.render(page, tmp / "page.png", wait_for=_plots_drawn))
+
+        rep = streaming.run(tiny_store, new_run_dir(tmp, "watched"), scheduler=client.scheduler.address,
+                            on_superbatch=poll, **SETTINGS)
+        final = _settled(base, rep)
+    return {"report": rep, "polls": polls, "final": final, "shots": shots, "browser": browser, "tmp": tmp}
+
+
+def _settled(base: str, rep: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
+    """The page's data once the fine performance metrics hold every packed byte the trainer read (workers send
+    them with their heartbeats)."""
+    want = rep["trainer"]["io"]["bytes_read"]
+    deadline = time.monotonic() + timeout
+    while True:
+        data = _data(base)
+        got = data["fine_metrics"]["totals"].get("packed-read", {}).get("bytes", 0)
+        if got >= want or time.monotonic() > deadline:
+            return data
+        time.sleep(0.2)
+
+
+# a JavaScript expression: true once every Bokeh figure of the page has a view with a drawn canvas
+_plots_drawn = """(() => { if (!(window.Bokeh && Bokeh.index && Bokeh.index.roots)) return false;
+  const all = []; const walk = v => { all.push(v); for (const c of (v.child_views || [])) walk(c); };
+  [...Bokeh.index.roots].forEach(walk);
+  const plots = all.filter(v => v.model && v.model.type === "Figure");
+  const lanes = Bokeh.documents[0].get_model_by_name("diskflow-lanes");
+  return plots.length === 5 && plots.every(p => p.canvas_view && p.canvas_view.bbox.width > 0)
+    && lanes.renderers[0].data_source.data.y.length > 0; })()"""
+
+
+def test_the_page_moves_while_it_trains(watched: dict[str, Any]) -> None:
+    polls = [p["page"] for p in watched["polls"]]
+    assert len(polls) == watched["report"]["stream"]["superbatches"] == 5
+    trained = [p["trained"] for p in polls]
+    assert trained == sorted(trained) and trained[-1] > trained[0], trained
+    read = [p["totals"]["bytes_read"] for p in polls]
+    assert read == sorted(read) and read[-1] > read[0] > 0, read
+    assert all(p["lanes"][0]["recent"] for p in polls)
+    assert "bokeh" in watched["shots"]["html"].lower()
+
+
+def test_the_page_agrees_with_report_json(watched: dict[str, Any]) -> None:
+    rep, page = watched["report"], watched["final"]["page"]
+    tr = rep["trainer"]
+    assert page["trained"] == rep["stream"]["trained"] == 5
+    assert page["totals"]["bytes_read"] == tr["io"]["bytes_read"] > 0
+    assert page["totals"]["rows"] == {t: tr["tiers"]["rows"].get(t, 0) for t in state.TIERS}
+    assert page["totals"]["rows"]["packed"] > 0, "out of core: packed reads"
+    assert page["totals"]["batches"] == sum(len(e["losses"]) for e in rep["epochs"])
+    lane = page["lanes"][0]
+    assert lane["idle_share"] == pytest.approx(rep["stream"]["gpu_idle_fraction"], abs=1e-6)
+    assert lane["floor_bps"] and lane["floor_bps"] > 0
+    assert [r["key"] for r in lane["recent"]] == [e["key"] for e in rep["timeline"]][-state.RECENT:]
+    # the same figures from report.json (`diskflow report`)
+    again = state.from_report(rep)
+    for k in ("trained", "superbatches"):
+        assert again[k] == page[k]
+    assert again["totals"] == {**page["totals"]}
+    assert again["lanes"][0]["idle_share"] == pytest.approx(lane["idle_share"], abs=1e-6)
+
+
+def test_fine_metrics_break_the_run_down_by_span(watched: dict[str, Any]) -> None:
+    rep, fm = watched["report"], watched["final"]["fine_metrics"]
+    spans = fm["spans"]
+    assert {"prepare/sample", "prepare/plan", "prepare/pack", "stream/ship", "stream/train"} <= set(spans)
+    assert {f"stream/superbatch-{k}" for k in range(5)} <= set(spans)
+    totals = fm["totals"]
+    assert totals["packed-read"]["bytes"] == rep["trainer"]["io"]["bytes_read"]
+    rows = rep["trainer"]["tiers"]["rows"]
+    assert totals["rows-packed"]["rows"] == rows["packed"]
+    assert totals.get("rows-cpu-tier", {}).get("rows", 0) == rows["cpu"]
+    assert totals["store-read"]["bytes"] > 0 and totals["written"]["bytes"] > 0
+    assert spans["stream/train"]["packed-read"]["bytes"] == totals["packed-read"]["bytes"]
+    assert "store-read" in spans["prepare/pack"] and "packed-read" not in spans["prepare/pack"]
+    # what Dask times itself is not timed twice: no diskflow measure is in seconds
+    assert not any("seconds" in units for label, units in totals.items() if label.startswith(("rows-", "packed-")))
+    polled = [p["fine_metrics"]["totals"].get("packed-read", {}).get("bytes", 0) for p in watched["polls"]]
+    assert polled == sorted(polled) and polled[-1] > 0, "the fine performance metrics move while it trains"
+
+
+def test_chromium_renders_the_page_during_the_run(watched: dict[str, Any]) -> None:
+    if watched["browser"] is None:
+        pytest.skip("no Chromium here (Debian: apt-get install chromium); .ci/run installs it")
+    shots = watched["shots"]
+    assert shots["ready"], f"the page's plots did not render: {shots['errors']}"
+    assert shots["errors"] == [], shots["errors"]
+    png = Path(shots["png"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_draws_the_same_figures(watched: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "dashboard.html"
+    save_html(state.from_report(watched["report"]), out)
+    html = out.read_text()
+    assert "diskflow-lanes" in html and "diskflow-idle" in html and "Bokeh" in html
+
+
+def test_span_names() -> None:
+    index = {"e0-s00002": 2}
+    assert stream_tags("plan-e0-s00002-1234", index) == ("stream/superbatch-2", "prepare/plan")
+    assert stream_tags("train-e0-s00002-1234-g1", index) == ("stream/superbatch-2", "stream/train")
+    assert stream_tags("ship-base-1234", index) == ("stream/setup", "stream/base")
+    assert stream_tags("count-e0-s00002-1234", index) == ("stream/setup", "prepare/count")
+    assert phase_name("ingest: scan") == "ingest/scan"
+    from diskflow.flow.dashboard.spans import command
+
+    with command("prepare"):
+        assert phase_name("sample") == "prepare/sample"
+
+
+def test_a_scheduler_without_the_plugin_says_the_page_is_absent(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    log = logging.getLogger("diskflow.test")
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client, \
+            caplog.at_level(logging.INFO, logger="diskflow.test"):
+        links.log_links(client, log)
+        dashboard, page = links.remote_links(cluster.scheduler.address)
+    assert "Dask dashboard: http" in caplog.text and f"diskflow page:  {links.ABSENT}" in caplog.text
+    assert dashboard is not None and page is None
