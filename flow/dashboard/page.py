@@ -96,9 +96,16 @@ class DashboardPlugin(SchedulerPlugin):
 
         page = Page()
         page.update(self.runs.snapshot())
+        seen = [self.runs.events]
+
+        def refresh() -> None:      # only when an event came in: an idle page sends the browser nothing
+            if self.runs.events != seen[0]:
+                seen[0] = self.runs.events
+                page.update(self.runs.snapshot())
+
         doc.title = "diskflow"
         doc.add_root(page.layout)
-        doc.add_periodic_callback(lambda: page.update(self.runs.snapshot()), REFRESH_MS)
+        doc.add_periodic_callback(refresh, REFRESH_MS)
 
     def data(self, run: str | None = None) -> dict[str, Any]:
         """What ``/diskflow/data.json[?run=ID]`` returns: the page's figures (of run ID, default the latest), the

@@ -165,7 +165,7 @@ def test_the_diskflow_page_shows_both_gpu_workers(cluster: dict[str, Any], two_g
         snap = json.loads(r.read())["page"]
     gpus = report["stream"]["gpu_workers"]
     assert [(ln["rank"], ln["worker"]) for ln in snap["lanes"]] == list(enumerate(gpus))
-    assert all(ln["recent"] and ln["trained"] == 8 for ln in snap["lanes"])
+    assert all(ln["recent"] and ln["trained"] == report["stream"]["trained"] > 1 for ln in snap["lanes"])
     assert [ln["batches"] for ln in snap["lanes"]] == [ln["batches"] for ln in report["stream"]["lanes"]]
     assert [ln["idle_share"] for ln in snap["lanes"]] == pytest.approx(
         report["stream"]["gpu_idle_fraction_per_worker"], abs=1e-6)
