@@ -34,13 +34,11 @@ train_s)`` rather than their sum. The setup, the same for all three runs:
   in about 9 ms), with the streaming default of 32 batches per superbatch; the round has 12
   epochs (24 superbatches), so the stream's fill (the first superbatch must be prepared before
   anything can train, about 5% of the round here) weighs less than in a two-epoch toy, though
-  still more than in a real run of hundreds of superbatches. With the default budget (10% of
-  the features plus the staging of the worst-case batch, as `diskflow run`'s) that narrow
-  feature table fits the CPU tier whole: the stream ships each superbatch's samples and index
-  (about 18 MiB per 32 batches, held in the GPU worker's memory, not staged on its disk) and
-  almost no feature rows, which the bench prints (``features``).
-  ``--cpu-memory`` gives a smaller budget, so that most rows are packed and read from the
-  scratch disk. Every superbatch costs the GPU worker a fixed share (its ship and train tasks
+  still more than in a real run of hundreds of superbatches. Out of core by default: the CPU
+  budget is the trainer's staging and I/O buffers plus a quarter of the features, so that the
+  CPU tier holds at most a quarter of the rows (as `--gpus N` sizes it) and the rest is packed,
+  shipped and read from the scratch disk; the JSON's ``packed_read_fraction`` is the share of
+  the trained rows read from packed files (``--cpu-memory`` gives another budget). Every superbatch costs the GPU worker a fixed share (its ship and train tasks
   and their messages, the transfer, a loader pipeline that drains and refills: about 15 ms on
   this box's one core, as much as two batches' training): ``--superbatch-size 16`` doubles
   that share for the same batches.
@@ -57,6 +55,11 @@ workers are busy, which streaming always makes them: the diagnostic ``train_cont
 offline training again while the CPU workers prepare the same round over and over, and
 ``stream_over_max_contended`` = stream_s / max(prepare_s, train_contended_s) is what the stream
 achieves against that. It is a diagnostic next to the headline, not a replacement for it.
+
+``dashboard_overhead``: every repeat streams twice, in turns, once with the scheduler's diskflow page
+open (headless Chromium where installed, pinned to the preprocessing cores, and an HTTP poller of
+its data every 0.5 s, `bench.pageload`) and once without; the training throughput (batches per
+second of the streamed run, fastest of the repeats) with the page may be at most 2% lower.
 """
 from __future__ import annotations
 
@@ -77,7 +80,10 @@ from ..config import fanouts_option
 from .common import print_table
 
 TARGET = 1.15
+PAGE_LIMIT = 0.02       # the diskflow page open and polled may cost at most this share of training throughput
 
+from .pageload import PageWatcher, overhead, page_of
+from .stream_gpus import quarter_budget
 from .streamsetup import bench_store, pin, set_up_cluster
 
 
@@ -99,8 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=4, help="hidden channels (default 4)")
     p.add_argument("--cpu-memory", default=None, metavar="SIZE",
                    help="the trainer's host budget for features (CPU tier + staging + I/O buffers; bytes, '12MiB' or "
-                        "'10%%' of the features), as `diskflow run`'s; default: 10%% of the features plus the staging "
-                        "of the worst-case batch, which on the default graph holds every row in the CPU tier")
+                        "'10%%' of the features), as `diskflow run`'s; default: the staging and I/O buffers plus a "
+                        "quarter of the features (out of core: the CPU tier holds at most a quarter of the rows)")
     p.add_argument("--cpu-workers", type=int, default=1, help="CPU workers (default 1)")
     p.add_argument("--device", default="cpu", help="the GPU worker's device (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (default 1)")
@@ -123,6 +129,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the models stayed equal and the GPU workers' disk reads (default 1)")
     p.add_argument("--cache", default=None, metavar="MODES",
                    help="--gpus N: the cache modes to run, comma-separated (default: every mode there is)")
+    p.add_argument("--page-watcher", choices=("browser", "http"), default="browser",
+                   help="dashboard_overhead: watch the diskflow page in headless Chromium (where installed) and over "
+                        "HTTP, or over HTTP only (default browser)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the fastest streamed run's report and timeline here (report.json, timeline.png)")
 
@@ -240,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--repeats", f"expected an integer >= 1, got {args.repeats}")
     store = Store(bench_store(args))
     budgets = packed_budgets(store, args.cpu_memory, 0, None, args.fanouts, args.batch_size)
+    if args.cpu_memory is None:     # out of core: a CPU tier of at most a quarter of the features, as --gpus N's
+        budgets["cpu_memory"] = quarter_budget(store, args, 1, budgets["staging_batches"], budgets["io_reserve"])
     round_opts = {"fanouts": tuple(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
                   "epochs": args.epochs, "seed": args.seed}
     belady = load_pipeline("belady")
@@ -252,7 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "threads": args.threads, "device": args.device, "eval_every": evaluate_once,
                   "cpu_memory": budgets["cpu_memory"]}
     affinity = sorted(os.sched_getaffinity(0))
-    runs: dict[str, list[float]] = {"prepare": [], "train": [], "contended": [], "stream": []}
+    runs: dict[str, list[float]] = {"prepare": [], "train": [], "contended": [], "stream": [], "stream_page": []}
+    watched: dict[str, Any] = {}
     losses: list[list[float]] = []         # offline and streamed, every repeat
     cpu: dict[str, list[dict[str, float]]] = {"prepare": [], "train": [], "stream": []}
     best: dict[str, Any] = {}
@@ -299,15 +311,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         stop.set()
                         again.result()
                 shutil.rmtree(work / "packed")
-                # -- streaming ------------------------------------------------------------------------------
-                (work / "stream").mkdir()
-                c0 = clock.read()
-                rep = StreamRun(client, store.path, work / "stream", scfg, progress=False).run()
-                cpu["stream"].append(clock.since(c0, clock.read()))
-                runs["stream"].append(float(rep["stream"]["stream_s"]))
-                losses.append([x for r in rep["epochs"] for x in r["losses"]])
-                if rep["stream"]["stream_s"] <= min(runs["stream"]):
-                    best = rep
+                # -- streaming, and streaming with the diskflow page open (in turns, first one then the other) --
+                for watch in (False, True) if repeat % 2 == 0 else (True, False):
+                    if watch:
+                        with PageWatcher(page_of(client) or "", pinned.get("driver", ()),
+                                         browser=args.page_watcher == "browser") as watcher:
+                            rep = StreamRun(client, store.path, work / "stream-page", scfg, progress=False).run()
+                        runs["stream_page"].append(float(rep["stream"]["stream_s"]))
+                        watched = watcher.figures()
+                        losses.append([x for r in rep["epochs"] for x in r["losses"]])
+                        continue
+                    c0 = clock.read()
+                    rep = StreamRun(client, store.path, work / "stream", scfg, progress=False).run()
+                    cpu["stream"].append(clock.since(c0, clock.read()))
+                    runs["stream"].append(float(rep["stream"]["stream_s"]))
+                    losses.append([x for r in rep["epochs"] for x in r["losses"]])
+                    if rep["stream"]["stream_s"] <= min(runs["stream"]):
+                        best = rep
                 shutil.rmtree(work)
             if args.keep:
                 from ..flow.rundir import write_report
@@ -348,6 +368,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ship_busy_s": sum(e["phases"]["ship"]["end"] - e["phases"]["ship"]["start"] for e in rep["timeline"]),
         "breakdown": parts, "streamed_train_over_offline": parts["train_busy_s"] / train_s,
         "features": _feature_tiers(rep, store.num_nodes),
+        "packed_read_fraction": _packed_read_fraction(rep),
+        "dashboard_overhead": {**overhead(runs["stream_page"], runs["stream"], rep["dataset"]["batches"],
+                                          PAGE_LIMIT), **watched},
     }
     # The CPU side's throughput beside the GPU worker's consumption, in feature accesses (rows read, any tier).
     acc = figures["features"]["accesses"]
@@ -395,6 +418,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           + (f", {th['streamed_train_accesses_per_s']:,.0f} while streaming" if th["streamed_train_accesses_per_s"]
              else "") + f" ({th['accesses']:,} accesses in the round; preparation runs at "
           f"{th['prepare_over_train_rate']:.2f} x the training's rate)")
+    d = figures["dashboard_overhead"]
+    print(f"packed reads: {figures['packed_read_fraction'] * 100:.1f}% of the rows the GPU worker trained on came "
+          f"from packed files on its scratch disk (CPU tier {f['cpu_share'] * 100:.0f}% of the features)")
+    print(f"dashboard overhead: {d['batches_per_s_with_page']:.1f} batches/s with the diskflow page open "
+          f"({d['watcher']}, {d['polls']} polls of its data) vs {d['batches_per_s_without']:.1f} without: "
+          f"{d['throughput_cost'] * 100:+.1f}% (limit {PAGE_LIMIT * 100:.0f}%: "
+          f"{'met' if d['within_limit'] else 'NOT met'})")
     c = figures["cpu_s"]
     print("CPU seconds used (GPU worker / CPU workers / scheduler, nannies and driver): "
           + ", ".join(f"{k} {c[k]['gpu_worker']:.2f} / {c[k]['cpu_workers']:.2f} / {c[k]['scheduler_driver']:.2f}"
@@ -423,6 +453,14 @@ def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
             "packed_share": packed_rows / reads if reads else 0.0,
             "bundle_bytes": statistics.mean(bundles) if bundles else 0.0,
             "held_bytes": statistics.mean(held) if held else 0.0}
+
+
+def _packed_read_fraction(report: dict[str, Any]) -> float:
+    """Of the feature rows the streamed run's trainer assembled, the share read from packed files on the scratch
+    disk (its loader's rows per tier, report.json's ``trainer.tiers``)."""
+    rows = (report.get("trainer") or {}).get("tiers", {}).get("rows", {})
+    total = sum(int(v) for v in rows.values())
+    return int(rows.get("packed", 0)) / total if total else 0.0
 
 
 def _cores(pinned: dict[str, list[int]], cpus: list[str], gpu: list[str]) -> str:

@@ -1,0 +1,99 @@
+"""The diskflow page kept open while a bench trains: what `diskflow bench stream` reports as ``dashboard_overhead``.
+
+`PageWatcher` opens the scheduler's ``/diskflow`` page the way a user would: in headless Chromium where it
+is installed (the page's Bokeh document then refreshes every second over its websocket), pinned to the
+preprocessing side's cores (the browser is the user's, not the GPU worker's), and in any case an HTTP
+poller that fetches ``/diskflow/data.json`` every `POLL_S` seconds, as a script or a second tab would.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+POLL_S = 0.5
+SETTLE_S = 4.0      # a browser's start and the page's first load: before the measured run, as a user's tab would be
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+class PageWatcher:
+    """A `with` block during which the page at `page` is open in a browser and polled over HTTP."""
+
+    def __init__(self, page: str, cores: Sequence[int] = (), browser: bool = True) -> None:
+        self.page, self.cores = page, list(cores)
+        self.executable = next((p for p in map(shutil.which, BROWSERS) if p), None) if browser else None
+        self.polls = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="diskflow-page-poller", daemon=True)
+        self._browser: subprocess.Popen | None = None
+        self._profile: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """What watched the page: ``"chromium + http"`` or ``"http"``."""
+        return "chromium + http" if self.executable else "http"
+
+    def __enter__(self) -> PageWatcher:  # noqa: PYI034 - (Python 3.10: no typing.Self)
+        if self.executable:
+            self._profile = tempfile.mkdtemp(prefix="diskflow-page-browser-")
+            pin = ["taskset", "-c", ",".join(map(str, self.cores))] if self.cores and shutil.which("taskset") else []
+            self._browser = subprocess.Popen(
+                [*pin, self.executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", f"--user-data-dir={self._profile}", "--window-size=1400,1100", self.page],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            time.sleep(SETTLE_S)      # the browser starts, loads the page and opens its websocket before the run
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self._browser is not None:
+            self._browser.terminate()
+            try:
+                self._browser.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._browser.kill()
+                self._browser.wait(timeout=10)
+        if self._profile:
+            shutil.rmtree(self._profile, ignore_errors=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                with urllib.request.urlopen(f"{self.page}/data.json", timeout=5) as r:
+                    r.read()
+                self.polls += 1
+            except OSError:
+                self.failed += 1
+
+    def figures(self) -> dict[str, Any]:
+        return {"watcher": self.kind, "polls": self.polls, "failed_polls": self.failed}
+
+
+def overhead(with_page_s: Sequence[float], without_s: Sequence[float], batches: int, limit: float
+             ) -> dict[str, Any]:
+    """``dashboard_overhead``: training throughput (batches per second of the streamed run, the fastest of the
+    repeats) with the page open and polled next to without it; `limit`: the most throughput it may cost."""
+    fast_with, fast_without = min(with_page_s), min(without_s)
+    with_rate, without_rate = batches / fast_with, batches / fast_without
+    cost = 1.0 - with_rate / without_rate
+    return {"with_page_s": fast_with, "without_s": fast_without, "batches_per_s_with_page": with_rate,
+            "batches_per_s_without": without_rate, "throughput_cost": cost, "limit": limit,
+            "within_limit": cost <= limit, "runs_s": {"with_page": list(with_page_s), "without": list(without_s)}}
+
+
+def page_of(client: Any) -> str | None:
+    """The diskflow page of a client's scheduler (None: absent)."""
+    from ..flow.dashboard.links import client_links
+
+    with contextlib.suppress(Exception):
+        return client_links(client)[1]
+    return None
