@@ -1,4 +1,5 @@
-"""diskflow on the Dask dashboard: a run watched while it runs, through Dask's own means.
+"""diskflow on the Dask dashboard: a run watched while it runs, through Dask's own means (docs/design.md,
+"Watching a run").
 
 - `spans`: every preparation phase and every superbatch of a streamed run runs in a Dask span named
   after it (``prepare/sample``, ``stream/superbatch-12``), so Dask's "Fine Performance Metrics" page
