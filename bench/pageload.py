@@ -2,7 +2,8 @@
 
 `PageWatcher` opens the scheduler's ``/diskflow`` page the way a user would: in headless Chromium where it
 is installed (the page's Bokeh document then refreshes every second over its websocket), pinned to the
-preprocessing side's cores (the browser is the user's, not the GPU worker's), and in any case an HTTP
+preprocessing side's cores at the lowest CPU priority (the browser is the user's, on another machine in a
+real deployment: here it may take only idle cycles), and in any case an HTTP
 poller that fetches ``/diskflow/data.json`` every `POLL_S` seconds, as a script or a second tab would.
 """
 from __future__ import annotations
@@ -43,7 +44,10 @@ class PageWatcher:
     def __enter__(self) -> PageWatcher:  # noqa: PYI034 - (Python 3.10: no typing.Self)
         if self.executable:
             self._profile = tempfile.mkdtemp(prefix="diskflow-page-browser-")
+            # the browser stands for the user's, on another machine: it gets the preprocessing side's cores and
+            # only their idle cycles (nice 19), so that it costs the run what the page itself costs
             pin = ["taskset", "-c", ",".join(map(str, self.cores))] if self.cores and shutil.which("taskset") else []
+            pin = ["nice", "-n", "19", *pin] if shutil.which("nice") else pin
             self._browser = subprocess.Popen(
                 [*pin, self.executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--no-first-run", f"--user-data-dir={self._profile}", "--window-size=1400,1100", self.page],
