@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -49,6 +50,7 @@ class DashboardPlugin(SchedulerPlugin):
         self.runs = LiveRuns()
         self.scheduler: Any = None
         self.app: Any = None
+        self._cache: dict[str | None, tuple[Any, float, dict[str, Any]]] = {}     # run -> (key, when, data)
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -109,9 +111,17 @@ class DashboardPlugin(SchedulerPlugin):
 
     def data(self, run: str | None = None) -> dict[str, Any]:
         """What ``/diskflow/data.json[?run=ID]`` returns: the page's figures (of run ID, default the latest), the
-        runs it knows, and the spans' fine performance metrics."""
-        return {"page": self.runs.snapshot(run), "runs": list(self.runs.runs), "events": self.runs.events,
-                "fine_metrics": fine_metrics(self.scheduler)}
+        runs it knows, and the spans' fine performance metrics. Computed at most once per `REFRESH_MS` (for as
+        many pollers as there are): it runs on the scheduler's event loop, which dispatches the run's tasks."""
+        now = time.monotonic()
+        key = (run, self.runs.events)
+        cached = self._cache.get(run)
+        if cached is None or (cached[0] != key and now - cached[1] >= REFRESH_MS / 1000) \
+                or now - cached[1] >= 2 * REFRESH_MS / 1000:
+            cached = self._cache[run] = (key, now, {
+                "page": self.runs.snapshot(run), "runs": list(self.runs.runs), "events": self.runs.events,
+                "fine_metrics": fine_metrics(self.scheduler)})
+        return cached[2]
 
 
 def fine_metrics(scheduler: Any) -> dict[str, Any]:
