@@ -205,8 +205,16 @@ def test_outre_pipelines_and_the_staleness_sweep(compared: tuple[dict, str, Path
         assert x["test_acc"] == p[x["pipeline"]]["test_acc"] and x["epoch_s"] > 0
     assert f["ratios"]["outre_acc_gap_points"] == pytest.approx(
         100 * (p["inmemory"]["test_acc"] - p["belady_outre"]["test_acc"]))
+    acc = f["accuracy"]              # every pipeline's accuracy beside inmemory's, at the same epochs
+    assert acc["epochs"] == 2 and acc["inmemory_test_acc"] == p["inmemory"]["test_acc"]
+    for name in ("belady", "belady_outre", "outre"):
+        a = acc["pipelines"][name]
+        assert a["test_acc"] == p[name]["test_acc"]
+        assert a["gap_points"] == pytest.approx(100 * (p["inmemory"]["test_acc"] - p[name]["test_acc"]))
+    assert acc["pipelines"]["belady"]["gap_points"] == 0            # the same losses, so the same model
+    assert [x["gap_points"] for x in sweep] == [acc["pipelines"][x["pipeline"]]["gap_points"] for x in sweep]
     for line in ("belady_outre at other history staleness thresholds", "belady disk read / belady_outre disk read",
-                 "inmemory test acc - belady_outre test acc", "memory split: "):
+                 "inmemory test acc - belady_outre test acc", "memory split: ", "beside inmemory's (gap"):
         assert line in printed
 
 
