@@ -1,6 +1,6 @@
 """The models a run can name: the built-ins (GraphSAGE, GCN, GAT and an MLP baseline, as `Model` objects) and
-`load_model`, which gives the `Model` of a built-in name or of a user's ``.py`` file (docs/design.md, "Your
-own model"). Importing it imports no torch: the factories import PyG when a model is built."""
+`load_model`, which gives the `Model` of a built-in name or of a user's ``.py`` file (docs/design.md,
+"Pipelines as data"). Importing it imports no torch: the factories import PyG when a model is built."""
 from __future__ import annotations
 
 import os
