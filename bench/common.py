@@ -23,7 +23,7 @@ BENCH_KIND = OutputKind(
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """Print rows as an aligned text table under a title."""
+    """Print rows as a text table (Dask's `asciitable`) under a title."""
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
@@ -31,13 +31,10 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[st
             return f"{v:,}"
         return str(v)
 
-    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    from dask.utils import asciitable
+
     print(f"\n{title}")
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    print(asciitable(list(columns), [tuple(fmt(r.get(c, "")) for c in columns) for r in rows]))
 
 
 def check_workdir(path: str | os.PathLike[str], force: bool = False) -> None:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dask.utils import asciitable
+
 from ..config import fanouts_option
 from ..sizes import format_bytes
 from .options import positive_int
@@ -222,8 +224,8 @@ def _print_accuracies(name: str, ooc: dict[str, Any], ref: dict[str, Any], mlp: 
     """Test accuracy of the three runs, chance, and what the graph adds."""
     chance = 1.0 / max(1, int(ref["dataset"]["num_classes"]))
     print()
-    print(f"{'run':<22}{'test acc':>10}{'best val':>10}{'train s':>10}")
-    for label, rep in ((f"{name} out of core", ooc), (f"{name} in memory", ref), ("mlp in memory", mlp)):
-        train_s = sum(e["stage_s"].get("train", 0.0) for e in rep["epochs"])
-        print(f"{label:<22}{rep['final']['test_acc']:>10.4f}{rep['final']['best_val_acc']:>10.4f}{train_s:>10.2f}")
+    rows = [(label, f"{rep['final']['test_acc']:.4f}", f"{rep['final']['best_val_acc']:.4f}",
+             f"{sum(e['stage_s'].get('train', 0.0) for e in rep['epochs']):.2f}")
+            for label, rep in ((f"{name} out of core", ooc), (f"{name} in memory", ref), ("mlp in memory", mlp))]
+    print(asciitable(["run", "test acc", "best val", "train s"], rows))
     print(f"chance = {chance:.4f}; GNN over MLP: {ref['final']['test_acc'] - mlp['final']['test_acc']:+.4f}")

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dask.utils import asciitable
+
 from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TrainConfig, model_label, model_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..runs import (
@@ -130,9 +132,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def print_summary(report: dict[str, Any]) -> None:
     """Stage busy/starved/blocked seconds, I/O, tier hit rates, memory: a short table."""
-    print("stage          busy s   starved s   blocked s")
-    for name, c in report["stages"].items():
-        print(f"  {name:<10} {c['busy_s']:9.3f}  {c['starved_s']:10.3f}  {c['blocked_s']:10.3f}")
+    print(asciitable(["stage", "busy s", "starved s", "blocked s"],
+                     [(name, f"{c['busy_s']:.3f}", f"{c['starved_s']:.3f}", f"{c['blocked_s']:.3f}")
+                      for name, c in report["stages"].items()]))
     io = report["io"]
     amp = io.get("read_amplification")
     print(f"io: {format_bytes(io.get('bytes_read', 0))} read in {int(io.get('requests', 0)):,} requests "

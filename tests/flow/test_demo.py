@@ -37,7 +37,7 @@ def test_demo_runs_the_main_job_out_of_core_at_tiny_scale(tmp_path: Path, capsys
     floor = re.search(r"disk floor: a sequential O_DIRECT read at ([0-9.]+) [KMG]iB/s .* took ([0-9.]+)x that", text)
     assert floor and float(floor.group(1)) > 0 and float(floor.group(2)) > 0, text
     assert "losses identical to in-memory: yes, 2 epochs x 16 batches" in text
-    accs = dict(re.findall(r"^(sage out of core|sage in memory|mlp in memory)\s+([0-9.]+)", text, re.MULTILINE))
+    accs = dict(re.findall(r"^\| (sage out of core|sage in memory|mlp in memory)\s+\| ([0-9.]+)", text, re.MULTILINE))
     assert accs["sage out of core"] == accs["sage in memory"]
     sage, mlp = float(accs["sage in memory"]), float(accs["mlp in memory"])
     assert sage > 0.25 + 0.3 and sage > mlp + 0.1, text
