@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..operators.formats.diskread import drop_page_cache, sequential_read_bw  # noqa: F401  (the benches' and demo's)
 from ..operators.formats.files import atomic_path, write_json
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
@@ -61,45 +60,6 @@ def write_figures(path: str | os.PathLike[str] | None, figures: dict[str, Any]) 
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(figures, indent=2, sort_keys=True, default=float) + "\n")
     print(f"figures written to {path}")
-
-
-def drop_page_cache(path: str | os.PathLike[str]) -> None:
-    """Evict one file's pages from the page cache (so a read measures the disk)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def sequential_read_bw(path: str | os.PathLike[str], block: int = 4 << 20, max_bytes: int | None = None) -> float:
-    """Sequential read bandwidth (bytes/s) of the disk holding `path`, read with O_DIRECT.
-
-    Falls back to buffered reads after evicting the file from the page cache where the
-    filesystem refuses O_DIRECT (tmpfs).
-    """
-    size = Path(path).stat().st_size
-    limit = size if max_bytes is None else min(size, max_bytes)
-    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT requires
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    except OSError:
-        drop_page_cache(path)
-        fd = os.open(path, os.O_RDONLY)
-    try:
-        done = 0
-        t0 = time.perf_counter()
-        while done < limit:
-            n = os.preadv(fd, [buf], done)
-            if n <= 0:
-                break
-            done += n
-        dt = time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        buf.close()
-    return done / dt if dt > 0 else float("nan")
 
 
 def add_graph_arguments(p: argparse.ArgumentParser, *, nodes: int, size_note: str, train_frac: float,

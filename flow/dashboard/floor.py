@@ -2,15 +2,17 @@
 
 Measured once as a run starts (the driver's probe of each GPU worker): a probe file written with
 O_DIRECT and synced, then read back sequentially with O_DIRECT, the way the trainer reads packed
-segments, and removed. Where the file system refuses O_DIRECT (tmpfs), the page cache is used and
-the figure is the memory's, which is that disk's floor too.
+segments (the benches' floor, `operators.formats.diskread`), and removed. Where the file system
+refuses O_DIRECT (tmpfs), it is read through the page cache, and the figure is the memory's, which
+is that disk's floor too.
 """
 from __future__ import annotations
 
 import mmap
 import os
-import time
 from pathlib import Path
+
+from ...operators.formats.diskread import sequential_read_bw
 
 PROBE_BYTES = 32 << 20      # enough for a steady figure, about 30 ms on a 1 GB/s disk
 BLOCK = 4 << 20
@@ -35,21 +37,8 @@ def read_floor(directory: str | os.PathLike[str], nbytes: int = PROBE_BYTES) -> 
             os.fsync(fd)
         finally:
             os.close(fd)
-        try:
-            fd = os.open(path, os.O_RDONLY | direct)
-        except OSError:
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            done, t0 = 0, time.perf_counter()
-            while done < nbytes:
-                n = os.preadv(fd, [buf], done)
-                if n <= 0:
-                    break
-                done += n
-            dt = time.perf_counter() - t0
-        finally:
-            os.close(fd)
-        return done / dt if dt > 0 and done else float("nan")
+        bw = sequential_read_bw(path, BLOCK)
+        return bw if bw > 0 else float("nan")
     except OSError:
         return float("nan")
     finally:
