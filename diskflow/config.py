@@ -24,9 +24,8 @@ from .operators.formats.errors import ConfigError
 from .operators.ingest.synth import SynthConfig
 from .operators.prepare.history import DEFAULT_STALENESS, HISTORY_PRUNES, HISTORY_SELECTS, check_prune
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
-from .operators.train.config import MODELS, TrainConfig
+from .operators.train.config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, MODELS, TrainConfig
 from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_file, model_label
-from .operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW
 
 # the defaults of options no config dataclass holds: the online pipelines' extractors and lookahead window,
 # the historical embedding cache's staleness, the GPU worker's memory for held index and samples

@@ -23,6 +23,9 @@ def _positive_int(option: str, value: Any) -> None:
         raise ConfigError(option, f"expected an integer >= 1, got {value!r}")
 
 
+# the online pipelines' defaults, here (torch-free) so that the command line's help reads them cheaply
+DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors
+DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
 HISTORY_MODELS = ("sage", "gat")      # models whose layers a pruned subtree leaves well defined
 
 

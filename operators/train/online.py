@@ -52,13 +52,12 @@ from ..formats.errors import ConfigError, InputError
 from ..formats.files import byte_offsets, format_bytes
 from ..prepare.seeds import BatchOrder
 from .batches import Sample, Sampler, batch_data, epoch_batches
+from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # noqa: F401  (set there, torch-free, for the CLI)
 from .pipe import END, Pipe, StageClock, guard
 
 POLICIES = ("lru", "hybrid")
-DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors
 MAX_STAGING_BYTES = 2 << 20         # each extractor's staging rows (a batch's misses go through in pieces) ...
 MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the extractors, within these bounds
-DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
 # Rows are read in 512-byte sectors where the device allows it (GNNDrive's request granularity;
 # whole 4 KiB pages elsewhere), and reads go through runs of up to 12 KiB of untouched bytes between
 # touched sectors. A request costs ~8 us of a virtio disk's time beside its bytes (fio, 64 in
