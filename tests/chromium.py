@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+CALL_TIMEOUT_S = 60.0
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -71,7 +72,7 @@ class Chromium:
     async def _render(self, url: str, png: Path, wait_for: str, timeout: float) -> dict[str, Any]:
         from tornado.websocket import websocket_connect
 
-        ws = await websocket_connect(self._page_ws(), max_message_size=64 << 20)
+        ws = await websocket_connect(self._page_ws(), connect_timeout=CALL_TIMEOUT_S, max_message_size=64 << 20)
         ids = iter(range(1, 1 << 30))
         errors: list[str] = []
         replies: dict[int, Any] = {}
@@ -80,7 +81,10 @@ class Chromium:
             n = next(ids)
             await ws.write_message(json.dumps({"id": n, "method": method, "params": params}))
             while n not in replies:
-                msg = await ws.read_message()
+                try:        # a browser that stops answering fails the test instead of hanging it
+                    msg = await asyncio.wait_for(ws.read_message(), CALL_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    raise RuntimeError(f"Chromium did not answer {method} within {CALL_TIMEOUT_S:.0f} s") from None
                 if msg is None:
                     raise RuntimeError("Chromium closed the DevTools connection")
                 data = json.loads(msg)
