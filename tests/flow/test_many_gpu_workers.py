@@ -110,11 +110,23 @@ def _model(report: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def two_gpus(cluster: dict[str, Any], tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> tuple[dict[str, Any], float]:
+def page_during(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the diskflow page's data said after each superbatch of `two_gpus`, fetched while it ran."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def two_gpus(cluster: dict[str, Any], tiny_store: Path, tmp_path_factory: pytest.TempPathFactory,
+             page_during: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    _, page = links.client_links(cluster["client"])
+
+    def poll(out: dict[str, Any]) -> None:
+        with urllib.request.urlopen(f"{page}/data.json", timeout=10) as r:
+            page_during.append({"index": out["index"], **json.loads(r.read())["page"]})
+
     t0 = time.time()
     report = streaming.run(tiny_store, new_run_dir(tmp_path_factory.mktemp("runs"), "dp"), scheduler=cluster["address"],
-                           gpus=2, progress=False, **cluster["tls"], **SETTINGS)
+                           gpus=2, progress=False, on_superbatch=poll, **cluster["tls"], **SETTINGS)
     return report, t0
 
 
@@ -171,6 +183,21 @@ def test_the_diskflow_page_shows_both_gpu_workers(cluster: dict[str, Any], two_g
         report["stream"]["gpu_idle_fraction_per_worker"], abs=1e-6)
     assert snap["totals"]["bytes_read"] == sum(ln["io"]["bytes_read"] for ln in report["stream"]["lanes"])
     assert [ln["batches"] for ln in state.from_report(report)["lanes"]] == [ln["batches"] for ln in snap["lanes"]]
+
+
+def test_the_page_shows_both_gpu_workers_while_they_train(two_gpus: tuple[dict[str, Any], float],
+                                                          page_during: list[dict[str, Any]]) -> None:
+    """Fetched after each superbatch, before the run ended: both GPU workers' rows, each training."""
+    report, _ = two_gpus
+    gpus = report["stream"]["gpu_workers"]
+    assert [p["index"] for p in page_during] == list(range(report["stream"]["superbatches"]))
+    during = page_during[:-1]       # the last poll comes after the last superbatch trained
+    assert during and all(p["run"] == report["stream"]["run"] for p in during)
+    for p in during:
+        assert [(ln["rank"], ln["worker"]) for ln in p["lanes"]] == list(enumerate(gpus)), p["lanes"]
+    # superbatches both workers had trained, as the page said then (their events may trail the driver's callback)
+    trained = [min(ln["trained"] for ln in p["lanes"]) for p in page_during]
+    assert trained == sorted(trained) and 0 < max(trained[:-1]) < report["stream"]["trained"], trained
 
 
 def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, Any], tiny_store: Path,
