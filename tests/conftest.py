@@ -41,13 +41,15 @@ def _figures_unrendered(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A raw dataset (edges/, features/, nodes/) of 4111 nodes with 47-dim features."""
+    """A raw dataset (edges/, features/, nodes/) of 4111 nodes with 47-dim features. Its class signal and
+    homophily are given (the generator's defaults before 2026-11-28), so the losses pinned on it stay."""
     from diskflow.flow.synth import run_synth
     from diskflow.operators.ingest.synth import SynthConfig
 
     out = tmp_path_factory.mktemp("raw") / "tiny"
     with dask.config.set(scheduler="sync"):
-        run_synth(SynthConfig(num_nodes=4111, feature_dim=47, num_classes=5, seed=7, part_nodes=1500), out)
+        run_synth(SynthConfig(num_nodes=4111, feature_dim=47, num_classes=5, seed=7, part_nodes=1500,
+                               homophily=0.75, signal=1.0), out)
     return out
 
 

@@ -16,7 +16,8 @@ from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.ingest.synth import Layout, SynthConfig, centroids, labels_of, synth_part
 from pyarrow import ipc
 
-SMALL = {"num_nodes": 3001, "feature_dim": 13, "num_classes": 4, "part_nodes": 700}  # 5 parts, the last one short
+# 5 parts, the last one short; signal and homophily as the defaults were before 2026-11-28 (the thresholds below)
+SMALL = {"num_nodes": 3001, "feature_dim": 13, "num_classes": 4, "part_nodes": 700, "homophily": 0.75, "signal": 1.0}
 
 
 def synth(out: Path, **kw) -> Path:
