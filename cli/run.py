@@ -25,7 +25,16 @@ from ..config import (
     parse_fanouts,
 )
 from ..errors import ConfigError
-from ..runs import SPLIT_PLOT, describe_online, describe_split, fmt, new_run_dir, print_epoch
+from ..runs import (
+    SPLIT_PLOT,
+    describe_online,
+    describe_split,
+    describe_staleness,
+    fmt,
+    new_run_dir,
+    print_epoch,
+    served_share,
+)
 from .options import parse_batches, parse_float, parse_int
 from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
@@ -178,8 +187,10 @@ def _print_summary(report: dict[str, Any]) -> None:
         gathered = [r["rows_gathered"] for r in epochs if r.get("rows_gathered") is not None]
         rows = f"; rows gathered per epoch {', '.join(f'{g:,}' for g in gathered)}" if gathered else ""
         print(f"history cache: {hist['rows']:,} embeddings ({hist['bytes'] / 2**20:.1f} MiB), staleness "
-              f"{hist['staleness']}, {hist.get('prune', 'subtree')} rule: {hist['pruned']:,} subtrees pruned, "
-              f"{hist['pushed']:,} embeddings pushed{rows}")
+              f"{describe_staleness(hist)}, {hist.get('prune', 'subtree')} rule: {hist['pruned']:,} subtrees "
+              f"pruned, {hist['pushed']:,} embeddings pushed{rows}")
+        print(f"history: {served_share(hist):.1%} of the cached nodes' embeddings in training batches were served "
+              f"from history (stale by up to {hist['staleness']} batches), the rest computed afresh")
     split = report.get("prepare", {}).get("figures", {}).get("memory_split")
     if split:
         print(f"memory split: {describe_split(split)} (curve: {Path(report['prepare']['path']) / SPLIT_PLOT})")

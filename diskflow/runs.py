@@ -22,10 +22,12 @@ from .flow.memsplit import SPLIT_PLOT
 from .flow.memsplit import describe_split as _describe_split
 from .flow.timeline import TIMELINE, JobTimeline
 from .operators.formats.files import write_json
+from .operators.prepare import history as _history
 
 __all__ = ["PAGE", "REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output",
-           "describe_online", "describe_split", "draw_page", "fmt", "has_checkpoints", "key_numbers", "new_run_dir",
-           "plot_timeline", "print_epoch", "read_report", "unfinished_run", "use_run_dir", "write_run_info"]
+           "describe_online", "describe_split", "describe_staleness", "draw_page", "fmt", "has_checkpoints",
+           "key_numbers", "new_run_dir", "plot_timeline", "print_epoch", "read_report", "served_share",
+           "unfinished_run", "use_run_dir", "write_run_info"]
 
 REPORT = _rundir.REPORT         # the run's report, written when it finishes
 PAGE = "dashboard.html"         # `draw_page`'s default file in a run directory
@@ -129,6 +131,18 @@ def describe_split(split: dict[str, Any]) -> str:
     """One line on a prepared memory split (``--history-memory auto``): the share given to embeddings and the
     disk bytes it saves against none."""
     return _describe_split(split)
+
+
+def describe_staleness(history: dict[str, Any]) -> str:
+    """A report's historical embedding cache's staleness bound, in words (with the adaptive bound and the
+    cool-down where its plan had them)."""
+    return _history.describe_staleness(history)
+
+
+def served_share(history: dict[str, Any]) -> float:
+    """The share of the cached nodes' appearances in training batches that a stored embedding served rather
+    than a fresh computation, from a report's ``history``: what the bytes the cache saves are bought with."""
+    return _history.served_share(history)
 
 
 def describe_online(report: dict[str, Any]) -> str:

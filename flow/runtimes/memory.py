@@ -46,6 +46,7 @@ from ...operators.prepare.history import (
     history_rows,
     planned_width,
     refuse_without_cache,
+    staleness_rule,
 )
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.sample import NeighborSampler
@@ -169,8 +170,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                                      "from a packed dataset prepared with batches='partition'")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
+    total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
-                                         model == DATA_ONLY, history_select, round_hop1, history_prune)
+                                         model == DATA_ONLY, history_select, round_hop1, history_prune, total)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -186,7 +188,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if part_figures is not None:
         report["partition"] = part_figures
     if planner is not None:
-        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune,
+        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune, **staleness_rule(),
                              "bytes": rows * cfg.hidden * EMBEDDING_BYTES,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
@@ -243,13 +245,14 @@ def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int,
 
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
                     samples: str | os.PathLike[str] | None, data_only: bool = False, select: str = "degree",
-                    round_hop1: Callable[[], list[list[np.ndarray]]] | None = None, prune: str = DEFAULT_PRUNE
-                    ) -> tuple[Callable[[], HistoryPlanner] | None, int]:
+                    round_hop1: Callable[[], list[list[np.ndarray]]] | None = None, prune: str = DEFAULT_PRUNE,
+                    total: int | None = None) -> tuple[Callable[[], HistoryPlanner] | None, int]:
     """What makes the historical embedding cache's planner, and its rows, for `memory` bytes (None and 0:
     no cache), its nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes,
     from `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). The planner is made when
     called (drawing the round's one-hop nodes first for ``"accesses"``). With stored `samples`, their
-    round's plan decides: no planner here, the rows it was planned for. `prune`: the pruning rule."""
+    round's plan decides: no planner here, the rows it was planned for. `prune`: the pruning rule; `total`:
+    the round's training batches (the planner's cool-down counts back from it)."""
     from ..options import byte_budget
 
     if memory == "auto":
@@ -281,8 +284,9 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
 
     def make() -> HistoryPlanner:
         if select == "accesses" and round_hop1 is not None:
-            return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness, prune)
-        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness, prune)
+            return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness, prune,
+                                  total=total)
+        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness, prune, total=total)
 
     return make, min(rows, st.num_nodes)
 

@@ -11,6 +11,7 @@ import torch
 from diskflow.flow.pipeline import Pipeline
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.prepare.history import DEFAULT_RAMP
 from diskflow.operators.train.history import HistoryCache, history_of
 from diskflow.operators.train.loop import forward
 from diskflow.pipelines import inmemory
@@ -140,6 +141,7 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
     mine = Pipeline("hist", loader="memory", history_memory="64KiB", history_staleness=20)
     r = mine.run(tiny_store, new_run_dir(tmp_path, "p"), **COMMON)
     assert r["history"]["staleness"] == 20 and r["history"]["pruned"] > 0
+    assert r["history"].get("ramp", 0.0) == DEFAULT_RAMP        # the bound the plan used (0: fixed, not named)
     assert mine.describe()["history_memory"] == "64KiB"
     assert Pipeline("h2", loader="stream", history_memory="1MiB").history_memory == "1MiB"   # streamed too
     with pytest.raises(ConfigError, match="Pipeline.history_memory"):
@@ -162,3 +164,13 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
                           ("history_prune", {"history_prune": "subtree"})):    # no cache for them to change
         with pytest.raises(ConfigError, match=option):
             inmemory.run(tiny_store, new_run_dir(tmp_path, "z"), **given, **COMMON)
+
+
+def test_run_prints_the_staleness_and_the_share_served_from_history(capsys: pytest.CaptureFixture[str]) -> None:
+    from diskflow.cli.run import _print_summary
+
+    _print_summary({"history": {"rows": 96, "bytes": 2304, "staleness": 100, "ramp": 0.5, "prune": "last-hop",
+                                "pruned": 30, "pushed": 10}})
+    out = capsys.readouterr().out
+    assert "staleness 100 at most, 0.5 x the model's age in batches when computed, last-hop rule" in out
+    assert "75.0% of the cached nodes' embeddings in training batches were served from history" in out

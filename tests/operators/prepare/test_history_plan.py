@@ -19,7 +19,7 @@ from diskflow.operators.prepare.sample import NeighborSampler
 
 
 def test_planner_prunes_fresh_pushes_stale() -> None:
-    p = HistoryPlanner(np.array([2, 5, 9, 11]), staleness=3)
+    p = HistoryPlanner(np.array([2, 5, 9, 11]), staleness=3)            # the fixed bound (OUTRE's), the default
     s0 = p.step(np.array([5, 7, 9]))                       # first sight: computed and pushed
     assert s0.pruned.tolist() == [] and s0.pushed.tolist() == [5, 9] and s0.pushed_slots.tolist() == [1, 2]
     s1 = p.step(np.array([9, 2]))                          # 9 computed at batch 0: fresh at 1 and 2
@@ -32,6 +32,32 @@ def test_planner_prunes_fresh_pushes_stale() -> None:
     for _ in range(3):
         st = one.step(np.array([1, 2]))
         assert st.pruned.size == 0 and st.pushed.tolist() == [1, 2]   # staleness 1: never reused
+
+
+def test_adaptive_bound_expires_early_embeddings_first() -> None:
+    def pushes(**kw: float) -> list[int]:
+        p = HistoryPlanner(np.array([1]), staleness=100, **kw)
+        return [i for i in range(98) if p.step(np.array([1])).pushed.size]
+
+    assert pushes(ramp=0) == [0]                         # the fixed bound: the first embedding serves the round
+    # an embedding computed at batch t serves at most max(1, t/2) batches, at most the staleness
+    assert pushes(ramp=0.5) == [0, 1, 2, 3, 4, 6, 9, 13, 19, 28, 42, 63, 94]
+    p = HistoryPlanner(np.array([1]), staleness=4, ramp=1.0)
+    assert [bool(p.step(np.array([1])).pushed.size) for _ in range(12)] == \
+        [True, True, True, False, True, False, False, False, True, False, False, False]   # then every 4th
+    with pytest.raises(ConfigError, match="^history_staleness"):
+        HistoryPlanner(np.array([1]), 10, ramp=-1)
+
+
+def test_cooldown_ends_the_round_exact() -> None:
+    p = HistoryPlanner(np.array([1, 2]), staleness=100, ramp=0, total=10, cooldown=0.25)   # the last ceil(2.5) = 3
+    steps = [p.step(np.array([1, 2])) for _ in range(10)]
+    assert [s.pruned.size for s in steps] == [0, 2, 2, 2, 2, 2, 2, 0, 0, 0]
+    assert all(s.pushed.tolist() == [1, 2] for s in steps[7:])
+    without = HistoryPlanner(np.array([1]), staleness=100, ramp=0, cooldown=0.25)           # no total: no cool-down
+    assert sum(without.step(np.array([1])).pruned.size for _ in range(10)) == 9
+    with pytest.raises(ConfigError, match="^history_staleness"):
+        HistoryPlanner(np.array([1]), 10, total=5, cooldown=2)
 
 
 def test_nodes_rows_and_positions() -> None:
