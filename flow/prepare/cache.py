@@ -22,6 +22,7 @@ from ...operators.formats.files import (
 )
 from ...operators.formats.outputs import OutputKind, check_replaceable
 from ...operators.formats.packed import PACKED_KIND, PACKED_VERSION
+from ...operators.prepare.history import staleness_rule
 from ...operators.prepare.pack import release_early_maps
 from ...operators.prepare.policies import policy_id
 from ..memsplit import SPLIT_SHARES
@@ -58,7 +59,8 @@ def sample_key(cfg: PrepareConfig, store_hash: str, partition_key: str | None = 
         order["history"] = {"rows": cfg.history_rows, "dim": cfg.history_dim,
                             "staleness": cfg.history_staleness,
                             **({"select": cfg.history_select} if cfg.history_select != "degree" else {}),
-                            **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {})}
+                            **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
+                            **staleness_rule()}
     return config_hash({"store": store_hash, "fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size,
                         "superbatch_size": cfg.superbatch_size, "epochs": cfg.epochs, "seed": cfg.seed,
                         "counts": COUNTS, **order})
@@ -80,7 +82,8 @@ def pack_key(cfg: PrepareConfig, plan_key: str) -> str:
                         **({} if cfg.disk_cache else {"disk_cache": False}),
                         **({"split": [*SPLIT_SHARES, "refined"], "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                             "select": cfg.history_select,
-                            **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {})}
+                            **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
+                            **staleness_rule()}
                            if cfg.history_split else {}),
                         "k": cfg.minhash_k, "version": PACKED_VERSION, "layout": 2})
 

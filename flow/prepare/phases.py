@@ -33,7 +33,7 @@ from ...operators.formats.packed import (
 )
 from ...operators.formats.store import Store
 from ...operators.prepare.count import Counts, save_counts
-from ...operators.prepare.history import EMBEDDING_BYTES
+from ...operators.prepare.history import EMBEDDING_BYTES, staleness_rule
 from ...operators.prepare.pack import (
     EarlyPart,
     pack_early,
@@ -322,7 +322,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
         **({"label_prior": run.label_prior} if run.label_prior is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * EMBEDDING_BYTES,
-                        "select": cfg.history_select, "prune": cfg.history_prune,
+                        "select": cfg.history_select, "prune": cfg.history_prune, **staleness_rule(),
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }
