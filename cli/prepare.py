@@ -6,7 +6,7 @@ import argparse
 from .. import load_pipeline
 from ..cluster import check_tls
 from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS, fanouts_option
-from ..runs import SPLIT_PLOT, describe_split
+from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
 from .options import add_tls_arguments, parse_batches, positive_int
 
@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     hist = f.get("history")
     if hist is not None:
         rows.append(("history cache", (f"{hist['rows']:,} embeddings of {hist['dim']} ({format_bytes(hist['bytes'])}), "
-                                       f"staleness {hist['staleness']}, {hist.get('prune', 'subtree')} rule: "
+                                       f"staleness {describe_staleness(hist)}, {hist.get('prune', 'subtree')} rule: "
                                        f"{hist['pruned']:,} subtrees pruned, "
                                        f"{hist['pushed']:,} embeddings pushed")))
     split = f.get("memory_split")
