@@ -65,8 +65,9 @@ class Chromium:
         return next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
 
     def render(self, url: str, png: Path, wait_for: str, timeout: float = 30.0) -> dict[str, Any]:
-        """Open `url`, wait until the JavaScript expression `wait_for` is true (at most `timeout` s), then save a
-        screenshot to `png`: ``{"ready": bool, "errors": [console errors and exceptions], "png": path}``."""
+        """Open `url`, wait until the JavaScript expression `wait_for` is truthy (at most `timeout` s), then save a
+        screenshot to `png`: ``{"ready": bool, "value": wait_for's last value, "errors": [console errors and
+        exceptions], "png": path}``."""
         return asyncio.run(self._render(url, Path(png), wait_for, timeout))
 
     async def _render(self, url: str, png: Path, wait_for: str, timeout: float) -> dict[str, Any]:
@@ -103,10 +104,11 @@ class Chromium:
             for domain in ("Page", "Runtime", "Log"):
                 await call(f"{domain}.enable")
             await call("Page.navigate", url=url)
-            ready, deadline = False, time.monotonic() + timeout
+            ready, value, deadline = False, None, time.monotonic() + timeout
             while not ready and time.monotonic() < deadline:
                 res = await call("Runtime.evaluate", expression=wait_for, returnByValue=True)
-                ready = bool(res.get("result", {}).get("value"))
+                value = res.get("result", {}).get("value")
+                ready = bool(value)
                 if not ready:
                     await asyncio.sleep(0.25)
             await asyncio.sleep(1.5)        # one more refresh of the page's figures, and any late error
@@ -115,4 +117,4 @@ class Chromium:
             png.write_bytes(base64.b64decode(shot["data"]))
         finally:
             ws.close()
-        return {"ready": ready, "errors": errors, "png": str(png)}
+        return {"ready": ready, "value": value, "errors": errors, "png": str(png)}

@@ -66,6 +66,10 @@ def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         rep = streaming.run(tiny_store, new_run_dir(tmp, "watched"), scheduler=client.scheduler.address,
                             on_superbatch=poll, **SETTINGS)
         final = _settled(base, rep)
+        if browser is not None:     # Dask's own page, broken down by diskflow's spans and measures
+            with Chromium(browser, tmp / "chromium-fpm") as chrome:
+                shots["fpm"] = chrome.render(f"{base}/individual-fine-performance-metrics", tmp / "fpm.png",
+                                             wait_for=_fpm_by_span, timeout=60)
     return {"report": rep, "polls": polls, "final": final, "shots": shots, "browser": browser, "tmp": tmp}
 
 
@@ -90,6 +94,30 @@ _plots_drawn = """(() => { if (!(window.Bokeh && Bokeh.index && Bokeh.index.root
   const lanes = Bokeh.documents[0].get_model_by_name("diskflow-lanes");
   return plots.length === 5 && plots.every(p => p.canvas_view && p.canvas_view.bbox.width > 0)
     && lanes.renderers[0].data_source.data.y.length > 0; })()"""
+
+
+# a JavaScript expression driving Dask's Fine Performance Metrics page as a user would: once its selectors offer
+# diskflow's units and spans, show bytes for the span stream/train, then for prepare/pack; the value is what the
+# execution pie showed for each ({activity: bytes}), false until both have been seen
+_fpm_by_span = """(() => { if (!(window.Bokeh && Bokeh.documents && Bokeh.documents.length)) return false;
+  const models = [...Bokeh.documents[0].all_models];
+  const unit = models.find(m => m.type === "Select" && m.title === "Unit selection");
+  const tags = models.find(m => m.type === "MultiChoice" && String(m.title).startsWith("Filter by span tag"));
+  if (!unit || !tags) return false;
+  const shown = {};
+  for (const m of models) if (m.type === "ColumnDataSource" && m.data.activity)
+    m.data.activity.forEach((a, i) => { shown[String(a)] = m.data.value[i]; });
+  const s = window.__fpm || (window.__fpm = {step: 0});
+  if (s.step === 0 && unit.options.includes("bytes") && tags.options.includes("stream/train")
+      && tags.options.includes("prepare/pack")) {
+    s.units = [...unit.options]; s.tags = [...tags.options];
+    unit.value = "bytes"; tags.value = ["stream/train"]; s.step = 1;
+  } else if (s.step === 1 && "packed-read" in shown) {
+    s.train = shown; tags.value = ["prepare/pack"]; s.step = 2;
+  } else if (s.step === 2 && "store-read" in shown && !("packed-read" in shown)) {
+    s.pack = shown; s.step = 3;
+  }
+  return s.step === 3 && JSON.stringify(s); })()"""
 
 
 def test_the_page_moves_while_it_trains(watched: dict[str, Any]) -> None:
@@ -150,6 +178,22 @@ def test_chromium_renders_the_page_during_the_run(watched: dict[str, Any]) -> No
     assert shots["errors"] == [], shots["errors"]
     png = Path(shots["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_dasks_fine_performance_metrics_page_breaks_the_run_down(watched: dict[str, Any]) -> None:
+    """Dask's own page, driven in the browser: its unit and span selectors offer diskflow's measures and spans,
+    and filtered to a span it shows that span's bytes, the trainer's packed reads equal to report.json's."""
+    if watched["browser"] is None:
+        pytest.skip("no Chromium here (Debian: apt-get install chromium); .ci/run installs it")
+    fpm = watched["shots"]["fpm"]
+    assert fpm["ready"], f"Dask's fine performance metrics page never showed both spans: {fpm['errors']}"
+    assert fpm["errors"] == [], fpm["errors"]
+    seen = json.loads(fpm["value"])
+    assert {"bytes", "rows"} <= set(seen["units"])
+    assert {"prepare/sample", "prepare/plan", "stream/train", "stream/superbatch-0"} <= set(seen["tags"])
+    assert seen["train"]["packed-read"] == watched["report"]["trainer"]["io"]["bytes_read"]
+    spans = watched["final"]["fine_metrics"]["spans"]
+    assert seen["pack"]["store-read"] == spans["prepare/pack"]["store-read"]["bytes"] > 0
 
 
 def test_report_draws_the_same_figures(watched: dict[str, Any], tmp_path: Path) -> None:
