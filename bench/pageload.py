@@ -16,11 +16,36 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 POLL_S = 0.5
 SETTLE_S = 4.0      # a browser's start and the page's first load: before the measured run, as a user's tab would be
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_browser() -> str | None:
+    """The path of a Chromium (or Chrome) executable on PATH, or None."""
+    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+
+
+def headless_command(executable: str, profile: str | Path, url: str = "about:blank", size: tuple[int, int] = (1400, 1100),
+                     extra: Sequence[str] = ()) -> list[str]:
+    """The command line of a headless browser with its own profile directory, opening `url`."""
+    return [executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            *extra, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}", url]
+
+
+def stop_browser(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a browser started by `headless_command`: terminate, then kill if it outlives `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
 
 
 class PageWatcher:
@@ -28,7 +53,7 @@ class PageWatcher:
 
     def __init__(self, page: str, cores: Sequence[int] = (), browser: bool = True) -> None:
         self.page, self.cores = page, list(cores)
-        self.executable = next((p for p in map(shutil.which, BROWSERS) if p), None) if browser else None
+        self.executable = find_browser() if browser else None
         self.polls = 0
         self.failed = 0
         self._stop = threading.Event()
@@ -48,10 +73,8 @@ class PageWatcher:
             # only their idle cycles (nice 19), so that it costs the run what the page itself costs
             pin = ["taskset", "-c", ",".join(map(str, self.cores))] if self.cores and shutil.which("taskset") else []
             pin = ["nice", "-n", "19", *pin] if shutil.which("nice") else pin
-            self._browser = subprocess.Popen(
-                [*pin, self.executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--no-first-run", f"--user-data-dir={self._profile}", "--window-size=1400,1100", self.page],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            self._browser = subprocess.Popen([*pin, *headless_command(self.executable, self._profile, self.page)],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             time.sleep(SETTLE_S)      # the browser starts, loads the page and opens its websocket before the run
         self._thread.start()
         return self
@@ -60,12 +83,7 @@ class PageWatcher:
         self._stop.set()
         self._thread.join(timeout=10)
         if self._browser is not None:
-            self._browser.terminate()
-            try:
-                self._browser.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._browser.kill()
-                self._browser.wait(timeout=10)
+            stop_browser(self._browser)
         if self._profile:
             shutil.rmtree(self._profile, ignore_errors=True)
 

@@ -6,24 +6,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from diskflow.bench.pageload import find_browser, headless_command, stop_browser
+
 CALL_TIMEOUT_S = 60.0
-NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
-def find_chromium() -> str | None:
-    """The path of a Chromium (or Chrome) executable on PATH, or None."""
-    for name in NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+find_chromium = find_browser      # (the bench's launcher: one set of flags for the tests and `bench stream`)
 
 
 class Chromium:
@@ -38,9 +30,8 @@ class Chromium:
         port_file = self.profile / "DevToolsActivePort"
         port_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            [self.executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--remote-debugging-port=0", "--remote-allow-origins=*",
-             f"--user-data-dir={self.profile}", f"--window-size={self.size[0]},{self.size[1]}", "about:blank"],
+            headless_command(self.executable, self.profile, size=self.size,
+                             extra=("--remote-debugging-port=0", "--remote-allow-origins=*")),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
         while not port_file.is_file() or not port_file.read_text().strip():
@@ -51,13 +42,8 @@ class Chromium:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        if self.proc is not None:
+            stop_browser(self.proc, grace=5)
 
     def _page_ws(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/list", timeout=10) as r:
