@@ -73,31 +73,24 @@ class PrepareConfig:
         if self.device == "cpu" and self.gpu_memory > 0:
             raise ConfigError("gpu_memory", f"a GPU tier of {self.gpu_memory:,} bytes was asked for on a CPU-only "
                                             "run (device='cpu'); use gpu_memory=0 or train with device='cuda'")
-        for option, nbytes in (("gpu_memory", self.gpu_memory), ("cpu_memory", self.cpu_memory)):
-            if nbytes < 0:
-                raise ConfigError(option, f"must be >= 0 bytes, got {nbytes}")
-        if self.staging_batches < 1:
-            raise ConfigError("staging_batches", f"must be >= 1, got {self.staging_batches}")
+        for option, value, least, unit in (
+                ("gpu_memory", self.gpu_memory, 0, " bytes"), ("cpu_memory", self.cpu_memory, 0, " bytes"),
+                ("history_memory", self.history_memory, 0, " bytes"), ("readahead", self.readahead, 0, " bytes"),
+                ("staging_batches", self.staging_batches, 1, ""), ("minhash_k", self.minhash_k, 1, ""),
+                ("sampler_threads", self.sampler_threads, 1, ""), ("parts_per_group", self.parts_per_group, 1, ""),
+                ("partition_threads", self.partition_threads, 1, "")):
+            if value < least:
+                raise ConfigError(option, f"must be >= {least}{unit}, got {value}")
         if not self.packing and self.disk_budget is not None:
             raise ConfigError("disk_budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
             raise ConfigError("disk_budget", f"must be > 0, got {self.disk_budget}")
-        if self.minhash_k < 1:
-            raise ConfigError("minhash_k", f"must be >= 1, got {self.minhash_k}")
-        if self.readahead < 0:
-            raise ConfigError("readahead", f"must be >= 0 bytes, got {self.readahead}")
-        if self.sampler_threads < 1:
-            raise ConfigError("sampler_threads", f"must be >= 1, got {self.sampler_threads}")
         if self.batches not in BATCH_ORDERS:
             raise ConfigError("batches", f"expected one of {', '.join(BATCH_ORDERS)}, got {self.batches!r}")
         if self.partitioner not in PARTITIONERS:
             raise ConfigError("partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
         if self.partitions is not None and self.partitions < 2:
             raise ConfigError("partitions", f"must be >= 2, got {self.partitions}")
-        if self.parts_per_group < 1:
-            raise ConfigError("parts_per_group", f"must be >= 1, got {self.parts_per_group}")
-        if self.partition_threads < 1:
-            raise ConfigError("partition_threads", f"must be >= 1, got {self.partition_threads}")
         if self.group_by not in GROUPINGS:
             raise ConfigError("group_by", f"expected one of {', '.join(GROUPINGS)}, got {self.group_by!r}")
         if self.batches == "shuffled":
@@ -113,8 +106,6 @@ class PrepareConfig:
                 raise ConfigError("history_memory", "auto chooses the embedding cache's bytes; give auto or a size, not both")
             if self.cpu_memory <= 0:
                 raise ConfigError("history_memory", "auto splits cpu_memory between the caches; give a CPU budget")
-        if self.history_memory < 0:
-            raise ConfigError("history_memory", f"must be >= 0 bytes, got {self.history_memory}")
         if self.history_select not in HISTORY_SELECTS:
             raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                 f"got {self.history_select!r}")
