@@ -73,14 +73,14 @@ class PrepareConfig:
         if self.device == "cpu" and self.gpu_memory > 0:
             raise ConfigError("gpu_memory", f"a GPU tier of {self.gpu_memory:,} bytes was asked for on a CPU-only "
                                             "run (device='cpu'); use gpu_memory=0 or train with device='cuda'")
-        for option, value, least, unit in (
+        for option, got, least, unit in (
                 ("gpu_memory", self.gpu_memory, 0, " bytes"), ("cpu_memory", self.cpu_memory, 0, " bytes"),
                 ("history_memory", self.history_memory, 0, " bytes"), ("readahead", self.readahead, 0, " bytes"),
                 ("staging_batches", self.staging_batches, 1, ""), ("minhash_k", self.minhash_k, 1, ""),
                 ("sampler_threads", self.sampler_threads, 1, ""), ("parts_per_group", self.parts_per_group, 1, ""),
                 ("partition_threads", self.partition_threads, 1, "")):
-            if value < least:
-                raise ConfigError(option, f"must be >= {least}{unit}, got {value}")
+            if got < least:
+                raise ConfigError(option, f"must be >= {least}{unit}, got {got}")
         if not self.packing and self.disk_budget is not None:
             raise ConfigError("disk_budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
