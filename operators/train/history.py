@@ -13,10 +13,21 @@ model, so checkpoints carry it.
 
 What it approximates (OUTRE's trade): a fresh cached row is what the layer computed for that node
 a few batches ago. Under the last-hop rule (the default, `operators.prepare.history`) that row is the
-only approximation: the pruned node's own subtree is sampled but for its last hop, so the seeds'
-lower layers read its exact lower-layer embeddings. Under OUTRE's subtree rule, with three or more
-layers, they read lower-layer embeddings computed from its own features alone. With staleness 1
-nothing is pruned and training is exact.
+only approximation of the forward pass: the pruned node's own subtree is sampled but for its last
+hop, so the seeds' lower layers read its exact lower-layer embeddings. Under OUTRE's subtree rule,
+with three or more layers, they read lower-layer embeddings computed from its own features alone.
+With staleness 1 nothing is pruned and training is exact.
+
+The gradient is the other approximation. A cached row is a constant: taken alone, it would stop the
+gradient that the seeds' loss sends down through the pruned node into the lower layers, and the
+cached nodes are the most frequent one-hop nodes of the round. On a 50k-node graph of 24 classes
+(10 epochs, four seeds; docs/benchmarks.md) that lost gradient, not the staleness, was what cost
+accuracy: exact rows with the gradient stopped lost 2.9 points of test accuracy, and a staleness
+bound of 10 or 20 batches instead of 100 lost about as much as 100. So the substitution is
+straight-through: the value is the cached row, and the gradient flows through what this batch
+computed for the node from the part of its subtree it sampled (all but the last hop under the
+last-hop rule). That reads nothing more, since those rows are in the batch anyway; there it brought
+belady_outre from 2.41 points below in-memory training to 0.25.
 """
 from __future__ import annotations
 
@@ -91,7 +102,9 @@ class HistoryCache(torch.nn.Module):
         if not prune.numel():
             return None
         out = output.clone()
-        out[prune] = self.table[prune_slot].to(out.dtype)
+        own = output[prune]     # this batch's own computation of the pruned nodes, from the part of their
+        # subtrees it sampled: it adds nothing to the value (own - own is 0) but carries the gradient
+        out[prune] = self.table[prune_slot].to(out.dtype) + (own - own.detach())
         self.pruned += int(prune.numel())
         return out
 

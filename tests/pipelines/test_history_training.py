@@ -53,6 +53,28 @@ def test_the_hook_pushes_and_substitutes_on_a_stock_model() -> None:
         forward(model, batch)
 
 
+def test_a_pruned_row_takes_the_cached_value_and_passes_the_gradient_on() -> None:
+    """Straight-through: the value the last layer reads for a pruned node is its cached row, and the seed's
+    loss still reaches what lies below it: node 7's features reach seed 0 only through pruned node 2's
+    layer output (7 -> 5 -> 2 -> 0, three layers)."""
+    torch.manual_seed(0)
+    model = GraphSAGE(5, 8, 3, 4)
+    cache = HistoryCache.attach(model, rows=6, dtype=torch.float32)
+    cache.table[4] = 0.5
+    x = torch.randn(8, 5, requires_grad=True)
+    edge_index = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 2, 3, 5]])
+    seen: list[torch.Tensor] = []
+    model.convs[1].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    none = torch.tensor([], dtype=torch.long)
+    batch = Data(x=x, edge_index=edge_index, batch_size=1, hist_prune=torch.tensor([2]),
+                 hist_prune_slot=torch.tensor([4]), hist_push=none, hist_push_slot=none)
+    model.train()
+    forward(model, batch).sum().backward()
+    assert torch.all(seen[-1][2] == 0.5)                   # the value: the cached row, exactly
+    assert x.grad is not None
+    assert float(x.grad[7].abs().sum()) > 0                # the gradient: through node 2's own computation
+
+
 @pytest.mark.parametrize("fanouts", [(5, 4), (5, 4, 3), (4, 3, 3, 2)])
 def test_a_fresh_cache_gives_the_unpruned_logits_under_the_last_hop_rule(tiny_store: Path, fanouts) -> None:
     """Push every one-hop node's input to the last layer, then prune half of them and substitute: with the
