@@ -1,6 +1,7 @@
 """Headless Chromium for the dashboard tests, driven over the DevTools protocol (tornado's websocket client, no
 extra package): open a page, wait until a JavaScript condition holds, collect console errors and uncaught
-exceptions, take a PNG screenshot. `find_chromium` is None where no browser is installed (the test skips)."""
+exceptions, take a PNG screenshot. The browser starts with `bench.pageload`'s command; `find_browser` there is
+None where none is installed (the test skips)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,10 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from diskflow.bench.pageload import find_browser, headless_command, stop_browser
+from diskflow.bench.pageload import headless_command, stop_browser
 
 CALL_TIMEOUT_S = 60.0
-find_chromium = find_browser      # (the bench's launcher: one set of flags for the tests and `bench stream`)
 
 
 class Chromium:

@@ -15,7 +15,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from chromium import Chromium, find_chromium
+from chromium import Chromium
+from diskflow.bench.pageload import find_browser
 from diskflow.flow.dashboard import links, state
 from diskflow.flow.dashboard.figures import save_html
 from diskflow.flow.dashboard.spans import phase_name, stream_tags
@@ -48,7 +49,7 @@ def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     tmp = tmp_path_factory.mktemp("dash")
     polls: list[dict[str, Any]] = []
     shots: dict[str, Any] = {}
-    browser = find_chromium()
+    browser = find_browser()
     with stream_client(None, cpu_workers=1, scratch=str(tmp / "scratch"), device="cpu", processes=False,
                        quiet=True) as client:
         _dashboard, page = links.client_links(client)
