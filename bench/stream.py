@@ -47,7 +47,8 @@ Where the streamed run's time goes (`stream_breakdown`, printed): ``fill_s`` (fi
 to the first ``train`` start), ``train_busy_s`` (the ``train`` tasks), ``gaps_s`` (the GPU worker
 idle between them; ``starved_s`` of that while the next superbatch had not arrived), with
 ``stream_s = fill_s + train_busy_s + gaps_s``, and the CPU seconds each side used in every run
-(``cpu_s``: the GPU worker, the CPU workers, this process with the scheduler): streaming makes
+(``cpu_s``: the GPU worker, the CPU workers, this process with the scheduler; ``dashboard_overhead.cpu_s``
+the same with the page open and without, medians of the repeats): streaming makes
 the GPU worker's core also receive and stage every superbatch, and the scheduler's core also
 drive a task graph of five tasks per superbatch. Where the cores are not independent (a shared
 VM: caches, memory bandwidth, the host's scheduling), training slows down whenever the CPU
@@ -73,6 +74,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"prepare": [], "train": [], "contended": [], "stream": [], "stream_page": []}
     watched: dict[str, Any] = {}
     losses: list[list[float]] = []         # offline and streamed, every repeat
-    cpu: dict[str, list[dict[str, float]]] = {"prepare": [], "train": [], "stream": []}
+    cpu: dict[str, list[dict[str, float]]] = {"prepare": [], "train": [], "stream": [], "stream_page": []}
     best: dict[str, Any] = {}
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
@@ -314,9 +316,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # -- streaming, and streaming with the diskflow page open (in turns, first one then the other) --
                 for watch in (False, True) if repeat % 2 == 0 else (True, False):
                     if watch:
+                        c0 = clock.read()
                         with PageWatcher(page_of(client) or "", pinned.get("driver", ()),
                                          browser=args.page_watcher == "browser") as watcher:
                             rep = StreamRun(client, store.path, work / "stream-page", scfg, progress=False).run()
+                        cpu["stream_page"].append(clock.since(c0, clock.read()))
                         runs["stream_page"].append(float(rep["stream"]["stream_s"]))
                         watched = watcher.figures()
                         losses.append([x for r in rep["epochs"] for x in r["losses"]])
@@ -370,7 +374,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "features": _feature_tiers(rep, store.num_nodes),
         "packed_read_fraction": _packed_read_fraction(rep),
         "dashboard_overhead": {**overhead(runs["stream_page"], runs["stream"], rep["dataset"]["batches"],
-                                          PAGE_LIMIT), **watched},
+                                          PAGE_LIMIT), **watched,
+                               "cpu_s": page_cpu_s(cpu["stream_page"], cpu["stream"])},
     }
     # The CPU side's throughput beside the GPU worker's consumption, in feature accesses (rows read, any tier).
     acc = figures["features"]["accesses"]
@@ -425,6 +430,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"({d['watcher']}, {d['polls']} polls of its data) vs {d['batches_per_s_without']:.1f} without: "
           f"{d['throughput_cost'] * 100:+.1f}% (limit {PAGE_LIMIT * 100:.0f}%: "
           f"{'met' if d['within_limit'] else 'NOT met'})")
+    pc = d["cpu_s"]
+    print("the page's cost in CPU seconds (medians of the repeats, with the page / without): GPU worker "
+          f"{pc['gpu_worker']['with_page']:.2f} / {pc['gpu_worker']['without']:.2f}, scheduler, nannies and driver "
+          f"{pc['scheduler_driver']['with_page']:.2f} / {pc['scheduler_driver']['without']:.2f}")
     c = figures["cpu_s"]
     print("CPU seconds used (GPU worker / CPU workers / scheduler, nannies and driver): "
           + ", ".join(f"{k} {c[k]['gpu_worker']:.2f} / {c[k]['cpu_workers']:.2f} / {c[k]['scheduler_driver']:.2f}"
@@ -436,6 +445,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"max(prepare, train while preparing) = {longest_contended:.2f} s the stream takes "
               f"{figures['stream_over_max_contended']:.2f} x")
     return figures
+
+
+def page_cpu_s(with_page: Sequence[dict[str, float]], without: Sequence[dict[str, float]]
+               ) -> dict[str, dict[str, float]]:
+    """The CPU seconds each side spent on a streamed run with the page open and without it (medians of the
+    repeats, per side). Wall time spreads more between repeats than the page can cost; CPU seconds spread
+    less, and say where the page's work lands: on the scheduler and the poller, not on the GPU worker."""
+    return {side: {"with_page": statistics.median(c[side] for c in with_page),
+                   "without": statistics.median(c[side] for c in without)}
+            for side in ("gpu_worker", "cpu_workers", "scheduler_driver")}
 
 
 def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
