@@ -1,6 +1,8 @@
 """The README's results table, built from ``docs/results/*.json`` (one file per benchmark).
 
-Each JSON holds one benchmark's current headline figure and its metadata::
+Each JSON holds one benchmark's current headline figure on one kind of machine and its metadata
+(``NAME.json``; ``NAME.MACHINE.json`` for the same benchmark's figure on another kind, e.g.
+``stream.h200.json``)::
 
     {
       "bench": "prepare",                          # the benchmark's name (as `diskflow bench NAME`)
