@@ -450,11 +450,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def page_cpu_s(with_page: Sequence[dict[str, float]], without: Sequence[dict[str, float]]
                ) -> dict[str, dict[str, float]]:
     """The CPU seconds each side spent on a streamed run with the page open and without it (medians of the
-    repeats, per side). Wall time spreads more between repeats than the page can cost; CPU seconds spread
-    less, and say where the page's work lands: on the scheduler and the poller, not on the GPU worker."""
+    repeats, per side of `_CpuClock`). Wall time spreads more between repeats than the page can cost; CPU
+    seconds spread less, and say on which side the page's work lands."""
     return {side: {"with_page": statistics.median(c[side] for c in with_page),
                    "without": statistics.median(c[side] for c in without)}
-            for side in ("gpu_worker", "cpu_workers", "scheduler_driver")}
+            for side in with_page[0]}
 
 
 def _feature_tiers(report: dict[str, Any], num_nodes: int) -> dict[str, Any]:
