@@ -2,15 +2,15 @@
 
 `positive_int` and `byte_size` build argparse ``type``s (a bad value stops parsing with
 argparse's own message; `diskflow.config` has the ones the benchmarks share, `fanouts_option` and
-`model_option`); `parse_int`, `parse_float` and `parse_batches` raise `ConfigError` for values
-parsed after argparse (`diskflow run` passes on only the flags given).
+`model_option`); `parse_int`, `parse_float`, `parse_batches` and `parse_history_rule` raise
+`ConfigError` for values parsed after argparse (`diskflow run` passes on only the flags given).
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 
-from ..config import BATCH_ORDERS
+from ..config import BATCH_ORDERS, check_rule
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
@@ -55,6 +55,27 @@ def parse_float(option: str, text: str) -> float:
         return float(text)
     except ValueError:
         raise ConfigError(option, f"expected a number, got {text!r}") from None
+
+
+def parse_history_rule(option: str, text: str) -> float:
+    """``--history-ramp`` or ``--history-cooldown`` (named by `option`): a number the history planner takes
+    (`check_rule`), or a ConfigError naming the flag."""
+    value = parse_float(option, text)
+    try:
+        check_rule(value, 0.0) if option.endswith("ramp") else check_rule(0.0, value)
+    except ConfigError as e:
+        raise ConfigError(option, e.fault) from None
+    return value
+
+
+def history_rule(option: str) -> Callable[[str], float]:
+    """`parse_history_rule` as an argparse ``type`` (argparse's own message, naming `option`)."""
+    def parse(text: str) -> float:
+        try:
+            return parse_history_rule(option, text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
 def parse_batches(option: str, text: str) -> str:

@@ -8,7 +8,7 @@ from ..cluster import check_tls
 from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
-from .options import add_tls_arguments, parse_batches, positive_int
+from .options import add_tls_arguments, history_rule, parse_batches, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,6 +83,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what a fresh cached embedding prunes below its node: last-hop (its subtree's last hop; the "
                         "lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the "
                         "seeds' lower layers see that node's features alone) (default: the pipeline's, last-hop)")
+    p.add_argument("--history-ramp", type=history_rule("--history-ramp"), default=d["history_ramp"], metavar="R",
+                   help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "
+                        "max(1, R*t) batches (default: the pipeline's, 0: the fixed bound)")
+    p.add_argument("--history-cooldown", type=history_rule("--history-cooldown"), default=d["history_cooldown"],
+                   metavar="SHARE", help="the share of the round's last batches that prune nothing (default: the "
+                                         "pipeline's, 0)")
     p.add_argument("--hidden", type=positive_int("--hidden"), default=d["hidden"],
                    help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=d["minhash_k"],

@@ -35,7 +35,7 @@ from ..runs import (
     print_epoch,
     served_share,
 )
-from .options import parse_batches, parse_float, parse_int
+from .options import parse_batches, parse_float, parse_history_rule, parse_int
 from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
 
@@ -87,6 +87,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what a fresh cached embedding prunes below its node: last-hop (default: its subtree's last "
                         "hop; the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
                         "seeds' lower layers see that node's features alone)")
+    p.add_argument("--history-ramp", metavar="R",
+                   help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "
+                        "max(1, R*t) batches, so the early, fast-changing model's expire first (default: the "
+                        "pipeline's, 0: the fixed bound); more bytes read, less accuracy lost")
+    p.add_argument("--history-cooldown", metavar="SHARE",
+                   help="the share of the round's last batches that prune nothing, so training ends on exact "
+                        "embeddings (default: the pipeline's, 0); more bytes read, less accuracy lost")
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
                         f"(default {RUN_DEFAULTS['extractors']})")
@@ -117,6 +124,8 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "history_memory": ("--history-memory", str),
     "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
     "history_prune": ("--history-prune", check_prune),
+    "history_ramp": ("--history-ramp", lambda s: parse_history_rule("--history-ramp", s)),
+    "history_cooldown": ("--history-cooldown", lambda s: parse_history_rule("--history-cooldown", s)),
     "extractors": ("--extractors", lambda s: parse_int("--extractors", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})

@@ -35,7 +35,7 @@ PREPARE_DEFAULTS: dict[str, Any] = {
     "fanouts": None, "batch_size": 1024, "superbatch_size": 64, "epochs": 1, "seed": 0, "queue_depth": 2,
     "batches": None, "partitions": None, "parts_per_group": 20, "group_by": "label", "partitioner": "kaminpar",
     "partition_threads": 1, "history_memory": None, "history_select": "accesses", "history_staleness": None,
-    "history_prune": None, "hidden": 128, "minhash_k": 2,
+    "history_prune": None, "history_ramp": None, "history_cooldown": None, "hidden": 128, "minhash_k": 2,
 }
 
 
@@ -135,7 +135,9 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         options["partitions"] = o["partitions"]
     options.update(history_options(o["history_memory"] if o["history_memory"] is not None else pipeline.history_memory,
                                    o["history_staleness"], o["hidden"], store.feature_bytes,
-                                   pipeline.history_staleness, o["history_prune"], pipeline.history_prune))
+                                   pipeline.history_staleness, o["history_prune"], pipeline.history_prune,
+                                   ramp=o["history_ramp"], cooldown=o["history_cooldown"],
+                                   default_ramp=pipeline.history_ramp, default_cooldown=pipeline.history_cooldown))
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     return options
 

@@ -22,7 +22,13 @@ from .flow.plugin import HOLD_MEMORY
 from .flow.stream.config import StreamConfig
 from .operators.formats.errors import ConfigError
 from .operators.ingest.synth import SynthConfig
-from .operators.prepare.history import DEFAULT_STALENESS, HISTORY_PRUNES, HISTORY_SELECTS, check_prune
+from .operators.prepare.history import (
+    DEFAULT_STALENESS,
+    HISTORY_PRUNES,
+    HISTORY_SELECTS,
+    check_prune,
+    check_rule,
+)
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
 from .operators.train.config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, MODELS, TrainConfig
 from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_file, model_label
@@ -33,7 +39,7 @@ RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDO
                 "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY}
 
 __all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "MODELS", "PREPARE_DEFAULTS",
-           "RUN_DEFAULTS",            "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune",
+           "RUN_DEFAULTS",            "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune", "check_rule",
            "fanouts_option", "is_model_file", "model_label", "model_option", "parse_fanouts"]
 
 

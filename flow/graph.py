@@ -174,14 +174,15 @@ def hop1_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Seq
 
 
 def history_task(store_path: str, keys: Sequence[str], rows: int, staleness: int, select: str, prune: str,
-                 *hop1: list[np.ndarray]) -> dict[str, list[HistoryStep]]:
+                 ramp: float, cooldown: float, *hop1: list[np.ndarray]) -> dict[str, list[HistoryStep]]:
     """The historical embedding cache's plan of the whole round (`operators.prepare.history`), by
     superbatch key, its nodes chosen by `select` (``"accesses"``: one-hop counts of the round;
-    ``"degree"``), pruning by the rule `prune`: serial, but a few vector operations per batch."""
+    ``"degree"``), pruning by the rule `prune`, its bound adapted by `ramp` and the round's last `cooldown`
+    share of batches exact: serial, but a few vector operations per batch."""
     store = Store(store_path)
     nodes = history_nodes_by_count(list(hop1), store.num_nodes, rows) if select == "accesses" else \
         history_nodes(np.asarray(store.indptr), rows)
-    return dict(zip(keys, plan_round(list(hop1), nodes, staleness, prune)))
+    return dict(zip(keys, plan_round(list(hop1), nodes, staleness, prune, ramp, cooldown)))
 
 
 def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
@@ -331,17 +332,18 @@ class PrepGraph:
             cancelled task of an earlier run under the same name).
         submit: how the sink schedules a node (`Submit`).
         order: how each epoch's seeds become batches (None: shuffled; `partition_task` gives the parts).
-        history: (rows, staleness, select, prune) of a historical embedding cache to plan the samples'
-            pruning for (select: how its nodes are chosen, `history_task`; prune: the pruning rule).
+        history: (rows, staleness, select, prune, ramp, cooldown) of a historical embedding cache to plan the
+            samples' pruning for (select: how its nodes are chosen, `history_task`; prune: the pruning rule;
+            ramp, cooldown: the adaptive bound and the exact end, `HistoryPlanner`).
     """
 
     def __init__(self, store_path: str, refs: Sequence[SuperbatchRef], sampling: tuple[int, Sequence[int], int, int],
                  cpu_policy: Policy, tok: str, submit: Submit, order: BatchOrder | None = None,
-                 history: tuple[int, int, str, str] | None = None) -> None:
+                 history: tuple[int, int, str, str, float, float] | None = None) -> None:
         self.store_path, self.refs, self.tok, self.submit = store_path, list(refs), tok, submit
         self.batch_size, self.fanouts, self.seed, self.threads = sampling
         self.order = order
-        self.history = history          # (rows, staleness, select, prune) of a historical embedding cache, or None
+        self.history = history          # (rows, staleness, select, prune, ramp, cooldown) of a history cache, or None
         self._history_plan: Any = None
         self.cpu_policy = cpu_policy
         self.num_nodes = Store(store_path).num_nodes

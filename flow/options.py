@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.files import parse_bytes
-from ..operators.prepare.history import DEFAULT_PRUNE, check_prune, refuse_without_cache
+from ..operators.prepare.history import (
+    DEFAULT_COOLDOWN,
+    DEFAULT_PRUNE,
+    DEFAULT_RAMP,
+    check_prune,
+    check_rule,
+    refuse_without_cache,
+)
 from ..operators.prepare.sample import check_fanouts
 
 
@@ -41,18 +48,21 @@ HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it
 
 def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
                     default_staleness: int, prune: str | None = None,
-                    default_prune: str = DEFAULT_PRUNE) -> dict[str, object]:
+                    default_prune: str = DEFAULT_PRUNE, *, ramp: float | None = None, cooldown: float | None = None,
+                    default_ramp: float = DEFAULT_RAMP, default_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, object]:
     """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature
     bytes, or ``"auto"``: its share of the CPU budget chosen by the memory split) of width `hidden`;
-    `staleness` None takes `default_staleness` and `prune` None `default_prune` (either given
-    without a cache is an error)."""
+    `staleness`, `prune`, `ramp` and `cooldown` None take their defaults (the pipeline's); any of them
+    given without a cache is an error."""
+    r, c = check_rule(default_ramp if ramp is None else ramp, default_cooldown if cooldown is None else cooldown)
     rule = {"history_staleness": staleness or default_staleness,
-            "history_prune": check_prune(prune or default_prune)}
+            "history_prune": check_prune(prune or default_prune), "history_ramp": r, "history_cooldown": c}
     if memory == HISTORY_AUTO:
         return {"history_memory": 0, "history_split": True, "history_dim": hidden, **rule}
     nbytes = byte_budget(memory, "history_memory", feature_bytes) or 0
     if not nbytes:
-        refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune)
+        refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune,
+                             ramp=ramp, cooldown=cooldown)
         return {"history_memory": 0}      # none, even where the pipeline has one
     return {"history_memory": nbytes, "history_dim": hidden, **rule}
 

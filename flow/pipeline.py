@@ -37,7 +37,14 @@ from typing import Any
 
 from ..operators.formats.errors import ConfigError
 from ..operators.formats.userfile import import_user_file
-from ..operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, check_prune
+from ..operators.prepare.history import (
+    DEFAULT_COOLDOWN,
+    DEFAULT_PRUNE,
+    DEFAULT_RAMP,
+    DEFAULT_STALENESS,
+    check_prune,
+    check_rule,
+)
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
@@ -90,6 +97,11 @@ class Pipeline:
         history_prune: what a fresh cached embedding prunes below its node: ``"last-hop"`` (the
             last hop of its subtree: the lower layers stay exact) or ``"subtree"`` (all of it,
             OUTRE's rule: fewer rows, and the seeds' lower layers see that node's features alone).
+        history_ramp: the adaptive staleness bound's slope r: an embedding computed at batch t
+            stands in for at most max(1, r * t) batches (the early, fast-changing model's expire
+            first); 0: the fixed bound.
+        history_cooldown: the share of the round's last batches that prune nothing, so training
+            ends on exact embeddings (0: none). Both buy accuracy with bytes.
         description: one line for listings.
     """
 
@@ -105,6 +117,8 @@ class Pipeline:
     history_memory: int | str | None = None
     history_staleness: int = DEFAULT_STALENESS
     history_prune: str = DEFAULT_PRUNE
+    history_ramp: float = DEFAULT_RAMP
+    history_cooldown: float = DEFAULT_COOLDOWN
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +150,7 @@ class Pipeline:
                 or self.history_staleness < 1:
             raise ConfigError("Pipeline.history_staleness", f"expected an integer >= 1, got {self.history_staleness!r}")
         check_prune(self.history_prune, "Pipeline.history_prune")
+        check_rule(self.history_ramp, self.history_cooldown, "Pipeline.")
         if self.loader == "online" and self.history_memory not in (None, 0, "0"):
             raise ConfigError("Pipeline.history_memory", "the online loader has no historical embedding cache")
         if self.loader not in ("packed", "online") and (self.cpu_tier != "belady" or self.gpu_tier != "hottest"
@@ -179,7 +194,9 @@ class Pipeline:
         from .options import HISTORY_AUTO, byte_budget
 
         rule = {"history_staleness": options.get("history_staleness", self.history_staleness),
-                "history_prune": options.get("history_prune", self.history_prune)}
+                "history_prune": options.get("history_prune", self.history_prune),
+                "history_ramp": options.get("history_ramp", self.history_ramp),
+                "history_cooldown": options.get("history_cooldown", self.history_cooldown)}
         if self.history_memory == HISTORY_AUTO:
             return {**options, "history_memory": 0, "history_split": True, **rule}
         nbytes = byte_budget(self.history_memory, "Pipeline.history_memory", Store(store).feature_bytes) or 0
@@ -194,6 +211,8 @@ class Pipeline:
             options.setdefault("history_memory", self.history_memory)
             options.setdefault("history_staleness", self.history_staleness)
             options.setdefault("history_prune", self.history_prune)
+            options.setdefault("history_ramp", self.history_ramp)
+            options.setdefault("history_cooldown", self.history_cooldown)
         train = self._loader_function()
         if self.loader in ("packed", "online"):
             return train(self, store, run_dir, **options)
@@ -217,7 +236,9 @@ class Pipeline:
                 "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
                 "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
                 **({"history_memory": self.history_memory, "history_staleness": self.history_staleness,
-                    "history_prune": self.history_prune}
+                    "history_prune": self.history_prune,
+                    **({"history_ramp": self.history_ramp} if self.history_ramp else {}),
+                    **({"history_cooldown": self.history_cooldown} if self.history_cooldown else {})}
                    if self.history_memory not in (None, 0, "0") else {})}
 
 

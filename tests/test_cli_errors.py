@@ -53,3 +53,25 @@ def test_a_nested_command_maps_its_own_flags(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(bench_command, "_run", _raises(ConfigError("batch_size", "must be >= 1")))
     assert main(["bench", "compare"]) == 2
     assert capsys.readouterr().err == "diskflow bench: error: --batch-size: must be >= 1\n"
+
+
+def test_the_history_rule_flags_reach_the_run_and_are_checked(tiny_store, tmp_path, one_torch_thread,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """--history-ramp and --history-cooldown: a bad value names its flag before anything runs; good ones
+    reach the plan, and the summary says the bound and the exact end."""
+    base = ["run", "inmemory", "--dataset", str(tiny_store), "--runs-dir", str(tmp_path), "--epochs", "2",
+            "--fanouts", "4,3", "--batch-size", "200", "--hidden", "8", "--threads", "1", "--no-progress"]
+    assert main([*base, "--history-memory", "64KiB", "--history-cooldown", "1.5"]) == 2
+    assert "--history-cooldown: expected the share of the round's last batches" in capsys.readouterr().err
+    assert main([*base, "--history-memory", "64KiB", "--history-ramp", "x"]) == 2
+    assert "--history-ramp: expected a number" in capsys.readouterr().err
+    assert main([*base, "--history-cooldown", "0.5"]) == 2            # no cache for it to change
+    assert "--history-cooldown: applies to a historical embedding cache only" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())                                # nothing left behind
+    assert main([*base, "--history-memory", "64KiB", "--history-staleness", "20", "--history-ramp", "0.5",
+                 "--history-cooldown", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "staleness 20 at most, 0.5 x the model's age in batches when computed, the round's last 25% exact" in out
+    with pytest.raises(SystemExit):
+        main(["prepare", "belady_outre", "--dataset", "S", "--out", "P", "--history-ramp", "-1"])
+    assert "--history-ramp: expected a finite number >= 0" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def sample_key(cfg: PrepareConfig, store_hash: str, partition_key: str | None = 
                             "staleness": cfg.history_staleness,
                             **({"select": cfg.history_select} if cfg.history_select != "degree" else {}),
                             **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
-                            **staleness_rule()}
+                            **staleness_rule(cfg.history_ramp, cfg.history_cooldown)}
     return config_hash({"store": store_hash, "fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size,
                         "superbatch_size": cfg.superbatch_size, "epochs": cfg.epochs, "seed": cfg.seed,
                         "counts": COUNTS, **order})
@@ -83,7 +83,7 @@ def pack_key(cfg: PrepareConfig, plan_key: str) -> str:
                         **({"split": [*SPLIT_SHARES, "refined"], "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                             "select": cfg.history_select,
                             **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
-                            **staleness_rule()}
+                            **staleness_rule(cfg.history_ramp, cfg.history_cooldown)}
                            if cfg.history_split else {}),
                         "k": cfg.minhash_k, "version": PACKED_VERSION, "layout": 2})
 

@@ -12,11 +12,14 @@ from typing import Any
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import (
+    DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
+    DEFAULT_RAMP,
     DEFAULT_STALENESS,
     EMBEDDING_DTYPE,
     HISTORY_SELECTS,
     check_prune,
+    check_rule,
     history_rows,
     refuse_without_cache,
 )
@@ -61,6 +64,8 @@ class PrepareConfig:
     history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
     history_select: str = "accesses"    # its nodes: the round's most frequent one-hop nodes, or "degree"
     history_prune: str = DEFAULT_PRUNE  # what a fresh embedding prunes below its node: "last-hop" or "subtree"
+    history_ramp: float = DEFAULT_RAMP  # the adaptive staleness bound's slope (0: the fixed bound)
+    history_cooldown: float = DEFAULT_COOLDOWN  # the share of the round's last batches that prune nothing
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
 
     def validate(self) -> None:
@@ -110,8 +115,10 @@ class PrepareConfig:
             raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                 f"got {self.history_select!r}")
         check_prune(self.history_prune)
+        check_rule(self.history_ramp, self.history_cooldown)
         if not (self.history_memory or self.history_split):
-            refuse_without_cache(self.history_staleness, self.history_prune, self.history_select)
+            refuse_without_cache(self.history_staleness, self.history_prune, self.history_select,
+                                 ramp=self.history_ramp, cooldown=self.history_cooldown)
         if self.history_staleness < 1:
             raise ConfigError("history_staleness", f"must be >= 1 (1: never reused), got {self.history_staleness}")
         if (self.history_memory or self.history_split) and len(self.fanouts) < 2:

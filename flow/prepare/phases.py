@@ -105,7 +105,8 @@ def _graph(run: Run) -> PrepGraph:
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                      cfg.cpu_policy, run.tok, delayed_submit, run.order,
-                     (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune)
+                     (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune,
+                      cfg.history_ramp, cfg.history_cooldown)
                      if cfg.history_rows else None)
 
 
@@ -147,8 +148,8 @@ def split_phase(run: Run, store_hash: str) -> None:
     best: dict[str, Any] | None = None
     shared = 0
     tok = run.tok
-    # staleness 1 never reuses an embedding, so no share but 0 can read less
-    shares = SPLIT_SHARES[:1] if cfg.history_staleness == 1 else SPLIT_SHARES
+    # staleness 1 (or a cool-down of the whole round) never reuses an embedding, so no share but 0 can read less
+    shares = SPLIT_SHARES[:1] if cfg.history_staleness == 1 or cfg.history_cooldown >= 1 else SPLIT_SHARES
 
     def evaluate(i: int, share: float) -> None:
         nonlocal shared, best
@@ -194,7 +195,7 @@ def split_phase(run: Run, store_hash: str) -> None:
     drop_stale_stages(run.work, "samples", stage_dir(run.work, "samples", s_key))
     drop_stale_stages(run.work, "plans", stage_dir(run.work, "plans", p_key))
     run.split = {"budget": shared, "staleness": cfg.history_staleness, "prune": cfg.history_prune,
-                 "dim": cfg.history_dim, "row_bytes": rb,
+                 **staleness_rule(cfg.history_ramp, cfg.history_cooldown), "dim": cfg.history_dim, "row_bytes": rb,
                  "curve": curve, "chosen": chosen}
 
 
@@ -322,7 +323,8 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
         **({"label_prior": run.label_prior} if run.label_prior is not None else {}),
         **({"history": {"rows": min(cfg.history_rows, store.num_nodes), "dim": cfg.history_dim, "staleness": cfg.history_staleness,
                         "bytes": min(cfg.history_rows, store.num_nodes) * cfg.history_dim * EMBEDDING_BYTES,
-                        "select": cfg.history_select, "prune": cfg.history_prune, **staleness_rule(),
+                        "select": cfg.history_select, "prune": cfg.history_prune,
+                        **staleness_rule(cfg.history_ramp, cfg.history_cooldown),
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }

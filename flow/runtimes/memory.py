@@ -34,13 +34,16 @@ from ...operators.formats.files import config_hash
 from ...operators.formats.packed import PackedDataset
 from ...operators.formats.store import Store
 from ...operators.prepare.history import (
+    DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
+    DEFAULT_RAMP,
     DEFAULT_STALENESS,
     EMBEDDING_BYTES,
     EMBEDDING_DTYPE,
     HISTORY_SELECTS,
     HistoryPlanner,
     check_prune,
+    check_rule,
     history_nodes,
     history_nodes_by_count,
     history_rows,
@@ -84,7 +87,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE) -> dict[str, Any]:
+        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
+        history_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -125,6 +129,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             ahead).
         history_prune: what a fresh cached embedding prunes below its node, ``"last-hop"`` (the
             lower layers stay exact) or ``"subtree"`` (OUTRE's rule; `operators.prepare.history`).
+        history_ramp: the adaptive staleness bound's slope r: an embedding computed at batch t
+            stands in for at most max(1, r * t) batches (0: the fixed bound).
+        history_cooldown: the share of the round's last batches that prune nothing (0: none).
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`
@@ -147,7 +154,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, train_loader: TrainLoader | None = None) -> dict[str, Any]:
+        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
+        history_cooldown: float = DEFAULT_COOLDOWN, train_loader: TrainLoader | None = None) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -172,7 +180,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
-                                         model == DATA_ONLY, history_select, round_hop1, history_prune, total)
+                                         model == DATA_ONLY, history_select, round_hop1, history_prune, total,
+                                         history_ramp, history_cooldown)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -188,7 +197,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if part_figures is not None:
         report["partition"] = part_figures
     if planner is not None:
-        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune, **staleness_rule(),
+        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune,
+                             **staleness_rule(history_ramp, history_cooldown),
                              "bytes": rows * cfg.hidden * EMBEDDING_BYTES,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
@@ -246,7 +256,8 @@ def _round_hop1(st: Store, batch_size: int, fanouts: tuple[int, ...], seed: int,
 def history_planner(st: Store, memory: int | str | None, staleness: int, hidden: int,
                     samples: str | os.PathLike[str] | None, data_only: bool = False, select: str = "degree",
                     round_hop1: Callable[[], list[list[np.ndarray]]] | None = None, prune: str = DEFAULT_PRUNE,
-                    total: int | None = None) -> tuple[Callable[[], HistoryPlanner] | None, int]:
+                    total: int | None = None, ramp: float = DEFAULT_RAMP,
+                    cooldown: float = DEFAULT_COOLDOWN) -> tuple[Callable[[], HistoryPlanner] | None, int]:
     """What makes the historical embedding cache's planner, and its rows, for `memory` bytes (None and 0:
     no cache), its nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes,
     from `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). The planner is made when
@@ -262,6 +273,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     if select not in HISTORY_SELECTS:
         raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
     check_prune(prune)
+    ramp, cooldown = check_rule(ramp, cooldown)
     nbytes = byte_budget(memory, "history_memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:
@@ -276,7 +288,7 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
                                                 f"({planned['rows']:,} embeddings); drop history_memory")
         return None, int(planned["rows"]) if data_only else planned_width(samples, planned, hidden)
     if nbytes == 0:
-        refuse_without_cache(staleness, prune)
+        refuse_without_cache(staleness, prune, ramp=ramp, cooldown=cooldown)
         return None, 0
     rows = history_rows(nbytes, hidden)
     if rows == 0:
@@ -285,8 +297,8 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     def make() -> HistoryPlanner:
         if select == "accesses" and round_hop1 is not None:
             return HistoryPlanner(history_nodes_by_count(round_hop1(), st.num_nodes, rows), staleness, prune,
-                                  total=total)
-        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness, prune, total=total)
+                                  ramp, total, cooldown)
+        return HistoryPlanner(history_nodes(np.asarray(st.indptr), rows), staleness, prune, ramp, total, cooldown)
 
     return make, min(rows, st.num_nodes)
 

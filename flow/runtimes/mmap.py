@@ -30,7 +30,7 @@ import torch
 
 from ...operators.formats.errors import ConfigError, InputError
 from ...operators.formats.store import Store
-from ...operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS
+from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_PRUNE, DEFAULT_RAMP, DEFAULT_STALENESS
 from ...operators.prepare.seeds import PARTS_PER_GROUP
 from .memory import EpochHook, gathered_run
 
@@ -98,7 +98,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
         history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE) -> dict[str, Any]:
+        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
+        history_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:

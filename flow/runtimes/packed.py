@@ -127,7 +127,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                partitions: int | None = None, parts_per_group: int | None = None, group_by: str | None = None,
                history_select: str | None = None,
                history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS,
-               history_prune: str | None = None) -> dict[str, Any]:
+               history_prune: str | None = None, history_ramp: float | None = None,
+               history_cooldown: float | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -141,7 +142,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
     partition; default one per 128 training nodes) are prepare's, and so are `history_memory` (bytes,
     or a share of the features, of a historical embedding cache of width `hidden` planned into the
-    samples), `history_staleness` and `history_prune` (None: the pipeline's rule).
+    samples), `history_staleness`, `history_prune`, `history_ramp` and `history_cooldown` (None: the
+    pipeline's rule; `operators.prepare.history`).
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -160,7 +162,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
              "group_by": group_by, "history_select": history_select}
     options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
     options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
-                                   history_prune, pipeline.history_prune))
+                                   history_prune, pipeline.history_prune, ramp=history_ramp, cooldown=history_cooldown,
+                                   default_ramp=pipeline.history_ramp, default_cooldown=pipeline.history_cooldown))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -23,7 +23,14 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.store import Store
-from ...operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, EMBEDDING_DTYPE, history_rows
+from ...operators.prepare.history import (
+    DEFAULT_COOLDOWN,
+    DEFAULT_PRUNE,
+    DEFAULT_RAMP,
+    DEFAULT_STALENESS,
+    EMBEDDING_DTYPE,
+    history_rows,
+)
 from ...operators.prepare.seeds import PARTS_PER_GROUP, label_shares
 from ..options import history_options
 from ..roles import stream_client, tls_security
@@ -60,8 +67,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
         group_by: str = "label", history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, gpus: int = 1,
-        cache: str = "per-worker", batches_per_step: int = 1, tls_ca_file: str | None = None,
+        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
+        history_cooldown: float = DEFAULT_COOLDOWN, gpus: int = 1, cache: str = "per-worker", batches_per_step: int = 1, tls_ca_file: str | None = None,
         tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
@@ -95,8 +102,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             prepare`'s (partition batches: one partition task on a CPU worker writes
             ``run_dir/partition.npy``, which the CPU workers read, and the losses weigh each
             batch's labels as the training split's, `TrainConfig.label_prior`).
-        history_memory, history_staleness, history_select, history_prune: a historical embedding cache of
-            `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
+        history_memory, history_staleness, history_select, history_prune, history_ramp, history_cooldown: a
+            historical embedding cache of `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
             size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
             rounds, so the stream takes a size).
         gpus: GPU workers training data-parallel (the embedded cluster starts this many; 0: every worker
@@ -120,7 +127,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         raise ConfigError("history_memory", "the memory split plans the whole round once per candidate; the "
                                             "stream loader takes a size (e.g. 5%)")
     hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
-                           history_prune)
+                           history_prune, ramp=history_ramp, cooldown=history_cooldown)
     memory = hist["history_memory"]
     rows = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
     if hist["history_memory"] and rows == 0:
@@ -150,7 +157,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
                        history_rows=rows, history_staleness=history_staleness, history_select=history_select,
-                       history_prune=history_prune, gpus=gpus, cache=cache)
+                       history_prune=history_prune, history_ramp=history_ramp, history_cooldown=history_cooldown,
+                       gpus=gpus, cache=cache)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts

@@ -7,7 +7,15 @@ from typing import Any
 
 from ...operators.formats.errors import ConfigError, DiskflowError
 from ...operators.formats.files import config_hash
-from ...operators.prepare.history import DEFAULT_PRUNE, DEFAULT_STALENESS, HISTORY_SELECTS, check_prune
+from ...operators.prepare.history import (
+    DEFAULT_COOLDOWN,
+    DEFAULT_PRUNE,
+    DEFAULT_RAMP,
+    DEFAULT_STALENESS,
+    HISTORY_SELECTS,
+    check_prune,
+    check_rule,
+)
 from ...operators.prepare.policies import Policy, check_policy, policy_id
 from ...operators.prepare.seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from ...operators.prepare.superbatch import check_round_config
@@ -24,7 +32,8 @@ class StreamStopped(DiskflowError):
 # fingerprint; history_prune: the rule every cache pruned by before the option existed)
 _LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
                           "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
-                          "history_select": "accesses", "history_prune": "subtree", "gpus": 1, "cache": "per-worker"}
+                          "history_select": "accesses", "history_prune": "subtree", "gpus": 1, "cache": "per-worker",
+                          "history_ramp": DEFAULT_RAMP, "history_cooldown": DEFAULT_COOLDOWN}
 CACHES = ("per-worker", "shared")    # how the CPU tiers of several GPU workers are planned
 
 
@@ -36,8 +45,9 @@ class StreamConfig:
     trainer's host memory (CPU tier + staging of `staging_batches` batches), as `PrepareConfig`.
     `batches`, `partitions`, `parts_per_group` and `group_by` cut the seeds into batches as
     `PrepareConfig`'s do (partition batches: the graph is partitioned once, on a CPU worker);
-    `history_rows`, `history_staleness`, `history_select` and `history_prune` plan a historical
-    embedding cache into the samples as `prepare` does (the one-hop tasks of the whole round, then the plan, run
+    `history_rows`, `history_staleness`, `history_select`, `history_prune`, `history_ramp` and
+    `history_cooldown` plan a historical embedding cache into the samples as `prepare` does (the one-hop
+    tasks of the whole round, then the plan, run
     before the first sample: the plan of a batch depends on every batch before it).
     """
 
@@ -69,6 +79,8 @@ class StreamConfig:
     history_staleness: int = DEFAULT_STALENESS
     history_select: str = "accesses"
     history_prune: str = DEFAULT_PRUNE
+    history_ramp: float = DEFAULT_RAMP
+    history_cooldown: float = DEFAULT_COOLDOWN
     gpus: int = 1                       # GPU workers training data-parallel, each its share of every superbatch
                                         # (0: every worker with the GPU resource when the run starts)
     cache: str = "per-worker"           # their CPU tiers: each its own over its own accesses, or one shared
@@ -105,6 +117,7 @@ class StreamConfig:
             raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, "
                                                 f"got {self.history_select!r}")
         check_prune(self.history_prune)
+        check_rule(self.history_ramp, self.history_cooldown)
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
             raise ConfigError("gpus", f"expected an integer >= 1 (or 0: every GPU worker), got {self.gpus!r}")
         if self.gpus > self.superbatch_size:

@@ -113,7 +113,8 @@ class StreamRun:
         cfg = self.cfg
         return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
                          cfg.cpu_policy, tok, self._submit_cpu, None,
-                         (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune)
+                         (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune,
+                          cfg.history_ramp, cfg.history_cooldown)
                          if cfg.history_rows else None)
 
     def _make_lanes(self, gpus: int) -> None:

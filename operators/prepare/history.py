@@ -19,7 +19,8 @@ prune nothing. On a 100k-node graph (3 epochs of 40 batches, 4,096 cached nodes,
 staleness 100; docs/benchmarks.md) the fixed bound cost 1.6 points of test accuracy against no
 cache, r = 0.5 cost 0.9 and a 15% cool-down 1.2; but under the memory split they read 1.17x and
 1.21x fewer bytes than belady instead of the fixed bound's 1.35x, and with partition batches the
-fixed bound still scored 1.7 points above shuffled batches without a cache. So neither is the default.
+fixed bound still scored 1.7 points above shuffled batches without a cache. So neither is the default;
+both are options (``history_ramp``, ``history_cooldown``) for a user who would rather pay bytes for accuracy.
 
 What a pruned node loses (`prune`): with ``"subtree"`` (OUTRE's rule) its whole subtree, so in a
 model of three or more layers the seeds' lower layers read that node's lower-layer embeddings
@@ -37,6 +38,7 @@ in-degree, `history_nodes`, what an online loader can know); ties by id. Torch-f
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,13 +65,28 @@ def check_prune(prune: object, option: str = "history_prune") -> str:
     return str(prune)
 
 
+def check_rule(ramp: float, cooldown: float, prefix: str = "") -> tuple[float, float]:
+    """The adaptive staleness bound's slope `ramp` and the cool-down share `cooldown` as floats, else a
+    ConfigError naming ``history_ramp`` or ``history_cooldown`` (after `prefix`) and what it takes."""
+    for option, value, ok, want in (
+            ("history_ramp", ramp, lambda v: 0 <= v < math.inf, "a finite number >= 0 (0: OUTRE's fixed bound)"),
+            ("history_cooldown", cooldown, lambda v: 0 <= v <= 1,
+             "the share of the round's last batches that prune nothing, in [0, 1]")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(float(value)):
+            raise ConfigError(prefix + option, f"expected {want}, got {value!r}")
+    return float(ramp), float(cooldown)
+
+
 def refuse_without_cache(staleness: int | None = None, prune: str | None = None, select: str | None = None, *,
-                         default_staleness: int = DEFAULT_STALENESS, default_prune: str = DEFAULT_PRUNE) -> None:
+                         default_staleness: int = DEFAULT_STALENESS, default_prune: str = DEFAULT_PRUNE,
+                         ramp: float | None = None, cooldown: float | None = None) -> None:
     """A ConfigError for a history option given (not None, not its default) where no historical embedding
     cache is: it would change nothing, so the user has most likely forgotten ``history_memory``."""
     for option, value, default in (("history_staleness", staleness, default_staleness),
                                    ("history_select", select, HISTORY_SELECTS[0]),
-                                   ("history_prune", prune, default_prune)):
+                                   ("history_prune", prune, default_prune),
+                                   ("history_ramp", ramp, DEFAULT_RAMP),
+                                   ("history_cooldown", cooldown, DEFAULT_COOLDOWN)):
         if value is not None and value != default:
             raise ConfigError(option, "applies to a historical embedding cache only (history_memory)")
 
@@ -128,17 +145,17 @@ class HistoryPlanner:
         nodes: the cached nodes, sorted unique ids (`history_nodes`); slot s holds ``nodes[s]``.
         staleness: an embedding computed at batch i stands in at batches i+1 .. i+staleness-1 (>= 1).
         prune: what a pruned node loses, ``"last-hop"`` or ``"subtree"`` (the module's docstring).
+        ramp: the adaptive bound's slope (`window`; 0: the fixed bound).
+        total: the round's training batches; cooldown: the share of them, last, that prune nothing
+            (needs `total`).
     """
 
     def __init__(self, nodes: np.ndarray, staleness: int, prune: str = DEFAULT_PRUNE, ramp: float = DEFAULT_RAMP,
                  total: int | None = None, cooldown: float = DEFAULT_COOLDOWN) -> None:
         if staleness < 1:
             raise ConfigError("history_staleness", f"must be >= 1 (1: never reuse), got {staleness}")
-        if not 0 <= ramp < float("inf"):
-            raise ConfigError("history_staleness", f"the staleness ramp must be >= 0, got {ramp}")
-        if not 0 <= cooldown <= 1:
-            raise ConfigError("history_staleness", f"the cool-down share must be in [0, 1], got {cooldown}")
-        self.ramp = float(ramp)
+        ramp, cooldown = check_rule(ramp, cooldown)
+        self.ramp = ramp
         # the round's last batches prune nothing: the model ends on exact embeddings, as evaluation sees them
         self.exact_from = None if total is None else int(total) - math.ceil(cooldown * int(total))
         self.nodes = np.asarray(nodes, dtype=np.int64)
@@ -200,10 +217,11 @@ def planned_width(where: object, planned: dict, hidden: int) -> int:
 
 
 def plan_round(hop1: list[list[np.ndarray]], nodes: np.ndarray, staleness: int,
-               prune: str = DEFAULT_PRUNE) -> list[list[HistoryStep]]:
+               prune: str = DEFAULT_PRUNE, ramp: float = DEFAULT_RAMP,
+               cooldown: float = DEFAULT_COOLDOWN) -> list[list[HistoryStep]]:
     """The plan of a whole round: `hop1[k][j]` are the one-hop nodes of batch j of superbatch k, in
     training order; the steps come back in the same shape."""
-    planner = HistoryPlanner(nodes, staleness, prune, total=sum(len(b) for b in hop1))
+    planner = HistoryPlanner(nodes, staleness, prune, ramp, total=sum(len(b) for b in hop1), cooldown=cooldown)
     return [[planner.step(h) for h in batches] for batches in hop1]
 
 
@@ -218,10 +236,12 @@ def local_positions(n_id: np.ndarray, start: int, stop: int, ids: np.ndarray) ->
     return (found + start).astype(np.int64)
 
 
-def staleness_rule() -> dict[str, float]:
-    """The planner's adaptive staleness bound and cool-down where they differ from the fixed bound, as JSON
-    values: what cached plans and reports name beside the staleness (empty: OUTRE's fixed bound alone)."""
-    return {**({"ramp": DEFAULT_RAMP} if DEFAULT_RAMP else {}), **({"cooldown": DEFAULT_COOLDOWN} if DEFAULT_COOLDOWN else {})}
+def staleness_rule(ramp: float = DEFAULT_RAMP, cooldown: float = DEFAULT_COOLDOWN) -> dict[str, float]:
+    """The adaptive staleness bound (`ramp`) and cool-down (`cooldown`) where they differ from the fixed
+    bound, as JSON values: what cached plans and reports name beside the staleness (empty: OUTRE's fixed
+    bound alone)."""
+    ramp, cooldown = check_rule(ramp, cooldown)
+    return {**({"ramp": ramp} if ramp else {}), **({"cooldown": cooldown} if cooldown else {})}
 
 
 def served_share(history: dict[str, Any]) -> float:

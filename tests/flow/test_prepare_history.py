@@ -35,7 +35,9 @@ def rounds(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
                             ("s20", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree"}),
                             ("s20a", {"history_memory": MEMORY, "history_staleness": 20}),
                             ("s20sub", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
-                                        "history_prune": "subtree"})):
+                                        "history_prune": "subtree"}),
+                            ("s20rc", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
+                                       "history_ramp": 0.25, "history_cooldown": 0.5})):
             cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN, **extra)
             out[name] = prepare(tiny_store, root / name, cfg, quiet=True)
     return out
@@ -93,6 +95,34 @@ def test_the_round_s_most_frequent_one_hop_nodes_prune_more_than_degree(rounds, 
     assert history_nodes_by_count(hop1, 10, 2).tolist() == [3, 9]
     assert history_nodes_by_count(hop1, 10, 3).tolist() == [3, 5, 9]
     assert history_nodes_by_count(hop1, 10, 0).size == 0 and history_nodes_by_count([], 10, 4).size == 0
+
+
+def test_the_ramp_and_the_cool_down_buy_fresher_embeddings_with_bytes(rounds, tiny_store: Path,
+                                                                      tmp_path: Path, one_torch_thread) -> None:
+    """history_ramp and history_cooldown reach the plan: early embeddings expire sooner, the round's last half
+    prunes nothing, more rows are read than with the fixed bound, and the options key the cached stages and
+    are named in the figures; the memory loader's online plan with the same options trains alike."""
+    from diskflow.operators.train.trainer import train_packed
+    from diskflow.pipelines import inmemory
+
+    fixed, rc = rounds["s20"].figures, rounds["s20rc"].figures
+    assert rc["history"]["ramp"] == 0.25 and rc["history"]["cooldown"] == 0.5
+    assert "ramp" not in fixed["history"] and "cooldown" not in fixed["history"]
+    assert 0 < rc["history"]["pruned"] < fixed["history"]["pruned"]
+    assert fixed["accesses"] < rc["accesses"] < rounds["plain"].figures["accesses"]
+    samples = _samples(rounds["s20rc"].path)
+    half = len(samples) - len(samples) // 2
+    assert all(s.history[0].shape[0] == 0 for s in samples[half:])        # the round ends exact
+    assert any(s.history[0].shape[0] for s in samples[:half])
+    model = {"model": "sage", "hidden": HIDDEN, "seed": BASE["seed"], "eval_every": 3}
+    packed = train_packed(rounds["s20rc"].path, new_run_dir(tmp_path, "p"), threads=1, **model)
+    online = inmemory.run(tiny_store, new_run_dir(tmp_path, "m"), fanouts=BASE["fanouts"],
+                          batch_size=BASE["batch_size"], epochs=BASE["epochs"], threads=1, progress=False,
+                          history_memory=MEMORY, history_staleness=20, history_select="degree",
+                          history_ramp=0.25, history_cooldown=0.5, **model)
+    assert [e["losses"] for e in packed["epochs"]] == [e["losses"] for e in online["epochs"]]
+    assert online["history"]["ramp"] == 0.25 and online["history"]["cooldown"] == 0.5
+    assert packed["history"]["pruned"] == online["history"]["pruned"] == rc["history"]["pruned"]
 
 
 def test_staleness_one_samples_the_round_without_the_cache(rounds) -> None:
@@ -184,6 +214,12 @@ def test_history_options_are_checked() -> None:
         PrepareConfig(**BASE, history_prune="subtree").validate()          # no cache to prune for
     with pytest.raises(ConfigError, match="^history_staleness"):
         PrepareConfig(**BASE, history_staleness=7).validate()              # no cache to be stale
+    for option, value in (("history_ramp", 0.5), ("history_cooldown", 0.1)):
+        with pytest.raises(ConfigError, match=f"^{option}: applies to a historical embedding cache only"):
+            PrepareConfig(**BASE, **{option: value}).validate()
+    for option, value in (("history_ramp", -1.0), ("history_cooldown", 1.5), ("history_cooldown", "all")):
+        with pytest.raises(ConfigError, match=f"^{option}: expected"):
+            PrepareConfig(**BASE, history_memory=MEMORY, **{option: value}).validate()
     with pytest.raises(ConfigError, match="^partitions"):
         PrepareConfig(**BASE, partitions=12).validate()                    # shuffled batches: no partition
     with pytest.raises(ConfigError, match="^history_staleness"):

@@ -134,7 +134,8 @@ def test_bad_split_options_are_refused() -> None:
         replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
     assert history_options("auto", None, 16, 1 << 20, 100) == {
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100,
-        "history_prune": "last-hop"}
+        "history_prune": "last-hop", "history_ramp": 0.0, "history_cooldown": 0.0}
+    assert history_options("1MiB", None, 16, 1 << 20, 100, default_cooldown=0.2, ramp=0.5)["history_cooldown"] == 0.2
     assert history_options("auto", None, 16, 1 << 20, 100, None, "subtree")["history_prune"] == "subtree"
     with pytest.raises(ConfigError, match="^history_staleness"):
         history_options(None, 7, 16, 1 << 20, 100)
@@ -142,6 +143,10 @@ def test_bad_split_options_are_refused() -> None:
         history_options(None, None, 16, 1 << 20, 100, "subtree")          # no cache to prune for
     with pytest.raises(ConfigError, match="^history_prune"):
         history_options("1MiB", None, 16, 1 << 20, 100, "deepest")
+    with pytest.raises(ConfigError, match="^history_cooldown: applies"):
+        history_options(None, None, 16, 1 << 20, 100, cooldown=0.2)      # no cache to end exact
+    with pytest.raises(ConfigError, match="^history_ramp: expected"):
+        history_options("1MiB", None, 16, 1 << 20, 100, ramp=-2)
 
 
 def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, capsys, one_torch_thread) -> None:

@@ -102,13 +102,16 @@ def test_partition_batches_stream_as_they_prepare(tiny_store: Path, tmp_path: Pa
 
 
 def test_a_history_cache_streams_as_it_prepares(tiny_store: Path, tmp_path: Path) -> None:
-    hist = {"history_memory": 64 * SETTINGS["hidden"] * EMBEDDING_BYTES, "history_staleness": 5}     # 64 embeddings
+    hist = {"history_memory": 64 * SETTINGS["hidden"] * EMBEDDING_BYTES, "history_staleness": 5,     # 64 embeddings
+            "history_ramp": 0.5, "history_cooldown": 0.2}
     with dask.config.set(scheduler="sync"):
         ref = belady.run(tiny_store, new_run_dir(tmp_path, "ref"), progress=False, **SETTINGS, **hist)
     rep = streaming.run(tiny_store, new_run_dir(tmp_path, "stream"), window=2, **EMBEDDED, **SETTINGS, **hist)
     assert ref["history"]["pruned"] > 0
     assert _losses(rep) == _losses(ref), "the same pruned samples, the same table"
     assert rep["config"]["history_rows"] == ref["history"]["rows"] == rep["config"]["train"]["history_rows"]
+    assert (rep["config"]["history_ramp"], rep["config"]["history_cooldown"]) == (0.5, 0.2) == \
+        (ref["history"]["ramp"], ref["history"]["cooldown"])
     with pytest.raises(ConfigError, match="^history_memory"):
         streaming.run(tiny_store, tmp_path / "auto", window=2, history_memory="auto", **EMBEDDED, **SETTINGS)
 

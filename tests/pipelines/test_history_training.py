@@ -172,7 +172,16 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
         Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
     with pytest.raises(ConfigError, match="Pipeline.history_prune"):
         Pipeline("h5", loader="memory", history_memory="1MiB", history_prune="all")
-    assert mine.describe()["history_prune"] == "last-hop"
+    assert mine.describe()["history_prune"] == "last-hop" and "history_cooldown" not in mine.describe()
+    ended = Pipeline("hc", loader="memory", history_memory="64KiB", history_staleness=20, history_cooldown=0.5)
+    assert ended.describe()["history_cooldown"] == 0.5
+    exact = ended.run(tiny_store, new_run_dir(tmp_path, "hc"), **COMMON)
+    assert exact["history"]["cooldown"] == 0.5 and 0 < exact["history"]["pruned"] < r["history"]["pruned"]
+    assert ended.run(tiny_store, new_run_dir(tmp_path, "hc0"), history_cooldown=0.0, **COMMON)["history"] == \
+        {**r["history"]}                                        # an option overrides the pipeline's own
+    for field, bad in (("history_ramp", -0.5), ("history_cooldown", 2), ("history_cooldown", None)):
+        with pytest.raises(ConfigError, match=f"^Pipeline.{field}: expected"):
+            Pipeline("h7", loader="memory", history_memory="1MiB", **{field: bad})
     outre = Pipeline("h6", loader="memory", history_memory="64KiB", history_staleness=20, history_prune="subtree")
     sub = outre.run(tiny_store, new_run_dir(tmp_path, "sub"), **COMMON)
     assert sub["history"]["prune"] == "subtree" and sub["history"]["pruned"] == r["history"]["pruned"]
@@ -183,7 +192,8 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
         inmemory.run(tiny_store, new_run_dir(tmp_path, "y"), history_memory="64KiB",
                      **{**COMMON, "fanouts": (4,)})
     for option, given in (("history_staleness", {"history_staleness": 7}),
-                          ("history_prune", {"history_prune": "subtree"})):    # no cache for them to change
+                          ("history_prune", {"history_prune": "subtree"}), ("history_ramp", {"history_ramp": 0.5}),
+                          ("history_cooldown", {"history_cooldown": 0.2})):    # no cache for them to change
         with pytest.raises(ConfigError, match=option):
             inmemory.run(tiny_store, new_run_dir(tmp_path, "z"), **given, **COMMON)
 

@@ -45,8 +45,9 @@ def test_adaptive_bound_expires_early_embeddings_first() -> None:
     p = HistoryPlanner(np.array([1]), staleness=4, ramp=1.0)
     assert [bool(p.step(np.array([1])).pushed.size) for _ in range(12)] == \
         [True, True, True, False, True, False, False, False, True, False, False, False]   # then every 4th
-    with pytest.raises(ConfigError, match="^history_staleness"):
-        HistoryPlanner(np.array([1]), 10, ramp=-1)
+    for bad in (-1, float("inf"), float("nan"), True, "0.5"):
+        with pytest.raises(ConfigError, match="^history_ramp"):
+            HistoryPlanner(np.array([1]), 10, ramp=bad)  # type: ignore[arg-type]
 
 
 def test_cooldown_ends_the_round_exact() -> None:
@@ -56,8 +57,9 @@ def test_cooldown_ends_the_round_exact() -> None:
     assert all(s.pushed.tolist() == [1, 2] for s in steps[7:])
     without = HistoryPlanner(np.array([1]), staleness=100, ramp=0, cooldown=0.25)           # no total: no cool-down
     assert sum(without.step(np.array([1])).pruned.size for _ in range(10)) == 9
-    with pytest.raises(ConfigError, match="^history_staleness"):
-        HistoryPlanner(np.array([1]), 10, total=5, cooldown=2)
+    for bad in (2, -0.1, float("nan"), None):
+        with pytest.raises(ConfigError, match="^history_cooldown"):
+            HistoryPlanner(np.array([1]), 10, total=5, cooldown=bad)  # type: ignore[arg-type]
 
 
 def test_nodes_rows_and_positions() -> None:
