@@ -71,6 +71,7 @@ import itertools
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -333,6 +334,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if rep["stream"]["stream_s"] <= min(runs["stream"]):
                         best = rep
                 shutil.rmtree(work)
+                print(f"repeat {repeat + 1}/{args.repeats}: " + ", ".join(     # a long bench shows it is alive
+                    f"{name} {runs[name][-1]:.2f} s" for name in runs if runs[name]), file=sys.stderr, flush=True)
             if args.keep:
                 from ..flow.rundir import write_report
                 from ..flow.timeline import plot_timeline
