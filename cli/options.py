@@ -61,8 +61,9 @@ def parse_history_rule(option: str, text: str) -> float:
     """``--history-ramp`` or ``--history-cooldown`` (named by `option`): a number the history planner takes
     (`check_rule`), or a ConfigError naming the flag."""
     value = parse_float(option, text)
+    ramp, cooldown = (value, 0.0) if option.endswith("ramp") else (0.0, value)
     try:
-        check_rule(value, 0.0) if option.endswith("ramp") else check_rule(0.0, value)
+        check_rule(ramp, cooldown)
     except ConfigError as e:
         raise ConfigError(option, e.fault) from None
     return value
