@@ -54,7 +54,7 @@ class PrepareConfig:
     sampler_threads: int = 1
     readahead: int = 1 << 30            # feature bytes read into the page cache while sampling/planning
     batches: str = "shuffled"           # "shuffled" or "partition" (OUTRE: batches from groups of min-cut parts)
-    partitions: int | None = None       # parts of the partition; None: one per 128 training nodes
+    partitions: int | None = None       # parts of the partition; None: eight per batch (default_parts)
     parts_per_group: int = PARTS_PER_GROUP     # parts whose training nodes are shuffled together
     group_by: str = "label"             # how parts meet in a group: "label" (mixed labels) or "random" (OUTRE's)
     partitioner: str = "kaminpar"       # "kaminpar" or "metis" (operators.prepare.partition)
@@ -140,7 +140,7 @@ class PrepareConfig:
     def num_partitions(self, store: Store) -> int:
         """The parts of the partition (`operators.prepare.partition.default_parts`)."""
         return default_parts(int(store.manifest.get("split_counts", {}).get("train", 0)), store.num_nodes,
-                             self.partitions)
+                             self.partitions, self.batch_size)
 
 
 @dataclass

@@ -112,7 +112,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         batches: ``"shuffled"`` or ``"partition"`` (`operators.prepare.seeds.BatchOrder`).
         partition: for partition batches, the parts file to cut them by (a packed dataset's
             ``partition.npy``: the same batches as its round); None partitions the graph here
-            (KaMinPar, one thread) into `partitions` parts (default one per 128 training nodes),
+            (KaMinPar, one thread) into `partitions` parts (default eight per batch, `default_parts`),
             saved as ``run_dir/partition.npy``.
         parts_per_group: partition batches: parts whose training nodes are shuffled together.
         group_by: partition batches: how parts meet in a group, ``"label"`` (parts of different
@@ -176,7 +176,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if samples is not None and batches != "shuffled":
         raise ConfigError("batches", "the stored samples fix the batches; partition batches come "
                                      "from a packed dataset prepared with batches='partition'")
-    order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by)
+    order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by,
+                                      batch_size)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
@@ -313,8 +314,8 @@ def stored_label_prior(samples: str | os.PathLike[str] | None) -> tuple[float, .
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
-                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP, group_by: str = "label"
-                ) -> tuple[BatchOrder | None, dict[str, Any] | None]:
+                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP, group_by: str = "label",
+                batch_size: int = 1024) -> tuple[BatchOrder | None, dict[str, Any] | None]:
     """The training batches' order for `batches` and, for partition batches, the partition's figures
     (partitioning the graph into ``run_dir/partition.npy`` when no `partition` file is given)."""
     if batches not in BATCH_ORDERS:
@@ -338,7 +339,7 @@ def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.Path
     else:
         from ..graph import partition_task
 
-        parts = default_parts(st.split_ids("train").shape[0], st.num_nodes, partitions)
+        parts = default_parts(st.split_ids("train").shape[0], st.num_nodes, partitions, batch_size)
         figures = partition_task(str(st.path), parts, "kaminpar", seed, 1, str(run_dir / "partition.npy"))
     order = BatchOrder("partition", figures["path"], group, group_by, str(st.path / st.manifest["labels"]))
     figures["group_by"] = group_by

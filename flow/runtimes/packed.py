@@ -140,7 +140,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     Other options are the in-memory pipeline's (same seed: same batches, same samples) and
     the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead`, `batches`
     (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
-    partition; default one per 128 training nodes) are prepare's, and so are `history_memory` (bytes,
+    partition; default eight per batch) are prepare's, and so are `history_memory` (bytes,
     or a share of the features, of a historical embedding cache of width `hidden` planned into the
     samples), `history_staleness`, `history_prune`, `history_ramp` and `history_cooldown` (None: the
     pipeline's rule; `operators.prepare.history`).

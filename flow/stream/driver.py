@@ -468,7 +468,8 @@ class StreamRun:
         if self.resume and path.is_file():
             self.partition = {"path": str(path), "cached": True}
         else:
-            parts = default_parts(int(self.store.split_ids("train").shape[0]), self.store.num_nodes, cfg.partitions)
+            parts = default_parts(int(self.store.split_ids("train").shape[0]), self.store.num_nodes, cfg.partitions,
+                                  cfg.batch_size)
             fut = self.client.submit(partition_task, self.store_path, parts, "kaminpar", cfg.seed, 1, str(path),
                                      key=f"partition-{self.tok}", pure=False, **self._cpu(-2))
             self.partition = {**fut.result(), "cached": False}

@@ -71,6 +71,9 @@ def test_partition_options_are_checked() -> None:
         partition_graph(xadj, adj, 2, method="fennel")
     assert default_parts(1000, 10_000) == 8 and default_parts(10, 10_000) == 2 and default_parts(10**6, 50) == 50
     assert default_parts(1000, 10_000, partitions=33) == 33
+    # eight parts per batch: the part size follows the batch size (a group of 20 parts fills 2.5 batches)
+    assert default_parts(8000, 2_000_000, batch_size=128) == 500 and default_parts(8000, 2_000_000, batch_size=4) == 8000
+    assert default_parts(1000, 10_000, batch_size=1024) == default_parts(1000, 10_000) == 8
 
 
 @pytest.fixture
