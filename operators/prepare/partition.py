@@ -35,8 +35,8 @@ def default_parts(num_train: int, num_nodes: int, partitions: int | None = None,
     The part size follows the batch, not a fixed count of training nodes: groups of parts are dealt into
     consecutive batches, so with parts of a whole batch each (one per 128 training nodes at batches of 128)
     a group of 20 parts fills 20 batches in a row from one region of the graph, and SGD follows that region
-    (on a 2M-node graph of 20 classes, 10 epochs of 63 batches of 128: 63 parts, belady_outre 6.4 points
-    below in-memory training at seed 0; 500 parts, 1.8 over three seeds, for the same bytes;
+    (on a 2M-node graph of 20 classes, 10 epochs of 63 batches of 128: 63 parts, belady_outre 7.4 points
+    below in-memory training over two seeds; 500 parts, 1.8 over three, for the same bytes;
     docs/benchmarks.md). Eight parts per batch keeps a group to 2.5 batches, as at batches of 1024.
     """
     per_part = max(1, int(batch_size) // PARTS_PER_BATCH)
