@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=d["batches"],
                    help="shuffled ('random'; the pipeline's default) or partition: batches from groups of min-cut parts (OUTRE)")
     p.add_argument("--partitions", type=positive_int("--partitions"), default=d["partitions"],
-                   help="partition batches: parts of the graph (default eight per batch: one per batch-size/8 training nodes)")
+                   help="partition batches: parts of the graph (default eight per batch: one per batch-size/8 "
+                        "training nodes)")
     p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=d["parts_per_group"],
                    help="partition batches: parts whose training nodes are shuffled together (default %(default)s)")
     p.add_argument("--group-by", choices=GROUPINGS, default=d["group_by"],

@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--batches", metavar="ORDER",
                    help="shuffled (default; 'random' is the same) or partition: batches from groups of min-cut parts (OUTRE)")
-    p.add_argument("--partitions", metavar="N", help="partition batches: parts of the graph (default eight per batch: one per batch-size/8 training nodes)")
+    p.add_argument("--partitions", metavar="N", help="partition batches: parts of the graph (default eight per "
+                                                     "batch: one per batch-size/8 training nodes)")
     p.add_argument("--partition", metavar="FILE",
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default "

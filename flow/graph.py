@@ -173,6 +173,15 @@ def hop1_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Seq
     return superbatch_hop1(store_path, ref, batch_size, list(fanouts), seed, threads, order)
 
 
+def history_spec(cfg: Any) -> tuple[int, int, str, str, float, float] | None:
+    """`PrepGraph`'s ``history`` from a config with the ``history_*`` fields (`PrepareConfig`, `StreamConfig`):
+    (rows, staleness, select, prune, ramp, cooldown), or None without a cache."""
+    if not cfg.history_rows:
+        return None
+    return (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune, cfg.history_ramp,
+            cfg.history_cooldown)
+
+
 def history_task(store_path: str, keys: Sequence[str], rows: int, staleness: int, select: str, prune: str,
                  ramp: float, cooldown: float, *hop1: list[np.ndarray]) -> dict[str, list[HistoryStep]]:
     """The historical embedding cache's plan of the whole round (`operators.prepare.history`), by

@@ -48,8 +48,9 @@ HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it
 
 def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
                     default_staleness: int, prune: str | None = None,
-                    default_prune: str = DEFAULT_PRUNE, *, ramp: float | None = None, cooldown: float | None = None,
-                    default_ramp: float = DEFAULT_RAMP, default_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, object]:
+                    default_prune: str = DEFAULT_PRUNE, *, ramp: float | None = None,
+                    cooldown: float | None = None, default_ramp: float = DEFAULT_RAMP,
+                    default_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, object]:
     """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature
     bytes, or ``"auto"``: its share of the CPU budget chosen by the memory split) of width `hidden`;
     `staleness`, `prune`, `ramp` and `cooldown` None take their defaults (the pipeline's); any of them

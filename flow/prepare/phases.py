@@ -47,7 +47,15 @@ from ...operators.prepare.policies import policy_id
 from ...operators.prepare.route import segment_offsets
 from ...operators.prepare.seeds import BatchOrder
 from ...operators.prepare.superbatch import SuperbatchRef
-from ..graph import PrepGraph, SampleResult, TierSpec, delayed_submit, partition_task, tier_figures
+from ..graph import (
+    PrepGraph,
+    SampleResult,
+    TierSpec,
+    delayed_submit,
+    history_spec,
+    partition_task,
+    tier_figures,
+)
 from ..memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, refine_shares, split_point
 from ..progress import compute
 from .cache import (
@@ -104,10 +112,7 @@ def _graph(run: Run) -> PrepGraph:
     """The preparation graph's builder for this run (`flow.graph`), its nodes as `dask.delayed`."""
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                     cfg.cpu_policy, run.tok, delayed_submit, run.order,
-                     (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune,
-                      cfg.history_ramp, cfg.history_cooldown)
-                     if cfg.history_rows else None)
+                     cfg.cpu_policy, run.tok, delayed_submit, run.order, history_spec(cfg))
 
 
 def partition_phase(run: Run, store_hash: str) -> BatchOrder:

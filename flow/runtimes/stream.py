@@ -68,7 +68,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         group_by: str = "label", history_memory: int | str | None = None,
         history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
         history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
-        history_cooldown: float = DEFAULT_COOLDOWN, gpus: int = 1, cache: str = "per-worker", batches_per_step: int = 1, tls_ca_file: str | None = None,
+        history_cooldown: float = DEFAULT_COOLDOWN, gpus: int = 1, cache: str = "per-worker",
+        batches_per_step: int = 1, tls_ca_file: str | None = None,
         tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
@@ -103,9 +104,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             ``run_dir/partition.npy``, which the CPU workers read, and the losses weigh each
             batch's labels as the training split's, `TrainConfig.label_prior`).
         history_memory, history_staleness, history_select, history_prune, history_ramp, history_cooldown: a
-            historical embedding cache of `hidden`-wide embeddings, planned into the samples as `diskflow prepare` plans it (a
-            size: bytes or a share of the features; the memory split of ``"auto"`` plans whole
-            rounds, so the stream takes a size).
+            historical embedding cache of `hidden`-wide embeddings, planned into the samples as `diskflow
+            prepare` plans it (a size: bytes or a share of the features; the memory split of ``"auto"``
+            plans whole rounds, so the stream takes a size).
         gpus: GPU workers training data-parallel (the embedded cluster starts this many; 0: every worker
             with the ``GPU`` resource when the run starts, one on the embedded cluster): of each
             superbatch, worker r trains the batches at positions r, r + gpus, ..., one per optimizer

@@ -23,7 +23,7 @@ from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import lane_layout, round_layout
 from ..dashboard.spans import SpannedClient
 from ..dashboard.stream import announce_run
-from ..graph import PrepGraph, TierSpec, partition_task
+from ..graph import PrepGraph, TierSpec, history_spec, partition_task
 from ..plugin import GPU, DiskflowPlugin, GpuStateLost
 from ..progress import bar
 from .config import PARTITION_FILE, PHASES, StreamConfig, StreamStopped
@@ -112,10 +112,7 @@ class StreamRun:
     def _prep_graph(self, refs: list[Any], tok: str) -> PrepGraph:
         cfg = self.cfg
         return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                         cfg.cpu_policy, tok, self._submit_cpu, None,
-                         (cfg.history_rows, cfg.history_staleness, cfg.history_select, cfg.history_prune,
-                          cfg.history_ramp, cfg.history_cooldown)
-                         if cfg.history_rows else None)
+                         cfg.cpu_policy, tok, self._submit_cpu, None, history_spec(cfg))
 
     def _make_lanes(self, gpus: int) -> None:
         """One lane per GPU worker; the sampling graph; the shared tier's planner (``--cache shared``)."""
