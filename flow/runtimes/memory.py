@@ -177,7 +177,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         raise ConfigError("batches", "the stored samples fix the batches; partition batches come "
                                      "from a packed dataset prepared with batches='partition'")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by,
-                                      batch_size)
+                                      batch_size=batch_size)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
     make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
@@ -314,8 +314,8 @@ def stored_label_prior(samples: str | os.PathLike[str] | None) -> tuple[float, .
 
 
 def batch_order(st: Store, run_dir: Path, batches: str, partition: str | os.PathLike[str] | None,
-                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP, group_by: str = "label",
-                batch_size: int = 1024) -> tuple[BatchOrder | None, dict[str, Any] | None]:
+                partitions: int | None, seed: int, group: int = PARTS_PER_GROUP, group_by: str = "label", *,
+                batch_size: int) -> tuple[BatchOrder | None, dict[str, Any] | None]:
     """The training batches' order for `batches` and, for partition batches, the partition's figures
     (partitioning the graph into ``run_dir/partition.npy`` when no `partition` file is given)."""
     if batches not in BATCH_ORDERS:
