@@ -81,9 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=d["history_staleness"],
                    help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
     p.add_argument("--history-prune", choices=HISTORY_PRUNES, default=d["history_prune"],
-                   help="what a fresh cached embedding prunes below its node: last-hop (its subtree's last hop; the "
-                        "lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the "
-                        "seeds' lower layers see that node's features alone) (default: the pipeline's, last-hop)")
+                   help="what a fresh cached embedding prunes below its node: thin (its subtree's last hop but one "
+                        "neighbour per node there, for the gradient), last-hop (its subtree's last hop; the lower "
+                        "layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the seeds' "
+                        "lower layers see that node's features alone) (default: the pipeline's, thin)")
     p.add_argument("--history-ramp", type=history_rule("--history-ramp"), default=d["history_ramp"], metavar="R",
                    help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "
                         "max(1, R*t) batches (default: the pipeline's, 0: the fixed bound)")

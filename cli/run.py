@@ -85,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"batches a cached embedding stays usable (default {RUN_DEFAULTS['history_staleness']}; "
                         "1: never reused)")
     p.add_argument("--history-prune", metavar="HOW",
-                   help="what a fresh cached embedding prunes below its node: last-hop (default: its subtree's last "
-                        "hop; the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
+                   help="what a fresh cached embedding prunes below its node: thin (default: its subtree's last "
+                        "hop but one neighbour per node there, for the gradient), last-hop (its subtree's last hop; "
+                        "the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
                         "seeds' lower layers see that node's features alone)")
     p.add_argument("--history-ramp", metavar="R",
                    help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "

@@ -94,9 +94,12 @@ class Pipeline:
             ``"auto"`` (packed loader): the share of the CPU budget that reads the fewest bytes
             from disk, the rest to the feature cache (OUTRE's memory split, `flow.memsplit`).
         history_staleness: batches a cached embedding stays usable (1: never reused).
-        history_prune: what a fresh cached embedding prunes below its node: ``"last-hop"`` (the
-            last hop of its subtree: the lower layers stay exact) or ``"subtree"`` (all of it,
-            OUTRE's rule: fewer rows, and the seeds' lower layers see that node's features alone).
+        history_prune: what a fresh cached embedding prunes below its node: ``"thin"`` (the default:
+            as ``"last-hop"``, but each node left unexpanded at the last hop draws one neighbour there,
+            so the straight-through gradient sees its rows computed from a neighbour),
+            ``"last-hop"`` (the last hop of its subtree: the lower layers stay exact) or
+            ``"subtree"`` (all of it, OUTRE's rule: fewer rows, and the seeds' lower layers see that
+            node's features alone).
         history_ramp: the adaptive staleness bound's slope r: an embedding computed at batch t
             stands in for at most max(1, r * t) batches (the early, fast-changing model's expire
             first); 0: the fixed bound.

@@ -351,7 +351,8 @@ std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std
 }
 
 py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop,
-                         bool last_hop, bool narrow) {
+                         bool last_hop, bool narrow, int64_t thin) {
+    if (thin < 0) throw py::value_error("thin: expected >= 0 neighbours, got " + std::to_string(thin));
     if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
     check_layout(seeds, "seeds", 1);
     py::array stop_ids;
@@ -367,7 +368,7 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
     {
         py::gil_scoped_release release;
         g = s.engine->sample(static_cast<const int64_t*>(seeds.data()), static_cast<int64_t>(seeds.size()), seed,
-                             stop_ptr, n_stop, last_hop, narrow);
+                             stop_ptr, n_stop, last_hop, narrow, thin);
     }
     const std::vector<py::ssize_t> nodes{static_cast<py::ssize_t>(g.num_nodes)};
     const std::vector<py::ssize_t> edges{2, static_cast<py::ssize_t>(g.num_edges)};
@@ -391,10 +392,11 @@ Args:
         .def(py::init(&make_sampler), py::arg("indptr"), py::arg("indices"), py::arg("fanouts"),
              py::arg("num_threads") = 1)
         .def("sample", &sampler_sample, py::arg("seeds"), py::arg("seed"), py::arg("stop") = py::none(),
-             py::arg("last_hop") = false, py::arg("narrow") = false, R"doc(
+             py::arg("last_hop") = false, py::arg("narrow") = false, py::arg("thin") = 0, R"doc(
 Sample the subgraph around unique int64 `seeds`; deterministic in `seed`. `stop` (int64 node ids,
 optional): nodes that are not expanded when they join a frontier after the seeds'. With `last_hop`,
-they and the nodes only they (or such nodes) drew are expanded as usual except at the last hop.
+they and the nodes only they (or such nodes) drew are expanded as usual except at the last hop,
+where they draw min(`thin`, fanout) neighbours each (0: none).
 With `narrow`, n_id and edge_index are int32 (ValueError for a graph of 2^31 nodes or more).
 
 Returns:

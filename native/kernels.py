@@ -69,11 +69,11 @@ class NeighborSampler:
         return int(self._impl.num_threads)
 
     def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None, last_hop: bool = False,
-               narrow: bool = False) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+               narrow: bool = False, thin: int = 0) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
         """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int);
         the int64 nodes of `stop` are not expanded when they join a frontier after the seeds'. With
         `last_hop`, they and the nodes that only they (or such nodes) drew are expanded as usual
-        except at the last hop.
+        except at the last hop, where they draw min(`thin`, fanout) neighbours each (0: none).
 
         Returns:
             (n_id int64 [n], edge_index int64 [2, e] of local ids, num_sampled_nodes per hop with the
@@ -82,11 +82,12 @@ class NeighborSampler:
 
         Raises:
             ValueError: seeds not int64, out of range or repeated; a corrupt `indices` entry; `narrow`
-                for a graph of 2**31 nodes or more.
+                for a graph of 2**31 nodes or more; `thin` below 0.
         """
         if stop is not None:
             stop = np.ascontiguousarray(stop, dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop, bool(last_hop), bool(narrow))
+        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop, bool(last_hop), bool(narrow),
+                                                           int(thin))
         return n_id, edge_index, list(nodes), list(edges)
 
 

@@ -173,8 +173,8 @@ inline void floyd_sample(SplitMix64& rng, int64_t deg, int64_t k, Scratch& s) {
 // Samples the in-neighbours of frontier[out.begin .. out.end) into `out`.
 template <typename Idx>
 void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, const int64_t* frontier,
-                  int64_t fanout, uint64_t hkey, const uint8_t* stop, const uint8_t* skip, ChunkOut& out,
-                  Scratch& s) {
+                  int64_t fanout, uint64_t hkey, const uint8_t* stop, const uint8_t* skip, int64_t thin,
+                  ChunkOut& out, Scratch& s) {
     out.counts.resize(static_cast<size_t>(out.end - out.begin));
     out.nbrs.clear();
     out.bad_pos = -1;
@@ -196,9 +196,11 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
         const int64_t v = frontier[i];
         const int64_t lo = indptr[v];
         const int64_t deg = indptr[v + 1] - lo;
-        if ((stop != nullptr && stop[v]) || (skip != nullptr && skip[i])) {
+        const bool skipped = skip != nullptr && skip[i];
+        const int64_t f = skipped ? thin : fanout;  // a skipped node draws `thin` (0: none) at the last hop
+        if ((stop != nullptr && stop[v]) || (skipped && thin == 0)) {
             counts[i] = 0;  // not expanded (sample's `stop`: by global id, or by local id at the last hop)
-        } else if (fanout < 0 || deg <= fanout) {
+        } else if (f < 0 || deg <= f) {
             out.nbrs.resize(e + static_cast<size_t>(deg));
             int64_t* nbrs = out.nbrs.data();
             for (int64_t p = lo; p < lo + deg; ++p) {
@@ -209,15 +211,15 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
             counts[i] = deg;
         } else {
             SplitMix64 rng = node_rng(hkey, v);
-            floyd_sample(rng, deg, fanout, s);
-            out.nbrs.resize(e + static_cast<size_t>(fanout));
+            floyd_sample(rng, deg, f, s);
+            out.nbrs.resize(e + static_cast<size_t>(f));
             int64_t* nbrs = out.nbrs.data();
             for (int64_t off : s.picks) {
                 const int64_t u = static_cast<int64_t>(indices[lo + off]);
                 bad |= static_cast<uint64_t>(u) >= n;
                 nbrs[e++] = u;
             }
-            counts[i] = fanout;
+            counts[i] = f;
         }
         if (bad && out.bad_pos < 0) {  // locate the faulty edge (rare: only on corrupt graphs)
             for (int64_t p = lo; p < lo + deg; ++p) {
@@ -373,7 +375,8 @@ struct NeighborSampler::Impl {
     }
 
     SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed, const int64_t* stop = nullptr,
-                           int64_t n_stop = 0, bool last_hop = false, bool narrow = false) {
+                           int64_t n_stop = 0, bool last_hop = false, bool narrow = false, int64_t thin = 0) {
+        if (thin < 0) throw std::invalid_argument("thin must be >= 0, got " + std::to_string(thin));
         if (narrow && num_nodes_ > static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1)
             throw std::invalid_argument("narrow: a graph of " + std::to_string(num_nodes_) +
                                         " nodes has ids past int32");
@@ -387,6 +390,7 @@ struct NeighborSampler::Impl {
             }
             stop_on_ = n_stop > 0;
             last_hop_ = stop_on_ && last_hop;
+            thin_ = thin;
             narrow_ = narrow;
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
@@ -573,8 +577,8 @@ struct NeighborSampler::Impl {
         run_ordered(
             n_chunks, n_threads,
             [&](int64_t c, int w) {
-                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, stop, skip, chunks_[c],
-                             scratch_[w]);
+                sample_chunk(indptr_ptr_, indices, num_nodes_, frontier, fanout, hkey, stop, skip,
+                             fanout < 0 ? thin_ : std::min(thin_, fanout), chunks_[c], scratch_[w]);
             },
             [&](int64_t c) {
                 const size_t first_edge = rows_.size();
@@ -653,6 +657,7 @@ struct NeighborSampler::Impl {
     bool stop_on_ = false;
     bool last_hop_ = false;       // stop nodes and the nodes only they reach: not expanded at the last hop
     std::vector<uint8_t> taint_;  // with last_hop_: 1 for those nodes, by local id
+    int64_t thin_ = 0;            // with last_hop_: neighbours those nodes draw at the last hop (0: none)
     bool narrow_ = false;         // this call's n_id and edge_index as int32
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
@@ -674,8 +679,8 @@ SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uin
 }
 
 SampledSubgraph NeighborSampler::sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop,
-                                        int64_t n_stop, bool last_hop, bool narrow) {
-    return impl_->sample(seeds, batch, seed, stop, n_stop, last_hop, narrow);
+                                        int64_t n_stop, bool last_hop, bool narrow, int64_t thin) {
+    return impl_->sample(seeds, batch, seed, stop, n_stop, last_hop, narrow, thin);
 }
 
 int64_t NeighborSampler::num_nodes() const { return impl_->num_nodes_; }

@@ -47,9 +47,11 @@ class NeighborSampler {
     // the last layer are then exactly those of the unstopped sample, for every node that is neither.
     // `narrow`: n_id and edge_index as int32 (n_id32, edge_index32), half the bytes to write and for a
     // caller storing int32 ids to keep, with no conversion pass; std::invalid_argument when the graph
-    // has 2^31 nodes or more.
+    // has 2^31 nodes or more. `thin` (with `last_hop`): the nodes not expanded at the last hop draw
+    // min(thin, fanout) neighbours there instead of none (0: none), so a model's gradient through them
+    // sees a neighbour's features rather than none at all.
     SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop,
-                           bool last_hop = false, bool narrow = false);
+                           bool last_hop = false, bool narrow = false, int64_t thin = 0);
 
     int64_t num_nodes() const;
     int64_t num_edges() const;

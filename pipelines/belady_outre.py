@@ -2,9 +2,11 @@
 embedding cache, planned offline, on top of the Belady CPU tier, packing and the segmented disk cache.
 
 Pruned subtrees are never sampled, planned or packed. A fresh embedding prunes the last hop of its
-node's subtree (``history_prune="last-hop"``), so the seeds' lower layers are exact and the cached
-rows are the only approximation; ``--history-prune subtree`` prunes all of it as OUTRE does (fewer
-bytes, less accuracy). The embedding cache and the Belady CPU tier
+node's subtree but one neighbour per node there (``history_prune="thin"``), so the seeds' lower
+layers are exact, the cached rows are the only approximation of the forward pass, and the gradient
+through them sees rows computed from a neighbour; ``--history-prune last-hop`` drops that neighbour
+(fewer bytes, less accuracy on hard graphs) and ``--history-prune subtree`` prunes all of it as
+OUTRE does. The embedding cache and the Belady CPU tier
 split ``--cpu-memory`` automatically (``--history-memory auto``, the default: the split whose plan
 reads the fewest bytes, `flow.memsplit`); a size given to ``--history-memory`` fixes the embedding
 cache beside the CPU budget instead.

@@ -63,7 +63,7 @@ class PrepareConfig:
     history_dim: int = 128              # its embedding width: the model's hidden channels
     history_staleness: int = DEFAULT_STALENESS      # batches a cached embedding stays usable
     history_select: str = "accesses"    # its nodes: the round's most frequent one-hop nodes, or "degree"
-    history_prune: str = DEFAULT_PRUNE  # what a fresh embedding prunes below its node: "last-hop" or "subtree"
+    history_prune: str = DEFAULT_PRUNE  # what a fresh embedding prunes below its node: HISTORY_PRUNES
     history_ramp: float = DEFAULT_RAMP  # the adaptive staleness bound's slope (0: the fixed bound)
     history_cooldown: float = DEFAULT_COOLDOWN  # the share of the round's last batches that prune nothing
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes

@@ -127,8 +127,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             counted by drawing every batch's one-hop nodes first, as `diskflow prepare` does: the
             same plan as a packed round's) or ``"degree"`` (the highest in-degree: nothing drawn
             ahead).
-        history_prune: what a fresh cached embedding prunes below its node, ``"last-hop"`` (the
-            lower layers stay exact) or ``"subtree"`` (OUTRE's rule; `operators.prepare.history`).
+        history_prune: what a fresh cached embedding prunes below its node, ``"thin"`` (the last hop,
+            but one neighbour per node there), ``"last-hop"`` (the lower layers stay exact) or
+            ``"subtree"`` (OUTRE's rule; `operators.prepare.history`).
         history_ramp: the adaptive staleness bound's slope r: an embedding computed at batch t
             stands in for at most max(1, r * t) batches (0: the fixed bound).
         history_cooldown: the share of the round's last batches that prune nothing (0: none).

@@ -116,7 +116,7 @@ class NeighborSampler:
         return int(self._impl.num_nodes)
 
     def sample(self, seeds: Any, seed: int, stop: Any = None, last_hop: bool = False,
-               narrow: bool = False) -> SampledBatch:
+               narrow: bool = False, thin: int = 0) -> SampledBatch:
         """Sample the subgraph around `seeds` (unique node ids, int64 or any integer dtype).
 
         Args:
@@ -129,17 +129,21 @@ class NeighborSampler:
                 when they joined the batch, are expanded as usual except at the last hop. Where a
                 historical embedding stands in for a stop node's last-but-one layer, every other
                 node's lower layers then see exactly what they see without `stop`.
+            thin: with `last_hop`, the neighbours (at most the last hop's fanout) that each node left
+                unexpanded at the last hop draws there after all (0: none). Where a historical embedding
+                stands in for a stop node, the model's gradient runs through that node's children; one
+                neighbour each gives their rows a neighbour mean instead of none (docs/benchmarks.md).
             narrow: `n_id` and `edge_index` as int32, as the samples files store them (half the bytes, no
                 conversion pass); the same values.
 
         Raises:
             ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry; `narrow`
-                on a graph of 2**31 nodes or more.
+                on a graph of 2**31 nodes or more; `thin` below 0.
         """
         s = _as_seeds(seeds)
         st = None if stop is None else np.ascontiguousarray(_as_numpy(stop), dtype=np.int64).reshape(-1)
         n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop),
-                                                           bool(narrow))
+                                                           bool(narrow), int(thin))
         return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]))
 
 

@@ -36,6 +36,8 @@ def rounds(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
                             ("s20a", {"history_memory": MEMORY, "history_staleness": 20}),
                             ("s20sub", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
                                         "history_prune": "subtree"}),
+                            ("s20bare", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
+                                         "history_prune": "last-hop"}),
                             ("s20rc", {"history_memory": MEMORY, "history_staleness": 20, "history_select": "degree",
                                        "history_ramp": 0.25, "history_cooldown": 0.5})):
             cfg = PrepareConfig(**BASE, cpu_memory=4 << 20, history_dim=HIDDEN, **extra)
@@ -48,11 +50,11 @@ def _samples(path: Path) -> list:
         return [s for sb in ds.superbatches for s in ds.samples(sb.key)]
 
 
-@pytest.mark.parametrize("name", ["s20", "s20sub"])
+@pytest.mark.parametrize("name", ["s20", "s20sub", "s20bare"])
 def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: Path, name: str) -> None:
     r = rounds[name]
     h = r.figures["history"]
-    rule = "subtree" if name == "s20sub" else "last-hop"
+    rule = {"s20": "thin", "s20sub": "subtree", "s20bare": "last-hop"}[name]
     assert h == {**h, "rows": 96, "dim": HIDDEN, "staleness": 20, "bytes": MEMORY, "prune": rule}
     assert h["pruned"] > 0 and h["pushed"] > 0
     assert r.figures["accesses"] < rounds["plain"].figures["accesses"]     # pruned subtrees are not read
@@ -71,14 +73,14 @@ def test_pruned_round_replays_exactly_and_carries_its_plan(rounds, tiny_store: P
         assert np.all(prune_slot < 96) and np.all(push_slot < 96)
         pruned, pushed = pruned + prune.shape[0], pushed + push.shape[0]
     assert (pruned, pushed) == (h["pruned"], h["pushed"])
-    # the subtree rule draws nothing below a pruned node; the last-hop rule all but its subtree's last hop
+    # the subtree rule draws nothing below a pruned node; the last-hop rules all but its subtree's last hop
     assert (drawn == 0) == (rule == "subtree")
 
 
-def test_the_last_hop_rule_reads_between_the_subtree_rule_and_no_cache(rounds) -> None:
-    plain, last_hop, subtree = (rounds[n].figures for n in ("plain", "s20", "s20sub"))
-    assert last_hop["history"]["pruned"] == subtree["history"]["pruned"]      # the same plan, pruned less deep
-    assert subtree["accesses"] < last_hop["accesses"] < plain["accesses"]
+def test_the_last_hop_rules_read_between_the_subtree_rule_and_no_cache(rounds) -> None:
+    plain, thin, last_hop, subtree = (rounds[n].figures for n in ("plain", "s20", "s20bare", "s20sub"))
+    assert thin["history"]["pruned"] == last_hop["history"]["pruned"] == subtree["history"]["pruned"]  # one plan
+    assert subtree["accesses"] < last_hop["accesses"] < thin["accesses"] < plain["accesses"]
 
 
 def test_the_round_s_most_frequent_one_hop_nodes_prune_more_than_degree(rounds, tiny_store: Path) -> None:
@@ -153,7 +155,7 @@ def test_training_the_planned_round_equals_the_online_plan(rounds, tiny_store: P
                               **{**common, "history_select": "degree", "history_prune": "subtree"})
     assert [e["losses"] for e in packed_sub["epochs"]] == [e["losses"] for e in online_sub["epochs"]]
     assert [e["losses"] for e in packed_sub["epochs"]] != [e["losses"] for e in packed["epochs"]]
-    assert online_sub["history"]["prune"] == "subtree" and online["history"]["prune"] == "last-hop"
+    assert online_sub["history"]["prune"] == "subtree" and online["history"]["prune"] == "thin"
     # by default both choose the round's most frequent one-hop nodes (the online run draws them first)
     packed_a = train_packed(rounds["s20a"].path, new_run_dir(tmp_path, "pa"), threads=1, **model)
     online_a = inmemory.run(tiny_store, new_run_dir(tmp_path, "ma"), **common)

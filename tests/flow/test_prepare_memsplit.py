@@ -134,7 +134,7 @@ def test_bad_split_options_are_refused() -> None:
         replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
     assert history_options("auto", None, 16, 1 << 20, 100) == {
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100,
-        "history_prune": "last-hop", "history_ramp": 0.0, "history_cooldown": 0.0}
+        "history_prune": "thin", "history_ramp": 0.0, "history_cooldown": 0.0}
     assert history_options("1MiB", None, 16, 1 << 20, 100, default_cooldown=0.2, ramp=0.5)["history_cooldown"] == 0.2
     assert history_options("auto", None, 16, 1 << 20, 100, None, "subtree")["history_prune"] == "subtree"
     with pytest.raises(ConfigError, match="^history_staleness"):

@@ -79,11 +79,12 @@ def test_a_pruned_row_takes_the_cached_value_and_passes_the_gradient_on() -> Non
 def test_a_fresh_cache_gives_the_unpruned_logits_under_the_last_hop_rule(tiny_store: Path, fanouts) -> None:
     """Push every one-hop node's input to the last layer, then prune half of them and substitute: with the
     model unchanged in between, a GraphSAGE of any depth gives the unpruned batch's seed logits under the
-    last-hop rule (the pruned nodes' lower layers are still computed). Under OUTRE's subtree rule that holds
+    last-hop rule (the pruned nodes' lower layers are still computed), and under the thin rule, whose extra
+    neighbours feed only the pruned nodes' own (replaced) rows. Under OUTRE's subtree rule that holds
     for two layers only: deeper, the seeds' lower layers see the pruned nodes' features alone."""
     import numpy as np
     from diskflow.operators.formats.store import Store
-    from diskflow.operators.prepare.history import HistoryStep, attach_plan
+    from diskflow.operators.prepare.history import HistoryStep, attach_plan, sample_planned
     from diskflow.operators.prepare.sample import NeighborSampler
     from diskflow.operators.train.batches import to_data
 
@@ -105,19 +106,21 @@ def test_a_fresh_cache_gives_the_unpruned_logits_under_the_last_hop_rule(tiny_st
     with torch.no_grad():
         want = forward(model, to_data(full, x, y))
         got = {}
-        for rule, last_hop in (("last-hop", True), ("subtree", False)):
-            cut = sampler.sample(seeds, 9, stop=pruned, last_hop=last_hop)
-            attach_plan(cut, HistoryStep(pruned, pruned_slots, none, none, last_hop))
+        for rule, last_hop, thin in (("thin", True, 1), ("last-hop", True, 0), ("subtree", False, 0)):
+            step = HistoryStep(pruned, pruned_slots, none, none, last_hop, thin)
+            cut = sample_planned(sampler, seeds, 9, step)
             assert cut.n_id.shape[0] < full.n_id.shape[0]
             got[rule] = (forward(model, to_data(cut, x, y)), cut.n_id.shape[0])
     torch.testing.assert_close(got["last-hop"][0], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["thin"][0], want, rtol=1e-5, atol=1e-6)   # the same forward pass
+    assert got["last-hop"][1] < got["thin"][1]                               # with a neighbour each below
     if len(fanouts) == 2:      # the same sample: nothing below the pruned nodes but their own last hop
         torch.testing.assert_close(got["subtree"][0], want, rtol=1e-5, atol=1e-6)
         assert got["subtree"][1] == got["last-hop"][1]
     else:                      # fewer nodes, and the approximation
         assert got["subtree"][1] < got["last-hop"][1]
         assert not torch.allclose(got["subtree"][0], want, rtol=1e-3, atol=1e-4)
-    assert history_of(model).pruned == 2 * pruned.shape[0]
+    assert history_of(model).pruned == 3 * pruned.shape[0]
     # the default table, float16: the same logits but for its rounding
     torch.manual_seed(0)
     half = GraphSAGE(st.feature_dim, 16, len(fanouts), 5, dropout=0.0)
@@ -172,7 +175,7 @@ def test_a_pipeline_declares_the_cache(tiny_store: Path, tmp_path: Path, one_tor
         Pipeline("h3", loader="memory", history_memory="1MiB", history_staleness=0)
     with pytest.raises(ConfigError, match="Pipeline.history_prune"):
         Pipeline("h5", loader="memory", history_memory="1MiB", history_prune="all")
-    assert mine.describe()["history_prune"] == "last-hop" and "history_cooldown" not in mine.describe()
+    assert mine.describe()["history_prune"] == "thin" and "history_cooldown" not in mine.describe()
     ended = Pipeline("hc", loader="memory", history_memory="64KiB", history_staleness=20, history_cooldown=0.5)
     assert ended.describe()["history_cooldown"] == 0.5
     exact = ended.run(tiny_store, new_run_dir(tmp_path, "hc"), **COMMON)

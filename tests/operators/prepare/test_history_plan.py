@@ -148,3 +148,45 @@ def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_sto
     else:
         assert skip.shape[0] > stop.shape[0]            # some nodes were reached through stopped ones only
     np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # nothing left marked
+
+
+@pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
+def test_thin_draws_neighbours_for_the_nodes_the_last_hop_rule_leaves_bare(tiny_store: Path, fanouts) -> None:
+    st = Store(tiny_store)
+    s = NeighborSampler(st.indptr, st.indices, fanouts, num_threads=2)
+    seeds = st.split_ids("train")[:150]
+    full = s.sample(seeds, 77)
+    bs, n1 = full.num_sampled_nodes[0], full.num_sampled_nodes[1]
+    stop = full.n_id[bs:bs + n1][::3]
+    bare = s.sample(seeds, 77, stop=stop, last_hop=True)
+    thin = s.sample(seeds, 77, stop=stop, last_hop=True, thin=1)
+    last = len(fanouts)
+    before_last = sum(full.num_sampled_nodes[:last])
+    kept = sum(full.num_sampled_edges[:-1])
+    np.testing.assert_array_equal(thin.n_id[:before_last], full.n_id[:before_last])     # the hops above
+    np.testing.assert_array_equal(thin.edge_index[:, :kept], full.edge_index[:, :kept])
+    # at the last hop: the nodes the last-hop rule leaves bare draw one graph neighbour each (none where
+    # they have none); every other node draws what it draws under the last-hop rule
+    frontier = np.arange(sum(full.num_sampled_nodes[:last - 1]), before_last)     # the last hop's
+    skip = np.zeros(before_last, bool)
+    skip[frontier] = _tainted(full, stop)[frontier]
+    child, finder = thin.edge_index[:, kept:]
+    per_node = np.bincount(finder, minlength=before_last)
+    degree = np.diff(st.indptr)[full.n_id[:before_last]]
+    np.testing.assert_array_equal(per_node[skip], np.minimum(degree[skip], 1))
+    assert per_node[skip].sum() > 0
+    g_thin = {(int(thin.n_id[a]), int(thin.n_id[b])) for a, b in zip(child, finder)}
+    g_bare = {(int(bare.n_id[a]), int(bare.n_id[b])) for a, b in bare.edge_index[:, kept:].T}
+    bare_nodes = set(full.n_id[np.flatnonzero(skip)].tolist())
+    assert {e for e in g_thin if e[1] not in bare_nodes} == g_bare
+    indptr, indices = np.asarray(st.indptr), np.asarray(st.indices)
+    for u, v in ((u, v) for u, v in g_thin if v in bare_nodes):
+        assert u in indices[indptr[v]:indptr[v + 1]]                            # a real in-neighbour
+    assert bare.n_id.shape[0] < thin.n_id.shape[0] <= full.n_id.shape[0]
+    # thin=0 is the last-hop rule; as many as the fanout is the unpruned sample
+    np.testing.assert_array_equal(s.sample(seeds, 77, stop=stop, last_hop=True, thin=0).n_id, bare.n_id)
+    wide = s.sample(seeds, 77, stop=stop, last_hop=True, thin=fanouts[-1])
+    np.testing.assert_array_equal(wide.n_id, full.n_id)
+    np.testing.assert_array_equal(wide.edge_index, full.edge_index)
+    with pytest.raises(ValueError, match="thin"):
+        s.sample(seeds, 77, stop=stop, last_hop=True, thin=-1)
