@@ -38,8 +38,8 @@ gradient runs straight through the served node into them (`operators.train.histo
 neighbour drawn their rows are computed as if their neighbours' mean were zero, a signal the model never
 sees elsewhere. On a 2M-node graph with a weak feature signal (20 classes, 3-layer GraphSAGE, 10 epochs,
 three seeds; docs/benchmarks.md) the last-hop rule scored 1.8 points below in-memory training and the
-thin rule 0.2 above, at 1.49x fewer bytes than belady instead of 1.60x; a second neighbour each bought
-no accuracy for 7% more bytes.
+thin rule 0.1 below (within a point at every seed), at 1.49x fewer bytes than belady instead of 1.60x;
+a second neighbour each bought no accuracy for 7% more bytes.
 
 The cached nodes are, as many as the cache's memory holds, the one-hop nodes of the most batches
 (`history_nodes_by_count`, offline: the samples are known ahead) or the most connected ones (highest

@@ -30,7 +30,7 @@ last-hop rule). That reads nothing more, since those rows are in the batch anywa
 belady_outre from 2.41 points below in-memory training to 0.25. Under the last-hop rule the pruned
 node's children were drawn without neighbours of their own, so the gradient reaches them through rows
 computed from their features alone; the thin rule (the default) draws each of them one neighbour,
-which on a harder 2M-node graph brought belady_outre from 1.8 points below in-memory to 0.2 above.
+which on a harder 2M-node graph brought belady_outre from 1.8 points below in-memory to 0.1 below.
 """
 from __future__ import annotations
 
