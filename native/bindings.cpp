@@ -352,7 +352,6 @@ std::unique_ptr<PySampler> make_sampler(py::array indptr, py::array indices, std
 
 py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, const py::object& stop,
                          bool last_hop, bool narrow, int64_t thin) {
-    if (thin < 0) throw py::value_error("thin: expected >= 0 neighbours, got " + std::to_string(thin));
     if (!has_dtype<int64_t>(seeds)) throw py::value_error("seeds: expected dtype int64, got " + dtype_str(seeds));
     check_layout(seeds, "seeds", 1);
     py::array stop_ids;

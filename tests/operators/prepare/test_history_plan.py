@@ -118,14 +118,20 @@ def _tainted(sample, stop: np.ndarray) -> np.ndarray:
     return bad
 
 
-@pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
-def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_store: Path, fanouts) -> None:
+def _stopped(tiny_store: Path, fanouts):
+    """A sampler over the tiny store, 150 training seeds, their unpruned sample, and every third one-hop node
+    of it to stop."""
     st = Store(tiny_store)
     s = NeighborSampler(st.indptr, st.indices, fanouts, num_threads=2)
     seeds = st.split_ids("train")[:150]
     full = s.sample(seeds, 77)
     bs, n1 = full.num_sampled_nodes[0], full.num_sampled_nodes[1]
-    stop = full.n_id[bs:bs + n1][::3]
+    return st, s, seeds, full, full.n_id[bs:bs + n1][::3]
+
+
+@pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
+def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_store: Path, fanouts) -> None:
+    _, s, seeds, full, stop = _stopped(tiny_store, fanouts)
     cut = s.sample(seeds, 77, stop=stop, last_hop=True)
     last = len(fanouts)
     before_last = sum(full.num_sampled_nodes[:last])
@@ -152,12 +158,7 @@ def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_sto
 
 @pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
 def test_thin_draws_neighbours_for_the_nodes_the_last_hop_rule_leaves_bare(tiny_store: Path, fanouts) -> None:
-    st = Store(tiny_store)
-    s = NeighborSampler(st.indptr, st.indices, fanouts, num_threads=2)
-    seeds = st.split_ids("train")[:150]
-    full = s.sample(seeds, 77)
-    bs, n1 = full.num_sampled_nodes[0], full.num_sampled_nodes[1]
-    stop = full.n_id[bs:bs + n1][::3]
+    st, s, seeds, full, stop = _stopped(tiny_store, fanouts)
     bare = s.sample(seeds, 77, stop=stop, last_hop=True)
     thin = s.sample(seeds, 77, stop=stop, last_hop=True, thin=1)
     last = len(fanouts)
