@@ -195,9 +195,13 @@ def test_the_page_shows_both_gpu_workers_while_they_train(two_gpus: tuple[dict[s
     assert during and all(p["run"] == report["stream"]["run"] for p in during)
     for p in during:
         assert [(ln["rank"], ln["worker"]) for ln in p["lanes"]] == list(enumerate(gpus)), p["lanes"]
-    # superbatches both workers had trained, as the page said then (their events may trail the driver's callback)
+    # superbatches both workers had trained, as the page said then (their events may trail the driver's callback).
+    # When superbatch k's callback runs, only k + 1 .. k + window - 1 can have been prepared, so the page can show
+    # at most k + window trained: the first poll comes while the run still has superbatches to train.
     trained = [min(ln["trained"] for ln in p["lanes"]) for p in page_during]
-    assert trained == sorted(trained) and 0 < max(trained[:-1]) < report["stream"]["trained"], trained
+    window, total = report["stream"]["window"], report["stream"]["trained"]
+    assert total > window and trained == sorted(trained) and 0 < max(trained[:-1]), trained
+    assert trained[0] < total and all(t <= k + window for k, t in enumerate(trained)), trained
 
 
 def test_two_gpu_workers_equal_one_with_averaged_gradients(cluster: dict[str, Any], tiny_store: Path,
