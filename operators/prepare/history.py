@@ -157,7 +157,8 @@ class HistoryPlanner:
     Args:
         nodes: the cached nodes, sorted unique ids (`history_nodes`); slot s holds ``nodes[s]``.
         staleness: an embedding computed at batch i stands in at batches i+1 .. i+staleness-1 (>= 1).
-        prune: what a pruned node loses, ``"last-hop"`` or ``"subtree"`` (the module's docstring).
+        prune: what a pruned node loses, one of `HISTORY_PRUNES`: ``"thin"``, ``"last-hop"`` or
+            ``"subtree"`` (the module's docstring).
         ramp: the adaptive bound's slope (`window`; 0: the fixed bound).
         total: the round's training batches; cooldown: the share of them, last, that prune nothing
             (needs `total`).
