@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,15 @@ def _data(base: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A streamed run on an embedded cluster, polled over HTTP after every superbatch (and, where Chromium is
-    installed, opened in it once), then the page's data once the workers' last metrics have arrived."""
+    installed, opened in it once), then the page's data once the workers' last metrics have arrived.
+
+    The page learns of a trained superbatch from the GPU worker's event and of its measures from the worker's
+    heartbeat, neither of which the run waits for; so each poll waits (`_wait_for`) until the page shows what
+    the run had done when the callback ran: superbatch k trained and its packed bytes measured. What it shows
+    then, and the packed bytes each superbatch's trainer read (``out["loader"]``), are what the tests check."""
     tmp = tmp_path_factory.mktemp("dash")
     polls: list[dict[str, Any]] = []
+    read: list[int] = []        # packed bytes each superbatch's trainer read, as the driver got them
     shots: dict[str, Any] = {}
     browser = find_browser()
     with stream_client(None, cpu_workers=1, scratch=str(tmp / "scratch"), device="cpu", processes=False,
@@ -57,7 +64,12 @@ def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         base = page.rsplit("/diskflow", 1)[0]
 
         def poll(out: dict[str, Any]) -> None:
-            polls.append(_data(base))
+            k = len(polls)
+            assert out["index"] == k, (out["index"], k)
+            read.append(int(out["loader"]["bytes_read"]))
+            want = sum(read)
+            polls.append(_wait_for(client, base, f"superbatch {k} trained and {want} packed bytes measured",
+                                   lambda d: d["page"]["trained"] >= k + 1 and _packed(d) >= want))
             if len(polls) == 1:
                 shots["html"] = _get(page).decode()
             if len(polls) == SCREENSHOT_AT and browser is not None:
@@ -66,25 +78,50 @@ def watched(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
         rep = streaming.run(tiny_store, new_run_dir(tmp, "watched"), scheduler=client.scheduler.address,
                             on_superbatch=poll, **SETTINGS)
-        final = _settled(base, rep)
+        final = _settled(client, base, rep)
         if browser is not None:     # Dask's own page, broken down by diskflow's spans and measures
             with Chromium(browser, tmp / "chromium-fpm") as chrome:
                 shots["fpm"] = chrome.render(f"{base}/individual-fine-performance-metrics", tmp / "fpm.png",
                                              wait_for=_fpm_by_span, timeout=60)
-    return {"report": rep, "polls": polls, "final": final, "shots": shots, "browser": browser, "tmp": tmp}
+    return {"report": rep, "polls": polls, "read": read, "final": final, "shots": shots, "browser": browser,
+            "tmp": tmp}
 
 
-def _settled(base: str, rep: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
-    """The page's data once the fine performance metrics hold every packed byte the trainer read (workers send
-    them with their heartbeats)."""
-    want = rep["trainer"]["io"]["bytes_read"]
-    deadline = time.monotonic() + timeout
+WAIT_S = 60.0       # a guard against a hang: what a poll waits for comes within a heartbeat and a page refresh
+
+
+async def _heartbeat(dask_worker: Any) -> None:
+    """A worker's heartbeat, now: it sends the scheduler the fine performance metrics measured since the last."""
+    await dask_worker.heartbeat()
+
+
+def _packed(data: dict[str, Any]) -> int:
+    """The packed bytes the page's fine performance metrics hold."""
+    return int(data["fine_metrics"]["totals"].get("packed-read", {}).get("bytes", 0))
+
+
+def _wait_for(client: Any, base: str, what: str, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The page's data once `ready` holds for it. Every worker sends its heartbeat before each look, so the
+    metrics it measured are on the scheduler, and the page's data (computed at most once a second) shows them
+    within about two seconds; an `AssertionError` naming `what` if it never does within `WAIT_S`."""
+    deadline = time.monotonic() + WAIT_S
     while True:
+        client.run(_heartbeat)
         data = _data(base)
-        got = data["fine_metrics"]["totals"].get("packed-read", {}).get("bytes", 0)
-        if got >= want or time.monotonic() > deadline:
+        if ready(data):
             return data
-        time.sleep(0.2)
+        assert time.monotonic() < deadline, \
+            f"the page never showed {what} within {WAIT_S:.0f} s: it shows {data['page']['trained']} " \
+            f"superbatches trained and {_packed(data)} packed bytes measured"
+        time.sleep(0.1)
+
+
+def _settled(client: Any, base: str, rep: dict[str, Any]) -> dict[str, Any]:
+    """The page's data once it holds the whole run: every superbatch trained, and in the fine performance metrics
+    every packed byte the trainer read (the run is over, so one heartbeat of each worker carries them all)."""
+    trained, want = rep["stream"]["trained"], rep["trainer"]["io"]["bytes_read"]
+    return _wait_for(client, base, f"the run's {trained} superbatches trained and {want} packed bytes measured",
+                     lambda d: d["page"]["trained"] >= trained and _packed(d) >= want)
 
 
 # a JavaScript expression: true once every Bokeh figure of the page has a view with a drawn canvas
@@ -122,12 +159,21 @@ _fpm_by_span = """(() => { if (!(window.Bokeh && Bokeh.documents && Bokeh.docume
 
 
 def test_the_page_moves_while_it_trains(watched: dict[str, Any]) -> None:
+    """Poll k (waited for until the page showed superbatch k trained) saw k + 1 or more trained, and no more than
+    the run could have trained by then: k + window (superbatch k + window is prepared only after k's callback)."""
     polls = [p["page"] for p in watched["polls"]]
-    assert len(polls) == watched["report"]["stream"]["superbatches"] == 5
+    total, window = watched["report"]["stream"]["superbatches"], SETTINGS["window"]
+    assert len(polls) == total == 5 > window
     trained = [p["trained"] for p in polls]
-    assert trained == sorted(trained) and trained[-1] > trained[0], trained
+    assert trained == sorted(trained), trained
+    assert all(k + 1 <= t <= min(k + window, total) for k, t in enumerate(trained)), trained
+    # packed bytes read as the page said then: at least superbatches 0..k's, at most 0..k + window - 1's
+    cum = [sum(watched["read"][:k + 1]) for k in range(total)]
+    assert cum[-1] == watched["report"]["trainer"]["io"]["bytes_read"], cum
     read = [p["totals"]["bytes_read"] for p in polls]
-    assert read == sorted(read) and read[-1] > read[0] > 0, read
+    assert read == sorted(read), read
+    assert all(cum[k] <= r <= cum[min(k + window, total) - 1] for k, r in enumerate(read)), (read, cum)
+    assert read[0] < read[-1] == cum[-1], read
     assert all(p["lanes"][0]["recent"] for p in polls)
     assert "bokeh" in watched["shots"]["html"].lower()
 
@@ -167,8 +213,14 @@ def test_fine_metrics_break_the_run_down_by_span(watched: dict[str, Any]) -> Non
     assert "store-read" in spans["prepare/pack"] and "packed-read" not in spans["prepare/pack"]
     # what Dask times itself is not timed twice: no diskflow measure is in seconds
     assert not any("seconds" in units for label, units in totals.items() if label.startswith(("rows-", "packed-")))
-    polled = [p["fine_metrics"]["totals"].get("packed-read", {}).get("bytes", 0) for p in watched["polls"]]
-    assert polled == sorted(polled) and polled[-1] > 0, "the fine performance metrics move while it trains"
+    # the fine performance metrics move while it trains: poll k (waited for until they held superbatches 0..k's
+    # packed bytes) saw no more than superbatches 0..k + window - 1 read
+    polled = [_packed(p) for p in watched["polls"]]
+    n, window = len(polled), SETTINGS["window"]
+    cum = [sum(watched["read"][:k + 1]) for k in range(n)]
+    assert polled == sorted(polled), polled
+    assert all(cum[k] <= b <= cum[min(k + window, n) - 1] for k, b in enumerate(polled)), (polled, cum)
+    assert 0 < polled[0] < polled[-1] == totals["packed-read"]["bytes"], polled
 
 
 def test_chromium_renders_the_page_during_the_run(watched: dict[str, Any]) -> None:
