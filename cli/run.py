@@ -43,9 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="train a GNN with a pipeline (e.g. inmemory) and write report.json",
         description="Train with PIPELINE (a built-in name such as "
-        f"{', '.join(available_pipelines()) or 'inmemory'}, or a .py file defining run(store, run_dir, ...)) "
-        "on an ingested store; prints each epoch and writes RUNS_DIR/<time>-<pipeline>-<model>/report.json.")
-    p.add_argument("pipeline", metavar="PIPELINE", help="pipeline name or path of a pipeline .py file")
+        f"{', '.join(available_pipelines()) or 'inmemory'}, or the path of a .py file that defines a "
+        "diskflow.Pipeline) on an ingested store; prints each epoch and writes "
+        "RUNS_DIR/<time>-<pipeline>-<model>/report.json.")
+    p.add_argument("pipeline", metavar="PIPELINE",
+                   help="a built-in pipeline name, or the path of a .py file that defines a diskflow.Pipeline")
     p.add_argument("--dataset", required=True, metavar="STORE", help="ingested store directory")
     d = TrainConfig()       # the defaults, from the one place they are set (each pipeline's own apply)
     p.add_argument("--model", metavar="MODEL", help=f"{d.model} (default), gcn, gat, mlp (features only), or the path "
