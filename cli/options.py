@@ -8,6 +8,7 @@ argparse's own message; `diskflow.config` has the ones the benchmarks share, `fa
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 from ..config import BATCH_ORDERS, check_rule
@@ -25,6 +26,26 @@ def positive_int(option: str) -> Callable[[str], int]:
         if value < 1:
             raise argparse.ArgumentTypeError(f"{option}: must be >= 1, got {value}")
         return value
+    return parse
+
+
+def positive_float(option: str) -> Callable[[str], float]:
+    """Parser for a finite number > 0."""
+    def parse(text: str) -> float:
+        try:
+            return parse_float(option, text, minimum=0.0, inclusive=False)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def non_negative_float(option: str) -> Callable[[str], float]:
+    """Parser for a finite number >= 0."""
+    def parse(text: str) -> float:
+        try:
+            return parse_float(option, text, minimum=0.0)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 
@@ -49,12 +70,17 @@ def parse_int(option: str, text: str, minimum: int) -> int:
     return value
 
 
-def parse_float(option: str, text: str) -> float:
-    """A number, or a ConfigError naming the option."""
+def parse_float(option: str, text: str, minimum: float | None = None, inclusive: bool = True) -> float:
+    """A number (finite and at least `minimum`, above it unless `inclusive`, where given), or a ConfigError
+    naming the option."""
+    bound = "" if minimum is None else f" {'>=' if inclusive else '>'} {minimum:g}"
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ConfigError(option, f"expected a number, got {text!r}") from None
+        raise ConfigError(option, f"expected a number{bound}, got {text!r}") from None
+    if minimum is not None and not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+        raise ConfigError(option, f"expected a number{bound}, got {text!r}")
+    return value
 
 
 def parse_history_rule(option: str, text: str) -> float:

@@ -59,7 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hidden", metavar="N", help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", metavar="N", help="model layers (default: number of hops)")
     p.add_argument("--dropout", metavar="P", help="dropout probability")
-    p.add_argument("--lr", metavar="LR", help=f"Adam learning rate (default {d.lr:g})")
+    p.add_argument("--lr", metavar="LR",
+                   help=f"learning rate: Adam's, or a model file's optimizer factory's (default {d.lr:g})")
+    p.add_argument("--weight-decay", metavar="WD", help=f"weight decay: Adam's, or a model file's optimizer "
+                                                        f"factory's (default {d.weight_decay:g})")
+    p.add_argument("--clip-grad", metavar="NORM", help="clip the gradients' total L2 norm to NORM before each step "
+                                                       "(default: the model's own clip_grad, else none)")
     p.add_argument("--seed", metavar="N", help=f"seed of model init, batch order and sampling (default {d.seed})")
     p.add_argument("--eval-every", metavar="N", help=f"evaluate val/test every N epochs (default {d.eval_every})")
     p.add_argument("--device", metavar="DEV", help=f"cpu or cuda[:N] (default {PREPARE_DEFAULTS['device']})")
@@ -115,6 +120,8 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "num_layers": ("--num-layers", lambda s: parse_int("--num-layers", s, 1)),
     "dropout": ("--dropout", lambda s: parse_float("--dropout", s)),
     "lr": ("--lr", lambda s: parse_float("--lr", s)),
+    "weight_decay": ("--weight-decay", lambda s: parse_float("--weight-decay", s, minimum=0.0)),
+    "clip_grad": ("--clip-grad", lambda s: parse_float("--clip-grad", s, minimum=0.0, inclusive=False)),
     "seed": ("--seed", lambda s: parse_int("--seed", s, 0)),
     "eval_every": ("--eval-every", lambda s: parse_int("--eval-every", s, 1)),
     "device": ("--device", str),

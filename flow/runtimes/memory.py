@@ -77,8 +77,10 @@ EpochHook = Callable[[dict[str, Any]], None]
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
         hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
         fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
-        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, dropout: float = TrainConfig.dropout,
-        heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str = "cpu",
+        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr,
+        weight_decay: float = TrainConfig.weight_decay, clip_grad: float | None = TrainConfig.clip_grad,
+        dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads, seed: int = TrainConfig.seed,
+        device: str = "cpu",
         eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
         samples: str | os.PathLike[str] | None = None, progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
@@ -99,6 +101,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         hidden, num_layers, dropout, heads: model shape (`num_layers` defaults to `len(fanouts)`).
         fanouts: neighbours sampled per hop (-1: all).
         batch_size, epochs, lr, seed: training; with the same seed two runs give the same losses.
+        weight_decay, clip_grad: the optimizer's weight decay and the gradients' clipping norm
+            (`TrainConfig`); a `diskflow.Model` may bring its own optimizer and scheduler.
         device: "cpu" or a CUDA device; features stay in host RAM, batches are copied over.
         eval_every: evaluate val/test every this many epochs (and always after the last one).
         threads: torch and sampler threads (default: torch's own setting).
@@ -106,7 +110,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
             fanouts, batch size and seed must be these; it must hold `epochs` epochs), instead
             of sampling each batch here. Evaluation samples online either way.
         progress: show a progress bar per epoch (on a terminal).
-        on_epoch: called with each epoch's record as soon as it is complete.
+        on_epoch: called with each epoch's record (a dict: ``epoch``, ``loss``, ``losses``, ``train_acc``,
+            ``val_acc``, ``test_acc``, ``lr``, ``epoch_s``, ``stage_s``) as soon as it is complete.
         on_batch: called with 1 after each trained batch (as `operators.trainer.train_packed`).
         on_start: called with (epoch index, batches in it) before each epoch.
         batches: ``"shuffled"`` or ``"partition"`` (`operators.prepare.seeds.BatchOrder`).
@@ -147,7 +152,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
 def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: str | os.PathLike[str],
                  run_dir: str | os.PathLike[str],
                  model: str, hidden: int, num_layers: int | None, fanouts: Sequence[int], batch_size: int,
-                 epochs: int, lr: float, dropout: float, heads: int, seed: int, device: str, eval_every: int,
+                 epochs: int, lr: float, weight_decay: float, clip_grad: float | None, dropout: float, heads: int,
+                 seed: int, device: str, eval_every: int,
                  threads: int | None, samples: str | os.PathLike[str] | None, progress: bool,
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
                  on_start: Callable[[int, int], Any] | None, batches: str = "shuffled",
@@ -187,7 +193,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
-                      batch_size=batch_size, epochs=epochs, lr=lr, dropout=dropout, heads=heads, seed=seed,
+                      batch_size=batch_size, epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
+                      dropout=dropout, heads=heads, seed=seed,
                       eval_every=eval_every, threads=threads, history_rows=rows, label_prior=prior)
     dev = resolve_device(device)
     planner = None if make_planner is None else make_planner()     # draws ahead only once the options are good
@@ -459,7 +466,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     return {
         "pipeline": how.name,
         "title": f"{how.name}: {cfg.model}, fanouts {list(cfg.fanouts)}",
-        "config": {**cfg.as_json(), "device": str(dev),
+        "config": {**cfg.as_json(), "device": str(dev), "optimizer": session.describe(),
                    "threads": cfg.threads, "torch_threads": torch.get_num_threads(),
                    "samples": None if how.samples is None else str(how.samples),
                    "features": "ram" if how.features is None else str(features)},

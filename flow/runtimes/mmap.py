@@ -32,6 +32,7 @@ from ...operators.formats.errors import ConfigError, InputError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_PRUNE, DEFAULT_RAMP, DEFAULT_STALENESS
 from ...operators.prepare.seeds import PARTS_PER_GROUP
+from ...operators.train.config import TrainConfig
 from .memory import EpochHook, gathered_run
 
 NAME = "mmap"
@@ -89,7 +90,8 @@ class MappedFeatures:
 
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = "sage",
         hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
-        batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4,
+        batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
+        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4,
         seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
         samples: str | os.PathLike[str] | None = None, advice: str = "random", progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,

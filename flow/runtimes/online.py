@@ -154,6 +154,7 @@ def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str |
                model: str = TrainConfig.model, hidden: int = TrainConfig.hidden,
                num_layers: int | None = TrainConfig.num_layers, fanouts: Sequence[int] = TrainConfig.fanouts,
                batch_size: int = TrainConfig.batch_size, epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr,
+               weight_decay: float = TrainConfig.weight_decay, clip_grad: float | None = TrainConfig.clip_grad,
                dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads, seed: int = TrainConfig.seed,
                device: str = "cpu", eval_every: int = TrainConfig.eval_every,
                threads: int | None = TrainConfig.threads, cpu_memory: int | str | None = None,

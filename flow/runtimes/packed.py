@@ -17,6 +17,7 @@ from typing import Any
 from ...operators.formats.errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import DEFAULT_STALENESS
+from ...operators.train.config import TrainConfig
 from ..options import byte_budget as budget
 from ..options import history_options
 from ..progress import bar
@@ -118,9 +119,12 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
 def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
                packed: str | os.PathLike[str] | None = None, model: str = "sage", hidden: int = 128,
                num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
-               epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4, seed: int = 0,
+               epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
+               clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4, seed: int = 0,
                device: str = "cpu", eval_every: int = 1, threads: int | None = None, progress: bool = True,
-               on_epoch: Callable[[dict[str, Any]], None] | None = None, cpu_memory: int | str | None = None,
+               on_epoch: Callable[[dict[str, Any]], None] | None = None,
+               on_batch: Callable[[int], Any] | None = None, on_start: Callable[[int, int], Any] | None = None,
+               cpu_memory: int | str | None = None,
                gpu_memory: int | str = 0, disk_budget: int | str | None = None, superbatch_size: int = 64,
                queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
                force: bool = False, readahead: int | None = None, batches: str | None = None,
@@ -137,7 +141,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     flight + I/O buffers; by default 10% of the features for the CPU tier plus the staging
     of the worst-case batch for these fanouts (whatever the real batches leave unused
     goes to the CPU tier).
-    Other options are the in-memory pipeline's (same seed: same batches, same samples) and
+    Other options, the hooks `on_epoch`, `on_batch` and `on_start` among them, are the in-memory pipeline's
+    (same seed: same batches, same samples) and
     the trainer's (`queue_depth`, `sequential`, `check_crc`, `resume`); `readahead`, `batches`
     (``"shuffled"`` or ``"partition"``; default: the pipeline's) and `partitions` (parts of the
     partition; default eight per batch) are prepare's, and so are `history_memory` (bytes,
@@ -167,11 +172,12 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(
-        out, rdir, progress=progress, on_epoch=on_epoch,
+        out, rdir, progress=progress, on_epoch=on_epoch, on_batch=on_batch, on_start=on_start,
         extra={"pipeline": pipeline.name, "definition": pipeline.describe(), "prepare": {"path": str(out), "skipped": result.skipped,
                                              "seconds": result.seconds, "phases": result.phases,
                                              "figures": result.figures}},
-        model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads, seed=seed,
+        model=model, hidden=hidden, num_layers=num_layers, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
+        dropout=dropout, heads=heads, seed=seed,
         device=device, eval_every=eval_every, cpu_memory=cpu, gpu_memory=gpu if dev == "cuda" else None,
         queue_depth=queue_depth, sequential=sequential, check_crc=check_crc, resume=resume, store=st.path,
         threads=threads)

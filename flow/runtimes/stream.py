@@ -32,6 +32,7 @@ from ...operators.prepare.history import (
     history_rows,
 )
 from ...operators.prepare.seeds import PARTS_PER_GROUP, label_shares
+from ...operators.train.config import TrainConfig
 from ..options import history_options
 from ..roles import stream_client, tls_security
 from ..rundir import plot_curves, write_report
@@ -57,7 +58,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
         hold_memory: int | str | None = None, stage: str | None = None, model: str = "sage", hidden: int = 128,
         num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
-        epochs: int = 3, lr: float = 3e-3, dropout: float = 0.2, heads: int = 4, seed: int = 0,
+        epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
+        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4, seed: int = 0,
         device: str | None = None, eval_every: int = 1,
         threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
         on_superbatch: Callable[[dict[str, Any]], None] | None = None,
@@ -142,7 +144,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                              device=device or "cpu")
     gpu = budgets["gpu_memory"]
     on_gpu = device is not None and str(device).startswith("cuda")
-    train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout, heads=heads,
+    train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, weight_decay=weight_decay,
+                              clip_grad=clip_grad, dropout=dropout, heads=heads,
                               seed=seed, eval_every=eval_every, epochs=epochs, fanouts=tuple(fanouts),
                               batch_size=batch_size, cpu_memory=budgets["cpu_memory"],
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,

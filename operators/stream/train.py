@@ -253,6 +253,7 @@ class StreamTrainer:
         s = self.loader.stats()
         return {"stages": s["stages"], "io": s["io"], "tiers": s["tiers"], "memory": dict(self.loader.memory),
                 "config": {**self.cfg.as_json(), "device": str(self.dev),
+                           "optimizer": self.session.describe() if self.session is not None else None,
                            "torch_threads": torch.get_num_threads()},
                 "eval_note": self.eval_note}
 

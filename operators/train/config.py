@@ -15,7 +15,7 @@ from typing import Any
 
 from ..formats.errors import ConfigError
 from .modeldef import BUILTIN_MODELS as MODELS  # noqa: F401  (the built-in names, re-exported)
-from .modeldef import DATA_ONLY, check_model_option, model_identity, model_label
+from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
 
 
 def _positive_int(option: str, value: Any) -> None:
@@ -40,6 +40,10 @@ class TrainConfig:
             number of hops (``len(fanouts)``).
         fanouts: `fanouts[k]` neighbours sampled at hop k (-1: all of them).
         batch_size, epochs, lr, seed: training; the same seed gives the same losses.
+        weight_decay: the optimizer's weight decay (Adam's L2 penalty; a model's own optimizer
+            factory gets it where it takes ``weight_decay``).
+        clip_grad: clip the gradients' total L2 norm to this before each step (None: the
+            model's own `Model.clip_grad`, by default no clipping).
         eval_every: evaluate val/test every this many epochs (and after the last one).
         threads: torch's intra-op threads (None: torch's own setting). They may change the
             order of floating-point sums, but not what a checkpoint resumes.
@@ -60,6 +64,8 @@ class TrainConfig:
     batch_size: int = 1024
     epochs: int = 3
     lr: float = 3e-3
+    weight_decay: float = 0.0
+    clip_grad: float | None = None
     dropout: float = 0.2
     heads: int = 4
     seed: int = 0
@@ -104,6 +110,10 @@ class TrainConfig:
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
                                              and self.lr > 0):
             raise ConfigError("lr", f"expected a positive number, got {self.lr!r}")
+        if isinstance(self.weight_decay, bool) or not (isinstance(self.weight_decay, (int, float))
+                                                       and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError("weight_decay", f"expected a number >= 0, got {self.weight_decay!r}")
+        check_clip_grad("clip_grad", self.clip_grad)
         if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float))
                                                   and 0.0 <= self.dropout < 1.0):
             raise ConfigError("dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
@@ -123,6 +133,9 @@ class TrainConfig:
         """The options a checkpoint must match to be resumed: all of them but `threads`, with the model
         by name and code hash (an edited model file no longer matches)."""
         options = {k: v for k, v in asdict(self).items() if k not in ("threads", "model")}
+        for name, default in _LATER_FIELDS.items():   # at their defaults: the fingerprint of a run made before them
+            if options[name] == default:
+                del options[name]
         return {**options, "model": self.model_key()}
 
     def model_key(self) -> str:
@@ -140,6 +153,10 @@ class TrainConfig:
     def model_identity(self) -> dict[str, str]:
         """The model's name and a hash of its code ("" for a built-in), as checkpoints record it."""
         return model_identity(self.model)
+
+
+# fields added after checkpoints were first fingerprinted, with their defaults
+_LATER_FIELDS: dict[str, Any] = {"weight_decay": 0.0, "clip_grad": None}
 
 
 def check_model_identity(state: Mapping[str, Any], cfg: TrainConfig, source: str | os.PathLike[str]) -> None:

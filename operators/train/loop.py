@@ -21,6 +21,7 @@ from torch_geometric.data import Data
 from ..formats.errors import DiskflowError, InputError
 from .history import history_of
 from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim
+from .optim import Stepper
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
 
@@ -130,7 +131,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch.optim.Optimizer,
+def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch.optim.Optimizer | Stepper,
                 device: str | torch.device, label_prior: torch.Tensor | None = None,
                 steps: StepGroups | None = None, pass_batches: int | None = None) -> dict[str, Any]:
     """Train one epoch: forward, cross entropy on the seeds, backward, step, batch by batch.
@@ -139,7 +140,8 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         model: called as `model(x, edge_index)`, already on `device`.
         loader: yields `Data` batches; if it has a `stage_s` dict (seconds per stage of the
             iteration it just ran, e.g. `sample`, `gather`), those are reported too.
-        optimizer: steps `model`'s parameters.
+        optimizer: steps `model`'s parameters: a torch optimizer, or a session's `optim.Stepper` (which
+            also clips the gradients and steps a per-step learning-rate schedule).
         device: where the batch is moved before the forward pass.
         label_prior: the training split's label shares (on `device`): the loss is then
             `prior_weighted_loss` (partition batches); None: the plain mean cross-entropy.
@@ -185,15 +187,16 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         correct += hits
         seen += batch.batch_size
 
+    stepper = optimizer if isinstance(optimizer, Stepper) else _Plain(optimizer)
     if steps is None or steps.per_step == 1:
         for batch in loader:
-            optimizer.zero_grad(set_to_none=True)
+            stepper.zero_grad()
             backward(batch)
             t2 = time.perf_counter()
-            optimizer.step()
+            stepper.step()
             train_s += time.perf_counter() - t2
     else:
-        train_s += _grouped_steps(model, iter(loader), optimizer, device, steps, pass_batches, backward)
+        train_s += _grouped_steps(model, iter(loader), stepper, device, steps, pass_batches, backward)
     seconds = time.perf_counter() - start
     stage_s = {name: float(s) for name, s in dict(getattr(loader, "stage_s", {})).items()}
     stage_s["gather"] = stage_s.get("gather", 0.0) + move_s
@@ -211,7 +214,20 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
     }
 
 
-def _grouped_steps(model: torch.nn.Module, batches: Iterator[Data], optimizer: torch.optim.Optimizer,
+class _Plain:
+    """A bare torch optimizer as `train_epoch` steps it (no clipping, no schedule)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+
+def _grouped_steps(model: torch.nn.Module, batches: Iterator[Data], optimizer: Stepper | _Plain,
                    device: torch.device, steps: StepGroups, pass_batches: int | None,
                    backward: Any) -> float:
     """Several batches per optimizer step (`steps`); the seconds spent reducing and stepping."""
@@ -234,7 +250,7 @@ def _grouped_steps(model: torch.nn.Module, batches: Iterator[Data], optimizer: t
             if pending is None:
                 break
             count = steps.per_step
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         base, after = draw_base(device)
         taken = 0
         for position in steps.local_positions(count):

@@ -1,9 +1,11 @@
 """`diskflow.Model`: a user's model declared once, and finding one by built-in name or ``.py`` file.
 
 A model is a factory from ``(in_channels, out_channels)`` to a `torch.nn.Module` called as
-``model(x, edge_index)``, with an optional loss. Pipelines decide where a batch's features come
-from; the model decides what is trained on them, so the same declaration runs on every path:
-in memory, packed, online, streamed to a GPU worker and data-parallel on N of them.
+``model(x, edge_index)``, with an optional loss, optimizer, learning-rate schedule and gradient
+clipping (`operators.train.optim` builds and steps them). Pipelines decide where a batch's
+features come from; the model decides what is trained on them and how, so the same declaration
+runs on every path: in memory, packed, online, streamed to a GPU worker and data-parallel on N
+of them.
 
 A run names its model by a string (`TrainConfig.model`): a built-in name or the path of a
 ``.py`` file. That string is what travels to Dask workers (a function of a file imported
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +36,9 @@ DATA_ONLY = "none"      # model name that runs only the data path (batches built
 USER_MODULE = "diskflow_user_model"
 # Shape options a factory may take besides (in_channels, out_channels), by keyword.
 SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads")
+# When a scheduler steps: after every epoch (StepLR, CosineAnnealingLR over epochs, ReduceLROnPlateau on the
+# epoch's training loss) or after every optimizer step (OneCycleLR, warm-up schedules).
+SCHEDULES = ("epoch", "step")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,16 @@ class Model:
             ``num_sampled_edges_per_hop`` keywords (`trim_to_layer`) and gives the seeds the same
             logits with them: layer k then skips what cannot reach the seeds.
         seeds_only: the module reads a node's own row only (an MLP): it is given the seeds' rows.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer`` over the module's parameters; it
+            may also take ``lr`` and ``weight_decay`` by keyword, and then gets the run's ``--lr``
+            and ``--weight-decay``. None: Adam with those two.
+        scheduler: ``scheduler(optimizer) -> torch.optim.lr_scheduler.LRScheduler`` (or a
+            ``ReduceLROnPlateau``, stepped with the epoch's mean training loss); it may take
+            ``epochs`` by keyword. None: a constant learning rate.
+        schedule: when the scheduler steps: ``"epoch"`` (after each epoch) or ``"step"`` (after
+            each optimizer step).
+        clip_grad: clip the gradients' total L2 norm to this before each optimizer step (the
+            run's ``--clip-grad`` overrides it); None: no clipping.
         source: the ``.py`` file that defines it (set by `load_model`; None for built-ins and
             models made in the caller's own process).
         code_hash: sha256 of that file's bytes ("" without a file).
@@ -62,6 +78,10 @@ class Model:
     loss: Callable[..., Any] | None = None
     trim: bool = False
     seeds_only: bool = False
+    optimizer: Callable[..., Any] | None = None
+    scheduler: Callable[..., Any] | None = None
+    schedule: str = "epoch"
+    clip_grad: float | None = None
     source: str | None = field(default=None, compare=False)
     code_hash: str = field(default="", compare=False)
 
@@ -74,6 +94,14 @@ class Model:
         if self.loss is not None and not callable(self.loss):
             raise ConfigError("Model.loss", f"expected a callable (logits, target) -> loss, or None, "
                                             f"got {type(self.loss).__name__}")
+        for name, shape in (("optimizer", "(params) -> torch.optim.Optimizer"),
+                            ("scheduler", "(optimizer) -> torch.optim.lr_scheduler.LRScheduler")):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ConfigError(f"Model.{name}", f"expected a callable {shape}, or None, got {type(value).__name__}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("Model.schedule", f"expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        check_clip_grad("Model.clip_grad", self.clip_grad)
 
     @property
     def where(self) -> str:
@@ -90,7 +118,7 @@ class Model:
         """
         import torch
 
-        kwargs = _accepted(self.factory, {k: v for k, v in shape.items() if k in SHAPE_OPTIONS})
+        kwargs = accepted(self.factory, {k: v for k, v in shape.items() if k in SHAPE_OPTIONS})
         try:
             module = self.factory(in_channels, out_channels, **kwargs)
         except ConfigError:
@@ -108,7 +136,15 @@ class Model:
         return {"name": self.name, "source": self.source, "code_hash": self.code_hash}
 
 
-def _accepted(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+def check_clip_grad(option: str, value: object) -> None:
+    """Raise `ConfigError` (naming `option`) unless `value` is None or a positive, finite number."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(option, f"expected a positive gradient norm (or None: no clipping), got {value!r}")
+
+
+def accepted(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
     """The `options` that `factory`'s signature takes by keyword (all of them where it takes ``**kwargs``)."""
     try:
         params = inspect.signature(factory).parameters

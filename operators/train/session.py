@@ -29,6 +29,7 @@ from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity
 from .history import HistoryCache
 from .loop import evaluate, train_epoch
 from .models import build_model, spec_of
+from .optim import Stepper, describe_optimizer
 from .record import EpochTally, final_block, num
 from .steps import Accumulate, StepGroups
 
@@ -176,16 +177,25 @@ class TrainSession:
         self.tally = EpochTally(self.stages)           # the open epoch
         torch.manual_seed(cfg.seed)
         self.model: torch.nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.stepper: Stepper | None = None
         if not cfg.data_only:
             model = build_model(cfg.model, dim, cfg.hidden, num_classes, int(cfg.num_layers or 1),
                                 dropout=cfg.dropout, heads=cfg.heads)
             if cfg.history_rows > 0:
                 HistoryCache.attach(model, cfg.history_rows)
             self.model = model.to(self.device)
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+            self.stepper = Stepper(self.model, spec_of(self.model), cfg)
         self._prior = None if cfg.label_prior is None else \
             torch.tensor(cfg.label_prior, dtype=torch.float64, device=self.device)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The model's optimizer (None: model "none")."""
+        return self.stepper.optimizer if self.stepper is not None else None
+
+    def describe(self) -> dict[str, Any] | None:
+        """The optimizer, scheduler and clipping as the report's ``optimizer`` block (None: model "none")."""
+        return describe_optimizer(self.stepper)
 
     # ------------------------------------------------------------------ training
     def train(self, loader: Iterable[Data], on_batch: Callable[[int], Any] | None = None,
@@ -202,10 +212,10 @@ class TrainSession:
             `loop.train_epoch`'s result for this part, with ``stopped``: whether `stop` cut it short.
         """
         feed = _Feed(loader, on_batch, stop)
-        if self.model is None or self.optimizer is None:
+        if self.model is None or self.stepper is None:
             result = _data_pass(feed)
         else:
-            result = train_epoch(self.model, feed, self.optimizer, self.device, self._prior, self.steps, pass_batches)
+            result = train_epoch(self.model, feed, self.stepper, self.device, self._prior, self.steps, pass_batches)
         self.tally.add(result)
         return {**result, "stopped": feed.stopped}
 
@@ -216,10 +226,15 @@ class TrainSession:
 
     def close_epoch(self, epoch: int) -> dict[str, Any]:
         """The record of epoch `epoch` (0-based) from the open tally, evaluated when due; appended to
-        `records`, and the tally starts over."""
+        `records`, and the tally starts over. The record's ``lr`` is the learning rate at the epoch's end;
+        a per-epoch schedule steps after it."""
         record = self.tally.record(epoch, self.throughput)
+        if self.stepper is not None:
+            record["lr"] = self.stepper.lr
         if self.cfg.due(epoch):
             self._evaluate(record)
+        if self.stepper is not None:
+            self.stepper.end_epoch(record["loss"])
         self.records.append(record)
         self.tally = EpochTally(self.stages)
         return record
@@ -238,8 +253,9 @@ class TrainSession:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """What resuming needs besides the data: model, optimiser, RNG (CPU, and CUDA when training
-        there), the closed epochs' `records` and the open epoch (`partial`, None when empty).
+        """What resuming needs besides the data: model, optimiser and its learning-rate scheduler, RNG (CPU,
+        and CUDA when training there), the closed epochs' `records` and the open epoch (`partial`, None when
+        empty).
 
         The tensors are the live ones (as `torch.nn.Module.state_dict`'s): copy them to keep a snapshot.
         """
@@ -250,7 +266,7 @@ class TrainSession:
             "rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
             "model": self.model.state_dict() if self.model is not None else {},
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
+            **(self.stepper.state_dict() if self.stepper is not None else {"optimizer": {}, "scheduler": {}}),
         }
 
     def _identity(self) -> dict[str, str] | None:
@@ -271,8 +287,8 @@ class TrainSession:
         try:
             if self.model is not None:
                 self.model.load_state_dict(state["model"])
-            if self.optimizer is not None:
-                self.optimizer.load_state_dict(state["optimizer"])
+            if self.stepper is not None:
+                self.stepper.load_state_dict(state)
             torch.set_rng_state(state["rng"])
             if self.device.type == "cuda" and state.get("cuda_rng"):
                 torch.cuda.set_rng_state_all(state["cuda_rng"])

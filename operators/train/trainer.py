@@ -82,8 +82,9 @@ def _peak_rss() -> dict[str, int]:
 
 def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
                  hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
-                 lr: float = TrainConfig.lr, dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads,
-                 seed: int | None = None, device: str = "cpu", eval_every: int = TrainConfig.eval_every,
+                 lr: float = TrainConfig.lr, weight_decay: float = TrainConfig.weight_decay,
+                 clip_grad: float | None = TrainConfig.clip_grad, dropout: float = TrainConfig.dropout,
+                 heads: int = TrainConfig.heads, seed: int | None = None, device: str = "cpu", eval_every: int = TrainConfig.eval_every,
                  cpu_memory: int | None = None, gpu_memory: int | None = None, queue_depth: int = 2,
                  sequential: bool = False, check_crc: bool = True, resume: bool = False,
                  store: str | os.PathLike[str] | None = None, threads: int | None = TrainConfig.threads,
@@ -96,7 +97,8 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
             batches and samples (fanouts, batch size, sampling seed).
         run_dir: an existing directory; checkpoints go to ``run_dir/checkpoints``.
         model: "sage", "gcn", "gat", "mlp", or "none" (the data path only, for timing).
-        hidden, num_layers, lr, dropout, heads: as the in-memory pipeline (`TrainConfig`).
+        hidden, num_layers, lr, weight_decay, clip_grad, dropout, heads: as the in-memory pipeline
+            (`TrainConfig`); a `diskflow.Model` may bring its own optimizer and scheduler.
         seed: model-initialisation seed (default: the round's sampling seed, which makes the
             run comparable loss for loss with ``inmemory`` at that seed).
         device: "cpu" or "cuda[:N]".
@@ -132,8 +134,9 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
     loader = PackedLoader(packed, dev, cpu_memory=cpu_memory, queue_depth=queue_depth, pipelined=not sequential,
                           check_crc=check_crc, store=store, gpu_memory=gpu_memory)
     try:
-        cfg = _round_config(loader, model=model, hidden=hidden, num_layers=num_layers, lr=lr, dropout=dropout,
-                            heads=heads, seed=seed, eval_every=eval_every, threads=threads)
+        cfg = _round_config(loader, model=model, hidden=hidden, num_layers=num_layers, lr=lr,
+                            weight_decay=weight_decay, clip_grad=clip_grad, dropout=dropout, heads=heads, seed=seed,
+                            eval_every=eval_every, threads=threads)
         with torch_threads(cfg.threads), deterministic(), deferred_interrupt() as interrupt:
             report = _Run(loader, cfg, run_dir, dev, resume, store, interrupt, on_epoch, on_batch, on_start,
                           evaluate).train(time.perf_counter() - t0)
@@ -261,7 +264,7 @@ class _Run:
                 self.on_epoch(record)
             if self.interrupt.is_set() and epoch + 1 < cfg.epochs:   # after the last epoch: just finish
                 raise KeyboardInterrupt
-        return self._report(session.records, load_s, stats0)
+        return self._report(session.records, load_s, stats0, session.describe())
 
     def _restore(self, ck: Checkpoint, session: TrainSession) -> tuple[int, int]:
         """Model, optimiser, RNG, records and open epoch from `ck`, and the CPU tier where it stopped."""
@@ -285,7 +288,8 @@ class _Run:
         self.resumed_from = str(ck.path)
         return epoch, batch
 
-    def _report(self, records: list[dict[str, Any]], load_s: float, stats0: dict[str, Any]) -> dict[str, Any]:
+    def _report(self, records: list[dict[str, Any]], load_s: float, stats0: dict[str, Any],
+                optimizer: dict[str, Any] | None) -> dict[str, Any]:
         cfg, loader = self.cfg, self.loader
         man = loader.ds.manifest
         stats = loader.stats()
@@ -300,7 +304,7 @@ class _Run:
         return {
             "pipeline": str(man.get("pipeline", "packed")),
             "title": f"{man.get('pipeline', 'packed')} (packed): {cfg.model}, fanouts {list(cfg.fanouts)}",
-            "config": {**cfg.as_json(), "device": str(self.dev),
+            "config": {**cfg.as_json(), "device": str(self.dev), "optimizer": optimizer,
                        "torch_threads": torch.get_num_threads(), "packed": str(loader.path)},
             "dataset": {"packed": str(loader.path), "store": str(st.path) if st else None,
                         "nodes": loader.ds.num_nodes, "dim": loader.dim, "dtype": str(loader.dtype),
