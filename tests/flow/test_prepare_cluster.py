@@ -75,6 +75,9 @@ def test_cluster_run_gives_the_same_bytes_as_the_sync_scheduler(tiny_store: Path
     assert set(client.run(release_planner_scratch).values()) == {0}, "and the planner's scratch"
 
 
+WAIT_S = 120.0      # a guard against a hang, far beyond what the tiny store's prepare takes
+
+
 def _set_allowed_failures(dask_scheduler: Any, n: int) -> int:
     old, dask_scheduler.allowed_failures = dask_scheduler.allowed_failures, n
     return old
@@ -85,8 +88,8 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
                                      client: Any, tmp_path: Path) -> None:
     """SIGKILL the worker that is half-way through writing a part file.
 
-    Each worker's part-file writes are slowed once (the first one writes half its bytes, leaves a
-    marker naming the process, and sleeps), so the kill lands mid-write. With the scheduler's
+    The first part-file write of the run stops half-way (it writes half its bytes, leaves a marker
+    naming the process, and waits to be killed), so the kill lands mid-write. With the scheduler's
     default retries the run finishes with the reference bytes; with none it fails with a clear
     error, leaves no manifest, and a re-run gives the reference bytes.
     """
@@ -94,10 +97,10 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
     marks = tmp_path / "marks"
     marks.mkdir()
     out = tmp_path / "out"
-    client.wait_for_workers(2, timeout=30)
+    client.wait_for_workers(2, timeout=WAIT_S)
     pids = set(client.run(os.getpid).values())
 
-    def slow_first_part_write(marker_dir: str) -> None:   # runs in each worker process
+    def halt_first_part_write(marker_dir: str) -> None:   # runs in each worker process
         from diskflow.operators.prepare import writers
 
         real = getattr(writers, "_real_write_all", writers._write_all)
@@ -106,19 +109,23 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
         def write_all(fd, view, path, offset=None):
             if not Path(path).name.startswith("part-"):      # a tier rows file's write, not a part file's
                 return real(fd, view, path, offset)
-            if not os.listdir(marker_dir):
-                flat = view.reshape(-1)
-                half = flat.shape[0] // 2
-                real(fd, flat[:half], path, offset)
-                os.fsync(fd)
-                Path(marker_dir, str(os.getpid())).touch()
-                time.sleep(4)
-                return real(fd, flat[half:], path, None if offset is None else offset + flat[:half].nbytes)
-            return real(fd, view, path, offset)
+            try:        # the first part-file write of the run, on whichever worker it comes
+                os.close(os.open(f"{marker_dir}.claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return real(fd, view, path, offset)
+            flat = view.reshape(-1)
+            half = flat.shape[0] // 2
+            real(fd, flat[:half], path, offset)
+            os.fsync(fd)
+            Path(marker_dir, str(os.getpid())).touch()
+            deadline = time.monotonic() + WAIT_S
+            while not Path(f"{marker_dir}.spared").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)        # until killed (the test spares the process only if it never kills it)
+            return real(fd, flat[half:], path, None if offset is None else offset + flat[:half].nbytes)
 
         writers._write_all = write_all
 
-    client.run(slow_first_part_write, str(marks))
+    client.run(halt_first_part_write, str(marks))
     old = client.run_on_scheduler(_set_allowed_failures, n=allowed_failures)
     outcome: dict[str, Any] = {}
 
@@ -134,15 +141,16 @@ def test_worker_killed_while_packing(allowed_failures: int, tiny_store: Path, co
         th.start()
         while not any(marks.iterdir()):
             assert th.is_alive(), f"prepare ended before packing was interrupted: {outcome}"
-            assert time.monotonic() - t0 < 30, "no pack task started writing"
+            assert time.monotonic() - t0 < WAIT_S, f"no pack task started writing within {WAIT_S:.0f} s"
             time.sleep(0.02)
         victim = int(next(marks.iterdir()).name)
         assert victim in pids, "only a worker of this test's cluster is killed"
         assert list(tmp_path.glob(".out.tmp-*/round-0/.part-*.tmp-*")), "the kill lands mid-write"
         os.kill(victim, signal.SIGKILL)
-        th.join(timeout=60)
-        assert not th.is_alive(), "prepare hangs after a worker died"
+        th.join(timeout=WAIT_S)
+        assert not th.is_alive(), f"prepare did not end within {WAIT_S:.0f} s of a worker's death"
     finally:
+        Path(f"{marks}.spared").touch()     # a worker still waiting (the test failed before its kill) goes on
         client.run_on_scheduler(_set_allowed_failures, n=old)
 
     if allowed_failures:
