@@ -80,11 +80,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _packed_manifest(path: str) -> dict[str, Any]:
-    from ..datasets import read_manifest
+    """PACKED's manifest. A store or a raw dataset given instead is one line saying which it is and what to run."""
+    from ..datasets import dataset_kind, read_manifest
 
-    m = read_manifest(path) if Path(path).is_dir() else None
+    kind = dataset_kind(path)
+    if kind == "store":
+        raise InputError(path, "a store, not a packed dataset: prepare it first "
+                               f"(`diskflow prepare belady --dataset {path} --out PACKED`, then `diskflow train PACKED`), "
+                               f"or train on the store itself (`diskflow run inmemory --dataset {path}`)")
+    if kind == "raw":
+        raise InputError(path, f"a raw dataset, not a packed dataset: ingest it (`diskflow ingest {path} STORE`), "
+                               "prepare the store (`diskflow prepare belady --dataset STORE --out PACKED`), then "
+                               "`diskflow train PACKED`")
+    m = read_manifest(path) if kind == "packed" else None
     if m is None:
-        raise InputError(path, "not a packed dataset (no manifest.json; run `diskflow prepare`)")
+        what = "no such directory" if not Path(path).exists() else "no diskflow-packed manifest.json"
+        raise InputError(path, f"not a packed dataset ({what}; make one with "
+                               "`diskflow prepare belady --dataset STORE --out PACKED`)")
     return m
 
 

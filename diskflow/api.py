@@ -230,13 +230,31 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     takes_any = any(q.kind is q.VAR_KEYWORD for q in params.values())
     unknown = [] if takes_any else sorted(set(options) - set(params))
     if unknown:
-        raise ConfigError(unknown[0], f"not an option of the {p.name} pipeline; it takes "
-                                      f"{', '.join(sorted(k for k in params if k not in ('progress', 'model')))}")
+        raise ConfigError(unknown[0], _not_an_option(unknown[0], p, params, path))
     rd = Path(run_dir) if run_dir is not None else new_run_dir(runs_dir, f"{p.name}-{model_label(model_arg)}")
     rd.mkdir(parents=True, exist_ok=True)
     if takes_any or "progress" in params:
         options["progress"] = progress
     return p.run(path, rd, model=model_arg, **options)
+
+
+# the callbacks a pipeline's run takes besides its options (the CLI's own printing, a bench's clocks)
+HOOKS = ("on_batch", "on_epoch", "on_start", "on_superbatch")
+
+
+def _not_an_option(option: str, pipeline: Pipeline, params: Any, store: Path) -> str:
+    """Why `option` does not train `store` with `pipeline`, and what does: the options the pipeline takes (not
+    its hooks, `HOOKS`); an option of training a packed dataset says that `store` is not one and how to make one."""
+    import inspect
+
+    from .operators.train.trainer import train_packed
+
+    if option in inspect.signature(train_packed).parameters:
+        return (f"an option of training a packed dataset, and {store} is a store, not a packed dataset: prepare it "
+                f"first (diskflow.prepare({str(store)!r}, PACKED), then diskflow.train(PACKED, {option}=...)), or "
+                f"leave {option} out to train the store with the {pipeline.name} pipeline")
+    takes = ", ".join(sorted(k for k in params if k not in ("progress", "model", *HOOKS)))
+    return f"not an option of the {pipeline.name} pipeline, which takes {takes}"
 
 
 def _check_options(fn: Any, options: dict[str, Any], what: str) -> None:
@@ -262,9 +280,14 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
     """
     from .operators.formats.files import read_manifest
     from .operators.formats.packed import PACKED_FORMAT
+    from .operators.formats.store import STORE_FORMAT
     from .operators.train.loader import PackedLoader as _Loader
 
     manifest = read_manifest(packed) if Path(packed).is_dir() else None
+    if manifest is not None and manifest.get("format") == STORE_FORMAT:
+        raise InputError(packed, f"a store, not a packed dataset: prepare it first (diskflow.prepare({str(packed)!r}, "
+                                 f"PACKED), then PackedLoader(PACKED)), or draw its batches with no preparation "
+                                 f"(OnlineLoader({str(packed)!r}))")
     if manifest is None or manifest.get("format") != PACKED_FORMAT:
         raise InputError(packed, "not a packed dataset (no manifest.json; run diskflow.prepare first)")
     feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))

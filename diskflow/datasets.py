@@ -19,8 +19,25 @@ from .operators.formats.store import Store
 from .operators.formats.verify import verify
 from .operators.ingest.importers import from_npy, from_ogb, from_pyg, load_pyg_file
 
-__all__ = ["Store", "check_packed_output", "check_raw_output", "from_npy", "from_ogb", "from_pyg", "load_pyg_file",
-           "read_manifest", "verify"]
+__all__ = ["Store", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb", "from_pyg",
+           "load_pyg_file", "read_manifest", "verify"]
+
+
+def dataset_kind(path: str | os.PathLike[str]) -> str | None:
+    """What `path` holds, by its manifest: ``"raw"`` (a raw dataset), ``"store"`` (an ingested store),
+    ``"packed"`` (a packed dataset), or None (none of them: no such directory, or no diskflow manifest),
+    so that a command given the wrong one can say which it got and what takes it.
+
+    Raises:
+        InputError: its manifest is unreadable.
+    """
+    from .operators.formats.packed import PACKED_FORMAT
+    from .operators.formats.store import STORE_FORMAT
+    from .operators.ingest.importers import RAW_FORMAT
+
+    manifest = read_manifest(path) if os.path.isdir(path) else None
+    kinds = {RAW_FORMAT: "raw", STORE_FORMAT: "store", PACKED_FORMAT: "packed"}
+    return kinds.get((manifest or {}).get("format"))
 
 
 def check_raw_output(out: str | os.PathLike[str], force: bool) -> None:
