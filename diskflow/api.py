@@ -197,7 +197,6 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         options: the trainer's or the pipeline's options (``epochs``, ``hidden``, ``lr``, ``cpu_memory``,
             ``device``, ...), as the CLI's flags of the same names.
     """
-    from .flow.rundir import new_run_dir
     from .operators.formats.store import Store
 
     model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
@@ -220,10 +219,9 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         for name in ("cpu_memory", "gpu_memory"):
             if name in options:
                 options[name] = byte_budget(options[name], name, feature_bytes)
-        rd = Path(run_dir) if run_dir is not None else \
-            new_run_dir(runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
-        rd.mkdir(parents=True, exist_ok=True)
-        return train_and_report(path, rd, progress=progress, model=model_arg, **options)
+        rd, made = _run_dir(run_dir, runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
+        with _no_run_left(rd, made, prepares=False):
+            return train_and_report(path, rd, progress=progress, model=model_arg, **options)
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
     Store(path)                 # not a store: one line naming it, before a run directory is made
     params = p.parameters()
@@ -231,11 +229,48 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     unknown = [] if takes_any else sorted(set(options) - set(params))
     if unknown:
         raise ConfigError(unknown[0], _not_an_option(unknown[0], p, params, path))
-    rd = Path(run_dir) if run_dir is not None else new_run_dir(runs_dir, f"{p.name}-{model_label(model_arg)}")
-    rd.mkdir(parents=True, exist_ok=True)
+    rd, made = _run_dir(run_dir, runs_dir, f"{p.name}-{model_label(model_arg)}")
     if takes_any or "progress" in params:
         options["progress"] = progress
-    return p.run(path, rd, model=model_arg, **options)
+    with _no_run_left(rd, made, prepares=True):
+        return p.run(path, rd, model=model_arg, **options)
+
+
+def _run_dir(run_dir: str | os.PathLike[str] | None, runs_dir: str | os.PathLike[str], name: str) -> tuple[Path, bool]:
+    """The run directory (`run_dir`, created when missing; None: a new one under `runs_dir` named after `name`)
+    and whether this call made it."""
+    from .flow.rundir import new_run_dir
+
+    if run_dir is None:
+        return new_run_dir(runs_dir, name), True
+    rd = Path(run_dir)
+    made = not rd.exists()
+    rd.mkdir(parents=True, exist_ok=True)
+    return rd, made
+
+
+@contextlib.contextmanager
+def _no_run_left(run_dir: Path, made: bool, prepares: bool) -> Iterator[None]:
+    """Within: a run that fails before its first checkpoint leaves behind no run directory that this call made, as
+    the commands do. Training a packed dataset (`diskflow train`) removes it whole after a `DiskflowError` (a
+    refused option, a faulty model), else when it is empty; a pipeline that `prepares` into it (`diskflow run`)
+    only when it is empty, keeping what was prepared. A directory the caller had, or one holding a checkpoint
+    to resume from, stays."""
+    try:
+        yield
+    except BaseException as e:
+        import shutil
+
+        from .operators.formats.errors import DiskflowError
+        from .runs import has_checkpoints
+
+        if made and not has_checkpoints(run_dir):
+            if isinstance(e, DiskflowError) and not prepares:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()         # only when empty
+        raise
 
 
 # the callbacks a pipeline's run takes besides its options (the CLI's own printing, a bench's clocks)

@@ -65,3 +65,67 @@ def test_the_api_given_a_store_names_fields_and_what_to_call(tiny_store: Path, t
                                                   r"\(diskflow\.prepare\(.*OnlineLoader\("):
         diskflow.PackedLoader(tiny_store)
     assert not runs.exists()
+
+
+class _Raises:
+    """A model factory whose module's forward raises (a user's bug)."""
+
+    def __call__(self, in_channels: int, out_channels: int):
+        import torch
+
+        class Broken(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(in_channels, out_channels)
+
+            def forward(self, x, edge_index):
+                raise RuntimeError("no forward today")
+
+        return Broken()
+
+
+SMALL = {"fanouts": (4, 4), "batch_size": 256, "hidden": 8, "threads": 1}
+
+
+def test_a_model_whose_forward_raises_is_named_once_and_leaves_no_run(tiny_store: Path, tmp_path: Path,
+                                                                        one_torch_thread: None) -> None:
+    """From Python: `model 'x': forward failed ...`, the model named once; the run directory the call made is gone,
+    for a store (with what the pipeline prepared kept only where there is some) and for a packed dataset."""
+    import diskflow
+
+    model = diskflow.Model("my-gat2", _Raises())
+    runs = tmp_path / "runs"
+    with pytest.raises(diskflow.InputError) as e:
+        diskflow.train(tiny_store, model, runs_dir=runs, epochs=1, **SMALL)
+    text = str(e.value)
+    assert text.startswith("model 'my-gat2': forward failed on training batch 0 (x [") and "\n" not in text
+    assert text.count("my-gat2") == 1 and text.endswith("RuntimeError: no forward today")
+    assert list(runs.iterdir()) == [], "no empty run directory left"
+
+    packed = diskflow.prepare(tiny_store, tmp_path / "packed", cpu_memory="6MiB", fanouts=(4, 4), batch_size=256,
+                              superbatch_size=4).path
+    with pytest.raises(diskflow.InputError, match=r"^model 'my-gat2': forward failed on training batch 0"):
+        diskflow.train(packed, model, runs_dir=runs, hidden=8, threads=1)
+    assert list(runs.iterdir()) == []
+    mine = tmp_path / "mine"                    # a run directory the caller had stays
+    mine.mkdir()
+    with pytest.raises(diskflow.InputError):
+        diskflow.train(packed, model, run_dir=mine, hidden=8, threads=1)
+    assert mine.is_dir()
+
+
+def test_a_model_files_forward_failing_names_the_file_and_the_model_once(tiny_store: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken_model.py"
+    path.write_text("import torch\nimport diskflow\n\n\nclass Net(torch.nn.Module):\n"
+                    "    def __init__(self, i, o):\n        super().__init__()\n        self.lin = torch.nn.Linear(i, o)\n\n"
+                    "    def forward(self, x, edge_index):\n        raise RuntimeError('no forward today')\n\n\n"
+                    "model = diskflow.Model('my-gat2', Net)\n")
+    runs = tmp_path / "runs"
+    assert main(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(path), "--runs-dir", str(runs),
+                 "--fanouts", "4,4", "--batch-size", "256", "--hidden", "8", "--epochs", "1", "--threads", "1",
+                 "--no-progress"]) == 2
+    line = _one_line(capsys.readouterr().err, "run")
+    assert line.startswith(f"diskflow run: error: {path}: model 'my-gat2': forward failed on training batch 0")
+    assert line.count("my-gat2") == 1
+    assert list(runs.iterdir()) == []

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from ..formats.errors import DiskflowError, InputError
+from ..formats.errors import DiskflowError
 from .history import history_of
 from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim
 from .optim import Stepper
@@ -93,14 +93,14 @@ def checked_forward(model: torch.nn.Module, batch: Data, position: int, what: st
     except DiskflowError:
         raise
     except Exception as e:
-        raise InputError(spec.where, f"model {spec.name!r}: forward failed on {what} batch {position} ({shapes}): "
-                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise spec.error(f"forward failed on {what} batch {position} ({shapes}): "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     classes = getattr(model, CLASSES_ATTRIBUTE, None)
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != int(batch.batch_size) \
             or (classes is not None and out.shape[1] != classes):
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise InputError(spec.where, f"model {spec.name!r}: forward returned {got} on {what} batch {position} "
-                                     f"({shapes}); expected one row of {classes} class logits per node of x")
+        raise spec.error(f"forward returned {got} on {what} batch {position} "
+                         f"({shapes}); expected one row of {classes} class logits per node of x")
     return out
 
 

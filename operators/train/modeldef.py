@@ -108,13 +108,26 @@ class Model:
         """What an error names: the file that defines the model, or its name."""
         return self.source or f"model {self.name!r}"
 
+    @property
+    def named(self) -> str:
+        """The model as a message names it: its file, then its name (``my_model.py: model 'x'``), or its name
+        alone for a model made in the caller's own process."""
+        return f"{self.source}: model {self.name!r}" if self.source else f"model {self.name!r}"
+
+    def error(self, fault: str) -> InputError:
+        """An `InputError` about this model, naming it once: ``my_model.py: model 'x': fault`` (the file is the
+        error's path), or ``model 'x': fault`` for a model made in the caller's own process."""
+        if self.source:
+            return InputError(self.source, f"model {self.name!r}: {fault}")
+        return InputError(f"model {self.name!r}", fault)
+
     def build(self, in_channels: int, out_channels: int, **shape: Any) -> torch.nn.Module:
         """The module for features of width `in_channels` and `out_channels` classes.
 
         `shape` holds the run's `SHAPE_OPTIONS`; the factory gets those its signature names.
 
         Raises:
-            InputError: (naming `where`) the factory raised, or returned something that is not a module.
+            InputError: (`error`) the factory raised, or returned something that is not a module.
         """
         import torch
 
@@ -124,11 +137,10 @@ class Model:
         except ConfigError:
             raise
         except Exception as e:
-            raise InputError(self.where, f"model {self.name!r}: its factory raised {type(e).__name__}: {e} "
-                                         f"(called with in_channels={in_channels}, out_channels={out_channels})") from e
+            raise self.error(f"its factory raised {type(e).__name__}: {e} "
+                             f"(called with in_channels={in_channels}, out_channels={out_channels})") from e
         if not isinstance(module, torch.nn.Module):
-            raise InputError(self.where, f"model {self.name!r}: its factory returned {type(module).__name__}, "
-                                         "expected a torch.nn.Module")
+            raise self.error(f"its factory returned {type(module).__name__}, expected a torch.nn.Module")
         return module
 
     def describe(self) -> dict[str, Any]:

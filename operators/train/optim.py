@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..formats.errors import ConfigError, InputError
+from ..formats.errors import ConfigError
 from .config import TrainConfig
 from .modeldef import Model, accepted
 
@@ -33,7 +33,7 @@ def _optimizer(spec: Model | None, params: list[torch.nn.Parameter], cfg: TrainC
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     options = accepted(spec.optimizer, {"lr": cfg.lr, "weight_decay": cfg.weight_decay})
     if cfg.weight_decay and "weight_decay" not in options:
-        raise ConfigError("weight_decay", f"{spec.where}: model {spec.name!r}'s optimizer factory takes no "
+        raise ConfigError("weight_decay", f"{spec.named}: its optimizer factory takes no "
                                           f"weight_decay keyword; set the decay inside the factory, or let it take "
                                           f"weight_decay (it then gets the run's)")
     try:
@@ -41,11 +41,11 @@ def _optimizer(spec: Model | None, params: list[torch.nn.Parameter], cfg: TrainC
     except ConfigError:
         raise
     except Exception as e:
-        raise InputError(spec.where, f"model {spec.name!r}: its optimizer factory raised {type(e).__name__}: {e} "
-                                     f"(called with the model's parameters and {_keywords(options)})") from e
+        raise spec.error(f"its optimizer factory raised {type(e).__name__}: {e} "
+                         f"(called with the model's parameters and {_keywords(options)})") from e
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise InputError(spec.where, f"model {spec.name!r}: its optimizer factory returned "
-                                     f"{type(optimizer).__name__}, expected a torch.optim.Optimizer")
+        raise spec.error(f"its optimizer factory returned {type(optimizer).__name__}, expected a "
+                         "torch.optim.Optimizer")
     return optimizer
 
 
@@ -59,13 +59,13 @@ def _scheduler(spec: Model | None, optimizer: torch.optim.Optimizer, cfg: TrainC
     except ConfigError:
         raise
     except Exception as e:
-        raise InputError(spec.where, f"model {spec.name!r}: its scheduler factory raised {type(e).__name__}: {e} "
-                                     f"(called with its optimizer and {_keywords(options)})") from e
+        raise spec.error(f"its scheduler factory raised {type(e).__name__}: {e} "
+                         f"(called with its optimizer and {_keywords(options)})") from e
     if not isinstance(scheduler, (torch.optim.lr_scheduler.LRScheduler, _Plateau)):
-        raise InputError(spec.where, f"model {spec.name!r}: its scheduler factory returned "
-                                     f"{type(scheduler).__name__}, expected a torch.optim.lr_scheduler.LRScheduler")
+        raise spec.error(f"its scheduler factory returned {type(scheduler).__name__}, expected a "
+                         "torch.optim.lr_scheduler.LRScheduler")
     if isinstance(scheduler, _Plateau) and spec.schedule == "step":
-        raise ConfigError("Model.schedule", f"{spec.where}: ReduceLROnPlateau steps once per epoch, on the epoch's "
+        raise ConfigError("Model.schedule", f"{spec.named}: ReduceLROnPlateau steps once per epoch, on the epoch's "
                                             "training loss; use schedule='epoch'")
     return scheduler
 
