@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -277,11 +276,11 @@ def test_quota_too_small_stops_the_run(tiny_store: Path, tmp_path: Path) -> None
 
 
 def test_unreachable_scheduler_is_a_clear_error() -> None:
-    t = time.monotonic()
-    with pytest.raises(DiskflowError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9 within 2s"), \
+    """The error names the address and the timeout, and Dask gave up after that timeout (its own words, quoted)."""
+    with pytest.raises(DiskflowError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9 within 2s "
+                                            r"\(Timed out trying to connect to tcp://127.0.0.1:9 after 2 s\)"), \
             stream_client("tcp://127.0.0.1:9", connect_timeout="2s"):
         pass
-    assert time.monotonic() - t < 20
 
 
 def test_no_gpu_worker_is_a_clear_error(tiny_store: Path, tmp_path: Path) -> None:
