@@ -208,7 +208,7 @@ def make_dataset(args: argparse.Namespace, work: Path) -> Path:
     cfg = SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, dtype=args.dtype, avg_degree=args.avg_degree,
                       train_frac=args.train_frac, val_frac=VAL_FRAC, test_frac=TEST_FRAC, seed=args.seed,
                       part_nodes=args.part_nodes)
-    cluster = (contextlib.nullcontext() if args.workers == 0 else dask_client(n_workers=args.workers, quiet=True))
+    cluster = (contextlib.nullcontext() if args.workers == 0 else dask_client(n_workers=args.workers))
     with cluster, dask.config.set(scheduler="threads"):
         raw = run_synth(cfg, work / "raw")
         run_ingest(raw, work / "store")

@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best: dict[str, Any] = {}
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
-                           quiet=True, keep_freed_memory=not args.dask_malloc) as client:
+                           keep_freed_memory=not args.dask_malloc) as client:
             gpu, cpus, pinned, allocator = set_up_cluster(client, args)
             clock = _CpuClock(client, cpus, gpu)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,

@@ -103,7 +103,7 @@ def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     losses: list[list[float]] = []
     try:
         with stream_client(None, cpu_workers=args.cpu_workers, scratch=str(tmp / "scratch"), device=args.device,
-                           quiet=True, keep_freed_memory=not args.dask_malloc, gpu_workers=args.gpus) as client:
+                           keep_freed_memory=not args.dask_malloc, gpu_workers=args.gpus) as client:
             gpus, _, pinned, allocator = set_up_cluster(client, args)
             tcfg = StreamTrainConfig(model=args.model, hidden=args.hidden, seed=args.seed, epochs=args.epochs,
                                      fanouts=tuple(args.fanouts), batch_size=args.batch_size, cpu_memory=cpu_memory,

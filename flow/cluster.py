@@ -19,7 +19,8 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                 threads_per_worker: int = 1, memory_limit: str | int = "auto",
                 quiet: bool = False, processes: bool = True, security: object = None) -> Iterator[object]:
     """A `distributed.Client` for the duration of a command; logs the dashboard's and the diskflow page's
-    addresses (unless `quiet`; the embedded cluster's scheduler gets the page, `flow.dashboard.page`).
+    addresses (the embedded cluster's scheduler gets the page, `flow.dashboard.page`). Every command that starts
+    or joins a cluster shows them, with or without progress bars; `quiet` (tests) logs none.
 
     Without `scheduler`, starts an embedded LocalCluster (one single-threaded worker
     process per core by default); with it, connects to `tcp://HOST:PORT` and fails

@@ -130,7 +130,8 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     and device (`keep_freed_memory`: False keeps Dask's allocator setting on it, see
     `flow.allocator`). A scheduler that cannot be reached is a clear error after
     `connect_timeout`, not a hang. `security` (a `distributed.Security`): the connection (and
-    the embedded cluster's, which then listens on ``tls://``) is encrypted and authenticated.
+    the embedded cluster's, which then listens on ``tls://``) is encrypted and authenticated. Logs the
+    dashboard's and the diskflow page's addresses, as `flow.cluster.dask_client` does (`quiet`: none).
     """
     from distributed import Client, LocalCluster
 

@@ -129,3 +129,16 @@ def test_a_model_files_forward_failing_names_the_file_and_the_model_once(tiny_st
     assert line.startswith(f"diskflow run: error: {path}: model 'my-gat2': forward failed on training batch 0")
     assert line.count("my-gat2") == 1
     assert list(runs.iterdir()) == []
+
+
+def test_a_command_that_starts_a_cluster_prints_both_links_without_progress_bars(
+        tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--no-progress hides progress bars, not where to watch the run: the dashboard's link and the diskflow page's."""
+    assert main(["run", "streaming", "--dataset", str(tiny_store), "--no-progress", "--workers", "0", "--epochs", "1",
+                 "--fanouts", "4,4", "--batch-size", "512", "--hidden", "8", "--threads", "1",
+                 "--runs-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    dashboard = [line for line in err if line.startswith("Dask dashboard: http")]
+    page = [line for line in err if line.startswith("diskflow page:  http")]
+    assert len(dashboard) == len(page) == 1, err
+    assert page[0].endswith("/diskflow") and dashboard[0].split()[-1].rsplit("/", 1)[0] in page[0]

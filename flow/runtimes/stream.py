@@ -174,7 +174,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         raise ConfigError("gpus", "data-parallel GPU workers each need a process of their own (processes=True)")
     security = tls_security(tls_ca_file, tls_cert, tls_key, scheduler)
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
-                       processes=processes, quiet=not progress, hold_memory=hold_memory, gpu_workers=gpus,
+                       processes=processes, hold_memory=hold_memory, gpu_workers=gpus,
                        security=security) as client:
         report = StreamRun(client, st.path, rdir, cfg, resume=resume, progress=progress, on_epoch=on_epoch,
                            on_superbatch=on_superbatch).run()
