@@ -10,11 +10,13 @@ import pytest
 from diskflow.operators.formats.errors import DiskflowError
 from diskflow.operators.train.shared_tier import SharedTier, TierTimeout
 
+WAIT_S = 60.0       # a guard against a hang: a turn comes within milliseconds
+
 
 def test_turns_go_in_the_merged_stream_order(tmp_path: Path) -> None:
     path = tmp_path / "tier"
-    zero = SharedTier(path, 6, 3, np.dtype(np.float32), rank=0, timeout_s=5)
-    one = SharedTier(path, 6, 3, np.dtype(np.float32), rank=1, timeout_s=5)
+    zero = SharedTier(path, 6, 3, np.dtype(np.float32), rank=0, timeout_s=WAIT_S)
+    one = SharedTier(path, 6, 3, np.dtype(np.float32), rank=1, timeout_s=WAIT_S)
     zero.rows[:] = np.arange(18, dtype=np.float32).reshape(6, 3)
     seen: list[int] = []
 
@@ -27,13 +29,22 @@ def test_turns_go_in_the_merged_stream_order(tmp_path: Path) -> None:
             time.sleep(0.001)
             tier.pass_turn(g)
 
-    t1 = threading.Thread(target=worker, args=(one, [11, 13, 15]))
+    failed: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            worker(one, [11, 13, 15])
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            failed.append(e)
+
+    t1 = threading.Thread(target=other)
     t1.start()
-    time.sleep(0.05)
+    time.sleep(0.05)        # time for rank 1 to go wrong, were it not waiting
     assert seen == [], "rank 1 waits until rank 0 publishes"
     zero.publish(10)
     worker(zero, [10, 12, 14])
-    t1.join(5)
+    t1.join(WAIT_S)
+    assert not t1.is_alive() and not failed, failed
     assert seen == [10, 11, 12, 13, 14, 15] and zero.turn == 16
     assert np.array_equal(one.rows, np.arange(18, dtype=np.float32).reshape(6, 3) + 1), "one mapping, both see it"
     with pytest.raises(DiskflowError, match="passes a turn"):
