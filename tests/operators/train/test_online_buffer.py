@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from diskflow.operators.train.batches import InMemoryLoader
 from diskflow.operators.train.online import FeatureBuffer, OnlineLoader, StoreRows, buffer_slots
 
 FANOUTS, BATCH, SEED = [4, 3], 96, 11
+WAIT_S = 60.0       # a guard against a hang: what a held read waits for comes within milliseconds
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore:.*reading it through the page cache:RuntimeWarning")]
 
@@ -44,6 +46,23 @@ def _reference(st: Store, epoch: int) -> list[Any]:
     ref = InMemoryLoader(feats, labels, sampler, st.split_ids("train"), BATCH, True, SEED)
     ref.set_epoch(epoch)
     return list(ref)
+
+
+def _hold_first_read(monkeypatch: pytest.MonkeyPatch, batch: int, until: Callable[[], bool], what: str) -> None:
+    """The first chunk of `batch` that an extractor reads waits until `until()` holds (at most `WAIT_S`, then
+    an `AssertionError` saying `what` never happened); every other read goes on at once."""
+    read = StoreRows.read
+    first = threading.Lock()
+
+    def held(self: StoreRows, ids: np.ndarray, slots: np.ndarray, buffer: FeatureBuffer, i: int) -> None:
+        if i == batch and first.acquire(blocking=False):
+            deadline = time.monotonic() + WAIT_S
+            while not until():
+                assert time.monotonic() < deadline, f"{what} within {WAIT_S:.0f} s"
+                time.sleep(0.001)
+        read(self, ids, slots, buffer, i)
+
+    monkeypatch.setattr(StoreRows, "read", held)
 
 
 def _largest_batch(st: Store) -> int:
@@ -77,17 +96,11 @@ def test_every_batch_is_bit_exact_under_a_buffer_barely_larger_than_a_batch(tiny
 def test_batches_keep_their_order_when_extraction_finishes_out_of_order(tiny_store: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     st = Store(tiny_store)
-    read = StoreRows.read
-
-    def slow_even(self: StoreRows, ids: np.ndarray, slots: np.ndarray, buffer: FeatureBuffer, batch: int) -> None:
-        if batch % 2 == 0:
-            time.sleep(0.05)        # even batches finish after the odd one read beside them
-        read(self, ids, slots, buffer, batch)
-
-    monkeypatch.setattr(StoreRows, "read", slow_even)
     loader = _loader(st, st.num_nodes, "lru", extractors=3)
+    # batch 0 is read after batch 1 (the other extractors read batch 1 meanwhile)
+    _hold_first_read(monkeypatch, 0, lambda: 1 in loader.order_seen, "batch 1 was not read")
     ours = list(loader)
-    assert loader.order_seen != sorted(loader.order_seen)            # completions did come out of order
+    assert loader.order_seen.index(1) < loader.order_seen.index(0), loader.order_seen   # out of order
     ref = _reference(st, 0)
     assert [b.n_id.tolist() for b in ours] == [b.n_id.tolist() for b in ref]
     for a in ours:
@@ -95,10 +108,13 @@ def test_batches_keep_their_order_when_extraction_finishes_out_of_order(tiny_sto
     loader.close()
 
 
-def test_memory_stays_fixed_and_a_tiny_buffer_throttles_extraction(tiny_store: Path) -> None:
+def test_memory_stays_fixed_and_a_tiny_buffer_throttles_extraction(tiny_store: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     st = Store(tiny_store)
     slots = _largest_batch(st) + 8
     loader = _loader(st, slots, "lru", extractors=4)
+    # batch 0 in flight until planning waits: the next batches' rows do not fit beside its own
+    _hold_first_read(monkeypatch, 0, lambda: loader.buffer.counts["waits"] > 0, "planning never waited for slots")
     before = loader.memory()
     peak = {"pinned": 0}
     stop = threading.Event()
