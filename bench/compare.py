@@ -89,7 +89,7 @@ from ..config import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
-from .child import child_failure, launch_child, read_child_spec, write_child_out
+from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
@@ -429,26 +429,36 @@ def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float)
     """Run one child (`_child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures.
 
     The child writes its figures after every run it finishes, so the runs done before a failure
-    (an OOM kill, a timeout) are kept; the failure is the ``error`` of the runs it did not finish.
+    (an OOM kill, a timeout, settings it refused: its one-line reason) are kept; the failure is the
+    ``error`` of the runs it did not finish.
     """
     name = spec["pipeline"] + (f"-{spec['group']}" if spec.get("group") else "")
-    r, out = launch_child("diskflow.bench.compare", work / "runs", name, spec, limit, timeout)
+    r, out, refused = launch_child("diskflow.bench.compare", work / "runs", name, spec, limit, timeout)
     result: dict[str, Any] = out if out is not None else {"runs": {}}
     result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
                   cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=r.limit_bytes,
                   cgroup=r.cgroup)
     if r.returncode != 0:
-        result["error"] = child_failure(r, limit, timeout)
+        result["error"] = child_failure(r, limit, timeout, refused)
         for run in spec.get("runs", []):
             result["runs"].setdefault(run["kind"], {"error": result["error"]})
     return result
 
 
 def _child_main(argv: list[str]) -> int:
-    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``."""
+    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``.
+    Settings its pipeline refuses (a `DiskflowError`) end it with their one-line reason (`child.refuse`)."""
     spec = read_child_spec(argv, "diskflow.bench.compare")
     if spec is None:
         return 2
+    try:
+        return _child_runs(spec)
+    except DiskflowError as e:
+        return refuse(spec, e)
+
+
+def _child_runs(spec: dict[str, Any]) -> int:
+    """The child's work: the allowance probe, or the spec's runs one after another."""
     if spec["pipeline"] == "probe":
         write_child_out(spec, _probe(spec))
         return 0

@@ -66,9 +66,9 @@ import numpy as np
 
 from ..config import fanouts_option
 from ..flow.options import byte_budget
-from ..operators.formats.errors import ConfigError
+from ..operators.formats.errors import ConfigError, DiskflowError
 from ..operators.formats.files import format_bytes, parse_bytes
-from .child import child_failure, launch_child, read_child_spec, write_child_out
+from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import add_graph_arguments, drop_page_cache, print_table
 from .compare import _read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
@@ -175,13 +175,13 @@ def _feature_store(variant: str, store: Any, budget: int) -> Any:
 
 def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float) -> dict[str, Any]:
     """Run one child (`_child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures."""
-    r, out = launch_child("diskflow.bench.pyg", work / "runs", f"pyg-{spec['variant']}-{spec['repeat']}", spec,
-                          limit, timeout)
+    r, out, refused = launch_child("diskflow.bench.pyg", work / "runs", f"pyg-{spec['variant']}-{spec['repeat']}",
+                                   spec, limit, timeout)
     result: dict[str, Any] = out if out is not None else {}
     result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
                   cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=limit)
     if r.returncode != 0 or out is None:
-        result["error"] = child_failure(r, limit, timeout)
+        result["error"] = child_failure(r, limit, timeout, refused)
     return result
 
 
@@ -220,11 +220,15 @@ def _charge_reader(in_cgroup: bool) -> Any:
 
 
 def _child_main(argv: list[str]) -> int:
-    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``."""
+    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``.
+    Settings it refuses (a `DiskflowError`) end it with their one-line reason (`child.refuse`)."""
     spec = read_child_spec(argv, "diskflow.bench.pyg")
     if spec is None:
         return 2
-    write_child_out(spec, _measure(spec))
+    try:
+        write_child_out(spec, _measure(spec))
+    except DiskflowError as e:
+        return refuse(spec, e)
     return 0
 
 
