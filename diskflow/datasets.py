@@ -36,8 +36,9 @@ def dataset_kind(path: str | os.PathLike[str]) -> str | None:
     from .operators.ingest.importers import RAW_FORMAT
 
     manifest = read_manifest(path) if os.path.isdir(path) else None
+    found = (manifest or {}).get("format")
     kinds = {RAW_FORMAT: "raw", STORE_FORMAT: "store", PACKED_FORMAT: "packed"}
-    return kinds.get((manifest or {}).get("format"))
+    return kinds.get(found) if isinstance(found, str) else None
 
 
 def check_raw_output(out: str | os.PathLike[str], force: bool) -> None:
