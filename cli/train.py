@@ -28,7 +28,7 @@ from ..runs import (
 )
 from ..sizes import byte_budget as budget
 from ..sizes import format_bytes
-from .options import positive_int
+from .options import non_negative_float, positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
                    help="model layers (default: number of hops)")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr:g})")
+    p.add_argument("--lr", type=float, default=d.lr,
+                   help=f"learning rate: Adam's, or a model file's optimizer factory's (default {d.lr:g})")
+    p.add_argument("--weight-decay", type=non_negative_float("--weight-decay"), default=d.weight_decay,
+                   metavar="WD", help=f"weight decay: Adam's, or a model file's optimizer factory's (default "
+                                      f"{d.weight_decay:g})")
+    p.add_argument("--clip-grad", type=positive_float("--clip-grad"), default=d.clip_grad, metavar="NORM",
+                   help="clip the gradients' total L2 norm to NORM before each step (default: the model's own "
+                        "clip_grad, else none)")
     p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability (default {d.dropout:g})")
     p.add_argument("--heads", type=positive_int("--heads"), default=d.heads,
                    help=f"GAT attention heads (default {d.heads})")
@@ -125,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"run directory: {run_dir}")
     try:
         report = train(packed, args.model, run_dir=run_dir, progress=not args.no_progress, on_epoch=print_epoch,
-                       hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, dropout=args.dropout,
+                       hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, weight_decay=args.weight_decay,
+                       clip_grad=args.clip_grad, dropout=args.dropout,
                        heads=args.heads, seed=args.seed, device=args.device, eval_every=args.eval_every,
                        cpu_memory=args.cpu_memory, gpu_memory=args.gpu_memory, queue_depth=args.queue_depth,
                        sequential=args.sequential, check_crc=not args.no_crc, resume=args.resume, store=args.store,

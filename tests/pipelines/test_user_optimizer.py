@@ -117,6 +117,15 @@ def test_run_belady_gives_the_inmemory_losses(model_file: Path, tiny_store: Path
     assert _losses(report) == _losses(reference)
     assert [r["lr"] for r in report["epochs"]] == [r["lr"] for r in reference["epochs"]]
     assert report["config"]["optimizer"] == reference["config"]["optimizer"]
+    # `diskflow train` on the packed dataset that run prepared takes the same flags
+    trained = _run(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
+                    "--weight-decay", "5e-4", "--threads", "1", "--run-dir", str(tmp_path / "train"),
+                    "--no-progress"], capsys)
+    assert _losses(trained) == _losses(reference) and trained["config"]["weight_decay"] == 5e-4
+    clipped = _run(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
+                    "--weight-decay", "5e-4", "--clip-grad", "0.01", "--threads", "1", "--run-dir",
+                    str(tmp_path / "clipped"), "--no-progress"], capsys)
+    assert _losses(clipped) != _losses(reference) and clipped["config"]["optimizer"]["clip_grad"] == 0.01
 
 
 KILL_AFTER_EPOCH_1 = textwrap.dedent("""\
