@@ -180,12 +180,22 @@ def test_a_work_directory_holding_other_outputs_is_refused(tmp_path: Path) -> No
     assert (tmp_path / "store").is_dir()
 
 
-def _hold(nbytes: int) -> int:
+def _hold(nbytes: int, seen: bool) -> int:
+    """Hold `nbytes` (touched: resident); `seen`: until the worker plugin's sampler thread, which reads the
+    process's anonymous memory every few milliseconds, has seen them above the worker's baseline (at most 60 s,
+    then an AssertionError)."""
     import time
 
     import numpy as np
-    a = np.ones(nbytes // 8)          # touched: resident
-    time.sleep(0.1)                   # longer than the anonymous-memory sampler's period
+    from diskflow.bench.taskmemory import TaskMemory
+    from distributed import get_worker
+
+    plugin = get_worker().plugins[TaskMemory.name]
+    a = np.ones(nbytes // 8)
+    deadline = time.monotonic() + 60
+    while seen and plugin.anon._max < plugin.baseline_anon + nbytes:    # the sampler's peak, not a sample of ours
+        assert time.monotonic() < deadline, f"the sampler did not see {nbytes} bytes held within 60 s"
+        time.sleep(0.005)
     return int(a[-1])
 
 
@@ -196,8 +206,8 @@ def test_task_memory_sees_what_each_task_holds() -> None:
 
     with _measured_cluster(1) as out:
         client = default_client()
-        assert client.submit(_hold, 200 << 20, key="big-1").result() == 1
-        assert client.submit(_hold, 1 << 20, key="small-1").result() == 1
+        assert client.submit(_hold, 200 << 20, True, key="big-1").result() == 1
+        assert client.submit(_hold, 1 << 20, False, key="small-1").result() == 1
     (w,) = out["workers"]
     big, small = w["groups"]["big"], w["groups"]["small"]
     assert big["tasks"] == small["tasks"] == 1 and w["hwm_resettable"]
