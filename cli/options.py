@@ -29,21 +29,11 @@ def positive_int(option: str) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(option: str) -> Callable[[str], float]:
-    """Parser for a finite number > 0."""
+def float_at_least(option: str, minimum: float, inclusive: bool = True) -> Callable[[str], float]:
+    """Parser for a finite number >= `minimum` (> it unless `inclusive`): `parse_float` as an argparse ``type``."""
     def parse(text: str) -> float:
         try:
-            return parse_float(option, text, minimum=0.0, inclusive=False)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
-
-
-def non_negative_float(option: str) -> Callable[[str], float]:
-    """Parser for a finite number >= 0."""
-    def parse(text: str) -> float:
-        try:
-            return parse_float(option, text, minimum=0.0)
+            return parse_float(option, text, minimum=minimum, inclusive=inclusive)
         except ConfigError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse

@@ -28,7 +28,7 @@ from ..runs import (
 )
 from ..sizes import byte_budget as budget
 from ..sizes import format_bytes
-from .options import non_negative_float, positive_float, positive_int
+from .options import float_at_least, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,10 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="model layers (default: number of hops)")
     p.add_argument("--lr", type=float, default=d.lr,
                    help=f"learning rate: Adam's, or a model file's optimizer factory's (default {d.lr:g})")
-    p.add_argument("--weight-decay", type=non_negative_float("--weight-decay"), default=d.weight_decay,
+    p.add_argument("--weight-decay", type=float_at_least("--weight-decay", 0.0), default=d.weight_decay,
                    metavar="WD", help=f"weight decay: Adam's, or a model file's optimizer factory's (default "
                                       f"{d.weight_decay:g})")
-    p.add_argument("--clip-grad", type=positive_float("--clip-grad"), default=d.clip_grad, metavar="NORM",
+    p.add_argument("--clip-grad", type=float_at_least("--clip-grad", 0.0, inclusive=False), default=d.clip_grad, metavar="NORM",
                    help="clip the gradients' total L2 norm to NORM before each step (default: the model's own "
                         "clip_grad, else none)")
     p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability (default {d.dropout:g})")

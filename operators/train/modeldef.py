@@ -132,16 +132,27 @@ class Model:
         import torch
 
         kwargs = accepted(self.factory, {k: v for k, v in shape.items() if k in SHAPE_OPTIONS})
+        return self.call("factory", self.factory, (in_channels, out_channels), kwargs, torch.nn.Module,
+                         "a torch.nn.Module", f"in_channels={in_channels}, out_channels={out_channels}")
+
+    def call(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             expected: type | tuple[type, ...], expected_name: str, called: str) -> Any:
+        """``fn(*args, **kwargs)``, one of this model's factories (`what`: ``"factory"``, ``"optimizer factory"``,
+        ...), held to its contract: what it raises, or a result that is not an `expected` (`expected_name`), is
+        one `error` naming the model and how it was `called`.
+
+        Raises:
+            InputError: (`error`) the factory raised, or returned something else.
+        """
         try:
-            module = self.factory(in_channels, out_channels, **kwargs)
+            out = fn(*args, **kwargs)
         except ConfigError:
             raise
         except Exception as e:
-            raise self.error(f"its factory raised {type(e).__name__}: {e} "
-                             f"(called with in_channels={in_channels}, out_channels={out_channels})") from e
-        if not isinstance(module, torch.nn.Module):
-            raise self.error(f"its factory returned {type(module).__name__}, expected a torch.nn.Module")
-        return module
+            raise self.error(f"its {what} raised {type(e).__name__}: {e} (called with {called})") from e
+        if not isinstance(out, expected):
+            raise self.error(f"its {what} returned {type(out).__name__}, expected {expected_name}")
+        return out
 
     def describe(self) -> dict[str, Any]:
         """The model as JSON values: name, file and code hash (reports and checkpoints)."""

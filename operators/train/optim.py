@@ -36,16 +36,9 @@ def _optimizer(spec: Model | None, params: list[torch.nn.Parameter], cfg: TrainC
         raise ConfigError("weight_decay", f"{spec.named}: its optimizer factory takes no "
                                           f"weight_decay keyword; set the decay inside the factory, or let it take "
                                           f"weight_decay (it then gets the run's)")
-    try:
-        optimizer = spec.optimizer(params, **options)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise spec.error(f"its optimizer factory raised {type(e).__name__}: {e} "
-                         f"(called with the model's parameters and {_keywords(options)})") from e
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise spec.error(f"its optimizer factory returned {type(optimizer).__name__}, expected a "
-                         "torch.optim.Optimizer")
+    optimizer: torch.optim.Optimizer = spec.call(
+        "optimizer factory", spec.optimizer, (params,), options, torch.optim.Optimizer, "a torch.optim.Optimizer",
+        f"the model's parameters and {_keywords(options)}")
     return optimizer
 
 
@@ -54,16 +47,9 @@ def _scheduler(spec: Model | None, optimizer: torch.optim.Optimizer, cfg: TrainC
     if spec is None or spec.scheduler is None:
         return None
     options = accepted(spec.scheduler, {"epochs": cfg.epochs})
-    try:
-        scheduler = spec.scheduler(optimizer, **options)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise spec.error(f"its scheduler factory raised {type(e).__name__}: {e} "
-                         f"(called with its optimizer and {_keywords(options)})") from e
-    if not isinstance(scheduler, (torch.optim.lr_scheduler.LRScheduler, _Plateau)):
-        raise spec.error(f"its scheduler factory returned {type(scheduler).__name__}, expected a "
-                         "torch.optim.lr_scheduler.LRScheduler")
+    scheduler = spec.call("scheduler factory", spec.scheduler, (optimizer,), options,
+                          (torch.optim.lr_scheduler.LRScheduler, _Plateau), "a torch.optim.lr_scheduler.LRScheduler",
+                          f"its optimizer and {_keywords(options)}")
     if isinstance(scheduler, _Plateau) and spec.schedule == "step":
         raise ConfigError("Model.schedule", f"{spec.named}: ReduceLROnPlateau steps once per epoch, on the epoch's "
                                             "training loss; use schedule='epoch'")

@@ -10,6 +10,7 @@ from typing import Any
 
 import dask
 import pytest
+from cli_runs import cli_report, losses, only_run_report
 from diskflow.cli import main
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
@@ -55,18 +56,6 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _losses(report: dict[str, Any]) -> list[float]:
-    return [x for r in report["epochs"] for x in r["losses"]]
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    rc = main(argv)
-    printed = capsys.readouterr()
-    assert rc == 0, printed.err
-    report = Path(printed.out.strip().splitlines()[-1].removeprefix("report: "))
-    return json.loads(report.read_text())
-
-
 @pytest.fixture(scope="module")
 def reference(model_file: Path, tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("ref")
@@ -74,8 +63,7 @@ def reference(model_file: Path, tiny_store: Path, tmp_path_factory: pytest.TempP
         rc = main(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(model_file),
                    "--runs-dir", str(runs), *SETTINGS])
     assert rc == 0
-    (run_dir,) = runs.iterdir()
-    return json.loads((run_dir / "report.json").read_text())
+    return only_run_report(runs)
 
 
 def test_the_file_defines_a_public_model(model_file: Path) -> None:
@@ -89,21 +77,21 @@ def test_the_file_defines_a_public_model(model_file: Path) -> None:
 
 def test_the_reference_trains_the_users_model(reference: dict[str, Any], tiny_store: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert reference["config"]["model"].endswith("max_skip.py") and len(_losses(reference)) == 10
-    plain = _run(["run", "inmemory", "--dataset", str(tiny_store), "--runs-dir", str(tmp_path), *SETTINGS], capsys)
-    assert _losses(plain) != _losses(reference), "the built-in model is another model: the test can tell"
+    assert reference["config"]["model"].endswith("max_skip.py") and len(losses(reference)) == 10
+    plain = cli_report(["run", "inmemory", "--dataset", str(tiny_store), "--runs-dir", str(tmp_path), *SETTINGS], capsys)
+    assert losses(plain) != losses(reference), "the built-in model is another model: the test can tell"
 
 
 @pytest.mark.parametrize("pipeline", ["belady", "gnndrive"])
-def test_run_pipelines_give_the_inmemory_losses(pipeline: str, model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_run_pipelines_give_the_inmemorylosses(pipeline: str, model_file: Path, tiny_store: Path, tmp_path: Path,
                                                 reference: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     with dask.config.set(scheduler="threads"):
-        report = _run(["run", pipeline, "--dataset", str(tiny_store), "--model", str(model_file),
+        report = cli_report(["run", pipeline, "--dataset", str(tiny_store), "--model", str(model_file),
                        "--runs-dir", str(tmp_path), *SETTINGS], capsys)
-    assert _losses(report) == _losses(reference)
+    assert losses(report) == losses(reference)
 
 
-def test_prepare_then_train_gives_the_inmemory_losses(model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_prepare_then_train_gives_the_inmemorylosses(model_file: Path, tiny_store: Path, tmp_path: Path,
                                                       reference: dict[str, Any],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     with dask.config.set(scheduler="threads"):
@@ -112,9 +100,9 @@ def test_prepare_then_train_gives_the_inmemory_losses(model_file: Path, tiny_sto
                      "--epochs", "1", "--seed", "3"]) == 0
     capsys.readouterr()
     run_dir = tmp_path / "run"
-    report = _run(["train", str(tmp_path / "packed"), "--model", str(model_file), "--run-dir", str(run_dir),
+    report = cli_report(["train", str(tmp_path / "packed"), "--model", str(model_file), "--run-dir", str(run_dir),
                    "--hidden", "12", "--threads", "1", "--no-progress"], capsys)
-    assert _losses(report) == _losses(reference)
+    assert losses(report) == losses(reference)
     ck = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     assert ck.state["model_identity"] == {"name": "max-skip", "code_hash": diskflow.load_model(model_file).code_hash}
     # an edited model file: --resume is one line naming the change
@@ -129,22 +117,22 @@ def test_prepare_then_train_gives_the_inmemory_losses(model_file: Path, tiny_sto
     assert "model 'max-skip' whose code has changed since" in err and "--resume" in err
 
 
-def test_streaming_gives_the_inmemory_losses(model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_streaming_gives_the_inmemorylosses(model_file: Path, tiny_store: Path, tmp_path: Path,
                                              reference: dict[str, Any]) -> None:
     report = streaming.run(tiny_store, tmp_path / "run", model=str(model_file), workers=1, processes=False, **STREAM)
-    assert _losses(report) == _losses(reference)
+    assert losses(report) == losses(reference)
 
 
 def test_two_gpu_workers_train_the_users_model(model_file: Path, tiny_store: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Worker processes: the model travels as the file's path and is built on each GPU worker."""
-    two = _run(["run", "streaming", "--dataset", str(tiny_store), "--model", str(model_file), "--gpus", "2",
+    two = cli_report(["run", "streaming", "--dataset", str(tiny_store), "--model", str(model_file), "--gpus", "2",
                 "--workers", "1", "--device", "cpu", "--superbatch-size", "3", "--runs-dir", str(tmp_path), *SETTINGS],
                capsys)
     assert two["stream"]["gpus"] == 2 and two["stream"]["models_equal"]
     one = streaming.run(tiny_store, tmp_path / "one", model=str(model_file), workers=1, processes=False,
                         batches_per_step=2, **STREAM)
-    assert _losses(two) == pytest.approx(_losses(one), rel=1e-5, abs=1e-6) and len(_losses(one)) == 10
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5, abs=1e-6) and len(losses(one)) == 10
 
 
 def test_bench_compare_takes_the_model(model_file: Path, tiny_store: Path, tmp_path: Path,
@@ -161,10 +149,10 @@ def test_bench_compare_takes_the_model(model_file: Path, tiny_store: Path, tmp_p
     f = json.loads((tmp_path / "f.json").read_text())
     assert f["pipelines"]["belady"]["losses"] == f["pipelines"]["inmemory"]["losses"]
     # the bench trained the user's model: its in-memory run's losses are this run's (a built-in model's differ)
-    mine = _run(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(model_file), "--runs-dir",
+    mine = cli_report(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(model_file), "--runs-dir",
                  str(tmp_path / "runs"), "--fanouts", "4,4", "--batch-size", "128", "--epochs", "1", "--hidden", "8",
                  "--seed", "0", "--threads", "1", "--no-progress"], capsys)
-    assert f["pipelines"]["inmemory"]["losses"][0] == _losses(mine)
+    assert f["pipelines"]["inmemory"]["losses"][0] == losses(mine)
 
 
 NET = """\

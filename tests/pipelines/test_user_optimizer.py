@@ -5,7 +5,6 @@ ends as the uninterrupted one (optimizer and scheduler state restored); `--weigh
 reach the optimizer; and a factory that fails is one line naming the file."""
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 import dask
 import pytest
+from cli_runs import cli_report, losses, only_run_report
 from diskflow.cli import main
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
@@ -56,18 +56,6 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _losses(report: dict[str, Any]) -> list[float]:
-    return [x for r in report["epochs"] for x in r["losses"]]
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    rc = main(argv)
-    printed = capsys.readouterr()
-    assert rc == 0, printed.err
-    report = Path(printed.out.strip().splitlines()[-1].removeprefix("report: "))
-    return json.loads(report.read_text())
-
-
 @pytest.fixture(scope="module")
 def reference(model_file: Path, tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("ref")
@@ -75,8 +63,7 @@ def reference(model_file: Path, tiny_store: Path, tmp_path_factory: pytest.TempP
         rc = main(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(model_file),
                    "--runs-dir", str(runs), *SETTINGS])
     assert rc == 0
-    (run_dir,) = runs.iterdir()
-    return json.loads((run_dir / "report.json").read_text())
+    return only_run_report(runs)
 
 
 def test_the_users_optimizer_scheduler_and_clipping_train_the_model(reference: dict[str, Any]) -> None:
@@ -84,11 +71,11 @@ def test_the_users_optimizer_scheduler_and_clipping_train_the_model(reference: d
     assert cfg["optimizer"] == {"optimizer": "SGD", "scheduler": "StepLR", "schedule": "epoch", "clip_grad": 0.5}
     assert cfg["weight_decay"] == 5e-4 and cfg["lr"] == LR
     assert [r["lr"] for r in reference["epochs"]] == pytest.approx(LRS)
-    assert len(_losses(reference)) == 10 * EPOCHS
+    assert len(losses(reference)) == 10 * EPOCHS
 
 
 @pytest.mark.parametrize("change", ["adam", "clip", "decay"])
-def test_each_setting_changes_the_losses(change: str, model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_each_setting_changes_thelosses(change: str, model_file: Path, tiny_store: Path, tmp_path: Path,
                                          reference: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """The test can tell: without the factory (Adam), with another clipping norm (the flag overrides the model's),
     or without weight decay, the same run's losses differ."""
@@ -101,31 +88,31 @@ def test_each_setting_changes_the_losses(change: str, model_file: Path, tiny_sto
     else:
         settings[settings.index("--weight-decay") + 1] = "0"
     with dask.config.set(scheduler="sync"):
-        other = _run(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(path),
+        other = cli_report(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(path),
                       "--runs-dir", str(tmp_path / "runs"), *settings], capsys)
-    assert _losses(other) != _losses(reference)
+    assert losses(other) != losses(reference)
     opt = other["config"]["optimizer"]
     assert opt["optimizer"] == ("Adam" if change == "adam" else "SGD")
     assert opt["clip_grad"] == {"adam": 0.5, "clip": 0.01, "decay": 0.5}[change]
 
 
-def test_run_belady_gives_the_inmemory_losses(model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_run_belady_gives_the_inmemorylosses(model_file: Path, tiny_store: Path, tmp_path: Path,
                                               reference: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     with dask.config.set(scheduler="threads"):
-        report = _run(["run", "belady", "--dataset", str(tiny_store), "--model", str(model_file),
+        report = cli_report(["run", "belady", "--dataset", str(tiny_store), "--model", str(model_file),
                        "--runs-dir", str(tmp_path), *SETTINGS], capsys)
-    assert _losses(report) == _losses(reference)
+    assert losses(report) == losses(reference)
     assert [r["lr"] for r in report["epochs"]] == [r["lr"] for r in reference["epochs"]]
     assert report["config"]["optimizer"] == reference["config"]["optimizer"]
     # `diskflow train` on the packed dataset that run prepared takes the same flags
-    trained = _run(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
+    trained = cli_report(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
                     "--weight-decay", "5e-4", "--threads", "1", "--run-dir", str(tmp_path / "train"),
                     "--no-progress"], capsys)
-    assert _losses(trained) == _losses(reference) and trained["config"]["weight_decay"] == 5e-4
-    clipped = _run(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
+    assert losses(trained) == losses(reference) and trained["config"]["weight_decay"] == 5e-4
+    clipped = cli_report(["train", report["prepare"]["path"], "--model", str(model_file), "--hidden", "12", "--lr", str(LR),
                     "--weight-decay", "5e-4", "--clip-grad", "0.01", "--threads", "1", "--run-dir",
                     str(tmp_path / "clipped"), "--no-progress"], capsys)
-    assert _losses(clipped) != _losses(reference) and clipped["config"]["optimizer"]["clip_grad"] == 0.01
+    assert losses(clipped) != losses(reference) and clipped["config"]["optimizer"]["clip_grad"] == 0.01
 
 
 KILL_AFTER_EPOCH_1 = textwrap.dedent("""\
@@ -154,16 +141,16 @@ def test_a_killed_run_resumes_with_its_optimizer_and_scheduler(model_file: Path,
     assert (ck.epoch, ck.batch) == (1, 0)
     assert ck.state["scheduler"]["last_epoch"] == 1 and ck.state["optimizer"]["state"], "both states are saved"
     with dask.config.set(scheduler="threads"):
-        resumed = _run(["run", "belady", "--dataset", str(tiny_store), "--model", str(model_file),
+        resumed = cli_report(["run", "belady", "--dataset", str(tiny_store), "--model", str(model_file),
                         "--resume", str(run), *SETTINGS], capsys)
-    assert _losses(resumed) == _losses(reference)
+    assert losses(resumed) == losses(reference)
     assert [r["lr"] for r in resumed["epochs"]] == pytest.approx(LRS)
 
 
-def test_streaming_gives_the_inmemory_losses(model_file: Path, tiny_store: Path, tmp_path: Path,
+def test_streaming_gives_the_inmemorylosses(model_file: Path, tiny_store: Path, tmp_path: Path,
                                              reference: dict[str, Any]) -> None:
     report = streaming.run(tiny_store, tmp_path / "run", model=str(model_file), workers=1, processes=False, **STREAM)
-    assert _losses(report) == _losses(reference)
+    assert losses(report) == losses(reference)
     assert [r["lr"] for r in report["epochs"]] == pytest.approx(LRS)
     assert report["trainer"]["config"]["optimizer"] == reference["config"]["optimizer"]
 
@@ -172,13 +159,13 @@ def test_two_gpu_workers_step_the_users_optimizer(model_file: Path, tiny_store: 
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Worker processes build the optimizer from the file; clipping follows the gradients' all-reduce, so two
     workers equal one that averages two batches a step."""
-    two = _run(["run", "streaming", "--dataset", str(tiny_store), "--model", str(model_file), "--gpus", "2",
+    two = cli_report(["run", "streaming", "--dataset", str(tiny_store), "--model", str(model_file), "--gpus", "2",
                 "--workers", "1", "--device", "cpu", "--superbatch-size", "4", "--runs-dir", str(tmp_path), *SETTINGS],
                capsys)
     assert two["stream"]["gpus"] == 2 and two["stream"]["models_equal"]
     one = streaming.run(tiny_store, tmp_path / "one", model=str(model_file), workers=1, processes=False,
                         batches_per_step=2, **STREAM)
-    assert _losses(two) == pytest.approx(_losses(one), rel=1e-5, abs=1e-6) and len(_losses(one)) == 10 * EPOCHS
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5, abs=1e-6) and len(losses(one)) == 10 * EPOCHS
     assert [r["lr"] for r in two["epochs"]] == pytest.approx(LRS)
 
 
