@@ -36,13 +36,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format=FORMAT)
-    log_to_stderr(args.verbose)         # the library's progress notes (the Dask dashboard's address) and warnings
+    command = _command_parser(parser, args)
+
+    def flag(option: str) -> str:
+        return flag_of(command, option)
+
+    # the library's progress notes (the Dask dashboard's address) and warnings, options named by their flags
+    log_to_stderr(args.verbose, flag)
     try:
         return int(args.func(args) or 0)
     except DiskflowError as e:
         if args.verbose:
             raise
-        message = f"{flag_of(_command_parser(parser, args), e.option)}: {e.fault}" if isinstance(e, ConfigError) else e
+        message = f"{flag(e.option)}: {e.render(flag)}" if isinstance(e, ConfigError) else e
         print(f"diskflow {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -11,7 +11,7 @@ from diskflow.cli import build_parser, main
 from diskflow.cli import prepare as prepare_command
 from diskflow.cli.main import flag_of
 
-from diskflow.errors import ConfigError
+from diskflow.errors import ConfigError, Setting
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -46,6 +46,24 @@ def test_main_prints_the_flag(option: str, printed: str, monkeypatch: pytest.Mon
     monkeypatch.setattr(prepare_command, "_run", _raises(ConfigError(option, "too small")))
     assert main(["prepare", "belady", "--dataset", "STORE", "--out", "PACKED"]) == 2
     assert capsys.readouterr().err == f"diskflow prepare: error: {printed}: too small\n"
+
+
+def test_the_settings_a_fault_names_print_as_flags(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Settings in a fault read as fields from Python and as flags with values on the command line; a choice the
+    command has no flag for is left out, and with none left the fault's words for that case stand there."""
+    choices = [Setting("queue_depth", 1), Setting("sequential", True), Setting("fanouts", (4, 4), "at most 9 rows")]
+    error = ConfigError("cpu_memory", "too small; {choices} would fit", choices=choices, no_choice="nothing")
+    assert str(error) == "cpu_memory: too small; queue_depth=1 or sequential=True or fanouts=(4, 4) (at most 9 rows) " \
+                         "would fit"
+    monkeypatch.setattr(prepare_command, "_run", _raises(error))
+    assert main(["prepare", "belady", "--dataset", "STORE", "--out", "PACKED"]) == 2
+    assert capsys.readouterr().err == ("diskflow prepare: error: --cpu-memory: too small; --queue-depth 1 or "
+                                       "--fanouts 4,4 (at most 9 rows) would fit\n")
+    monkeypatch.setattr(prepare_command, "_run", _raises(ConfigError("cpu_memory", "{choices} would fit", choices=[
+        Setting("sequential", True)], no_choice="nothing smaller")))
+    assert main(["prepare", "belady", "--dataset", "STORE", "--out", "PACKED"]) == 2
+    assert capsys.readouterr().err == "diskflow prepare: error: --cpu-memory: nothing smaller would fit\n"
 
 
 def test_a_nested_command_maps_its_own_flags(monkeypatch: pytest.MonkeyPatch,

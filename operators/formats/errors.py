@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable, Sequence
 
 
 class DiskflowError(Exception):
@@ -22,16 +23,66 @@ class InputError(DiskflowError):
         return (type(self), (self.path, self.fault))
 
 
-class ConfigError(DiskflowError):
-    """A bad option or configuration value: names the option and the fault."""
+class Setting:
+    """An option with a value, named in a message: as the API's field (``batch_size=160``) where printed
+    as it is, as its flag (``--batch-size 160``) where the command line renders it (`text` with a
+    `flag` function, as `ConfigError.render` and the commands' log lines do). No value: the name alone.
+    `note`: what a `ConfigError` choice says after it, in parentheses."""
 
-    def __init__(self, option: str, fault: str) -> None:
-        self.option = option
-        self.fault = fault
-        super().__init__(f"{option}: {fault}")
+    def __init__(self, name: str, value: object = None, note: str = "") -> None:
+        self.name, self.value, self.note = name, value, note
+
+    def named(self, flag: Callable[[str], str] | None) -> bool:
+        """Whether `flag` names this option (always, for the API's fields: `flag` None)."""
+        return flag is None or flag(self.name).startswith("-")
+
+    def text(self, flag: Callable[[str], str] | None = None) -> str:
+        if flag is None or not self.named(flag):    # the API's field (or an option the command has no flag for)
+            return self.name if self.value is None else f"{self.name}={self.value!r}"
+        shown = flag(self.name)
+        if self.value is None or self.value is True:
+            return shown
+        if isinstance(self.value, (tuple, list)):
+            return f"{shown} {','.join(str(v) for v in self.value)}"
+        return f"{shown} {self.value}"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"Setting({self.name!r}, {self.value!r})"
 
     def __reduce__(self):
-        return (type(self), (self.option, self.fault))
+        return (type(self), (self.name, self.value, self.note))
+
+
+class ConfigError(DiskflowError):
+    """A bad option or configuration value: names the option and the fault.
+
+    Other options the fault names are `Setting`s, so the API reads ``field=value`` and the command
+    line its flag (`render`): `settings` stand at ``{field}`` in `fault`; `choices` (settings that
+    would each do instead) at ``{choices}``, joined by "or", each with its note, less those the
+    command has no flag for; where none is left, `no_choice` stands there instead.
+    """
+
+    def __init__(self, option: str, fault: str, settings: Sequence[Setting] = (), choices: Sequence[Setting] = (),
+                 no_choice: str = "") -> None:
+        self.option = option
+        self.template = fault
+        self.settings, self.choices, self.no_choice = tuple(settings), tuple(choices), no_choice
+        self.fault = self.render()
+        super().__init__(f"{option}: {self.fault}")
+
+    def render(self, flag: Callable[[str], str] | None = None) -> str:
+        """The fault, its settings written by `flag` (an option's flag on the command line; None: fields)."""
+        if not (self.settings or self.choices or self.no_choice):
+            return self.template
+        named = [c for c in self.choices if c.named(flag)]
+        choices = " or ".join(c.text(flag) + (f" ({c.note})" if c.note else "") for c in named)
+        return self.template.format(choices=choices or self.no_choice, **{s.name: s.text(flag) for s in self.settings})
+
+    def __reduce__(self):
+        return (type(self), (self.option, self.template, self.settings, self.choices, self.no_choice))
 
 
 class DiskFullError(DiskflowError):
