@@ -51,7 +51,7 @@ from ..operators.prepare.superbatch import (
     sample_superbatch_bytes,
     superbatch_hop1,
 )
-from ..operators.prepare.tiers import tier_sizes
+from ..operators.prepare.tiers import Sampling, tier_sizes
 from .taskprofile import profiled
 
 MAX_ROWS_MARGIN = 1.10      # staging reserve from a partial count: the largest batch seen, plus 10%
@@ -140,6 +140,8 @@ class TierSpec:
     gpu_policy: Policy
     cpu_policy: Policy
     pool: int = 1                     # GPU workers pooling their CPU budgets into one shared tier (--cache shared)
+    batch_size: int = 0               # what the batches are sampled with, for a refusal to name a smaller
+    fanouts: tuple[int, ...] = ()     # one that fits (0, (): none named)
 
 
 # ---------------------------------------------------------------------------- the task functions
@@ -245,12 +247,15 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
     if isinstance(counts, str):
         counts = load_counts(counts)
     freq = dense_counts(counts, store.num_nodes)
+    margin = 1.0
     if max_rows is None:
         seen = max(int(s.summary["max_nodes"]) for s in first)
-        max_rows = min(store.num_nodes, math.ceil(seen * MAX_ROWS_MARGIN))
+        margin = MAX_ROWS_MARGIN
+        max_rows = min(store.num_nodes, math.ceil(seen * margin))
     read = int(np.count_nonzero(freq)) if whole_round else store.num_nodes
+    sampling = Sampling(spec.batch_size, tuple(spec.fanouts), store.num_nodes, margin) if spec.batch_size else None
     sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
-                       spec.staging_batches, len(store.shards), spec.io_reserve)
+                       spec.staging_batches, len(store.shards), spec.io_reserve, sampling=sampling)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
         sizes = dataclasses.replace(sizes, cpu_rows=min(read - sizes.gpu_rows, sizes.cpu_rows * spec.pool))
     figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,

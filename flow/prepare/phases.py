@@ -238,7 +238,7 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     samples = [SampleResult(r.key, None, s, {}, path=str(sdir / r.filename)) for r, s in zip(run.refs, summaries)]
     g = _graph(run)
     spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                    cfg.cpu_policy)
+                    cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts))
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the

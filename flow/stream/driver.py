@@ -485,7 +485,7 @@ class StreamRun:
         cfg = self.cfg
         device = "cuda" if self.device.startswith("cuda") else "cpu"
         spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                        cfg.cpu_policy)
+                        cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts))
         config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
                   "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": self.device,

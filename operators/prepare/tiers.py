@@ -13,11 +13,13 @@ belong to the training process's own working set (`assembled_batches`), not to t
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ..formats.errors import ConfigError, Setting
 from ..formats.files import ALIGN, format_bytes
 
 DEVICES = ("cpu", "cuda")
@@ -45,8 +47,10 @@ class TierSizes:
 
 
 def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int, device: str,
-               max_batch_rows: int, staging_batches: int, num_shards: int = 0, io_reserve: int = 0) -> TierSizes:
-    """Turn byte budgets into tier row counts, or fail naming the option and the smallest budget that works.
+               max_batch_rows: int, staging_batches: int, num_shards: int = 0, io_reserve: int = 0, *,
+               sampling: Sampling | None = None) -> TierSizes:
+    """Turn byte budgets into tier row counts, or fail naming the option and the smallest budget that works,
+    and the one setting that, changed alone, would make the given budget work (`fitting_settings`).
 
     Args:
         gpu_budget: bytes of GPU memory for the static GPU tier (0 on a CPU-only run).
@@ -58,6 +62,8 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
         staging_batches: staging buffers the trainer keeps in flight (`staging_buffers`).
         num_shards: feature shards (a staging buffer has room for one segment's padding per shard).
         io_reserve: the loader's other I/O buffers (`load.io_buffer_bytes`), reserved too.
+        sampling: the batch size and fanouts the batches were sampled with (what the refusal can name
+            a smaller value of), and the store's node count.
     """
     if device not in DEVICES:
         raise ConfigError("device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
@@ -72,14 +78,105 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
     staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
     need = staging + io_reserve
     if cpu_budget < need:
+        choices = fitting_settings(cpu_budget, row_bytes, max_batch_rows, staging_batches, num_shards, io_reserve,
+                                   device, sampling)
         raise ConfigError("cpu_memory", f"{format_bytes(cpu_budget)} cannot hold the trainer's staging buffers "
                           f"({staging_batches} x {format_bytes(staging // staging_batches)} for batches of up to "
                           f"{max_batch_rows:,} rows = {format_bytes(staging)}) and I/O buffers "
                           f"({format_bytes(io_reserve)}); the smallest budget that works is {format_bytes(need)} "
-                          f"({need:,} bytes, with an empty CPU tier)")
+                          f"({need:,} bytes, with an empty CPU tier); {{choices}} would fit {format_bytes(cpu_budget)}",
+                          choices=choices, no_choice="no smaller batch size, fanouts or queue depth alone")
     gpu_rows = min(num_nodes, gpu_budget // row_bytes)
     cpu_rows = min(num_nodes - gpu_rows, (cpu_budget - need) // row_bytes)
     return TierSizes(int(gpu_rows), int(cpu_rows), int(staging), int(row_bytes))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the round's batches were sampled with, for naming a smaller batch size or fanouts that fit:
+    seeds per batch, per-hop fanouts (-1: every neighbour) and the store's node count."""
+
+    batch_size: int
+    fanouts: tuple[int, ...]
+    num_nodes: int
+    margin: float = 1.0         # the staging is sized for the largest batch seen times this (a partial count)
+
+
+def batch_rows_bound(batch_size: int, fanouts: Sequence[int], num_nodes: int) -> int:
+    """The most distinct rows a batch of `batch_size` seeds can have at `fanouts`: every hop at full fanout
+    from the nodes the previous hop added (the sampler's frontier), at most every node. A bound no sampled
+    batch exceeds, so a budget that fits it fits the batches."""
+    rows, frontier = batch_size, batch_size
+    for f in fanouts:
+        if f < 0:
+            return num_nodes
+        frontier *= f
+        rows += frontier
+        if rows >= num_nodes:
+            return num_nodes
+    return min(rows, num_nodes)
+
+
+def staging_rows_fit(cpu_budget: int, row_bytes: int, staging_batches: int, num_shards: int, io_reserve: int) -> int:
+    """The most rows a batch may have for `staging_batches` staging buffers (`staging_piece_bytes`) and the
+    I/O buffers to fit `cpu_budget`: `staging_piece_bytes` inverted. 0: not even one row fits; ``2**62``:
+    any batch fits (a whole `STAGING_PIECE_BYTES` piece does)."""
+    per = (cpu_budget - io_reserve) // max(1, staging_batches) - (num_shards + 2) * ALIGN
+    if per < ALIGN:
+        return 0
+    room = per // ALIGN * ALIGN
+    if room >= -(-STAGING_PIECE_BYTES // ALIGN) * ALIGN:
+        return 1 << 62
+    return room // row_bytes
+
+
+def fitting_settings(cpu_budget: int, row_bytes: int, max_batch_rows: int, staging_batches: int, num_shards: int,
+                     io_reserve: int, device: str, sampling: Sampling | None) -> list[Setting]:
+    """The settings that, each changed alone, make `cpu_budget` hold the staging and I/O buffers (with an empty
+    CPU tier), from the same model as `tier_sizes`: the queue depth (fewer staging buffers of the same size;
+    `staging_batches` is `staging_buffers(queue depth)`, one more on CUDA), the largest batch size, and the
+    largest cap on every hop's fanout, whose `batch_rows_bound` (times the sampling's margin) fits
+    (`staging_rows_fit`; binary searches over that bound). Empty when none does."""
+    out: list[Setting] = []
+    offset = staging_buffers(0) + (1 if device == "cuda" else 0)
+    queue_depth = staging_batches - offset
+    if queue_depth > 1:
+        depth = (cpu_budget - io_reserve) // staging_piece_bytes(max_batch_rows, row_bytes, num_shards) - offset
+        if 1 <= depth < queue_depth:
+            out.append(Setting("queue_depth", int(depth)))
+    if sampling is None:
+        return out
+    limit = staging_rows_fit(cpu_budget, row_bytes, staging_batches, num_shards, io_reserve)
+    fans, n = tuple(int(f) for f in sampling.fanouts), sampling.num_nodes
+
+    def fits(batch_size: int, fanouts: tuple[int, ...]) -> int | None:
+        rows = batch_rows_bound(batch_size, fanouts, n)
+        return rows if min(n, math.ceil(rows * sampling.margin)) <= limit else None
+
+    def largest(lo: int, hi: int, ok: Callable[[int], int | None]) -> tuple[int, int] | None:
+        """The largest x in [lo, hi] with ok(x) (ok monotone: true up to some x), and ok(x)."""
+        if hi < lo or ok(lo) is None:
+            return None
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ok(mid) is None:
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo, int(ok(lo) or 0)
+
+    found = largest(1, sampling.batch_size - 1, lambda b: fits(b, fans))
+    if found is not None:
+        out.append(Setting("batch_size", found[0], f"at most {found[1]:,} rows a batch"))
+    top = max((n if f < 0 else f) for f in fans) if fans else 0
+
+    def capped(c: int) -> tuple[int, ...]:
+        return tuple(c if f < 0 else min(f, c) for f in fans)
+
+    found = largest(1, top - 1, lambda c: fits(sampling.batch_size, capped(c)))
+    if found is not None:
+        out.append(Setting("fanouts", capped(found[0]), f"at most {found[1]:,} rows a batch"))
+    return out
 
 
 def staging_piece_bytes(max_batch_rows: int, row_bytes: int, num_shards: int) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ...native.constants import DEFAULT_BOUNCE_BYTES
-from ..formats.errors import ConfigError
+from ..formats.errors import ConfigError, Setting
 from ..formats.files import format_bytes
 from ..formats.packed import PackedDataset
 from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
@@ -57,11 +57,31 @@ def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, seque
         "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
         "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
         "io_buffer_bytes": io_buffer_bytes(row_reads),
+        "queue_depth": queue_depth,
+        "sequential": bool(sequential),
+        "device": device.type,
     }
     plan["host_bytes"] = plan["cpu_tier_bytes"] + plan["staging_bytes"] + plan["io_buffer_bytes"] + (
         plan["gpu_tier_bytes"] if device.type != "cuda" else 0)
     plan["device_bytes"] = plan["gpu_tier_bytes"] if device.type == "cuda" else 0
     return plan
+
+
+def fewer_buffers(plan: dict[str, Any], cpu_memory: int) -> list[Setting]:
+    """The trainer's settings that, each alone, fit `plan` (`memory_plan`, pipelined) into `cpu_memory` with
+    fewer staging buffers of the same size: the largest smaller queue depth that does, else the sequential
+    stages (`staging_count`) where they do. Empty when neither does."""
+    if plan.get("sequential", True) or "queue_depth" not in plan:
+        return []
+    piece = max(1, int(plan["staging_piece_bytes"]))
+    buffers = (cpu_memory - (plan["host_bytes"] - plan["staging_bytes"])) // piece
+    device = plan.get("device", "cpu")
+    depth = buffers - staging_count(device, 0, False)
+    if 1 <= depth < plan["queue_depth"]:
+        return [Setting("queue_depth", int(depth))]
+    if buffers >= staging_count(device, plan["queue_depth"], True):
+        return [Setting("sequential", True, "the stages one after another")]
+    return []
 
 
 def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int | None) -> None:
@@ -80,7 +100,9 @@ def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int |
             + (f" + the GPU tier held in host memory ({format_bytes(plan['gpu_tier_bytes'])})"
                if plan["device_bytes"] == 0 and plan["gpu_tier_bytes"] else "")
             + f" need at least {plan['host_bytes']:,} bytes ({format_bytes(plan['host_bytes'])}); raise it to that, "
-              "or prepare with a smaller CPU tier"))
+              "or prepare with a smaller CPU tier"
+            + ("" if plan.get("sequential", True) else f"; {{choices}} would fit {format_bytes(cpu_memory)}")),
+            choices=fewer_buffers(plan, cpu_memory), no_choice="neither a smaller queue depth nor sequential stages")
     if gpu_memory is not None and plan["device_bytes"] > gpu_memory:
         raise ConfigError("gpu_memory", (
             f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "

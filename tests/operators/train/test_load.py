@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import ConfigError, InputError
+from diskflow.operators.formats.files import format_bytes
 from diskflow.operators.formats.packed import ROUND_DIR, SRC_PACKED, PackedDataset, padded
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
@@ -378,6 +379,26 @@ def test_the_memory_budget_is_checked_before_anything_starts(layouts: dict[str, 
     gpu_plan = memory_plan(PackedDataset(layouts["gpu-tier"]), torch.device("cpu"), 2, False)
     assert gpu_plan["gpu_tier_bytes"] == GPU_ROWS * rb and gpu_plan["host_bytes"] == gpu_plan["cpu_tier_bytes"] + \
         gpu_plan["staging_bytes"] + gpu_plan["io_buffer_bytes"] + gpu_plan["gpu_tier_bytes"]
+
+
+def test_a_budget_too_small_names_a_queue_depth_or_sequential_stages_that_fit(layouts: dict[str, Path]) -> None:
+    """One staging buffer short: the largest smaller queue depth that fits; no queue depth fits, but one buffer
+    does: the sequential stages; each accepted with that budget."""
+    ds = PackedDataset(layouts["belady"])
+    plan = memory_plan(ds, torch.device("cpu"), 3, False)
+    need, piece = plan["host_bytes"], plan["staging_piece_bytes"]
+    with pytest.raises(ConfigError) as e:
+        PackedLoader(layouts["belady"], cpu_memory=need - 1, queue_depth=3)
+    assert "\n" not in str(e.value) and str(e.value).endswith(f"; queue_depth=2 would fit {format_bytes(need - 1)}")
+    PackedLoader(layouts["belady"], cpu_memory=need - 1, queue_depth=2).close()
+    short = need - 4 * piece        # room for one staging buffer: the sequential stages' one
+    with pytest.raises(ConfigError, match=r"; sequential=True \(the stages one after another\) would fit") as e:
+        PackedLoader(layouts["belady"], cpu_memory=short, queue_depth=3)
+    assert e.value.render(lambda o: {"sequential": "--sequential"}.get(o, o)).endswith(
+        f"; --sequential (the stages one after another) would fit {format_bytes(short)}")
+    PackedLoader(layouts["belady"], cpu_memory=short, pipelined=False).close()
+    with pytest.raises(ConfigError, match=r"neither a smaller queue depth nor sequential stages would fit"):
+        PackedLoader(layouts["belady"], cpu_memory=short - piece, queue_depth=3)
 
 
 @pytest.mark.parametrize("layout", ["belady", "ginex", "dcache", "gpu-tier"])

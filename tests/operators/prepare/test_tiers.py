@@ -1,0 +1,78 @@
+"""The CPU budget's check: a budget too small for the trainer's staging and I/O buffers names the smallest
+budget that works and the settings that, each alone, would make the given one work, from the same model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from diskflow.operators.formats.errors import ConfigError
+from diskflow.operators.prepare.tiers import (
+    Sampling,
+    batch_rows_bound,
+    fitting_settings,
+    staging_buffers,
+    staging_piece_bytes,
+    staging_rows_fit,
+    tier_sizes,
+)
+
+
+def _need(rows: int, rb: int, buffers: int, shards: int, io: int) -> int:
+    return buffers * staging_piece_bytes(rows, rb, shards) + io
+
+
+def test_staging_rows_fit_inverts_the_staging_model() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rb, buffers, shards = int(rng.integers(4, 2048)), int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        io, budget = int(rng.integers(0, 3 << 20)), int(rng.integers(1 << 16, 200 << 20))
+        rows = staging_rows_fit(budget, rb, buffers, shards, io)
+        if rows == 1 << 62:         # a whole piece fits: any batch does
+            assert _need(1 << 40, rb, buffers, shards, io) <= budget
+            continue
+        assert rows == 0 or _need(rows, rb, buffers, shards, io) <= budget
+        assert _need(rows + 1, rb, buffers, shards, io) > budget
+
+
+def test_the_settings_named_fit_and_one_more_would_not() -> None:
+    rb, shards, io, n, fans = 256, 3, 2 << 20, 200_000, (10, 10, 10)
+    sampling = Sampling(1024, fans, n)
+    buffers = staging_buffers(2)
+    for budget in (5 << 20, 40 << 20, 100 << 20, 125 << 20):
+        got = {s.name: s.value for s in fitting_settings(budget, rb, 155_692, buffers, shards, io, "cpu", sampling)}
+        limit = staging_rows_fit(budget, rb, buffers, shards, io)
+        if "batch_size" in got:
+            b = got["batch_size"]
+            assert batch_rows_bound(b, fans, n) <= limit < batch_rows_bound(b + 1, fans, n)
+        if "fanouts" in got:
+            c = max(got["fanouts"])
+            assert got["fanouts"] == (c, c, c)
+            assert batch_rows_bound(1024, (c,) * 3, n) <= limit < batch_rows_bound(1024, (c + 1,) * 3, n)
+        if "queue_depth" in got:
+            q = got["queue_depth"]
+            assert _need(155_692, rb, staging_buffers(q), shards, io) <= budget
+            assert _need(155_692, rb, staging_buffers(q + 1), shards, io) > budget
+    assert list(got) == ["queue_depth", "batch_size", "fanouts"]    # 125 MiB: one buffer fewer is enough
+    assert got["queue_depth"] == 1
+    assert [s.name for s in fitting_settings(5 << 20, rb, 155_692, buffers, shards, io, "cpu", sampling)] == \
+        ["batch_size"]
+    # nothing smaller fits 2.5 MiB: not even one row a batch at the I/O buffers' 2 MiB
+    assert fitting_settings(io + 4096, rb, 155_692, buffers, shards, io, "cpu", sampling) == []
+
+
+def test_the_refusal_is_one_line_naming_the_budget_and_a_setting() -> None:
+    sampling = Sampling(1024, (10, 10, 10), 200_000)
+    with pytest.raises(ConfigError) as e:
+        tier_sizes(0, 100 << 20, 256, 200_000, "cpu", 155_692, staging_buffers(2), 1, 2 << 20, sampling=sampling)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("cpu_memory: 100.00 MiB cannot hold")
+    assert "the smallest budget that works is 130.05 MiB" in text
+    assert "queue_depth=1 or batch_size=90 (at most 99,990 rows a batch) or fanouts=(4, 4, 4)" in text
+    flags = {"queue_depth": "--queue-depth", "batch_size": "--batch-size", "fanouts": "--fanouts"}
+    assert "--queue-depth 1 or --batch-size 90 (at most 99,990 rows a batch) or --fanouts 4,4,4 (at most 87,040 " \
+           "rows a batch) would fit 100.00 MiB" in e.value.render(lambda o: flags.get(o, o))
+    # a command without a flag for one of them names the others
+    assert e.value.render(lambda o: {"batch_size": "--batch-size"}.get(o, o)).endswith(
+        "; --batch-size 90 (at most 99,990 rows a batch) would fit 100.00 MiB")
+    with pytest.raises(ConfigError, match=r"; no smaller batch size, fanouts or queue depth alone would fit"):
+        tier_sizes(0, 2 << 20, 256, 200_000, "cpu", 155_692, staging_buffers(2), 1, 2 << 20, sampling=sampling)
+
