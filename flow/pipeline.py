@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import inspect
 import os
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -48,16 +47,51 @@ from ..operators.prepare.history import (
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
+from ..operators.train.config import ONLINE_TIERS
+
+__all__ = ["BATCHES", "LOADERS", "ONLINE_TIERS", "PACKAGE", "SAMPLERS", "USER_MODULE", "Pipeline", "Runtime",
+           "available_pipelines", "load_pipeline", "pipeline_names", "pipeline_of"]
 
 PACKAGE = "diskflow.pipelines"
 USER_MODULE = "diskflow_user_pipeline"     # the module names users' files are imported under
-# loader -> the function that trains with it ("module:function"; imported only when a run starts)
-LOADERS = {"packed": "diskflow.flow.runtimes.packed:run_packed", "memory": "diskflow.flow.runtimes.memory:run",
-           "mmap": "diskflow.flow.runtimes.mmap:run", "stream": "diskflow.flow.runtimes.stream:run",
-           "online": "diskflow.flow.runtimes.online:run_online"}
-ONLINE_TIERS = ("lru", "hybrid")   # the online loader's buffer eviction: GNNDrive's LRU standby list, LSM-GNN's hybrid
 BATCHES = BATCH_ORDERS        # "shuffled": a fresh permutation per epoch; "partition": groups of min-cut parts
 SAMPLERS = ("neighbor",)      # uniform neighbour sampling per hop (PyG NeighborLoader's), native
+
+Runtime = Callable[..., dict[str, Any]]     # trains with a loader: ``(pipeline, store, run_dir, **options)`` for the
+                                            # packed and online loaders, ``(store, run_dir, **options)`` for the others
+
+
+# The runtimes behind the loaders (`flow.runtimes`), each imported only when a run starts: they import torch,
+# which `import diskflow.flow.pipeline` (the command line's parser, `diskflow prepare`) must not.
+
+def _packed() -> Runtime:
+    from .runtimes.packed import run_packed
+    return run_packed
+
+
+def _memory() -> Runtime:
+    from .runtimes.memory import run
+    return run
+
+
+def _mmap() -> Runtime:
+    from .runtimes.mmap import run
+    return run
+
+
+def _stream() -> Runtime:
+    from .runtimes.stream import run
+    return run
+
+
+def _online() -> Runtime:
+    from .runtimes.online import run_online
+    return run_online
+
+
+# loader -> a function that imports and returns the runtime that trains with it
+LOADERS: dict[str, Callable[[], Runtime]] = {"packed": _packed, "memory": _memory, "mmap": _mmap, "stream": _stream,
+                                             "online": _online}
 
 
 @dataclass(frozen=True)
@@ -228,10 +262,9 @@ class Pipeline:
             params.pop(first, None)
         return params
 
-    def _loader_function(self) -> Any:
+    def _loader_function(self) -> Runtime:
         """The function that trains with this pipeline's loader (`LOADERS`), imported now."""
-        module, _, function = LOADERS[self.loader].partition(":")
-        return getattr(importlib.import_module(module), function)
+        return LOADERS[self.loader]()
 
     def describe(self) -> dict[str, Any]:
         """The definition as JSON values (policy functions by name and code hash)."""
@@ -247,8 +280,9 @@ class Pipeline:
 
 def available_pipelines() -> list[str]:
     """Names of the built-in pipelines (modules of `diskflow.pipelines`), sorted."""
-    package = importlib.import_module(PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+    from .. import pipelines
+
+    return sorted(m.name for m in pkgutil.iter_modules(pipelines.__path__) if not m.name.startswith("_"))
 
 
 def load_pipeline(name_or_path: str | os.PathLike[str]) -> Pipeline:
@@ -266,7 +300,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str]) -> Pipeline:
     if looks_like_path and path.is_file():
         module = _builtin_at(path, builtin) or _import_file(path)
     elif (path.stem if looks_like_path else text) in builtin:
-        module = importlib.import_module(f"{PACKAGE}.{path.stem if looks_like_path else text}")
+        module = _import_builtin(path.stem if looks_like_path else text)
     else:
         what = f"no such file {text!r}" if looks_like_path else f"unknown pipeline {text!r}"
         raise ConfigError("pipeline", f"{what}; available: {', '.join(builtin) or '(none)'}, "
@@ -310,11 +344,21 @@ def _builtin_at(path: Path, builtin: list[str]) -> ModuleType | None:
     """The built-in pipeline module whose source file is `path`, if it is one."""
     if path.stem not in builtin:
         return None
-    module = importlib.import_module(f"{PACKAGE}.{path.stem}")
+    module = _import_builtin(path.stem)
     source = getattr(module, "__file__", None)
     if source and Path(source).resolve() == path.resolve():
         return module
     return None
+
+
+# ---------------------------------------------------------------------------- pipeline modules by name
+# The package's two imports whose module is data, a name or a path the user gave (tests/test_imports.py checks
+# that nothing else imports by name). The built-in pipelines import this module at module level; it imports
+# them only here, when a name asks for one.
+
+def _import_builtin(name: str) -> ModuleType:
+    """The built-in pipeline module `name` (one of `available_pipelines`), imported now."""
+    return importlib.import_module(f"{PACKAGE}.{name}")
 
 
 def _import_file(path: Path) -> ModuleType:

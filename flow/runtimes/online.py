@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from ...operators.formats.files import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
+from ...operators.train.config import ONLINE_TIERS
 from ...operators.train.online import (
     DEFAULT_EXTRACTORS,
     DEFAULT_WINDOW,
@@ -41,8 +42,10 @@ from ...operators.train.online import (
 )
 from ...operators.train.session import StoreFeatures, TrainConfig
 from ..options import byte_budget
-from ..pipeline import ONLINE_TIERS, Pipeline
 from .memory import EpochHook, gathered_run
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
 
 DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
 

@@ -53,9 +53,9 @@ from ..formats.files import byte_offsets, format_bytes
 from ..prepare.seeds import BatchOrder
 from .batches import Sample, Sampler, batch_data, epoch_batches
 from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # noqa: F401  (set there, torch-free, for the CLI)
+from .config import ONLINE_TIERS as POLICIES
 from .pipe import END, Pipe, StageClock, guard
 
-POLICIES = ("lru", "hybrid")
 MAX_STAGING_BYTES = 2 << 20         # each extractor's staging rows (a batch's misses go through in pieces) ...
 MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the extractors, within these bounds
 # Rows are read in 512-byte sectors where the device allows it (GNNDrive's request granularity;
