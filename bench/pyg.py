@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from ..config import fanouts_option
-from ..flow.options import byte_budget
+from ..flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from ..operators.formats.errors import ConfigError, DiskflowError
 from ..operators.formats.files import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
@@ -93,9 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured batches first (default 3)")
     p.add_argument("--batches", type=int, default=10, help="measured batches (default 10)")
-    p.add_argument("--feature-budget", default="10%",
-                   help="host memory for features, bytes or a share of the feature bytes (default 10%%): the row "
-                        "cache's budget, and with the allowance the cgroup limit of remote and mmap")
+    p.add_argument("--feature-budget", default=DEFAULT_SHARE,
+                   help="host memory for features, bytes or a share of the feature bytes (default 10%%, or the "
+                        "smallest that works where that is more): the row cache's budget, and with the allowance "
+                        "the cgroup limit of remote and mmap")
     p.add_argument("--allowance", default=None,
                    help="memory for the process itself inside the cgroup (default: measured by a probe)")
     p.add_argument("--repeats", type=int, default=3,
@@ -297,6 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = byte_budget(args.feature_budget, "--feature-budget", store.feature_bytes) or 0
     from ..pyg import RowCache
 
+    budget = fit_default(args.feature_budget, budget, RowCache.smallest_budget(store), "feature_budget")
     slots = RowCache.layout(store, budget)[0]
     if slots < 1:
         least = RowCache.smallest_budget(store)

@@ -117,8 +117,9 @@ def _run(args: argparse.Namespace) -> int:
     r = prepare(args.dataset, args.out, args.pipeline, force=args.force, quiet=False, **cluster, **options)
     pipeline = load_pipeline(args.pipeline)
     store = Store(args.dataset)
-    cpu_memory = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0
+    given = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0
     f = r.figures
+    cpu_memory = int(f.get("cpu_memory", given))       # more than given: the default, raised to what works
     if r.skipped:
         print(f"{r.path}: up to date (same store and options; --force redoes it)")
         return 0
@@ -131,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         ("GPU tier", f"{f['gpu_rows']:,} rows, {f['gpu_hits'] / acc:.1%} of accesses"),
         ("CPU tier", (f"{f['cpu_rows']:,} rows ({format_bytes(f['cpu_rows'] * f['row_bytes'])}), "
                       f"{f['cpu_hits'] / acc:.1%} of accesses, {f['inserts']:,} inserts")),
-        ("--cpu-memory", (f"{format_bytes(cpu_memory)}: CPU tier "
+        ("--cpu-memory", (f"{format_bytes(cpu_memory)}{' (the default, raised)' if cpu_memory > given else ''}: CPU tier "
                                     f"{format_bytes(f['cpu_rows'] * f['row_bytes'])} + staged misses "
                                     f"{format_bytes(f['staging_bytes'])} + I/O buffers "
                                     f"{format_bytes(f['io_buffer_bytes'])}"

@@ -51,7 +51,7 @@ from torch_geometric.sampler import (
 )
 from torch_geometric.sampler.base import NumNeighbors
 
-from .flow.options import byte_budget
+from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from .native.kernels import copy_rows, count_dense
 from .native.reader import DirectReader, aligned_empty
 from .operators.formats.errors import ConfigError, InputError
@@ -427,7 +427,8 @@ class FeatureStore(StoreFeatureStore):
 
     Args:
         store: a store (`diskflow ingest`'s output), or its path.
-        cache_memory: the row cache's bytes (rows, tables and read buffers together).
+        cache_memory: the row cache's bytes (rows, tables and read buffers together); by default 10% of the
+            feature bytes, or the smallest budget that works where that is more (a small store).
         policy: the row cache's policy, ``"degree"`` (keep the rows of the nodes most neighbour lists
             hold) or ``"lru"`` (`RowCache`).
 
@@ -438,12 +439,14 @@ class FeatureStore(StoreFeatureStore):
             an unknown policy.
     """
 
-    def __init__(self, store: Store | str | os.PathLike[str], cache_memory: int | str = "10%",
+    def __init__(self, store: Store | str | os.PathLike[str], cache_memory: int | str = DEFAULT_SHARE,
                  policy: str = "degree") -> None:
         super().__init__(store)
-        budget = byte_budget(cache_memory, CACHE_OPTION, self.store.feature_bytes)
+        budget = int(byte_budget(cache_memory, CACHE_OPTION, self.store.feature_bytes) or 0)
+        if policy in POLICIES:      # the default never fails: raised to what works on a small store
+            budget = fit_default(cache_memory, budget, RowCache.smallest_budget(self.store, policy), CACHE_OPTION)
         self.cache_memory = cache_memory
-        self.cache = RowCache(self.store, int(budget or 0), policy)
+        self.cache = RowCache(self.store, budget, policy)
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of `ids` through the row cache (misses read with O_DIRECT)."""

@@ -142,6 +142,7 @@ class TierSpec:
     pool: int = 1                     # GPU workers pooling their CPU budgets into one shared tier (--cache shared)
     batch_size: int = 0               # what the batches are sampled with, for a refusal to name a smaller
     fanouts: tuple[int, ...] = ()     # one that fits (0, (): none named)
+    raise_cpu: bool = False           # cpu_memory is a default: raised to the smallest that works, not refused
 
 
 # ---------------------------------------------------------------------------- the task functions
@@ -255,11 +256,12 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
     read = int(np.count_nonzero(freq)) if whole_round else store.num_nodes
     sampling = Sampling(spec.batch_size, tuple(spec.fanouts), store.num_nodes, margin) if spec.batch_size else None
     sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
-                       spec.staging_batches, len(store.shards), spec.io_reserve, sampling=sampling)
+                       spec.staging_batches, len(store.shards), spec.io_reserve, sampling=sampling,
+                       raise_cpu=spec.raise_cpu)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
         sizes = dataclasses.replace(sizes, cpu_rows=min(read - sizes.gpu_rows, sizes.cpu_rows * spec.pool))
     figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,
-               "max_batch_rows_reserved": max_rows}
+               "max_batch_rows_reserved": max_rows, "cpu_memory": sizes.cpu_budget}
     return GpuTier(choose_gpu_tier(spec.gpu_policy, freq, sizes.gpu_rows), freq, sizes.cpu_rows, figures)
 
 

@@ -2,8 +2,10 @@
 refusal is a `ConfigError` naming the option and the fault."""
 from __future__ import annotations
 
-from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import parse_bytes
+import logging
+
+from ..operators.formats.errors import ConfigError, Setting
+from ..operators.formats.files import format_bytes, parse_bytes
 from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
@@ -41,6 +43,42 @@ def byte_budget(value: int | str | None, option: str, whole: int) -> int | None:
             raise ConfigError(option, f"must be >= 0, got {value!r}")
         return int(whole * share)
     return parse_bytes(value, option)
+
+
+class DefaultBudget(str):
+    """A budget's default, such as ``"10%"``, told apart from the same text given by the user: a default
+    too small for a small store is raised to the smallest budget that works (`fit_default`), where the
+    user's is refused naming that budget. Reads, prints and parses as the plain text."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str.__repr__(str(self))
+
+
+DEFAULT_SHARE = DefaultBudget("10%")    # the default of the feature budgets (cpu_memory, cache_memory)
+
+
+def is_default(value: object) -> bool:
+    """Whether `value` is a budget's default (`DefaultBudget`), not a value the user gave."""
+    return isinstance(value, DefaultBudget)
+
+
+def fit_default(value: int | str | None, nbytes: int, least: int, option: str) -> int:
+    """`nbytes` (what the budget `value` came to), or `least` (the smallest budget that works) where `value` is
+    a default (`DefaultBudget`) below it, which is then logged (`note_raised`). A user's value stays as it is,
+    for the caller's check to refuse."""
+    if nbytes >= least or not is_default(value):
+        return nbytes
+    note_raised(option, nbytes, least, str(value))
+    return least
+
+
+def note_raised(option: str, nbytes: int, least: int, default: str = "", detail: str = "") -> None:
+    """Log (INFO) that `option`'s default (`default`, `nbytes`) was raised to `least`, the smallest that works."""
+    given = f"{default}, {format_bytes(nbytes)}" if default else format_bytes(nbytes)
+    logging.getLogger(__name__).info("%s: the default (%s) is too small for this store; using %s, the smallest "
+                                     "that works%s", Setting(option), given, format_bytes(least), detail)
 
 
 HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it (`flow.memsplit`)

@@ -191,6 +191,23 @@ def test_link_loader_samples_around_edges(backend: tuple[FeatureStore, GraphStor
     assert batch.edge_label_index.shape == (2, 200) and batch.x.shape == (batch.n_id.numel(), features.store.feature_dim)
 
 
+def test_the_default_cache_works_on_a_small_store(tiny_store: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The default 10% is below what the row cache needs on a store this small: raised to the smallest budget that
+    works (and logged), where the same 10% given by the caller is refused in one line."""
+    store = Store(tiny_store)
+    least = RowCache.smallest_budget(store)
+    assert store.feature_bytes // 10 < least
+    with caplog.at_level("INFO", logger="diskflow"):
+        features = FeatureStore(tiny_store)
+    assert features.cache.budget == least and features.cache.slots >= 1
+    assert any(m.startswith("cache_memory: the default (10%, ") for m in caplog.messages), caplog.messages
+    ids = np.array([5, 4000, 5], np.int64)
+    assert np.array_equal(features.gather(ids), store.gather(ids))
+    with pytest.raises(ConfigError) as e:
+        FeatureStore(tiny_store, cache_memory="10%")
+    assert e.value.option == "cache_memory" and "\n" not in str(e.value)
+
+
 def test_bad_input_fails_in_one_line(tiny_store: Path, tiny_raw: Path, tmp_path: Path) -> None:
     for path in (tmp_path / "nowhere", tmp_path):
         for make in (FeatureStore, GraphStore):

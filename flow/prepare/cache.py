@@ -72,7 +72,9 @@ def plan_key(cfg: PrepareConfig, sample_key: str) -> str:
         {"cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)}
     return config_hash({"samples": sample_key, **policies, "gpu": cfg.gpu_memory,
                         "cpu": cfg.cpu_memory, "device": cfg.device, "staging": cfg.staging_batches,
-                        "io": cfg.io_reserve})
+                        "io": cfg.io_reserve,
+                        # a default budget's plans may be a raised one's: never a user's budget's too
+                        **({"cpu_default": True} if cfg.cpu_memory_default else {})})
 
 
 def pack_key(cfg: PrepareConfig, plan_key: str) -> str:

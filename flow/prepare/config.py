@@ -46,6 +46,7 @@ class PrepareConfig:
     seed: int = 0
     gpu_memory: int = 0
     cpu_memory: int = 0
+    cpu_memory_default: bool = False    # cpu_memory is a default: raised to the smallest that works, not refused
     disk_budget: int | None = None      # None: no limit on packed bytes
     device: str = "cpu"
     staging_batches: int = staging_buffers(2)    # staging buffers the pipelined trainer cycles at queue depth 2

@@ -57,6 +57,7 @@ from ..graph import (
     tier_figures,
 )
 from ..memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, plot_memory_split, refine_shares, split_point
+from ..options import note_raised
 from ..progress import compute
 from .cache import (
     COUNTS,
@@ -238,7 +239,8 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     samples = [SampleResult(r.key, None, s, {}, path=str(sdir / r.filename)) for r, s in zip(run.refs, summaries)]
     g = _graph(run)
     spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                    cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts))
+                    cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts),
+                    raise_cpu=cfg.cpu_memory_default)
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
@@ -299,7 +301,7 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     done = compute([*heads, *save_tasks, *route_tasks], desc="plan", disable=run.show())
     chosen, run.early = done[0], (done[1] if early is not None else {})
     stats, early_routes = done[len(heads):len(heads) + len(save_tasks)], done[len(heads) + len(save_tasks):] or None
-    tier_fig = {k: chosen[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes")}
+    tier_fig = {k: chosen[k] for k in ("gpu_rows", "cpu_rows", "staging_bytes", "cpu_memory")}
     return pdir, stage.finish({"tiers": tier_fig, "plans": stats}, drop_stale=not run.keep_stale), early_routes
 
 
@@ -316,6 +318,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
     figures: dict[str, Any] = {
         "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
         "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
+        "cpu_memory": int(tiers.get("cpu_memory", cfg.cpu_memory)),    # more than cfg's: a default raised
         "io_buffer_bytes": cfg.io_reserve, "max_batch_rows": max_batch_rows,
         "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
         "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
@@ -333,6 +336,8 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }
+    if figures["cpu_memory"] > cfg.cpu_memory:
+        note_raised("cpu_memory", cfg.cpu_memory, figures["cpu_memory"], detail=" (an empty CPU tier)")
     # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
     # rows), and an index of at least a source byte and an int32 address per access
     base_bytes = (store.num_nodes * 8 + (tiers["gpu_rows"] + tiers["cpu_rows"]) * (rb + 8) + 4 * ALIGN

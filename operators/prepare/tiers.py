@@ -36,6 +36,7 @@ class TierSizes:
     cpu_rows: int
     staging_bytes: int
     row_bytes: int
+    cpu_budget: int = 0         # the CPU budget the tiers were sized in (a default raised to what works: more)
 
     @property
     def gpu_bytes(self) -> int:
@@ -48,7 +49,7 @@ class TierSizes:
 
 def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int, device: str,
                max_batch_rows: int, staging_batches: int, num_shards: int = 0, io_reserve: int = 0, *,
-               sampling: Sampling | None = None) -> TierSizes:
+               sampling: Sampling | None = None, raise_cpu: bool = False) -> TierSizes:
     """Turn byte budgets into tier row counts, or fail naming the option and the smallest budget that works,
     and the one setting that, changed alone, would make the given budget work (`fitting_settings`).
 
@@ -64,6 +65,8 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
         io_reserve: the loader's other I/O buffers (`load.io_buffer_bytes`), reserved too.
         sampling: the batch size and fanouts the batches were sampled with (what the refusal can name
             a smaller value of), and the store's node count.
+        raise_cpu: `cpu_budget` is a default, not the user's: one too small is raised to the smallest
+            that works (an empty CPU tier) instead of refused.
     """
     if device not in DEVICES:
         raise ConfigError("device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
@@ -77,6 +80,8 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
         raise ConfigError("staging_batches", f"must be >= 1, got {staging_batches}")
     staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
     need = staging + io_reserve
+    if cpu_budget < need and raise_cpu:
+        cpu_budget = need
     if cpu_budget < need:
         choices = fitting_settings(cpu_budget, row_bytes, max_batch_rows, staging_batches, num_shards, io_reserve,
                                    device, sampling)
@@ -88,7 +93,7 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
                           choices=choices, no_choice="no smaller batch size, fanouts or queue depth alone")
     gpu_rows = min(num_nodes, gpu_budget // row_bytes)
     cpu_rows = min(num_nodes - gpu_rows, (cpu_budget - need) // row_bytes)
-    return TierSizes(int(gpu_rows), int(cpu_rows), int(staging), int(row_bytes))
+    return TierSizes(int(gpu_rows), int(cpu_rows), int(staging), int(row_bytes), int(cpu_budget))
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,9 @@ def test_the_refusal_is_one_line_naming_the_budget_and_a_setting() -> None:
     with pytest.raises(ConfigError, match=r"; no smaller batch size, fanouts or queue depth alone would fit"):
         tier_sizes(0, 2 << 20, 256, 200_000, "cpu", 155_692, staging_buffers(2), 1, 2 << 20, sampling=sampling)
 
+
+def test_a_default_budget_too_small_is_raised_to_what_works() -> None:
+    need = _need(155_692, 256, 4, 1, 2 << 20)
+    sizes = tier_sizes(0, 5 << 20, 256, 200_000, "cpu", 155_692, 4, 1, 2 << 20, raise_cpu=True)
+    assert sizes.cpu_budget == need and sizes.cpu_rows == 0
+    assert tier_sizes(0, need + 2560, 256, 200_000, "cpu", 155_692, 4, 1, 2 << 20, raise_cpu=True).cpu_rows == 10
