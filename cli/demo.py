@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dask.utils import asciitable
-
 from ..config import fanouts_option
 from ..sizes import format_bytes
 from .options import positive_int
@@ -222,6 +220,8 @@ def _print_same_losses(ooc: dict[str, Any], ref: dict[str, Any]) -> bool:
 
 def _print_accuracies(name: str, ooc: dict[str, Any], ref: dict[str, Any], mlp: dict[str, Any]) -> None:
     """Test accuracy of the three runs, chance, and what the graph adds."""
+    from dask.utils import asciitable
+
     chance = 1.0 / max(1, int(ref["dataset"]["num_classes"]))
     print()
     rows = [(label, f"{rep['final']['test_acc']:.4f}", f"{rep['final']['best_val_acc']:.4f}",

@@ -12,8 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dask.utils import asciitable
-
 from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TrainConfig, model_label, model_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..runs import (
@@ -152,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def print_summary(report: dict[str, Any]) -> None:
     """Stage busy/starved/blocked seconds, I/O, tier hit rates, memory: a short table."""
+    from dask.utils import asciitable
+
     print(asciitable(["stage", "busy s", "starved s", "blocked s"],
                      [(name, f"{c['busy_s']:.3f}", f"{c['starved_s']:.3f}", f"{c['blocked_s']:.3f}")
                       for name, c in report["stages"].items()]))
