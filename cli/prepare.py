@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "segments with one sequential pass over the features. Re-running with the same inputs and "
                     "options does nothing; changing an option redoes only what depends on it. Once the packed bytes "
                     "are known (after planning) they are checked against the free space of PACKED's filesystem "
-                    "before anything is packed.")
+                    "and printed (pack: ...), with that free space, before the pack tasks run.")
     p.add_argument("pipeline", metavar="PIPELINE",
                    help="belady (default policy: Belady CPU tier + packing + disk cache), diskgnn (static tiers + "
                         "packing + disk cache), ginex (Belady CPU tier, no packing), or the path of a .py file "

@@ -7,6 +7,7 @@ its manifest last.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
@@ -18,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ...operators.formats import packed as packed_fmt
-from ...operators.formats.errors import ConfigError
+from ...operators.formats.errors import ConfigError, Setting
 from ...operators.formats.files import ALIGN, format_bytes, load_npz, save_npy, staging_dir, write_manifest
-from ...operators.formats.outputs import check_free_space
+from ...operators.formats.outputs import check_free_space, free_space
 from ...operators.formats.packed import (
     PACKED_FORMAT,
     PACKED_VERSION,
@@ -75,6 +76,9 @@ from .config import PrepareConfig
 from .tasks import completed, index_task, route_task, save_plan_task, search_task, store_index_task
 
 PARTITION_FILE = "partition.npy"        # the partition file (the cache's `PARTS`) in a packed dataset cut into partition batches
+HINT_RATIO = 4.0        # packed bytes above this many times the feature bytes: the pack line names the disk budget
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,6 +111,21 @@ def _check_room(out: Path, nbytes: int) -> None:
     Names `out` (the staging directory beside it is on the same filesystem).
     """
     check_free_space({out: nbytes})
+
+
+def _announce_pack(run: Run, nbytes: int, early: int) -> None:
+    """Log (INFO) the packed bytes (segments and disk cache) about to be written, before the pack tasks run:
+    against the features, the free space of the packed dataset's filesystem and, where they are over
+    `HINT_RATIO` times the features, the disk budget that would bound them (none given, a disk cache kept).
+    `early`: the bytes of them the read-ahead shards' part files already took while planning."""
+    cfg, features = run.cfg, max(1, run.store.feature_bytes)
+    ratio = nbytes / features
+    hint = cfg.disk_cache and cfg.disk_budget is None and ratio > HINT_RATIO
+    log.info("pack: %s %s (%s bytes) of packed segments (%.1fx the %s of features%s) to %s, %s free there"
+             + ("; %s SIZE bounds it (the segmented disk cache)" if hint else ""),
+             "writing" if early else "about to write", format_bytes(nbytes), f"{nbytes:,}", ratio, format_bytes(features),
+             f"; {format_bytes(early)} of them written while planning" if early else "", run.out,
+             format_bytes(free_space(run.out)), *((Setting("disk_budget"),) if hint else ()))
 
 
 def _graph(run: Run) -> PrepGraph:
@@ -460,10 +479,12 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
         with open(layout_path, "rb") as f:
             layout = pickle.load(f)
         cache_nodes = [] if layout.segment_size is None else list(layout.cache_nodes)
-    _check_room(run.out, base_bytes + int(part_bytes.sum()) + int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes)))
+    cache_bytes = int(sum(packed_fmt.padded(len(n) * rb) for n in cache_nodes))
+    _check_room(run.out, base_bytes + int(part_bytes.sum()) + cache_bytes)
+    early = run.early if routes is early_routes else {}      # begun while planning, on the same routes
+    _announce_pack(run, int(part_bytes.sum()) + cache_bytes, sum(int(e.position) for e in early.values()))
     tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
     route_paths = [x["path"] for x in routes]
-    early = run.early if routes is early_routes else {}      # begun while planning, on the same routes
     packs = compute([delayed_submit(pack_shard, str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
                                     dcache_targets=cache_t, tier_targets=tier_t, early=early.get(p),
                                     key=f"pack-r0-p{p}-{tok}")

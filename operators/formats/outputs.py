@@ -142,6 +142,11 @@ def _existing(path: Path) -> Path:
     return p
 
 
+def free_space(path: str | os.PathLike[str]) -> int:
+    """Bytes free on the filesystem that holds `path` (created or not yet)."""
+    return int(shutil.disk_usage(_existing(Path(path))).free)
+
+
 def check_free_space(needs: Mapping[str | os.PathLike[str], int],
                      free_of: Callable[[str], int] | None = None) -> None:
     """Fail before writing when the filesystems lack room for what a command will write.
