@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from .. import __version__
 from ..errors import ConfigError, DiskflowError, is_disk_full
@@ -25,10 +25,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages and show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    modules = _command_modules()
     for name in COMMANDS:
-        module = importlib.import_module(f"{__package__}.{name}")
-        module.register(sub)
+        modules[name].register(sub)
     return parser
+
+
+def _command_modules() -> dict[str, ModuleType]:
+    """The subcommand modules by name, imported now (each has ``register(subparsers)``)."""
+    from . import (
+        bench,
+        demo,
+        importers,
+        info,
+        ingest,
+        prepare,
+        report,
+        run,
+        scheduler,
+        synth,
+        train,
+        verify,
+        worker,
+    )
+
+    return {"demo": demo, "synth": synth, "importers": importers, "ingest": ingest, "run": run, "prepare": prepare,
+            "verify": verify, "train": train, "scheduler": scheduler, "worker": worker, "report": report,
+            "bench": bench, "info": info}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

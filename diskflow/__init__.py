@@ -21,32 +21,49 @@ and `diskflow.bench` (side-by-side benchmarks).
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "DiskflowError", "InputError", "Model", "OnlineLoader", "PackedLoader", "Pipeline",
            "TierPolicy", "ingest", "load_model", "load_pipeline", "prepare", "synth", "train"]
 
-_PUBLIC = {"Pipeline": "diskflow.flow.pipeline", "load_pipeline": "diskflow.flow.pipeline",
-           "TierPolicy": "diskflow.operators.prepare.policies", "DiskflowError": "diskflow.operators.formats.errors",
-           "ConfigError": "diskflow.operators.formats.errors", "InputError": "diskflow.operators.formats.errors",
-           "Model": "diskflow.operators.train.modeldef", "load_model": "diskflow.operators.train.catalog",
-           **{name: "diskflow.api" for name in ("OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train")}}
-
 
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use (``import diskflow`` alone stays light)."""
     if name == "pyg":
-        import importlib
+        import diskflow.pyg
 
-        return importlib.import_module("diskflow.pyg")
-    if name not in _PUBLIC:
+        return diskflow.pyg
+    home = _home(name)
+    if home is None:
         raise AttributeError(f"module 'diskflow' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    value = getattr(home, name)
     globals()[name] = value
     return value
+
+
+def _home(name: str) -> ModuleType | None:
+    """The module that defines the public name `name`, imported now; None for a name that is not one."""
+    if name in ("Pipeline", "load_pipeline"):
+        from .flow import pipeline
+        return pipeline
+    if name == "TierPolicy":
+        from .operators.prepare import policies
+        return policies
+    if name in ("DiskflowError", "ConfigError", "InputError"):
+        from .operators.formats import errors
+        return errors
+    if name == "Model":
+        from .operators.train import modeldef
+        return modeldef
+    if name == "load_model":
+        from .operators.train import catalog
+        return catalog
+    if name in ("OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train"):
+        from . import api
+        return api
+    return None
 
 
 def __dir__() -> list[str]:

@@ -7,7 +7,6 @@ lanes and the idle share; the other figures draw one line or bar per worker.
 """
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -55,10 +54,11 @@ class Page:
     """The figures and their sources; `layout` is what a document shows."""
 
     def __init__(self) -> None:
+        import bokeh.models
         from bokeh.layouts import column, row
         from bokeh.plotting import figure
 
-        models: Any = importlib.import_module("bokeh.models")     # (its names are made at import: untyped here)
+        models: Any = bokeh.models      # (its names are made at import: untyped here)
         ColumnDataSource, Div, FactorRange, HoverTool, Range1d, Span = (
             models.ColumnDataSource, models.Div, models.FactorRange, models.HoverTool, models.Range1d, models.Span)
 
