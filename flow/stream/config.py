@@ -51,7 +51,7 @@ class StreamConfig:
     before the first sample: the plan of a batch depends on every batch before it).
     """
 
-    train: Any                          # operators.stream_train.StreamTrainConfig
+    train: Any                          # operators.stream.train.StreamTrainConfig
     fanouts: tuple[int, ...] = (10, 10, 10)
     batch_size: int = 1024
     superbatch_size: int = 32
