@@ -21,6 +21,27 @@ BENCH_KIND = OutputKind(
               "bw-scratch.bin", "seq-read-scratch.bin", "n*-d*-t*-s*", "diskflow-bench-stream-*", ".*.tmp-*"))
 
 
+def drop_trees(paths: Sequence[Path]) -> None:
+    """Evict every file in the folders `paths` (and their subfolders) from the page cache."""
+    for root in paths:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                drop_page_cache(p)
+
+
+def read_ahead_kb(path: str | os.PathLike[str]) -> int | None:
+    """The read-ahead window of the block device holding `path` (what a page fault may read around)."""
+    try:
+        dev = os.stat(path).st_dev
+        sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+        for q in (sysfs / "queue" / "read_ahead_kb", sysfs / ".." / "queue" / "read_ahead_kb"):
+            if q.is_file():
+                return int(q.read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     """Print rows as a text table (Dask's `asciitable`) under a title."""
     def fmt(v: Any) -> str:

@@ -16,9 +16,9 @@ test accuracy after the same epochs; ``belady_outre`` also runs at every stalene
   samples are identical (checked); inmemory and mmap train on belady's stored samples
   (``samples=PACKED``). Sampling is therefore out of every pipeline's data path, and the losses
   of the exact pipelines must equal inmemory's batch for batch.
-* **Out of core.** Each pipeline runs in its own process (``python -m diskflow.bench.compare
-  --child``), and each out-of-core one in its own memory cgroup (`bench.cgroup`, page cache counted)
-  with the SAME limits: an allowance for the process itself plus the feature budget
+* **Out of core.** Each pipeline runs in its own process (``python -m diskflow.bench.harness
+  --child``, `bench.harness`), and each out-of-core one in its own memory cgroup (`bench.cgroup`,
+  page cache counted) with the SAME limits: an allowance for the process itself plus the feature budget
   (``--feature-budget``, 10% of the feature bytes). The allowance is measured, once per kind of
   run, so that neither leaves the page cache room the run does not need: for the data-path runs
   (``--model none``), the peak RSS of a process that imports torch and PyG and loads the labels
@@ -76,9 +76,7 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -89,8 +87,15 @@ from ..config import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.files import format_bytes, read_manifest
-from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
-from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
+from .common import (
+    add_graph_arguments,
+    drop_page_cache,
+    drop_trees,
+    print_table,
+    read_ahead_kb,
+    sequential_read_bw,
+)
+from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
@@ -100,9 +105,7 @@ RUN_ORDER = ("belady", "diskgnn", "ginex", "gnndrive", "lsmgnn", "belady_outre",
 SWEPT = "belady_outre"               # the pipeline --staleness-sweep runs at other staleness thresholds
 DEFAULT_WORKDIR = Path("bench-data") / "compare"
 PARTITIONS = "partitions"            # in the workdir: the OUTRE pipelines' partitions, shared by their prepares
-ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
-_ROUND = 16 << 20                    # the allowance is rounded up to this
-_CHUNK = 8 << 20                     # read size when warming sample files
+_CHUNK = 8 << 20                     # read size when checksumming sample files
 TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5.0),
            "mmap_over_belady": (">=", 10.0), "belady_model_vs_inmemory": ("<=", 1.2),
            "pipelined_speedup": (">=", 1.5), "pipelined_speedup_io_bound": (">=", 1.5),
@@ -262,32 +265,6 @@ def _dataset(args: argparse.Namespace, work: Path) -> Any:
     return Store(make_dataset(args, work))
 
 
-def _budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, args: argparse.Namespace) -> dict[str, int]:
-    """The feature budget split into staging buffers, I/O buffers and CPU tier, or the smallest budget that works.
-
-    Also the assembled batches the CPU trainer holds besides (each the whole largest batch): they are the
-    training step's input, not features kept for later, and the cgroup's allowance carries them.
-    """
-    from ..operators.prepare.tiers import assembled_batches, staging_piece_bytes
-    from ..operators.train.memory import io_buffer_bytes, staging_count
-
-    buffers = staging_count("cpu", queue_depth, False)
-    piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))
-    staging = buffers * piece
-    io = io_buffer_bytes()
-    tier = budget - staging - io
-    if tier <= 0:
-        share = budget / store.feature_bytes
-        raise ConfigError("--feature-budget", (
-            f"{format_bytes(budget)} ({share:.1%} of the {format_bytes(store.feature_bytes)} of features) cannot hold "
-            f"the trainer's {buffers} staging buffers of {format_bytes(piece)} ({format_bytes(staging)}) and "
-            f"{format_bytes(io)} of I/O buffers with any CPU tier; the smallest budget that works is "
-            f"{format_bytes(staging + io + store.row_bytes)}"))
-    return {"staging_buffers": buffers, "staging_piece_bytes": piece, "staging_bytes": staging,
-            "io_buffer_bytes": io, "cpu_tier_bytes": tier, "assembled_batches": assembled_batches(queue_depth),
-            "assembled_batch_bytes": max_rows * store.row_bytes}
-
-
 def _prepare_all(store: Any, names: list[str], work: Path, budget: int, fit: dict[str, int],
                  args: argparse.Namespace, belady: bool = True) -> dict[str, dict[str, Any]]:
     """Prepare belady (unless told not to) and the other packed pipelines of `names`, cached under
@@ -388,14 +365,6 @@ def _useful_bytes(packed: Path) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- the machine
 
-def _drop(paths: list[Path]) -> None:
-    """Evict every file under `paths` from the page cache."""
-    for root in paths:
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                drop_page_cache(p)
-
-
 def _seq_read_bw(store: Any, nbytes: int) -> tuple[float, int]:
     """O_DIRECT sequential read bandwidth over the store's shard files, up to `nbytes` in all."""
     done, seconds = 0, 0.0
@@ -408,216 +377,6 @@ def _seq_read_bw(store: Any, nbytes: int) -> tuple[float, int]:
         done += size
         seconds += size / bw
     return (done / seconds if seconds > 0 else float("nan")), done
-
-
-def _read_ahead_kb(path: Path) -> int | None:
-    """The read-ahead window of the block device holding `path` (what a page fault may read around)."""
-    try:
-        dev = os.stat(path).st_dev
-        sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-        for q in (sysfs / "queue" / "read_ahead_kb", sysfs / ".." / "queue" / "read_ahead_kb"):
-            if q.is_file():
-                return int(q.read_text())
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-# ---------------------------------------------------------------------------- runs in child processes
-
-def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float) -> dict[str, Any]:
-    """Run one child (`_child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures.
-
-    The child writes its figures after every run it finishes, so the runs done before a failure
-    (an OOM kill, a timeout, settings it refused: its one-line reason) are kept; the failure is the
-    ``error`` of the runs it did not finish.
-    """
-    name = spec["pipeline"] + (f"-{spec['group']}" if spec.get("group") else "")
-    r, out, refused = launch_child("diskflow.bench.compare", work / "runs", name, spec, limit, timeout)
-    result: dict[str, Any] = out if out is not None else {"runs": {}}
-    result.update(returncode=r.returncode, wall_s=r.wall_s, process_read_bytes=r.read_bytes,
-                  cgroup_peak_bytes=r.cgroup_peak_bytes, oom_kills=r.oom_kills, limit_bytes=r.limit_bytes,
-                  cgroup=r.cgroup)
-    if r.returncode != 0:
-        result["error"] = child_failure(r, limit, timeout, refused)
-        for run in spec.get("runs", []):
-            result["runs"].setdefault(run["kind"], {"error": result["error"]})
-    return result
-
-
-def _child_main(argv: list[str]) -> int:
-    """Entry of a child process: ``--child SPEC`` (see `_launch`); writes its figures to the spec's ``out``.
-    Settings its pipeline refuses (a `DiskflowError`) end it with their one-line reason (`child.refuse`)."""
-    spec = read_child_spec(argv, "diskflow.bench.compare")
-    if spec is None:
-        return 2
-    try:
-        return _child_runs(spec)
-    except DiskflowError as e:
-        return refuse(spec, e)
-
-
-def _child_runs(spec: dict[str, Any]) -> int:
-    """The child's work: the allowance probe, or the spec's runs one after another."""
-    if spec["pipeline"] == "probe":
-        write_child_out(spec, _probe(spec))
-        return 0
-    from .cgroup import current_procs, find_hierarchy
-
-    hierarchy = find_hierarchy() if spec.get("home_procs") else None
-    mine = current_procs(hierarchy) if hierarchy is not None else None     # this child's cgroup, to come back to
-    result: dict[str, Any] = {"runs": {}}
-    for run in spec["runs"]:
-        if mine is not None:
-            mine.write_text(str(os.getpid()))
-        _drop([Path(p) for p in spec["drop"]])
-        result["runs"][run["kind"]] = _train(spec, run)
-        write_child_out(spec, result)
-    return 0
-
-
-def _hwm() -> int:
-    """This process's peak RSS (``VmHWM``), in bytes.
-
-    Not ``ru_maxrss``: that keeps the peak of the image before ``exec``, i.e. of the forking
-    parent. `_reset_hwm` lowers it to the current RSS, so each run reports its own peak.
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _reset_hwm() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """What the process itself needs: torch and PyG imported, labels and every stored sample loaded (the
-    data path's own memory), then a forward and backward pass of the model on the largest batch (features
-    zero; a model run's)."""
-    import torch
-
-    from ..flow.runtimes import memory as inmemory  # noqa: F401
-    from ..operators.formats.packed import PackedDataset
-    from ..operators.train.batches import batch_data
-    from ..operators.train.loop import deterministic, forward
-    from ..operators.train.models import build_model
-    from ..operators.train.trainer import train_packed  # noqa: F401  (what a run imports)
-
-    ds = PackedDataset(spec["samples"])
-    labels = np.load(ds.path / str(ds.manifest["labels"]))
-    held: list[Any] = []
-    largest: Any = None
-    for sb in ds.superbatches:
-        for s in ds.samples(sb.key):
-            s.n_id = np.array(s.n_id)
-            held.append(s)
-            if largest is None or s.n_id.shape[0] > largest.n_id.shape[0]:
-                largest = s
-    data_rss = _hwm()
-    torch.manual_seed(0)
-    net = build_model(spec.get("model", "sage"), ds.dim, spec["hidden"], int(ds.manifest["num_classes"]),
-                      len(spec["fanouts"]))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    n = int(largest.n_id.shape[0])
-    data = batch_data(largest, torch.zeros((n, ds.dim)), torch.from_numpy(labels[largest.n_id]))
-    with deterministic():
-        for _ in range(2):
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(forward(net, data), data.y[:data.batch_size])
-            loss.backward()
-            opt.step()
-    return {"peak_rss_bytes": _hwm(), "data_peak_rss_bytes": data_rss, "largest_batch_rows": n,
-            "samples_held": len(held)}
-
-
-class _Enough(Exception):
-    """Raised from the batch hook once the batches to measure are done (a cut-short baseline)."""
-
-
-def _warm(paths: list[str]) -> int:
-    """Read files once (into the page cache, charged to this process's cgroup); the bytes read."""
-    total = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                total += len(chunk)
-    return total
-
-
-def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """One training (or data-path) run, timing each epoch and its /proc/self/io from inside.
-
-    After the last batch of a model run the process goes back to its parent's cgroup (when it
-    has one) before the trainer evaluates: evaluation is no part of the measured epochs.
-    """
-    from .prepare import proc_io
-
-    warmup, measure = spec.get("measure") or (0, 0)     # cut short: batches [warmup, warmup + measure) only
-    st: dict[str, Any] = {"epochs": [], "partial": None, "count": 0, "n": 0, "epoch": 0, "train_peak_rss_bytes": None}
-
-    def on_start(epoch: int, batches: int) -> None:
-        _warm(spec["warm"][str(epoch)])
-        st.update(epoch=epoch, n=batches, count=0, io0=proc_io(), t0=time.perf_counter())
-
-    def snapshot() -> dict[str, Any]:
-        io = proc_io()
-        return {"epoch": st["epoch"], "batches": st["count"], "seconds": time.perf_counter() - st["t0"],
-                "first_batch_s": st.get("first_batch_s"),
-                "read_bytes": io["read_bytes"] - st["io0"]["read_bytes"], "rchar": io["rchar"] - st["io0"]["rchar"]}
-
-    def on_batch(_: int) -> None:
-        st["count"] += 1
-        if st["count"] == 1:
-            st["first_batch_s"] = time.perf_counter() - st["t0"]
-        if measure and st["count"] == warmup and st["epoch"] == 0:
-            st.update(io0=proc_io(), t0=time.perf_counter())
-        if measure and st["count"] == warmup + measure < st["n"]:
-            st["partial"] = {**snapshot(), "batches": measure, "first": warmup, "of": st["n"]}
-            st["train_peak_rss_bytes"] = _hwm()
-            raise _Enough
-        if st["count"] == st["n"]:
-            st["epochs"].append(snapshot())
-            if st["epoch"] == spec["epochs"] - 1:
-                st["train_peak_rss_bytes"] = _hwm()
-                if spec.get("home_procs") and run["model"] != "none":    # evaluate outside the cgroup
-                    Path(spec["home_procs"]).write_text(str(os.getpid()))
-
-    run_dir = Path(run["run_dir"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _reset_hwm()
-    common = {"model": run["model"], "hidden": spec["hidden"], "lr": spec["lr"], "seed": spec["seed"],
-              "eval_every": spec["epochs"], "threads": run.get("threads", spec["threads"]), "on_batch": on_batch,
-              "on_start": on_start}
-    report: dict[str, Any] | None = None
-    try:
-        if spec["packed"] is not None:
-            from ..operators.train.trainer import train_packed
-
-            report = train_packed(spec["packed"], run_dir, cpu_memory=spec["cpu_memory"],
-                                  queue_depth=spec["queue_depth"], sequential=run["sequential"],
-                                  check_crc=run.get("check_crc", True), store=spec["store"], **common)
-        elif spec["pipeline"] in ONLINE:
-            from ..flow.pipeline import load_pipeline
-
-            report = load_pipeline(spec["pipeline"]).run(
-                spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"], epochs=spec["epochs"],
-                cpu_memory=spec["cpu_memory"], progress=False, **common)
-        else:
-            from ..flow.runtimes import memory as inmemory
-            from ..flow.runtimes import mmap
-
-            module = inmemory if spec["pipeline"] == "inmemory" else mmap
-            report = module.run(spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
-                                epochs=spec["epochs"], samples=spec["samples"], progress=False, **common)
-    except _Enough:
-        report = None
-    return {"epochs": st["epochs"], "partial": st["partial"], "train_peak_rss_bytes": st["train_peak_rss_bytes"],
-            "report": report}
 
 
 # ---------------------------------------------------------------------------- figures
@@ -654,7 +413,7 @@ def _best(children: list[dict[str, Any]], kind: str, batches: int, epochs: int
     return run, sc, [x[1]["epoch_s"] for x in done]
 
 
-def _summary(children: list[dict[str, Any]], batches: int, epochs: int, useful: np.ndarray | None,
+def pipeline_figures(children: list[dict[str, Any]], batches: int, epochs: int, useful: np.ndarray | None,
              plan_miss: int | None) -> dict[str, Any]:
     """One pipeline's figures from its children (one per repeat): the fastest data-path and model runs."""
     drun, d, data_all = _best(children, "data", batches, epochs)
@@ -717,11 +476,6 @@ def _loader_bw(run: dict[str, Any]) -> float | None:
     return rep["io"]["bytes_read"] / busy if busy > 0 else None
 
 
-def _allowance(rss: int, held: int) -> int:
-    """A cgroup allowance: a probe's peak RSS plus the margin, plus bytes the probe did not hold, rounded up."""
-    return -(-(int(rss * (1 + ALLOWANCE_MARGIN)) + held) // _ROUND) * _ROUND
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -770,7 +524,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                    superbatch_size=args.superbatch_size, epochs=args.epochs,
                                                    seed=args.seed))
     max_rows = max_batch_rows(store, base, work)     # the round's largest batch: the sampling options alone count
-    fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
+    fit = budget_fit(store, budget, max_rows, args.queue_depth)
     # the pipelines with samples of their own are prepared just before their runs and, unless --keep or
     # --repeats, removed after them: at the defaults each packed round is as big as belady's
     transient = [] if args.keep or args.repeats > 1 else \
@@ -800,20 +554,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probe_rss: int | None
     data_rss: int | None
     if args.allowance is None:
-        probe = _launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
+        probe = launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
         if "error" in probe:
             raise InputError(runs_dir, f"the allowance probe failed ({probe['error']})")
         probe_rss, data_rss = int(probe["peak_rss_bytes"]), int(probe["data_peak_rss_bytes"])
         pool = fit["assembled_batches"] * fit["assembled_batch_bytes"]
-        allowance = _allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one of them
-        data_allowance = _allowance(data_rss, pool)
+        model_allowance = allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one
+        data_allowance = allowance(data_rss, pool)
     else:
         from ..operators.formats.files import parse_bytes
 
         probe_rss = data_rss = None
-        allowance = data_allowance = parse_bytes(args.allowance, "--allowance")
+        model_allowance = data_allowance = parse_bytes(args.allowance, "--allowance")
     limits = {"data": None if args.no_cgroup else data_allowance + budget,
-              "model": None if args.no_cgroup else allowance + budget}
+              "model": None if args.no_cgroup else model_allowance + budget}
     warmup = 2 * args.superbatch_size if args.baseline_warmup is None else args.baseline_warmup
     if args.baseline_batches and warmup + args.baseline_batches >= batches:
         raise ConfigError("--baseline-batches", f"{warmup} warm-up + {args.baseline_batches} measured batches do not "
@@ -858,7 +612,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "runs": [{**r, "run_dir": str(runs_dir / f"{name}-{r['kind']}")} for r in runs]}
                     print(f"running {name}: {', '.join(r['kind'] for r in runs)} (repeat {repeat + 1}/{args.repeats}) ...",
                           flush=True)
-                    done = _launch(spec, work, None if name == "inmemory" else limits[group], args.timeout)
+                    done = launch(spec, work, None if name == "inmemory" else limits[group], args.timeout)
                     child["runs"].update(done.pop("runs"))
                     child["groups"][group] = done
                     if "error" in done:
@@ -872,7 +626,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for gone in (path, Path(f"{path}.work")):
                         shutil.rmtree(gone, ignore_errors=True)
                     print(f"  removed {path} and its cache (--keep keeps them)", flush=True)
-    _drop(droppable)
+    drop_trees(droppable)
 
     belady_useful = _useful_bytes(ref)
     pipelines: dict[str, Any] = {}
@@ -880,7 +634,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         useful = belady_useful if name == "mmap" else None if name not in prepared else \
             prepared[name]["useful"] if "useful" in prepared[name] else _useful_bytes(prepared[name]["path"])
         plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
-        pipelines[name] = _summary(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
+        pipelines[name] = pipeline_figures(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
         definition = args.definitions.get(name)
         pipelines[name]["batches"] = "shuffled" if definition is None else definition.batches
         pipelines[name]["history"] = prepared[name]["figures"].get("history") if name in prepared else None
@@ -959,12 +713,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "online_losses_identical": online_identical, "crossover_epochs": crossover,
         "crossover_epochs_data": crossover_data,
         "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
-        "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allowance,
+        "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": model_allowance,
         "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
         "data_allowance_probe_rss_bytes": data_rss, "allowance_margin": ALLOWANCE_MARGIN if probe_rss else None,
         "cgroup_limit_bytes": limits["model"], "data_cgroup_limit_bytes": limits["data"], "cgroup": None if hierarchy is None else f"v{hierarchy.version} {hierarchy.root}",
         "no_cgroup": bool(args.no_cgroup), "page_cache_drop": "posix_fadvise(POSIX_FADV_DONTNEED) on every file of "
-        "the store and the packed datasets before each run", "read_ahead_kb": _read_ahead_kb(store.shards[0].path),
+        "the store and the packed datasets before each run", "read_ahead_kb": read_ahead_kb(store.shards[0].path),
         "budget_split": fit, "max_batch_rows": max_rows, "samples_identical": samples_identical,
         "sample_bytes": sample_bytes, "batches_per_epoch": batches, "epochs": args.epochs,
         "config": {"fanouts": list(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
@@ -1021,13 +775,13 @@ def _print(f: dict[str, Any]) -> None:
           f"allowance {_b(f['allowance_bytes'])} + feature budget")
     split = f["budget_split"]
     pool, one = split["assembled_batches"], split["assembled_batch_bytes"]
-    allowance = ("given with --allowance (both kinds of run)" if f["allowance_probe_rss_bytes"] is None else
-                 f"measured: data path = peak RSS {_b(f['data_allowance_probe_rss_bytes'])} of a process importing "
-                 f"torch/PyG and holding labels and all samples, + {f['allowance_margin']:.0%}, + the {pool} "
-                 f"assembled batches of the largest batch a CPU trainer holds at queue depth "
-                 f"{f['config']['queue_depth']} ({_b(pool * one)}; on a GPU they live in device memory); model = "
-                 f"peak RSS {_b(f['allowance_probe_rss_bytes'])} of that process after training the largest batch, "
-                 f"+ {f['allowance_margin']:.0%}, + the {pool - 1} other assembled batches ({_b((pool - 1) * one)})")
+    allowance_text = ("given with --allowance (both kinds of run)" if f["allowance_probe_rss_bytes"] is None else
+                      f"measured: data path = peak RSS {_b(f['data_allowance_probe_rss_bytes'])} of a process importing "
+                      f"torch/PyG and holding labels and all samples, + {f['allowance_margin']:.0%}, + the {pool} "
+                      f"assembled batches of the largest batch a CPU trainer holds at queue depth "
+                      f"{f['config']['queue_depth']} ({_b(pool * one)}; on a GPU they live in device memory); model = "
+                      f"peak RSS {_b(f['allowance_probe_rss_bytes'])} of that process after training the largest batch, "
+                      f"+ {f['allowance_margin']:.0%}, + the {pool - 1} other assembled batches ({_b((pool - 1) * one)})")
     title = (f"compare on {ds['nodes']:,} nodes x {ds['dim']} {ds['dtype']} ({_b(f['feature_bytes'])} of features, "
              f"{ds['shards']} shards), {ds['train']:,} training nodes: {f['epochs']} epochs x "
              f"{f['batches_per_epoch']} batches of {c['batch_size']}, fanouts {','.join(map(str, c['fanouts']))}, "
@@ -1035,7 +789,7 @@ def _print(f: dict[str, Any]) -> None:
              + ("" if not any(p.get("history") or p.get("batches") == "partition" for p in f["pipelines"].values())
                 else " but the OUTRE ones (their own batches and pruned subtrees)")
              + (f"; best of {c['repeats']} interleaved repeats" if c["repeats"] > 1 else "") + "\n"
-             f"{cg}\nallowance: {allowance}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} "
+             f"{cg}\nallowance: {allowance_text}\nfeature budget: CPU tier {_b(split['cpu_tier_bytes'])} "
              f"({split['cpu_tier_bytes'] / f['feature_budget_bytes']:.0%}) + staged misses in "
              f"{split['staging_buffers']} buffers of {_b(split['staging_piece_bytes'])} ({_b(split['staging_bytes'])}; "
              f"largest batch {f['max_batch_rows']:,} rows) + I/O buffers {_b(split['io_buffer_bytes'])}; "
@@ -1151,6 +905,3 @@ def _print(f: dict[str, Any]) -> None:
           f"{'yes' if f['samples_identical'] else 'NO'}; machine load average {f['load_avg'][0]:.1f} -> "
           f"{f['load_avg'][1]:.1f} on {f['cores']} cores")
 
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))

@@ -69,8 +69,7 @@ from ..flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from ..operators.formats.errors import ConfigError, DiskflowError
 from ..operators.formats.files import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
-from .common import add_graph_arguments, drop_page_cache, print_table
-from .compare import _read_ahead_kb
+from .common import add_graph_arguments, drop_page_cache, print_table, read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
 VARIANTS = ("remote", "mmap", "inmemory")
@@ -364,7 +363,7 @@ def _figures(args: argparse.Namespace, store: Any, budget: int, slots: int, allo
                    "probe_peak_rss_bytes": None if probe is None else probe.get("peak_rss_bytes"),
                    "probe_charged_bytes": None if probe is None else probe.get("charged_bytes"),
                    "limit_bytes": limit, "cgroup": limit is not None,
-                   "read_ahead_kb": _read_ahead_kb(store.shards[0].path)},
+                   "read_ahead_kb": read_ahead_kb(store.shards[0].path)},
         "batches_per_s": bps,
         "disk_read_bytes": {v: get(v, "disk_read_bytes") for v in VARIANTS},
         "remote_over_mmap": ratio,

@@ -438,9 +438,9 @@ def _launch(name: str, spec: dict[str, Any], work: Path, limit: int | None, time
     `drop`: trees evicted from the page cache first (the phase's input, so its reads are the disk's).
     """
     from .cgroup import run_limited
-    from .compare import _drop
+    from .common import drop_trees
 
-    _drop([p for p in drop if p.exists()])
+    drop_trees([p for p in drop if p.exists()])
     runs = work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = runs / f"{name}.spec.json", runs / f"{name}.out.json"
@@ -536,22 +536,20 @@ def _cleanup(work: Path, keep: bool) -> None:
 def _allowance(store: Any, packed: Path, budget: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The train cgroup's allowance, measured as bench compare does (a probe child, + 25%, + batches held)."""
     from ..operators.formats.files import read_manifest
-    from .compare import _ROUND, ALLOWANCE_MARGIN, _budget_fit
-    from .compare import _launch as launch_probe
+    from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch
 
     max_rows = int((read_manifest(packed) or {})["round"]["max_batch_rows"])
-    fit = _budget_fit(store, budget, max_rows, args.queue_depth, args)
+    fit = budget_fit(store, budget, max_rows, args.queue_depth)
     (work / "runs").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    probe = launch_probe({"pipeline": "probe", "samples": str(packed), "hidden": args.hidden,
-                          "fanouts": list(args.fanouts)}, work, None, args.timeout)
+    probe = launch({"pipeline": "probe", "samples": str(packed), "hidden": args.hidden,
+                    "fanouts": list(args.fanouts)}, work, None, args.timeout)
     if "error" in probe:
         raise InputError(work / "runs", f"the allowance probe failed ({probe['error']})")
     rss = int(probe["peak_rss_bytes"])
     held = (fit["assembled_batches"] - 1) * fit["assembled_batch_bytes"]
-    allowance = -(-(int(rss * (1 + ALLOWANCE_MARGIN)) + held) // _ROUND) * _ROUND
-    return {"allowance_bytes": allowance, "probe_rss_bytes": rss, "margin": ALLOWANCE_MARGIN, "held_bytes": held,
-            "probe_s": time.perf_counter() - t0, "max_batch_rows": max_rows, "budget_split": fit}
+    return {"allowance_bytes": allowance(rss, held), "probe_rss_bytes": rss, "margin": ALLOWANCE_MARGIN,
+            "held_bytes": held, "probe_s": time.perf_counter() - t0, "max_batch_rows": max_rows, "budget_split": fit}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

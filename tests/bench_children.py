@@ -1,9 +1,9 @@
 """`diskflow bench compare` with its children in the test's own process.
 
 Compare runs each pipeline's data-path and model runs as child processes (``python -m
-diskflow.bench.compare --child SPEC``), each paying some 5 CPU seconds of importing torch and PyG before
+diskflow.bench.harness --child SPEC``), each paying some 5 CPU seconds of importing torch and PyG before
 its first batch. A test of what compare computes from those runs can have them run here instead:
-within `compare_children_in_this_process`, `cgroup.run_limited` runs `_child_main` in this process. Only
+within `compare_children_in_this_process`, `cgroup.run_limited` runs `harness.child_main` in this process. Only
 without cgroups (``--no-cgroup``): a child's memory limit cannot be had in-process. Peak RSS figures are
 then this process's.
 """
@@ -19,13 +19,13 @@ import pytest
 
 def _child_here(argv: Sequence[str], *, name: str, limit_bytes: int | None, **_: Any) -> Any:
     import torch
-    from diskflow.bench import cgroup, compare
+    from diskflow.bench import cgroup, harness
 
-    assert list(argv[1:4]) == ["-m", "diskflow.bench.compare", "--child"] and limit_bytes is None, (name, argv)
+    assert list(argv[1:4]) == ["-m", harness.CHILD, "--child"] and limit_bytes is None, (name, argv)
     threads = torch.get_num_threads()
     t0 = time.perf_counter()
     try:
-        rc = compare._child_main(list(argv[3:]))
+        rc = harness.child_main(list(argv[3:]))
     finally:
         torch.set_num_threads(threads)      # a run sets its own
     return cgroup.LimitedRun(returncode=rc, wall_s=time.perf_counter() - t0, read_bytes=0, peak_rss_bytes=0,

@@ -291,7 +291,7 @@ def test_memory_limits(belady_in_children: tuple[dict, str, Path]) -> None:
 
 
 def test_repeats_keep_each_runs_fastest() -> None:
-    from diskflow.bench.compare import _summary
+    from diskflow.bench.compare import pipeline_figures
 
     def child(data_s: float, model_s: float, acc: float) -> dict:
         epochs = [{"seconds": data_s, "read_bytes": 100, "batches": 3}] * 2
@@ -302,7 +302,7 @@ def test_repeats_keep_each_runs_fastest() -> None:
                 "groups": {"data": {"cgroup_peak_bytes": 8, "limit_bytes": 9},
                            "model": {"cgroup_peak_bytes": 9, "limit_bytes": 10}}}
 
-    s = _summary([child(2.0, 5.0, 0.5), child(1.0, 6.0, 0.7)], 6, 2, None, None)
+    s = pipeline_figures([child(2.0, 5.0, 0.5), child(1.0, 6.0, 0.7)], 6, 2, None, None)
     assert (s["data_epoch_s"], s["epoch_s"], s["test_acc"]) == (1.0, 5.0, 0.5)
     assert s["data_epoch_s_repeats"] == [2.0, 1.0] and s["epoch_s_repeats"] == [5.0, 6.0]
     assert s["disk_read_bytes"] == 200 and s["peak_rss_bytes"] == 7 and s["losses_repeatable"] is True

@@ -1,6 +1,6 @@
 """A bench child that refuses its settings (a `DiskflowError`) says why in one line, in the bench's table and JSON,
 with no traceback; the other runs go on. Here belady_outre's model run with a GCN, which its historical embedding
-cache does not take, its children in this test's process (tests/bench_children.py): `_child_main` returns the
+cache does not take, its children in this test's process (tests/bench_children.py): `harness.child_main` returns the
 refusal's exit status instead of raising, which is what keeps a child process's traceback off the user's screen."""
 from __future__ import annotations
 
