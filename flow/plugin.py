@@ -10,7 +10,7 @@ defaults to ``LOCAL_DIRECTORY/diskflow-scratch``, no quota, `HOLD_MEMORY` of sta
 held in memory, and CUDA when the worker has it.
 
 On a worker holding the ``GPU`` resource the plugin keeps, per run: the scratch space with its
-quota (`operators.stream_ship.ScratchSpace`), the run's directory there, and the `StreamTrainer`
+quota (`operators.stream.ship.ScratchSpace`), the run's directory there, and the `StreamTrainer`
 (loader, model, optimizer, CPU tier) that `train-*` tasks continue. Tasks reach it with
 ``get_worker().plugins["diskflow"]``. `teardown` closes every trainer and removes the scratch
 directories of its runs.

@@ -3,10 +3,15 @@
 
 Phases, each a Dask graph with named task groups (so the dashboard tells the story):
 
+    partition          partition batches: the graph cut into min-cut parts, once per round
+    hop1-e{e}-s{k}     a historical embedding cache: every batch's one-hop nodes, drawn first
+    history-plan       which cached embedding serves which batch, planned over the whole round
     sample-e{e}-s{k}   one per superbatch: sample its minibatches with the native sampler
     count-…            access counts per superbatch, tree-reduced (count-merge-…) to round totals
-    tiers              GPU tier (hottest rows), CPU tier at round start
+    tiers-gpu, tiers-trace, tiers   the GPU tier (hottest rows), the CPU tier at round start
+    tiers-figures      the tiers' figures for the report
     trace-e{e}-s{k}    next uses in superbatch k's window (k and its lookahead k+1), independent
+    trace-done-e{e}-s{k}  a completion token per trace, chaining the traces in window order
     plan-e{e}-s{k}     chained: plan k starts from plan k-1's cache state, looks ahead into k+1
     plan-save-…        writes plan k's file (the plan stage's cache), off the chain
     search             the segmented disk-cache layout when packing alone exceeds the disk budget
