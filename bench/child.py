@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..operators.formats.errors import DiskflowError
-from ..operators.formats.files import format_bytes
+from ..operators.formats.sizes import format_bytes
 
 if TYPE_CHECKING:
     from .cgroup import LimitedRun

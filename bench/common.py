@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..operators.formats.atomic import atomic_path, write_json
 from ..operators.formats.diskread import drop_page_cache, sequential_read_bw  # noqa: F401  (the benches' and demo's)
-from ..operators.formats.files import atomic_path, write_json
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
 BENCH_MARKER = ".diskflow-bench.json"

@@ -86,7 +86,8 @@ import numpy as np
 from ..config import fanouts_option
 from ..operators.formats.checksum import crc32
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
-from ..operators.formats.files import format_bytes, read_manifest
+from ..operators.formats.manifest import read_manifest
+from ..operators.formats.sizes import format_bytes
 from .common import (
     add_graph_arguments,
     drop_page_cache,
@@ -562,7 +563,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model_allowance = allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one
         data_allowance = allowance(data_rss, pool)
     else:
-        from ..operators.formats.files import parse_bytes
+        from ..operators.formats.sizes import parse_bytes
 
         probe_rss = data_rss = None
         model_allowance = data_allowance = parse_bytes(args.allowance, "--allowance")

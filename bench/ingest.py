@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import format_bytes
+from ..operators.formats.sizes import format_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 MIN_BW_FILE = 1 << 30  # bandwidth is measured on at least this many bytes

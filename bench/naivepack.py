@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..operators.formats.atomic import atomic_path
 from ..operators.formats.checksum import crc32
-from ..operators.formats.files import atomic_path
 from ..operators.formats.packed import padded, part_name
 from ..operators.formats.store import FeatureShard, Store
 from ..operators.prepare.pack import local_rows, read_routes

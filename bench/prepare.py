@@ -48,7 +48,8 @@ import numpy as np
 
 from ..config import fanouts_option
 from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import config_hash, format_bytes
+from ..operators.formats.hashing import config_hash
+from ..operators.formats.sizes import format_bytes
 from ..operators.prepare.tiers import staging_piece_bytes
 from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 

@@ -67,7 +67,7 @@ import numpy as np
 from ..config import fanouts_option
 from ..flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from ..operators.formats.errors import ConfigError, DiskflowError
-from ..operators.formats.files import format_bytes, parse_bytes
+from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import add_graph_arguments, drop_page_cache, print_table, read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..native.reader import ALIGN, DirectReader, aligned_empty
 from ..operators.formats.errors import ConfigError
-from ..operators.formats.files import format_bytes, parse_bytes
+from ..operators.formats.sizes import format_bytes, parse_bytes
 from .common import drop_page_cache, print_table
 
 MiB = 1 << 20

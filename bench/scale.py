@@ -71,7 +71,7 @@ import numpy as np
 from ..config import fanouts_option
 from ..flow.options import byte_budget
 from ..operators.formats.errors import ConfigError, DiskflowError, InputError
-from ..operators.formats.files import format_bytes, parse_bytes
+from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import read_child_spec, write_child_out
 from .common import add_graph_arguments, print_table
 
@@ -317,7 +317,7 @@ def _measured_cluster(workers: int) -> Iterator[dict[str, Any]]:
 
 def _child_synth(spec: dict[str, Any]) -> dict[str, Any]:
     from ..flow.synth import run_synth
-    from ..operators.formats.files import read_manifest
+    from ..operators.formats.manifest import read_manifest
     from ..operators.ingest.synth import SynthConfig
 
     raw = run_synth(SynthConfig(**spec["synth"]), spec["raw"])
@@ -535,7 +535,7 @@ def _cleanup(work: Path, keep: bool) -> None:
 
 def _allowance(store: Any, packed: Path, budget: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The train cgroup's allowance, measured as bench compare does (a probe child, + 25%, + batches held)."""
-    from ..operators.formats.files import read_manifest
+    from ..operators.formats.manifest import read_manifest
     from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch
 
     max_rows = int((read_manifest(packed) or {})["round"]["max_batch_rows"])

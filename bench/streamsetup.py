@@ -17,7 +17,7 @@ def bench_store(args: argparse.Namespace) -> Path:
 
     from ..flow.ingest import run_ingest
     from ..flow.synth import run_synth
-    from ..operators.formats.files import read_manifest
+    from ..operators.formats.manifest import read_manifest
     from ..operators.ingest.synth import SynthConfig
 
     work = Path(args.work) / f"n{args.nodes}-d{args.dim}-t{args.train_frac}-s{args.seed}"

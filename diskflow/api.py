@@ -202,7 +202,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
     check_model_option(model_arg, "model")
     path = Path(data)
-    from .operators.formats.files import read_manifest
+    from .operators.formats.manifest import read_manifest
     from .operators.formats.packed import PACKED_FORMAT
 
     manifest = read_manifest(path) if path.is_dir() else None
@@ -313,7 +313,7 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
     epochs and ``loader.set_epoch(e)`` selects one. ``loader.dim`` and ``loader.num_classes`` size a model;
     ``loader.stats()`` has the I/O and tier counts; ``loader.close()`` (or ``with``) frees its buffers.
     """
-    from .operators.formats.files import read_manifest
+    from .operators.formats.manifest import read_manifest
     from .operators.formats.packed import PACKED_FORMAT
     from .operators.formats.store import STORE_FORMAT
     from .operators.train.loader import PackedLoader as _Loader

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .operators.formats.files import read_manifest
+from .operators.formats.manifest import read_manifest
 from .operators.formats.store import Store
 from .operators.formats.verify import verify
 from .operators.ingest.importers import from_npy, from_ogb, from_pyg, load_pyg_file

@@ -55,7 +55,8 @@ from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from .native.kernels import copy_rows, count_dense
 from .native.reader import DirectReader, aligned_empty
 from .operators.formats.errors import ConfigError, InputError
-from .operators.formats.files import byte_offsets, format_bytes
+from .operators.formats.intwidth import byte_offsets
+from .operators.formats.sizes import format_bytes
 from .operators.formats.store import Store
 from .operators.prepare.sample import NeighborSampler as NativeSampler
 from .operators.prepare.sample import check_fanouts

@@ -21,7 +21,7 @@ from .flow import timeline as _timeline
 from .flow.memsplit import SPLIT_PLOT
 from .flow.memsplit import describe_split as _describe_split
 from .flow.timeline import TIMELINE, JobTimeline
-from .operators.formats.files import write_json
+from .operators.formats.atomic import write_json
 from .operators.prepare import history as _history
 
 __all__ = ["PAGE", "REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output",

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 from .flow.options import byte_budget as _byte_budget
-from .operators.formats.files import format_bytes as _format_bytes
-from .operators.formats.files import parse_bytes as _parse_bytes
+from .operators.formats.sizes import format_bytes as _format_bytes
+from .operators.formats.sizes import parse_bytes as _parse_bytes
 
 __all__ = ["byte_budget", "format_bytes", "parse_bytes"]
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.files import atomic_path
+from ..operators.formats.atomic import atomic_path
 from ..operators.formats.samples import read_n_ids
 from ..operators.formats.store import Store
 from ..operators.prepare.count import Counts, add_counts, dense_counts, load_counts, superbatch_counts
@@ -151,7 +151,7 @@ def partition_task(store_path: str, parts: int, method: str, seed: int, threads:
     """Partition the store's graph into `parts` min-cut parts (`operators.prepare.partition`) and write
     every node's part (int32 .npy) to `out_path`; its figures: seconds, peak memory above the task's
     start (this process's anonymous memory, sampled), edge cut, part sizes."""
-    from ..operators.formats.files import save_npy
+    from ..operators.formats.npyio import save_npy
     from .taskprofile import AnonPeak
 
     t0 = time.perf_counter()

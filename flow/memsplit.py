@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..operators.formats.files import atomic_path, format_bytes
+from ..operators.formats.atomic import atomic_path
+from ..operators.formats.sizes import format_bytes
 
 SPLIT_SHARES = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)   # the embedding cache's candidate shares (0 first)
 SPLIT_PLOT = "memory_split.png"

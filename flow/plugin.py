@@ -41,7 +41,7 @@ import dask
 from distributed import WorkerPlugin
 
 from ..operators.formats.errors import ConfigError, DiskflowError
-from ..operators.formats.files import parse_bytes
+from ..operators.formats.sizes import parse_bytes
 from . import allocator
 
 if TYPE_CHECKING:

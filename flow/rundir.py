@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..operators.formats.atomic import atomic_path, write_json
 from ..operators.formats.errors import InputError
-from ..operators.formats.files import atomic_path, write_json
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
 REPORT = "report.json"
@@ -142,7 +142,7 @@ def print_epoch(record: dict[str, Any]) -> None:
     if record.get("seeds_per_s") is not None:
         line += f"  {fmt(record['seeds_per_s'], ',.0f')} seeds/s"
     if record.get("bytes_read") is not None:
-        from ..operators.formats.files import format_bytes
+        from ..operators.formats.sizes import format_bytes
 
         line += f"  {format_bytes(record['bytes_read'])} read"
     print(line, flush=True)

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.files import staging_dir, write_manifest
+from ..operators.formats.atomic import staging_dir
+from ..operators.formats.manifest import write_manifest
 from ..operators.formats.outputs import check_free_space, check_replaceable
 from ..operators.formats.store import SPLITS
 from ..operators.ingest.importers import RAW_FORMAT, RAW_KIND, RAW_VERSION

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..operators.formats.files import atomic_path, format_bytes
+from ..operators.formats.atomic import atomic_path
+from ..operators.formats.sizes import format_bytes
 
 TIMELINE = "timeline.png"
 COLORS = {"sample": "#8ecae6", "plan": "#219ebc", "pack": "#023047", "ship": "#ffb703", "train": "#fb8500"}

@@ -2,7 +2,7 @@
 
 Python code takes these numbers from here instead of restating them: the reader's defaults
 (`native/reader.py`), the loader's row-read buffers and memory budget (`operators/train/loader.py`,
-`operators/train/memory.py`), the on-disk formats' padding (`operators/formats/files.py`).
+`operators/train/memory.py`), the on-disk formats' padding (`operators/formats/npyio.py`, `directwrite.py`).
 """
 from __future__ import annotations
 

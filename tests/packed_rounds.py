@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from diskflow.operators.formats.files import ALIGN, config_hash, write_manifest
+from diskflow.native.constants import ALIGN
+from diskflow.operators.formats.hashing import config_hash
+from diskflow.operators.formats.manifest import write_manifest
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
     dcache_name,

@@ -11,15 +11,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...operators.formats.atomic import atomic_path, write_json
 from ...operators.formats.errors import InputError
-from ...operators.formats.files import (
-    MANIFEST,
-    atomic_path,
-    config_hash,
-    read_manifest,
-    write_json,
-    write_manifest,
-)
+from ...operators.formats.hashing import config_hash
+from ...operators.formats.manifest import MANIFEST, read_manifest, write_manifest
 from ...operators.formats.outputs import OutputKind, check_replaceable
 from ...operators.formats.packed import PACKED_KIND, PACKED_VERSION
 from ...operators.prepare.history import staleness_rule

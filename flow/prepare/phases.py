@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ...native.constants import ALIGN
 from ...operators.formats import packed as packed_fmt
+from ...operators.formats.atomic import staging_dir
 from ...operators.formats.errors import ConfigError, Setting
-from ...operators.formats.files import ALIGN, format_bytes, load_npz, save_npy, staging_dir, write_manifest
+from ...operators.formats.manifest import write_manifest
+from ...operators.formats.npyio import load_npz, save_npy
 from ...operators.formats.outputs import check_free_space, free_space
 from ...operators.formats.packed import (
     PACKED_FORMAT,
@@ -32,6 +35,7 @@ from ...operators.formats.packed import (
     part_name,
     samples_name,
 )
+from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.count import Counts, save_counts
 from ...operators.prepare.history import EMBEDDING_BYTES, staleness_rule

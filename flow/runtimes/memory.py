@@ -30,7 +30,7 @@ import torch
 from torch_geometric.data import Data
 
 from ...operators.formats.errors import ConfigError, InputError
-from ...operators.formats.files import config_hash
+from ...operators.formats.hashing import config_hash
 from ...operators.formats.packed import PackedDataset
 from ...operators.formats.store import Store
 from ...operators.prepare.history import (

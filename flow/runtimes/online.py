@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...operators.formats.errors import ConfigError
-from ...operators.formats.files import format_bytes
+from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ...operators.formats.errors import ConfigError, DiskflowError
-from ...operators.formats.files import config_hash
+from ...operators.formats.hashing import config_hash
 from ...operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,

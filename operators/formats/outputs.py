@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiskFullError, InputError
-from .files import MANIFEST, format_bytes, read_manifest
+from .manifest import MANIFEST, read_manifest
+from .sizes import format_bytes
 
 _SHOWN = 3   # entries named in a refusal
 

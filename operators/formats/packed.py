@@ -42,19 +42,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ...native.constants import ALIGN
+from .atomic import atomic_path, preallocate, write_bytes
 from .checksum import crc32
+from .directwrite import arrow_file_bytes, write_arrow_file_view
 from .errors import InputError
-from .files import (
-    ALIGN,
-    arrow_file_bytes,
-    atomic_path,
-    fits_int32,
-    load_npy,
-    preallocate,
-    read_manifest,
-    write_arrow_file_view,
-    write_bytes,
-)
+from .intwidth import fits_int32
+from .manifest import read_manifest
+from .npyio import load_npy
 from .outputs import OutputKind
 from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
 
@@ -160,7 +155,7 @@ def file_crc(path: str | os.PathLike[str], offset: int, nbytes: int) -> int:
 
 
 def create_row_file(path: str | os.PathLike[str], rows: int, row_bytes: int) -> None:
-    """Preallocate (zero-filled, blocks reserved: `files.preallocate`) a rows file of ``padded(rows * row_bytes)`` bytes.
+    """Preallocate (zero-filled, blocks reserved: `atomic.preallocate`) a rows file of ``padded(rows * row_bytes)`` bytes.
 
     Disk-cache files take rows from every shard's pack task, so they must exist, at their
     full size, before packing starts; the pack tasks fill them through a memory map, which

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .directwrite import write_npz
 from .errors import InputError
-from .files import fits_int32, load_npz, write_npz
+from .intwidth import fits_int32
+from .npyio import load_npz
 
 SRC_GPU, SRC_CPU, SRC_MISS = 0, 1, 2
 
@@ -73,8 +75,8 @@ class SuperbatchPlan:
 
 
 def save_plan(path: str | os.PathLike[str], plan: SuperbatchPlan, parents: bool = True) -> None:
-    """Write a `SuperbatchPlan` atomically, past the page cache (`files.write_npz`; `parents=False`: into an
-    existing directory only, see `files.atomic_path`)."""
+    """Write a `SuperbatchPlan` atomically, past the page cache (`directwrite.write_npz`; `parents=False`: into an
+    existing directory only, see `atomic.atomic_path`)."""
     b = plan.batches
     offsets = np.r_[0, np.cumsum([p.src.shape[0] for p in b])].astype(np.int64)
     ins_offsets = np.r_[0, np.cumsum([p.insert_pos.shape[0] for p in b])].astype(np.int64)

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .directwrite import arrow_file_bytes, write_arrow_file
 from .errors import InputError
-from .files import arrow_file_bytes, write_arrow_file
 
 Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 
@@ -120,7 +120,7 @@ def samples_bytes(batches: Sequence[pa.RecordBatch], metadata: dict[str, str] | 
 def write_samples(path: str | os.PathLike[str], batches: Sequence[pa.RecordBatch],
                   metadata: dict[str, str] | None = None, parents: bool = True) -> int:
     """Write record batches to an Arrow IPC file atomically, past the page cache where the file system
-    allows (`files.write_arrow_file`), except the node ids: counting, tracing, planning and routing read
+    allows (`directwrite.write_arrow_file`), except the node ids: counting, tracing, planning and routing read
     them back next, the edges only training does. Returns the file's size. `parents=False`: never create
     the directory."""
     return write_arrow_file(path, batches[0].schema if batches else SCHEMA, batches, metadata, parents=parents,

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .files import load_npy, read_manifest
+from .manifest import read_manifest
+from .npyio import load_npy
 from .outputs import OutputKind
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it

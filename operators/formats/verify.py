@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .files import config_hash
+from .hashing import config_hash
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
 from .store import Store
 

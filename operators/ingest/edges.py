@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ...native.constants import ALIGN
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, create_aligned_npy
+from ..formats.npyio import create_aligned_npy
 from .raw import check_id_range, int_column, iter_file_batches, require_columns, table_schema
 
 EDGE_COLUMNS = ("src", "dst")

@@ -9,7 +9,7 @@ Two steps:
 2. `write_feature_shard`, once per output shard [lo, hi): reads just the units whose
    id range overlaps it, scatters their rows into the shard buffer, and checks that
    every row of the range arrived exactly once and is finite. The shard is an .npy
-   with its data at byte 4096 (see `operators.files.create_aligned_npy`).
+   with its data at byte 4096 (see `operators.formats.npyio.create_aligned_npy`).
 
 Duplicate detection is vectorised with a per-slot stamp: the running number of the
 input row that filled the slot. A slot already stamped is a repeat from an earlier
@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...native.constants import ALIGN
+from ..formats.atomic import tmp_name
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, create_aligned_npy, tmp_name
+from ..formats.npyio import create_aligned_npy
 from .raw import (
     TableUnit,
     check_id_range,
@@ -222,7 +224,7 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
 def _write_aligned(path: Path, array: np.ndarray) -> None:
     """Write `array` as an aligned .npy under a temporary name, fsync, rename.
 
-    Unlike `files.atomic_path` this never creates the parent directory, so a task that
+    Unlike `atomic.atomic_path` this never creates the parent directory, so a task that
     outlives a failed run cannot resurrect its deleted staging directory.
     """
     tmp = tmp_name(path)

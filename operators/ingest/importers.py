@@ -31,8 +31,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from ..formats.atomic import atomic_path, staging_dir
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import atomic_path, fingerprint, load_npy, staging_dir, write_manifest
+from ..formats.hashing import fingerprint
+from ..formats.manifest import write_manifest
+from ..formats.npyio import load_npy
 from ..formats.outputs import OutputKind, check_replaceable
 from ..formats.store import SPLITS
 

@@ -22,8 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from ..formats.atomic import tmp_name
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import MANIFEST, format_bytes, parse_bytes, tmp_name, write_manifest
+from ..formats.manifest import MANIFEST, write_manifest
+from ..formats.sizes import format_bytes, parse_bytes
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
 RAW_DIRS = ("edges", "features", "nodes")
@@ -351,7 +353,7 @@ def group_buckets(counts: np.ndarray, cap: int) -> list[tuple[int, int]]:
 def save_npy_in_place(path: str | os.PathLike[str], array: np.ndarray) -> None:
     """Write a plain .npy under a temporary sibling name, fsync, rename.
 
-    Unlike `files.save_npy` this never creates the parent directory: a task that outlives
+    Unlike `npyio.save_npy` this never creates the parent directory: a task that outlives
     a failed run must not resurrect the staging directory the run has just removed.
     """
     final = Path(path)

@@ -21,8 +21,10 @@ import os
 import numpy as np
 
 from ...native import kernels
+from ..formats.directwrite import write_npz
 from ..formats.errors import InputError
-from ..formats.files import load_npz, narrow_int, write_npz
+from ..formats.intwidth import narrow_int
+from ..formats.npyio import load_npz
 from ..formats.samples import read_n_ids
 
 

@@ -29,15 +29,11 @@ from typing import Any
 import numpy as np
 
 from ...native import kernels
+from ...native.constants import ALIGN
+from ..formats.atomic import atomic_path
+from ..formats.directwrite import open_direct
 from ..formats.errors import InputError
-from ..formats.files import (
-    ALIGN,
-    atomic_path,
-    create_aligned_npy,
-    load_npy,
-    open_direct,
-    save_npy,
-)
+from ..formats.npyio import create_aligned_npy, load_npy, save_npy
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store, map_shard
 from ..formats.threadbuffers import thread_buffer

@@ -35,8 +35,11 @@ from typing import Any
 import numpy as np
 
 from ...native import kernels
+from ...native.constants import ALIGN
+from ..formats.atomic import atomic_path
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, NpzReader, atomic_path, load_npy, narrow_int
+from ..formats.intwidth import narrow_int
+from ..formats.npyio import NpzReader, load_npy
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -149,7 +152,7 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         out_path: where to write the routing file (atomically).
         epoch: the epoch; parsed from `key` when None.
         parents: create `out_path`'s directory when missing (False: a task outliving its failed
-            run must not resurrect the directory the run removed; see `files.atomic_path`).
+            run must not resurrect the directory the run removed; see `atomic.atomic_path`).
         index_path: also write the superbatch's index file there now, its segments' offsets and
             checksums left zero for `formats.packed.patch_segments` once packing knows them; the
             routing file then holds only what the pack tasks read (segment rows, packed ids).

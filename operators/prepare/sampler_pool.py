@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.files import MANIFEST
+from ..formats.manifest import MANIFEST
 from ..formats.store import Store
 from .sample import NeighborSampler
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.errors import ConfigError
-from ..formats.files import format_bytes
+from ..formats.sizes import format_bytes
 
 PAGE = 4096
 

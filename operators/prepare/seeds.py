@@ -156,7 +156,7 @@ def _mapped(path: str | os.PathLike[str], what: str) -> np.ndarray:
 @lru_cache(maxsize=8)
 def _open_mapped(path: str, mtime_ns: int, size: int, what: str) -> np.ndarray:
     from ..formats.errors import InputError
-    from ..formats.files import load_npy
+    from ..formats.npyio import load_npy
 
     try:
         return load_npy(path, mmap_mode="r")

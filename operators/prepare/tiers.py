@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...native.constants import ALIGN
 from ..formats.errors import ConfigError, Setting
-from ..formats.files import ALIGN, format_bytes
+from ..formats.sizes import format_bytes
 
 DEVICES = ("cpu", "cuda")
 # The most row bytes one staging buffer carries: a larger batch is loaded in several pieces, so

@@ -34,7 +34,8 @@ import numpy as np
 
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
-from ..formats.files import aligned_npy_bytes, config_hash, npy_bytes
+from ..formats.hashing import config_hash
+from ..formats.npyio import aligned_npy_bytes, npy_bytes
 from ..formats.packed import (
     PACKED_FORMAT,
     PACKED_VERSION,

@@ -37,10 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.atomic import staging_dir
 from ..formats.checksum import crc32
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import format_bytes, staging_dir, write_manifest
+from ..formats.manifest import write_manifest
 from ..formats.packed import ROUND_DIR
+from ..formats.sizes import format_bytes
 from .pack import BASE_FILES, Bundle
 
 COPY_CHUNK = 16 << 20

@@ -96,7 +96,7 @@ class StreamTrainer:
         cfg = self.cfg
         cpu_memory = cfg.cpu_memory
         if cfg.shared_tier is not None:
-            from ..formats.files import read_manifest
+            from ..formats.manifest import read_manifest
             from ..train.shared_tier import SharedTier
 
             m = read_manifest(sb_dir) or {}

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...native.constants import ALIGN
 from ...native.kernels import copy_rows
 from ...native.reader import DirectReader
 from ..formats.checksum import crc32
 from ..formats.errors import InputError
-from ..formats.files import ALIGN, byte_offsets
+from ..formats.intwidth import byte_offsets
 from ..formats.packed import (
     SRC_CPU,
     SRC_DCACHE,

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..formats.atomic import staging_dir
 from ..formats.errors import InputError
-from ..formats.files import load_npy, read_manifest, save_npy, staging_dir, write_manifest
+from ..formats.manifest import read_manifest, write_manifest
+from ..formats.npyio import load_npy, save_npy
 from ..formats.packed import file_crc
 
 FORMAT = "diskflow-checkpoint"

@@ -52,7 +52,7 @@ from torch_geometric.data import Data
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import load_npy, read_into
+from ..formats.npyio import load_npy, read_into
 from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
 from ..formats.samples import Buffer, SampleRecord
 from ..prepare.tiers import staging_buffers

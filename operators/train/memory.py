@@ -14,8 +14,8 @@ import torch
 
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ..formats.errors import ConfigError, Setting
-from ..formats.files import format_bytes
 from ..formats.packed import PackedDataset
+from ..formats.sizes import format_bytes
 from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
 
 

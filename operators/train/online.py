@@ -49,7 +49,8 @@ from torch_geometric.data import Data
 from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES, SECTOR
 from ...native.reader import DirectReader, aligned_empty
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import byte_offsets, format_bytes
+from ..formats.intwidth import byte_offsets
+from ..formats.sizes import format_bytes
 from ..prepare.seeds import BatchOrder
 from .batches import Sample, Sampler, batch_data, epoch_batches
 from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # noqa: F401  (set there, torch-free, for the CLI)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..formats.errors import ConfigError, DiskflowError
-from ..formats.files import format_bytes
+from ..formats.sizes import format_bytes
 
 HEADER = 4096                 # control words, then the rows (page-aligned)
 _READY, _TURN, _SLOTS, _ROW_BYTES = 0, 1, 2, 3

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..formats.errors import ConfigError, InputError
-from ..formats.files import config_hash
+from ..formats.hashing import config_hash
 from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig, check_model_identity

@@ -12,7 +12,7 @@ import pytest
 from diskflow.cli import main
 from diskflow.flow.prepare import phases
 from diskflow.operators.formats.errors import ConfigError
-from diskflow.operators.formats.files import format_bytes
+from diskflow.operators.formats.sizes import format_bytes
 from diskflow.operators.formats.store import Store
 
 import diskflow

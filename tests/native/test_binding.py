@@ -76,10 +76,10 @@ def test_constants_are_the_engines() -> None:
 
 def test_reader_loader_and_formats_use_the_engines_constants() -> None:
     from diskflow.native import reader
-    from diskflow.operators.formats import files
+    from diskflow.operators.formats import directwrite, npyio
     from diskflow.operators.train import assemble, memory
 
-    assert reader.ALIGN == files.ALIGN == constants.ALIGN
+    assert reader.ALIGN == npyio.ALIGN == directwrite.ALIGN == constants.ALIGN
     with DirectReader(backend="pread") as r:  # the Python defaults are the engine's
         assert (r.queue_depth, r.threads) == (constants.DEFAULT_QUEUE_DEPTH, constants.DEFAULT_THREADS)
         assert (r.merge_bytes, r.bounce_bytes) == (constants.DEFAULT_MERGE_BYTES, constants.DEFAULT_BOUNCE_BYTES)

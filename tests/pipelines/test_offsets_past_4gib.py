@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 import torch
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.files import create_aligned_npy, save_aligned_npy, write_manifest
+from diskflow.operators.formats.manifest import write_manifest
+from diskflow.operators.formats.npyio import create_aligned_npy, save_aligned_npy
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
     IndexRecord,

@@ -1,4 +1,4 @@
-"""Output directories (`operators/outputs.py`) and the full-disk error path of `operators/files.py`.
+"""Output directories (`operators/outputs.py`) and the full-disk error path of `operators/formats/atomic.py`.
 
 What may be replaced (missing, empty, our own kind, or anything with force), what a refusal
 says, the free-space check, and ENOSPC turned into one `DiskFullError` naming the final path
@@ -13,14 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diskflow.operators.formats.atomic import atomic_path, staging_dir, write_bytes
 from diskflow.operators.formats.errors import DiskFullError, InputError, is_disk_full
-from diskflow.operators.formats.files import (
-    atomic_path,
-    create_aligned_npy,
-    staging_dir,
-    write_bytes,
-    write_manifest,
-)
+from diskflow.operators.formats.manifest import write_manifest
+from diskflow.operators.formats.npyio import create_aligned_npy
 from diskflow.operators.formats.outputs import (
     OutputKind,
     check_free_space,

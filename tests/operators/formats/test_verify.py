@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from diskflow.cli import verify as verify_cmd
 from diskflow.operators.formats.errors import InputError
-from diskflow.operators.formats.files import read_manifest, write_manifest
+from diskflow.operators.formats.manifest import read_manifest, write_manifest
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
     SRC_DCACHE,

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 from diskflow.operators.formats.errors import ConfigError, InputError
-from diskflow.operators.formats.files import create_aligned_npy
+from diskflow.operators.formats.npyio import create_aligned_npy
 from diskflow.operators.formats.store import SPLIT_CODE
 from diskflow.operators.ingest.edges import compact_group, csc_group, indices_dtype, scan_edges
 from diskflow.operators.ingest.features import (

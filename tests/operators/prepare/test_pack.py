@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diskflow.bench.naivepack import pack_naive
+from diskflow.native.constants import ALIGN
 from diskflow.operators.formats.errors import InputError
-from diskflow.operators.formats.files import ALIGN
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
     SRC_CPU,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diskflow.operators.formats.errors import ConfigError
-from diskflow.operators.formats.files import save_npy
+from diskflow.operators.formats.npyio import save_npy
 from diskflow.operators.prepare.partition import (
     default_parts,
     edge_cut,

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.operators.formats.errors import ConfigError, InputError
-from diskflow.operators.formats.files import format_bytes
 from diskflow.operators.formats.packed import ROUND_DIR, SRC_PACKED, PackedDataset, padded
+from diskflow.operators.formats.sizes import format_bytes
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.prepare.tiers import staging_piece_bytes
