@@ -96,7 +96,7 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
         if not hasattr(source, "edge_index"):
             raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
                                                           "Data with x, edge_index and y")
-        from .operators.ingest.importers import from_pyg
+        from .operators.ingest.pygimport import from_pyg
 
         parent = Path(store).absolute().parent
         parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,9 @@ import os
 from .operators.formats.manifest import read_manifest
 from .operators.formats.store import Store
 from .operators.formats.verify import verify
-from .operators.ingest.importers import from_npy, from_ogb, from_pyg, load_pyg_file
+from .operators.ingest.npyimport import from_npy
+from .operators.ingest.ogbimport import from_ogb
+from .operators.ingest.pygimport import from_pyg, load_pyg_file
 
 __all__ = ["Store", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb", "from_pyg",
            "load_pyg_file", "read_manifest", "verify"]
@@ -33,7 +35,7 @@ def dataset_kind(path: str | os.PathLike[str]) -> str | None:
     """
     from .operators.formats.packed import PACKED_FORMAT
     from .operators.formats.store import STORE_FORMAT
-    from .operators.ingest.importers import RAW_FORMAT
+    from .operators.ingest.rawwriter import RAW_FORMAT
 
     manifest = read_manifest(path) if os.path.isdir(path) else None
     found = (manifest or {}).get("format")
@@ -49,7 +51,7 @@ def check_raw_output(out: str | os.PathLike[str], force: bool) -> None:
         InputError: `out` holds something else, naming what.
     """
     from .operators.formats.outputs import check_replaceable
-    from .operators.ingest.importers import RAW_KIND
+    from .operators.ingest.rawwriter import RAW_KIND
 
     check_replaceable(out, force, RAW_KIND)
 

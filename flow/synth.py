@@ -11,7 +11,7 @@ from ..operators.formats.atomic import staging_dir
 from ..operators.formats.manifest import write_manifest
 from ..operators.formats.outputs import check_free_space, check_replaceable
 from ..operators.formats.store import SPLITS
-from ..operators.ingest.importers import RAW_FORMAT, RAW_KIND, RAW_VERSION
+from ..operators.ingest.rawwriter import RAW_FORMAT, RAW_KIND, RAW_VERSION
 from ..operators.ingest.synth import SynthConfig, synth_part
 from .progress import compute
 

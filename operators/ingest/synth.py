@@ -44,7 +44,7 @@ import numpy as np
 
 from ..formats.errors import ConfigError
 from ..formats.store import SPLITS
-from .importers import FEATURE_FORMATS, shard_name, write_edge_shard, write_feature_shard, write_node_shard
+from .rawwriter import FEATURE_FORMATS, shard_name, write_edge_shard, write_feature_shard, write_node_shard
 
 FEATURE_CHUNK_ROWS = 32_768  # features are generated and written this many rows at a time
 LOCAL_WIDTH = 64             # locality: mean member offset of a local edge

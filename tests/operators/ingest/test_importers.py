@@ -12,7 +12,9 @@ import pytest
 import torch
 from diskflow.cli import main
 from diskflow.operators.formats.errors import ConfigError, InputError
-from diskflow.operators.ingest.importers import from_npy, from_ogb, from_pyg
+from diskflow.operators.ingest.npyimport import from_npy
+from diskflow.operators.ingest.ogbimport import from_ogb
+from diskflow.operators.ingest.pygimport import from_pyg
 from pyarrow import ipc
 from torch_geometric.data import Data
 

@@ -1,0 +1,113 @@
+"""Import a PyG `Data` (in memory, or a file saved with `torch.save`) as a raw dataset (`rawwriter`),
+its arrays streamed in chunks of about `chunk_bytes`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..formats.errors import InputError
+from .rawwriter import (
+    DEFAULT_CHUNK_BYTES,
+    NO_SPLIT,
+    RawWriter,
+    check_edge_ids,
+    check_features,
+    labels_as_int64,
+    publish_raw,
+    rows_per_chunk,
+    split_from_indices,
+)
+
+__all__ = ["from_pyg", "load_pyg_file"]
+
+
+def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True, name: str = "Data",
+             feature_format: str = "arrow", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+             force: bool = False) -> Path:
+    """Write a homogeneous `torch_geometric.data.Data` as a raw dataset.
+
+    Uses `x` [N, dim] (float16 kept, anything else stored as float32), `edge_index` [2, E]
+    (src = row 0, dst = row 1, written as given: add reverse edges yourself or let ingest
+    symmetrise), `y` [N] (missing: all -1) and, when `split_masks`, `train_mask`/`val_mask`/
+    `test_mask` (missing or unset: split `none`).
+
+    Args:
+        data: the graph.
+        out: the raw dataset directory to create.
+        split_masks: take splits from the masks; False marks every node `none`.
+        name: how errors refer to the source (the CLI passes the file path).
+        feature_format: `arrow` or `parquet` feature shards.
+        chunk_bytes: rows (or edges) of about this many bytes go into each shard.
+        force: replace `out` even when it is not a raw dataset.
+    """
+    x_t = getattr(data, "x", None)
+    ei_t = getattr(data, "edge_index", None)
+    if x_t is None:
+        raise InputError(name, "Data has no node features `x` (the raw format needs one feature row per node)")
+    if ei_t is None:
+        raise InputError(name, "Data has no `edge_index`")
+    x = x_t.detach().cpu().numpy() if hasattr(x_t, "detach") else np.asarray(x_t)
+    check_features(x, f"{name}: x")
+    num_nodes = int(x.shape[0])
+    ei = ei_t.detach().cpu().numpy() if hasattr(ei_t, "detach") else np.asarray(ei_t)
+    if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
+        raise InputError(f"{name}: edge_index", f"must be an integer [2, E] array, got {ei.dtype} {list(ei.shape)}")
+    y_t = getattr(data, "y", None)
+    if y_t is not None:
+        y = labels_as_int64(y_t.detach().cpu().numpy() if hasattr(y_t, "detach") else np.asarray(y_t), f"{name}: y")
+        if len(y) != num_nodes:
+            raise InputError(f"{name}: y", f"has {len(y)} labels for {num_nodes} nodes")
+    else:
+        y = np.full(num_nodes, -1, dtype=np.int64)
+    codes = np.full(num_nodes, NO_SPLIT, dtype=np.uint8)
+    if split_masks:
+        masks = []
+        for code, attr in enumerate(("train_mask", "val_mask", "test_mask")):
+            m = getattr(data, attr, None)
+            if m is None:
+                continue
+            m = m.detach().cpu().numpy() if hasattr(m, "detach") else np.asarray(m)
+            if m.dtype != np.bool_ or m.shape != (num_nodes,):
+                raise InputError(f"{name}: {attr}", f"must be a bool [N={num_nodes}] mask, got {m.dtype} {list(m.shape)}")
+            masks.append((code, np.flatnonzero(m), f"{name}: {attr}"))
+        codes = split_from_indices(num_nodes, masks)
+
+    def build(w: RawWriter) -> int:
+        rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
+        for lo in range(0, num_nodes, rows):
+            w.features(x[lo: lo + rows])
+        node_rows = rows_per_chunk(16, chunk_bytes)
+        for lo in range(0, num_nodes, node_rows):
+            w.nodes(y[lo: lo + node_rows], codes[lo: lo + node_rows])
+        edge_rows = rows_per_chunk(16, chunk_bytes)
+        for lo in range(0, ei.shape[1], edge_rows):
+            src, dst = ei[0, lo: lo + edge_rows], ei[1, lo: lo + edge_rows]
+            check_edge_ids(src, dst, num_nodes, f"{name}: edge_index")
+            w.edges(src, dst)
+        return num_nodes
+
+    return publish_raw(out, force, {"kind": "pyg", "path": name}, feature_format, build)
+
+
+def load_pyg_file(path: str | os.PathLike[str]) -> Any:
+    """Load a `Data` saved with `torch.save` (full unpickling: only load files you trust)."""
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(p, "no such file")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises many kinds for a corrupt file
+        raise InputError(p, f"cannot load with torch.load ({type(e).__name__}: {e})") from e
+    if isinstance(obj, (tuple, list)) and obj and hasattr(obj[0], "edge_index"):
+        obj = obj[0]  # a (data, slices) pair as InMemoryDataset saves it, or [data]
+    if isinstance(obj, dict) and "x" in obj and "edge_index" in obj:
+        from torch_geometric.data import Data
+        obj = Data(**obj)
+    if not hasattr(obj, "edge_index"):
+        raise InputError(p, f"does not hold a torch_geometric Data (found {type(obj).__name__})")
+    return obj

@@ -1,0 +1,290 @@
+"""The raw input format (docs/design.md, "Formats") and its writer, which every importer and `synth` write
+with.
+
+The raw format is a directory of Arrow-partitioned shards, all named `part-NNNNN.*`::
+
+    RAW/edges/part-*.parquet      src, dst: int64 (one row per directed edge)
+    RAW/features/part-*.arrow     node_id: int64, x: fixed_size_list<float32|float16, dim>
+                                  (Arrow IPC file format; `.parquet` with the same schema also valid)
+    RAW/nodes/part-*.parquet      node_id: int64, label: int64 (-1 = unlabeled),
+                                  split: dictionary<string> in {train, val, test, none}
+    RAW/manifest.json             written last: {"format": "diskflow-raw", "num_nodes", ...}
+
+Node ids are 0..N-1; every node has exactly one feature row and one nodes row. The shard writers
+write one shard each, atomically; `RawWriter` numbers and tallies them; `publish_raw` builds a whole
+raw dataset under a staging name, manifest last, so an interrupted import leaves nothing that looks
+valid. The checks and conversions here (`labels_as_int64`, `split_from_indices`, `check_edge_ids`,
+`check_features`) turn a source's arrays into the format's columns, with errors naming the source.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import ipc
+
+from ..formats.atomic import atomic_path, staging_dir
+from ..formats.errors import ConfigError, InputError
+from ..formats.manifest import write_manifest
+from ..formats.outputs import OutputKind, check_replaceable
+from ..formats.store import SPLITS
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "FEATURE_FORMATS", "NO_SPLIT", "RAW_FORMAT", "RAW_KIND", "RAW_VERSION", "RawWriter",
+           "check_edge_ids", "check_features", "feature_batch", "feature_schema", "labels_as_int64", "publish_raw",
+           "raw_feature_dtype", "rows_per_chunk", "shard_name", "split_from_indices", "write_edge_shard",
+           "write_feature_shard", "write_node_shard"]
+
+RAW_FORMAT = "diskflow-raw"
+RAW_VERSION = 1
+RAW_KIND = OutputKind("a diskflow raw dataset", formats=(RAW_FORMAT,))
+FEATURE_FORMATS = ("arrow", "parquet")
+DEFAULT_CHUNK_BYTES = 64 << 20  # source bytes streamed (and written as one shard) at a time
+NO_SPLIT = SPLITS.index("none")  # the split code of a node in no split
+_SPLIT_DICTIONARY = pa.array(SPLITS, pa.string())
+
+
+# ---------------------------------------------------------------------------- shard writers
+
+def shard_name(index: int, suffix: str) -> str:
+    """The file name of shard `index`, e.g. `part-00007.parquet`."""
+    return f"part-{index:05d}.{suffix}"
+
+
+def write_edge_shard(path: str | os.PathLike[str], src: np.ndarray, dst: np.ndarray) -> int:
+    """Atomically write one `edges/` shard (`src`, `dst` int64); returns the edge count."""
+    table = pa.table({"src": pa.array(np.asarray(src, dtype=np.int64)),
+                      "dst": pa.array(np.asarray(dst, dtype=np.int64))})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="snappy")
+    return table.num_rows
+
+
+def feature_schema(dim: int, dtype: np.dtype | str) -> pa.Schema:
+    """Schema of a features shard: `node_id` int64 and `x` fixed_size_list<float, dim>."""
+    value_type = pa.from_numpy_dtype(np.dtype(dtype))
+    return pa.schema([("node_id", pa.int64()), ("x", pa.list_(value_type, dim))])
+
+
+def feature_batch(node_id: np.ndarray, x: np.ndarray) -> pa.RecordBatch:
+    """A features record batch from ids [n] and a row-major feature matrix [n, dim] (no copy of x)."""
+    x = np.ascontiguousarray(x)
+    values = pa.array(x.reshape(-1))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(node_id, dtype=np.int64)), pa.FixedSizeListArray.from_arrays(values, x.shape[1])],
+        schema=feature_schema(x.shape[1], x.dtype))
+
+
+def write_feature_shard(path: str | os.PathLike[str], chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+                        dim: int, dtype: np.dtype | str, feature_format: str = "arrow") -> int:
+    """Atomically write one `features/` shard from (node_id [n], x [n, dim]) chunks; returns rows.
+
+    Chunks are written as they come (one record batch / row group each), so only one chunk
+    is in memory at a time. `feature_format` is `arrow` (IPC file) or `parquet`.
+    """
+    schema = feature_schema(dim, dtype)
+    rows = 0
+    with atomic_path(path) as tmp:
+        if feature_format == "arrow":
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
+                for node_id, x in chunks:
+                    writer.write_batch(feature_batch(node_id, x))
+                    rows += len(node_id)
+        elif feature_format == "parquet":
+            # Random-looking floats barely compress; skip the CPU cost.
+            with pq.ParquetWriter(str(tmp), schema, compression="none") as writer:
+                for node_id, x in chunks:
+                    writer.write_batch(feature_batch(node_id, x))
+                    rows += len(node_id)
+        else:
+            raise ConfigError("feature_format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
+    return rows
+
+
+def write_node_shard(path: str | os.PathLike[str], node_id: np.ndarray, label: np.ndarray,
+                     split_code: np.ndarray) -> int:
+    """Atomically write one `nodes/` shard; `split_code` indexes `SPLITS` (0 train .. 3 none)."""
+    split = pa.DictionaryArray.from_arrays(pa.array(np.asarray(split_code, dtype=np.int8)), _SPLIT_DICTIONARY)
+    table = pa.table({"node_id": pa.array(np.asarray(node_id, dtype=np.int64)),
+                      "label": pa.array(np.asarray(label, dtype=np.int64)), "split": split})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="snappy")
+    return table.num_rows
+
+
+class RawWriter:
+    """Writes shards with consecutive numbers into a raw-dataset directory and tallies them.
+
+    Importers feed it chunks in node order (features and nodes) and in any order (edges);
+    `manifest()` then describes what was written and checks that every node got exactly
+    one feature row and one nodes row.
+    """
+
+    def __init__(self, root: Path, feature_format: str = "arrow") -> None:
+        if feature_format not in FEATURE_FORMATS:
+            raise ConfigError("feature_format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
+        self.root = root
+        self.feature_format = feature_format
+        for sub in ("edges", "features", "nodes"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        self.num_edges = 0
+        self.feature_rows = 0
+        self.node_rows = 0
+        self.feature_dim: int | None = None
+        self.feature_dtype: np.dtype | None = None
+        self.split_counts = np.zeros(len(SPLITS), dtype=np.int64)
+        self.max_label = -1
+        self._shards = {"edges": 0, "features": 0, "nodes": 0}
+
+    def _next(self, kind: str, suffix: str) -> Path:
+        i = self._shards[kind]
+        self._shards[kind] += 1
+        return self.root / kind / shard_name(i, suffix)
+
+    def edges(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Write one edges shard."""
+        if len(src):
+            self.num_edges += write_edge_shard(self._next("edges", "parquet"), src, dst)
+
+    def features(self, x: np.ndarray) -> None:
+        """Write the next rows of the feature matrix (node ids continue from the last call)."""
+        if not len(x):
+            return
+        x = raw_feature_dtype(x)
+        if self.feature_dim is None:
+            self.feature_dim, self.feature_dtype = int(x.shape[1]), x.dtype
+        start = self.feature_rows
+        node_id = np.arange(start, start + len(x), dtype=np.int64)
+        self.feature_rows += write_feature_shard(self._next("features", self.feature_format), [(node_id, x)],
+                                                 self.feature_dim, x.dtype, self.feature_format)
+
+    def nodes(self, label: np.ndarray, split_code: np.ndarray) -> None:
+        """Write the next rows of labels and split codes (node ids continue from the last call)."""
+        if not len(label):
+            return
+        start = self.node_rows
+        node_id = np.arange(start, start + len(label), dtype=np.int64)
+        self.node_rows += write_node_shard(self._next("nodes", "parquet"), node_id, label, split_code)
+        self.split_counts += np.bincount(split_code, minlength=len(SPLITS))[: len(SPLITS)]
+        if len(label):
+            self.max_label = max(self.max_label, int(np.max(label)))
+
+    def manifest(self, num_nodes: int, source: dict[str, Any]) -> dict[str, Any]:
+        """The raw manifest (not yet written); checks the row counts against `num_nodes`."""
+        if self.feature_rows != num_nodes:
+            raise InputError(source.get("features", source.get("path", "features")),
+                             f"{self.feature_rows} feature rows for {num_nodes} nodes")
+        if self.node_rows != num_nodes:
+            raise InputError(source.get("labels", source.get("path", "labels")),
+                             f"{self.node_rows} label rows for {num_nodes} nodes")
+        if self.feature_dim is None or self.feature_dtype is None:
+            raise InputError(source.get("features", source.get("path", "features")), "no nodes")
+        return {
+            "format": RAW_FORMAT, "version": RAW_VERSION,
+            "num_nodes": num_nodes, "num_edges": self.num_edges,
+            "num_classes": self.max_label + 1,
+            "feature_dim": self.feature_dim, "feature_dtype": str(self.feature_dtype),
+            "feature_format": self.feature_format,
+            "feature_bytes": num_nodes * self.feature_dim * self.feature_dtype.itemsize,
+            "split_counts": dict(zip(SPLITS, self.split_counts.tolist())),
+            "shards": dict(self._shards),
+            "source": source,
+        }
+
+
+def raw_feature_dtype(x: np.ndarray) -> np.ndarray:
+    """Features as the raw format stores them: float16 stays, everything else becomes float32."""
+    x = np.asarray(x)
+    if x.dtype == np.float16 or x.dtype == np.float32:
+        return x
+    return x.astype(np.float32)
+
+
+def rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
+    """Rows of `row_bytes` each in about `chunk_bytes` of source (at least one)."""
+    return max(1, chunk_bytes // max(1, row_bytes))
+
+
+def publish_raw(out: str | os.PathLike[str], force: bool, source: dict[str, Any], feature_format: str,
+             build: Any) -> Path:
+    """Run `build(writer) -> num_nodes` in a staging directory and publish it, manifest last.
+
+    Skips the work when `out` already holds a raw dataset made from the same source
+    (same file fingerprints), unless `force`.
+    """
+    previous = check_replaceable(out, force, RAW_KIND)
+    if previous is not None and not force and previous.get("source") == source and source.get("inputs"):
+        return Path(out)
+    with staging_dir(out) as stage:
+        writer = RawWriter(stage, feature_format)
+        num_nodes = build(writer)
+        write_manifest(stage, writer.manifest(num_nodes, source))
+    return Path(out)
+
+
+def split_from_indices(num_nodes: int, indices: Sequence[tuple[int, np.ndarray, str]]) -> np.ndarray:
+    """Split codes [N] (uint8) from per-split node-id arrays; overlaps and bad ids are errors."""
+    codes = np.full(num_nodes, NO_SPLIT, dtype=np.uint8)
+    for code, idx, name in indices:
+        idx = np.asarray(idx)
+        if idx.size == 0:
+            continue
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise InputError(name, f"split indices must be integers, got {idx.dtype}")
+        idx = idx.reshape(-1)
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= num_nodes:
+            raise InputError(name, f"node id out of range [0, {num_nodes}) (min {lo}, max {hi})")
+        taken = codes[idx] != NO_SPLIT
+        if taken.any():
+            other = SPLITS[int(codes[idx[np.argmax(taken)]])]
+            raise InputError(name, f"{int(taken.sum())} node(s) also in the {other} split "
+                                   f"(e.g. node {int(idx[np.argmax(taken)])})")
+        codes[idx] = code
+    return codes
+
+
+def labels_as_int64(y: np.ndarray, name: str) -> np.ndarray:
+    """Labels [n] as int64 with -1 = unlabeled; NaN (OGB's marker) becomes -1."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise InputError(name, f"labels must be one class per node, shape [N] or [N, 1], got {list(y.shape)}")
+    if np.issubdtype(y.dtype, np.floating):
+        nan = np.isnan(y)
+        filled = np.where(nan, -1.0, y)
+        if not np.array_equal(filled, np.round(filled)):
+            raise InputError(name, "labels must be integral class ids (floats with fractions found)")
+        out = filled.astype(np.int64)
+    elif np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        out = y.astype(np.int64)
+    else:
+        raise InputError(name, f"labels must be integers, got dtype {y.dtype}")
+    if out.size and int(out.min()) < -1:
+        raise InputError(name, f"labels must be >= -1 (-1 = unlabeled), found {int(out.min())}")
+    return out
+
+
+def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, name: str) -> None:
+    """Every edge endpoint is a node id in [0, `num_nodes`); errors name `name`."""
+    if not len(src):
+        return
+    lo = min(int(src.min()), int(dst.min()))
+    hi = max(int(src.max()), int(dst.max()))
+    if lo < 0 or hi >= num_nodes:
+        raise InputError(name, f"edge endpoint out of range [0, {num_nodes}) (min {lo}, max {hi})")
+
+
+def check_features(x: np.ndarray, name: str) -> None:
+    """`x` is a numeric [N, dim] matrix with dim >= 1; errors name `name`."""
+    if x.ndim != 2:
+        raise InputError(name, f"features must be a 2-D [N, dim] array, got shape {list(x.shape)}")
+    if x.shape[1] < 1:
+        raise InputError(name, "features have dimension 0")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_):
+        raise InputError(name, f"features must be numeric, got dtype {x.dtype}")
