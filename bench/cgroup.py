@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 
 MOUNTS = Path("/proc/self/mounts")
 PREFIX = "diskflow-"

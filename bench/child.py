@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..operators.formats.errors import DiskflowError
+from ..errors import DiskflowError
 from ..operators.formats.sizes import format_bytes
 
 if TYPE_CHECKING:

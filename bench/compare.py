@@ -84,8 +84,8 @@ from typing import Any
 import numpy as np
 
 from ..config import fanouts_option
+from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.checksum import crc32
-from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.manifest import read_manifest
 from ..operators.formats.sizes import format_bytes
 from .common import (

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.errors import ConfigError, DiskflowError
+from ..errors import ConfigError, DiskflowError
 from ..operators.formats.sizes import format_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import drop_trees

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 from ..operators.formats.sizes import format_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 

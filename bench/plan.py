@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 from ..operators.prepare.plan import initial_fill, plan_belady, plan_static, static_tier
 from .common import print_table
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..config import fanouts_option
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 from ..operators.formats.hashing import config_hash
 from ..operators.formats.sizes import format_bytes
 from ..operators.prepare.tiers import staging_piece_bytes

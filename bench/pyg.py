@@ -65,8 +65,8 @@ from typing import Any
 import numpy as np
 
 from ..config import fanouts_option
+from ..errors import ConfigError, DiskflowError
 from ..flow.options import DEFAULT_SHARE, byte_budget, fit_default
-from ..operators.formats.errors import ConfigError, DiskflowError
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import add_graph_arguments, drop_page_cache, print_table, read_ahead_kb

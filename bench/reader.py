@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..native.reader import ALIGN, DirectReader, aligned_empty
-from ..operators.formats.errors import ConfigError
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from .common import drop_page_cache, print_table
 

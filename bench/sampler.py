@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..flow.options import parse_fanouts
-from ..operators.formats.errors import ConfigError
 from ..operators.prepare.sample import NeighborSampler, SampledBatch, numpy_sample
 from .common import print_table
 

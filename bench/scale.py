@@ -69,8 +69,8 @@ from typing import Any
 import numpy as np
 
 from ..config import fanouts_option
+from ..errors import ConfigError, DiskflowError, InputError
 from ..flow.options import byte_budget
-from ..operators.formats.errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import read_child_spec, write_child_out
 from .common import add_graph_arguments, print_table

@@ -227,24 +227,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         return run_gpus(args)
     if args.gpus < 1:
-        from ..operators.formats.errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError("--gpus", f"expected an integer >= 1, got {args.gpus}")
     if args.cache is not None:
-        from ..operators.formats.errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError("--cache", "applies to several GPU workers (--gpus N)")
     import dask
     from distributed import get_task_stream
 
     from ..api import prepare_options
+    from ..errors import ConfigError
     from ..flow.pipeline import load_pipeline
     from ..flow.plugin import GPU
     from ..flow.prepare import prepare
     from ..flow.roles import stream_client
     from ..flow.runtimes.packed import packed_budgets
     from ..flow.stream import StreamConfig, StreamRun
-    from ..operators.formats.errors import ConfigError
     from ..operators.formats.store import Store
     from ..operators.stream.train import StreamTrainConfig
 

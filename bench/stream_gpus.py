@@ -74,11 +74,11 @@ def quarter_budget(store: Any, args: argparse.Namespace, gpus: int, staging_batc
 def run_gpus(args: argparse.Namespace) -> dict[str, Any]:
     from distributed import get_task_stream
 
+    from ..errors import ConfigError
     from ..flow.roles import stream_client
     from ..flow.runtimes.packed import packed_budgets
     from ..flow.stream import StreamConfig, StreamRun
     from ..flow.stream.config import CACHES
-    from ..operators.formats.errors import ConfigError
     from ..operators.formats.store import Store
     from ..operators.stream.train import StreamTrainConfig
 

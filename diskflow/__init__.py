@@ -52,7 +52,7 @@ def _home(name: str) -> ModuleType | None:
         from .operators.prepare import policies
         return policies
     if name in ("DiskflowError", "ConfigError", "InputError"):
-        from .operators.formats import errors
+        from . import errors
         return errors
     if name == "Model":
         from .operators.train import modeldef

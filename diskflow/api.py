@@ -23,9 +23,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError, InputError
 from .flow.options import byte_budget, history_options
 from .flow.pipeline import Pipeline, load_pipeline
-from .operators.formats.errors import ConfigError, InputError
 from .operators.train.modeldef import Model, check_model_option, model_label
 
 __all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train"]
@@ -261,7 +261,7 @@ def _no_run_left(run_dir: Path, made: bool, prepares: bool) -> Iterator[None]:
     except BaseException as e:
         import shutil
 
-        from .operators.formats.errors import DiskflowError
+        from .errors import DiskflowError
         from .runs import has_checkpoints
 
         if made and not has_checkpoints(run_dir):

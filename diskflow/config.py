@@ -16,11 +16,11 @@ import os
 from collections.abc import Callable
 
 from .api import PREPARE_DEFAULTS
+from .errors import ConfigError
 from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
 from .flow.plugin import HOLD_MEMORY
 from .flow.stream.config import StreamConfig
-from .operators.formats.errors import ConfigError
 from .operators.ingest.synth import SynthConfig
 from .operators.prepare.history import (
     DEFAULT_STALENESS,

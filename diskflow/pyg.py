@@ -51,10 +51,10 @@ from torch_geometric.sampler import (
 )
 from torch_geometric.sampler.base import NumNeighbors
 
+from .errors import ConfigError, InputError
 from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from .native.kernels import copy_rows, count_dense
 from .native.reader import DirectReader, aligned_empty
-from .operators.formats.errors import ConfigError, InputError
 from .operators.formats.intwidth import byte_offsets
 from .operators.formats.sizes import format_bytes
 from .operators.formats.store import Store

@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from ..operators.formats.errors import ConfigError, DiskflowError
+from ..errors import ConfigError, DiskflowError
 from .dashboard.links import log_links
 from .dashboard.links import register as register_page
 from .security import refusal

@@ -34,9 +34,9 @@ from typing import Any
 import dask
 import numpy as np
 
+from ..errors import ConfigError, InputError
 from ..native.constants import ALIGN
 from ..operators.formats.atomic import staging_dir
-from ..operators.formats.errors import ConfigError, InputError
 from ..operators.formats.hashing import fingerprint
 from ..operators.formats.outputs import check_free_space, check_replaceable
 from ..operators.formats.store import STORE_FORMAT, STORE_KIND

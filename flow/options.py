@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..operators.formats.errors import ConfigError, Setting
+from ..errors import ConfigError, Setting
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 from ..operators.formats.userfile import import_user_file
 from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 from distributed import WorkerPlugin
 
-from ..operators.formats.errors import ConfigError, DiskflowError
+from ..errors import ConfigError, DiskflowError
 from ..operators.formats.sizes import parse_bytes
 from . import allocator
 

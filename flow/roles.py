@@ -23,7 +23,7 @@ from typing import Any
 
 import dask
 
-from ..operators.formats.errors import ConfigError
+from ..errors import ConfigError
 from .dashboard.links import log_links
 from .dashboard.links import register as register_page
 from .plugin import GPU, config_env, worker_config
@@ -135,7 +135,7 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
     """
     from distributed import Client, LocalCluster
 
-    from ..operators.formats.errors import DiskflowError
+    from ..errors import DiskflowError
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if scheduler:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..operators.formats.atomic import atomic_path, write_json
-from ..operators.formats.errors import InputError
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
 REPORT = "report.json"

@@ -25,7 +25,7 @@ from typing import Any
 
 import dask
 
-from ..operators.formats.errors import ConfigError, DiskflowError
+from ..errors import ConfigError, DiskflowError
 
 ROLES = ("client", "worker", "scheduler")
 OPTIONS = (("ca_file", "tls_ca_file"), ("cert", "tls_cert"), ("key", "tls_key"))     # the fields errors name

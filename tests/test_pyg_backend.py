@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.typing
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler as NativeSampler
 from torch_geometric.data import Data
 from torch_geometric.loader import LinkLoader, NeighborLoader, NodeLoader
 from torch_geometric.nn import GraphSAGE
 
+from diskflow.errors import ConfigError, InputError
 from diskflow.pyg import FeatureStore, GraphStore, NeighborSampler, RowCache
 
 BUDGET = "400KiB"           # the tiny store's 773 kB of features: about a quarter of its rows, beside the buffers

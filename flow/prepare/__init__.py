@@ -41,8 +41,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...errors import DiskFullError
 from ...operators.formats.atomic import raise_if_disk_full
-from ...operators.formats.errors import DiskFullError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.outputs import check_replaceable, replace_foreign
 from ...operators.formats.packed import PACKED_KIND

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import InputError
 from ...operators.formats.atomic import atomic_path, write_json
-from ...operators.formats.errors import InputError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.manifest import MANIFEST, read_manifest, write_manifest
 from ...operators.formats.outputs import OutputKind, check_replaceable

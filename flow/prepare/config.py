@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...operators.formats.errors import ConfigError
+from ...errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import (
     DEFAULT_COOLDOWN,

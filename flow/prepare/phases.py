@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ConfigError, Setting
 from ...native.constants import ALIGN
 from ...operators.formats import packed as packed_fmt
 from ...operators.formats.atomic import staging_dir
-from ...operators.formats.errors import ConfigError, Setting
 from ...operators.formats.manifest import write_manifest
 from ...operators.formats.npyio import load_npz, save_npy
 from ...operators.formats.outputs import check_free_space, free_space

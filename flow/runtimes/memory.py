@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ...operators.formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.packed import PackedDataset
 from ...operators.formats.store import Store

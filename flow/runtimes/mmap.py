@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...operators.formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_PRUNE, DEFAULT_RAMP, DEFAULT_STALENESS
 from ...operators.prepare.seeds import PARTS_PER_GROUP

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...operators.formats.errors import ConfigError
+from ...errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.prepare.history import DEFAULT_STALENESS
 from ...operators.train.config import TrainConfig

@@ -5,7 +5,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...operators.formats.errors import ConfigError, DiskflowError
+from ...errors import ConfigError, DiskflowError
 from ...operators.formats.hashing import config_hash
 from ...operators.prepare.history import (
     DEFAULT_COOLDOWN,

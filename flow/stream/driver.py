@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...operators.formats.errors import ConfigError, DiskflowError
+from ...errors import ConfigError, DiskflowError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.store import Store
 from ...operators.prepare.partition import default_parts

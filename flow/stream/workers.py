@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...operators.formats.errors import ConfigError
+from ...errors import ConfigError
 from ..plugin import GPU
 from .config import StreamConfig, StreamStopped
 from .lanes import Lane

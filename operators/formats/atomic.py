@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DiskFullError, InputError, is_disk_full
+from ...errors import DiskFullError, InputError, is_disk_full
 
 __all__ = ["atomic_path", "json_default", "preallocate", "raise_if_disk_full", "remove_path", "staging_dir",
            "tmp_name", "write_bytes", "write_json"]

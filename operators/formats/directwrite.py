@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...errors import InputError
 from ...native.constants import ALIGN
 from .atomic import atomic_path
-from .errors import InputError
 from .threadbuffers import thread_buffer
 
 __all__ = ["SCRATCH_KEEP", "arrow_file_bytes", "open_direct", "write_all", "write_arrow_file", "write_arrow_file_view",

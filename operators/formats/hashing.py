@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...errors import InputError
 from .atomic import json_default
-from .errors import InputError
 
 __all__ = ["config_hash", "fingerprint"]
 

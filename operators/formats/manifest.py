@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...errors import InputError
 from .atomic import write_json
-from .errors import InputError
 
 __all__ = ["MANIFEST", "read_manifest", "write_manifest"]
 

@@ -16,9 +16,9 @@ from typing import Literal
 
 import numpy as np
 
+from ...errors import InputError
 from ...native.constants import ALIGN  # array data is padded to the O_DIRECT granularity
 from .atomic import atomic_path, preallocate
-from .errors import InputError
 
 __all__ = ["NpzReader", "aligned_npy_bytes", "create_aligned_npy", "load_npy", "load_npz", "npy_bytes", "read_into",
            "save_aligned_npy", "save_npy"]

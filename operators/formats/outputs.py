@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DiskFullError, InputError
+from ...errors import DiskFullError, InputError
 from .manifest import MANIFEST, read_manifest
 from .sizes import format_bytes
 

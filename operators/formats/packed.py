@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ...errors import InputError
 from ...native.constants import ALIGN
 from .atomic import atomic_path, preallocate, write_bytes
 from .checksum import crc32
 from .directwrite import arrow_file_bytes, write_arrow_file_view
-from .errors import InputError
 from .intwidth import fits_int32
 from .manifest import read_manifest
 from .npyio import load_npy

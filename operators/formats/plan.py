@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import InputError
 from .directwrite import write_npz
-from .errors import InputError
 from .intwidth import fits_int32
 from .npyio import load_npz
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ...errors import InputError
 from .directwrite import arrow_file_bytes, write_arrow_file
-from .errors import InputError
 
 Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 

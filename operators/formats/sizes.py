@@ -2,7 +2,7 @@
 `diskflow.sizes` is their public face."""
 from __future__ import annotations
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["format_bytes", "parse_bytes"]
 

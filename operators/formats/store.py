@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from ...errors import InputError
 from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind

@@ -6,7 +6,7 @@ import os
 import sys
 from types import ModuleType
 
-from .errors import InputError
+from ...errors import InputError
 
 
 def import_user_file(path: str | os.PathLike[str], module_name: str) -> ModuleType:

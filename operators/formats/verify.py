@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from ...errors import InputError
 from .hashing import config_hash
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
 from .store import Store

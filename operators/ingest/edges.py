@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import InputError
 from ...native.constants import ALIGN
-from ..formats.errors import InputError
 from ..formats.npyio import create_aligned_npy
 from .raw import check_id_range, int_column, iter_file_batches, require_columns, table_schema
 

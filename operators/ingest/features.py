@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...errors import InputError
 from ...native.constants import ALIGN
 from ..formats.atomic import tmp_name
-from ..formats.errors import InputError
 from ..formats.npyio import create_aligned_npy
 from .raw import (
     TableUnit,

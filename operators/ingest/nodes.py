@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..formats.errors import InputError
+from ...errors import InputError
 from ..formats.store import SPLITS
 from .raw import (
     check_id_range,

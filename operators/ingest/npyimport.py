@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from ..formats.hashing import fingerprint
 from ..formats.npyio import load_npy
 from ..formats.store import SPLITS

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ..formats.errors import InputError
+from ...errors import InputError
 from ..formats.hashing import fingerprint
 from .rawwriter import (
     DEFAULT_CHUNK_BYTES,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.errors import InputError
+from ...errors import InputError
 from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     NO_SPLIT,

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from ...errors import ConfigError, InputError
 from ..formats.atomic import tmp_name
-from ..formats.errors import ConfigError, InputError
 from ..formats.manifest import MANIFEST, write_manifest
 from ..formats.sizes import format_bytes, parse_bytes
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from ...errors import ConfigError, InputError
 from ..formats.atomic import atomic_path, staging_dir
-from ..formats.errors import ConfigError, InputError
 from ..formats.manifest import write_manifest
 from ..formats.outputs import OutputKind, check_replaceable
 from ..formats.store import SPLITS

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..formats.store import SPLITS
 from .rawwriter import FEATURE_FORMATS, shard_name, write_edge_shard, write_feature_shard, write_node_shard
 

@@ -20,9 +20,9 @@ import os
 
 import numpy as np
 
+from ...errors import InputError
 from ...native import kernels
 from ..formats.directwrite import write_npz
-from ..formats.errors import InputError
 from ..formats.intwidth import narrow_int
 from ..formats.npyio import load_npz
 from ..formats.samples import read_n_ids

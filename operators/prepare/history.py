@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 
 # Cached embeddings are float16: a stale row's error dwarfs the rounding (2^-11 relative), and the
 # memory split then holds twice the embeddings per byte (on the bench graph its choice read 9% fewer bytes).

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ...native import kernels
 from ...native.constants import ALIGN
 from ..formats.atomic import atomic_path
 from ..formats.directwrite import open_direct
-from ..formats.errors import InputError
 from ..formats.npyio import create_aligned_npy, load_npy, save_npy
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store, map_shard

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 
 PARTITIONERS = ("kaminpar", "metis")
 PARTS_PER_BATCH = 8     # automatic partitions: a batch's worth of training nodes spans eight parts (128

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...native import kernels
-from ..formats.errors import ConfigError
 from ..formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, BatchPlan, SuperbatchPlan
 from ..formats.threadbuffers import thread_buffer
 

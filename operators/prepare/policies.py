@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from .plan import initial_fill, static_tier
 
 TierPolicy = Callable[[np.ndarray, int, np.ndarray], np.ndarray]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 
 PAGE = 4096
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ...native import kernels
 from ...native.constants import ALIGN
 from ..formats.atomic import atomic_path
-from ..formats.errors import InputError
 from ..formats.intwidth import narrow_int
 from ..formats.npyio import NpzReader, load_npy
 from ..formats.packed import (

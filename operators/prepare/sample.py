@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 
 _UINT64_MASK = (1 << 64) - 1
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..formats.sizes import format_bytes
 
 PAGE = 4096

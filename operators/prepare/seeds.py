@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 
 # Seed streams: training, validation and test batches never share sampling seeds.
 TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 0, 1, 2
@@ -155,7 +155,7 @@ def _mapped(path: str | os.PathLike[str], what: str) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _open_mapped(path: str, mtime_ns: int, size: int, what: str) -> np.ndarray:
-    from ..formats.errors import InputError
+    from ...errors import InputError
     from ..formats.npyio import load_npy
 
     try:
@@ -181,7 +181,7 @@ def label_shares(labels: np.ndarray, num_classes: int) -> tuple[float, ...]:
 
 def load_labels(path: str | os.PathLike[str] | None) -> np.ndarray:
     """Every node's label (an .npy), memory-mapped; the same file is opened once per process."""
-    from ..formats.errors import InputError
+    from ...errors import InputError
 
     if path is None:
         raise ConfigError("group_by", "grouping parts by label needs the nodes' labels")

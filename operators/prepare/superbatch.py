@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..formats.samples import id_type, record_batch, samples_bytes, write_samples
 from .history import HistoryStep, sample_planned
 from .sampler_pool import leased_sampler

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ConfigError, Setting
 from ...native.constants import ALIGN
-from ..formats.errors import ConfigError, Setting
 from ..formats.sizes import format_bytes
 
 DEVICES = ("cpu", "cuda")

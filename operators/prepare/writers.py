@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import InputError
 from ...native import kernels
 from ...native.constants import ALIGN
 from ..formats.directwrite import open_direct
 from ..formats.directwrite import write_all as _write_all  # a module name of its own: tests patch it here
-from ..formats.errors import InputError
 from ..formats.threadbuffers import thread_buffer
 
 WRITE_BUFFER = 32 << 20   # bytes gathered before one write to a part file

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ..formats.checksum import crc32
-from ..formats.errors import InputError
 from ..formats.hashing import config_hash
 from ..formats.npyio import aligned_npy_bytes, npy_bytes
 from ..formats.packed import (

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ConfigError, InputError
 from ..formats.atomic import staging_dir
 from ..formats.checksum import crc32
-from ..formats.errors import ConfigError, InputError
 from ..formats.manifest import write_manifest
 from ..formats.packed import ROUND_DIR
 from ..formats.sizes import format_bytes

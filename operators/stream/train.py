@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import ConfigError, InputError
 from ..formats.checksum import crc32
-from ..formats.errors import ConfigError, InputError
 from ..formats.samples import Buffer
 from ..train.config import TrainConfig
 from ..train.loader import PackedLoader

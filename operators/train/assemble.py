@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import InputError
 from ...native.constants import ALIGN
 from ...native.kernels import copy_rows
 from ...native.reader import DirectReader
 from ..formats.checksum import crc32
-from ..formats.errors import InputError
 from ..formats.intwidth import byte_offsets
 from ..formats.packed import (
     SRC_CPU,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..prepare.seeds import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, BatchOrder, batch_seed, seed_batches
 
 __all__ = [

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..formats.userfile import import_user_file
 from .modeldef import DATA_ONLY, USER_MODULE, Model, check_model_option, file_hash, is_model_file
 

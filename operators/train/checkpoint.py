@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import InputError
 from ..formats.atomic import staging_dir
-from ..formats.errors import InputError
 from ..formats.manifest import read_manifest, write_manifest
 from ..formats.npyio import load_npy, save_npy
 from ..formats.packed import file_crc

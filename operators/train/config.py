@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from .modeldef import BUILTIN_MODELS as MODELS  # noqa: F401  (the built-in names, re-exported)
 from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
 

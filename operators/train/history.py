@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from ..prepare.history import EMBEDDING_DTYPE
 
 FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")

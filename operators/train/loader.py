@@ -49,9 +49,9 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from ...errors import ConfigError, InputError
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
-from ..formats.errors import ConfigError, InputError
 from ..formats.npyio import load_npy, read_into
 from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
 from ..formats.samples import Buffer, SampleRecord

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from ..formats.errors import DiskflowError
+from ...errors import DiskflowError
 from .history import history_of
 from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim
 from .optim import Stepper

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from ...errors import ConfigError, Setting
 from ...native.constants import DEFAULT_BOUNCE_BYTES
-from ..formats.errors import ConfigError, Setting
 from ..formats.packed import PackedDataset
 from ..formats.sizes import format_bytes
 from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes

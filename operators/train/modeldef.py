@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 
 if TYPE_CHECKING:
     import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch_geometric.nn.models import GAT, GraphSAGE
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from .catalog import BUILTINS, load_model
 from .mlp import EdgeFreeMLP
 from .modeldef import BUILTIN_MODELS as MODELS

@@ -46,9 +46,9 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from ...errors import ConfigError, InputError
 from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES, SECTOR
 from ...native.reader import DirectReader, aligned_empty
-from ..formats.errors import ConfigError, InputError
 from ..formats.intwidth import byte_offsets
 from ..formats.sizes import format_bytes
 from ..prepare.seeds import BatchOrder

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..formats.errors import ConfigError
+from ...errors import ConfigError
 from .config import TrainConfig
 from .modeldef import Model, accepted
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from ..formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from ..prepare.sample import NeighborSampler
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity

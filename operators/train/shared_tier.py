@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats.errors import ConfigError, DiskflowError
+from ...errors import ConfigError, DiskflowError
 from ..formats.sizes import format_bytes
 
 HEADER = 4096                 # control words, then the rows (page-aligned)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..formats.errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 from ..formats.hashing import config_hash
 from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint

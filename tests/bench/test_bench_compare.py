@@ -20,9 +20,10 @@ from bench_children import compare_children_in_this_process
 from diskflow.bench import cgroup
 from diskflow.bench.common import drop_page_cache
 from diskflow.cli import main
-from diskflow.operators.formats.errors import ConfigError
 from mounts import reads_are_counted, skip_where_reads_are_not_counted
 from user_pipeline import USER_PIPELINE
+
+from diskflow.errors import ConfigError
 
 CGROUPS = cgroup.unavailable_reason() is None
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "2", "--hidden", "16",

@@ -13,7 +13,8 @@ import pytest
 from bench_children import compare_children_in_this_process
 from diskflow.bench import child
 from diskflow.cli import main
-from diskflow.operators.formats.errors import ConfigError
+
+from diskflow.errors import ConfigError
 
 TINY = ["--fanouts", "4,4", "--batch-size", "128", "--superbatch-size", "4", "--epochs", "1", "--hidden", "16",
         "--feature-budget", "3500KiB", "--threads", "1", "--bw-bytes", str(1 << 20), "--staleness-sweep", ""]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from diskflow.bench.common import BENCH_MARKER, check_workdir, mark_workdir
 from diskflow.cli import main
-from diskflow.operators.formats.errors import InputError
+
+from diskflow.errors import InputError
 
 
 @pytest.mark.parametrize("argv", [["prepare", "--workdir"], ["ingest", "--workdir"], ["compare", "--workdir"],

@@ -13,7 +13,8 @@ import dask
 import pytest
 from diskflow.cli import main
 from diskflow.flow.prepare import PrepareConfig, prepare
-from diskflow.operators.formats.errors import DiskFullError
+
+from diskflow.errors import DiskFullError
 
 # A round of samples and plans (~1.7 MB) and packed segments (~5 MB): with 3.5 MiB left free, the first fit and
 # the second do not.

@@ -13,10 +13,11 @@ import pytest
 import scipy.sparse as sp
 from dask.callbacks import Callback
 from diskflow.flow.ingest import IngestResult, run_ingest
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import SPLITS, Store
 from diskflow.operators.ingest.raw import write_raw_dataset
 from task_keys import TaskKeys
+
+from diskflow.errors import ConfigError, InputError
 
 N, E, DIM = 1013, 5003, 7
 

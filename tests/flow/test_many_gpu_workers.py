@@ -303,7 +303,7 @@ def test_an_interrupted_two_gpu_run_resumes_to_the_same_model(cluster: dict[str,
     """Cut after the third superbatch (mid-epoch): the resumed run starts at the epoch's 1-batch superbatch,
     where the second worker's share is empty (its trainer starts with no superbatch of its own), and ends with
     the uninterrupted run's model and losses."""
-    from diskflow.operators.formats.errors import ConfigError
+    from diskflow.errors import ConfigError
 
     report, _ = two_gpus
     run_dir = new_run_dir(tmp_path, "cut-at-short")

@@ -9,7 +9,8 @@ import pytest
 from diskflow.bench import sampler as bench_sampler
 from diskflow.cli import main
 from diskflow.flow.options import parse_fanouts
-from diskflow.operators.formats.errors import ConfigError
+
+from diskflow.errors import ConfigError
 
 BAD = ["a,b", "5,-3", "", "10,,5", "4;4"]
 

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from diskflow.flow.prepare import WORK_MARKER, PrepareConfig, PrepareResult, prepare
 from diskflow.flow.prepare import cache as prepare_cache
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import (
     SRC_CPU,
     SRC_DCACHE,
@@ -40,6 +39,8 @@ from diskflow.operators.prepare.plan import release_planner_scratch
 from diskflow.operators.prepare.sampler_pool import idle_samplers
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
 from task_keys import TaskKeys
+
+from diskflow.errors import ConfigError, InputError
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
 CPU_ROWS = 600          # CPU-tier rows on top of the staging reserve: far fewer than the rows a round touches
@@ -190,7 +191,7 @@ def test_replay_catches_a_flipped_byte(flavours: dict, features: np.ndarray, ref
     """The exactness check above can fail: a flipped byte in a part file is caught by both checks."""
     import shutil
 
-    from diskflow.operators.formats.errors import InputError
+    from diskflow.errors import InputError
 
     out = tmp_path / "copy"
     shutil.copytree(flavours["belady"][0].path, out)

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare.history import EMBEDDING_BYTES
+
+from diskflow.errors import ConfigError
 
 BASE = {"fanouts": (4, 3, 3), "batch_size": 200, "superbatch_size": 4, "epochs": 3, "seed": 5}
 HIDDEN = 12

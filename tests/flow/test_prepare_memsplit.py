@@ -14,11 +14,12 @@ import pytest
 from diskflow.flow.memsplit import SPLIT_PLOT, SPLIT_SHARES, best_split, describe_split, refine_shares
 from diskflow.flow.options import history_options
 from diskflow.flow.prepare import PrepareConfig, prepare
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare.history import EMBEDDING_BYTES
+
+from diskflow.errors import ConfigError
 
 HIDDEN = 8
 CFG = PrepareConfig(fanouts=(4, 3, 3), batch_size=200, superbatch_size=4, epochs=2, seed=3, cpu_memory=2_450_000,

@@ -11,11 +11,11 @@ import dask
 import pytest
 from diskflow.cli import main
 from diskflow.flow.prepare import phases
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.sizes import format_bytes
 from diskflow.operators.formats.store import Store
 
 import diskflow
+from diskflow.errors import ConfigError
 
 ROUND = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 1, "readahead": 0}
 ARGS = ["--fanouts", "5,5", "--batch-size", "192", "--superbatch-size", "3", "--epochs", "1", "--readahead", "0",

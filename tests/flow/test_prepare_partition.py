@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.samples import read_n_ids
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.prepare.seeds import BatchOrder, load_parts, seed_batches
 from diskflow.operators.prepare.superbatch import round_layout, sample_superbatch
+
+from diskflow.errors import ConfigError, InputError
 
 BASE = {"fanouts": (5, 5), "batch_size": 160, "superbatch_size": 3, "epochs": 2, "seed": 11}
 

@@ -25,11 +25,12 @@ from diskflow.flow.roles import stream_client
 from diskflow.flow.rundir import new_run_dir
 from diskflow.flow.stream import StreamStopped
 from diskflow.flow.stream import tasks as stream_tasks
-from diskflow.operators.formats.errors import ConfigError, DiskflowError, InputError
 from diskflow.operators.prepare.history import EMBEDDING_BYTES
 from diskflow.operators.stream import ship as stream_ship
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
+
+from diskflow.errors import ConfigError, DiskflowError, InputError
 
 # device "cpu" for both sides: on a machine with CUDA the embedded GPU worker would otherwise train there, and
 # the per-batch losses are compared bit for bit with the offline run's, which trains on the CPU

@@ -33,8 +33,9 @@ import dask
 from diskflow.cli import main
 from diskflow.flow.cluster import dask_client
 from diskflow.flow.security import SchedulerRefused, check_tls
-from diskflow.operators.formats.errors import ConfigError
 from processes import start, stop
+
+from diskflow.errors import ConfigError
 
 CONNECT = "3s"      # every connection in this module gives up after this
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.sample import NeighborSampler, SampledBatch, numpy_sample
+
+from diskflow.errors import ConfigError
 
 Sampler = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], SampledBatch]
 

@@ -10,13 +10,14 @@ import pytest
 import torch
 from diskflow.flow.pipeline import Pipeline
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.history import DEFAULT_RAMP
 from diskflow.operators.train.history import HistoryCache, history_of
 from diskflow.operators.train.loop import forward
 from diskflow.pipelines import inmemory
 from torch_geometric.data import Data
 from torch_geometric.nn.models import GraphSAGE
+
+from diskflow.errors import ConfigError
 
 COMMON = {"fanouts": (4, 3, 3), "batch_size": 200, "epochs": 3, "hidden": 12, "threads": 1, "progress": False,
           "eval_every": 3}

@@ -8,8 +8,9 @@ import pytest
 from diskflow.cli import main
 from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.pipelines import inmemory
+
+from diskflow.errors import ConfigError, InputError
 
 # Small and quick, but the same settings for both models, so the gap is the graph's doing.
 pytestmark = pytest.mark.plots      # the curves are drawn

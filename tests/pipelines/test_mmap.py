@@ -14,10 +14,11 @@ from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.flow.runtimes.memory import StoredSamplesLoader
 from diskflow.flow.runtimes.mmap import MappedFeatures
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.train.session import TrainConfig
 from diskflow.pipelines import belady, inmemory, mmap
+
+from diskflow.errors import ConfigError, InputError
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "progress": False}

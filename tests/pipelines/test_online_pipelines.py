@@ -10,7 +10,6 @@ import pytest
 from diskflow.cli import main
 from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.train.online import (
     DEFAULT_GAP_BYTES,
@@ -20,6 +19,8 @@ from diskflow.operators.train.online import (
     bounce_bytes,
 )
 from diskflow.pipelines import inmemory
+
+from diskflow.errors import ConfigError
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 3, "threads": 1, "progress": False}

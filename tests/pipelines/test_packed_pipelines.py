@@ -14,13 +14,13 @@ import pytest
 from diskflow.cli import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.operators.formats.errors import ConfigError, DiskflowError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.tiers import staging_buffers, staging_piece_bytes
 from diskflow.operators.train.memory import io_buffer_bytes
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
 from diskflow import cli
+from diskflow.errors import ConfigError, DiskflowError
 
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
                             "lr": 0.01, "dropout": 0.2, "seed": 1, "threads": 1, "progress": False}

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.packed import (
     INDEX_SCHEMA,
     INDEX_SCHEMA_INT32,
@@ -24,6 +23,8 @@ from diskflow.operators.formats.samples import (
     samples_bytes,
 )
 from diskflow.operators.prepare.sample import SampledBatch
+
+from diskflow.errors import InputError
 
 
 def test_the_id_type_follows_the_graph_size() -> None:

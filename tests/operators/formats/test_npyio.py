@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.npyio import read_into, save_aligned_npy
+
+from diskflow.errors import InputError
 
 
 def _resident_file_pages(arr: np.memmap) -> int:

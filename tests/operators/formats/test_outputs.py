@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diskflow.operators.formats.atomic import atomic_path, staging_dir, write_bytes
-from diskflow.operators.formats.errors import DiskFullError, InputError, is_disk_full
 from diskflow.operators.formats.manifest import write_manifest
 from diskflow.operators.formats.npyio import create_aligned_npy
 from diskflow.operators.formats.outputs import (
@@ -23,6 +22,8 @@ from diskflow.operators.formats.outputs import (
     check_replaceable,
     replace_foreign,
 )
+
+from diskflow.errors import DiskFullError, InputError, is_disk_full
 
 KIND = OutputKind("a diskflow thing", formats=("diskflow-thing",))
 MARKED = OutputKind("a diskflow marked thing", markers=(".mark",), patterns=("cache-*", "route"))

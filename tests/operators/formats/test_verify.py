@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diskflow.cli import verify as verify_cmd
-from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.manifest import read_manifest, write_manifest
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
@@ -22,6 +21,8 @@ from diskflow.operators.formats.packed import (
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from packed_rounds import build_packed, sample_round, tight_layout
+
+from diskflow.errors import InputError
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from diskflow.cli import main
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.ingest.npyimport import from_npy
 from diskflow.operators.ingest.ogbimport import from_ogb
 from diskflow.operators.ingest.pygimport import from_pyg
 from pyarrow import ipc
 from torch_geometric.data import Data
+
+from diskflow.errors import ConfigError, InputError
 
 N, DIM = 7, 3
 X = (np.arange(N * DIM, dtype=np.float32).reshape(N, DIM) / 4)  # exact in binary and in CSV text

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.npyio import create_aligned_npy
 from diskflow.operators.formats.store import SPLIT_CODE
 from diskflow.operators.ingest.edges import compact_group, csc_group, indices_dtype, scan_edges
@@ -30,6 +29,8 @@ from diskflow.operators.ingest.raw import (
     table_units,
     write_raw_dataset,
 )
+
+from diskflow.errors import ConfigError, InputError
 
 
 def _raw(tmp: Path, n: int = 211, e: int = 977, dim: int = 3, seed: int = 0, **kw) -> Path:

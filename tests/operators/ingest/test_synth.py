@@ -12,9 +12,10 @@ import pytest
 from diskflow.cli import main
 from diskflow.flow import synth as flow_synth
 from diskflow.flow.synth import run_synth
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.ingest.synth import Layout, SynthConfig, centroids, labels_of, synth_part
 from pyarrow import ipc
+
+from diskflow.errors import ConfigError, InputError
 
 # 5 parts, the last one short; signal and homophily as the defaults were before 2026-11-28 (the thresholds below)
 SMALL = {"num_nodes": 3001, "feature_dim": 13, "num_classes": 4, "part_nodes": 700, "homophily": 0.75, "signal": 1.0}

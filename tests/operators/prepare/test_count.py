@@ -125,8 +125,9 @@ def test_narrow_counts_widen_as_their_sums_grow() -> None:
 def test_saved_counts_come_back_in_the_form_they_were_written(tmp_path: Path) -> None:
     """`save_counts` keeps dense counts dense (int32 where they fit) and sparse ones sparse; `load_counts`
     gives back the same counts either way, and names a file that holds neither form."""
-    from diskflow.operators.formats.errors import InputError
     from diskflow.operators.prepare.count import load_counts, save_counts
+
+    from diskflow.errors import InputError
 
     dense = np.array([0, 3, 0, 2**31 - 1, 1], np.int64)
     save_counts(tmp_path / "d.npz", dense)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.diskcache import DiskCacheLayout, build_layout, read_amplification
 from diskflow.operators.prepare.reorder import minhash_order, pages_touched
 from diskflow.operators.prepare.search import MissTrace, packed_bytes
+
+from diskflow.errors import ConfigError
 
 ROW = 47 * 4
 PAD = 2 * 4096

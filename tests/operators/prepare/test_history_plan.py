@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.history import (
     HistoryPlanner,
@@ -16,6 +15,8 @@ from diskflow.operators.prepare.history import (
     local_positions,
 )
 from diskflow.operators.prepare.sample import NeighborSampler
+
+from diskflow.errors import ConfigError
 
 
 def test_planner_prunes_fresh_pushes_stale() -> None:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from diskflow.bench.naivepack import pack_naive
 from diskflow.native.constants import ALIGN
-from diskflow.operators.formats.errors import InputError
 from diskflow.operators.formats.packed import (
     ROUND_DIR,
     SRC_CPU,
@@ -31,6 +30,8 @@ from packed_rounds import (
     sample_round,
     tight_layout,
 )
+
+from diskflow.errors import InputError
 
 
 @pytest.fixture(scope="module")

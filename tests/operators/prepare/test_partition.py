@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.npyio import save_npy
 from diskflow.operators.prepare.partition import (
     default_parts,
@@ -16,6 +15,8 @@ from diskflow.operators.prepare.partition import (
     undirected_adjacency,
 )
 from diskflow.operators.prepare.seeds import BatchOrder, part_labels, partition_order, seed_batches
+
+from diskflow.errors import ConfigError
 
 
 def _csc(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

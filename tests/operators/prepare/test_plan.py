@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from diskflow.native import kernels
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, SuperbatchPlan
 from diskflow.operators.prepare.plan import (
     gpu_slots,
@@ -20,6 +19,8 @@ from diskflow.operators.prepare.plan import (
     static_tier,
     trace_window,
 )
+
+from diskflow.errors import ConfigError
 
 NO_GPU = np.zeros(0, dtype=np.int64)
 

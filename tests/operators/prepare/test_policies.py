@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.prepare.plan import initial_fill, static_tier
 from diskflow.operators.prepare.policies import check_policy, choose_tier, choose_tiers, planned, policy_id
+
+from diskflow.errors import ConfigError, InputError
 
 COUNTS = np.array([5, 0, 9, 9, 1, 7, 0, 3], np.int64)
 

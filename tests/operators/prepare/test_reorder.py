@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.reorder import batch_hashes, minhash_order, pages_touched
+
+from diskflow.errors import ConfigError
 
 
 def _rows_in(order: np.ndarray, node: np.ndarray) -> np.ndarray:

@@ -89,9 +89,10 @@ def test_native_routing_names_the_batch_and_the_fault() -> None:
 def test_routing_file_reads_each_shard_from_its_ids_file_and_names_a_missing_one(tmp_path: Path) -> None:
     """A routing file keeps the packed ids in a plain .npy beside it: every shard's slice comes back as routed
     (each batch's ids of that shard, batch-major), and a missing or short ids file is an InputError naming it."""
-    from diskflow.operators.formats.errors import InputError
     from diskflow.operators.formats.plan import BatchPlan
     from diskflow.operators.prepare.route import RouteFile, ids_path, route_superbatch
+
+    from diskflow.errors import InputError
 
     rng = np.random.default_rng(11)
     batches = [_batch(rng, n, np.int32) for n in (300, 0, 450)]

@@ -5,8 +5,9 @@ import re
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.search import MissTrace, packed_bytes, search_segment_size
+
+from diskflow.errors import ConfigError
 
 ROW = 47 * 4          # odd row size on purpose: rows straddle pages
 PAD = 3 * 4096        # e.g. a batch spread over three shards

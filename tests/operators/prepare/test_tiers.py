@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.tiers import (
     Sampling,
     batch_rows_bound,
@@ -14,6 +13,8 @@ from diskflow.operators.prepare.tiers import (
     staging_rows_fit,
     tier_sizes,
 )
+
+from diskflow.errors import ConfigError
 
 
 def _need(rows: int, rb: int, buffers: int, shards: int, io: int) -> int:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import PackedDataset
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.count import count_accesses, dense_counts, merge_counts
@@ -31,6 +30,8 @@ from diskflow.operators.stream.ship import (
     held_files,
     stage_bundle,
 )
+
+from diskflow.errors import ConfigError, InputError
 
 B, SB, E, F, SEED = 256, 3, 2, (5, 5), 1
 

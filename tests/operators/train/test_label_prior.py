@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.seeds import label_shares
 from diskflow.operators.train.config import TrainConfig
 from diskflow.operators.train.loop import prior_weighted_loss
+
+from diskflow.errors import ConfigError
 
 
 def test_a_batch_in_the_splits_proportions_gets_the_plain_mean() -> None:

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from diskflow.flow.prepare import PrepareConfig, prepare
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.packed import ROUND_DIR, SRC_PACKED, PackedDataset, padded
 from diskflow.operators.formats.sizes import format_bytes
 from diskflow.operators.formats.store import Store
@@ -26,6 +25,8 @@ from diskflow.operators.train.batches import TRAIN_STREAM, InMemoryLoader
 from diskflow.operators.train.loader import PackedLoader
 from diskflow.operators.train.memory import memory_plan
 from torch_geometric.nn import GraphSAGE
+
+from diskflow.errors import ConfigError, InputError
 
 BASE = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3}
 CPU_ROWS, GPU_ROWS = 600, 250

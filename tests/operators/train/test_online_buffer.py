@@ -16,11 +16,12 @@ import pytest
 import torch
 from diskflow.flow.runtimes.online import InDegree
 from diskflow.native.constants import ALIGN, SECTOR
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
 from diskflow.operators.train.online import FeatureBuffer, OnlineLoader, StoreRows, buffer_slots
+
+from diskflow.errors import ConfigError, InputError
 
 FANOUTS, BATCH, SEED = [4, 3], 96, 11
 WAIT_S = 60.0       # a guard against a hang: what a held read waits for comes within milliseconds

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.train.session import (
     EpochTally,
     TrainConfig,
@@ -20,6 +19,8 @@ from diskflow.operators.train.session import (
     torch_threads,
 )
 from torch_geometric.data import Data
+
+from diskflow.errors import ConfigError, InputError
 
 DIM, CLASSES, STAGES = 7, 3, ("sample", "gather", "train")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diskflow.operators.formats.errors import DiskflowError
 from diskflow.operators.train.shared_tier import SharedTier, TierTimeout
+
+from diskflow.errors import DiskflowError
 
 WAIT_S = 60.0       # a guard against a hang: a turn comes within milliseconds
 

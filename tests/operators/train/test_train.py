@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from diskflow.operators.formats.errors import ConfigError
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import (
     TEST_STREAM,
@@ -18,6 +17,8 @@ from diskflow.operators.train.batches import (
 from diskflow.operators.train.loop import deterministic, evaluate, forward, train_epoch
 from diskflow.operators.train.models import MODELS, build_model
 from diskflow.operators.train.session import TrainConfig
+
+from diskflow.errors import ConfigError
 
 NEIGHBORLOADER_FIELDS = {"x", "edge_index", "y", "n_id", "batch_size", "num_sampled_nodes", "num_sampled_edges"}
 

@@ -18,11 +18,12 @@ import pytest
 import torch
 from diskflow.flow.prepare import PrepareConfig, prepare
 from diskflow.flow.rundir import new_run_dir
-from diskflow.operators.formats.errors import ConfigError, InputError
 from diskflow.operators.formats.store import Store
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.operators.train.trainer import CHECKPOINTS, train_packed
 from diskflow.pipelines import inmemory
+
+from diskflow.errors import ConfigError, InputError
 
 FANOUTS, BATCH, EPOCHS, SEED = (5, 5), 256, 2, 5
 PER_EPOCH = 10          # batches per epoch of this round (the last one smaller)
