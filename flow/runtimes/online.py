@@ -2,12 +2,12 @@
 
 Batches are sampled on the fly over the memory-mapped topology (the very batches of the in-memory
 pipeline and of a prepared round: same seed order, same sampling seeds), and their feature rows
-are extracted by asynchronous direct-I/O readers into one fixed-size host feature buffer
-(`operators.train.online`). The pipeline's ``cpu_tier`` says how the buffer evicts: ``"lru"``
-(GNNDrive's standby list; the ``gnndrive`` pipeline) or ``"hybrid"`` (LSM-GNN's levels over a
-lookahead window, then in-degree; the ``lsmgnn`` pipeline). Training is the one session every
-pipeline trains with (`flow.runtimes.memory.gathered_run`), so the losses equal the in-memory
-pipeline's.
+are extracted by asynchronous direct-I/O readers into one fixed-size host feature buffer (a planned
+row cache: `operators.train.online`, `operators.train.rowcache`). The pipeline's ``cpu_tier`` is the
+cache's policy: ``"lru"`` (GNNDrive's standby list; the ``gnndrive`` pipeline) or ``"hybrid"``
+(LSM-GNN's levels over a lookahead window, then in-degree; the ``lsmgnn`` pipeline). Training is
+the one session every pipeline trains with (`flow.runtimes.memory.gathered_run`), so the losses
+equal the in-memory pipeline's.
 
     diskflow run gnndrive --dataset STORE [--cpu-memory 10%] [--extractors 4]
     diskflow run lsmgnn --dataset STORE [--cpu-memory 10%] [--window 8]
@@ -28,16 +28,15 @@ from ...operators.formats.store import Store
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
 from ...operators.train.config import ONLINE_TIERS
-from ...operators.train.online import (
-    DEFAULT_EXTRACTORS,
-    DEFAULT_WINDOW,
+from ...operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, OnlineLoader, buffer_slots
+from ...operators.train.rowcache import (
     MAX_STAGING_BYTES,
     NODE_TABLE_BYTES,
+    PLANNED_SLOT_BYTES,
     SLOT_TABLE_BYTES,
-    FeatureBuffer,
-    OnlineLoader,
+    RowCache,
     bounce_bytes,
-    buffer_slots,
+    policy_for,
     staging_bytes_for,
 )
 from ...operators.train.session import StoreFeatures, TrainConfig
@@ -48,17 +47,6 @@ if TYPE_CHECKING:
     from ..pipeline import Pipeline
 
 DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
-
-
-class InDegree:
-    """Each node's in-degree, read from the CSC's `indptr` when asked (no array over every node)."""
-
-    def __init__(self, indptr: np.ndarray) -> None:
-        self.indptr = indptr
-
-    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, np.int64)
-        return np.asarray(self.indptr[ids + 1], np.int64) - np.asarray(self.indptr[ids], np.int64)
 
 
 def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) -> int:
@@ -77,7 +65,7 @@ def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) ->
 def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
     """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
     rows = worst_batch_rows(st.num_nodes, batch_size, fanouts)
-    one_batch = rows * (st.row_bytes + SLOT_TABLE_BYTES) + st.num_nodes * NODE_TABLE_BYTES + \
+    one_batch = rows * (st.row_bytes + SLOT_TABLE_BYTES + PLANNED_SLOT_BYTES) + st.num_nodes * NODE_TABLE_BYTES + \
         extractors * (MAX_STAGING_BYTES + bounce_bytes(MAX_STAGING_BYTES))
     return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
 
@@ -108,10 +96,8 @@ def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, see
         nbytes = default_budget(st, batch_size, fanouts, extractors)
     staging = staging_bytes_for(nbytes, extractors)
     slots = min(buffer_slots(nbytes, st.num_nodes, st.row_bytes, extractors, staging), st.num_nodes)
-    threshold = max(1, window // 8)
-    degree: Any = InDegree(st.indptr) if policy == "hybrid" else None     # indexed as the degree array would be
-    buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy, static=degree,
-                        threshold=threshold)
+    buf = RowCache(st.num_nodes, slots, st.feature_dim, st.feature_dtype,
+                   policy_for(policy, st, threshold=max(1, window // 8), allowed=ONLINE_TIERS), planned=True)
     loader = OnlineLoader(st, buf, labels, sampler, seeds, batch_size, seed, order=order, extractors=extractors,
                           window=window, staging_bytes=staging)
     return loader, nbytes
@@ -147,7 +133,7 @@ class _OnlineTraining:
         assert self.loader is not None
         buf = self.loader.buffer
         return {"online": {"policy": self.policy, "extractors": self.extractors, "window": self.window,
-                           "threshold": buf.threshold if self.policy == "hybrid" else None,
+                           "threshold": getattr(buf.policy, "threshold", None),
                            "cpu_memory": self.nbytes, "slots": buf.slots, "memory": self.loader.memory(),
                            **self.read,
                            "topology_bytes": int(self.loader.store.indptr.nbytes + self.loader.store.indices.nbytes)}}

@@ -11,10 +11,11 @@ from diskflow.cli import main
 from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.store import Store
-from diskflow.operators.train.online import (
+from diskflow.operators.train.rowcache import (
     DEFAULT_GAP_BYTES,
     MIN_STAGING_BYTES,
     NODE_TABLE_BYTES,
+    PLANNED_SLOT_BYTES,
     SLOT_TABLE_BYTES,
     bounce_bytes,
 )
@@ -41,7 +42,7 @@ def test_online_pipelines_train_on_the_inmemory_batches_with_a_small_buffer(name
     assert pipeline.loader == "online" and pipeline.cpu_tier == {"gnndrive": "lru", "lsmgnn": "hybrid"}[name]
     st = Store(tiny_store)
     budget = st.num_nodes * NODE_TABLE_BYTES + 2 * (MIN_STAGING_BYTES + bounce_bytes(MIN_STAGING_BYTES)) + \
-        3000 * (st.row_bytes + SLOT_TABLE_BYTES)
+        3000 * (st.row_bytes + SLOT_TABLE_BYTES + PLANNED_SLOT_BYTES)
     report = pipeline.run(tiny_store, new_run_dir(tmp_path, name), cpu_memory=budget, extractors=2, **SETTINGS)
     assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
     assert report["final"]["test_acc"] == reference["final"]["test_acc"]

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from diskflow.flow.runtimes.online import InDegree
 from diskflow.native.constants import ALIGN, SECTOR
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
-from diskflow.operators.train.online import FeatureBuffer, OnlineLoader, StoreRows, buffer_slots
+from diskflow.operators.train.online import OnlineLoader, buffer_slots
+from diskflow.operators.train.rowcache import InDegree, RowCache, RowReader, policy_for
 
 from diskflow.errors import ConfigError, InputError
 
@@ -32,12 +32,19 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
 def _loader(st: Store, slots: int, policy: str, *, window: int = 0, extractors: int = 3,
             staging_bytes: int = 1 << 14, unit_bytes: int = SECTOR) -> OnlineLoader:
     static = InDegree(st.indptr) if policy == "hybrid" else None
-    buf = FeatureBuffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy, static=static,
-                        threshold=max(1, window // 8))
+    buf = _buffer(st.num_nodes, slots, st.feature_dim, st.feature_dtype, policy, static=static,
+                  threshold=max(1, window // 8))
     sampler = NeighborSampler(st.indptr, st.indices, FANOUTS, num_threads=1)
     labels = torch.from_numpy(np.asarray(st.labels, np.int64))
     return OnlineLoader(st, buf, labels, sampler, st.split_ids("train"), BATCH, SEED, extractors=extractors,
                         window=window, staging_bytes=staging_bytes, unit_bytes=unit_bytes)
+
+
+def _buffer(num_nodes: int, slots: int, dim: int, dtype: Any, policy: str, static: Any = None,
+            threshold: int = 1) -> RowCache:
+    """The online loader's feature buffer: a planned row cache."""
+    return RowCache(num_nodes, slots, dim, dtype, policy_for(policy, static=static, threshold=threshold),
+                    planned=True)
 
 
 def _reference(st: Store, epoch: int) -> list[Any]:
@@ -52,10 +59,10 @@ def _reference(st: Store, epoch: int) -> list[Any]:
 def _hold_first_read(monkeypatch: pytest.MonkeyPatch, batch: int, until: Callable[[], bool], what: str) -> None:
     """The first chunk of `batch` that an extractor reads waits until `until()` holds (at most `WAIT_S`, then
     an `AssertionError` saying `what` never happened); every other read goes on at once."""
-    read = StoreRows.read
+    read = RowReader.read
     first = threading.Lock()
 
-    def held(self: StoreRows, ids: np.ndarray, slots: np.ndarray, buffer: FeatureBuffer, i: int) -> None:
+    def held(self: RowReader, ids: np.ndarray, slots: np.ndarray, buffer: RowCache, i: int) -> None:
         if i == batch and first.acquire(blocking=False):
             deadline = time.monotonic() + WAIT_S
             while not until():
@@ -63,7 +70,7 @@ def _hold_first_read(monkeypatch: pytest.MonkeyPatch, batch: int, until: Callabl
                 time.sleep(0.001)
         read(self, ids, slots, buffer, i)
 
-    monkeypatch.setattr(StoreRows, "read", held)
+    monkeypatch.setattr(RowReader, "read", held)
 
 
 def _largest_batch(st: Store) -> int:
@@ -168,7 +175,7 @@ def test_an_io_error_names_the_shard_file_and_the_offset(tiny_store: Path, tmp_p
 
 
 def test_lru_takes_back_the_least_recently_used_released_slot() -> None:
-    buf = FeatureBuffer(20, 4, 2, np.float32, "lru")
+    buf = _buffer(20, 4, 2, np.float32, "lru")
     a = buf.plan(0, np.array([1, 2]))
     buf.release(a.aliases)
     b = buf.plan(1, np.array([3, 4]))
@@ -183,7 +190,7 @@ def test_lru_takes_back_the_least_recently_used_released_slot() -> None:
 
 def test_hybrid_evicts_no_reuse_first_then_far_reuse_then_lowest_static_score() -> None:
     degree = np.array([0, 50, 40, 30, 20, 10, 5, 5, 5, 5], np.int64)
-    buf = FeatureBuffer(10, 5, 2, np.float32, "hybrid", static=degree, threshold=1)
+    buf = _buffer(10, 5, 2, np.float32, "hybrid", static=degree, threshold=1)
     first = buf.plan(0, np.array([1, 2, 3, 4, 5]))
     buf.release(first.aliases)
     slot = {n: int(buf.slot_of[n]) for n in (1, 2, 3, 4, 5)}
@@ -208,11 +215,11 @@ def test_hybrid_evicts_no_reuse_first_then_far_reuse_then_lowest_static_score() 
 
 def test_buffer_refuses_an_unknown_policy_and_an_empty_buffer() -> None:
     with pytest.raises(ConfigError, match="policy"):
-        FeatureBuffer(10, 4, 2, np.float32, "fifo")
+        _buffer(10, 4, 2, np.float32, "fifo")
     with pytest.raises(ConfigError, match="^cpu_memory"):
-        FeatureBuffer(10, 0, 2, np.float32, "lru")
+        _buffer(10, 0, 2, np.float32, "lru")
     with pytest.raises(ConfigError, match="static score"):
-        FeatureBuffer(10, 4, 2, np.float32, "hybrid")
+        _buffer(10, 4, 2, np.float32, "hybrid")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        FeatureBuffer(10, 4, 2, np.float16, "lru")
+        _buffer(10, 4, 2, np.float16, "lru")
