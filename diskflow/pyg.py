@@ -16,8 +16,9 @@ core::
 * `FeatureStore` serves ``x`` (the features) and ``y`` (the labels) of the store's one node type
   (group name None, as PyG's homogeneous loaders ask; ``"node"`` is accepted too). ``x`` rows are
   read from the feature shards with the native direct-I/O reader (O_DIRECT: the page cache is
-  bypassed, many reads in flight) through a bounded CPU cache of rows (`RowCache`), whose bytes
-  are a budget like every other in the project (``64MiB``, or ``10%`` of the feature bytes).
+  bypassed, many reads in flight) through a bounded CPU cache of rows (the one `RowCache` of
+  `diskflow.operators.train.rowcache`, read-through), whose bytes are a budget like every other in
+  the project (``64MiB``, or ``10%`` of the feature bytes).
 * `GraphStore` gives the store's CSC topology as PyG's ``csc`` edge layout of the homogeneous
   edge type (None; ``("node", "to", "node")`` is accepted too), so PyG's own `NeighborLoader` can
   sample it where pyg-lib is installed.
@@ -33,7 +34,6 @@ The stores are read-only: `put_tensor`, `remove_tensor`, `put_edge_index` and
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,22 +53,17 @@ from torch_geometric.sampler.base import NumNeighbors
 
 from .errors import ConfigError, InputError
 from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
-from .native.kernels import copy_rows, count_dense
-from .native.reader import DirectReader, aligned_empty
-from .operators.formats.intwidth import byte_offsets
 from .operators.formats.sizes import format_bytes
 from .operators.formats.store import Store
 from .operators.prepare.sample import NeighborSampler as NativeSampler
 from .operators.prepare.sample import check_fanouts
-from .operators.train.online import DEFAULT_GAP_BYTES, DEFAULT_UNIT_BYTES, bounce_bytes, staging_bytes_for
+from .operators.train.rowcache import READ_THROUGH, RowCache
 
 NODE_TYPE = "node"                          # the one node type's name where a caller names it
 EDGE_TYPE = (NODE_TYPE, "to", NODE_TYPE)    # the one edge type's name where a caller names it
 ATTRS = ("x", "y")                          # the tensors of the node type: features, labels
 CACHE_OPTION = "cache_memory"               # the option a budget error names
-POLICIES = ("degree", "lru")                # the row cache's policies (`RowCache`)
-NODE_TABLE_BYTES = {"degree": 4 + 4, "lru": 4}  # per node: its slot (int32), its degree (int32, "degree")
-SLOT_TABLE_BYTES = 8 + 8                    # per cache slot: its node (int64), its key (int64)
+POLICIES = READ_THROUGH                     # the row cache's policies a feature store takes (`RowCache`)
 _MAX_SEED = (1 << 63) - 1
 
 
@@ -115,245 +110,6 @@ def _node_ids(index: Any, num_nodes: int) -> tuple[np.ndarray, bool]:
         bad = ids[(ids < 0) | (ids >= num_nodes)][0]
         raise IndexError(f"node id {int(bad)} is out of range [0, {num_nodes})")
     return ids, scalar
-
-
-class RowCache:
-    """A bounded CPU cache of a store's feature rows in front of the native direct-I/O reader.
-
-    The cache is a fixed array of row slots, a table node -> slot (int32, one entry per node) and,
-    per slot, its node and its key: the slot whose key is lowest is the next to give way. `gather`
-    copies the rows the cache holds, reads the others from the feature shards with O_DIRECT (each
-    shard's rows in offset order, 512-byte sectors where the device allows it, reads merged across
-    short gaps, as `operators.train.online` reads them), and admits a missed row in place of the
-    lowest-keyed one when its own key is higher. The policies (`POLICIES`):
-
-    * ``"degree"`` (the default): a row's key is its node's out-degree, the number of neighbour lists
-      that hold it; a uniform neighbour sampler draws a node about that much more often than a node of
-      degree one, so the cache fills, as rows are read, with the rows batches ask for most (the static
-      degree cache of out-of-core GNN loaders, here filled lazily: nothing is read ahead). The degrees
-      are counted once, natively, from the store's ``indices`` (an int32 per node).
-    * ``"lru"``: a row's key is the call that last asked for it (least recently used first).
-
-    A row that the current call asks for is never given way to another of the same call (a call larger
-    than the cache admits what fits). Every step is a vectorised pass over the call's ids: no Python loop
-    runs per node.
-
-    Memory is fixed when the cache is made and never exceeds `budget` bytes (`memory`): the slots,
-    the tables, the staging rows a read passes through and the reader's bounce buffer. The rows a
-    call returns are the caller's.
-
-    Args:
-        store: the store whose features are cached.
-        budget: bytes of the whole cache.
-        policy: ``"degree"`` or ``"lru"``.
-        option: the option a budget error names.
-
-    Raises:
-        ConfigError: (`option`) the budget does not hold the tables and read buffers and one row;
-            the message names the smallest budget that does. (``policy``) an unknown policy.
-    """
-
-    def __init__(self, store: Store, budget: int, policy: str = "degree", option: str = CACHE_OPTION) -> None:
-        if policy not in POLICIES:
-            raise ConfigError("policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-        self.store, self.policy = store, policy
-        self.num_nodes = int(store.num_nodes)
-        self.row_bytes = int(store.row_bytes)
-        self.dim, self.dtype = int(store.feature_dim), np.dtype(store.feature_dtype)
-        self.budget = int(budget)
-        slots, self.staging_bytes, self.bounce_bytes, fixed = self.layout(store, self.budget, policy)
-        if slots < 1:
-            least = self.smallest_budget(store, policy)
-            raise ConfigError(option, f"{format_bytes(self.budget)} does not hold the row cache's node tables and "
-                                      f"read buffers ({format_bytes(fixed)} for {self.num_nodes:,} nodes) and one "
-                                      f"{self.row_bytes}-byte row; the smallest budget that works is "
-                                      f"{least:,} bytes ({format_bytes(least)})")
-        self.slots = slots
-        self._raw = aligned_empty(self.slots * self.row_bytes)
-        self.rows = self._raw.view(self.dtype).reshape(self.slots, self.dim)
-        self.slot_of = np.full(self.num_nodes, -1, np.int32)
-        self.node_of = np.full(self.slots, -1, np.int64)
-        self.key = np.full(self.slots, -1, np.int64)
-        self.degree: np.ndarray | None = None
-        if policy == "degree":
-            self.degree = np.zeros(self.num_nodes, np.int32)
-            count_dense([np.ascontiguousarray(store.indices)], self.degree)
-        self.piece = max(1, self.staging_bytes // self.row_bytes)
-        self._staging = np.empty((self.piece, self.row_bytes), np.uint8)
-        self._identity = np.arange(self.piece, dtype=np.int64)
-        self._tick = 0
-        self._lock = threading.Lock()
-        self._reader: DirectReader | None = None
-        self._reader_pid = -1
-        self._handles: dict[int, int] = {}
-        self.counts = {"calls": 0, "rows": 0, "hits": 0, "misses": 0, "admitted": 0, "evicted": 0}
-
-    @staticmethod
-    def layout(store: Store, budget: int, policy: str = "degree") -> tuple[int, int, int, int]:
-        """(slots, staging bytes, bounce bytes, fixed bytes) of a cache of `budget` bytes over `store`.
-
-        The staging rows are 1/16 of the budget within [64 KiB, 2 MiB], the reader's bounce buffer as
-        large (at least one merged request), the node tables `NODE_TABLE_BYTES` a node; each slot costs
-        its row and `SLOT_TABLE_BYTES`. Never more slots than nodes. Slots may be < 1 (too small a budget).
-        """
-        staging = staging_bytes_for(budget, 1)
-        bounce = bounce_bytes(staging)
-        fixed = store.num_nodes * NODE_TABLE_BYTES[policy] + staging + bounce
-        slots = (int(budget) - fixed) // (int(store.row_bytes) + SLOT_TABLE_BYTES)
-        return int(min(slots, store.num_nodes)), staging, bounce, fixed
-
-    @classmethod
-    def smallest_budget(cls, store: Store, policy: str = "degree") -> int:
-        """The fewest bytes a cache over `store` works with (the tables, the read buffers, one slot)."""
-        per_slot = int(store.row_bytes) + SLOT_TABLE_BYTES
-        budget = per_slot
-        while True:     # the buffers grow with the budget in steps: a few rounds reach the fixed point
-            slots, _, _, fixed = cls.layout(store, budget, policy)
-            if slots >= 1:
-                return budget
-            budget = fixed + per_slot
-
-    def memory(self) -> dict[str, int]:
-        """The cache's bytes: ``slot_bytes`` (rows), ``table_bytes`` (node table, per-slot tables),
-        ``buffer_bytes`` (staging rows and the reader's bounce buffer), ``total_bytes`` (<= ``budget``)."""
-        slot_bytes = self.slots * self.row_bytes
-        table = int(self.slot_of.nbytes + self.node_of.nbytes + self.key.nbytes)
-        if self.degree is not None:
-            table += int(self.degree.nbytes)
-        buffers = int(self._staging.nbytes) + self.bounce_bytes
-        return {"slot_bytes": slot_bytes, "table_bytes": table, "buffer_bytes": buffers,
-                "total_bytes": slot_bytes + table + buffers, "budget": self.budget}
-
-    def counters(self) -> dict[str, float]:
-        """Rows asked for, hits, misses (rows read), rows admitted and evicted, and the reader's
-        counters (``bytes_read`` from disk, ``requests``, ``seconds``)."""
-        out: dict[str, float] = dict(self.counts)
-        if self._reader is not None and self._reader_pid == os.getpid():
-            out.update(self._reader.counters())
-        return out
-
-    def cached(self) -> np.ndarray:
-        """The node ids the cache holds now (in slot order)."""
-        return self.node_of[self.node_of >= 0].copy()
-
-    def _reader_here(self) -> DirectReader:
-        """This process's reader (a forked loader worker opens its own: rings and threads do not survive fork)."""
-        if self._reader is None or self._reader_pid != os.getpid():
-            self._reader = DirectReader(backend="auto", bounce_bytes=self.bounce_bytes, gap_bytes=DEFAULT_GAP_BYTES,
-                                        unit_bytes=DEFAULT_UNIT_BYTES)
-            self._reader_pid = os.getpid()
-            self._handles = {}
-        return self._reader
-
-    def _handle(self, reader: DirectReader, p: int) -> int:
-        h = self._handles.get(p)
-        if h is None:
-            path = self.store.shards[p].path
-            try:
-                h = self._handles[p] = int(reader.open(str(path)))
-            except OSError as e:
-                raise InputError(path, f"cannot open feature shard for reading ({e.strerror or e})") from e
-        return h
-
-    def gather(self, ids: np.ndarray) -> np.ndarray:
-        """Feature rows of node ids `ids` (int64, in [0, N), repeats allowed) as a new (len(ids), dim) array.
-
-        Raises:
-            InputError: a shard cannot be opened or read (names the shard file and the byte offset).
-        """
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((ids.shape[0], self.dim), self.dtype)
-        if ids.shape[0] == 0:
-            return out
-        with self._lock:
-            self._tick += 1
-            tick = self._tick
-            slot = self.slot_of[ids]
-            hit = slot >= 0
-            hit_pos = np.flatnonzero(hit)
-            hit_slots = slot[hit_pos].astype(np.int64)
-            copy_rows(out, hit_pos, self.rows, hit_slots)
-            if self.degree is None:
-                self.key[hit_slots] = tick
-            else:                   # this call's rows never give way to its misses
-                self.key[hit_slots] += 1 << 40
-            miss_pos = np.flatnonzero(~hit)
-            self.counts["calls"] += 1
-            self.counts["rows"] += int(ids.shape[0])
-            self.counts["hits"] += int(hit_pos.shape[0])
-            self.counts["misses"] += int(miss_pos.shape[0])
-            try:
-                if miss_pos.shape[0]:
-                    self._miss(ids[miss_pos], miss_pos, out, tick)
-            finally:
-                if self.degree is not None:
-                    self.key[hit_slots] -= 1 << 40
-        return out
-
-    def _miss(self, miss_ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray, tick: int) -> None:
-        """Read the missed rows into `out`; admit the highest-keyed distinct ones in place of lower-keyed rows."""
-        order = np.argsort(miss_ids, kind="stable")
-        ids, pos = miss_ids[order], miss_pos[order]
-        first = np.ones(ids.shape[0], bool)
-        first[1:] = ids[1:] != ids[:-1]
-        rank = np.cumsum(first) - 1                     # each missed row's place among the distinct ones
-        cand = ids[first]
-        ckey = np.full(cand.shape[0], tick, np.int64) if self.degree is None else self.degree[cand].astype(np.int64)
-        k = min(cand.shape[0], self.slots)
-        best = np.argpartition(-ckey, k - 1)[:k] if k < cand.shape[0] else np.arange(cand.shape[0])
-        best = best[np.argsort(-ckey[best], kind="stable")]               # highest key first
-        victims = np.argpartition(self.key, k - 1)[:k] if k < self.slots else np.arange(self.slots)
-        victims = victims[np.argsort(self.key[victims], kind="stable")]   # lowest key first
-        m = int(np.count_nonzero(ckey[best] > self.key[victims]))       # keys fall on one side, rise on the other
-        best, victims = best[:m], victims[:m].astype(np.int64)
-        new = cand[best]
-        old = self.node_of[victims]
-        self.slot_of[old[old >= 0]] = -1
-        self.counts["evicted"] += int(np.count_nonzero(old >= 0))
-        self.node_of[victims] = new
-        self.slot_of[new] = victims
-        self.key[victims] = ckey[best]
-        self.counts["admitted"] += m
-        cand_slot = np.full(cand.shape[0], -1, np.int64)
-        cand_slot[best] = victims
-        try:
-            self._read(ids, pos, cand_slot[rank], out)
-        except BaseException:           # the admitted slots hold no valid row: forget them
-            self.slot_of[new] = -1
-            self.node_of[victims] = -1
-            self.key[victims] = -1
-            raise
-
-    def _read(self, ids: np.ndarray, pos: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
-        """Rows of sorted `ids` into rows `pos` of `out` and, where `dest` >= 0, into those slots."""
-        st, rb = self.store, self.row_bytes
-        reader = self._reader_here()
-        out_raw = out.view(np.uint8).reshape(out.shape[0], rb)
-        slots_raw = self._raw.reshape(self.slots, rb)
-        shard = ids // st.shard_rows
-        cuts = np.flatnonzero(np.diff(shard)) + 1
-        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.shape[0]].tolist(), strict=True):
-            s = st.shards[int(shard[lo])]
-            h = self._handle(reader, s.index)
-            offsets = byte_offsets(ids[lo:hi] - s.row_start, rb, s.offset)
-            for a in range(0, hi - lo, self.piece):       # a loop per staging piece, not per row
-                b = min(hi - lo, a + self.piece)
-                buf = self._staging[: b - a]
-                try:
-                    reader.read_rows(h, offsets[a:b], rb, buf)
-                except OSError as e:
-                    raise InputError(s.path, f"reading {b - a:,} feature rows from byte offset "
-                                             f"{int(offsets[a]):,} failed: {e.strerror or e}") from e
-                copy_rows(out_raw, pos[lo + a: lo + b], buf, self._identity[: b - a])
-                d = dest[lo + a: lo + b]
-                keep = np.flatnonzero(d >= 0)
-                copy_rows(slots_raw, d[keep], buf, keep)
-
-    def close(self) -> None:
-        """Close the reader's files (the cache can still serve; a later miss reopens them)."""
-        if self._reader is not None and self._reader_pid == os.getpid():
-            self._reader.close()
-        self._reader, self._handles = None, {}
 
 
 class StoreFeatureStore(pyg_data.FeatureStore):
@@ -421,17 +177,17 @@ class StoreFeatureStore(pyg_data.FeatureStore):
 class FeatureStore(StoreFeatureStore):
     """A diskflow store's features and labels as a PyG `FeatureStore`, read out of core.
 
-    ``x`` rows are read with the native direct-I/O reader through a `RowCache` of `cache_memory`
-    bytes: bytes (``64MiB``, or an int) or a share of the store's feature bytes (``10%``), checked like
-    every other budget of the project. In a loader with ``num_workers > 0`` every worker process holds
-    its own cache (each of `cache_memory`).
+    ``x`` rows are read with the native direct-I/O reader through a read-through `RowCache`
+    (`RowCache.for_store`) of `cache_memory` bytes: bytes (``64MiB``, or an int) or a share of the
+    store's feature bytes (``10%``), checked like every other budget of the project. In a loader with
+    ``num_workers > 0`` every worker process holds its own cache (each of `cache_memory`).
 
     Args:
         store: a store (`diskflow ingest`'s output), or its path.
         cache_memory: the row cache's bytes (rows, tables and read buffers together); by default 10% of the
             feature bytes, or the smallest budget that works where that is more (a small store).
-        policy: the row cache's policy, ``"degree"`` (keep the rows of the nodes most neighbour lists
-            hold) or ``"lru"`` (`RowCache`).
+        policy: the row cache's policy (`POLICIES`), ``"degree"`` (keep the rows of the nodes most
+            neighbour lists hold) or ``"lru"`` (the least recently used give way first).
 
     Raises:
         InputError: naming the path, when it is not a store.
@@ -447,7 +203,7 @@ class FeatureStore(StoreFeatureStore):
         if policy in POLICIES:      # the default never fails: raised to what works on a small store
             budget = fit_default(cache_memory, budget, RowCache.smallest_budget(self.store, policy), CACHE_OPTION)
         self.cache_memory = cache_memory
-        self.cache = RowCache(self.store, budget, policy)
+        self.cache = RowCache.for_store(self.store, budget, policy, CACHE_OPTION)
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of `ids` through the row cache (misses read with O_DIRECT)."""
@@ -456,11 +212,11 @@ class FeatureStore(StoreFeatureStore):
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its store's path, budget and policy (a spawned loader worker opens its own reader and
         cache)."""
-        return (type(self), (str(self.store.path), self.cache.budget, self.cache.policy))
+        return (type(self), (str(self.store.path), self.cache.budget, self.cache.policy.name))
 
     def __repr__(self) -> str:
         return (f"FeatureStore({str(self.store.path)!r}, cache_memory={format_bytes(self.cache.budget)!r}, "
-                f"policy={self.cache.policy!r})")
+                f"policy={self.cache.policy.name!r})")
 
 
 class GraphStore(pyg_data.GraphStore):

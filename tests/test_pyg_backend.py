@@ -100,8 +100,8 @@ def test_cache_keeps_its_budget_and_serves_the_stores_rows(tiny_store: Path, pol
     assert mem["budget"] == budget and mem["total_bytes"] <= budget
     # what is really allocated: the slots, the tables, the staging rows, the reader's bounce buffer
     allocated = (cache.rows.nbytes + cache.slot_of.nbytes + cache.node_of.nbytes + cache.key.nbytes
-                 + (0 if cache.degree is None else cache.degree.nbytes) + cache._staging.nbytes
-                 + cache._reader_here().bounce_bytes)
+                 + sum(a.nbytes for a in cache.policy.arrays()) + cache.reader.staging.nbytes
+                 + cache.reader.reader.bounce_bytes)
     assert allocated == mem["total_bytes"]
     assert features[None, "y", 7].item() == store.labels[7] and features[None, "x", 2:5].shape == (3, store.feature_dim)
     mask = torch.zeros(store.num_nodes, dtype=torch.bool)
@@ -117,7 +117,7 @@ def test_degree_cache_keeps_the_rows_most_neighbour_lists_hold(tiny_store: Path)
     store = Store(tiny_store)
     cache = FeatureStore(store, cache_memory=BUDGET).cache
     degree = np.bincount(np.asarray(store.indices), minlength=store.num_nodes)
-    assert np.array_equal(cache.degree, degree)
+    assert np.array_equal(cache.policy.degree, degree)
     rows = store.read_features()
     everything = np.random.default_rng(1).permutation(store.num_nodes)
     assert np.array_equal(cache.gather(everything), rows[everything])     # one call larger than the cache
@@ -227,8 +227,10 @@ def test_bad_input_fails_in_one_line(tiny_store: Path, tiny_raw: Path, tmp_path:
         FeatureStore(tiny_store, cache_memory=least - 1)
     with pytest.raises(ConfigError, match="cache_memory: not a byte size"):
         FeatureStore(tiny_store, cache_memory="lots")
-    with pytest.raises(ConfigError, match="policy: expected one of degree, lru"):
+    with pytest.raises(ConfigError, match="policy: expected one of degree, lru, got 'fifo'"):
         FeatureStore(tiny_store, cache_memory=BUDGET, policy="fifo")
+    with pytest.raises(ConfigError, match="policy: expected one of degree, lru, got 'hybrid'"):
+        FeatureStore(tiny_store, cache_memory=BUDGET, policy="hybrid")      # it looks ahead: online only
     with pytest.raises(ConfigError, match="num_neighbors"):
         NeighborSampler(GraphStore(tiny_store), [5, -2])
 
