@@ -45,8 +45,9 @@ def budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int) -> dict
     Also the assembled batches the CPU trainer holds besides (each the whole largest batch): they are the
     training step's input, not features kept for later, and the cgroup's allowance carries them.
     """
-    from ..operators.prepare.tiers import assembled_batches, staging_piece_bytes
+    from ..operators.prepare.tiers import staging_piece_bytes
     from ..operators.train.memory import io_buffer_bytes, staging_count
+    from ..operators.trainbuffers import assembled_batches
 
     buffers = staging_count("cpu", queue_depth, False)
     piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))

@@ -9,7 +9,7 @@ buffers. Staging and I/O buffers are reserved out of it first; the CPU tier gets
 
 The assembled batches (each batch's whole feature matrix, ``n_id`` rows) are not features
 held for later: they are the input of one training step, in device memory on a GPU, and
-belong to the training process's own working set (`assembled_batches`), not to this budget.
+belong to the training process's own working set (`trainbuffers.assembled_batches`), not to this budget.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import numpy as np
 from ...errors import ConfigError, Setting
 from ...native.constants import ALIGN
 from ..formats.sizes import format_bytes
+from ..trainbuffers import staging_buffers
 
 DEVICES = ("cpu", "cuda")
 # The most row bytes one staging buffer carries: a larger batch is loaded in several pieces, so
@@ -206,16 +207,3 @@ def hottest(frequency: np.ndarray, rows: int, exclude: np.ndarray | None = None)
     else:
         cand = cand[np.argsort(-freq[cand], kind="stable")]
     return cand.astype(np.int64)
-
-
-def staging_buffers(queue_depth: int, sequential: bool = False) -> int:
-    """Staging buffers the load stage cycles through: the piece being loaded, ``queue_depth``
-    loaded pieces queued and the one being assembled (sequential: one)."""
-    return 1 if sequential else queue_depth + 2
-
-
-def assembled_batches(queue_depth: int, sequential: bool = False) -> int:
-    """Assembled batch matrices alive at once: the one being assembled, ``queue_depth`` queued,
-    the one training and the previous one the training loop still holds while it fetches the
-    next (sequential: the one training and the previous one)."""
-    return 2 if sequential else queue_depth + 3

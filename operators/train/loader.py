@@ -55,7 +55,7 @@ from ...native.reader import aligned_empty
 from ..formats.npyio import load_npy, read_into
 from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
 from ..formats.samples import Buffer, SampleRecord
-from ..prepare.tiers import staging_buffers
+from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts, make_reader
 from .batches import Sample, batch_data
 from .memory import check_memory, memory_plan

@@ -16,7 +16,8 @@ from ...errors import ConfigError, Setting
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ..formats.packed import PackedDataset
 from ..formats.sizes import format_bytes
-from ..prepare.tiers import assembled_batches, staging_buffers, staging_piece_bytes
+from ..prepare.tiers import staging_piece_bytes
+from ..trainbuffers import assembled_batches, staging_buffers
 
 
 def io_buffer_bytes(row_reads: bool = True) -> int:
@@ -37,7 +38,7 @@ def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, seque
     ``host_bytes`` (what ``--cpu-memory`` must hold) = CPU tier + staging buffers + I/O buffers
     (+ the GPU tier itself when training on the CPU, where it is host memory too). The staging
     buffers carry disk rows only, in pieces (`tiers.staging_piece_bytes`), never whole batches.
-    ``assembled_bytes``: the batch matrices alive at once (`tiers.assembled_batches` x the largest
+    ``assembled_bytes``: the batch matrices alive at once (`trainbuffers.assembled_batches` x the largest
     batch), on the device on CUDA, else part of the training process's host working set.
     """
     rb = ds.row_bytes

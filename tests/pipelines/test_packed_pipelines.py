@@ -15,8 +15,9 @@ from diskflow.cli import train as train_cmd
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.store import Store
-from diskflow.operators.prepare.tiers import staging_buffers, staging_piece_bytes
+from diskflow.operators.prepare.tiers import staging_piece_bytes
 from diskflow.operators.train.memory import io_buffer_bytes
+from diskflow.operators.trainbuffers import staging_buffers
 from diskflow.pipelines import belady, diskgnn, ginex, inmemory
 
 from diskflow import cli

@@ -8,11 +8,11 @@ from diskflow.operators.prepare.tiers import (
     Sampling,
     batch_rows_bound,
     fitting_settings,
-    staging_buffers,
     staging_piece_bytes,
     staging_rows_fit,
     tier_sizes,
 )
+from diskflow.operators.trainbuffers import staging_buffers
 
 from diskflow.errors import ConfigError
 
