@@ -11,6 +11,7 @@ packed bundles shipped to it alone. With one GPU worker the single lane is the s
 
 `merge_epoch` turns the lanes' records of an epoch into the run's: every batch's loss in the
 round's order, the loss and training accuracy over all the seeds, the I/O of all the workers.
+`release` drops the futures the lanes hold once no later submission needs them.
 """
 from __future__ import annotations
 
@@ -112,3 +113,38 @@ def merge_epoch(records: Sequence[dict[str, Any]], tallies: Sequence[dict[str, A
     out["lanes"] = [{"loss": r.get("loss"), "epoch_s": r.get("epoch_s"), "bytes_read": r.get("bytes_read")}
                     for r in records]
     return out
+
+
+def release(lanes: Sequence[Lane], planner: Lane | None, samples: dict[int, Any], start: int, trained: int,
+            n: int) -> None:
+    """Drop the futures no later submission needs (a pending task keeps its inputs on the workers itself):
+    of the lanes', the shared tier's `planner`'s and the superbatches' `samples`, once `trained` superbatches
+    from `start` of the round's `n` are trained.
+
+    Sample k feeds plan k-1 (lookahead), plan k and pack k (through each lane's select k); plan k
+    feeds plan k+1 and pack k (and, of a shared tier, the checkpoint after superbatch k); a pack
+    can be submitted again until its ship succeeded; ship k feeds train k (a train's own future is
+    dropped once its result is handled).
+    """
+    upto = start + trained
+    for chain in [planner] if planner is not None else lanes:
+        shares = lanes if chain is planner else [chain]
+        f = chain.f
+        for k in [k for k in f["plan"] if all(k in lane.shipped_ok for lane in shares)
+                  and (chain is not planner or k < upto)
+                  and all(j in chain.prepared or j >= n for j in range(k + 1, chain.next_share(k, n) + 1))]:
+            del f["plan"][k]
+        for k in [k for k in f["trace"] if k in f["plan"] or k < start]:   # its plan holds it now
+            del f["trace"][k]
+    for lane in lanes:
+        f = lane.f
+        planned = (planner if planner is not None else lane).planned
+        for k in [k for k in f["select"] if (k < start and k not in lane.prepared)
+                  or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < start or k - 1 in planned))]:
+            del f["select"][k]
+        for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
+            del f["ship"][k]
+    for k in [k for k in samples if all(
+            (k < start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
+            for lane in [*lanes, *([planner] if planner is not None else [])])]:
+        del samples[k]

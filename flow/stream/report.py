@@ -10,16 +10,16 @@ from ...operators.train.record import final_block
 
 
 def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    """report.json of a finished streamed run (`StreamRun`): figures, timeline, trainer summary."""
+    """report.json of a finished streamed run (`StreamRun`): figures, timeline (`run.results`), trainer summary."""
     wall = time.perf_counter() - wall0
-    tl = run.timeline
+    tl = run.results.timeline
     train_busy = sum(e["phases"]["train"]["end"] - e["phases"]["train"]["start"] for e in tl)
     end = max((e["trained"] for e in tl), default=0.0)
     tcfg = run.cfg.train
     lanes = getattr(run, "lanes", [])
     base_info = lanes[0].base_info if lanes else {}
     base_meta = base_info.get("meta", {}) if base_info else {}
-    seen = getattr(run, "last_usage", {}) or {}
+    seen = run.results.last_usage or {}
     scratch = {**seen, **usage}
     for k in ("peak", "peak_disk", "peak_staged"):
         scratch[k] = max(int(usage.get(k) or 0), int(seen.get(k) or 0))
@@ -32,9 +32,9 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
                     "dtype": str(run.store.feature_dtype), "num_classes": run.store.num_classes,
                     "batches": run.round_batches, "superbatches": run.n,
                     "feature_bytes": run.store.feature_bytes},
-        "epochs": run.records,
-        "final": final_block(run.records),
-        "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in run.records)
+        "epochs": run.results.records,
+        "final": final_block(run.results.records),
+        "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in run.results.records)
                     for k in ("load", "assemble", "graph", "gather", "train", "eval")},
         "stream": {
             "run": run.run_id, "window": run.cfg.window, "superbatches": run.n, "start_index": run.start,
@@ -50,7 +50,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
         **({"partition": run.partition} if getattr(run, "partition", None) is not None else {}),
         "timeline": tl,
         "trainer": summary,
-        "checkpoint": str(run.last_checkpoint) if run.last_checkpoint else None,
+        "checkpoint": str(run.checkpoints.last) if run.checkpoints.last else None,
         "resumed_from": getattr(run, "resumed_from", None),
         "run_dir": str(run.run_dir),
         "wall_s": wall,
@@ -66,7 +66,7 @@ def _gpu_workers(run: Any, end: float) -> dict[str, Any]:
         return {"gpus": 1}
     busy = [0.0] * len(lanes)
     nbytes = [0] * len(lanes)
-    for e in run.timeline:
+    for e in run.results.timeline:
         for r, ln in enumerate(e.get("lanes", [])):
             t = ln["phases"]["train"]
             busy[r] += t["end"] - t["start"]
@@ -75,9 +75,9 @@ def _gpu_workers(run: Any, end: float) -> dict[str, Any]:
     return {"gpus": len(lanes), "cache": run.cfg.cache, "group": run.group,
             "gpu_workers": [lane.gpu_addr for lane in lanes],
             "gpu_idle_fraction_per_worker": [(1.0 - b / end) if end > 0 else None for b in busy],
-            "models_equal": (run.models_checked == run.trained and run.trained > 0)
+            "models_equal": (run.results.models_checked == run.trained and run.trained > 0)
             if run.cfg.train.model != "none" else None,
-            "models_checked": run.models_checked,
+            "models_checked": run.results.models_checked,
             "lanes": [{"rank": lane.rank, "address": lane.gpu_addr, "batches": lane.round_batches,
                        "train_busy_s": busy[r], "shipped_bytes": nbytes[r],
                        "tiers": (lane.base_info.get("meta", {}) or {}).get("tiers", {}),

@@ -1,6 +1,7 @@
 """The workers of a streamed run: the GPU workers it trains on (the workers with the `GPU` resource, waited for
 up to ``gpu_wait_s``), the CPU workers it samples, plans and packs on (every other worker), the checks of
-``--gpus`` against the GPU workers found, and the health check that stops a run whose workers left.
+``--gpus`` against the GPU workers found, the placement of a task on a GPU worker, and the health check that
+stops a run whose workers left.
 `flow.stream.driver.StreamRun` calls these; they hold no state of their own.
 """
 from __future__ import annotations
@@ -90,6 +91,12 @@ def assign_gpu_workers(lanes: Sequence[Lane], gpus: Sequence[str], need: int) ->
         lane.gpu_addr = addr
     if len(gpus) > need:
         log.warning("%d GPU workers; this run trains on %s (gpus=%d)", len(gpus), ", ".join(gpus[:need]), need)
+
+
+def on_gpu(lane: Lane, priority: int, amount: float) -> dict[str, Any]:
+    """`client.submit`'s placement of a task on lane's GPU worker alone, taking `amount` of its `GPU` resource."""
+    return {"priority": priority, "resources": {GPU: amount}, "workers": [lane.gpu_addr],
+            "allow_other_workers": False}
 
 
 def check_health(table: WorkerTable, lanes: Sequence[Lane], cpu_addrs: Sequence[str], where: Callable[[], str]
