@@ -320,5 +320,5 @@ def route_batch(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np
 
 
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
-           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "gather_rows", "merge_counts",
-           "route_batch"]
+           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "crc32", "crc32_folds",
+           "gather_rows", "merge_counts", "route_batch"]

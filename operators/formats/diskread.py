@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+__all__ = ["drop_page_cache", "sequential_read_bw"]
+
 
 def drop_page_cache(path: str | os.PathLike[str]) -> None:
     """Evict one file's pages from the page cache (so a read measures the disk)."""

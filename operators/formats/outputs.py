@@ -25,6 +25,8 @@ from ...errors import DiskFullError, InputError
 from .manifest import MANIFEST, read_manifest
 from .sizes import format_bytes
 
+__all__ = ["OutputKind", "check_free_space", "check_replaceable", "describe", "free_space", "replace_foreign"]
+
 _SHOWN = 3   # entries named in a refusal
 
 

@@ -56,6 +56,13 @@ from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+__all__ = ["ALIGN", "INDEX_SCHEMA", "INDEX_SCHEMA_INT32", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION",
+           "ROUND_DIR", "SRC_CPU", "SRC_DCACHE", "SRC_GPU", "SRC_PACKED", "SRC_STORE", "IndexRecord",
+           "PackedDataset", "SuperbatchEntry", "apply_inserts", "assemble", "create_row_file",
+           "dcache_ids_name", "dcache_name", "epoch_of_key", "file_crc", "index_bytes", "index_name",
+           "index_record_batch", "index_schema", "padded", "part_name", "patch_segments", "read_index_file",
+           "samples_name", "segment_fields_at", "write_index_draft", "write_index_file"]
+
 PACKED_FORMAT = "diskflow-packed"
 PACKED_KIND = OutputKind("a diskflow packed dataset", formats=(PACKED_FORMAT,))   # what `prepare` may replace
 PACKED_VERSION = 1

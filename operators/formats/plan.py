@@ -17,6 +17,8 @@ from .directwrite import write_npz
 from .intwidth import fits_int32
 from .npyio import load_npz
 
+__all__ = ["SRC_CPU", "SRC_GPU", "SRC_MISS", "BatchPlan", "SuperbatchPlan", "load_plan", "save_plan"]
+
 SRC_GPU, SRC_CPU, SRC_MISS = 0, 1, 2
 
 

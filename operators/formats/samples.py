@@ -29,6 +29,10 @@ import pyarrow as pa
 from ...errors import InputError
 from .directwrite import arrow_file_bytes, write_arrow_file
 
+__all__ = ["HISTORY_FIELDS", "ID_LIMIT", "SCHEMA", "SCHEMAS", "SCHEMA_INT32", "Buffer", "SampleRecord",
+           "id_type", "list_values", "open_arrow", "read_n_ids", "read_samples", "record_batch",
+           "samples_bytes", "samples_schema", "select_batches", "write_samples"]
+
 Buffer = bytes | memoryview | np.ndarray     # a file's content held in memory
 
 ID_LIMIT = 2**31        # node ids below it are stored as int32

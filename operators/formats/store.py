@@ -33,6 +33,9 @@ from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
 
+__all__ = ["SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "FeatureShard", "Store",
+           "map_shard"]
+
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
 
 STORE_FORMAT = "diskflow-store"

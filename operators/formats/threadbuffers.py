@@ -11,6 +11,8 @@ import numpy as np
 
 from ...native.constants import ALIGN
 
+__all__ = ["drop_thread_buffers", "kept_thread_buffer_bytes", "thread_buffer"]
+
 # Each thread's kept buffers by name, in a registry rather than thread-local storage, so that a
 # prepare's end can let every thread's go (`drop_thread_buffers`); a thread's entry goes with it.
 _BUFFERS: weakref.WeakKeyDictionary[threading.Thread, dict[str, np.ndarray]] = weakref.WeakKeyDictionary()

@@ -8,6 +8,8 @@ from types import ModuleType
 
 from ...errors import InputError
 
+__all__ = ["import_user_file"]
+
 
 def import_user_file(path: str | os.PathLike[str], module_name: str) -> ModuleType:
     """Import the file at `path` as the module `module_name` (registered in `sys.modules`, so pickling by

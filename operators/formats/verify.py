@@ -24,6 +24,8 @@ from .hashing import config_hash
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
 from .store import Store
 
+__all__ = ["open_store", "verify"]
+
 _SOURCE = {SRC_GPU: "GPU tier (gpu_cache.npy)", SRC_CPU: "CPU tier (cpu_init.npy + planned inserts)",
            SRC_PACKED: "packed rows", SRC_DCACHE: "disk cache"}
 

@@ -34,6 +34,9 @@ from ...native.constants import ALIGN
 from ..formats.npyio import create_aligned_npy
 from .raw import check_id_range, int_column, iter_file_batches, require_columns, table_schema
 
+__all__ = ["EDGE_COLUMNS", "INDEX32_LIMIT", "PACKED_LIMIT", "EdgeSpill", "allocate_npy", "compact_group",
+           "csc_group", "indices_dtype", "is_packed", "scan_edges"]
+
 EDGE_COLUMNS = ("src", "dst")
 PACKED_LIMIT = 1 << 32   # below this node count an edge packs into one uint64 key
 INDEX32_LIMIT = 1 << 31  # below this node count indices are int32

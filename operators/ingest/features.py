@@ -40,6 +40,9 @@ from .raw import (
     table_units,
 )
 
+__all__ = ["FEATURE_COLUMNS", "FEATURE_DTYPES", "FeatureFile", "FeatureUnit", "check_same_schema",
+           "feature_type", "scan_features", "units_overlapping", "write_feature_shard"]
+
 FEATURE_COLUMNS = ("node_id", "x")
 FEATURE_DTYPES: dict[pa.DataType, np.dtype] = {pa.float32(): np.dtype(np.float32), pa.float16(): np.dtype(np.float16)}
 

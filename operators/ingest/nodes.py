@@ -27,6 +27,8 @@ from .raw import (
     table_schema,
 )
 
+__all__ = ["NODE_COLUMNS", "ingest_nodes", "split_codes"]
+
 NODE_COLUMNS = ("node_id", "label", "split")
 _UNSET = np.uint8(255)  # split code of a node no row has given yet
 

@@ -28,6 +28,15 @@ from ..formats.manifest import MANIFEST, write_manifest
 from ..formats.sizes import format_bytes, parse_bytes
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
+__all__ = ["EDGE_CSC_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
+           "MAX_FINE_BUCKETS", "MAX_SHARD_BYTES", "MIN_FINE_BUCKETS", "MIN_MEMORY_BUDGET", "PARQUET_SUFFIXES",
+           "RAW_DIRS", "SPILL_DIR", "TABLE_SUFFIXES", "RawFiles", "TableUnit", "check_id_range",
+           "check_memory_budget", "csc_edge_cap", "edge_chunk_rows", "feature_batch_rows", "find_raw_files",
+           "fine_bucket_width", "finish_store", "group_buckets", "int_column", "iter_file_batches",
+           "iter_unit_batches", "iter_units_batches", "require_columns", "save_npy_in_place",
+           "shard_rows_for", "store_manifest", "table_num_rows", "table_schema", "table_units",
+           "write_raw_dataset"]
+
 RAW_DIRS = ("edges", "features", "nodes")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 IPC_SUFFIXES = (".arrow", ".ipc", ".feather")

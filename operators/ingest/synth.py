@@ -46,6 +46,9 @@ from ...errors import ConfigError
 from ..formats.store import SPLITS
 from .rawwriter import FEATURE_FORMATS, shard_name, write_edge_shard, write_feature_shard, write_node_shard
 
+__all__ = ["FEATURE_CHUNK_ROWS", "LOCAL_WIDTH", "MAX_NODES", "OPTION", "Layout", "SynthConfig", "centroids",
+           "labels_of", "synth_part"]
+
 FEATURE_CHUNK_ROWS = 32_768  # features are generated and written this many rows at a time
 LOCAL_WIDTH = 64             # locality: mean member offset of a local edge
 MAX_NODES = 2**31 - 1        # keeps every rank product below 2**62 (int64 arithmetic)

@@ -27,6 +27,9 @@ from ..formats.intwidth import narrow_int
 from ..formats.npyio import load_npz
 from ..formats.samples import read_n_ids
 
+__all__ = ["DENSE_SHARE", "Counts", "add_counts", "as_sparse", "count_accesses", "count_superbatch",
+           "dense_counts", "load_counts", "merge_counts", "save_counts", "superbatch_counts"]
+
 
 def count_accesses(n_ids: list[np.ndarray], num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(ids ascending, counts) of every node in a superbatch's `n_id` arrays.

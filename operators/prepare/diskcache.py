@@ -16,6 +16,8 @@ import numpy as np
 from .reorder import PAGE, batch_hashes, order_by_signature, pages_touched
 from .search import MissTrace, SegmentSearch, search_trace
 
+__all__ = ["DiskCacheLayout", "build_layout", "read_amplification"]
+
 
 @dataclass
 class DiskCacheLayout:

@@ -56,6 +56,12 @@ import numpy as np
 
 from ...errors import ConfigError
 
+__all__ = ["DEFAULT_COOLDOWN", "DEFAULT_PRUNE", "DEFAULT_RAMP", "DEFAULT_STALENESS", "EMBEDDING_BYTES",
+           "EMBEDDING_DTYPE", "HISTORY_PRUNES", "HISTORY_SELECTS", "THIN_NEIGHBOURS", "HistoryPlanner",
+           "HistoryStep", "attach_plan", "check_prune", "check_rule", "describe_staleness", "history_nodes",
+           "history_nodes_by_count", "history_rows", "local_positions", "plan_round", "planned_width",
+           "refuse_without_cache", "sample_planned", "served_share", "staleness_rule"]
+
 # Cached embeddings are float16: a stale row's error dwarfs the rounding (2^-11 relative), and the
 # memory split then holds twice the embeddings per byte (on the bench graph its choice read 9% fewer bytes).
 EMBEDDING_DTYPE = "float16"

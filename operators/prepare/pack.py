@@ -41,6 +41,10 @@ from .pagecache import cached_share
 from .route import RouteFile
 from .writers import WRITE_BUFFER, SegmentWriter, open_new, write_rows_at
 
+__all__ = ["READ_CHUNK", "RESIDENT", "EarlyPart", "RowTarget", "local_rows", "pack_early", "pack_shard",
+           "prepare_targets", "read_routes", "release_early_maps", "warm_shard_ids", "warm_shards",
+           "write_tier_rows"]
+
 READ_CHUNK = 64 << 20     # bytes per sequential read of a shard
 
 

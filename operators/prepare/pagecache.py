@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["cached_share"]
+
 
 def _libc() -> Any:
     """libc through ctypes, with the signatures `cached_share` calls (None where it cannot be loaded)."""

@@ -22,6 +22,9 @@ import numpy as np
 
 from ...errors import ConfigError
 
+__all__ = ["PARTITIONERS", "PARTS_PER_BATCH", "default_parts", "edge_cut", "partition_graph",
+           "undirected_adjacency"]
+
 PARTITIONERS = ("kaminpar", "metis")
 PARTS_PER_BATCH = 8     # automatic partitions: a batch's worth of training nodes spans eight parts (128
                         # training nodes per part at batch size 1024; OUTRE's 10,000 parts of papers100M's

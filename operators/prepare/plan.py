@@ -30,6 +30,9 @@ from ...native import kernels
 from ..formats.plan import SRC_CPU, SRC_GPU, SRC_MISS, BatchPlan, SuperbatchPlan
 from ..formats.threadbuffers import thread_buffer
 
+__all__ = ["WindowTrace", "gpu_slots", "initial_fill", "plan_belady", "plan_static", "plan_superbatch",
+           "release_planner_scratch", "replay", "static_tier", "trace_window"]
+
 
 def gpu_slots(gpu_ids_sorted: np.ndarray, n_ids: np.ndarray) -> np.ndarray:
     """The GPU-tier slot of each id (its position in the sorted `gpu_ids_sorted`), or -1."""

@@ -27,6 +27,9 @@ import numpy as np
 from ...errors import ConfigError, InputError
 from .plan import initial_fill, static_tier
 
+__all__ = ["CPU_POLICIES", "GPU_POLICIES", "FilePolicy", "Policy", "TierPolicy", "check_policy",
+           "choose_cpu_tier", "choose_gpu_tier", "choose_tier", "choose_tiers", "planned", "policy_id"]
+
 TierPolicy = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
 Policy = str | TierPolicy   # a built-in name or a function
 GPU_POLICIES = ("hottest",)

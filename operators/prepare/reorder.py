@@ -15,6 +15,8 @@ import numpy as np
 
 from ...errors import ConfigError
 
+__all__ = ["PAGE", "batch_hashes", "minhash_order", "order_by_signature", "pages_touched"]
+
 PAGE = 4096
 
 

@@ -51,6 +51,9 @@ from ..formats.packed import (
     write_index_file,
 )
 
+__all__ = ["SRC_MISS", "RouteFile", "ids_member", "ids_path", "route_superbatch", "segment_offsets",
+           "translate_numpy", "write_index"]
+
 # The planner's code for "a miss" is the index's code for "a packed row" (before translation).
 SRC_MISS = SRC_PACKED
 

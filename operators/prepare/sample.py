@@ -31,6 +31,8 @@ import numpy as np
 
 from ...errors import ConfigError
 
+__all__ = ["NUMPY_DEDUP", "NeighborSampler", "SampledBatch", "check_fanouts", "numpy_sample"]
+
 _UINT64_MASK = (1 << 64) - 1
 
 

@@ -31,6 +31,8 @@ from ..formats.manifest import MANIFEST
 from ..formats.store import Store
 from .sample import NeighborSampler
 
+__all__ = ["PooledSampler", "drop_idle_samplers", "idle_samplers", "leased_sampler"]
+
 _lock = threading.Lock()
 _idle: list[tuple[tuple[Any, ...], PooledSampler]] = []    # least recently returned first
 _leased = 0            # samplers leased now

@@ -29,6 +29,8 @@ import numpy as np
 from ...errors import ConfigError
 from ..formats.sizes import format_bytes
 
+__all__ = ["PAGE", "MissTrace", "SegmentSearch", "packed_bytes", "search_segment_size", "search_trace"]
+
 PAGE = 4096
 
 

@@ -15,6 +15,10 @@ import numpy as np
 
 from ...errors import ConfigError
 
+__all__ = ["BATCH_ORDERS", "GROUPINGS", "PARTS_PER_GROUP", "PART_STREAM", "TEST_STREAM", "TRAIN_STREAM",
+           "VAL_STREAM", "BatchOrder", "batch_seed", "label_shares", "load_labels", "load_parts",
+           "part_labels", "partition_order", "parts_fingerprint", "seed_batches"]
+
 # Seed streams: training, validation and test batches never share sampling seeds.
 TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 0, 1, 2
 

@@ -23,6 +23,9 @@ from .history import HistoryStep, sample_planned
 from .sampler_pool import leased_sampler
 from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
 
+__all__ = ["SuperbatchRef", "check_round_config", "lane_layout", "round_layout", "sample_superbatch",
+           "sample_superbatch_bytes", "sample_superbatch_records", "superbatch_hop1"]
+
 
 @dataclass(frozen=True)
 class SuperbatchRef:

@@ -24,6 +24,9 @@ from ...native.constants import ALIGN
 from ..formats.sizes import format_bytes
 from ..trainbuffers import staging_buffers
 
+__all__ = ["DEVICES", "STAGING_PIECE_BYTES", "Sampling", "TierSizes", "batch_rows_bound", "fitting_settings",
+           "hottest", "staging_piece_bytes", "staging_rows_fit", "tier_sizes"]
+
 DEVICES = ("cpu", "cuda")
 # The most row bytes one staging buffer carries: a larger batch is loaded in several pieces, so
 # the staging reserve does not grow with the batch (4 pieces at queue depth 2: 128 MiB).

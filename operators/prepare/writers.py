@@ -23,6 +23,8 @@ from ..formats.directwrite import open_direct
 from ..formats.directwrite import write_all as _write_all  # a module name of its own: tests patch it here
 from ..formats.threadbuffers import thread_buffer
 
+__all__ = ["WRITES_IN_FLIGHT", "WRITE_BUFFER", "SegmentWriter", "gather_segment", "open_new", "write_rows_at"]
+
 WRITE_BUFFER = 32 << 20   # bytes gathered before one write to a part file
 WRITES_IN_FLIGHT = 2      # a part file's writes under way at once
 

@@ -52,6 +52,9 @@ from ..prepare.route import RouteFile, route_superbatch, segment_offsets
 from ..prepare.superbatch import SuperbatchRef
 from ..prepare.writers import gather_segment
 
+__all__ = ["BASE_FILES", "Bundle", "make_bundle", "pack_base", "pack_superbatch", "sample_n_ids",
+           "stream_header"]
+
 BASE_FILES = ("gpu_ids.npy", "gpu_cache.npy", "cpu_ids.npy", "cpu_init.npy", "labels.npy")
 
 

@@ -45,6 +45,9 @@ from ..formats.packed import ROUND_DIR
 from ..formats.sizes import format_bytes
 from .pack import BASE_FILES, Bundle
 
+__all__ = ["CACHE_CHUNK", "COPY_CHUNK", "ScratchSpace", "ShipVerifyError", "disk_bytes", "drop_source",
+           "held_files", "stage_bundle"]
+
 COPY_CHUNK = 16 << 20
 CACHE_CHUNK = 256 << 10     # inline files are checksummed and written in pieces that stay in the core's cache
 

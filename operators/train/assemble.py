@@ -41,6 +41,8 @@ from ..formats.packed import (
     padded,
 )
 
+__all__ = ["SOURCES", "BatchAssembly", "Piece", "SourceCounts", "make_reader"]
+
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of the
 # engine's DEFAULT_BOUNCE_BYTES (native/constants.h): the loader's own for one-request-per-row reads,

@@ -18,19 +18,8 @@ from torch_geometric.data import Data
 from ...errors import ConfigError
 from ..prepare.seeds import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, BatchOrder, batch_seed, seed_batches
 
-__all__ = [
-    "TEST_STREAM",
-    "TRAIN_STREAM",
-    "VAL_STREAM",
-    "InMemoryLoader",
-    "Sample",
-    "Sampler",
-    "batch_data",
-    "batch_seed",
-    "epoch_batches",
-    "seed_batches",
-    "to_data",
-]
+__all__ = ["TEST_STREAM", "TRAIN_STREAM", "VAL_STREAM", "InMemoryLoader", "Sample", "Sampler", "batch_data",
+           "batch_seed", "epoch_batches", "seed_batches", "timed_data", "to_data"]
 
 class Sample(Protocol):
     """What a sampler returns for one batch (see `operators.sample.SampledBatch`)."""

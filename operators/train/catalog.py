@@ -12,6 +12,8 @@ from ...errors import ConfigError
 from ..formats.userfile import import_user_file
 from .modeldef import DATA_ONLY, USER_MODULE, Model, check_model_option, file_hash, is_model_file
 
+__all__ = ["BUILTINS", "load_model"]
+
 
 def _sage(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
           dropout: float = 0.0) -> Any:

@@ -32,6 +32,9 @@ from ..formats.manifest import read_manifest, write_manifest
 from ..formats.npyio import load_npy, save_npy
 from ..formats.packed import file_crc
 
+__all__ = ["FORMAT", "STATE", "VERSION", "Checkpoint", "checkpoint_name", "latest_checkpoint",
+           "load_checkpoint", "save_checkpoint"]
+
 FORMAT = "diskflow-checkpoint"
 VERSION = 1
 STATE = "state.pt"

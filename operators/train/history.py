@@ -42,6 +42,8 @@ from torch_geometric.data import Data
 from ...errors import ConfigError
 from ..prepare.history import EMBEDDING_DTYPE
 
+__all__ = ["ATTR", "FIELDS", "HistoryCache", "history_of"]
+
 FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")
 ATTR = "diskflow_history"        # the model's child module
 

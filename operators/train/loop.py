@@ -24,6 +24,9 @@ from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_
 from .optim import Stepper
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
+__all__ = ["checked_forward", "deterministic", "evaluate", "forward", "model_loss", "prior_weighted_loss",
+           "train_epoch"]
+
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:

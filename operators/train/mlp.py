@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch_geometric.nn import MLP
 
+__all__ = ["EdgeFreeMLP"]
+
 
 class EdgeFreeMLP(torch.nn.Module):
     """`torch_geometric.nn.MLP` with the GNN call signature; the graph is ignored."""

@@ -31,6 +31,10 @@ from ...errors import ConfigError, InputError
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["BUILTIN_MODELS", "DATA_ONLY", "SCHEDULES", "SHAPE_OPTIONS", "USER_MODULE", "Model", "accepted",
+           "check_clip_grad", "check_model_option", "file_hash", "is_model_file", "model_identity",
+           "model_label"]
+
 BUILTIN_MODELS = ("sage", "gcn", "gat", "mlp")
 DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
 USER_MODULE = "diskflow_user_model"

@@ -16,7 +16,8 @@ from .mlp import EdgeFreeMLP
 from .modeldef import BUILTIN_MODELS as MODELS
 from .modeldef import Model
 
-__all__ = ["BUILTINS", "MODELS", "EdgeFreeMLP", "Model", "build_model", "spec_of", "supports_trim"]
+__all__ = ["BUILTINS", "CLASSES_ATTRIBUTE", "MODELS", "EdgeFreeMLP", "Model", "build_model", "spec_of",
+           "supports_trim"]
 
 SPEC_ATTRIBUTE = "_diskflow_model"
 CLASSES_ATTRIBUTE = "_diskflow_classes"

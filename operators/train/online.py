@@ -49,7 +49,7 @@ from ...errors import ConfigError
 from ..formats.sizes import format_bytes
 from ..prepare.seeds import BatchOrder
 from .batches import Sample, Sampler, batch_data, epoch_batches
-from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # noqa: F401  (set there, torch-free, for the CLI)
+from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # (set there, torch-free, for the CLI)
 from .pipe import END, Pipe, StageClock, guard
 from .rowcache import (
     DEFAULT_GAP_BYTES,
@@ -64,6 +64,8 @@ from .rowcache import (
     bounce_bytes,
     staging_bytes_for,
 )
+
+__all__ = ["DEFAULT_EXTRACTORS", "DEFAULT_WINDOW", "OnlineLoader", "buffer_slots"]
 
 
 def buffer_slots(budget: int, num_nodes: int, row_bytes: int, extractors: int,

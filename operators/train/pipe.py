@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["END", "Pipe", "StageClock", "Stopped", "guard"]
+
 # How often a blocked stage looks up from its queue to see whether the pipeline was stopped.
 _POLL_S = 0.05
 

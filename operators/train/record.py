@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["EpochTally", "final_block", "num"]
+
 
 def num(x: float | None) -> float | None:
     """A float for a report; None for None or NaN (e.g. the accuracy of an empty split)."""

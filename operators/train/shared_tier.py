@@ -29,6 +29,8 @@ import numpy as np
 from ...errors import ConfigError, DiskflowError
 from ..formats.sizes import format_bytes
 
+__all__ = ["HEADER", "SHM_DIR", "SharedTier", "TierTimeout", "shared_tier_path"]
+
 HEADER = 4096                 # control words, then the rows (page-aligned)
 _READY, _TURN, _SLOTS, _ROW_BYTES = 0, 1, 2, 3
 SHM_DIR = Path("/dev/shm")

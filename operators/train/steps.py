@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["SEED_SPAN", "Accumulate", "DataParallel", "StepGroups", "draw_base", "restore_rng", "step_sizes"]
+
 SEED_SPAN = 2**62
 
 

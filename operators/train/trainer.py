@@ -39,7 +39,7 @@ from .loader import PackedLoader
 from .loop import deterministic
 from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads
 
-__all__ = ["CHECKPOINTS", "DATA_ONLY", "deferred_interrupt", "train_packed"]
+__all__ = ["CHECKPOINTS", "DATA_ONLY", "STAGES", "deferred_interrupt", "train_packed"]
 
 CHECKPOINTS = "checkpoints"
 STAGES = ("load", "assemble", "graph", "gather", "train")     # the packed loader's stages, and the step
