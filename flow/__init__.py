@@ -9,3 +9,5 @@ training as far as a run does (which pipeline, which model by name, which caches
 arithmetic to `operators`, which never imports it. The command line is `diskflow.cli`, above the
 public API (docs/design.md, "The packages").
 """
+
+__all__: list[str] = []

@@ -28,6 +28,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+__all__ = ["MMAP_MAX_DEFAULT", "MMAP_THRESHOLD", "PREPARE_TRIM_THRESHOLD", "TRIM_THRESHOLD", "describe",
+           "keep_freed_memory", "reuse_for_preparation"]
+
 MMAP_THRESHOLD = 32 << 20       # glibc's largest: allocations below it come from the heap and are reused
 TRIM_THRESHOLD = 256 << 20      # free memory the heap keeps before giving it back
 PREPARE_TRIM_THRESHOLD = (1 << 31) - 1   # free heap kept while preparing: mallopt's largest (a C int)

@@ -11,6 +11,8 @@ from .dashboard.links import log_links
 from .dashboard.links import register as register_page
 from .security import refusal
 
+__all__ = ["dask_client"]
+
 log = logging.getLogger(__name__)
 
 

@@ -54,6 +54,11 @@ from ..operators.prepare.superbatch import (
 from ..operators.prepare.tiers import Sampling, tier_sizes
 from .taskprofile import profiled
 
+__all__ = ["MAX_ROWS_MARGIN", "GpuTier", "PlanResult", "PrepGraph", "SampleResult", "Submit", "TierSpec",
+           "Tiers", "TraceTier", "count_task", "cpu_tier_task", "delayed_submit", "gpu_tier_task",
+           "history_spec", "history_task", "hop1_task", "partition_task", "plan_task", "sample_task", "stamp",
+           "tier_figures", "trace_task", "trace_tier_task"]
+
 MAX_ROWS_MARGIN = 1.10      # staging reserve from a partial count: the largest batch seen, plus 10%
 
 # submit(function, *args, key=task key, k=superbatch index or -1 for the round's own tasks) -> a node

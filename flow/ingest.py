@@ -74,6 +74,8 @@ from ..operators.ingest.raw import (
 )
 from .progress import compute
 
+__all__ = ["IngestResult", "ingest_config", "run_ingest"]
+
 
 @dataclass(frozen=True)
 class IngestResult:

@@ -18,6 +18,9 @@ from typing import Any
 from ..operators.formats.atomic import atomic_path
 from ..operators.formats.sizes import format_bytes
 
+__all__ = ["SPLIT_PLOT", "SPLIT_SHARES", "best_split", "describe_split", "plot_memory_split", "refine_shares",
+           "split_point"]
+
 SPLIT_SHARES = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)   # the embedding cache's candidate shares (0 first)
 SPLIT_PLOT = "memory_split.png"
 

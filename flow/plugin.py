@@ -47,6 +47,9 @@ from . import allocator
 if TYPE_CHECKING:
     from ..operators.stream.ship import ScratchSpace
 
+__all__ = ["GPU", "HOLD_MEMORY", "PLUGIN_NAME", "DiskflowPlugin", "GpuStateLost", "Job", "config_env",
+           "worker_config"]
+
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
 # Staged superbatches' index and samples held in memory at most (the rest go to the scratch disk):

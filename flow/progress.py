@@ -8,6 +8,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+__all__ = ["active_client", "bar", "compute"]
+
 
 def bar(total: int | None = None, desc: str = "", unit: str = "it", disable: bool | None = None) -> tqdm:
     """A tqdm bar on stderr; hidden when stderr is not a terminal unless forced on."""

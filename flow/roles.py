@@ -29,6 +29,9 @@ from .dashboard.links import register as register_page
 from .plugin import GPU, config_env, worker_config
 from .security import check_tls, refusal
 
+__all__ = ["PAGE_PRELOAD", "run_dask_cli", "scheduler_argv", "scratch_default", "set_worker_config",
+           "stream_client", "tls_security", "worker_argv"]
+
 log = logging.getLogger(__name__)
 PAGE_PRELOAD = "diskflow.flow.dashboard.preload"     # the scheduler plugin with the /diskflow page
 

@@ -18,6 +18,9 @@ from ..errors import InputError
 from ..operators.formats.atomic import atomic_path, write_json
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
+__all__ = ["CURVES", "REPORT", "RUN_INFO", "RUN_KIND", "fmt", "new_run_dir", "plot_curves", "print_epoch",
+           "read_report", "use_run_dir", "write_report"]
+
 REPORT = "report.json"
 CURVES = "curves.png"
 RUN_INFO = "train.json"     # written first by `diskflow train`: which PACKED the run trains

@@ -27,6 +27,9 @@ import dask
 
 from ..errors import ConfigError, DiskflowError
 
+__all__ = ["FLAGS", "NEEDS", "OPTIONS", "ROLES", "SchedulerRefused", "TLSFiles", "check_tls", "probe",
+           "refusal", "scheme"]
+
 ROLES = ("client", "worker", "scheduler")
 OPTIONS = (("ca_file", "tls_ca_file"), ("cert", "tls_cert"), ("key", "tls_key"))     # the fields errors name
 # the same options as flags: the texts of the errors below still name them so (the CLI's output is pinned)

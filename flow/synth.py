@@ -15,6 +15,8 @@ from ..operators.ingest.rawwriter import RAW_FORMAT, RAW_KIND, RAW_VERSION
 from ..operators.ingest.synth import SynthConfig, synth_part
 from .progress import compute
 
+__all__ = ["run_synth"]
+
 
 def run_synth(cfg: SynthConfig, out: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Generate `cfg`'s graph into `out` (a raw dataset directory) and return its path.

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+__all__ = ["AnonPeak", "Profiled", "TaskProfile", "profile_tasks", "profiled"]
+
 _ACTIVE: list[TaskProfile] = []
 _LOCK = threading.Lock()
 

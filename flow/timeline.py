@@ -23,6 +23,9 @@ from typing import Any
 from ..operators.formats.atomic import atomic_path
 from ..operators.formats.sizes import format_bytes
 
+__all__ = ["COLORS", "JOB_COLORS", "TIMELINE", "TRAINER", "JobTimeline", "Span", "draw_gantt", "key_numbers",
+           "plot_timeline", "task_phase"]
+
 TIMELINE = "timeline.png"
 COLORS = {"sample": "#8ecae6", "plan": "#219ebc", "pack": "#023047", "ship": "#ffb703", "train": "#fb8500"}
 Span = tuple[str, float, float, str | None]    # (phase, start s, end s, label written inside the bar or None)

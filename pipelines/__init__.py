@@ -1,1 +1,3 @@
 """Pipeline definitions, one module each (see `diskflow.flow.pipeline`)."""
+
+__all__: list[str] = []

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "prepare", "run"]
+
 PIPELINE = Pipeline("belady", cpu_tier="belady", packing=True, disk_cache=True,
                     description="Belady CPU tier + batched packing + segmented disk cache (default)")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "prepare", "run"]
+
 PIPELINE = Pipeline("belady_outre", batches="partition", history_memory="auto", history_staleness=100,
                     description="belady + OUTRE's partition batches and historical embeddings, planned offline")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "prepare", "run"]
+
 PIPELINE = Pipeline("diskgnn", cpu_tier="static", packing=True, disk_cache=True,
                     description="DiskGNN: static tiers by access counts + batched packing + segmented disk cache")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

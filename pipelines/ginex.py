@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "prepare", "run"]
+
 PIPELINE = Pipeline("ginex", cpu_tier="belady", packing=False, disk_cache=False,
                     description="Ginex: Belady CPU tier, misses read row by row with O_DIRECT")
 NAME, prepare, run = PIPELINE.name, PIPELINE.prepare, PIPELINE.run

@@ -11,5 +11,7 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["PIPELINE"]
+
 PIPELINE = Pipeline("gnndrive", loader="online", cpu_tier="lru",
                     description="GNNDrive: online sampling, asynchronous direct-I/O extraction into a fixed LRU buffer")

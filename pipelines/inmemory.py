@@ -9,5 +9,7 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "run"]
+
 PIPELINE = Pipeline("inmemory", loader="memory", description="every feature in RAM: the accuracy reference and speed ceiling")
 NAME, run = PIPELINE.name, PIPELINE.run

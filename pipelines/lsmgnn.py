@@ -12,5 +12,7 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["PIPELINE"]
+
 PIPELINE = Pipeline("lsmgnn", loader="online", cpu_tier="hybrid",
                     description="LSM-GNN's cache: online sampling, a lookahead window, hybrid eviction, prefetched misses")

@@ -7,5 +7,7 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "run"]
+
 PIPELINE = Pipeline("mmap", loader="mmap", description="PyG+: features gathered through memory maps and the page cache")
 NAME, run = PIPELINE.name, PIPELINE.run

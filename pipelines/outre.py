@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "prepare", "run"]
+
 PIPELINE = Pipeline("outre", batches="partition", cpu_tier="static", packing=False, disk_cache=False,
                     history_memory="auto", history_staleness=100, history_prune="subtree",
                     description="OUTRE: partition batches + historical embeddings + static CPU tier, rows read one by one")

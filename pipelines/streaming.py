@@ -7,5 +7,7 @@ from __future__ import annotations
 
 from ..flow.pipeline import Pipeline
 
+__all__ = ["NAME", "PIPELINE", "run"]
+
 PIPELINE = Pipeline("streaming", loader="stream", description="belady's layout prepared on CPU workers while the GPU worker trains")
 NAME, run = PIPELINE.name, PIPELINE.run

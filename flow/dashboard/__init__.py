@@ -14,3 +14,5 @@
 - `links`: the page's address printed beside the dashboard's, or why there is none.
 - `floor`: the GPU worker's scratch disk read bandwidth, measured as a run starts.
 """
+
+__all__: list[str] = []

@@ -13,6 +13,8 @@ from typing import Any
 
 from .state import STAGES, TIERS
 
+__all__ = ["LANE_COLORS", "MB", "STAGE_COLORS", "WIDTH", "Page", "headline", "save_html"]
+
 STAGE_COLORS = {"load": "#1f77b4", "assemble": "#ff7f0e", "graph": "#2ca02c", "train": "#d62728"}
 LANE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 WIDTH = 640

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from ...operators.formats.diskread import sequential_read_bw
 
+__all__ = ["BLOCK", "PROBE_BYTES", "read_floor"]
+
 PROBE_BYTES = 32 << 20      # enough for a steady figure, about 30 ms on a 1 GB/s disk
 BLOCK = 4 << 20
 

@@ -6,6 +6,9 @@ import logging
 from typing import Any
 from urllib.parse import urljoin
 
+__all__ = ["ABSENT", "METADATA", "client_links", "log_links", "log_remote_links", "page_link", "register",
+           "remote_links"]
+
 METADATA = ["diskflow", "page"]         # set by `flow.dashboard.page.DashboardPlugin` on the scheduler
 ABSENT = "absent (the scheduler runs without diskflow's plugin: start it with `diskflow scheduler`)"
 

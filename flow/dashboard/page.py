@@ -30,6 +30,9 @@ from .links import METADATA, page_link
 from .publish import TOPIC
 from .state import LiveRuns
 
+__all__ = ["DATA_ROUTE", "PLUGIN", "REFRESH_MS", "ROUTE", "SPAN_ROOTS", "DashboardPlugin", "DataHandler",
+           "fine_metrics"]
+
 log = logging.getLogger(__name__)
 
 PLUGIN = "diskflow-dashboard"

@@ -9,6 +9,8 @@ from typing import Any
 
 from .page import DashboardPlugin
 
+__all__ = ["dask_setup"]
+
 
 def dask_setup(scheduler: Any) -> None:
     """Dask's preload hook: add the plugin (Dask starts it after the preloads, with the other plugins)."""

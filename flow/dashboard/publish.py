@@ -18,6 +18,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = ["BYTES", "PACKED_READ", "ROWS", "STORE_READ", "TIER_LABELS", "TOPIC", "WRITTEN", "Metered",
+           "measure", "measure_rows", "publish", "stage_delta"]
+
 TOPIC = "diskflow"
 
 # The measures' labels, as the Fine Performance Metrics page lists them (activity), and their units.

@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+__all__ = ["STREAM_PHASES", "SpannedClient", "command", "phase", "phase_name", "stream_tags"]
+
 # the command whose phases `compute` runs ("prepare", "ingest"); None: a phase is its own span
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("diskflow_span_command", default=None)
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+__all__ = ["MAX_RUNS", "RECENT", "STAGES", "TIERS", "LiveRuns", "from_report", "summarize"]
+
 RECENT = 8                  # superbatches per lane the stage lanes show
 STAGES = ("load", "assemble", "graph", "train")
 TIERS = ("gpu", "cpu", "packed", "dcache", "store")

@@ -6,6 +6,8 @@ from typing import Any
 
 from .publish import TOPIC
 
+__all__ = ["announce_run"]
+
 
 def announce_run(client: Any, run: str, t_start: float, superbatches: int, start: int,
                  lanes: Sequence[tuple[str, str]]) -> None:

@@ -25,6 +25,10 @@ from ..memsplit import SPLIT_SHARES
 if TYPE_CHECKING:
     from .config import PrepareConfig
 
+__all__ = ["COUNTS", "EARLY", "PARTS", "WORK_FORMAT", "WORK_KIND", "WORK_MARKER", "CachedStage",
+           "check_outputs", "clean_work", "drop_stale_stages", "link_partitions", "mark_work", "pack_key",
+           "partition_key", "plan_key", "remove_orphans", "sample_key", "stage_dir"]
+
 WORK_FORMAT = "diskflow-prepare-cache"
 COUNTS = "counts.npz"                   # the sample stage's access counts over the round (sparse: ids, counts)
 PARTS = "parts.npy"                     # the partition stage's file: every node's part, int32

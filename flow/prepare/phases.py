@@ -79,6 +79,9 @@ from .cache import (
 from .config import PrepareConfig
 from .tasks import completed, index_task, route_task, save_plan_task, search_task, store_index_task
 
+__all__ = ["HINT_RATIO", "PARTITION_FILE", "Run", "pack_phase", "partition_phase", "plan_phase", "read_ahead",
+           "sample_phase", "split_phase"]
+
 PARTITION_FILE = "partition.npy"        # the partition file (the cache's `PARTS`) in a packed dataset cut into partition batches
 HINT_RATIO = 4.0        # packed bytes above this many times the feature bytes: the pack line names the disk budget
 

@@ -21,6 +21,8 @@ from ...operators.prepare.route import route_superbatch, write_index
 from ...operators.prepare.superbatch import SuperbatchRef
 from ..graph import PlanResult
 
+__all__ = ["completed", "index_task", "route_task", "save_plan_task", "search_task", "store_index_task"]
+
 
 def completed(result: Any) -> None:
     """A task's completion without its result: what a task that must only come after it waits on, so no

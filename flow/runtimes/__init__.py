@@ -5,3 +5,5 @@ then the pipelined direct-I/O trainer), `online` (no preparation: GNNDrive's and
 fixed buffer) and `stream` (prepared on CPU workers while the GPU workers train). The pipelines themselves
 (`diskflow.pipelines`) are declarations that name one of these.
 """
+
+__all__: list[str] = []

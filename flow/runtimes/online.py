@@ -46,6 +46,9 @@ from .memory import EpochHook, gathered_run
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
 
+__all__ = ["DEFAULT_CPU_SHARE", "default_budget", "describe_online", "online_loader", "run_online",
+           "worst_batch_rows"]
+
 DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
 
 

@@ -30,6 +30,8 @@ from ...errors import ConfigError
 from ...operators.prepare.superbatch import SuperbatchRef
 from .lanes import Lane
 
+__all__ = ["CheckpointWriter", "Resumed", "checkpoint_due", "epoch_end", "load_resume", "merge_checkpoints"]
+
 
 def epoch_end(refs: Sequence[SuperbatchRef], k: int) -> bool:
     """Whether superbatch k is its epoch's last (or the round's)."""

@@ -53,6 +53,8 @@ from .workers import (
     worker_resources,
 )
 
+__all__ = ["StreamRun"]
+
 # ---------------------------------------------------------------------------- the driver
 
 

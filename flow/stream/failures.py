@@ -21,6 +21,8 @@ from ..plugin import GpuStateLost
 from .config import StreamStopped
 from .lanes import Lane
 
+__all__ = ["cancelled", "connection_lost", "free_scratch", "resume_hint", "task_failed"]
+
 log = logging.getLogger(__name__)
 
 

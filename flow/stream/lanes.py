@@ -22,6 +22,8 @@ from typing import Any
 from ...operators.prepare.superbatch import SuperbatchRef
 from ...operators.train.record import num
 
+__all__ = ["KINDS", "Lane", "interleave", "merge_epoch", "release"]
+
 KINDS = ("select", "plan", "trace", "ship", "train")
 
 

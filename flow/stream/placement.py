@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["Placement"]
+
 
 class Placement:
     """The run's submission rules and watched futures.

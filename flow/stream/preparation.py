@@ -25,6 +25,8 @@ from .placement import Placement
 from .tasks import final_cache_task, header_task, pack_base_task, pack_task, select_task, ship_task
 from .workers import on_gpu
 
+__all__ = ["Preparation"]
+
 
 class Preparation:
     """The futures of the superbatches' preparation and the rules of their submission (module docstring).

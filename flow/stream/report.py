@@ -8,6 +8,8 @@ from typing import Any
 
 from ...operators.train.record import final_block
 
+__all__ = ["stream_report"]
+
 
 def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     """report.json of a finished streamed run (`StreamRun`): figures, timeline (`run.results`), trainer summary."""

@@ -19,6 +19,8 @@ from ...operators.prepare.superbatch import SuperbatchRef
 from .config import StreamStopped
 from .lanes import Lane, interleave, merge_epoch
 
+__all__ = ["StreamResults"]
+
 
 class StreamResults:
     """The run's figures from its trained superbatches, in stream order (see the module docstring).

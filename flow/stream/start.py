@@ -18,6 +18,8 @@ from .lanes import Lane
 from .tasks import group_master_task, join_group_task, probe_task
 from .workers import on_gpu
 
+__all__ = ["check_one_host", "join_group", "make_partition", "probe_gpu_workers"]
+
 
 def check_one_host(lanes: list[Lane]) -> None:
     """A shared CPU tier lives in one machine's memory: refuse GPU workers on several hosts."""

@@ -27,6 +27,10 @@ from ..graph import PlanResult, SampleResult, Tiers, stamp
 from ..plugin import PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .config import StreamStopped
 
+__all__ = ["final_cache_task", "finish_task", "group_master_task", "header_task", "join_group_task",
+           "pack_base_task", "pack_task", "probe_task", "select_task", "ship_task", "train_task",
+           "worker_table"]
+
 # ---------------------------------------------------------------------------- tasks (run on workers)
 
 def _worker() -> Any:

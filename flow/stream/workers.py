@@ -17,6 +17,9 @@ from .config import StreamConfig, StreamStopped
 from .lanes import Lane
 from .tasks import worker_table
 
+__all__ = ["WorkerTable", "assign_gpu_workers", "check_all_gpus", "check_health", "check_lanes",
+           "cpu_workers", "gpu_workers", "on_gpu", "wait_for_gpu_workers", "worker_resources"]
+
 log = logging.getLogger(__name__)
 
 WorkerTable = dict[str, dict[str, float]]     # every worker's address -> its resources
