@@ -34,6 +34,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
+__all__ = ["MOUNTS", "PREFIX", "Hierarchy", "LimitedRun", "MemoryCgroup", "current_procs", "find_hierarchy",
+           "run_limited", "unavailable_reason"]
+
 MOUNTS = Path("/proc/self/mounts")
 PREFIX = "diskflow-"
 _POLL_S = 0.1                    # how often a waiting parent checks its child (and the timeout)

@@ -20,6 +20,8 @@ from ..operators.formats.sizes import format_bytes
 if TYPE_CHECKING:
     from .cgroup import LimitedRun
 
+__all__ = ["REFUSED", "child_failure", "launch_child", "read_child_spec", "refuse", "write_child_out"]
+
 REFUSED = 3     # the exit status of a child that refused its settings; its reason is in the spec's ``refused`` file
 
 

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..operators.formats.atomic import atomic_path, write_json
-from ..operators.formats.diskread import drop_page_cache, sequential_read_bw  # noqa: F401  (the benches' and demo's)
+from ..operators.formats.diskread import drop_page_cache, sequential_read_bw  # (the benches' and demo's)
 from ..operators.formats.outputs import OutputKind, replace_foreign
+
+__all__ = ["BENCH_KIND", "BENCH_MARKER", "add_graph_arguments", "check_workdir", "drop_page_cache",
+           "drop_trees", "mark_workdir", "print_table", "read_ahead_kb", "sequential_read_bw",
+           "write_figures"]
 
 BENCH_MARKER = ".diskflow-bench.json"
 # A benchmark's --workdir: marked by BENCH_MARKER; older ones (no marker) are recognised by

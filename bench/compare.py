@@ -98,6 +98,9 @@ from .common import (
 )
 from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch
 
+__all__ = ["BASELINES", "DEFAULT_WORKDIR", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
+           "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "pipeline_figures", "run"]
+
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
 TOTAL_EPOCHS = (1, 10)               # the table's "time to train E epochs, preparation included"

@@ -21,6 +21,8 @@ from ..errors import ConfigError
 from ..operators.formats.sizes import format_bytes
 from .common import drop_page_cache, print_table, sequential_read_bw
 
+__all__ = ["MIN_BW_FILE", "add_arguments", "run"]
+
 MIN_BW_FILE = 1 << 30  # bandwidth is measured on at least this many bytes
 _SCRATCH_BLOCK = 64 << 20
 

@@ -21,6 +21,8 @@ from ..operators.formats.packed import padded, part_name
 from ..operators.formats.store import FeatureShard, Store
 from ..operators.prepare.pack import local_rows, read_routes
 
+__all__ = ["pack_naive"]
+
 
 def _proc_read_bytes() -> int:
     """This process's `read_bytes` from /proc/self/io (bytes that really came from the block device)."""

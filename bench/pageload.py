@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ["BROWSERS", "POLL_S", "SETTLE_S", "PageWatcher", "find_browser", "headless_command", "overhead",
+           "page_of", "stop_browser"]
+
 POLL_S = 0.5
 SETTLE_S = 4.0      # a browser's start and the page's first load: before the measured run, as a user's tab would be
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

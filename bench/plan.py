@@ -19,6 +19,8 @@ from ..errors import ConfigError
 from ..operators.prepare.plan import initial_fill, plan_belady, plan_static, static_tier
 from .common import print_table
 
+__all__ = ["add_arguments", "run", "zipf_trace"]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Trace shape, cache size and superbatch size."""

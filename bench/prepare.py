@@ -53,6 +53,10 @@ from ..operators.formats.sizes import format_bytes
 from ..operators.prepare.tiers import staging_piece_bytes
 from .common import add_graph_arguments, drop_page_cache, print_table, sequential_read_bw
 
+__all__ = ["DEFAULT_NODES", "DEFAULT_WORKDIR", "TARGET_ACCESSES_PER_CPU_S", "TARGET_SCALING", "TEST_FRAC",
+           "VAL_FRAC", "add_arguments", "disk_bandwidth", "drop_store", "fsync_tree", "make_dataset",
+           "max_batch_rows", "proc_io", "routes_from_packed", "run", "static_plan_misses"]
+
 DEFAULT_NODES = 8_400_000          # x 128 float32 = 4.0 GiB of features
 DEFAULT_WORKDIR = Path("bench-data") / "prepare"
 VAL_FRAC = TEST_FRAC = 0.002       # unused by prepare; small so the raw nodes stay cheap

@@ -72,6 +72,9 @@ from .child import child_failure, launch_child, read_child_spec, refuse, write_c
 from .common import add_graph_arguments, drop_page_cache, print_table, read_ahead_kb
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
+__all__ = ["ALLOWANCE_MARGIN", "DEFAULT_WORKDIR", "LIMITED", "TARGETS", "VARIANTS", "add_arguments",
+           "allowance_for", "run"]
+
 VARIANTS = ("remote", "mmap", "inmemory")
 LIMITED = ("remote", "mmap")             # run in the memory cgroup; inmemory is the unlimited reference
 DEFAULT_WORKDIR = Path("bench-data") / "pyg"

@@ -29,6 +29,9 @@ from ..native.reader import ALIGN, DirectReader, aligned_empty
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from .common import drop_page_cache, print_table
 
+__all__ = ["RANDOM_BATCH", "ROWS_PER_CALL", "WRITE_CHUNK", "MiB", "add_arguments", "fio", "make_file",
+           "random_4k", "random_rows", "run", "sequential"]
+
 MiB = 1 << 20
 # Random bytes written per chunk when making the test file (the chunk is repeated).
 WRITE_CHUNK = 64 * MiB

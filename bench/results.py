@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ["BEGIN", "END", "ORDER", "REQUIRED", "ROOT", "ResultsError", "load", "main", "render", "splice"]
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 # the table's row order; benchmarks not named here follow, by name

@@ -21,6 +21,8 @@ from ..flow.options import parse_fanouts
 from ..operators.prepare.sample import NeighborSampler, SampledBatch, numpy_sample
 from .common import print_table
 
+__all__ = ["PARETO_SHAPE", "add_arguments", "generate_graph", "run"]
+
 # Pareto shape of the generated in-degrees: 2 gives a heavy tail with a finite mean.
 PARETO_SHAPE = 2.0
 

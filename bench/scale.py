@@ -75,6 +75,11 @@ from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import read_child_spec, write_child_out
 from .common import add_graph_arguments, print_table
 
+__all__ = ["CHILDREN", "DEFAULT_DIM", "DEFAULT_NODES", "DEFAULT_WORKDIR", "DISK_RESERVE", "EDGE_SLACK",
+           "MARKER", "OUTPUTS", "PHASES", "RAW_EDGE_BYTES", "RAW_NODE_BYTES", "SMALL_FILES", "TEST_FRAC",
+           "VAL_FRAC", "BytePlan", "DiskWatch", "Floors", "add_arguments", "byte_plan", "run",
+           "smallest_budget", "worst_batch_rows"]
+
 DEFAULT_NODES = 14_000_000         # x 512 float32 = 26.7 GiB of features
 DEFAULT_DIM = 512
 DEFAULT_WORKDIR = Path("bench-data") / "scale"

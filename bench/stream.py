@@ -82,6 +82,8 @@ from typing import Any
 from ..config import fanouts_option
 from .common import print_table
 
+__all__ = ["PAGE_LIMIT", "TARGET", "add_arguments", "page_cpu_s", "run", "stream_breakdown"]
+
 TARGET = 1.15
 PAGE_LIMIT = 0.02       # the diskflow page open and polled may cost at most this share of training throughput
 

@@ -39,6 +39,8 @@ from .streamsetup import bench_store as _store
 from .streamsetup import pin as _pin
 from .streamsetup import set_up_cluster
 
+__all__ = ["IDLE_TARGET", "quarter_budget", "run_gpus"]
+
 IDLE_TARGET = 0.1
 
 

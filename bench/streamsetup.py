@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+__all__ = ["bench_store", "pin", "set_up_cluster", "warm_up"]
+
 
 def bench_store(args: argparse.Namespace) -> Path:
     if args.dataset:

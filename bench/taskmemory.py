@@ -27,6 +27,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .prepare import proc_io
 
+__all__ = ["SAMPLE_S", "AnonPeak", "TaskMemory", "memory_cgroup", "reset_hwm", "rss_parts", "status_bytes",
+           "worker_report"]
+
 
 def status_bytes(field: str) -> int:
     """A ``/proc/self/status`` field (VmHWM, VmRSS) in bytes."""

@@ -31,6 +31,8 @@ from ..config import fanouts_option
 from ..sizes import format_bytes
 from .options import positive_int
 
+__all__ = ["FLOOR_BYTES", "SUPERBATCH", "register"]
+
 FLOOR_BYTES = 256 << 20     # the most the floor measurement reads (O_DIRECT, sequential)
 SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling tasks and Belady planning
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from ..sizes import format_bytes
 from .options import byte_size
 
+__all__ = ["register"]
+
 _FORMAT_HELP = "feature shard format: Arrow IPC file or Parquet (default: %(default)s)"
 
 

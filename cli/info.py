@@ -8,6 +8,8 @@ from pathlib import Path
 from ..errors import InputError
 from ..sizes import format_bytes
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="summarise a raw dataset, a store or a run directory",

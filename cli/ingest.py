@@ -7,6 +7,8 @@ from ..cluster import check_tls
 from ..sizes import format_bytes
 from .options import add_tls_arguments
 
+__all__ = ["register", "run"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `ingest` subcommand."""

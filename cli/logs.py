@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from ..errors import Setting
 
+__all__ = ["FORMAT", "log_to_stderr"]
+
 FORMAT = "%(levelname)s %(name)s: %(message)s"     # warnings and debug records, as the root logger's
 
 

@@ -11,6 +11,8 @@ from .. import __version__
 from ..errors import ConfigError, DiskflowError, is_disk_full
 from .logs import FORMAT, log_to_stderr
 
+__all__ = ["COMMANDS", "DESTS", "build_parser", "flag_of", "main"]
+
 # Subcommand modules, in the order `diskflow --help` lists them.
 COMMANDS = ("demo", "synth", "importers", "ingest", "run", "prepare", "verify", "train", "scheduler", "worker", "report", "bench", "info")
 

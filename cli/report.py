@@ -10,6 +10,8 @@ from ..errors import InputError
 from ..runs import PAGE, TIMELINE, draw_page, key_numbers, plot_timeline, read_report
 from ..sizes import format_bytes
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="draw a streamed run's timeline (PNG) and print its key numbers",

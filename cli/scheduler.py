@@ -14,6 +14,8 @@ import argparse
 from ..cluster import check_tls, run_dask_cli, scheduler_argv
 from .options import add_tls_arguments
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scheduler", help="start a Dask scheduler (with its dashboard) for split runs",

@@ -11,6 +11,8 @@ from ..config import RUN_DEFAULTS, StreamConfig, TrainConfig
 from ..errors import ConfigError, InputError
 from .options import parse_int
 
+__all__ = ["RUN_OPTIONS", "add_run_arguments", "resume_dir"]
+
 _S = StreamConfig         # its fields' defaults (class attributes), from the one place they are set
 
 

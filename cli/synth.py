@@ -11,6 +11,8 @@ from ..config import SynthConfig
 from ..sizes import format_bytes
 from .options import add_tls_arguments, positive_int
 
+__all__ = ["register"]
+
 _D = SynthConfig()
 
 

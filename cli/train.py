@@ -28,6 +28,8 @@ from ..sizes import byte_budget as budget
 from ..sizes import format_bytes
 from .options import float_at_least, positive_int
 
+__all__ = ["print_summary", "register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

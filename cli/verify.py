@@ -7,6 +7,8 @@ import time
 from ..sizes import format_bytes
 from .options import positive_int
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

@@ -19,6 +19,8 @@ from ..errors import ConfigError
 from ..sizes import parse_bytes
 from .options import add_tls_arguments
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="start a Dask worker: CPU preprocessing, or --gpu for training",
