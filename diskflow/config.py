@@ -1,8 +1,11 @@
-"""The options of each step, where their defaults and accepted values are set once.
+"""The options of each step, their defaults and accepted values, gathered for the commands and for users.
 
-`PREPARE_DEFAULTS` (prepare's options), `TrainConfig` (the trainer's), `StreamConfig` (a streamed run's)
-and `SynthConfig` (a synthetic graph's) hold the defaults; the tuples name the values an option accepts.
-The commands take their flags' defaults from here, so a default is never written twice.
+`TrainConfig` (the trainer's), `PrepareConfig` (a packed round's), `StreamConfig` (a streamed run's; both
+share `RoundOptions`) and `SynthConfig` (a synthetic graph's) hold the defaults, each stated once, in the
+dataclass or, where several share one, in `diskflow.operators.options`; `PREPARE_DEFAULTS` (prepare's
+options) and `RUN_DEFAULTS` (the rest of a run's) are read from them. The tuples name the values an option
+accepts. The commands take their flags' defaults from here, so a default is never written twice; this
+module imports the layers below the API, never the API itself.
 
     from diskflow.config import PREPARE_DEFAULTS, TrainConfig
 
@@ -15,13 +18,14 @@ import argparse
 import os
 from collections.abc import Callable
 
-from .api import PREPARE_DEFAULTS
 from .errors import ConfigError
 from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
 from .flow.plugin import HOLD_MEMORY
+from .flow.prepare.config import PREPARE_DEFAULTS, PrepareConfig
 from .flow.stream.config import StreamConfig
 from .operators.ingest.synth import SynthConfig
+from .operators.options import QUEUE_DEPTH
 from .operators.prepare.history import (
     DEFAULT_STALENESS,
     HISTORY_PRUNES,
@@ -29,18 +33,21 @@ from .operators.prepare.history import (
     check_prune,
     check_rule,
 )
+from .operators.prepare.round import RoundOptions
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
 from .operators.train.config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, MODELS, TrainConfig
 from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_file, model_label
 
 # the defaults of options no config dataclass holds: the online pipelines' extractors and lookahead window,
-# the historical embedding cache's staleness, the GPU worker's memory for held index and samples
+# the historical embedding cache's staleness, the GPU worker's memory for held index and samples, the trainer's
+# queue depth
 RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDOW,
-                "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY}
+                "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY, "queue_depth": QUEUE_DEPTH}
 
 __all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "MODELS", "PREPARE_DEFAULTS",
-           "RUN_DEFAULTS",            "StreamConfig", "SynthConfig", "TrainConfig", "available_pipelines", "check_model_option", "check_prune", "check_rule",
-           "fanouts_option", "is_model_file", "model_label", "model_option", "parse_fanouts"]
+           "RUN_DEFAULTS", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
+           "available_pipelines", "check_model_option", "check_prune", "check_rule", "fanouts_option", "is_model_file",
+           "model_label", "model_option", "parse_fanouts"]
 
 
 def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:

@@ -29,6 +29,7 @@ import torch
 from ...errors import ConfigError, InputError
 from ..formats.checksum import crc32
 from ..formats.samples import Buffer
+from ..options import QUEUE_DEPTH
 from ..train.config import TrainConfig
 from ..train.loader import PackedLoader
 from ..train.loop import deterministic
@@ -45,7 +46,7 @@ class StreamTrainConfig(TrainConfig):
 
     cpu_memory: int | None = None
     gpu_memory: int | None = None
-    queue_depth: int = 2
+    queue_depth: int = QUEUE_DEPTH
     check_crc: bool = True
     store: str | None = None
     world: int = 1          # GPU workers training the run data-parallel (`train.steps.DataParallel`)

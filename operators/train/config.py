@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ...errors import ConfigError
+from ..options import BATCH_SIZE, FANOUTS, SEED
 from .modeldef import BUILTIN_MODELS as MODELS  # noqa: F401  (the built-in names, re-exported)
 from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
 
@@ -61,15 +62,15 @@ class TrainConfig:
     model: Any = "sage"
     hidden: int = 128
     num_layers: int | None = None
-    fanouts: tuple[int, ...] = (10, 10, 10)
-    batch_size: int = 1024
+    fanouts: tuple[int, ...] = FANOUTS
+    batch_size: int = BATCH_SIZE
     epochs: int = 3
     lr: float = 3e-3
     weight_decay: float = 0.0
     clip_grad: float | None = None
     dropout: float = 0.2
     heads: int = 4
-    seed: int = 0
+    seed: int = SEED
     eval_every: int = 1
     threads: int | None = None
     history_rows: int = 0
