@@ -26,17 +26,10 @@ from typing import Any
 from .errors import ConfigError, InputError
 from .flow.options import byte_budget, history_options
 from .flow.pipeline import Pipeline, load_pipeline
+from .flow.prepare.config import PREPARE_DEFAULTS
 from .operators.train.modeldef import Model, check_model_option, model_label
 
 __all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train"]
-
-PREPARE_DEFAULTS: dict[str, Any] = {
-    "cpu_memory": "10%", "gpu_memory": 0, "disk_budget": None, "readahead": "1GiB", "device": "cpu",
-    "fanouts": None, "batch_size": 1024, "superbatch_size": 64, "epochs": 1, "seed": 0, "queue_depth": 2,
-    "batches": None, "partitions": None, "parts_per_group": 20, "group_by": "label", "partitioner": "kaminpar",
-    "partition_threads": 1, "history_memory": None, "history_select": "accesses", "history_staleness": None,
-    "history_prune": None, "history_ramp": None, "history_cooldown": None, "hidden": 128, "minhash_k": 2,
-}
 
 
 @contextlib.contextmanager
@@ -133,11 +126,9 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         options["batches"] = "shuffled" if o["batches"] == "random" else o["batches"]
     if o["partitions"] is not None:
         options["partitions"] = o["partitions"]
-    options.update(history_options(o["history_memory"] if o["history_memory"] is not None else pipeline.history_memory,
-                                   o["history_staleness"], o["hidden"], store.feature_bytes,
-                                   pipeline.history_staleness, o["history_prune"], pipeline.history_prune,
-                                   ramp=o["history_ramp"], cooldown=o["history_cooldown"],
-                                   default_ramp=pipeline.history_ramp, default_cooldown=pipeline.history_cooldown))
+    options.update(history_options(o["history_memory"], o["hidden"], store.feature_bytes, pipeline,
+                                   staleness=o["history_staleness"], prune=o["history_prune"],
+                                   ramp=o["history_ramp"], cooldown=o["history_cooldown"]))
     pipeline.prepare_config(**options).validate()   # bad options fail before a cluster starts
     return options
 

@@ -3,6 +3,7 @@ refusal is a `ConfigError` naming the option and the fault."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..errors import ConfigError, Setting
 from ..operators.formats.sizes import format_bytes, parse_bytes
@@ -10,6 +11,7 @@ from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
     DEFAULT_RAMP,
+    DEFAULT_STALENESS,
     check_prune,
     check_rule,
     refuse_without_cache,
@@ -84,24 +86,50 @@ def note_raised(option: str, nbytes: int, least: int, default: str = "", detail:
 HISTORY_AUTO = "auto"       # history_memory="auto": the memory split chooses it (`flow.memsplit`)
 
 
-def history_options(memory: int | str | None, staleness: int | None, hidden: int, feature_bytes: int,
-                    default_staleness: int, prune: str | None = None,
-                    default_prune: str = DEFAULT_PRUNE, *, ramp: float | None = None,
-                    cooldown: float | None = None, default_ramp: float = DEFAULT_RAMP,
-                    default_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, object]:
-    """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature
-    bytes, or ``"auto"``: its share of the CPU budget chosen by the memory split) of width `hidden`;
-    `staleness`, `prune`, `ramp` and `cooldown` None take their defaults (the pipeline's); any of them
-    given without a cache is an error."""
-    r, c = check_rule(default_ramp if ramp is None else ramp, default_cooldown if cooldown is None else cooldown)
-    rule = {"history_staleness": staleness or default_staleness,
-            "history_prune": check_prune(prune or default_prune), "history_ramp": r, "history_cooldown": c}
+# the history cache's rule, and the library's defaults of it (a pipeline states its own: `Pipeline`'s fields)
+HISTORY_RULE: dict[str, Any] = {"history_staleness": DEFAULT_STALENESS, "history_prune": DEFAULT_PRUNE,
+                                   "history_ramp": DEFAULT_RAMP, "history_cooldown": DEFAULT_COOLDOWN}
+
+
+def history_rule(defaults: object = None, **given: Any) -> dict[str, Any]:
+    """The one resolution of a historical embedding cache's rule (`HISTORY_RULE`'s keys): each option as
+    `given` where given (not None), else `defaults`' attribute of that name (a `Pipeline`), else the library's;
+    checked, each refusal naming its option."""
+    rule = {k: given[k] if given.get(k) is not None else getattr(defaults, k, d) for k, d in HISTORY_RULE.items()}
+    staleness = rule["history_staleness"]
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 1:
+        raise ConfigError("history_staleness", f"must be >= 1 (1: never reused), got {staleness!r}")
+    rule["history_prune"] = check_prune(rule["history_prune"])
+    rule["history_ramp"], rule["history_cooldown"] = check_rule(rule["history_ramp"], rule["history_cooldown"])
+    return rule
+
+
+def history_options(memory: int | str | None, hidden: int, feature_bytes: int, defaults: object = None, *,
+                    staleness: int | None = None, prune: str | None = None, ramp: float | None = None,
+                    cooldown: float | None = None) -> dict[str, object]:
+    """prepare's options for a historical embedding cache of `memory` (bytes, ``"5%"`` of the feature bytes, or
+    ``"auto"``: its share of the CPU budget chosen by the memory split; None: `defaults`' ``history_memory``)
+    of width `hidden`, its rule resolved by `history_rule` (None: `defaults`', a `Pipeline`'s, else the
+    library's). A rule option given without a cache is an error."""
+    if memory is None:
+        memory = getattr(defaults, "history_memory", None)
+    given = {"history_staleness": staleness, "history_prune": prune, "history_ramp": ramp, "history_cooldown": cooldown}
+    rule = history_rule(defaults, **given)
     if memory == HISTORY_AUTO:
         return {"history_memory": 0, "history_split": True, "history_dim": hidden, **rule}
     nbytes = byte_budget(memory, "history_memory", feature_bytes) or 0
     if not nbytes:
-        refuse_without_cache(staleness, prune, default_staleness=default_staleness, default_prune=default_prune,
-                             ramp=ramp, cooldown=cooldown)
+        own = history_rule(defaults)        # the defaults alone: a value other than these was given
+        refuse_without_cache(staleness, prune, default_staleness=own["history_staleness"],
+                             default_prune=own["history_prune"], ramp=ramp, cooldown=cooldown)
         return {"history_memory": 0}      # none, even where the pipeline has one
     return {"history_memory": nbytes, "history_dim": hidden, **rule}
 
+
+def pipeline_history(pipeline: object, options: dict[str, object]) -> dict[str, object]:
+    """`options` with `pipeline`'s historical embedding cache and its rule (`history_rule`) where they set none
+    of their own, for a pipeline that has one (else `options` as they are): what every loader trains with."""
+    memory = getattr(pipeline, "history_memory", None)
+    if memory in (None, 0, "0"):
+        return options
+    return {"history_memory": memory, **options, **history_rule(pipeline, **options)}

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..operators.formats.userfile import import_user_file
+from ..operators.options import FANOUTS
 from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
@@ -48,6 +49,7 @@ from ..operators.prepare.policies import FilePolicy, Policy, check_policy, polic
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
 from ..operators.train.config import ONLINE_TIERS
+from .options import pipeline_history
 
 __all__ = ["BATCHES", "LOADERS", "ONLINE_TIERS", "PACKAGE", "SAMPLERS", "USER_MODULE", "Pipeline", "Runtime",
            "available_pipelines", "load_pipeline", "pipeline_names", "pipeline_of"]
@@ -146,7 +148,7 @@ class Pipeline:
     loader: str = "packed"
     batches: str = "shuffled"
     sampler: str = "neighbor"
-    fanouts: tuple[int, ...] = (10, 10, 10)
+    fanouts: tuple[int, ...] = FANOUTS
     gpu_tier: Policy = "hottest"
     cpu_tier: Policy = "belady"
     packing: bool = True
@@ -223,33 +225,25 @@ class Pipeline:
                        quiet=quiet)
 
     def history_options(self, store: str | os.PathLike[str], options: dict[str, Any]) -> dict[str, Any]:
-        """`options` with this pipeline's historical embedding cache (bytes of `store`'s features, its
-        staleness) where they do not set their own."""
+        """`options` with this pipeline's historical embedding cache (bytes of `store`'s features, its rule)
+        where they do not set their own (`flow.options.history_options`)."""
         if self.history_memory in (None, 0, "0") or "history_memory" in options:
             return options
         from ..operators.formats.store import Store
-        from .options import HISTORY_AUTO, byte_budget
+        from ..operators.train.config import TrainConfig
+        from .options import history_options
 
-        rule = {"history_staleness": options.get("history_staleness", self.history_staleness),
-                "history_prune": options.get("history_prune", self.history_prune),
-                "history_ramp": options.get("history_ramp", self.history_ramp),
-                "history_cooldown": options.get("history_cooldown", self.history_cooldown)}
-        if self.history_memory == HISTORY_AUTO:
-            return {**options, "history_memory": 0, "history_split": True, **rule}
-        nbytes = byte_budget(self.history_memory, "Pipeline.history_memory", Store(store).feature_bytes) or 0
-        return {**options, "history_memory": nbytes, **rule}
+        return {**options, **history_options(
+            self.history_memory, options.get("history_dim", TrainConfig.hidden), Store(store).feature_bytes, self,
+            staleness=options.get("history_staleness"), prune=options.get("history_prune"),
+            ramp=options.get("history_ramp"), cooldown=options.get("history_cooldown"))}
 
     def run(self, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
         """Train with this pipeline's loader (preparing first where it packs); the report."""
         options.setdefault("fanouts", self.fanouts)
         if self.batches != "shuffled" or "batches" in options:
             options.setdefault("batches", self.batches)
-        if self.history_memory not in (None, 0, "0"):
-            options.setdefault("history_memory", self.history_memory)
-            options.setdefault("history_staleness", self.history_staleness)
-            options.setdefault("history_prune", self.history_prune)
-            options.setdefault("history_ramp", self.history_ramp)
-            options.setdefault("history_cooldown", self.history_cooldown)
+        options = pipeline_history(self, options)       # this pipeline's cache and rule, where not given
         train = self._loader_function()
         if self.loader in ("packed", "online"):
             return train(self, store, run_dir, **options)

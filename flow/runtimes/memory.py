@@ -33,17 +33,15 @@ from ...errors import ConfigError, InputError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.packed import PackedDataset
 from ...operators.formats.store import Store
+from ...operators.options import DEVICE
 from ...operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
     DEFAULT_RAMP,
-    DEFAULT_STALENESS,
     EMBEDDING_BYTES,
     EMBEDDING_DTYPE,
     HISTORY_SELECTS,
     HistoryPlanner,
-    check_prune,
-    check_rule,
     history_nodes,
     history_nodes_by_count,
     history_rows,
@@ -52,6 +50,7 @@ from ...operators.prepare.history import (
     staleness_rule,
 )
 from ...operators.prepare.partition import default_parts
+from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
@@ -66,6 +65,7 @@ from ...operators.train.session import (
     resolve_device,
     torch_threads,
 )
+from ..options import history_rule
 from ..progress import bar
 from ..rundir import plot_curves, write_report
 
@@ -80,17 +80,17 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr,
         weight_decay: float = TrainConfig.weight_decay, clip_grad: float | None = TrainConfig.clip_grad,
         dropout: float = TrainConfig.dropout, heads: int = TrainConfig.heads, seed: int = TrainConfig.seed,
-        device: str = "cpu",
+        device: str = DEVICE,
         eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
         samples: str | os.PathLike[str] | None = None, progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-        on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
+        on_start: Callable[[int, int], Any] | None = None, batches: str = RoundOptions.batches,
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        parts_per_group: int = RoundOptions.parts_per_group, group_by: str = RoundOptions.group_by,
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
-        history_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, Any]:
+        history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
+        history_prune: str | None = None, history_ramp: float | None = None,
+        history_cooldown: float | None = None) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -156,13 +156,13 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                  seed: int, device: str, eval_every: int,
                  threads: int | None, samples: str | os.PathLike[str] | None, progress: bool,
                  on_epoch: EpochHook | None, on_batch: Callable[[int], Any] | None,
-                 on_start: Callable[[int, int], Any] | None, batches: str = "shuffled",
+                 on_start: Callable[[int, int], Any] | None, batches: str = RoundOptions.batches,
                  partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        parts_per_group: int = RoundOptions.parts_per_group, group_by: str = RoundOptions.group_by,
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
-        history_cooldown: float = DEFAULT_COOLDOWN, train_loader: TrainLoader | None = None) -> dict[str, Any]:
+        history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
+        history_prune: str | None = None, history_ramp: float | None = None,
+        history_cooldown: float | None = None, train_loader: TrainLoader | None = None) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -180,6 +180,12 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
+    rule = history_rule(None, history_staleness=history_staleness, history_prune=history_prune,
+                        history_ramp=history_ramp, history_cooldown=history_cooldown)   # None: the library's
+    staleness: int = rule["history_staleness"]
+    prune: str = rule["history_prune"]
+    ramp: float = rule["history_ramp"]
+    cooldown: float = rule["history_cooldown"]
     if samples is not None and batches != "shuffled":
         raise ConfigError("batches", "the stored samples fix the batches; partition batches come "
                                      "from a packed dataset prepared with batches='partition'")
@@ -187,9 +193,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                                       batch_size=batch_size)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
     total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
-    make_planner, rows = history_planner(st, history_memory, history_staleness, hidden, samples,
-                                         model == DATA_ONLY, history_select, round_hop1, history_prune, total,
-                                         history_ramp, history_cooldown)
+    make_planner, rows = history_planner(st, history_memory, staleness, hidden, samples,
+                                         model == DATA_ONLY, history_select, round_hop1, prune, total,
+                                         ramp, cooldown)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
     cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
@@ -206,8 +212,8 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if part_figures is not None:
         report["partition"] = part_figures
     if planner is not None:
-        report["history"] = {"rows": rows, "staleness": history_staleness, "prune": history_prune,
-                             **staleness_rule(history_ramp, history_cooldown),
+        report["history"] = {"rows": rows, "staleness": staleness, "prune": prune,
+                             **staleness_rule(ramp, cooldown),
                              "bytes": rows * cfg.hidden * EMBEDDING_BYTES,
                              "pruned": sum(e["history"]["pruned"] for e in report["epochs"]),
                              "pushed": sum(e["history"]["pushed"] for e in report["epochs"])}
@@ -271,8 +277,9 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     no cache), its nodes chosen by `select` (``"accesses"``: the round's most frequent one-hop nodes,
     from `round_hop1`, as `diskflow prepare` chooses them; ``"degree"``). The planner is made when
     called (drawing the round's one-hop nodes first for ``"accesses"``). With stored `samples`, their
-    round's plan decides: no planner here, the rows it was planned for. `prune`: the pruning rule; `total`:
-    the round's training batches (the planner's cool-down counts back from it)."""
+    round's plan decides: no planner here, the rows it was planned for. `staleness`, `prune`, `ramp` and
+    `cooldown`: the rule, checked by `flow.options.history_rule`; `total`: the round's training batches (the
+    planner's cool-down counts back from it)."""
     from ..options import byte_budget
 
     if memory == "auto":
@@ -281,8 +288,6 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
                                             "give a size (e.g. 5%)")
     if select not in HISTORY_SELECTS:
         raise ConfigError("history_select", f"expected one of {', '.join(HISTORY_SELECTS)}, got {select!r}")
-    check_prune(prune)
-    ramp, cooldown = check_rule(ramp, cooldown)
     nbytes = byte_budget(memory, "history_memory", st.feature_bytes) or 0
     if samples is not None:
         with PackedDataset(samples) as ds:

@@ -30,8 +30,8 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ...operators.formats.store import Store
-from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_PRUNE, DEFAULT_RAMP, DEFAULT_STALENESS
-from ...operators.prepare.seeds import PARTS_PER_GROUP
+from ...operators.options import DEVICE
+from ...operators.prepare.round import RoundOptions
 from ...operators.train.config import TrainConfig
 from .memory import EpochHook, gathered_run
 
@@ -88,20 +88,22 @@ class MappedFeatures:
         return torch.from_numpy(self.gather(index.numpy()))
 
 
-def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = "sage",
-        hidden: int = 128, num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10),
-        batch_size: int = 1024, epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
-        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4,
-        seed: int = 0, device: str = "cpu", eval_every: int = 1, threads: int | None = None,
+def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
+        hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
+        fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
+        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, weight_decay: float = TrainConfig.weight_decay,
+        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = TrainConfig.dropout,
+        heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str = DEVICE,
+        eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
         samples: str | os.PathLike[str] | None = None, advice: str = "random", progress: bool = True,
         on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-        on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
+        on_start: Callable[[int, int], Any] | None = None, batches: str = RoundOptions.batches,
         partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label",
+        parts_per_group: int = RoundOptions.parts_per_group, group_by: str = RoundOptions.group_by,
         history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
-        history_cooldown: float = DEFAULT_COOLDOWN) -> dict[str, Any]:
+        history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
+        history_prune: str | None = None, history_ramp: float | None = None,
+        history_cooldown: float | None = None) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:

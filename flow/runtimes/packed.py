@@ -16,10 +16,11 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...operators.formats.store import Store
-from ...operators.prepare.history import DEFAULT_STALENESS
+from ...operators.options import DEVICE, QUEUE_DEPTH
 from ...operators.train.config import TrainConfig
 from ..options import byte_budget as budget
 from ..options import history_options
+from ..prepare.config import PrepareConfig
 from ..progress import bar
 from ..rundir import plot_curves, write_report
 
@@ -83,8 +84,8 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
 
 
 def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int | str | None,
-                   disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int, queue_depth: int = 2,
-                   sequential: bool = False, device: str = "cpu") -> dict[str, Any]:
+                   disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int,
+                   queue_depth: int = QUEUE_DEPTH, sequential: bool = False, device: str = DEVICE) -> dict[str, Any]:
     """What `prepare` must be given so the trainer later fits `cpu_memory` with this queue depth.
 
     `cpu_memory` is the trainer's whole host budget for features (bytes, ``"2GiB"`` or
@@ -117,20 +118,23 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
 
 
 def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
-               packed: str | os.PathLike[str] | None = None, model: str = "sage", hidden: int = 128,
-               num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
-               epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
-               clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4, seed: int = 0,
-               device: str = "cpu", eval_every: int = 1, threads: int | None = None, progress: bool = True,
-               on_epoch: Callable[[dict[str, Any]], None] | None = None,
+               packed: str | os.PathLike[str] | None = None, model: str = TrainConfig.model,
+               hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
+               fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
+               epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, weight_decay: float = TrainConfig.weight_decay,
+               clip_grad: float | None = TrainConfig.clip_grad, dropout: float = TrainConfig.dropout,
+               heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str = DEVICE,
+               eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
+               progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
                on_batch: Callable[[int], Any] | None = None, on_start: Callable[[int, int], Any] | None = None,
-               cpu_memory: int | str | None = None,
-               gpu_memory: int | str = 0, disk_budget: int | str | None = None, superbatch_size: int = 64,
-               queue_depth: int = 2, sequential: bool = False, check_crc: bool = True, resume: bool = False,
+               cpu_memory: int | str | None = None, gpu_memory: int | str = PrepareConfig.gpu_memory,
+               disk_budget: int | str | None = PrepareConfig.disk_budget,
+               superbatch_size: int = PrepareConfig.superbatch_size, queue_depth: int = QUEUE_DEPTH,
+               sequential: bool = False, check_crc: bool = True, resume: bool = False,
                force: bool = False, readahead: int | None = None, batches: str | None = None,
                partitions: int | None = None, parts_per_group: int | None = None, group_by: str | None = None,
                history_select: str | None = None,
-               history_memory: int | str | None = None, history_staleness: int = DEFAULT_STALENESS,
+               history_memory: int | str | None = None, history_staleness: int | None = None,
                history_prune: str | None = None, history_ramp: float | None = None,
                history_cooldown: float | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
@@ -166,9 +170,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,
              "group_by": group_by, "history_select": history_select}
     options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
-    options.update(history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
-                                   history_prune, pipeline.history_prune, ramp=history_ramp, cooldown=history_cooldown,
-                                   default_ramp=pipeline.history_ramp, default_cooldown=pipeline.history_cooldown))
+    options.update(history_options(history_memory, hidden, st.feature_bytes, pipeline, staleness=history_staleness,
+                                   prune=history_prune, ramp=history_ramp, cooldown=history_cooldown))
     result = pipeline.prepare(st.path, out, force=force, quiet=not progress, cpu_memory=budgets["cpu_memory"],
                               **options)
     report = train_and_report(

@@ -23,17 +23,11 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...operators.formats.store import Store
-from ...operators.prepare.history import (
-    DEFAULT_COOLDOWN,
-    DEFAULT_PRUNE,
-    DEFAULT_RAMP,
-    DEFAULT_STALENESS,
-    EMBEDDING_DTYPE,
-    history_rows,
-)
-from ...operators.prepare.seeds import PARTS_PER_GROUP, label_shares
+from ...operators.options import QUEUE_DEPTH
+from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
+from ...operators.prepare.seeds import label_shares
 from ...operators.train.config import TrainConfig
-from ..options import history_options
+from ..options import history_options, history_rule
 from ..roles import stream_client, tls_security
 from ..rundir import plot_curves, write_report
 from ..stream import StreamConfig, StreamRun
@@ -55,24 +49,27 @@ def _local(store: str | os.PathLike[str]) -> str:
 
 
 def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, scheduler: str | None = None,
-        window: int = 2, workers: int | None = None, scratch: str | None = None, quota: int | str | None = None,
-        hold_memory: int | str | None = None, stage: str | None = None, model: str = "sage", hidden: int = 128,
-        num_layers: int | None = None, fanouts: Sequence[int] = (10, 10, 10), batch_size: int = 1024,
-        epochs: int = 3, lr: float = 3e-3, weight_decay: float = TrainConfig.weight_decay,
-        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = 0.2, heads: int = 4, seed: int = 0,
-        device: str | None = None, eval_every: int = 1,
-        threads: int | None = None, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        window: int = StreamConfig.window, workers: int | None = None, scratch: str | None = None,
+        quota: int | str | None = None, hold_memory: int | str | None = None, stage: str | None = StreamConfig.stage,
+        model: str = TrainConfig.model, hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
+        fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
+        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, weight_decay: float = TrainConfig.weight_decay,
+        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = TrainConfig.dropout,
+        heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str | None = StreamConfig.device,
+        eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads, progress: bool = True,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
         on_superbatch: Callable[[dict[str, Any]], None] | None = None,
-        cpu_memory: int | str | None = None, gpu_memory: int | str = 0, superbatch_size: int = 32,
-        tier_superbatches: int = 2, checkpoint_every: int = 1, queue_depth: int = 2, check_crc: bool = True,
-        resume: bool = False, processes: bool = True, gpu_wait: float = 60.0, batches: str = "shuffled",
-        partitions: int | None = None, parts_per_group: int = PARTS_PER_GROUP,
-        group_by: str = "label", history_memory: int | str | None = None,
-        history_staleness: int = DEFAULT_STALENESS, history_select: str = "accesses",
-        history_prune: str = DEFAULT_PRUNE, history_ramp: float = DEFAULT_RAMP,
-        history_cooldown: float = DEFAULT_COOLDOWN, gpus: int = 1, cache: str = "per-worker",
-        batches_per_step: int = 1, tls_ca_file: str | None = None,
-        tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+        cpu_memory: int | str | None = None, gpu_memory: int | str = StreamConfig.gpu_memory,
+        superbatch_size: int = StreamConfig.superbatch_size, tier_superbatches: int = StreamConfig.tier_superbatches,
+        checkpoint_every: int = StreamConfig.checkpoint_every, queue_depth: int = QUEUE_DEPTH, check_crc: bool = True,
+        resume: bool = False, processes: bool = True, gpu_wait: float = StreamConfig.gpu_wait_s,
+        batches: str = StreamConfig.batches, partitions: int | None = StreamConfig.partitions,
+        parts_per_group: int = StreamConfig.parts_per_group, group_by: str = StreamConfig.group_by,
+        history_memory: int | str | None = None, history_staleness: int | None = None,
+        history_select: str = StreamConfig.history_select, history_prune: str | None = None,
+        history_ramp: float | None = None, history_cooldown: float | None = None, gpus: int = StreamConfig.gpus,
+        cache: str = StreamConfig.cache, batches_per_step: int = TrainConfig.batches_per_step,
+        tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -129,8 +126,10 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     if history_memory == "auto":
         raise ConfigError("history_memory", "the memory split plans the whole round once per candidate; the "
                                             "stream loader takes a size (e.g. 5%)")
-    hist = history_options(history_memory, history_staleness, hidden, st.feature_bytes, DEFAULT_STALENESS,
-                           history_prune, ramp=history_ramp, cooldown=history_cooldown)
+    rule = history_rule(None, history_staleness=history_staleness, history_prune=history_prune,
+                        history_ramp=history_ramp, history_cooldown=history_cooldown)   # None: the library's
+    hist = history_options(history_memory, hidden, st.feature_bytes, staleness=history_staleness,
+                           prune=history_prune, ramp=history_ramp, cooldown=history_cooldown)
     memory = hist["history_memory"]
     rows = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
     if hist["history_memory"] and rows == 0:
@@ -160,9 +159,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
-                       history_rows=rows, history_staleness=history_staleness, history_select=history_select,
-                       history_prune=history_prune, history_ramp=history_ramp, history_cooldown=history_cooldown,
-                       gpus=gpus, cache=cache)
+                       history_rows=rows, history_select=history_select, **rule, gpus=gpus, cache=cache)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import dask
 import numpy as np
@@ -133,21 +134,22 @@ def test_bad_split_options_are_refused() -> None:
         replace(CFG, fanouts=(5,)).validate()
     with pytest.raises(ConfigError, match="^history_select"):
         replace(CFG, history_split=False, history_staleness=100, history_select="degree").validate()   # no cache
-    assert history_options("auto", None, 16, 1 << 20, 100) == {
+    assert history_options("auto", 16, 1 << 20) == {
         "history_memory": 0, "history_split": True, "history_dim": 16, "history_staleness": 100,
         "history_prune": "thin", "history_ramp": 0.0, "history_cooldown": 0.0}
-    assert history_options("1MiB", None, 16, 1 << 20, 100, default_cooldown=0.2, ramp=0.5)["history_cooldown"] == 0.2
-    assert history_options("auto", None, 16, 1 << 20, 100, None, "subtree")["history_prune"] == "subtree"
+    # a pipeline's own rule where none is given
+    assert history_options("1MiB", 16, 1 << 20, SimpleNamespace(history_cooldown=0.2), ramp=0.5)["history_cooldown"] == 0.2
+    assert history_options("auto", 16, 1 << 20, SimpleNamespace(history_prune="subtree"))["history_prune"] == "subtree"
     with pytest.raises(ConfigError, match="^history_staleness"):
-        history_options(None, 7, 16, 1 << 20, 100)
+        history_options(None, 16, 1 << 20, staleness=7)
     with pytest.raises(ConfigError, match="^history_prune"):
-        history_options(None, None, 16, 1 << 20, 100, "subtree")          # no cache to prune for
+        history_options(None, 16, 1 << 20, prune="subtree")              # no cache to prune for
     with pytest.raises(ConfigError, match="^history_prune"):
-        history_options("1MiB", None, 16, 1 << 20, 100, "deepest")
+        history_options("1MiB", 16, 1 << 20, prune="deepest")
     with pytest.raises(ConfigError, match="^history_cooldown: applies"):
-        history_options(None, None, 16, 1 << 20, 100, cooldown=0.2)      # no cache to end exact
+        history_options(None, 16, 1 << 20, cooldown=0.2)                 # no cache to end exact
     with pytest.raises(ConfigError, match="^history_ramp: expected"):
-        history_options("1MiB", None, 16, 1 << 20, 100, ramp=-2)
+        history_options("1MiB", 16, 1 << 20, ramp=-2)
 
 
 def test_the_cli_and_a_pipeline_take_auto(tiny_store: Path, tmp_path: Path, capsys, one_torch_thread) -> None:
