@@ -23,8 +23,9 @@ class DiskflowError(Exception):
     """A problem the user can fix (bad input, bad option, not enough budget)."""
 
 
-class InputError(DiskflowError):
-    """Bad input data: names the file (or directory) and the fault."""
+class InputError(DiskflowError, ValueError):
+    """Bad input data: names the file (or directory) and the fault. A `ValueError` too, so that a caller
+    written the PyG way (``except ValueError``) catches it."""
 
     def __init__(self, path: str | os.PathLike[str], fault: str) -> None:
         self.path = os.fspath(path)
@@ -68,8 +69,9 @@ class Setting:
         return (type(self), (self.name, self.value, self.note))
 
 
-class ConfigError(DiskflowError):
-    """A bad option or configuration value: names the option and the fault.
+class ConfigError(DiskflowError, ValueError):
+    """A bad option or configuration value: names the option and the fault. A `ValueError` too, so that a
+    caller written the PyG way (``except ValueError``) catches it.
 
     Other options the fault names are `Setting`s, so the API reads ``field=value`` and the command
     line its flag (`render`): `settings` stand at ``{field}`` in `fault`; `choices` (settings that
