@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
-from ..config import BATCH_ORDERS, check_rule
+from ..config import BATCH_ORDERS, HISTORY_PRUNES, HISTORY_SELECTS, RoundOptions, check_prune, check_rule
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
@@ -114,3 +115,72 @@ def add_tls_arguments(parser: argparse.ArgumentParser, listens: bool = False) ->
     parser.add_argument("--tls-cert", default=None, metavar="FILE", help=f"{who} certificate (PEM)")
     parser.add_argument("--tls-key", default=None, metavar="FILE",
                         help=f"{who} private key (PEM; default: in --tls-cert)")
+
+
+def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, or a ConfigError naming the option."""
+    if text not in choices:
+        raise ConfigError(option, f"expected one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+def argparse_type(option: str, parse: Callable[[str, str], Any]) -> Callable[[str], Any]:
+    """`parse(option, text)` as an argparse ``type``: a `ConfigError` becomes argparse's own message."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(option, text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+_R = RoundOptions       # the history rule's defaults, from the one place they are set (a pipeline may set its own)
+
+# the historical embedding cache's flags, shared by `diskflow prepare` and `diskflow run`:
+# field -> (flag, metavar, parser of (flag, text), help)
+HISTORY_FLAGS: dict[str, tuple[str, str, Callable[[str, str], Any], str]] = {
+    "history_memory": ("--history-memory", "SIZE", lambda option, text: text,
+                       ("a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
+                       "5%%); packed pipelines plan it into the samples, memory/mmap online; 'auto' (packed "
+                       "pipelines): the share of --cpu-memory that reads the fewest bytes from disk, the rest for the "
+                       "feature cache (default: the pipeline's)")),
+    "history_select": ("--history-select", "HOW", lambda option, text: parse_choice(option, text, HISTORY_SELECTS),
+                       ("packed pipelines: the embedding cache's nodes, accesses (the round's most frequent one-hop "
+                       "nodes, known offline) or degree (the highest in-degree, as memory/mmap choose online) "
+                       f"(default {_R.history_select})")),
+    "history_staleness": ("--history-staleness", "S", lambda option, text: parse_int(option, text, 1),
+                          (f"batches a cached embedding stays usable (default {_R.history_staleness}, or the "
+                          "pipeline's own; 1: never reused)")),
+    "history_prune": ("--history-prune", "HOW", lambda option, text: check_prune(text, option),
+                      (f"what a fresh cached embedding prunes below its node: {', '.join(HISTORY_PRUNES)}; thin: "
+                      "its subtree's last hop but one neighbour per node there, for the gradient; last-hop: its "
+                      "subtree's last hop, the lower layers stay exact; subtree: all of it, OUTRE's rule, fewer rows "
+                      "read, and the seeds' lower layers see that node's features alone "
+                      f"(default {_R.history_prune}, or the pipeline's own)")),
+    "history_ramp": ("--history-ramp", "R", parse_history_rule,
+                     ("the adaptive staleness bound: an embedding computed at batch t stands in for at most "
+                     "max(1, R*t) batches, so the early, fast-changing model's expire first; more bytes read, less "
+                     f"accuracy lost (default {_R.history_ramp:g}: the fixed bound, or the pipeline's own)")),
+    "history_cooldown": ("--history-cooldown", "SHARE", parse_history_rule,
+                         ("the share of the round's last batches that prune nothing, so training ends on exact "
+                         f"embeddings; more bytes read, less accuracy lost (default {_R.history_cooldown:g}, or "
+                         "the pipeline's own)")),
+}
+
+
+def add_history_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
+    """Add `HISTORY_FLAGS` to a command's parser. With `defaults` (prepare's), each flag's value is parsed by
+    argparse and defaults to the field's entry there; without (`diskflow run`, which passes on only the flags
+    given), each defaults to None and the command parses it (`parse_history_flags`)."""
+    for name, (flag, metavar, parse, text) in HISTORY_FLAGS.items():
+        if defaults is None:
+            parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
+        else:
+            parser.add_argument(flag, dest=name, default=defaults[name], metavar=metavar,
+                                type=argparse_type(flag, parse), help=text)
+
+
+def parse_history_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The history flags given (not None) in `args`, parsed: `diskflow run`'s."""
+    return {name: parse(flag, getattr(args, name)) for name, (flag, _, parse, _) in HISTORY_FLAGS.items()
+            if getattr(args, name, None) is not None}

@@ -5,10 +5,10 @@ import argparse
 
 from .. import load_pipeline
 from ..cluster import check_tls
-from ..config import GROUPINGS, HISTORY_PRUNES, HISTORY_SELECTS, PREPARE_DEFAULTS, fanouts_option
+from ..config import GROUPINGS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
-from .options import add_tls_arguments, history_rule, parse_batches, positive_int
+from .options import add_history_arguments, add_tls_arguments, parse_batches, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,31 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches: parts whose training nodes are shuffled together (default %(default)s)")
     p.add_argument("--group-by", choices=GROUPINGS, default=d["group_by"],
                    help="partition batches: how parts meet in a group, label (parts of different majority labels "
-                        "together; default) or random (OUTRE's)")
+                        "together) or random (OUTRE's) (default %(default)s)")
     p.add_argument("--partitioner", choices=("kaminpar", "metis"), default=d["partitioner"],
                    help="partition batches: the partitioner (default %(default)s)")
     p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=d["partition_threads"],
                    help="partition batches: the partitioner's threads (default %(default)s: the same parts every run)")
-    p.add_argument("--history-memory", default=d["history_memory"], metavar="SIZE",
-                   help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features, planned into "
-                        "the samples, or 'auto': the share of --cpu-memory that reads the fewest bytes from disk, "
-                        "the rest for the feature cache (default: the pipeline's)")
-    p.add_argument("--history-select", choices=HISTORY_SELECTS, default=d["history_select"],
-                   help="the embedding cache's nodes: the round's most frequent one-hop nodes (accesses, default; "
-                        "known offline) or the highest in-degree (degree, what an online loader uses)")
-    p.add_argument("--history-staleness", type=positive_int("--history-staleness"), default=d["history_staleness"],
-                   help="batches a cached embedding stays usable (default: the pipeline's, 100; 1: never reused)")
-    p.add_argument("--history-prune", choices=HISTORY_PRUNES, default=d["history_prune"],
-                   help="what a fresh cached embedding prunes below its node: thin (its subtree's last hop but one "
-                        "neighbour per node there, for the gradient), last-hop (its subtree's last hop; the lower "
-                        "layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows read, and the seeds' "
-                        "lower layers see that node's features alone) (default: the pipeline's, thin)")
-    p.add_argument("--history-ramp", type=history_rule("--history-ramp"), default=d["history_ramp"], metavar="R",
-                   help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "
-                        "max(1, R*t) batches (default: the pipeline's, 0: the fixed bound)")
-    p.add_argument("--history-cooldown", type=history_rule("--history-cooldown"), default=d["history_cooldown"],
-                   metavar="SHARE", help="the share of the round's last batches that prune nothing (default: the "
-                                         "pipeline's, 0)")
+    add_history_arguments(p, d)
     p.add_argument("--hidden", type=positive_int("--hidden"), default=d["hidden"],
                    help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
     p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=d["minhash_k"],

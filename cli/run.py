@@ -19,7 +19,6 @@ from ..config import (
     RUN_DEFAULTS,
     TrainConfig,
     available_pipelines,
-    check_prune,
     model_label,
     model_option,
     parse_fanouts,
@@ -35,7 +34,14 @@ from ..runs import (
     print_epoch,
     served_share,
 )
-from .options import parse_batches, parse_float, parse_history_rule, parse_int
+from .options import (
+    HISTORY_FLAGS,
+    add_history_arguments,
+    parse_batches,
+    parse_float,
+    parse_history_flags,
+    parse_int,
+)
 from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
 
@@ -58,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", metavar="N", help=f"seed nodes per batch (default {d.batch_size})")
     p.add_argument("--hidden", metavar="N", help=f"hidden channels (default {d.hidden})")
     p.add_argument("--num-layers", metavar="N", help="model layers (default: number of hops)")
-    p.add_argument("--dropout", metavar="P", help="dropout probability")
+    p.add_argument("--dropout", metavar="P", help=f"dropout probability (default {d.dropout:g})")
     p.add_argument("--lr", metavar="LR",
                    help=f"learning rate: Adam's, or a model file's optimizer factory's (default {d.lr:g})")
     p.add_argument("--weight-decay", metavar="WD", help=f"weight decay: Adam's, or a model file's optimizer "
@@ -79,30 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="partition batches of the memory/mmap pipelines: a parts file (a packed dataset's partition.npy)")
     p.add_argument("--parts-per-group", metavar="N", help="partition batches: parts shuffled together (default "
                                                           f"{PREPARE_DEFAULTS['parts_per_group']})")
-    p.add_argument("--group-by", metavar="HOW", help="partition batches: how parts meet in a group, label (default: "
-                                                    "parts of different majority labels together) or random (OUTRE's)")
-    p.add_argument("--history-memory", metavar="SIZE",
-                   help="a historical embedding cache (OUTRE) of SIZE bytes or a share of the features (e.g. 64MiB, "
-                        "5%%); packed pipelines plan it offline, memory/mmap online; 'auto' (packed pipelines): "
-                        "the share of --cpu-memory that reads the fewest bytes from disk")
-    p.add_argument("--history-select", metavar="HOW",
-                   help="packed pipelines: the embedding cache's nodes, accesses (default: the round's most frequent "
-                        "one-hop nodes) or degree (the highest in-degree, as memory/mmap choose online)")
-    p.add_argument("--history-staleness", metavar="S",
-                   help=f"batches a cached embedding stays usable (default {RUN_DEFAULTS['history_staleness']}; "
-                        "1: never reused)")
-    p.add_argument("--history-prune", metavar="HOW",
-                   help="what a fresh cached embedding prunes below its node: thin (default: its subtree's last "
-                        "hop but one neighbour per node there, for the gradient), last-hop (its subtree's last hop; "
-                        "the lower layers stay exact) or subtree (all of it, OUTRE's rule: fewer rows, and the "
-                        "seeds' lower layers see that node's features alone)")
-    p.add_argument("--history-ramp", metavar="R",
-                   help="the adaptive staleness bound: an embedding computed at batch t stands in for at most "
-                        "max(1, R*t) batches, so the early, fast-changing model's expire first (default: the "
-                        "pipeline's, 0: the fixed bound); more bytes read, less accuracy lost")
-    p.add_argument("--history-cooldown", metavar="SHARE",
-                   help="the share of the round's last batches that prune nothing, so training ends on exact "
-                        "embeddings (default: the pipeline's, 0); more bytes read, less accuracy lost")
+    p.add_argument("--group-by", metavar="HOW", help="partition batches: how parts meet in a group, label (parts of "
+                                                    "different majority labels together) or random (OUTRE's) "
+                                                    f"(default {PREPARE_DEFAULTS['group_by']})")
+    add_history_arguments(p)
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
                         f"(default {RUN_DEFAULTS['extractors']})")
@@ -131,15 +117,10 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "partition": ("--partition", str),
     "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
     "group_by": ("--group-by", str),
-    "history_select": ("--history-select", str),
-    "history_memory": ("--history-memory", str),
-    "history_staleness": ("--history-staleness", lambda s: parse_int("--history-staleness", s, 1)),
-    "history_prune": ("--history-prune", check_prune),
-    "history_ramp": ("--history-ramp", lambda s: parse_history_rule("--history-ramp", s)),
-    "history_cooldown": ("--history-cooldown", lambda s: parse_history_rule("--history-cooldown", s)),
     "extractors": ("--extractors", lambda s: parse_int("--extractors", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
+_FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (flag, *_) in HISTORY_FLAGS.items()}}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -147,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
 
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
+    options.update(parse_history_flags(args))
     # the scheduler's address against the TLS options, before a run directory is made (the pipeline checks again)
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
     pipeline = load_pipeline(args.pipeline)
@@ -154,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for name in options:
         if not takes_any and name not in params:
-            raise ConfigError(_OPTIONS[name][0], f"pipeline {args.pipeline!r} does not take this option")
+            raise ConfigError(_FLAGS[name], f"pipeline {args.pipeline!r} does not take this option")
     extras = {"progress": not args.no_progress, "on_epoch": print_epoch}
     options.update({k: v for k, v in extras.items() if takes_any or k in params})
 
