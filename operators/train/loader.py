@@ -30,17 +30,16 @@ tracks the position of its tier (`tier_position`) and fast-forwards (runs load +
 without yielding) when asked for a later start, or restarts from ``cpu_init`` for an earlier
 one. `tier_state`/`restore_tier` let a checkpoint save and restore it.
 
-Here: the loader's life (setup, tiers, epochs, streaming, its pool of batch matrices, the
-stages' wiring). Elsewhere: a batch's reads and assembly (`assemble.BatchAssembly`, which the
-loader inherits), the memory figures and budget check (`memory`), the stage pipe (`pipe`).
+Here: the loader's life (setup, tiers, epochs, streaming, statistics). Elsewhere, one job each:
+a batch's reads and assembly (`assemble.BatchAssembly`, which the loader inherits), the stages'
+order and threads (`stages`), the pool of batch matrices (`pool.MatrixPool`), the tiers' memory
+and the check of a saved tier (`cputier`), the memory figures, budget check and re-plan when
+following a streamed directory (`memory`), the stage pipe (`pipe`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -52,17 +51,23 @@ from torch_geometric.data import Data
 from ...errors import ConfigError, InputError
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
-from ..formats.npyio import load_npy, read_into
-from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
+from ..formats.npyio import read_into
+from ..formats.packed import IndexRecord, PackedDataset
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts, make_reader
 from .batches import Sample, batch_data
-from .memory import check_memory, memory_plan
-from .pipe import END, Pipe, StageClock, Stopped, guard
+from .cputier import check_follows, check_saved_tier, cpu_tier, gpu_tier, stream_batches
+from .memory import check_memory, follow_plan, memory_plan
+from .pipe import StageClock
+from .pool import MatrixPool
+from .stages import load_labels, pipelined, records, samples, sequential
+from .staging import PinnedBuffers
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+__all__ = ["PackedLoader"]
 
 
 class PackedLoader(BatchAssembly):
@@ -117,7 +122,7 @@ class PackedLoader(BatchAssembly):
         check_memory(self.memory, cpu_memory, gpu_memory)
         self._cpu_memory = cpu_memory
         self.num_classes = int(self.ds.manifest.get("num_classes", 0))
-        self.labels = self._labels()
+        self.labels = load_labels(self.ds)
         self._store_path = store
         self._store: Any = None
         self._own_reader = reader is None
@@ -133,20 +138,17 @@ class PackedLoader(BatchAssembly):
         # Assemble with the device path (pinned block + gathers on the device); always on CUDA. Tests
         # switch it on for a CPU loader to check the same index arithmetic without a GPU.
         self._device_path = self.device.type == "cuda"
-        self._pinned: list[int] = []
+        self._pins = PinnedBuffers(self.device)
         self._buffers: list[np.ndarray] = []
         # Pooled batch feature matrices: each lent to one batch until the consumer gives it back (`release`).
-        self._matrices: list[np.ndarray] = []
-        self._free: list[np.ndarray] = []                           # pooled and not lent
-        self._lent: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # data pointer -> (matrix, the batch's x)
-        self._pool_lock = threading.Lock()                          # the assemble thread lends, the consumer releases
+        self.pool = MatrixPool(self.dim, self.dtype, self.memory)
         self._bounce: np.ndarray | None = None
         self._tier_buffer: np.ndarray | None = None
         self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
         self._shard_files: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._shared = shared
         self._shared_published = False
-        self._global = self._global_batches(self.ds)
+        self._global = stream_batches(self.ds)
         self._init_tiers()
         self.counts = SourceCounts()
         self.clocks: dict[str, StageClock] = {k: StageClock() for k in ("load", "assemble", "graph", "train")}
@@ -154,40 +156,10 @@ class PackedLoader(BatchAssembly):
         self._closed = False
 
     # ------------------------------------------------------------------ setup
-    def _labels(self) -> np.ndarray:
-        name = self.ds.manifest.get("labels")
-        if not name:
-            raise InputError(self.path / "manifest.json", "no labels (prepared by an older version; re-run "
-                                                          "prepare with force=True)")
-        p = self.path / str(name)
-        try:
-            labels = load_npy(p)
-        except (OSError, ValueError) as e:
-            raise InputError(p, f"unreadable labels ({e})") from e
-        if labels.shape != (self.ds.num_nodes,) or labels.dtype.kind not in "iu":
-            raise InputError(p, f"expected int labels [{self.ds.num_nodes}], found {labels.dtype}{list(labels.shape)}")
-        return labels.astype(np.int64, copy=False)
-
     def _init_tiers(self) -> None:
-        gpu = np.array(self.ds.gpu_cache)
-        self.gpu: Any
-        if self.device.type == "cuda":
-            self.gpu = torch.from_numpy(gpu).to(self.device)
-            torch.cuda.synchronize(self.device)      # the assemble stage reads it from its own stream
-        else:
-            self.gpu = gpu
-        c = self.ds.cpu_ids.shape[0]
-        if self._shared is not None:
-            if self._shared.rows.shape != (c, self.dim) or self._shared.rows.dtype != self.dtype:
-                raise InputError(self.path, f"the shared CPU tier holds {self._shared.rows.dtype}"
-                                            f"{list(self._shared.rows.shape)}, the dataset's is {self.dtype}[{c}, {self.dim}]")
-            self.cpu = self._shared.rows
-        elif self.device.type == "cuda":
-            dtype = torch.from_numpy(np.zeros(0, self.dtype)).dtype
-            self.cpu = torch.empty((c, self.dim), dtype=dtype, pin_memory=True).numpy()
-        else:
-            self.cpu = np.empty((c, self.dim), dtype=self.dtype)
-        self.cpu_ids = np.empty(c, np.int64)
+        self.gpu: Any = gpu_tier(self.ds, self.device)
+        self.cpu = cpu_tier(self.ds, self.device, self._shared)
+        self.cpu_ids = np.empty(self.ds.cpu_ids.shape[0], np.int64)
         self._reset_tier()
 
     def _reset_tier(self) -> None:
@@ -216,54 +188,27 @@ class PackedLoader(BatchAssembly):
             if ids is None or ids.shape != self.cpu_ids.shape:
                 raise InputError(self.path, "saved CPU tier ids do not fit this dataset's tier")
             rows = self.cpu
-        if rows.shape != self.cpu.shape or rows.dtype != self.cpu.dtype or ids is None or ids.shape != self.cpu_ids.shape:
-            raise InputError(self.path, f"saved CPU tier {rows.dtype}{list(rows.shape)} does not fit this dataset's "
-                                        f"{self.cpu.dtype}{list(self.cpu.shape)}")
-        if not 0 <= position <= self.num_batches:
-            raise InputError(self.path, f"saved CPU tier position {position} is outside the round")
+        ids = check_saved_tier(self.path, self.cpu, self.cpu_ids, rows, ids, position, self.num_batches)
         if self._shared is None or self._shared.rank == 0:
             self.cpu[:] = rows
         self.cpu_ids[:] = ids
         self._tier_next = int(position)
-
-    @staticmethod
-    def _global_batches(ds: PackedDataset) -> dict[int, int]:
-        """A streamed superbatch's batches -> their numbers in the merged stream of every GPU worker
-        (``stream.global_batches``; empty when the manifest has none)."""
-        order = (ds.manifest.get("stream") or {}).get("global_batches")
-        if not order:
-            return {}
-        sb = min(ds.superbatches, key=lambda s: s.first_batch)
-        return {sb.first_batch + j: int(g) for j, g in enumerate(order)}
 
     def _alloc(self) -> None:
         """Staging buffers (pinned on CUDA) and the row-read bounce buffer, sized from the manifest."""
         if self._buffers:
             return
         cap = int(self.memory["staging_piece_bytes"])
-        for _ in range(staging_buffers(self.queue_depth, not self.pipelined)):
-            buf = aligned_empty(cap)
-            self._pin(buf)
-            self._buffers.append(buf)
+        self._buffers += [self._pins.new(cap) for _ in range(staging_buffers(self.queue_depth, not self.pipelined))]
         if self._device_path:      # CPU-tier rows reach the device through a pinned buffer of their own
-            self._tier_buffer = aligned_empty(cap)
-            self._pin(self._tier_buffer)
+            self._tier_buffer = self._pins.new(cap)
         self._bounce = aligned_empty(DEFAULT_BOUNCE_BYTES)
         if self.device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
 
-    def _pin(self, buf: np.ndarray) -> None:
-        if self.device.type != "cuda" or buf.nbytes == 0:
-            return
-        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0))
-        self._pinned.append(buf.ctypes.data)
-
     def _free_staging(self) -> None:
         """Drop the staging and tier buffers, unpinning what was pinned (they are allocated again on demand)."""
-        for ptr in self._pinned:
-            with contextlib.suppress(Exception):
-                torch.cuda.cudart().cudaHostUnregister(ptr)
-        self._pinned.clear()
+        self._pins.unpin()
         self._buffers.clear()
         self._tier_buffer = None
 
@@ -273,7 +218,7 @@ class PackedLoader(BatchAssembly):
             return
         self._closed = True
         self._free_staging()
-        self._drop_pool()
+        self.pool.drop()
         if self._own_reader:
             with contextlib.suppress(Exception):
                 self.reader.close()
@@ -318,32 +263,17 @@ class PackedLoader(BatchAssembly):
         if self._closed:
             raise RuntimeError("the loader is closed")
         ds = PackedDataset(packed_dir, held)
-        shape = (ds.dtype, ds.dim, ds.num_shards, ds.num_nodes, ds.gpu_ids.shape[0], ds.cpu_ids.shape[0])
-        mine = (self.ds.dtype, self.dim, self.ds.num_shards, self.ds.num_nodes, self.ds.gpu_ids.shape[0],
-                self.cpu_ids.shape[0])
-        if shape != mine:
-            raise InputError(ds.path, f"(dtype, dim, shards, nodes, GPU rows, CPU rows) {shape} differ from the "
-                                      f"loader's {mine}")
-        first = min((s.first_batch for s in ds.superbatches), default=self._tier_next)
-        if first != self._tier_next:
-            raise InputError(ds.path, f"starts at batch {first}, but the CPU tier stands before batch {self._tier_next}")
-        memory = memory_plan(ds, self.device, self.queue_depth, not self.pipelined)
-        grow = memory["staging_piece_bytes"] > self.memory["staging_piece_bytes"]
-        if not grow:        # the staging buffers stay as large as they are
-            memory["host_bytes"] += self.memory["staging_bytes"] - memory["staging_bytes"]
-            memory.update(staging_piece_bytes=self.memory["staging_piece_bytes"],
-                          staging_bytes=self.memory["staging_bytes"])
-        taller = memory["max_batch_rows"] > self.memory["max_batch_rows"]
-        if not taller:      # and so do the pooled batch matrices
-            memory.update(max_batch_rows=self.memory["max_batch_rows"], assembled_bytes=self.memory["assembled_bytes"])
+        check_follows(ds, self.ds, self.cpu_ids, self._tier_next)
+        memory, grow, taller = follow_plan(self.memory, ds, self.device, self.queue_depth, not self.pipelined)
         check_memory(memory, self._cpu_memory, None)
         self.close_files()
         if grow:            # larger pieces: new staging buffers
             self._free_staging()
         if taller:
-            self._drop_pool()
+            self.pool.drop()
         self.ds, self.path, self.memory = ds, ds.path, memory
-        self._global = self._global_batches(ds)
+        self.pool.memory = memory
+        self._global = stream_batches(ds)
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
         self.num_batches = ds.num_batches
@@ -377,41 +307,17 @@ class PackedLoader(BatchAssembly):
 
     # ------------------------------------------------------------------ stage 1: load
     def _records(self, lo: int, hi: int) -> Iterator[tuple[int, IndexRecord]]:
-        for sb in self._superbatches(lo, hi):
-            for j, rec in enumerate(self.ds.index(sb.key)):
-                g = sb.first_batch + j
-                if lo <= g < hi:
-                    yield g, rec
-
-    def _superbatches(self, lo: int, hi: int) -> list[SuperbatchEntry]:
-        return [s for s in self.superbatches if s.first_batch < hi and s.first_batch + s.batches > lo]
+        """Global batches [lo, hi)'s index records, in order (`stages.records`)."""
+        return records(self.ds, self.superbatches, lo, hi)
 
     # ------------------------------------------------------------------ the pool of batch matrices
     def _batch_matrix(self, n: int) -> np.ndarray:
-        """An [n, dim] matrix for a batch's features: a pooled one not lent to any batch, else a fresh one.
+        """An [n, dim] matrix for a batch's features, from the pool (`pool.MatrixPool.take`)."""
+        return self.pool.take(n)
 
-        A fresh matrix per batch costs the kernel zeroing its pages every time. A pooled matrix is
-        lent to the batch it is yielded in (`_lend`) and handed out again only after the consumer
-        gave it back (`release`), so a batch the caller keeps is never written again; without
-        releases every batch gets a matrix of its own. The pool holds at most the assembled batches
-        in flight (`assembled_batches`, which the memory plan reports).
-        """
-        rows = int(self.memory["max_batch_rows"])
-        with self._pool_lock:
-            if n <= rows and self._free:
-                return self._free.pop()[:n]
-            m = np.empty((max(n, rows), self.dim), dtype=self.dtype)
-            if n <= rows and len(self._matrices) < int(self.memory["assembled_batches"]):
-                self._matrices.append(m)
-            return m[:n]
-
-    def _lend(self, x: torch.Tensor) -> None:
-        """Record that the batch about to be yielded holds `x`'s matrix (if pooled) until `release`."""
-        if x.device.type == "cpu":
-            with self._pool_lock:
-                m = next((m for m in self._matrices if m.ctypes.data == x.data_ptr()), None)
-                if m is not None:
-                    self._lent[x.data_ptr()] = (m, x)
+    def _reclaim(self, x: np.ndarray | None = None) -> None:
+        """Back to the pool: `x`'s matrix, or with None every matrix of a batch never yielded (`MatrixPool.reclaim`)."""
+        self.pool.reclaim(x)
 
     def release(self, batch: Data | torch.Tensor) -> None:
         """Give `batch`'s feature matrix back to the loader: later batches may be written into it.
@@ -423,49 +329,13 @@ class PackedLoader(BatchAssembly):
         nothing.
         """
         x = batch.x if isinstance(batch, Data) else batch
-        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
-            return
-        with self._pool_lock:
-            lease = self._lent.get(x.data_ptr())
-            if lease is not None and lease[1] is x:     # this batch's own lease, not a later batch's
-                del self._lent[x.data_ptr()]
-                self._free.append(lease[0])
-
-    def _reclaim(self, x: np.ndarray | None = None) -> None:
-        """Put back in the pool `x`'s matrix (a batch assembled but not yielded), or with None, once no
-        stage runs, every pooled matrix that is neither free nor lent (batches a stopped pipeline dropped)."""
-        with self._pool_lock:
-            out = [m for m in self._matrices if not any(m is f for f in self._free)
-                   and not any(m is lent for lent, _ in self._lent.values())]
-            self._free += [m for m in out if x is None or m.ctypes.data == x.ctypes.data]
-
-    def _drop_pool(self) -> None:
-        """Forget the pooled matrices (batches still lent keep theirs)."""
-        with self._pool_lock:
-            self._matrices.clear()
-            self._free.clear()
-            self._lent.clear()
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+            self.pool.release(x)
 
     # ------------------------------------------------------------------ stage 3: graph
     def _samples(self, lo: int, hi: int) -> Iterator[tuple[int, SampleRecord]]:
-        for sb in self._superbatches(lo, hi):
-            count = 0
-            for j, s in enumerate(self.ds.samples(sb.key)):
-                count += 1
-                g = sb.first_batch + j
-                if lo <= g < hi:
-                    yield g, s
-            if count != sb.batches:
-                raise InputError(self.ds.round_dir / "samples", f"superbatch {sb.key} holds {count} samples, the "
-                                                                f"manifest says {sb.batches}")
-
-    def _graph(self, s: SampleRecord) -> torch.Tensor:
-        if not s.n_id.flags.writeable or s.n_id.dtype != np.int64:    # memory-mapped from the samples file (torch
-            s.n_id = s.n_id.astype(np.int64)                            # wants its own) or int32 there (PyG: int64)
-        n_id = s.n_id
-        if n_id.size and (int(n_id.min()) < 0 or int(n_id.max()) >= self.labels.shape[0]):
-            raise InputError(self.ds.round_dir / "samples", f"batch {s.batch}: node id out of range")
-        return torch.from_numpy(self.labels[n_id])
+        """Global batches [lo, hi)'s stored samples, in order (`stages.samples`)."""
+        return samples(self.ds, self.superbatches, lo, hi)
 
     def _join(self, g: int, rec: IndexRecord, x: torch.Tensor, s: SampleRecord, y: torch.Tensor) -> Data:
         if x.shape[0] != s.n_id.shape[0]:
@@ -473,7 +343,7 @@ class PackedLoader(BatchAssembly):
                                                           f"sample has {s.n_id.shape[0]} nodes")
         if rec.insert_pos.size:
             self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
-        self._lend(x)
+        self.pool.lend(x)
         return batch_data(cast(Sample, s), x, y)
 
     # ------------------------------------------------------------------ iteration
@@ -489,120 +359,11 @@ class PackedLoader(BatchAssembly):
         self.stage_s = {"load": 0.0, "assemble": 0.0, "graph": 0.0}
         before = {k: StageClock(**vars(c)) for k, c in self.clocks.items()}
         try:
-            if self.pipelined:
-                yield from self._pipelined(lo, begin, end)
-            else:
-                yield from self._sequential(lo, begin, end)
+            yield from (pipelined if self.pipelined else sequential)(self, lo, begin, end)
         finally:
             self._reclaim()          # every stage has stopped: matrices of batches never yielded are free
             for k in ("load", "assemble", "graph"):
                 self.stage_s[k] = self.clocks[k].busy - before[k].busy
-
-    def _sequential(self, lo: int, begin: int, end: int) -> Iterator[Data]:
-        buf = self._buffers[0]
-        ck = self.clocks
-        samples = self._samples(begin, end)
-        for g, rec in self._records(lo, end):
-            pieces = self._pieces(g, rec, lambda: buf, g >= begin)
-            x = None
-            while True:         # each piece is assembled before the next one reuses the buffer
-                t0 = time.perf_counter()
-                pc = next(pieces, None)
-                t1 = time.perf_counter()
-                ck["load"].busy += t1 - t0
-                if pc is None:
-                    break
-                x = self._assemble(pc)
-                ck["assemble"].busy += time.perf_counter() - t1
-            if x is None:
-                continue
-            t2 = time.perf_counter()
-            got = next(samples, None)
-            if got is None or got[0] != g:
-                raise InputError(self.path, "the index and the samples hold different numbers of batches" if got is None
-                                 else f"batch order broken: features of {g}, graph of {got[0]}")
-            s = got[1]
-            y = self._graph(s)
-            ck["graph"].busy += time.perf_counter() - t2
-            yield self._join(g, rec, x, s, y)
-
-    def _pipelined(self, lo: int, begin: int, end: int) -> Iterator[Data]:
-        pipe = Pipe()
-        q = self.queue_depth
-        free: queue.Queue = queue.Queue()
-        for b in self._buffers:
-            free.put(b)
-        loaded: queue.Queue = queue.Queue(q)
-        assembled: queue.Queue = queue.Queue(q)
-        graphs: queue.Queue = queue.Queue(q)
-        ck = self.clocks
-
-        def load() -> None:
-            clock = ck["load"]
-            for g, rec in self._records(lo, end):
-                pieces = self._pieces(g, rec, lambda: pipe.get(free, clock), g >= begin)
-                while True:
-                    waited, t = clock.starved, time.perf_counter()
-                    pc = next(pieces, None)
-                    clock.busy += time.perf_counter() - t - (clock.starved - waited)   # not the wait for a buffer
-                    if pc is None:
-                        break
-                    pipe.put(loaded, pc, clock)
-            pipe.put(loaded, END, clock)
-
-        def assemble() -> None:
-            while (pc := pipe.get(loaded, ck["assemble"])) is not END:
-                t = time.perf_counter()
-                x = self._assemble(pc)
-                if pc.buffer is not None:
-                    free.put(pc.buffer)
-                ck["assemble"].busy += time.perf_counter() - t
-                if x is not None:
-                    pipe.put(assembled, (pc.batch, pc.record, x), ck["assemble"])
-            pipe.put(assembled, END, ck["assemble"])
-
-        def graph() -> None:
-            for g, s in self._samples(begin, end):
-                t = time.perf_counter()
-                y = self._graph(s)
-                ck["graph"].busy += time.perf_counter() - t
-                pipe.put(graphs, (g, s, y), ck["graph"])
-            pipe.put(graphs, END, ck["graph"])
-
-        threads = [threading.Thread(target=guard(pipe, fn), name=f"diskflow-{fn.__name__}", daemon=True)
-                   for fn in (load, assemble, graph)]
-        for t in threads:
-            t.start()
-        try:
-            expect = begin
-            while True:
-                item = pipe.get(assembled, ck["train"])
-                gitem = pipe.get(graphs, ck["train"])
-                if item is END or gitem is END:
-                    if item is not gitem:
-                        raise InputError(self.path, "the index and the samples hold different numbers of batches")
-                    break
-                g, rec, x = item
-                gs, s, y = gitem
-                if not g == gs == expect:
-                    raise InputError(self.path, f"batch order broken: features of {g}, graph of {gs}, expected {expect}")
-                if self.device.type == "cuda":
-                    x.record_stream(torch.cuda.current_stream(self.device))
-                data = self._join(g, rec, x, s, y)
-                del item, gitem, x, y
-                expect += 1
-                yield data
-                del data
-            if expect != end:
-                raise InputError(self.path, f"the round ended after batch {expect}, expected {end}")
-        except Stopped:
-            pass
-        finally:
-            pipe.stop.set()
-            for t in threads:
-                t.join()
-        if pipe.error is not None:
-            raise pipe.error
 
     def stats(self) -> dict[str, Any]:
         """Cumulative figures: stage clocks, reader counters, rows per source."""

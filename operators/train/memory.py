@@ -19,6 +19,8 @@ from ..formats.sizes import format_bytes
 from ..prepare.tiers import staging_piece_bytes
 from ..trainbuffers import assembled_batches, staging_buffers
 
+__all__ = ["check_memory", "fewer_buffers", "follow_plan", "io_buffer_bytes", "memory_plan", "staging_count"]
+
 
 def io_buffer_bytes(row_reads: bool = True) -> int:
     """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
@@ -108,3 +110,22 @@ def check_memory(plan: dict[str, Any], cpu_memory: int | None, gpu_memory: int |
         raise ConfigError("gpu_memory", (
             f"{format_bytes(gpu_memory)} cannot hold the GPU tier of {format_bytes(plan['device_bytes'])} "
             f"({plan['device_bytes']:,} bytes); raise it to that or prepare with a smaller gpu_memory"))
+
+
+def follow_plan(plan: dict[str, Any], ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool
+                ) -> tuple[dict[str, Any], bool, bool]:
+    """The memory plan of a loader that goes on from its `plan` to the streamed directory `ds`
+    (`PackedLoader.follow`), and whether its staging buffers must grow and its pooled matrices be taller.
+
+    Buffers and matrices are only ever replaced by larger ones: where `ds`'s pieces or batches are
+    no larger, the plan keeps the sizes the loader already holds (and counts them).
+    """
+    memory = memory_plan(ds, device, queue_depth, sequential)
+    grow = memory["staging_piece_bytes"] > plan["staging_piece_bytes"]
+    if not grow:        # the staging buffers stay as large as they are
+        memory["host_bytes"] += plan["staging_bytes"] - memory["staging_bytes"]
+        memory.update(staging_piece_bytes=plan["staging_piece_bytes"], staging_bytes=plan["staging_bytes"])
+    taller = memory["max_batch_rows"] > plan["max_batch_rows"]
+    if not taller:      # and so do the pooled batch matrices
+        memory.update(max_batch_rows=plan["max_batch_rows"], assembled_bytes=plan["assembled_bytes"])
+    return memory, grow, taller
