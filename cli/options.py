@@ -16,6 +16,10 @@ from ..config import BATCH_ORDERS, HISTORY_PRUNES, HISTORY_SELECTS, RoundOptions
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
+__all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_tls_arguments", "argparse_type", "byte_size",
+           "float_at_least", "history_rule", "parse_batches", "parse_choice", "parse_float",
+           "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
+
 
 def positive_int(option: str) -> Callable[[str], int]:
     """Parser for an integer >= 1."""

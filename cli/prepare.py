@@ -10,6 +10,8 @@ from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
 from .options import add_history_arguments, add_tls_arguments, parse_batches, positive_int
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

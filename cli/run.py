@@ -44,6 +44,8 @@ from .options import (
 )
 from .stream_options import RUN_OPTIONS, add_run_arguments, resume_dir
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

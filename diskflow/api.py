@@ -29,7 +29,7 @@ from .flow.pipeline import Pipeline, load_pipeline
 from .flow.prepare.config import PREPARE_DEFAULTS
 from .operators.train.modeldef import Model, check_model_option, model_label
 
-__all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "synth", "train"]
+__all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "prepare_options", "synth", "train"]
 
 
 @contextlib.contextmanager

@@ -18,6 +18,10 @@ from ..operators.prepare.history import (
 )
 from ..operators.prepare.sample import check_fanouts
 
+__all__ = ["DEFAULT_SHARE", "HISTORY_AUTO", "HISTORY_RULE", "DefaultBudget", "byte_budget", "fit_default",
+           "history_options", "history_rule", "is_default", "note_raised", "parse_fanouts",
+           "pipeline_history"]
+
 
 def parse_fanouts(text: str, option: str = "fanouts") -> tuple[int, ...]:
     """Per-hop fanouts such as ``10,15,-1`` (-1: all neighbours): the one parser of every command's and

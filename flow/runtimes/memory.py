@@ -69,6 +69,9 @@ from ..options import history_rule
 from ..progress import bar
 from ..rundir import plot_curves, write_report
 
+__all__ = ["NAME", "STAGES", "EpochHook", "StoredSamplesLoader", "TrainLoader", "batch_order", "gathered_run",
+           "history_planner", "run", "stored_label_prior"]
+
 NAME = "inmemory"
 STAGES = ("sample", "gather", "train")      # the in-memory loader's stages, and the step
 EpochHook = Callable[[dict[str, Any]], None]

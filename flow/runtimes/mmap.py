@@ -35,6 +35,8 @@ from ...operators.prepare.round import RoundOptions
 from ...operators.train.config import TrainConfig
 from .memory import EpochHook, gathered_run
 
+__all__ = ["ADVICE", "NAME", "MappedFeatures", "run"]
+
 NAME = "mmap"
 ADVICE = {"random": mmap.MADV_RANDOM, "normal": mmap.MADV_NORMAL}
 

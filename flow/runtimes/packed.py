@@ -24,6 +24,8 @@ from ..prepare.config import PrepareConfig
 from ..progress import bar
 from ..rundir import plot_curves, write_report
 
+__all__ = ["DEFAULT_CPU_SHARE", "budget", "packed_budgets", "run_packed", "train_and_report"]
+
 # Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
 DEFAULT_CPU_SHARE = 0.10
 

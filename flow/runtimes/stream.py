@@ -34,6 +34,8 @@ from ..stream import StreamConfig, StreamRun
 from ..timeline import plot_timeline
 from .packed import packed_budgets
 
+__all__ = ["NAME", "run"]
+
 NAME = "streaming"
 
 

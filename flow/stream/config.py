@@ -12,6 +12,8 @@ from ...operators.prepare.policies import policy_id
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.seeds import PARTS_PER_GROUP
 
+__all__ = ["CACHES", "PARTITION_FILE", "PHASES", "StreamConfig", "StreamStopped"]
+
 PHASES = ("sample", "plan", "pack", "ship", "train")
 PARTITION_FILE = "partition.npy"        # partition batches: the parts, in the run directory
 

@@ -37,6 +37,8 @@ from ..train.session import TrainSession, num, resolve_device, store_eval_loader
 from ..train.steps import DataParallel
 from ..train.trainer import STAGES
 
+__all__ = ["StreamTrainConfig", "StreamTrainer"]
+
 
 @dataclass(frozen=True)
 class StreamTrainConfig(TrainConfig):

@@ -15,8 +15,11 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..options import BATCH_SIZE, FANOUTS, SEED
-from .modeldef import BUILTIN_MODELS as MODELS  # noqa: F401  (the built-in names, re-exported)
+from .modeldef import BUILTIN_MODELS as MODELS  # (the built-in names, re-exported)
 from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
+
+__all__ = ["DATA_ONLY", "DEFAULT_EXTRACTORS", "DEFAULT_WINDOW", "HISTORY_MODELS", "MODELS", "ONLINE_TIERS",
+           "TrainConfig", "check_model_identity"]
 
 
 def _positive_int(option: str, value: Any) -> None:
