@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputError
-from .flow.options import byte_budget, history_options
+from .flow.options import byte_budget, history_options, is_default
 from .flow.pipeline import Pipeline, load_pipeline
 from .flow.prepare.config import PREPARE_DEFAULTS
 from .operators.train.modeldef import Model, check_model_option, model_label
@@ -116,6 +116,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
                              o["queue_depth"], device=o["device"])
     options = {
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
+        "cpu_memory_default": is_default(o["cpu_memory"]),     # the default 10%: raised to what works, not refused
         "device": o["device"], "fanouts": fanouts, "batch_size": o["batch_size"],
         "superbatch_size": o["superbatch_size"], "epochs": o["epochs"], "seed": o["seed"],
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": o["minhash_k"],

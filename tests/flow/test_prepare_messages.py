@@ -1,6 +1,6 @@
 """What `prepare` tells before it is too late: a CPU budget too small for the trainer's buffers is one line
 naming the smallest budget and a setting that would fit the given one (and that setting is accepted); the
-packed bytes are said before packing."""
+default budget is raised on a store too small for it instead; the packed bytes are said before packing."""
 from __future__ import annotations
 
 import logging
@@ -66,6 +66,26 @@ def test_a_budget_too_small_names_the_smallest_and_a_setting_that_fits(tiny_stor
         r = diskflow.prepare(tiny_store, tmp_path / name, cpu_memory=BUDGET, **{**ROUND, **given})
         assert r.figures["cpu_memory"] == BUDGET and r.figures["staging_bytes"] + r.figures["io_buffer_bytes"] <= BUDGET
     assert len(others) == len(fields) - 1
+
+
+def test_the_default_budget_is_raised_on_a_small_store_and_the_users_is_refused(
+        tiny_store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    st = Store(tiny_store)
+    with caplog.at_level(logging.INFO, logger="diskflow"):
+        r = diskflow.prepare(tiny_store, tmp_path / "default", **ROUND)        # cpu_memory: the default, 10%
+    f = r.figures
+    assert st.feature_bytes // 10 < f["cpu_memory"] == f["staging_bytes"] + f["io_buffer_bytes"] and f["cpu_rows"] == 0
+    assert any(m.startswith("cpu_memory: the default (") and "the smallest that works" in m for m in caplog.messages)
+    with pytest.raises(ConfigError, match=r"^cpu_memory: .* cannot hold the trainer's staging buffers"):
+        diskflow.prepare(tiny_store, tmp_path / "given", cpu_memory="10%", **ROUND)
+    # the command: the raised default is said before the pack line, and in the summary
+    capfd.readouterr()
+    assert main(["prepare", "belady", "--dataset", str(tiny_store), "--out", str(tmp_path / "cli"), *ARGS]) == 0
+    captured = capfd.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith(("pack:", "--cpu-memory:"))]
+    assert [ln.split(":")[0] for ln in lines] == ["--cpu-memory", "pack"], captured.err
+    assert lines[0].startswith("--cpu-memory: the default (") and "the smallest that works" in lines[0]
+    assert re.search(r"--cpu-memory +[\d.]+ [KM]iB \(the default, raised\): CPU tier 0 B", captured.out)
 
 
 @pytest.fixture(scope="module")
