@@ -186,8 +186,26 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
             is what travels to Dask workers (streamed runs); a `Model` made in this process trains here.
         pipeline: with a store: a built-in pipeline name, a ``.py`` file, or a `Pipeline`.
         run_dir: the run directory (default: a new one under `runs_dir`).
-        options: the trainer's or the pipeline's options (``epochs``, ``hidden``, ``lr``, ``cpu_memory``,
-            ``device``, ...), as the CLI's flags of the same names.
+        options: the trainer's or the pipeline's options (``epochs``, ``hidden``, ``lr``, ``weight_decay``,
+            ``clip_grad``, ``cpu_memory``, ``device``, ...), as the CLI's flags of the same names, and
+            the hooks, called in the process that trains (docs/user-guide.md, "Your optimizer and your
+            hooks"):
+
+            - ``on_epoch(record)``: after each epoch, with its record (``epoch``, ``loss``, ``losses``,
+              ``train_acc``, ``val_acc``, ``test_acc``, ``lr``, ``epoch_s``, ``stage_s``); every pipeline;
+            - ``on_start(epoch, batches)``: before each epoch, its index and batch count;
+            - ``on_batch(n)``: after every ``n`` trained batches;
+            - ``on_superbatch(result)``: a streamed run's, after each trained superbatch.
+
+            ``on_start`` and ``on_batch`` are taken where training runs in this process (every
+            pipeline but ``streaming``, and a packed dataset). A hook that raises stops the run.
+
+    Example::
+
+        def on_epoch(record):
+            print(record["epoch"], record["loss"], record["lr"])
+
+        report = diskflow.train("store", "my_model.py", pipeline="belady", epochs=3, on_epoch=on_epoch)
     """
     from .operators.formats.store import Store
 
