@@ -31,10 +31,11 @@ without yielding) when asked for a later start, or restarts from ``cpu_init`` fo
 one. `tier_state`/`restore_tier` let a checkpoint save and restore it.
 
 Here: the loader's life (setup, tiers, epochs, streaming, statistics). Elsewhere, one job each:
-a batch's reads and assembly (`assemble.BatchAssembly`, which the loader inherits), the stages'
-order and threads (`stages`), the pool of batch matrices (`pool.MatrixPool`), the tiers' memory
-and the check of a saved tier (`cputier`), the memory figures, budget check and re-plan when
-following a streamed directory (`memory`), the stage pipe (`pipe`).
+a batch's reads (`batchload.BatchLoad`) and its assembly (`assemble.BatchAssembly`), which the
+loader inherits, the stages' order and threads (`stages`), the pool of batch matrices
+(`pool.MatrixPool`), the tiers' memory and the check of a saved tier (`cputier`), the memory
+figures, budget check and re-plan when following a streamed directory (`memory`), the stage pipe
+(`pipe`).
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ from ..formats.npyio import read_into
 from ..formats.packed import IndexRecord, PackedDataset
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
-from .assemble import SOURCES, BatchAssembly, SourceCounts, make_reader
+from .assemble import SOURCES, BatchAssembly, SourceCounts
 from .batches import Sample, batch_data
+from .batchload import BatchLoad, make_reader
 from .cputier import check_follows, check_saved_tier, cpu_tier, gpu_tier, stream_batches
 from .memory import check_memory, follow_plan, memory_plan
 from .pipe import StageClock
@@ -70,7 +72,7 @@ if TYPE_CHECKING:
 __all__ = ["PackedLoader"]
 
 
-class PackedLoader(BatchAssembly):
+class PackedLoader(BatchLoad, BatchAssembly):
     """Iterate a packed dataset's round as PyG `Data` batches (NeighborLoader's fields).
 
     Args:

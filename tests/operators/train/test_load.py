@@ -20,8 +20,8 @@ from diskflow.operators.formats.sizes import format_bytes
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.prepare.tiers import staging_piece_bytes
-from diskflow.operators.train.assemble import make_reader
 from diskflow.operators.train.batches import TRAIN_STREAM, InMemoryLoader
+from diskflow.operators.train.batchload import make_reader
 from diskflow.operators.train.loader import PackedLoader
 from diskflow.operators.train.memory import memory_plan
 from torch_geometric.nn import GraphSAGE
