@@ -20,9 +20,9 @@ stronger baseline.
 """
 from __future__ import annotations
 
+import inspect
 import mmap
 import os
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,8 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ...operators.formats.store import Store
-from ...operators.options import DEVICE
-from ...operators.prepare.round import RoundOptions
-from ...operators.train.config import TrainConfig
-from .memory import EpochHook, gathered_run
+from .memory import gathered_run
+from .memory import run as memory_run
 
 __all__ = ["ADVICE", "NAME", "MappedFeatures", "run"]
 
@@ -90,22 +88,8 @@ class MappedFeatures:
         return torch.from_numpy(self.gather(index.numpy()))
 
 
-def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model: str = TrainConfig.model,
-        hidden: int = TrainConfig.hidden, num_layers: int | None = TrainConfig.num_layers,
-        fanouts: Sequence[int] = TrainConfig.fanouts, batch_size: int = TrainConfig.batch_size,
-        epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, weight_decay: float = TrainConfig.weight_decay,
-        clip_grad: float | None = TrainConfig.clip_grad, dropout: float = TrainConfig.dropout,
-        heads: int = TrainConfig.heads, seed: int = TrainConfig.seed, device: str = DEVICE,
-        eval_every: int = TrainConfig.eval_every, threads: int | None = TrainConfig.threads,
-        samples: str | os.PathLike[str] | None = None, advice: str = "random", progress: bool = True,
-        on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-        on_start: Callable[[int, int], Any] | None = None, batches: str = RoundOptions.batches,
-        partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-        parts_per_group: int = RoundOptions.parts_per_group, group_by: str = RoundOptions.group_by,
-        history_memory: int | str | None = None,
-        history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
-        history_prune: str | None = None, history_ramp: float | None = None,
-        history_cooldown: float | None = None) -> dict[str, Any]:
+def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, advice: str = "random",
+        **options: Any) -> dict[str, Any]:
     """Train `model` with features read through memory maps of the store; write report.json and curves.png.
 
     Args:
@@ -125,8 +109,15 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
     """
     if advice not in ADVICE:
         raise ConfigError("advice", f"expected one of {', '.join(ADVICE)}, got {advice!r}")
-    options = dict(locals())    # exactly the arguments above
-    del options["advice"]
-    return gathered_run(NAME, features=lambda st: MappedFeatures(st, advice), **options)
+    bound = _MEMORY_RUN.bind(store, run_dir, **options)     # the in-memory run's options, its defaults
+    bound.apply_defaults()
+    return gathered_run(NAME, features=lambda st: MappedFeatures(st, advice), **bound.arguments)
+
+
+# `run`'s signature as callers see it (`Pipeline.parameters`): the in-memory run's, `advice` after `samples`
+_MEMORY_RUN = inspect.signature(memory_run)
+_ADVICE = inspect.Parameter("advice", inspect.Parameter.KEYWORD_ONLY, default="random", annotation="str")
+run.__signature__ = _MEMORY_RUN.replace(parameters=[  # type: ignore[attr-defined]
+    q for p in _MEMORY_RUN.parameters.values() for q in ((p, _ADVICE) if p.name == "samples" else (p,))])
 
 
