@@ -27,6 +27,7 @@ from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
+from ...operators.prepare.tiers import batch_rows_bound
 from ...operators.train.config import ONLINE_TIERS
 from ...operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, OnlineLoader, buffer_slots
 from ...operators.train.rowcache import (
@@ -46,28 +47,14 @@ from .memory import EpochHook, gathered_run
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
 
-__all__ = ["DEFAULT_CPU_SHARE", "default_budget", "describe_online", "online_loader", "run_online",
-           "worst_batch_rows"]
+__all__ = ["DEFAULT_CPU_SHARE", "default_budget", "describe_online", "online_loader", "run_online"]
 
 DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
 
 
-def worst_batch_rows(num_nodes: int, batch_size: int, fanouts: Sequence[int]) -> int:
-    """The most distinct rows a batch can have: every hop at full fanout, at most every node."""
-    rows, frontier = batch_size, batch_size
-    for f in fanouts:
-        if f < 0:
-            return num_nodes
-        frontier *= f
-        rows += frontier
-        if rows >= num_nodes:
-            return num_nodes
-    return min(rows, num_nodes)
-
-
 def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
     """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
-    rows = worst_batch_rows(st.num_nodes, batch_size, fanouts)
+    rows = batch_rows_bound(batch_size, fanouts, st.num_nodes)
     one_batch = rows * (st.row_bytes + SLOT_TABLE_BYTES + PLANNED_SLOT_BYTES) + st.num_nodes * NODE_TABLE_BYTES + \
         extractors * (MAX_STAGING_BYTES + bounce_bytes(MAX_STAGING_BYTES))
     return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
