@@ -57,7 +57,8 @@ from .operators.formats.sizes import format_bytes
 from .operators.formats.store import Store
 from .operators.prepare.sample import NeighborSampler as NativeSampler
 from .operators.prepare.sample import check_fanouts
-from .operators.train.rowcache import READ_THROUGH, RowCache
+from .operators.train.cachepolicy import READ_THROUGH
+from .operators.train.rowcache import RowCache
 
 NODE_TYPE = "node"                          # the one node type's name where a caller names it
 EDGE_TYPE = (NODE_TYPE, "to", NODE_TYPE)    # the one edge type's name where a caller names it

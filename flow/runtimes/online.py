@@ -28,18 +28,11 @@ from ...operators.formats.store import Store
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
 from ...operators.prepare.tiers import batch_rows_bound
+from ...operators.train.cachepolicy import policy_for
 from ...operators.train.config import ONLINE_TIERS
 from ...operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, OnlineLoader, buffer_slots
-from ...operators.train.rowcache import (
-    MAX_STAGING_BYTES,
-    NODE_TABLE_BYTES,
-    PLANNED_SLOT_BYTES,
-    SLOT_TABLE_BYTES,
-    RowCache,
-    bounce_bytes,
-    policy_for,
-    staging_bytes_for,
-)
+from ...operators.train.rowcache import NODE_TABLE_BYTES, PLANNED_SLOT_BYTES, SLOT_TABLE_BYTES, RowCache
+from ...operators.train.rowreader import MAX_STAGING_BYTES, bounce_bytes, staging_bytes_for
 from ...operators.train.session import StoreFeatures, TrainConfig
 from ..options import byte_budget
 from .memory import EpochHook, gathered_run

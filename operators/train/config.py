@@ -30,7 +30,7 @@ def _positive_int(option: str, value: Any) -> None:
 # the online pipelines' defaults, here (torch-free) so that the command line's help reads them cheaply
 DEFAULT_EXTRACTORS = 4              # GNNDrive's default: four extractors
 DEFAULT_WINDOW = 8                  # lsmgnn: batches sampled ahead of the one being planned
-ONLINE_TIERS = ("lru", "hybrid")    # the row cache policies (`rowcache.POLICIES`) the online loader takes
+ONLINE_TIERS = ("lru", "hybrid")    # the row cache policies (`cachepolicy.POLICIES`) the online loader takes
 HISTORY_MODELS = ("sage", "gat")      # models whose layers a pruned subtree leaves well defined
 
 

@@ -51,16 +51,12 @@ from ..prepare.seeds import BatchOrder
 from .batches import Sample, Sampler, batch_data, epoch_batches
 from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # (set there, torch-free, for the CLI)
 from .pipe import END, Pipe, StageClock, guard
-from .rowcache import (
+from .rowcache import NODE_TABLE_BYTES, PLANNED_SLOT_BYTES, SLOT_TABLE_BYTES, RowCache, SlotPlan
+from .rowreader import (
     DEFAULT_GAP_BYTES,
     DEFAULT_UNIT_BYTES,
     MAX_STAGING_BYTES,
-    NODE_TABLE_BYTES,
-    PLANNED_SLOT_BYTES,
-    SLOT_TABLE_BYTES,
-    RowCache,
     RowReader,
-    SlotPlan,
     bounce_bytes,
     staging_bytes_for,
 )

@@ -2,9 +2,8 @@
 
 A `RowCache` is a fixed array of row slots, a table node -> slot (one entry per node) and, per slot, its
 node and its key; a `Policy` says which key a row gets and which slots give way first. Memory is fixed
-when the cache is made. Rows are read from the store's feature shards by a `RowReader` (the native
-direct-I/O reader: the page cache is bypassed, each distinct 512-byte sector read once where the device
-allows it, reads merged across short gaps). A cache is used one of two ways:
+when the cache is made. Rows are read from the store's feature shards by a `rowreader.RowReader` (the
+native direct-I/O reader). A cache is used one of two ways:
 
 * **read-through** (`RowCache.for_store`, `gather`; `diskflow.pyg.FeatureStore`): a call's rows are
   copied from the slots or read from the store, and a missed row takes the place of the lowest-keyed
@@ -15,303 +14,32 @@ allows it, reads merged across short gaps). A cache is used one of two ways:
   count) from its plan until its matrix is gathered, and only unpinned slots give way. Extractors read
   the misses into their slots with their own `RowReader`.
 
-The policies (`POLICIES`), each one meaning whichever way the cache is used:
-
-* ``"degree"``: a row's key is its node's out-degree, the number of neighbour lists that hold it
-  (counted once, natively, from the store's ``indices``: an int32 per node). A uniform neighbour sampler
-  draws a node about that much more often than a node of degree one: the static degree cache of
-  out-of-core GNN loaders, filled as rows are read (nothing is read ahead).
-* ``"lru"``: a row's key is the call or batch that last used it, least recently used first (GNNDrive's
-  standby list).
-* ``"hybrid"`` (planned only: it looks ahead): LSM-GNN's order. A slot's level is its row's next use in
-  a lookahead window of batches (empty slot; no use; a use beyond the threshold; a use within it, kept
-  longest), and within a level the lowest key, the node's in-degree, goes first.
+The policies (`cachepolicy.POLICIES`) mean the same whichever way the cache is used.
 
 Every step is a vectorised pass over a call's or batch's ids: no Python loop runs per node.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError, InputError
-from ...native.constants import ALIGN, DEFAULT_MERGE_BYTES, SECTOR
-from ...native.kernels import copy_rows, count_dense
-from ...native.reader import DirectReader, aligned_empty
-from ..formats.intwidth import byte_offsets
+from ...errors import ConfigError
+from ...native.kernels import copy_rows
+from ...native.reader import aligned_empty
 from ..formats.sizes import format_bytes
+from .cachepolicy import POLICY_TYPES, READ_THROUGH, Policy, policy_for
+from .rowreader import RowReader, bounce_bytes, staging_bytes_for
 
-MAX_STAGING_BYTES = 2 << 20         # a reader's staging rows (misses go through in pieces) ...
-MIN_STAGING_BYTES = 64 << 10        # ... sized to 1/16 of the budget over the readers, within these bounds
-# Rows are read in 512-byte sectors where the device allows it (GNNDrive's request granularity;
-# whole 4 KiB pages elsewhere), and reads go through runs of up to 12 KiB of untouched bytes between
-# touched sectors. A request costs ~8 us of a virtio disk's time beside its bytes (fio, 64 in
-# flight: 105k 512-byte, 97k 4 KiB, 53k 16 KiB reads/s), so on bench compare's default graph
-# (512-byte rows, ~44% of pages touched per batch) the read through short gaps pays: page by page
-# took 3.13 s a batch against 2.24 s through 16 KiB gaps (an earlier session); sectors through
-# 12 KiB gaps read 2.10 GiB a batch in 129k requests against pages through 16 KiB gaps' 3.53 GiB
-# in 47k, 2.85 s against 3.41 s a batch (medians of three alternated runs, on a 1.1 GiB/s day).
-DEFAULT_GAP_BYTES = 12 << 10
-DEFAULT_UNIT_BYTES = SECTOR
+__all__ = ["NODE_TABLE_BYTES", "PLANNED_SLOT_BYTES", "SLOT_TABLE_BYTES", "RowCache", "SlotPlan"]
+
 NODE_TABLE_BYTES = 4                # per node: its slot (int32); a policy may hold more (`Policy.node_bytes`)
 SLOT_TABLE_BYTES = 8 + 8            # per slot: its node, its key
 PLANNED_SLOT_BYTES = 4 + 8          # per slot of a planned cache besides: its reference count, its next use
 _PIN = 1 << 40                      # read-through, fixed keys: a call's hits rank above every miss
-_NO_USE = np.iinfo(np.int64).max
-
-
-class Policy:
-    """What a row cache keeps: the key an admitted row gets, what a use does to it, and the order in which
-    slots give way (lowest first).
-
-    Attributes:
-        name: the policy's name in `POLICIES`.
-        fixed_keys: a row's key does not change with use (a read-through call's hits are pinned instead).
-        lookahead: the order needs the next batches' node ids (a planned cache's window).
-        node_bytes: bytes per node the policy holds beside the cache's node table.
-    """
-
-    name = ""
-    fixed_keys = True
-    lookahead = False
-    node_bytes = 0
-
-    def keys(self, nodes: np.ndarray, tick: int) -> np.ndarray:
-        """The keys (int64) of rows of `nodes` admitted at call or batch `tick`."""
-        raise NotImplementedError
-
-    def used(self, key: np.ndarray, slots: np.ndarray, tick: int) -> None:
-        """The rows in `slots` were used at `tick` (their keys, `key[slots]`, may change)."""
-
-    def order(self, cache: RowCache, slots: np.ndarray, window: list[np.ndarray] | None) -> np.ndarray:
-        """The rank of `slots` (int64): the lowest give way first."""
-        return cache.key[slots]
-
-    def arrays(self) -> list[np.ndarray]:
-        """The per-node arrays the policy holds (counted in the cache's tables)."""
-        return []
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class LeastRecentlyUsed(Policy):
-    """``"lru"``: a row's key is the call or batch that last used it."""
-
-    name, fixed_keys = "lru", False
-
-    def keys(self, nodes: np.ndarray, tick: int) -> np.ndarray:
-        return np.full(nodes.shape[0], tick, np.int64)
-
-    def used(self, key: np.ndarray, slots: np.ndarray, tick: int) -> None:
-        key[slots] = tick
-
-
-class OutDegree(Policy):
-    """``"degree"``: a row's key is its node's out-degree, counted from `indices` (the CSC's neighbour lists)."""
-
-    name, node_bytes = "degree", 4
-
-    def __init__(self, indices: np.ndarray, num_nodes: int) -> None:
-        self.degree = np.zeros(num_nodes, np.int32)
-        count_dense([np.ascontiguousarray(indices)], self.degree)
-
-    def keys(self, nodes: np.ndarray, tick: int) -> np.ndarray:
-        return self.degree[nodes].astype(np.int64)
-
-    def arrays(self) -> list[np.ndarray]:
-        return [self.degree]
-
-
-class InDegree:
-    """Each node's in-degree, read from the CSC's `indptr` when asked (no array over every node)."""
-
-    def __init__(self, indptr: np.ndarray) -> None:
-        self.indptr = indptr
-
-    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, np.int64)
-        return np.asarray(self.indptr[ids + 1], np.int64) - np.asarray(self.indptr[ids], np.int64)
-
-
-class Lookahead(Policy):
-    """``"hybrid"``: LSM-GNN's levels over a window of the next batches, then the lowest static score.
-
-    Args:
-        static: each node's static score (an integer array over nodes, or `InDegree`), read once per
-            admitted row.
-        threshold: next uses at most this many batches ahead are kept longest.
-    """
-
-    name, lookahead = "hybrid", True
-
-    def __init__(self, static: Any, threshold: int = 1) -> None:
-        self.scores, self.threshold = static, max(1, int(threshold))
-
-    def keys(self, nodes: np.ndarray, tick: int) -> np.ndarray:
-        return np.asarray(self.scores[nodes], np.int64) if nodes.size else np.zeros(0, np.int64)
-
-    def order(self, cache: RowCache, slots: np.ndarray, window: list[np.ndarray] | None) -> np.ndarray:
-        """Level (empty; no use in the window; a use beyond the threshold; a use within it), then the key.
-        The window is scanned whole for every batch, so the paper's "recently inserted" level is empty."""
-        next_use = cache.next_use
-        next_use.fill(_NO_USE)
-        window = window or []
-        for ahead in range(len(window), 0, -1):           # farthest first: the nearest use is written last
-            s = cache.slot_of[window[ahead - 1]]
-            next_use[s[s >= 0]] = ahead
-        ahead_of = next_use[slots]
-        level = np.where(cache.node_of[slots] < 0, 0,
-                         np.where(ahead_of == _NO_USE, 1, np.where(ahead_of > self.threshold, 2, 3))).astype(np.int64)
-        return (level << 40) + np.minimum(cache.key[slots], (1 << 40) - 1)
-
-    def __repr__(self) -> str:
-        return f"Lookahead(threshold={self.threshold})"
-
-
-POLICY_TYPES: dict[str, type[Policy]] = {"degree": OutDegree, "lru": LeastRecentlyUsed, "hybrid": Lookahead}
-POLICIES = tuple(POLICY_TYPES)                                     # every policy's name
-READ_THROUGH = tuple(n for n, t in POLICY_TYPES.items() if not t.lookahead)   # those a read-through cache takes
-
-
-def policy_for(name: str, store: Any = None, *, static: Any = None, threshold: int = 1,
-               allowed: Sequence[str] = POLICIES) -> Policy:
-    """The policy called `name`, over `store`'s topology where it needs one (``"degree"``: the out-degrees
-    of its ``indices``; ``"hybrid"``: `static`, or the in-degrees of its ``indptr``).
-
-    Raises:
-        ConfigError: (``policy``) a name not in `allowed`, or a policy without the scores it needs.
-    """
-    if name not in allowed:
-        raise ConfigError("policy", f"expected one of {', '.join(allowed)}, got {name!r}")
-    if name == "lru":
-        return LeastRecentlyUsed()
-    if name == "degree":
-        if store is None:
-            raise ConfigError("policy", "the degree policy needs the store's topology")
-        return OutDegree(store.indices, int(store.num_nodes))
-    if static is None and store is None:
-        raise ConfigError("policy", "the hybrid policy needs a static score per node")
-    return Lookahead(InDegree(store.indptr) if static is None else static, threshold)
-
-
-def staging_bytes_for(budget: int, readers: int) -> int:
-    """Each reader's staging bytes for a cache of `budget` bytes: 1/16 of it over the readers, within
-    [`MIN_STAGING_BYTES`, `MAX_STAGING_BYTES`], a multiple of 4 KiB."""
-    share = int(budget) // (16 * max(1, readers))
-    return max(MIN_STAGING_BYTES, min(MAX_STAGING_BYTES, share)) // ALIGN * ALIGN
-
-
-def bounce_bytes(staging_bytes: int) -> int:
-    """The page bounce buffer of a reader: as large as its staging, at least one merged request."""
-    return max(int(staging_bytes), DEFAULT_MERGE_BYTES)
-
-
-class RowReader:
-    """Reads store rows into a cache's slots (and a caller's rows) with one native direct-I/O reader.
-
-    Rows are read by `DirectReader.read_rows` (each distinct unit once: a 512-byte sector where the device
-    allows it, else a 4 KiB page, `unit_bytes`; units merged into one request across gaps of up to
-    `gap_bytes`), in shard runs and offset order, in pieces of at most `staging_bytes`. The reader is
-    opened in the process that reads (a forked loader worker opens its own: rings and threads do not
-    survive fork).
-    """
-
-    def __init__(self, store: Any, staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES,
-                 unit_bytes: int = DEFAULT_UNIT_BYTES) -> None:
-        self.store = store
-        self.row_bytes = int(store.row_bytes)
-        self.bounce_bytes = bounce_bytes(staging_bytes)
-        self.gap_bytes, self.unit_bytes = int(gap_bytes), int(unit_bytes)
-        self.piece = max(1, int(staging_bytes) // self.row_bytes)
-        self.staging = np.empty((self.piece, self.row_bytes), np.uint8)
-        self._identity = np.arange(self.piece, dtype=np.int64)
-        self._reader: DirectReader | None = None
-        self._pid = -1
-        self._handles: dict[int, int] = {}
-
-    @property
-    def reader(self) -> DirectReader:
-        """This process's native reader."""
-        if self._reader is None or self._pid != os.getpid():
-            self._reader = DirectReader(backend="auto", bounce_bytes=self.bounce_bytes, gap_bytes=self.gap_bytes,
-                                        unit_bytes=self.unit_bytes)
-            self._pid = os.getpid()
-            self._handles = {}
-        return self._reader
-
-    def _handle(self, p: int) -> int:
-        reader = self.reader
-        h = self._handles.get(p)
-        if h is None:
-            path = self.store.shards[p].path
-            try:
-                h = self._handles[p] = int(reader.open(str(path)))
-            except OSError as e:
-                raise InputError(path, f"cannot open feature shard for reading ({e.strerror or e})") from e
-        return h
-
-    def read(self, ids: np.ndarray, slots: np.ndarray, cache: RowCache, batch: int | None = None,
-             out: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
-        """Rows of nodes `ids` into `cache` slots `slots` (none where a slot is -1) and, with `out`, into
-        rows `pos` of `out`.
-
-        Raises:
-            InputError: a shard cannot be opened or read (names the shard file, the byte offset and
-                `batch` where given).
-        """
-        if ids.shape[0] == 0:
-            return
-        if ids.shape[0] > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
-            order = np.argsort(ids, kind="stable")
-            ids, slots = ids[order], slots[order]
-            pos = None if pos is None else pos[order]
-        st, rb = self.store, self.row_bytes
-        raw = cache.raw
-        out_raw = None if out is None else out.view(np.uint8).reshape(out.shape[0], rb)
-        where = "" if batch is None else f"batch {batch}: "
-        shard = ids // st.shard_rows
-        cuts = np.flatnonzero(np.diff(shard)) + 1
-        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.shape[0]].tolist(), strict=True):
-            s = st.shards[int(shard[lo])]
-            h = self._handle(s.index)
-            offsets = byte_offsets(ids[lo:hi] - s.row_start, rb, s.offset)
-            for a in range(0, hi - lo, self.piece):       # a loop per staging piece, not per row
-                b = min(hi - lo, a + self.piece)
-                buf = self.staging[: b - a]
-                try:
-                    self.reader.read_rows(h, offsets[a:b], rb, buf)
-                except OSError as e:
-                    raise InputError(s.path, f"{where}reading {b - a:,} feature rows from byte offset "
-                                             f"{int(offsets[a]):,} failed: {e.strerror or e}") from e
-                if out_raw is not None and pos is not None:
-                    copy_rows(out_raw, pos[lo + a: lo + b], buf, self._identity[: b - a])
-                d = slots[lo + a: lo + b]
-                keep = np.flatnonzero(d >= 0)
-                copy_rows(raw, d[keep].astype(np.int64, copy=False), buf, keep)
-
-    @property
-    def unit(self) -> int:
-        """The unit the reader reads the store's shards in (512 bytes, or 4096 where the device needs it)."""
-        return self.reader.unit_of(self._handle(self.store.shards[0].index))
-
-    def counters(self) -> dict[str, float]:
-        """The reader's counters in this process (``bytes_read``, ``requests``, ``seconds``); none before a read."""
-        if self._reader is None or self._pid != os.getpid():
-            return {}
-        return self._reader.counters()
-
-    def close(self) -> None:
-        """Close the reader's files (a later read reopens them)."""
-        if self._reader is not None and self._pid == os.getpid():
-            self._reader.close()
-        self._reader, self._handles = None, {}
 
 
 @dataclass
@@ -596,9 +324,3 @@ class RowCache:
         with self._cond:
             self.ref[aliases] -= 1
             self._cond.notify_all()
-
-
-__all__ = ["DEFAULT_GAP_BYTES", "DEFAULT_UNIT_BYTES", "MAX_STAGING_BYTES", "MIN_STAGING_BYTES", "NODE_TABLE_BYTES",
-           "PLANNED_SLOT_BYTES", "POLICIES", "READ_THROUGH", "SLOT_TABLE_BYTES", "InDegree", "LeastRecentlyUsed",
-           "Lookahead", "OutDegree", "Policy", "RowCache", "RowReader", "SlotPlan", "bounce_bytes", "policy_for",
-           "staging_bytes_for"]

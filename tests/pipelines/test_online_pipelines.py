@@ -11,14 +11,8 @@ from diskflow.cli import main
 from diskflow.flow.pipeline import Pipeline, available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
 from diskflow.operators.formats.store import Store
-from diskflow.operators.train.rowcache import (
-    DEFAULT_GAP_BYTES,
-    MIN_STAGING_BYTES,
-    NODE_TABLE_BYTES,
-    PLANNED_SLOT_BYTES,
-    SLOT_TABLE_BYTES,
-    bounce_bytes,
-)
+from diskflow.operators.train.rowcache import NODE_TABLE_BYTES, PLANNED_SLOT_BYTES, SLOT_TABLE_BYTES
+from diskflow.operators.train.rowreader import DEFAULT_GAP_BYTES, MIN_STAGING_BYTES, bounce_bytes
 from diskflow.pipelines import inmemory
 
 from diskflow.errors import ConfigError

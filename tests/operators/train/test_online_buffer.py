@@ -18,8 +18,10 @@ from diskflow.native.constants import ALIGN, SECTOR
 from diskflow.operators.formats.store import Store
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
+from diskflow.operators.train.cachepolicy import InDegree, policy_for
 from diskflow.operators.train.online import OnlineLoader, buffer_slots
-from diskflow.operators.train.rowcache import InDegree, RowCache, RowReader, policy_for
+from diskflow.operators.train.rowcache import RowCache
+from diskflow.operators.train.rowreader import RowReader
 
 from diskflow.errors import ConfigError, InputError
 
