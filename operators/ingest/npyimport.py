@@ -15,12 +15,10 @@ from ..formats.store import SPLITS
 from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     RawWriter,
-    check_edge_ids,
     check_features,
-    labels_as_int64,
     publish_raw,
-    rows_per_chunk,
     split_from_indices,
+    write_arrays,
 )
 
 __all__ = ["from_npy"]
@@ -110,21 +108,8 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
     edge_name = edge_files.get("edge_index") or edge_files["src"]
 
     def build(w: RawWriter) -> int:
-        rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
-        for lo in range(0, num_nodes, rows):
-            w.features(np.asarray(x[lo: lo + rows]))
-        node_rows = rows_per_chunk(16, chunk_bytes)
-        for lo in range(0, num_nodes, node_rows):
-            hi = min(lo + node_rows, num_nodes)
-            yl = (labels_as_int64(np.asarray(y[lo:hi]), os.fspath(labels)) if labels is not None
-                  else np.full(hi - lo, -1, dtype=np.int64))
-            w.nodes(yl, codes[lo:hi])
-        edge_rows = rows_per_chunk(16, chunk_bytes)
-        for lo in range(0, len(s), edge_rows):
-            cs, cd = np.asarray(s[lo: lo + edge_rows]), np.asarray(d[lo: lo + edge_rows])
-            check_edge_ids(cs, cd, num_nodes, edge_name)
-            w.edges(cs, cd)
-        return num_nodes
+        return write_arrays(w, x, y if labels is not None else None, codes, s, d, chunk_bytes, edge_name,
+                            os.fspath(labels) if labels is not None else None)
 
     return publish_raw(out, force, source, feature_format, build)
 

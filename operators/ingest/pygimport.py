@@ -13,12 +13,11 @@ from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     NO_SPLIT,
     RawWriter,
-    check_edge_ids,
     check_features,
     labels_as_int64,
     publish_raw,
-    rows_per_chunk,
     split_from_indices,
+    write_arrays,
 )
 
 __all__ = ["from_pyg", "load_pyg_file"]
@@ -76,18 +75,7 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
         codes = split_from_indices(num_nodes, masks)
 
     def build(w: RawWriter) -> int:
-        rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
-        for lo in range(0, num_nodes, rows):
-            w.features(x[lo: lo + rows])
-        node_rows = rows_per_chunk(16, chunk_bytes)
-        for lo in range(0, num_nodes, node_rows):
-            w.nodes(y[lo: lo + node_rows], codes[lo: lo + node_rows])
-        edge_rows = rows_per_chunk(16, chunk_bytes)
-        for lo in range(0, ei.shape[1], edge_rows):
-            src, dst = ei[0, lo: lo + edge_rows], ei[1, lo: lo + edge_rows]
-            check_edge_ids(src, dst, num_nodes, f"{name}: edge_index")
-            w.edges(src, dst)
-        return num_nodes
+        return write_arrays(w, x, y, codes, ei[0], ei[1], chunk_bytes, f"{name}: edge_index")
 
     return publish_raw(out, force, {"kind": "pyg", "path": name}, feature_format, build)
 

@@ -36,8 +36,8 @@ from ..formats.store import SPLITS
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FEATURE_FORMATS", "NO_SPLIT", "RAW_FORMAT", "RAW_KIND", "RAW_VERSION", "RawWriter",
            "check_edge_ids", "check_features", "feature_batch", "feature_schema", "labels_as_int64", "publish_raw",
-           "raw_feature_dtype", "rows_per_chunk", "shard_name", "split_from_indices", "write_edge_shard",
-           "write_feature_shard", "write_node_shard"]
+           "raw_feature_dtype", "rows_per_chunk", "shard_name", "split_from_indices", "write_arrays",
+           "write_edge_shard", "write_feature_shard", "write_node_shard"]
 
 RAW_FORMAT = "diskflow-raw"
 RAW_VERSION = 1
@@ -207,6 +207,35 @@ def raw_feature_dtype(x: np.ndarray) -> np.ndarray:
 def rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
     """Rows of `row_bytes` each in about `chunk_bytes` of source (at least one)."""
     return max(1, chunk_bytes // max(1, row_bytes))
+
+
+def write_arrays(w: RawWriter, x: np.ndarray, labels: np.ndarray | None, codes: np.ndarray, src: np.ndarray,
+                 dst: np.ndarray, chunk_bytes: int, edge_name: str, labels_name: str | None = None) -> int:
+    """Write whole (or memory-mapped) arrays through `w` in chunks of about `chunk_bytes`: the feature rows
+    `x`, the nodes (`labels`, split `codes`), then the edges `src` -> `dst`, each chunk's ids checked against
+    the node count (errors name `edge_name`). `labels`: None leaves every node unlabeled; with `labels_name`
+    each chunk goes through `labels_as_int64` under that name, else they are int64 labels already. Returns
+    the node count (what `publish_raw`'s build returns)."""
+    num_nodes = int(x.shape[0])
+    rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
+    for lo in range(0, num_nodes, rows):
+        w.features(np.asarray(x[lo: lo + rows]))
+    node_rows = rows_per_chunk(16, chunk_bytes)
+    for lo in range(0, num_nodes, node_rows):
+        hi = min(lo + node_rows, num_nodes)
+        if labels is None:
+            y = np.full(hi - lo, -1, dtype=np.int64)
+        elif labels_name is not None:
+            y = labels_as_int64(np.asarray(labels[lo:hi]), labels_name)
+        else:
+            y = labels[lo:hi]
+        w.nodes(y, codes[lo:hi])
+    edge_rows = rows_per_chunk(16, chunk_bytes)
+    for lo in range(0, len(src), edge_rows):
+        cs, cd = np.asarray(src[lo: lo + edge_rows]), np.asarray(dst[lo: lo + edge_rows])
+        check_edge_ids(cs, cd, num_nodes, edge_name)
+        w.edges(cs, cd)
+    return num_nodes
 
 
 def publish_raw(out: str | os.PathLike[str], force: bool, source: dict[str, Any], feature_format: str,
