@@ -30,7 +30,7 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ...operators.formats.store import Store
-from .memory import gathered_run
+from .gathered import gathered_run
 from .memory import run as memory_run
 
 __all__ = ["ADVICE", "NAME", "MappedFeatures", "run"]
@@ -97,7 +97,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, advic
         run_dir: an existing directory for this run's outputs.
         model: "sage", "gcn", "gat", "mlp", or "none" (the data path only, for timing).
         samples: a packed dataset whose stored round samples are the training batches (see
-            `flow.runtimes.memory.StoredSamplesLoader`); None samples each batch here.
+            `flow.runtimes.gathered.StoredSamplesLoader`); None samples each batch here.
         advice: "random" (default) or "normal", the ``madvise`` of the feature mappings.
         on_batch, on_start: hooks as `operators.trainer.train_packed`'s.
         Other options are the in-memory pipeline's (same seed: same batches, same losses).

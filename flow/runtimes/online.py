@@ -6,7 +6,7 @@ are extracted by asynchronous direct-I/O readers into one fixed-size host featur
 row cache: `operators.train.online`, `operators.train.rowcache`). The pipeline's ``cpu_tier`` is the
 cache's policy: ``"lru"`` (GNNDrive's standby list; the ``gnndrive`` pipeline) or ``"hybrid"``
 (LSM-GNN's levels over a lookahead window, then in-degree; the ``lsmgnn`` pipeline). Training is
-the one session every pipeline trains with (`flow.runtimes.memory.gathered_run`), so the losses
+the one session every pipeline trains with (`flow.runtimes.gathered.gathered_run`), so the losses
 equal the in-memory pipeline's.
 
     diskflow run gnndrive --dataset STORE [--cpu-memory 10%] [--extractors 4]
@@ -35,7 +35,7 @@ from ...operators.train.rowcache import NODE_TABLE_BYTES, PLANNED_SLOT_BYTES, SL
 from ...operators.train.rowreader import MAX_STAGING_BYTES, bounce_bytes, staging_bytes_for
 from ...operators.train.session import StoreFeatures, TrainConfig
 from ..options import byte_budget
-from .memory import EpochHook, gathered_run
+from .gathered import EpochHook, gathered_run
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline

@@ -12,7 +12,7 @@ import pytest
 import torch
 from diskflow.flow.pipeline import available_pipelines, load_pipeline
 from diskflow.flow.rundir import new_run_dir, read_report
-from diskflow.flow.runtimes.memory import StoredSamplesLoader
+from diskflow.flow.runtimes.gathered import StoredSamplesLoader
 from diskflow.flow.runtimes.mmap import MappedFeatures
 from diskflow.operators.formats.store import Store
 from diskflow.operators.train.session import TrainConfig

@@ -96,11 +96,12 @@ def test_config_fills_and_normalises() -> None:
 def test_the_entry_points_take_their_defaults_from_the_config() -> None:
     """One place for the defaults: the trainers' keyword defaults are TrainConfig's."""
     from diskflow.flow.runtimes import memory as inmemory
+    from diskflow.flow.runtimes.gathered import gathered_run
     from diskflow.operators.stream.train import StreamTrainConfig
     from diskflow.operators.train.trainer import train_packed
 
     defaults = TrainConfig()
-    for fn in (inmemory.run, inmemory.gathered_run, train_packed):
+    for fn in (inmemory.run, gathered_run, train_packed):
         params = inspect.signature(fn).parameters
         shared = [name for name in ("model", "hidden", "num_layers", "fanouts", "batch_size", "epochs", "lr",
                                     "dropout", "heads", "eval_every", "threads") if name in params]
