@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..operators.formats.sizes import format_bytes
+from ..operators.options import INGEST_MEMORY
 from .common import drop_page_cache, print_table, sequential_read_bw
 
 __all__ = ["MIN_BW_FILE", "add_arguments", "run"]
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
     p.add_argument("--feature-format", choices=("arrow", "parquet"), default="arrow",
                    help="raw feature file format (default arrow)")
-    p.add_argument("--memory-budget", default="1GiB", help="ingest memory budget per task (default 1GiB)")
+    p.add_argument("--memory-budget", default=INGEST_MEMORY,
+                   help="ingest memory budget per task (default %(default)s)")
     p.add_argument("--workers", type=int, default=None, help="Dask worker processes (default: one per core)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic graph")
     p.add_argument("--workdir", default=None,

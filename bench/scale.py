@@ -72,6 +72,7 @@ from ..config import fanouts_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..flow.options import byte_budget
 from ..operators.formats.sizes import format_bytes, parse_bytes
+from ..operators.options import INGEST_MEMORY
 from .child import read_child_spec, write_child_out
 from .common import add_graph_arguments, print_table
 
@@ -116,7 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-memory", default="2GiB",
                    help="memory per Dask worker: the preprocessing cgroup is the topology plus this per worker "
                         "(default 2GiB)")
-    p.add_argument("--memory-budget", default="1GiB", help="ingest's memory budget per task (default 1GiB)")
+    p.add_argument("--memory-budget", default=INGEST_MEMORY,
+                   help="ingest's memory budget per task (default %(default)s)")
     p.add_argument("--feature-budget", default="10%",
                    help="host memory for features, bytes or a share of the feature bytes (default 10%%): "
                         "prepare's and the trainer's --cpu-memory, and with the measured allowance the train "

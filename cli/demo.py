@@ -27,14 +27,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import fanouts_option
+from ..config import PREPARE_DEFAULTS, TrainConfig, fanouts_option
 from ..sizes import format_bytes
 from .options import positive_int
 
-__all__ = ["FLOOR_BYTES", "SUPERBATCH", "register"]
+__all__ = ["DEMO", "FLOOR_BYTES", "SUPERBATCH", "register"]
 
 FLOOR_BYTES = 256 << 20     # the most the floor measurement reads (O_DIRECT, sequential)
 SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling tasks and Belady planning
+# The demo's own sizes, unlike the library's defaults on purpose: features ten times the budget, small batches
+# and fanouts 5,5 so that staging leaves most of the budget to the CPU tier, a 2% training split and one torch
+# thread so that two GNN runs fit one to two minutes on 2 cores (the module's docstring). Its other options
+# (--epochs, --seed, --model, --cpu-memory) default to the library's.
+DEMO = {"nodes": 1_000_000, "dim": 64, "classes": 8, "train": 0.02, "val": 0.01, "test": 0.01,
+        "fanouts": (5, 5), "batch_size": 128, "hidden": 64, "threads": 1}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,26 +53,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "MLP baseline, and print tier hit rates, bytes read against the disk's floor, "
                                    "accuracies and the timeline PNG.")
     p.add_argument("--workdir", default="diskflow-demo", help="where the dataset, store and runs go (default: %(default)s)")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=1_000_000, help="synthetic graph size (default: %(default)s)")
-    p.add_argument("--dim", type=positive_int("--dim"), default=64, help="feature dimension (default: %(default)s)")
-    p.add_argument("--classes", type=positive_int("--classes"), default=8, help="number of classes (default: %(default)s)")
-    p.add_argument("--train", type=float, default=0.02, help="share of the nodes in the train split (default: %(default)s)")
-    p.add_argument("--val", type=float, default=0.01, help="share in the val split (default: %(default)s)")
-    p.add_argument("--test", type=float, default=0.01, help="share in the test split (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int("--epochs"), default=3, help="training epochs (default: %(default)s)")
-    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=(5, 5),
-                   help="neighbours sampled per hop, comma-separated (default: 5,5)")
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=128, help="seeds per batch (default: %(default)s)")
-    p.add_argument("--cpu-memory", default="10%", metavar="SIZE",
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=DEMO["nodes"], help="synthetic graph size (default: %(default)s)")
+    p.add_argument("--dim", type=positive_int("--dim"), default=DEMO["dim"], help="feature dimension (default: %(default)s)")
+    p.add_argument("--classes", type=positive_int("--classes"), default=DEMO["classes"], help="number of classes (default: %(default)s)")
+    p.add_argument("--train", type=float, default=DEMO["train"], help="share of the nodes in the train split (default: %(default)s)")
+    p.add_argument("--val", type=float, default=DEMO["val"], help="share in the val split (default: %(default)s)")
+    p.add_argument("--test", type=float, default=DEMO["test"], help="share in the test split (default: %(default)s)")
+    p.add_argument("--epochs", type=positive_int("--epochs"), default=TrainConfig.epochs, help="training epochs (default: %(default)s)")
+    p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=DEMO["fanouts"],
+                   help=f"neighbours sampled per hop, comma-separated (default: {','.join(map(str, DEMO['fanouts']))})")
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=DEMO["batch_size"], help="seeds per batch (default: %(default)s)")
+    # prepare's default share, as plain text: the demo refuses a budget too small for its store, as it always has
+    p.add_argument("--cpu-memory", default=str(PREPARE_DEFAULTS["cpu_memory"]), metavar="SIZE",
                    help="host memory for features on the trainer (CPU tier + staged misses + I/O buffers), as bytes "
                         "(64MiB) or a share of the feature bytes (default: %(default)s)")
-    p.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage", help="GNN model (default: %(default)s)")
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=64, help="hidden channels (default: %(default)s)")
-    p.add_argument("--threads", type=positive_int("--threads"), default=1,
+    p.add_argument("--model", choices=("sage", "gcn", "gat"), default=TrainConfig.model, help="GNN model (default: %(default)s)")
+    p.add_argument("--hidden", type=positive_int("--hidden"), default=DEMO["hidden"], help="hidden channels (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int("--threads"), default=DEMO["threads"],
                    help="torch threads of the trainers (default: %(default)s; the pipelined trainer's load, "
                         "assemble and graph stages use the other core)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="Dask worker processes (default: one per core)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=TrainConfig.seed, help="random seed (default: %(default)s)")
     p.set_defaults(func=_run)
 
 

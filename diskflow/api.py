@@ -27,6 +27,8 @@ from .errors import ConfigError, InputError
 from .flow.options import byte_budget, history_options, is_default
 from .flow.pipeline import Pipeline, load_pipeline
 from .flow.prepare.config import PREPARE_DEFAULTS
+from .operators.options import BATCH_SIZE, FANOUTS, INGEST_MEMORY, SEED
+from .operators.train.config import DEFAULT_EXTRACTORS
 from .operators.train.modeldef import Model, check_model_option, model_label
 
 __all__ = ["OnlineLoader", "PackedLoader", "ingest", "prepare", "prepare_options", "synth", "train"]
@@ -61,7 +63,7 @@ def synth(out: str | os.PathLike[str], *, nodes: int = 100_000, dim: int = 64, c
     return run_synth(cfg, out, force=force)
 
 
-def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | int = "1GiB",
+def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | int = INGEST_MEMORY,
            shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
            force: bool = False, scheduler: str | None = None, workers: int | None = None, **tls: str | None) -> Any:
     """Validate `source` and write it as a store at `store` (`diskflow ingest`); the `IngestResult`.
@@ -340,9 +342,9 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
                    gpu_memory=byte_budget(gpu_memory, "gpu_memory", feature_bytes), **options)
 
 
-def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 10, 10),
-                 cpu_memory: int | str | None = None, policy: str = "lru", extractors: int = 4,
-                 window: int | None = None, seed: int = 0, split: str = "train", threads: int | None = None) -> Any:
+def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = BATCH_SIZE, fanouts: Sequence[int] = FANOUTS,
+                 cpu_memory: int | str | None = None, policy: str = "lru", extractors: int = DEFAULT_EXTRACTORS,
+                 window: int | None = None, seed: int = SEED, split: str = "train", threads: int | None = None) -> Any:
     """Batches of a store's `split` with no preparation (GNNDrive): sampled as they are drawn, their rows read
     with O_DIRECT by `extractors` asynchronous readers into a fixed feature buffer of ``cpu_memory`` bytes
     (default: 10% of the features, at least one worst-case batch) that evicts by ``policy`` (``"lru"``, or

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from .errors import ConfigError
 from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
-from .flow.plugin import HOLD_MEMORY
 from .flow.prepare.config import PREPARE_DEFAULTS, PrepareConfig
 from .flow.stream.config import StreamConfig
 from .operators.ingest.synth import SynthConfig
-from .operators.options import QUEUE_DEPTH
+from .operators.options import HOLD_MEMORY, INGEST_MEMORY, QUEUE_DEPTH
 from .operators.prepare.history import (
     DEFAULT_STALENESS,
     HISTORY_PRUNES,
@@ -44,8 +43,8 @@ from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_fi
 RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDOW,
                 "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY, "queue_depth": QUEUE_DEPTH}
 
-__all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "MODELS", "PREPARE_DEFAULTS",
-           "RUN_DEFAULTS", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
+__all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "INGEST_MEMORY", "MODELS",
+           "PREPARE_DEFAULTS", "RUN_DEFAULTS", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
            "available_pipelines", "check_model_option", "check_prune", "check_rule", "fanouts_option", "is_model_file",
            "model_label", "model_option", "parse_fanouts"]
 

@@ -72,6 +72,7 @@ from ..operators.ingest.raw import (
     store_manifest,
     table_num_rows,
 )
+from ..operators.options import INGEST_MEMORY
 from .progress import compute
 
 __all__ = ["IngestResult", "ingest_config", "run_ingest"]
@@ -138,7 +139,7 @@ def _count_rows(files: Sequence[Path], what: str) -> int:
     return total
 
 
-def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memory_budget: str | int = "1GiB",
+def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memory_budget: str | int = INGEST_MEMORY,
                shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
                force: bool = False) -> IngestResult:
     """Ingest the raw dataset `raw` into the store `out`, as Dask tasks on the active scheduler.

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import ConfigError, Setting
 from ..operators.formats.sizes import format_bytes, parse_bytes
+from ..operators.options import CPU_SHARE
 from ..operators.prepare.history import (
     DEFAULT_COOLDOWN,
     DEFAULT_PRUNE,
@@ -62,7 +63,7 @@ class DefaultBudget(str):
         return str.__repr__(str(self))
 
 
-DEFAULT_SHARE = DefaultBudget("10%")    # the default of the feature budgets (cpu_memory, cache_memory)
+DEFAULT_SHARE = DefaultBudget(f"{CPU_SHARE:.0%}")     # "10%": the feature budgets' default (cpu_memory, cache_memory)
 
 
 def is_default(value: object) -> bool:

@@ -42,6 +42,7 @@ from distributed import WorkerPlugin
 
 from ..errors import ConfigError, DiskflowError
 from ..operators.formats.sizes import parse_bytes
+from ..operators.options import HOLD_MEMORY  # staged index and samples held in memory at most
 from . import allocator
 
 if TYPE_CHECKING:
@@ -52,10 +53,6 @@ __all__ = ["GPU", "HOLD_MEMORY", "PLUGIN_NAME", "DiskflowPlugin", "GpuStateLost"
 
 PLUGIN_NAME = "diskflow"
 GPU = "GPU"
-# Staged superbatches' index and samples held in memory at most (the rest go to the scratch disk):
-# the bench's graph takes about 18 MiB per superbatch of 32 batches, a window of 3 (and the one
-# training) about 72 MiB.
-HOLD_MEMORY = "256MiB"
 
 
 def worker_config(scratch: str | os.PathLike[str] | None = None, quota: int | str | None = None,

@@ -8,7 +8,7 @@ history cache's in `operators.prepare.history`); everything else takes it from t
 """
 from __future__ import annotations
 
-__all__ = ["BATCH_SIZE", "DEVICE", "FANOUTS", "QUEUE_DEPTH", "SEED"]
+__all__ = ["BATCH_SIZE", "CPU_SHARE", "DEVICE", "FANOUTS", "HOLD_MEMORY", "INGEST_MEMORY", "QUEUE_DEPTH", "SEED"]
 
 FANOUTS: tuple[int, ...] = (10, 10, 10)     # neighbours sampled per hop
 BATCH_SIZE = 1024                           # seeds per minibatch
@@ -16,3 +16,10 @@ SEED = 0                                    # batch order, sampling and the mode
 DEVICE = "cpu"                              # the training device
 QUEUE_DEPTH = 2                             # the pipelined trainer's queues between stages (and prepare's
                                             # reserve for the batches it keeps in flight)
+CPU_SHARE = 0.10                            # the feature budgets' default share of the feature bytes (prepare's
+                                            # cpu_memory, the online loaders' buffer, PyG's cache_memory)
+INGEST_MEMORY = "1GiB"                      # the memory one ingest task may use (sets shard and bucket sizes)
+# a streamed run's GPU worker holds staged superbatches' index and samples in memory up to this (the rest go
+# to the scratch disk): the bench's graph takes about 18 MiB per superbatch of 32 batches, a window of 3 (and
+# the one training) about 72 MiB
+HOLD_MEMORY = "256MiB"

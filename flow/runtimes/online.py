@@ -25,6 +25,7 @@ import torch
 from ...errors import ConfigError
 from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
+from ...operators.options import CPU_SHARE
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
 from ...operators.prepare.tiers import batch_rows_bound
@@ -40,17 +41,15 @@ from .gathered import EpochHook, gathered_run
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
 
-__all__ = ["DEFAULT_CPU_SHARE", "default_budget", "describe_online", "online_loader", "run_online"]
-
-DEFAULT_CPU_SHARE = 0.10        # the buffer's default budget: 10% of the features (or one batch's worst case)
+__all__ = ["default_budget", "describe_online", "online_loader", "run_online"]
 
 
 def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractors: int) -> int:
-    """10% of the features, or enough for one worst-case batch beside the tables when that is more."""
+    """`CPU_SHARE` (10%) of the features, or enough for one worst-case batch beside the tables when that is more."""
     rows = batch_rows_bound(batch_size, fanouts, st.num_nodes)
     one_batch = rows * (st.row_bytes + SLOT_TABLE_BYTES + PLANNED_SLOT_BYTES) + st.num_nodes * NODE_TABLE_BYTES + \
         extractors * (MAX_STAGING_BYTES + bounce_bytes(MAX_STAGING_BYTES))
-    return max(int(st.feature_bytes * DEFAULT_CPU_SHARE), one_batch)
+    return max(int(st.feature_bytes * CPU_SHARE), one_batch)
 
 
 def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, *, batch_size: int,

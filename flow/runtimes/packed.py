@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...operators.formats.store import Store
-from ...operators.options import DEVICE, QUEUE_DEPTH
+from ...operators.options import CPU_SHARE, DEVICE, QUEUE_DEPTH
 from ...operators.train.config import TrainConfig
 from ..options import byte_budget as budget
 from ..options import history_options
@@ -24,10 +24,7 @@ from ..prepare.config import PrepareConfig
 from ..progress import bar
 from ..rundir import plot_curves, write_report
 
-__all__ = ["DEFAULT_CPU_SHARE", "budget", "packed_budgets", "run_packed", "train_and_report"]
-
-# Default CPU budget: the staging reserve and I/O buffers, plus this share of the features for the CPU tier.
-DEFAULT_CPU_SHARE = 0.10
+__all__ = ["budget", "packed_budgets", "run_packed", "train_and_report"]
 
 
 def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, progress: bool = True,
@@ -113,7 +110,7 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
         for f in fanouts:
             rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
         cpu = (staging * staging_piece_bytes(min(rows, store.num_nodes), store.row_bytes, len(store.shards))
-               + reserve + int(store.feature_bytes * DEFAULT_CPU_SHARE))
+               + reserve + int(store.feature_bytes * CPU_SHARE))
     return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
             "gpu_memory": budget(gpu_memory, "gpu_memory", store.feature_bytes) or 0,
             "disk_budget": budget(disk_budget, "disk_budget", store.feature_bytes)}

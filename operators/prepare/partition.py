@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError
+from ..options import BATCH_SIZE
 
 __all__ = ["PARTITIONERS", "PARTS_PER_BATCH", "default_parts", "edge_cut", "partition_graph",
            "undirected_adjacency"]
@@ -31,7 +32,7 @@ PARTS_PER_BATCH = 8     # automatic partitions: a batch's worth of training node
                         # 1.2M training nodes hold about 120 each)
 
 
-def default_parts(num_train: int, num_nodes: int, partitions: int | None = None, batch_size: int = 1024) -> int:
+def default_parts(num_train: int, num_nodes: int, partitions: int | None = None, batch_size: int = BATCH_SIZE) -> int:
     """The parts of a partition: `partitions` if given, else one per ``batch_size / PARTS_PER_BATCH``
     training nodes; at least 2 and at most the graph's nodes.
 
