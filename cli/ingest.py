@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cluster import check_tls
+from ..config import INGEST_MEMORY
 from ..sizes import format_bytes
 from .options import add_tls_arguments
 
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("raw", metavar="RAW", help="raw dataset directory (edges/*.parquet, features/*, nodes/*.parquet)")
     p.add_argument("out", metavar="OUT", help="store directory to create (an existing store is replaced atomically; "
                                               "anything else there is refused unless --force)")
-    p.add_argument("--memory-budget", default="1GiB", metavar="SIZE",
+    p.add_argument("--memory-budget", default=INGEST_MEMORY, metavar="SIZE",
                    help="memory one task may use, e.g. 512MiB (default: %(default)s); sets shard and bucket sizes")
     p.add_argument("--shard-rows", type=int, default=None, metavar="N",
                    help="rows per feature shard (default: from the memory budget)")
@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
     from ..api import ingest
+    from ..cluster import check_tls
 
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
     r = ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 
 from .. import load_pipeline
-from ..cluster import check_tls
 from ..config import GROUPINGS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
@@ -89,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..api import prepare
+    from ..cluster import check_tls
     from ..datasets import Store
 
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)   # first: before the store is read

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import load_pipeline
-from ..cluster import check_tls
 from ..config import (
     PREPARE_DEFAULTS,
     RUN_DEFAULTS,
@@ -127,6 +126,7 @@ _FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (f
 
 def _run(args: argparse.Namespace) -> int:
     from ..api import train
+    from ..cluster import check_tls
 
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}

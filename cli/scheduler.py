@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..cluster import check_tls, run_dask_cli, scheduler_argv
 from .options import add_tls_arguments
 
 __all__ = ["register"]
@@ -34,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..cluster import check_tls, run_dask_cli, scheduler_argv
+
     argv = scheduler_argv(args.host, args.port, None if args.no_dashboard else args.dashboard_address,
                           args.scheduler_file)
     files = check_tls(args.host, args.tls_ca_file, args.tls_cert, args.tls_key, role="scheduler", address_option="--host")

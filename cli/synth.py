@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..cluster import check_tls
 from ..config import SynthConfig
 from ..sizes import format_bytes
 from .options import add_tls_arguments, positive_int
@@ -87,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..api import synth
-    from ..cluster import client
+    from ..cluster import check_tls, client
     from ..datasets import check_raw_output
 
     security = check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key).security()

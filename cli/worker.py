@@ -14,7 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cluster import check_tls, log_links, probe, run_dask_cli, set_worker_config, worker_argv
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 from .options import add_tls_arguments
@@ -50,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..cluster import check_tls, log_links, probe, run_dask_cli, set_worker_config, worker_argv
+
     if not args.gpu and (args.scratch or args.quota or args.device or args.hold_memory is not None):
         raise ConfigError("--scratch/--quota/--hold-memory/--device", "apply to the training worker only; add --gpu")
     if args.quota is not None:

@@ -68,7 +68,6 @@ from .cache import (
     sample_key,
 )
 from .config import PrepareConfig, PrepareResult
-from .phases import Run, pack_phase, partition_phase, plan_phase, read_ahead, sample_phase, split_phase
 
 __all__ = ["WORK_MARKER", "PrepareConfig", "PrepareResult", "check_outputs", "link_partitions", "prepare"]
 
@@ -142,6 +141,9 @@ def _drop_kept_state() -> None:
 def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[str, str, str, str], quiet: bool,
            t_start: float) -> PrepareResult:
     """The phases of `prepare` (sample, plan, pack) once `out` and its cache `work` may be written."""
+    # the phases' graphs (and Dask) are imported when they run: PrepareConfig's defaults stay light
+    from .phases import Run, pack_phase, partition_phase, plan_phase, read_ahead, sample_phase, split_phase
+
     store_hash, s_key, p_key, k_key = keys
     # A per-run token ends every task key: a re-run on the same client never meets a cancelled
     # task of an earlier run under the same name (dashboard groups are unchanged: key_split

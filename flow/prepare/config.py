@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...operators.formats.sizes import parse_bytes
 from ...operators.formats.store import Store
 from ...operators.options import DEVICE, QUEUE_DEPTH
 from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
@@ -22,7 +21,7 @@ from ..options import DEFAULT_SHARE
 
 __all__ = ["PREPARE_DEFAULTS", "PrepareConfig", "PrepareResult"]
 
-READAHEAD = "1GiB"      # feature bytes read into the page cache while sampling and planning
+READAHEAD_GIB = 1       # GiB of features read into the page cache while sampling and planning
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class PrepareConfig(RoundOptions):
     cpu_memory_default: bool = False    # cpu_memory is a default: raised to the smallest that works, not refused
     disk_budget: int | None = None      # None: no limit on packed bytes
     minhash_k: int = 2
-    readahead: int = parse_bytes(READAHEAD, "readahead")
+    readahead: int = READAHEAD_GIB << 30   # bytes (a literal: no byte parser, and no Dask, imported for it)
     partitioner: str = "kaminpar"       # "kaminpar" or "metis" (operators.prepare.partition)
     partition_threads: int = 1          # the partitioner's threads (1: the same parts on every run)
     history_memory: int = 0             # bytes of a historical embedding cache planned into the samples (0: none)
@@ -104,7 +103,7 @@ PREPARE_DEFAULTS: dict[str, Any] = {
     **{k: getattr(PrepareConfig, k) for k in (
         "gpu_memory", "disk_budget", "device", "batch_size", "superbatch_size", "epochs", "seed", "partitions",
         "parts_per_group", "group_by", "partitioner", "partition_threads", "history_select", "minhash_k")},
-    "cpu_memory": DEFAULT_SHARE, "readahead": READAHEAD, "queue_depth": QUEUE_DEPTH,
+    "cpu_memory": DEFAULT_SHARE, "readahead": f"{READAHEAD_GIB}GiB", "queue_depth": QUEUE_DEPTH,
     "fanouts": None, "batches": None, "history_memory": None, "history_staleness": None, "history_prune": None,
     "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden,
 }

@@ -42,9 +42,19 @@ and re-reading the CPU tier's rows for the checkpoint's ids.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..graph import MAX_ROWS_MARGIN, PlanResult, SampleResult, Tiers
 from .config import PHASES, StreamConfig, StreamStopped
-from .driver import StreamRun
 
 __all__ = ["MAX_ROWS_MARGIN", "PHASES", "PlanResult", "SampleResult", "StreamConfig", "StreamRun", "StreamStopped",
            "Tiers"]
+
+
+def __getattr__(name: str) -> Any:
+    """`StreamRun`, imported on first use: the driver imports Dask, `StreamConfig`'s defaults do not need it."""
+    if name == "StreamRun":
+        from .driver import StreamRun
+
+        return StreamRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
