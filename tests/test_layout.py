@@ -27,7 +27,8 @@ def test_the_layout_section_names_every_stage_pipeline_benchmark_and_test_folder
     assert stages == ["formats", "ingest", "prepare", "stream", "train"]
     missing = [f"operators/{s}/" for s in stages if f"  {s}/ " not in layout]
     missing += [f"pipelines/{p}" for p in _modules("pipelines") if p not in layout]
-    helpers = {"cgroup", "child", "common", "harness", "naivepack", "pageload", "streamsetup", "taskmemory"}
+    helpers = {"cgroup", "child", "common", "comparetables", "harness", "naivepack", "pageload", "streamsetup",
+               "taskmemory"}
     missing += [f"bench/{b}" for b in _modules("bench") if b not in helpers and b not in layout]
     missing += [f"tests/operators/{t}" for t in _folders("tests/operators") if t not in layout]
     missing += [f"tests/{t}" for t in _folders("tests") if f"tests/{t}" not in layout]
