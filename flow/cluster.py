@@ -5,13 +5,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from ..errors import ConfigError, DiskflowError
 from .dashboard.links import log_links
 from .dashboard.links import register as register_page
 from .security import refusal
 
-__all__ = ["dask_client"]
+__all__ = ["client_session", "dask_client"]
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,26 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None,
                                **tls)
         client = Client(cluster, **({"security": security} if security is not None else {}))
     try:
+        with client_session(client, log, quiet=quiet, embedded=cluster is not None):
+            yield client
+    finally:
         if cluster is not None:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def client_session(client: Any, log: logging.Logger, *, quiet: bool, embedded: bool,
+                   workers: int = 0) -> Iterator[Any]:
+    """Hand `client` out for a command and close it afterwards, as every command that starts or joins a cluster
+    does: first wait for `workers` workers (0: none), give an `embedded` cluster's scheduler the diskflow page
+    (`flow.dashboard.page`), and log the dashboard's and the page's addresses to `log` unless `quiet`."""
+    try:
+        if workers:
+            client.wait_for_workers(workers, timeout=120)
+        if embedded:
             register_page(client)
         if not quiet:
             log_links(client, log)
         yield client
     finally:
         client.close()
-        if cluster is not None:
-            cluster.close()

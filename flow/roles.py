@@ -24,8 +24,7 @@ from typing import Any
 import dask
 
 from ..errors import ConfigError
-from .dashboard.links import log_links
-from .dashboard.links import register as register_page
+from .cluster import client_session
 from .plugin import GPU, config_env, worker_config
 from .security import check_tls, refusal
 
@@ -150,12 +149,8 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                 raise refused from None
             raise DiskflowError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout} ({e}); "
                                 "is `diskflow scheduler` running there, and the port open?") from e
-        try:
-            if not quiet:
-                log_links(client, log)
+        with client_session(client, log, quiet=quiet, embedded=False):
             yield client
-        finally:
-            client.close()
         return
     n = cpu_workers if cpu_workers is not None else max(1, (os.cpu_count() or 2) - 1)
     if n < 0:
@@ -189,14 +184,8 @@ def stream_client(scheduler: str | None = None, *, cpu_workers: int | None = Non
                 cluster.worker_spec["gpu" if g == 0 else f"gpu-{g}"] = {"cls": spec["cls"], "options": options}
             cluster.sync(cluster._correct_state)
             client = Client(cluster, **({"security": security} if security else {}))
-            try:
-                client.wait_for_workers(n + gpu_workers, timeout=120)
-                register_page(client)
-                if not quiet:
-                    log_links(client, log)
+            with client_session(client, log, quiet=quiet, embedded=True, workers=n + gpu_workers):
                 yield client
-            finally:
-                client.close()
         finally:
             cluster.close()
 
