@@ -1,6 +1,6 @@
 """argparse value parsers and shared flags of the commands: each refusal names the flag and the fault.
 
-`positive_int` and `byte_size` build argparse ``type``s (a bad value stops parsing with
+`integer`, `positive_int` and `byte_size` build argparse ``type``s (a bad value stops parsing with
 argparse's own message; `diskflow.config` has the ones the benchmarks share, `fanouts_option` and
 `model_option`); `parse_int`, `parse_float`, `parse_batches` and `parse_history_rule` raise
 `ConfigError` for values parsed after argparse (`diskflow run` passes on only the flags given).
@@ -17,8 +17,19 @@ from ..errors import ConfigError
 from ..sizes import parse_bytes
 
 __all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_tls_arguments", "argparse_type", "byte_size",
-           "float_at_least", "history_rule", "parse_batches", "parse_choice", "parse_float",
+           "float_at_least", "history_rule", "integer", "parse_batches", "parse_choice", "parse_float",
            "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
+
+
+def integer(option: str) -> Callable[[str], int]:
+    """Parser for an integer, converted only: its range is the library's to check (a `ConfigError` naming the
+    field, which the command prints as `option`)."""
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: expected an integer, got {text!r}") from None
+    return parse
 
 
 def positive_int(option: str) -> Callable[[str], int]:

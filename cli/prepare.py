@@ -7,7 +7,7 @@ from .. import load_pipeline
 from ..config import GROUPINGS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
-from .options import add_history_arguments, add_tls_arguments, parse_batches, positive_int
+from .options import add_history_arguments, add_tls_arguments, integer, parse_batches, positive_int
 
 __all__ = ["register"]
 
@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="packed dataset directory to create (its cache goes to PACKED.work); an existing PACKED or "
                         "PACKED.work that is not a packed dataset / prepare cache is refused unless --force")
     d = PREPARE_DEFAULTS    # the defaults, from the one place they are set
+    # values are converted here and checked by the library (`diskflow.api.prepare_options`), whose errors name
+    # the field and print as its flag; --workers alone is the command's own (0 would mean one per core)
     p.add_argument("--gpu-memory", default=d["gpu_memory"], metavar="SIZE",
                    help="bytes for the static GPU tier, e.g. 2GiB (default %(default)s; needs --device cuda)")
     p.add_argument("--cpu-memory", default=d["cpu_memory"], metavar="SIZE",
@@ -47,35 +49,35 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the training device (default: %(default)s)")
     p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=d["fanouts"],
                    help="neighbours sampled per hop (default: the pipeline's, 10,10,10 for the built-in ones)")
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=d["batch_size"],
+    p.add_argument("--batch-size", type=integer("--batch-size"), default=d["batch_size"],
                    help="seeds per minibatch (default %(default)s)")
-    p.add_argument("--superbatch-size", type=int, default=d["superbatch_size"], metavar="S",
+    p.add_argument("--superbatch-size", type=integer("--superbatch-size"), default=d["superbatch_size"], metavar="S",
                    help="minibatches per superbatch: the unit of sampling tasks and of Belady planning (default "
                         "%(default)s)")
-    p.add_argument("--epochs", type=positive_int("--epochs"), default=d["epochs"],
+    p.add_argument("--epochs", type=integer("--epochs"), default=d["epochs"],
                    help="epochs in the round (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d["seed"], help="seed of batch order and sampling (default %(default)s)")
-    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=d["queue_depth"],
+    p.add_argument("--seed", type=integer("--seed"), default=d["seed"], help="seed of batch order and sampling (default %(default)s)")
+    p.add_argument("--queue-depth", type=integer("--queue-depth"), default=d["queue_depth"],
                    help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
                         "reserved out of --cpu-memory (default %(default)s, as `diskflow train`)")
     p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=d["batches"],
                    help="shuffled ('random'; the pipeline's default) or partition: batches from groups of min-cut parts (OUTRE)")
-    p.add_argument("--partitions", type=positive_int("--partitions"), default=d["partitions"],
+    p.add_argument("--partitions", type=integer("--partitions"), default=d["partitions"],
                    help="partition batches: parts of the graph (default eight per batch: one per batch-size/8 "
                         "training nodes)")
-    p.add_argument("--parts-per-group", type=positive_int("--parts-per-group"), default=d["parts_per_group"],
+    p.add_argument("--parts-per-group", type=integer("--parts-per-group"), default=d["parts_per_group"],
                    help="partition batches: parts whose training nodes are shuffled together (default %(default)s)")
     p.add_argument("--group-by", choices=GROUPINGS, default=d["group_by"],
                    help="partition batches: how parts meet in a group, label (parts of different majority labels "
                         "together) or random (OUTRE's) (default %(default)s)")
     p.add_argument("--partitioner", choices=("kaminpar", "metis"), default=d["partitioner"],
                    help="partition batches: the partitioner (default %(default)s)")
-    p.add_argument("--partition-threads", type=positive_int("--partition-threads"), default=d["partition_threads"],
+    p.add_argument("--partition-threads", type=integer("--partition-threads"), default=d["partition_threads"],
                    help="partition batches: the partitioner's threads (default %(default)s: the same parts every run)")
     add_history_arguments(p, d)
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=d["hidden"],
+    p.add_argument("--hidden", type=integer("--hidden"), default=d["hidden"],
                    help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
-    p.add_argument("--minhash-k", type=positive_int("--minhash-k"), default=d["minhash_k"],
+    p.add_argument("--minhash-k", type=integer("--minhash-k"), default=d["minhash_k"],
                    help="MinHash functions (default %(default)s)")
     p.add_argument("--force", action="store_true",
                    help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "

@@ -112,6 +112,9 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
     if unknown:
         raise ConfigError(unknown[0], f"not an option of prepare; expected one of {', '.join(sorted(PREPARE_DEFAULTS))}")
     o = {**PREPARE_DEFAULTS, **given}
+    for name in ("queue_depth", "hidden"):      # the options PrepareConfig does not hold (its own are validated)
+        if isinstance(o[name], bool) or not isinstance(o[name], int) or o[name] < 1:
+            raise ConfigError(name, f"must be >= 1, got {o[name]!r}")
     fanouts = tuple(o["fanouts"]) if o["fanouts"] is not None else pipeline.fanouts
     disk = None if str(o["disk_budget"]).lower() in ("none", "") else o["disk_budget"]
     budgets = packed_budgets(store, o["cpu_memory"], o["gpu_memory"], disk, fanouts, o["batch_size"],

@@ -93,3 +93,19 @@ def test_the_history_rule_flags_reach_the_run_and_are_checked(tiny_store, tmp_pa
     with pytest.raises(SystemExit):
         main(["prepare", "belady_outre", "--dataset", "S", "--out", "P", "--history-ramp", "-1"])
     assert "--history-ramp: expected a finite number >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "printed"), [
+    (["--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    (["--epochs", "0"], "--epochs: must be >= 1, got 0"),
+    (["--queue-depth", "0"], "--queue-depth: must be >= 1, got 0"),
+    (["--hidden", "0"], "--hidden: must be >= 1, got 0"),
+    (["--batches", "partition", "--partitions", "1"], "--partitions: must be >= 2, got 1"),
+])
+def test_prepare_values_are_checked_by_the_library_and_printed_as_their_flag(
+        tiny_store, tmp_path, capsys: pytest.CaptureFixture[str], flags: list[str], printed: str) -> None:
+    """prepare's argparse types only convert text; the range is `prepare_options`'s to check (one place), and its
+    `ConfigError` reads as one line naming the flag, exit 2, before a cluster starts."""
+    assert main(["prepare", "belady", "--dataset", str(tiny_store), "--out", str(tmp_path / "packed"), *flags]) == 2
+    assert capsys.readouterr().err == f"diskflow prepare: error: {printed}\n"
+    assert not (tmp_path / "packed").exists()
