@@ -39,8 +39,8 @@ SUPERBATCH = 64             # batches per superbatch: prepare's unit of sampling
 # and fanouts 5,5 so that staging leaves most of the budget to the CPU tier, a 2% training split and one torch
 # thread so that two GNN runs fit one to two minutes on 2 cores (the module's docstring). Its other options
 # (--epochs, --seed, --model, --cpu-memory) default to the library's.
-DEMO = {"nodes": 1_000_000, "dim": 64, "classes": 8, "train": 0.02, "val": 0.01, "test": 0.01,
-        "fanouts": (5, 5), "batch_size": 128, "hidden": 64, "threads": 1}
+DEMO: dict[str, Any] = {"nodes": 1_000_000, "dim": 64, "classes": 8, "train": 0.02, "val": 0.01, "test": 0.01,
+                         "fanouts": (5, 5), "batch_size": 128, "hidden": 64, "threads": 1}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
