@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from . import _native
+from .forward import NativeInt
 
 
 class NeighborSampler:
@@ -48,25 +49,15 @@ class NeighborSampler:
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: Sequence[int], num_threads: int = 1) -> None:
         self._impl = _native.NeighborSampler(indptr, indices, [int(f) for f in fanouts], int(num_threads))
 
-    @property
-    def num_nodes(self) -> int:
-        """N, the graph's node count."""
-        return int(self._impl.num_nodes)
-
-    @property
-    def num_edges(self) -> int:
-        """E, the graph's edge count."""
-        return int(self._impl.num_edges)
+    num_nodes = NativeInt("N, the graph's node count.")
+    num_edges = NativeInt("E, the graph's edge count.")
 
     @property
     def fanouts(self) -> list[int]:
         """Neighbours sampled per frontier node, per hop (-1 = all)."""
         return list(self._impl.fanouts)
 
-    @property
-    def num_threads(self) -> int:
-        """Worker threads per hop."""
-        return int(self._impl.num_threads)
+    num_threads = NativeInt("Worker threads per hop.")
 
     def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None, last_hop: bool = False,
                narrow: bool = False, thin: int = 0) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:

@@ -50,6 +50,7 @@ from .constants import (
     DEFAULT_QUEUE_DEPTH,
     DEFAULT_THREADS,
 )
+from .forward import NativeInt
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -157,40 +158,18 @@ class DirectReader:
             warnings.warn(f"io_uring unavailable ({why}); reading with {threads} pread threads instead",
                           RuntimeWarning, stacklevel=2)
 
-    @property
-    def queue_depth(self) -> int:
-        """Requests in flight with io_uring."""
-        return int(self._impl.queue_depth)
-
-    @property
-    def threads(self) -> int:
-        """pread threads (requests in flight with the pread backend)."""
-        return int(self._impl.threads)
-
-    @property
-    def merge_bytes(self) -> int:
-        """read_rows' longest request of merged adjacent pages."""
-        return int(self._impl.merge_bytes)
-
-    @property
-    def gap_bytes(self) -> int:
-        """read_rows' longest run of untouched bytes read through between two touched pages."""
-        return int(self._impl.gap_bytes)
-
-    @property
-    def unit_bytes(self) -> int:
-        """read_rows' unit as set (a file may need more: `unit_of`)."""
-        return int(self._impl.unit_bytes)
+    queue_depth = NativeInt("Requests in flight with io_uring.")
+    threads = NativeInt("pread threads (requests in flight with the pread backend).")
+    merge_bytes = NativeInt("read_rows' longest request of merged adjacent pages.")
+    gap_bytes = NativeInt("read_rows' longest run of untouched bytes read through between two touched pages.")
+    unit_bytes = NativeInt("read_rows' unit as set (a file may need more: `unit_of`).")
 
     def unit_of(self, handle: int) -> int:
         """The unit read_rows reads the file of `handle` in: `unit_bytes`, or the file's direct-I/O
         alignment where that is larger."""
         return int(self._impl.unit_of(int(handle)))
 
-    @property
-    def bounce_bytes(self) -> int:
-        """read_rows' staging buffer (rounded up to ALIGN)."""
-        return int(self._impl.bounce_bytes)
+    bounce_bytes = NativeInt("read_rows' staging buffer (rounded up to ALIGN).")
 
     def open(self, path: str | os.PathLike[str]) -> int:
         """Open a file for reading; returns its handle.
