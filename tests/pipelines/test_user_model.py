@@ -10,7 +10,7 @@ from typing import Any
 
 import dask
 import pytest
-from cli_runs import cli_report, losses, only_run_report
+from cli_runs import cli_report, losses, two_gpu_workers_and_one, user_model_fixtures
 from diskflow.cli import main
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
@@ -49,21 +49,7 @@ STREAM = {"fanouts": (5, 5), "batch_size": 256, "epochs": 1, "hidden": 12, "seed
           "superbatch_size": 3, "device": "cpu", "progress": False}
 
 
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("mine") / "max_skip.py"
-    path.write_text(USER_MODEL)
-    return path
-
-
-@pytest.fixture(scope="module")
-def reference(model_file: Path, tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    runs = tmp_path_factory.mktemp("ref")
-    with dask.config.set(scheduler="sync"):
-        rc = main(["run", "inmemory", "--dataset", str(tiny_store), "--model", str(model_file),
-                   "--runs-dir", str(runs), *SETTINGS])
-    assert rc == 0
-    return only_run_report(runs)
+model_file, reference = user_model_fixtures("max_skip.py", USER_MODEL, SETTINGS)
 
 
 def test_the_file_defines_a_public_model(model_file: Path) -> None:
@@ -126,13 +112,8 @@ def test_streaming_gives_the_inmemorylosses(model_file: Path, tiny_store: Path, 
 def test_two_gpu_workers_train_the_users_model(model_file: Path, tiny_store: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Worker processes: the model travels as the file's path and is built on each GPU worker."""
-    two = cli_report(["run", "streaming", "--dataset", str(tiny_store), "--model", str(model_file), "--gpus", "2",
-                "--workers", "1", "--device", "cpu", "--superbatch-size", "3", "--runs-dir", str(tmp_path), *SETTINGS],
-               capsys)
-    assert two["stream"]["gpus"] == 2 and two["stream"]["models_equal"]
-    one = streaming.run(tiny_store, tmp_path / "one", model=str(model_file), workers=1, processes=False,
-                        batches_per_step=2, **STREAM)
-    assert losses(two) == pytest.approx(losses(one), rel=1e-5, abs=1e-6) and len(losses(one)) == 10
+    _, one = two_gpu_workers_and_one(tiny_store, model_file, tmp_path, SETTINGS, STREAM, capsys)
+    assert len(losses(one)) == 10
 
 
 def test_bench_compare_takes_the_model(model_file: Path, tiny_store: Path, tmp_path: Path,
