@@ -173,10 +173,10 @@ def test_workers_without_the_clusters_certificates_are_refused(cluster: dict[str
                                                                capsys: pytest.CaptureFixture,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Each is refused by `diskflow worker`'s probe, before Dask's worker starts (which would retry forever)."""
-    import diskflow.cli.worker
+    import diskflow.cluster
 
-    started: list[Any] = []
-    monkeypatch.setattr(diskflow.cli.worker, "run_dask_cli", lambda *a: started.append(a) or 0)
+    started: list[Any] = []     # (`diskflow worker` imports it from diskflow.cluster when it runs)
+    monkeypatch.setattr(diskflow.cluster, "run_dask_cli", lambda *a: started.append(a) or 0)
     plain = cluster["address"].replace("tls://", "tcp://")
     for argv, says in ((["worker", plain, "--no-nanny"], "refuses plain tcp:// connections"),
                        (["worker", cluster["address"], "--no-nanny", *_flags(certs, cert="foreign")],
@@ -190,6 +190,7 @@ def test_workers_without_the_clusters_certificates_are_refused(cluster: dict[str
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert err.startswith(f"diskflow worker: error: {argv[1]} refused this connection: ") and says in err, err
     with dask_client(cluster["address"], quiet=True, security=_security(certs)) as client:
+        client.wait_for_workers(1, timeout=60)     # the fixture's own worker may still be joining
         assert [w["name"] for w in client.scheduler_info(n_workers=-1)["workers"].values()] == ["own"]
 
 

@@ -77,7 +77,7 @@ def test_constants_are_the_engines() -> None:
 def test_reader_loader_and_formats_use_the_engines_constants() -> None:
     from diskflow.native import reader
     from diskflow.operators.formats import directwrite, npyio
-    from diskflow.operators.train import assemble, memory
+    from diskflow.operators.train import batchload, memory
 
     assert reader.ALIGN == npyio.ALIGN == directwrite.ALIGN == constants.ALIGN
     with DirectReader(backend="pread") as r:  # the Python defaults are the engine's
@@ -88,7 +88,7 @@ def test_reader_loader_and_formats_use_the_engines_constants() -> None:
         constants.DEFAULT_QUEUE_DEPTH, constants.DEFAULT_THREADS, constants.DEFAULT_MERGE_BYTES,
         constants.DEFAULT_BOUNCE_BYTES)
     binding.close()
-    r = assemble.make_reader()
+    r = batchload.make_reader()
     try:
         assert (r.merge_bytes, r.bounce_bytes) == (constants.DEFAULT_MERGE_BYTES, constants.DEFAULT_BOUNCE_BYTES)
     finally:
