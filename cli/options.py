@@ -17,8 +17,8 @@ from ..errors import ConfigError
 from ..sizes import parse_bytes
 
 __all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_tls_arguments", "argparse_type", "byte_size",
-           "float_at_least", "history_rule", "integer", "parse_batches", "parse_choice", "parse_float",
-           "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
+           "float_at_least", "fraction", "integer", "parse_batches", "parse_choice", "parse_float",
+           "parse_fraction", "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
 
 
 def integer(option: str) -> Callable[[str], int]:
@@ -47,22 +47,17 @@ def positive_int(option: str) -> Callable[[str], int]:
 
 def float_at_least(option: str, minimum: float, inclusive: bool = True) -> Callable[[str], float]:
     """Parser for a finite number >= `minimum` (> it unless `inclusive`): `parse_float` as an argparse ``type``."""
-    def parse(text: str) -> float:
-        try:
-            return parse_float(option, text, minimum=minimum, inclusive=inclusive)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
+    return argparse_type(option, lambda o, text: parse_float(o, text, minimum=minimum, inclusive=inclusive))
+
+
+def fraction(option: str) -> Callable[[str], float]:
+    """Parser for a number in [0, 1]: `parse_fraction` as an argparse ``type``."""
+    return argparse_type(option, parse_fraction)
 
 
 def byte_size(option: str) -> Callable[[str], int]:
     """Parser for sizes such as `2GiB`, `512MiB`, `1.5GB`."""
-    def parse(text: str) -> int:
-        try:
-            return parse_bytes(text, option)
-        except ConfigError as e:  # -> argparse's own message format
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
+    return argparse_type(option, lambda o, text: parse_bytes(text, o))
 
 
 def parse_int(option: str, text: str, minimum: int) -> int:
@@ -89,6 +84,17 @@ def parse_float(option: str, text: str, minimum: float | None = None, inclusive:
     return value
 
 
+def parse_fraction(option: str, text: str) -> float:
+    """A number in [0, 1], or a ConfigError naming the option."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(option, f"expected a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise ConfigError(option, f"must be in [0, 1], got {value}")
+    return value
+
+
 def parse_history_rule(option: str, text: str) -> float:
     """``--history-ramp`` or ``--history-cooldown`` (named by `option`): a number the history planner takes
     (`check_rule`), or a ConfigError naming the flag."""
@@ -99,16 +105,6 @@ def parse_history_rule(option: str, text: str) -> float:
     except ConfigError as e:
         raise ConfigError(option, e.fault) from None
     return value
-
-
-def history_rule(option: str) -> Callable[[str], float]:
-    """`parse_history_rule` as an argparse ``type`` (argparse's own message, naming `option`)."""
-    def parse(text: str) -> float:
-        try:
-            return parse_history_rule(option, text)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
 
 
 def parse_batches(option: str, text: str) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RUN_DEFAULTS, StreamConfig, TrainConfig
-from ..errors import ConfigError, InputError
-from .options import parse_int
+from ..errors import InputError
+from .options import parse_float, parse_int
 
 __all__ = ["RUN_OPTIONS", "add_run_arguments", "resume_dir"]
 
@@ -21,15 +21,7 @@ def _int_at_least(option: str, minimum: int) -> Callable[[str], int]:
 
 
 def _float_at_least(option: str, minimum: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ConfigError(option, f"expected a number >= {minimum}, got {text!r}") from None
-        if not value >= minimum:
-            raise ConfigError(option, f"expected a number >= {minimum}, got {text!r}")
-        return value
-    return parse
+    return lambda text: parse_float(option, text, minimum)
 
 
 # option attribute -> (flag, parser, help): the flags `diskflow run` adds for split and streamed runs

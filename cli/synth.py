@@ -3,29 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from ..config import SynthConfig
 from ..sizes import format_bytes
-from .options import add_tls_arguments, positive_int
+from .options import add_tls_arguments, fraction, positive_int
 
 __all__ = ["register"]
 
 _D = SynthConfig()
-
-
-def _fraction(option: str) -> Callable[[str], float]:
-    """Parser for a number in [0, 1]."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: expected a number in [0, 1], got {text!r}") from None
-        if not 0 <= value <= 1:
-            raise argparse.ArgumentTypeError(f"{option}: must be in [0, 1], got {value}")
-        return value
-    return parse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,9 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--avg-degree", type=float, default=_D.avg_degree,
                    help="mean stored edges per node, both directions counted (default: %(default)s; "
                         "duplicates removed, so slightly less comes out)")
-    p.add_argument("--homophily", type=_fraction("--homophily"), default=_D.homophily,
+    p.add_argument("--homophily", type=fraction("--homophily"), default=_D.homophily,
                    help="probability that an edge stays in its source's community (default: %(default)s)")
-    p.add_argument("--locality", type=_fraction("--locality"), default=_D.locality,
+    p.add_argument("--locality", type=fraction("--locality"), default=_D.locality,
                    help="share of the within-community edges drawn to a member near the source, so that small "
                         "dense clusters exist below the communities, as in real graphs (default: %(default)s)")
     p.add_argument("--signal", type=float, default=_D.signal,
@@ -56,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "unit-variance noise (default: %(default)s)")
     p.add_argument("--noise", type=float, default=_D.noise,
                    help="per-dimension feature noise standard deviation (default: %(default)s)")
-    p.add_argument("--label-noise", type=_fraction("--label-noise"), default=_D.label_noise,
+    p.add_argument("--label-noise", type=fraction("--label-noise"), default=_D.label_noise,
                    help="fraction of nodes given a random label (default: %(default)s)")
     p.add_argument("--degree-exponent", type=float, default=_D.degree_exponent,
                    help="power-law exponent gamma of the degree distribution, > 2 (default: %(default)s)")
@@ -64,11 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="feature dtype (default: %(default)s)")
     p.add_argument("--format", dest="feature_format", choices=("arrow", "parquet"), default=_D.feature_format,
                    help="feature shard format: Arrow IPC file or Parquet (default: %(default)s)")
-    p.add_argument("--train", type=_fraction("--train"), default=_D.train_frac,
+    p.add_argument("--train", type=fraction("--train"), default=_D.train_frac,
                    help="fraction of nodes in the train split (default: %(default)s)")
-    p.add_argument("--val", type=_fraction("--val"), default=_D.val_frac,
+    p.add_argument("--val", type=fraction("--val"), default=_D.val_frac,
                    help="fraction in the val split (default: %(default)s)")
-    p.add_argument("--test", type=_fraction("--test"), default=_D.test_frac,
+    p.add_argument("--test", type=fraction("--test"), default=_D.test_frac,
                    help="fraction in the test split; the rest is 'none' (default: %(default)s)")
     p.add_argument("--seed", type=int, default=_D.seed, help="random seed (default: %(default)s)")
     p.add_argument("--part-nodes", type=positive_int("--part-nodes"), default=_D.part_nodes,

@@ -37,19 +37,12 @@ from typing import Any
 from ..errors import ConfigError
 from ..operators.formats.userfile import import_user_file
 from ..operators.options import FANOUTS
-from ..operators.prepare.history import (
-    DEFAULT_COOLDOWN,
-    DEFAULT_PRUNE,
-    DEFAULT_RAMP,
-    DEFAULT_STALENESS,
-    check_prune,
-    check_rule,
-)
+from ..operators.prepare.history import check_prune, check_rule
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
 from ..operators.train.config import ONLINE_TIERS
-from .options import pipeline_history
+from .options import HISTORY_RULE, pipeline_history
 
 __all__ = ["BATCHES", "LOADERS", "ONLINE_TIERS", "PACKAGE", "SAMPLERS", "USER_MODULE", "Pipeline", "Runtime",
            "available_pipelines", "load_pipeline", "pipeline_names", "pipeline_of"]
@@ -154,10 +147,10 @@ class Pipeline:
     packing: bool = True
     disk_cache: bool = True
     history_memory: int | str | None = None
-    history_staleness: int = DEFAULT_STALENESS
-    history_prune: str = DEFAULT_PRUNE
-    history_ramp: float = DEFAULT_RAMP
-    history_cooldown: float = DEFAULT_COOLDOWN
+    history_staleness: int = HISTORY_RULE["history_staleness"]     # the library's rule (`flow.options`)
+    history_prune: str = HISTORY_RULE["history_prune"]
+    history_ramp: float = HISTORY_RULE["history_ramp"]
+    history_cooldown: float = HISTORY_RULE["history_cooldown"]
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -38,11 +38,12 @@ import errno
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import _native
+from .closing import Closing
 from .constants import (
     ALIGN,
     DEFAULT_BOUNCE_BYTES,
@@ -51,9 +52,6 @@ from .constants import (
     DEFAULT_THREADS,
 )
 from .forward import NativeInt
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 ShortReadError: type[OSError] = _native.ShortReadError
 BACKENDS = ("auto", "uring", "pread")
@@ -110,7 +108,7 @@ def _as_out(out: Any) -> Any:
     return out
 
 
-class DirectReader:
+class DirectReader(Closing):
     """Reads many requests in flight from files opened with O_DIRECT (see the module docstring).
 
     The defaults are the engine's (`diskflow.native.constants`, defined in `native/constants.h`).
@@ -242,12 +240,6 @@ class DirectReader:
     def close(self) -> None:
         """Close every file and free the reader's buffers; the reader cannot be used afterwards."""
         self._impl.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"DirectReader(backend={self.backend!r}, queue_depth={self.queue_depth})"

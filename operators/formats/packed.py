@@ -37,12 +37,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ...errors import InputError
+from ...native.closing import Closing
 from ...native.constants import ALIGN
 from .atomic import atomic_path, preallocate, write_bytes
 from .checksum import crc32
@@ -52,9 +53,6 @@ from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
 from .samples import Buffer, SampleRecord, list_values, open_arrow, read_samples
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["ALIGN", "INDEX_SCHEMA", "INDEX_SCHEMA_INT32", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION",
            "ROUND_DIR", "SRC_CPU", "SRC_DCACHE", "SRC_GPU", "SRC_PACKED", "SRC_STORE", "IndexRecord",
@@ -383,7 +381,7 @@ class SuperbatchEntry:
     first_batch: int
 
 
-class PackedDataset:
+class PackedDataset(Closing):
     """Read access to a finished packed dataset (its manifest must exist).
 
     Attributes come from the manifest: ``dtype``, ``dim``, ``row_bytes``, ``num_nodes``,
@@ -446,12 +444,6 @@ class PackedDataset:
             os.close(fd)
         self._fds.clear()
         self._dcache_key, self._dcache_map = -1, None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown

@@ -43,13 +43,14 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
 from ...errors import ConfigError, InputError
+from ...native.closing import Closing
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
 from ..formats.npyio import read_into
@@ -66,13 +67,10 @@ from .pool import MatrixPool
 from .stages import load_labels, pipelined, records, samples, sequential
 from .staging import PinnedBuffers
 
-if TYPE_CHECKING:
-    from typing_extensions import Self
-
 __all__ = ["PackedLoader"]
 
 
-class PackedLoader(BatchLoad, BatchAssembly):
+class PackedLoader(BatchLoad, BatchAssembly, Closing):
     """Iterate a packed dataset's round as PyG `Data` batches (NeighborLoader's fields).
 
     Args:
@@ -225,12 +223,6 @@ class PackedLoader(BatchLoad, BatchAssembly):
             with contextlib.suppress(Exception):
                 self.reader.close()
         self.ds.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
