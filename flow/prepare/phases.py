@@ -543,7 +543,7 @@ def _read_amplification(stage: Path, routes: Sequence[dict], offsets: np.ndarray
 
     Only superbatches with disk-cache reads have their index read back (the packed segments' share comes
     from `seg_rows`): a round without a disk cache has nothing to read back after packing."""
-    from ...operators.formats.packed import read_index_file
+    from ...operators.formats.packedindex import read_index_file
     from ...operators.prepare.reorder import pages_touched
 
     useful = int(seg_rows.sum()) * row_bytes

@@ -13,7 +13,8 @@ import numpy as np
 
 from ...operators.formats import packed as packed_fmt
 from ...operators.formats.atomic import atomic_path
-from ...operators.formats.packed import SRC_STORE, IndexRecord, patch_segments, write_index_file
+from ...operators.formats.packed import SRC_STORE
+from ...operators.formats.packedindex import IndexRecord, patch_segments, write_index_file
 from ...operators.formats.plan import SRC_MISS, SuperbatchPlan, load_plan, save_plan
 from ...operators.formats.samples import read_n_ids
 from ...operators.prepare.diskcache import build_layout

@@ -40,16 +40,8 @@ from ...native.constants import ALIGN
 from ..formats.atomic import atomic_path
 from ..formats.intwidth import narrow_int
 from ..formats.npyio import NpzReader, load_npy
-from ..formats.packed import (
-    SRC_CPU,
-    SRC_DCACHE,
-    SRC_GPU,
-    SRC_PACKED,
-    IndexRecord,
-    epoch_of_key,
-    write_index_draft,
-    write_index_file,
-)
+from ..formats.packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, epoch_of_key
+from ..formats.packedindex import IndexRecord, write_index_draft, write_index_file
 
 __all__ = ["SRC_MISS", "RouteFile", "ids_member", "ids_path", "route_superbatch", "segment_offsets",
            "translate_numpy", "write_index"]
@@ -157,13 +149,13 @@ def route_superbatch(key: str, n_ids: Sequence[np.ndarray], plans: Sequence[Any]
         parents: create `out_path`'s directory when missing (False: a task outliving its failed
             run must not resurrect the directory the run removed; see `atomic.atomic_path`).
         index_path: also write the superbatch's index file there now, its segments' offsets and
-            checksums left zero for `formats.packed.patch_segments` once packing knows them; the
+            checksums left zero for `formats.packedindex.patch_segments` once packing knows them; the
             routing file then holds only what the pack tasks read (segment rows, packed ids).
 
     Returns:
         ``{"key", "path", "first_batch", "batches", "seg_rows" (int64 [b, P]), "packed_rows",
         "dcache_rows", "gpu_hits", "cpu_hits"}``; with `index_path` also ``"index_path"`` and
-        ``"index_at"`` (`formats.packed.segment_fields_at`).
+        ``"index_at"`` (`formats.packedindex.segment_fields_at`).
     """
     if len(n_ids) != len(plans):
         raise ValueError(f"superbatch {key}: {len(n_ids)} samples but {len(plans)} plans")

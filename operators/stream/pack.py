@@ -36,15 +36,8 @@ from ...errors import InputError
 from ..formats.checksum import crc32
 from ..formats.hashing import config_hash
 from ..formats.npyio import aligned_npy_bytes, npy_bytes
-from ..formats.packed import (
-    PACKED_FORMAT,
-    PACKED_VERSION,
-    ROUND_DIR,
-    index_bytes,
-    index_name,
-    part_name,
-    samples_name,
-)
+from ..formats.packed import PACKED_FORMAT, PACKED_VERSION, ROUND_DIR, index_name, part_name, samples_name
+from ..formats.packedindex import index_bytes
 from ..formats.plan import BatchPlan
 from ..formats.samples import read_n_ids
 from ..formats.store import Store

@@ -23,7 +23,8 @@ import torch
 from ...errors import InputError
 from ...native.kernels import copy_rows
 from ..formats.checksum import crc32
-from ..formats.packed import SRC_CPU, SRC_GPU, SRC_PACKED, IndexRecord, PackedDataset
+from ..formats.packed import SRC_CPU, SRC_GPU, SRC_PACKED, PackedDataset
+from ..formats.packedindex import IndexRecord
 from .batchload import Piece
 
 __all__ = ["SOURCES", "BatchAssembly", "SourceCounts"]

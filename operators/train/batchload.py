@@ -24,7 +24,8 @@ from ...errors import InputError
 from ...native.constants import ALIGN
 from ...native.reader import DirectReader
 from ..formats.intwidth import byte_offsets
-from ..formats.packed import SRC_DCACHE, SRC_PACKED, SRC_STORE, IndexRecord, PackedDataset, padded
+from ..formats.packed import SRC_DCACHE, SRC_PACKED, SRC_STORE, PackedDataset, padded
+from ..formats.packedindex import IndexRecord
 
 __all__ = ["BatchLoad", "Piece", "make_reader"]
 

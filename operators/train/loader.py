@@ -54,7 +54,8 @@ from ...native.closing import Closing
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
 from ..formats.npyio import read_into
-from ..formats.packed import IndexRecord, PackedDataset
+from ..formats.packed import PackedDataset
+from ..formats.packedindex import IndexRecord
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts

@@ -22,7 +22,8 @@ from torch_geometric.data import Data
 
 from ...errors import InputError
 from ..formats.npyio import load_npy
-from ..formats.packed import IndexRecord, PackedDataset, SuperbatchEntry
+from ..formats.packed import PackedDataset, SuperbatchEntry
+from ..formats.packedindex import IndexRecord
 from ..formats.samples import SampleRecord
 from .pipe import END, Pipe, Stopped, guard
 

@@ -20,13 +20,8 @@ import torch
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.formats.manifest import write_manifest
 from diskflow.operators.formats.npyio import create_aligned_npy, save_aligned_npy
-from diskflow.operators.formats.packed import (
-    ROUND_DIR,
-    IndexRecord,
-    PackedDataset,
-    read_index_file,
-    write_index_file,
-)
+from diskflow.operators.formats.packed import ROUND_DIR, PackedDataset
+from diskflow.operators.formats.packedindex import IndexRecord, read_index_file, write_index_file
 from diskflow.operators.formats.store import SPLITS, Store
 from diskflow.operators.formats.verify import verify
 from diskflow.operators.ingest.raw import store_manifest

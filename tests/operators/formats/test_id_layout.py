@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from diskflow.operators.formats.packed import (
+from diskflow.operators.formats.packedindex import (
     INDEX_SCHEMA,
     INDEX_SCHEMA_INT32,
     IndexRecord,

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 from diskflow.cli import verify as verify_cmd
 from diskflow.operators.formats.manifest import read_manifest, write_manifest
-from diskflow.operators.formats.packed import (
-    ROUND_DIR,
-    SRC_DCACHE,
-    SRC_PACKED,
-    PackedDataset,
-    index_name,
-    write_index_file,
-)
+from diskflow.operators.formats.packed import ROUND_DIR, SRC_DCACHE, SRC_PACKED, PackedDataset, index_name
+from diskflow.operators.formats.packedindex import write_index_file
 from diskflow.operators.formats.store import Store
 from diskflow.operators.formats.verify import verify
 from packed_rounds import build_packed, sample_round, tight_layout

@@ -303,7 +303,7 @@ def test_index_written_at_routing_and_patched_after_packing_is_the_whole_file(pa
     """A superbatch's index written when it is routed (segment offsets and checksums zero) and patched once
     packing knows them is byte for byte the index written whole afterwards; the routing file of such a
     route holds only what the pack tasks read."""
-    from diskflow.operators.formats.packed import patch_segments, read_index_file
+    from diskflow.operators.formats.packedindex import patch_segments, read_index_file
     from diskflow.operators.prepare.route import write_index
 
     _, layout, res = packed

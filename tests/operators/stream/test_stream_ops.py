@@ -77,13 +77,8 @@ def test_samples_are_the_offline_rounds(tiny_store: Path, tmp_path: Path, stream
 def test_an_index_built_in_memory_is_the_index_file(tmp_path: Path, stream: dict) -> None:
     """A bundle's index (built in memory) and `write_index_file`'s file of the same records are the same bytes."""
     import pyarrow as pa
-    from diskflow.operators.formats.packed import (
-        ROUND_DIR,
-        index_bytes,
-        index_name,
-        read_index_file,
-        write_index_file,
-    )
+    from diskflow.operators.formats.packed import ROUND_DIR, index_name
+    from diskflow.operators.formats.packedindex import index_bytes, read_index_file, write_index_file
 
     bundle = _bundle(stream, 1)
     shipped = bundle.data[f"{ROUND_DIR}/{index_name(bundle.key)}"]
