@@ -87,6 +87,7 @@ from ..config import fanouts_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.checksum import crc32
 from ..operators.formats.manifest import read_manifest
+from ..operators.options import CPU_SHARE
 from .common import (
     add_graph_arguments,
     drop_page_cache,
@@ -115,6 +116,9 @@ TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5
            "outre_acc_gap_points": ("<=", 1.0), "ginex_over_gnndrive": (">=", 1.0),
            "mmap_over_gnndrive": (">=", 5.0), "lsmgnn_misses_over_belady_plan": ("<=", 1.3)}
 
+
+
+FEATURE_SHARE = f"{CPU_SHARE:.0%}"     # the feature budget's default: the library's CPU share
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench compare`."""
@@ -145,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-threads", type=int, default=1,
                    help="torch threads of that pair, both runs (default 1: on 2 cores the other one is left to "
                         "the load and assemble stages)")
-    p.add_argument("--feature-budget", default="10%",
-                   help="host memory for features, bytes or a share of the feature bytes (default 10%%): the "
+    p.add_argument("--feature-budget", default=FEATURE_SHARE,
+                   help="host memory for features, bytes or a share of the feature bytes (default %(default)s): the "
                         "packed pipelines' --cpu-memory, and with the allowance the cgroup limit of every "
                         "out-of-core pipeline")
     p.add_argument("--allowance", default=None,

@@ -72,7 +72,7 @@ from ..config import fanouts_option
 from ..errors import ConfigError, DiskflowError, InputError
 from ..flow.options import byte_budget
 from ..operators.formats.sizes import format_bytes, parse_bytes
-from ..operators.options import INGEST_MEMORY
+from ..operators.options import CPU_SHARE, INGEST_MEMORY
 from .child import read_child_spec, write_child_out
 from .common import add_graph_arguments, print_table
 
@@ -99,6 +99,9 @@ SMALL_FILES = 64 << 20             # manifests, tier ids, plans' own overhead
 
 # ---------------------------------------------------------------------------- options
 
+
+FEATURE_SHARE = f"{CPU_SHARE:.0%}"     # the feature budget's default: the library's CPU share
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `diskflow bench scale`."""
     add_graph_arguments(p, nodes=DEFAULT_NODES, dim=DEFAULT_DIM, train_frac=0.005,
@@ -119,8 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 2GiB)")
     p.add_argument("--memory-budget", default=INGEST_MEMORY,
                    help="ingest's memory budget per task (default %(default)s)")
-    p.add_argument("--feature-budget", default="10%",
-                   help="host memory for features, bytes or a share of the feature bytes (default 10%%): "
+    p.add_argument("--feature-budget", default=FEATURE_SHARE,
+                   help="host memory for features, bytes or a share of the feature bytes (default %(default)s): "
                         "prepare's and the trainer's --cpu-memory, and with the measured allowance the train "
                         "phase's cgroup")
     p.add_argument("--readahead", default="1GiB",

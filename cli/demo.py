@@ -29,7 +29,7 @@ from typing import Any
 
 from ..config import PREPARE_DEFAULTS, TrainConfig, fanouts_option
 from ..sizes import format_bytes
-from .options import positive_int
+from .options import integer, positive_int
 
 __all__ = ["DEMO", "FLOOR_BYTES", "SUPERBATCH", "register"]
 
@@ -53,23 +53,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "MLP baseline, and print tier hit rates, bytes read against the disk's floor, "
                                    "accuracies and the timeline PNG.")
     p.add_argument("--workdir", default="diskflow-demo", help="where the dataset, store and runs go (default: %(default)s)")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=DEMO["nodes"], help="synthetic graph size (default: %(default)s)")
-    p.add_argument("--dim", type=positive_int("--dim"), default=DEMO["dim"], help="feature dimension (default: %(default)s)")
-    p.add_argument("--classes", type=positive_int("--classes"), default=DEMO["classes"], help="number of classes (default: %(default)s)")
+    p.add_argument("--nodes", type=integer("--nodes"), default=DEMO["nodes"], help="synthetic graph size (default: %(default)s)")
+    p.add_argument("--dim", type=integer("--dim"), default=DEMO["dim"], help="feature dimension (default: %(default)s)")
+    p.add_argument("--classes", type=integer("--classes"), default=DEMO["classes"], help="number of classes (default: %(default)s)")
     p.add_argument("--train", type=float, default=DEMO["train"], help="share of the nodes in the train split (default: %(default)s)")
     p.add_argument("--val", type=float, default=DEMO["val"], help="share in the val split (default: %(default)s)")
     p.add_argument("--test", type=float, default=DEMO["test"], help="share in the test split (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int("--epochs"), default=TrainConfig.epochs, help="training epochs (default: %(default)s)")
+    p.add_argument("--epochs", type=integer("--epochs"), default=TrainConfig.epochs, help="training epochs (default: %(default)s)")
     p.add_argument("--fanouts", type=fanouts_option("--fanouts"), default=DEMO["fanouts"],
                    help=f"neighbours sampled per hop, comma-separated (default: {','.join(map(str, DEMO['fanouts']))})")
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=DEMO["batch_size"], help="seeds per batch (default: %(default)s)")
+    p.add_argument("--batch-size", type=integer("--batch-size"), default=DEMO["batch_size"], help="seeds per batch (default: %(default)s)")
     # prepare's default share, as plain text: the demo refuses a budget too small for its store, as it always has
     p.add_argument("--cpu-memory", default=str(PREPARE_DEFAULTS["cpu_memory"]), metavar="SIZE",
                    help="host memory for features on the trainer (CPU tier + staged misses + I/O buffers), as bytes "
                         "(64MiB) or a share of the feature bytes (default: %(default)s)")
     p.add_argument("--model", choices=("sage", "gcn", "gat"), default=TrainConfig.model, help="GNN model (default: %(default)s)")
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=DEMO["hidden"], help="hidden channels (default: %(default)s)")
-    p.add_argument("--threads", type=positive_int("--threads"), default=DEMO["threads"],
+    p.add_argument("--hidden", type=integer("--hidden"), default=DEMO["hidden"], help="hidden channels (default: %(default)s)")
+    p.add_argument("--threads", type=integer("--threads"), default=DEMO["threads"],
                    help="torch threads of the trainers (default: %(default)s; the pipelined trainer's load, "
                         "assemble and graph stages use the other core)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None, help="Dask worker processes (default: one per core)")

@@ -17,8 +17,8 @@ from ..errors import ConfigError
 from ..sizes import parse_bytes
 
 __all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_tls_arguments", "argparse_type", "byte_size",
-           "float_at_least", "fraction", "integer", "parse_batches", "parse_choice", "parse_float",
-           "parse_fraction", "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
+           "float_at_least", "integer", "parse_batches", "parse_choice", "parse_float",
+           "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
 
 
 def integer(option: str) -> Callable[[str], int]:
@@ -50,11 +50,6 @@ def float_at_least(option: str, minimum: float, inclusive: bool = True) -> Calla
     return argparse_type(option, lambda o, text: parse_float(o, text, minimum=minimum, inclusive=inclusive))
 
 
-def fraction(option: str) -> Callable[[str], float]:
-    """Parser for a number in [0, 1]: `parse_fraction` as an argparse ``type``."""
-    return argparse_type(option, parse_fraction)
-
-
 def byte_size(option: str) -> Callable[[str], int]:
     """Parser for sizes such as `2GiB`, `512MiB`, `1.5GB`."""
     return argparse_type(option, lambda o, text: parse_bytes(text, o))
@@ -81,17 +76,6 @@ def parse_float(option: str, text: str, minimum: float | None = None, inclusive:
         raise ConfigError(option, f"expected a number{bound}, got {text!r}") from None
     if minimum is not None and not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
         raise ConfigError(option, f"expected a number{bound}, got {text!r}")
-    return value
-
-
-def parse_fraction(option: str, text: str) -> float:
-    """A number in [0, 1], or a ConfigError naming the option."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(option, f"expected a number in [0, 1], got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise ConfigError(option, f"must be in [0, 1], got {value}")
     return value
 
 

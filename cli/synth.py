@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..config import SynthConfig
 from ..sizes import format_bytes
-from .options import add_tls_arguments, fraction, positive_int
+from .options import add_tls_arguments, integer, positive_int
 
 __all__ = ["register"]
 
@@ -23,18 +23,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "homophily, and features carry a weak class signal, so a GNN clearly beats an MLP. "
                     "Re-running with the same options on a finished OUT does nothing (see --force).")
     p.add_argument("out", metavar="OUT", type=Path, help="output directory (created; replaced only when it is a raw dataset)")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=_D.num_nodes,
+    p.add_argument("--nodes", type=integer("--nodes"), default=_D.num_nodes,
                    help="number of nodes (default: %(default)s)")
-    p.add_argument("--dim", type=positive_int("--dim"), default=_D.feature_dim,
+    p.add_argument("--dim", type=integer("--dim"), default=_D.feature_dim,
                    help="feature dimension (default: %(default)s)")
-    p.add_argument("--classes", type=positive_int("--classes"), default=_D.num_classes,
+    p.add_argument("--classes", type=integer("--classes"), default=_D.num_classes,
                    help="number of classes, one community each (default: %(default)s)")
     p.add_argument("--avg-degree", type=float, default=_D.avg_degree,
                    help="mean stored edges per node, both directions counted (default: %(default)s; "
                         "duplicates removed, so slightly less comes out)")
-    p.add_argument("--homophily", type=fraction("--homophily"), default=_D.homophily,
+    p.add_argument("--homophily", type=float, default=_D.homophily,
                    help="probability that an edge stays in its source's community (default: %(default)s)")
-    p.add_argument("--locality", type=fraction("--locality"), default=_D.locality,
+    p.add_argument("--locality", type=float, default=_D.locality,
                    help="share of the within-community edges drawn to a member near the source, so that small "
                         "dense clusters exist below the communities, as in real graphs (default: %(default)s)")
     p.add_argument("--signal", type=float, default=_D.signal,
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "unit-variance noise (default: %(default)s)")
     p.add_argument("--noise", type=float, default=_D.noise,
                    help="per-dimension feature noise standard deviation (default: %(default)s)")
-    p.add_argument("--label-noise", type=fraction("--label-noise"), default=_D.label_noise,
+    p.add_argument("--label-noise", type=float, default=_D.label_noise,
                    help="fraction of nodes given a random label (default: %(default)s)")
     p.add_argument("--degree-exponent", type=float, default=_D.degree_exponent,
                    help="power-law exponent gamma of the degree distribution, > 2 (default: %(default)s)")
@@ -50,14 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="feature dtype (default: %(default)s)")
     p.add_argument("--format", dest="feature_format", choices=("arrow", "parquet"), default=_D.feature_format,
                    help="feature shard format: Arrow IPC file or Parquet (default: %(default)s)")
-    p.add_argument("--train", type=fraction("--train"), default=_D.train_frac,
+    p.add_argument("--train", type=float, default=_D.train_frac,
                    help="fraction of nodes in the train split (default: %(default)s)")
-    p.add_argument("--val", type=fraction("--val"), default=_D.val_frac,
+    p.add_argument("--val", type=float, default=_D.val_frac,
                    help="fraction in the val split (default: %(default)s)")
-    p.add_argument("--test", type=fraction("--test"), default=_D.test_frac,
+    p.add_argument("--test", type=float, default=_D.test_frac,
                    help="fraction in the test split; the rest is 'none' (default: %(default)s)")
     p.add_argument("--seed", type=int, default=_D.seed, help="random seed (default: %(default)s)")
-    p.add_argument("--part-nodes", type=positive_int("--part-nodes"), default=_D.part_nodes,
+    p.add_argument("--part-nodes", type=integer("--part-nodes"), default=_D.part_nodes,
                    help="nodes per task; memory per task grows with it (default: %(default)s)")
     p.add_argument("--workers", type=positive_int("--workers"), default=None,
                    help="worker processes of the embedded Dask cluster (default: one per core)")

@@ -26,7 +26,7 @@ from ..runs import (
 )
 from ..sizes import byte_budget as budget
 from ..sizes import format_bytes
-from .options import float_at_least, positive_int
+from .options import float_at_least, integer
 
 __all__ = ["print_summary", "register"]
 
@@ -43,9 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=d.model, metavar="MODEL",
                    help=f"{', '.join(MODELS)} (default {d.model}), the path of a .py file that defines a "
                         f"diskflow.Model, or {DATA_ONLY} (the data path only, for timing)")
-    p.add_argument("--hidden", type=positive_int("--hidden"), default=d.hidden,
+    p.add_argument("--hidden", type=integer("--hidden"), default=d.hidden,
                    help=f"hidden channels (default {d.hidden})")
-    p.add_argument("--num-layers", type=positive_int("--num-layers"), default=None,
+    p.add_argument("--num-layers", type=integer("--num-layers"), default=None,
                    help="model layers (default: number of hops)")
     p.add_argument("--lr", type=float, default=d.lr,
                    help=f"learning rate: Adam's, or a model file's optimizer factory's (default {d.lr:g})")
@@ -56,11 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="clip the gradients' total L2 norm to NORM before each step (default: the model's own "
                         "clip_grad, else none)")
     p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability (default {d.dropout:g})")
-    p.add_argument("--heads", type=positive_int("--heads"), default=d.heads,
+    p.add_argument("--heads", type=integer("--heads"), default=d.heads,
                    help=f"GAT attention heads (default {d.heads})")
     p.add_argument("--seed", type=int, default=None,
                    help="model-initialisation seed (default: the round's sampling seed)")
-    p.add_argument("--eval-every", type=positive_int("--eval-every"), default=d.eval_every,
+    p.add_argument("--eval-every", type=integer("--eval-every"), default=d.eval_every,
                    help=f"evaluate val/test every N epochs (default {d.eval_every})")
     p.add_argument("--device", default=PREPARE_DEFAULTS["device"],
                    help=f"cpu or cuda[:N] (default {PREPARE_DEFAULTS['device']})")
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="host memory for features (CPU tier + in-flight batches + I/O buffers), as bytes (4GiB) "
                         "or a share of the feature bytes (10%%); checked before training (default: unchecked)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="GPU memory for the GPU tier (default: unchecked)")
-    p.add_argument("--queue-depth", type=positive_int("--queue-depth"), default=PREPARE_DEFAULTS["queue_depth"],
+    p.add_argument("--queue-depth", type=integer("--queue-depth"), default=PREPARE_DEFAULTS["queue_depth"],
                    help=f"capacity of each queue between stages (default {PREPARE_DEFAULTS['queue_depth']})")
     p.add_argument("--sequential", action="store_true", help="run the stages one after another (no overlap)")
     p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of PACKED")
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default=None, metavar="STORE",
                    help="the store (evaluation, Ginex rows; default: the path PACKED records)")
     p.add_argument("--no-crc", action="store_true", help="skip the crc32 check of packed segments")
-    p.add_argument("--threads", type=positive_int("--threads"), default=None, help="torch threads")
+    p.add_argument("--threads", type=integer("--threads"), default=None, help="torch threads")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_run)
 
