@@ -92,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
              "train_frac": args.train, "val_frac": args.val, "test_frac": args.test}
     SynthConfig(num_nodes=args.nodes, feature_dim=args.dim, num_classes=args.classes, seed=args.seed,
                 train_frac=args.train, val_frac=args.val, test_frac=args.test)     # bad sizes, a bad budget or
+    TrainConfig(model=args.model, hidden=args.hidden, fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                epochs=args.epochs, seed=args.seed, threads=args.threads)         # the same for training options
     byte_budget(args.cpu_memory, "--cpu-memory", args.nodes * args.dim * 4)       # --workdir fail before
     check_packed_output(work / "packed", False)                                   # anything runs
     pipeline = load_pipeline("belady")
