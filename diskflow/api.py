@@ -49,15 +49,17 @@ def _cluster(scheduler: str | None, workers: int | None, tls: dict[str, str | No
         yield client
 
 
-def synth(out: str | os.PathLike[str], *, nodes: int = 100_000, dim: int = 64, classes: int = 8, seed: int = 0,
-          force: bool = False, **options: Any) -> Path:
+def synth(out: str | os.PathLike[str], *, nodes: int | None = None, dim: int | None = None,
+          classes: int | None = None, seed: int | None = None, force: bool = False, **options: Any) -> Path:
     """A synthetic graph in the raw format at `out` (`diskflow synth`): power-law degrees, communities,
-    homophilous labels; `options` are `SynthConfig`'s other fields. Returns `out`."""
+    homophilous labels; `options` are `SynthConfig`'s other fields, and every option left out (None) takes
+    `SynthConfig`'s default, as the command's flags do. Returns `out`."""
     from .flow.synth import run_synth
     from .operators.ingest.synth import SynthConfig
 
+    given: dict[str, Any] = {"num_nodes": nodes, "feature_dim": dim, "num_classes": classes, "seed": seed}
     try:
-        cfg = SynthConfig(num_nodes=nodes, feature_dim=dim, num_classes=classes, seed=seed, **options)
+        cfg = SynthConfig(**{k: v for k, v in given.items() if v is not None}, **options)
     except TypeError as e:
         raise ConfigError("synth", f"unknown option ({e})") from None
     return run_synth(cfg, out, force=force)
