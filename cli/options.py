@@ -55,13 +55,15 @@ def byte_size(option: str) -> Callable[[str], int]:
     return argparse_type(option, lambda o, text: parse_bytes(text, o))
 
 
-def parse_int(option: str, text: str, minimum: int) -> int:
-    """An integer option >= minimum, or a ConfigError naming the option."""
+def parse_int(option: str, text: str, minimum: int | None = None) -> int:
+    """An integer option (>= `minimum` where given; None: the library checks its range), or a ConfigError
+    naming the option."""
+    bound = "" if minimum is None else f" >= {minimum}"
     try:
         value = int(text)
     except ValueError:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}") from None
-    if value < minimum:
+        raise ConfigError(option, f"expected an integer{bound}, got {text!r}") from None
+    if minimum is not None and value < minimum:
         raise ConfigError(option, f"expected an integer >= {minimum}, got {text!r}")
     return value
 

@@ -14,6 +14,32 @@ __all__ = ["register"]
 _D = SynthConfig()
 
 
+# the number-valued flags: (flag, SynthConfig field, help); SynthConfig checks their ranges
+SHAPE_FLAGS = (
+    ("--avg-degree", "avg_degree", ("mean stored edges per node, both directions counted (default: %(default)s; "
+                                   "duplicates removed, so slightly less comes out)")),
+    ("--homophily", "homophily", "probability that an edge stays in its source's community (default: %(default)s)"),
+    ("--locality", "locality", ("share of the within-community edges drawn to a member near the source, so that small "
+                               "dense clusters exist below the communities, as in real graphs (default: %(default)s)")),
+    ("--signal", "signal", ("class-signal strength of the features: length of the class centroid added to "
+                           "unit-variance noise (default: %(default)s)")),
+    ("--noise", "noise", "per-dimension feature noise standard deviation (default: %(default)s)"),
+    ("--label-noise", "label_noise", "fraction of nodes given a random label (default: %(default)s)"),
+    ("--degree-exponent", "degree_exponent", ("power-law exponent gamma of the degree distribution, > 2 (default: "
+                                             "%(default)s)")),
+)
+SPLIT_FLAGS = (
+    ("--train", "train_frac", "fraction of nodes in the train split (default: %(default)s)"),
+    ("--val", "val_frac", "fraction in the val split (default: %(default)s)"),
+    ("--test", "test_frac", "fraction in the test split; the rest is 'none' (default: %(default)s)"),
+)
+
+
+def _add_numbers(p: argparse.ArgumentParser, flags: tuple[tuple[str, str, str], ...]) -> None:
+    for flag, field, text in flags:
+        p.add_argument(flag, type=float, default=getattr(_D, field), help=text)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth", help="generate a synthetic graph in the raw input format",
@@ -29,33 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="feature dimension (default: %(default)s)")
     p.add_argument("--classes", type=integer("--classes"), default=_D.num_classes,
                    help="number of classes, one community each (default: %(default)s)")
-    p.add_argument("--avg-degree", type=float, default=_D.avg_degree,
-                   help="mean stored edges per node, both directions counted (default: %(default)s; "
-                        "duplicates removed, so slightly less comes out)")
-    p.add_argument("--homophily", type=float, default=_D.homophily,
-                   help="probability that an edge stays in its source's community (default: %(default)s)")
-    p.add_argument("--locality", type=float, default=_D.locality,
-                   help="share of the within-community edges drawn to a member near the source, so that small "
-                        "dense clusters exist below the communities, as in real graphs (default: %(default)s)")
-    p.add_argument("--signal", type=float, default=_D.signal,
-                   help="class-signal strength of the features: length of the class centroid added to "
-                        "unit-variance noise (default: %(default)s)")
-    p.add_argument("--noise", type=float, default=_D.noise,
-                   help="per-dimension feature noise standard deviation (default: %(default)s)")
-    p.add_argument("--label-noise", type=float, default=_D.label_noise,
-                   help="fraction of nodes given a random label (default: %(default)s)")
-    p.add_argument("--degree-exponent", type=float, default=_D.degree_exponent,
-                   help="power-law exponent gamma of the degree distribution, > 2 (default: %(default)s)")
+    _add_numbers(p, SHAPE_FLAGS)
     p.add_argument("--dtype", choices=("float32", "float16"), default=_D.dtype,
                    help="feature dtype (default: %(default)s)")
     p.add_argument("--format", dest="feature_format", choices=("arrow", "parquet"), default=_D.feature_format,
                    help="feature shard format: Arrow IPC file or Parquet (default: %(default)s)")
-    p.add_argument("--train", type=float, default=_D.train_frac,
-                   help="fraction of nodes in the train split (default: %(default)s)")
-    p.add_argument("--val", type=float, default=_D.val_frac,
-                   help="fraction in the val split (default: %(default)s)")
-    p.add_argument("--test", type=float, default=_D.test_frac,
-                   help="fraction in the test split; the rest is 'none' (default: %(default)s)")
+    _add_numbers(p, SPLIT_FLAGS)
     p.add_argument("--seed", type=int, default=_D.seed, help="random seed (default: %(default)s)")
     p.add_argument("--part-nodes", type=integer("--part-nodes"), default=_D.part_nodes,
                    help="nodes per task; memory per task grows with it (default: %(default)s)")

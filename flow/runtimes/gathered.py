@@ -15,6 +15,7 @@ of them holds its features in RAM.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import resource
@@ -104,6 +105,11 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     if not run_dir.is_dir():
         raise InputError(run_dir, "run directory does not exist")
     st = Store(store)
+    # the training options, checked before anything is partitioned or drawn (the cache's rows and the label
+    # prior join them below, once known)
+    base = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
+                       batch_size=batch_size, epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
+                       dropout=dropout, heads=heads, seed=seed, eval_every=eval_every, threads=threads)
     rule = history_rule(None, history_staleness=history_staleness, history_prune=history_prune,
                         history_ramp=history_ramp, history_cooldown=history_cooldown)   # None: the library's
     staleness: int = rule["history_staleness"]
@@ -122,10 +128,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                                          ramp, cooldown)
     prior = label_shares(st.labels[st.split_ids("train")], st.num_classes) if order is not None else \
         stored_label_prior(samples)
-    cfg = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
-                      batch_size=batch_size, epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
-                      dropout=dropout, heads=heads, seed=seed,
-                      eval_every=eval_every, threads=threads, history_rows=rows, label_prior=prior)
+    cfg = dataclasses.replace(base, history_rows=rows, label_prior=prior)
     dev = resolve_device(device)
     planner = None if make_planner is None else make_planner()     # draws ahead only once the options are good
     how = _Run(name, features, samples, on_batch, on_start)

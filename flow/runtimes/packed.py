@@ -156,6 +156,10 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     st = Store(store)
     rdir = Path(run_dir)
     out = Path(packed) if packed is not None else rdir / "packed"
+    # the training options, checked before preparing (the trainer builds its config from the packed round)
+    TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts), batch_size=batch_size,
+                epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad, dropout=dropout, heads=heads,
+                seed=seed, eval_every=eval_every, threads=threads)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
