@@ -46,8 +46,8 @@ def budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int) -> dict
     training step's input, not features kept for later, and the cgroup's allowance carries them.
     """
     from ..operators.prepare.tiers import staging_piece_bytes
-    from ..operators.train.memory import io_buffer_bytes, staging_count
-    from ..operators.trainbuffers import assembled_batches
+    from ..operators.train.memory import io_buffer_bytes
+    from ..operators.trainbuffers import assembled_batches, staging_count
 
     buffers = staging_count("cpu", queue_depth, False)
     piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))

@@ -234,7 +234,8 @@ def smallest_budget(rows: int, row_bytes: int, shards: int, queue_depth: int) ->
     and its I/O buffers, with an empty CPU tier (prepare checks it again with the largest batch it
     sampled)."""
     from ..operators.prepare.tiers import staging_piece_bytes
-    from ..operators.train.memory import io_buffer_bytes, staging_count
+    from ..operators.train.memory import io_buffer_bytes
+    from ..operators.trainbuffers import staging_count
 
     return staging_count("cpu", queue_depth, False) * staging_piece_bytes(rows, row_bytes, shards) + io_buffer_bytes()
 

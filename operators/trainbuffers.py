@@ -7,13 +7,27 @@ counts from here, below either; imports nothing.
 """
 from __future__ import annotations
 
-__all__ = ["assembled_batches", "staging_buffers"]
+__all__ = ["assembled_batches", "fitting_queue_depth", "staging_buffers", "staging_count"]
 
 
 def staging_buffers(queue_depth: int, sequential: bool = False) -> int:
     """Staging buffers the load stage cycles through: the piece being loaded, ``queue_depth``
     loaded pieces queued and the one being assembled (sequential: one)."""
     return 1 if sequential else queue_depth + 2
+
+
+def staging_count(device: object, queue_depth: int, sequential: bool = False) -> int:
+    """Staging buffers a loader allocates on `device` ("cpu", "cuda[:N]" or a torch device): the load stage's
+    (`staging_buffers`) and, on CUDA, one more through which the assemble stage moves CPU-tier rows to the
+    device."""
+    return staging_buffers(queue_depth, sequential) + (1 if str(device).startswith("cuda") else 0)
+
+
+def fitting_queue_depth(buffers: int, device: object, queue_depth: int) -> int | None:
+    """The largest queue depth below `queue_depth` whose loader's staging buffers (`staging_count`) number at
+    most `buffers`; None when no depth of at least 1 does."""
+    depth = buffers - staging_count(device, 0)
+    return int(depth) if 1 <= depth < queue_depth else None
 
 
 def assembled_batches(queue_depth: int, sequential: bool = False) -> int:

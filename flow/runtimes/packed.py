@@ -100,7 +100,8 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
         buffers), ``gpu_memory`` and ``disk_budget`` in bytes.
     """
     from ...operators.prepare.tiers import staging_piece_bytes
-    from ...operators.train.memory import io_buffer_bytes, staging_count
+    from ...operators.train.memory import io_buffer_bytes
+    from ...operators.trainbuffers import staging_count
 
     reserve = io_buffer_bytes()
     staging = staging_count(device, queue_depth, sequential)

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import ConfigError, Setting
 from ...native.constants import ALIGN
 from ..formats.sizes import format_bytes
-from ..trainbuffers import staging_buffers
+from ..trainbuffers import fitting_queue_depth, staging_count
 
 __all__ = ["DEVICES", "STAGING_PIECE_BYTES", "Sampling", "TierSizes", "batch_rows_bound", "fitting_settings",
            "hottest", "staging_piece_bytes", "staging_rows_fit", "tier_sizes"]
@@ -148,12 +148,10 @@ def fitting_settings(cpu_budget: int, row_bytes: int, max_batch_rows: int, stagi
     largest cap on every hop's fanout, whose `batch_rows_bound` (times the sampling's margin) fits
     (`staging_rows_fit`; binary searches over that bound). Empty when none does."""
     out: list[Setting] = []
-    offset = staging_buffers(0) + (1 if device == "cuda" else 0)
-    queue_depth = staging_batches - offset
-    if queue_depth > 1:
-        depth = (cpu_budget - io_reserve) // staging_piece_bytes(max_batch_rows, row_bytes, num_shards) - offset
-        if 1 <= depth < queue_depth:
-            out.append(Setting("queue_depth", int(depth)))
+    buffers = (cpu_budget - io_reserve) // staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
+    depth = fitting_queue_depth(buffers, device, staging_batches - staging_count(device, 0))
+    if depth is not None:
+        out.append(Setting("queue_depth", depth))
     if sampling is None:
         return out
     limit = staging_rows_fit(cpu_budget, row_bytes, staging_batches, num_shards, io_reserve)

@@ -17,21 +17,15 @@ from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ..formats.packed import PackedDataset
 from ..formats.sizes import format_bytes
 from ..prepare.tiers import staging_piece_bytes
-from ..trainbuffers import assembled_batches, staging_buffers
+from ..trainbuffers import assembled_batches, fitting_queue_depth, staging_count
 
-__all__ = ["check_memory", "fewer_buffers", "follow_plan", "io_buffer_bytes", "memory_plan", "staging_count"]
+__all__ = ["check_memory", "fewer_buffers", "follow_plan", "io_buffer_bytes", "memory_plan"]
 
 
 def io_buffer_bytes(row_reads: bool = True) -> int:
     """Host bytes of the loader's row-read bounce buffers (its own and the native reader's), when the
     dataset has rows read one by one (disk cache, Ginex store rows); none otherwise."""
     return 2 * DEFAULT_BOUNCE_BYTES if row_reads else 0
-
-
-def staging_count(device: torch.device | str, queue_depth: int, sequential: bool) -> int:
-    """Staging buffers a loader allocates: the load stage's (`staging_buffers`) and, on CUDA, one more
-    through which the assemble stage moves CPU-tier rows to the device."""
-    return staging_buffers(queue_depth, sequential) + (1 if torch.device(device).type == "cuda" else 0)
 
 
 def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, sequential: bool) -> dict[str, Any]:
@@ -79,9 +73,9 @@ def fewer_buffers(plan: dict[str, Any], cpu_memory: int) -> list[Setting]:
     piece = max(1, int(plan["staging_piece_bytes"]))
     buffers = (cpu_memory - (plan["host_bytes"] - plan["staging_bytes"])) // piece
     device = plan.get("device", "cpu")
-    depth = buffers - staging_count(device, 0, False)
-    if 1 <= depth < plan["queue_depth"]:
-        return [Setting("queue_depth", int(depth))]
+    depth = fitting_queue_depth(buffers, device, plan["queue_depth"])
+    if depth is not None:
+        return [Setting("queue_depth", depth)]
     if buffers >= staging_count(device, plan["queue_depth"], True):
         return [Setting("sequential", True, "the stages one after another")]
     return []
