@@ -30,6 +30,7 @@ from ..runs import (
     describe_staleness,
     fmt,
     new_run_dir,
+    no_run_left,
     print_epoch,
     served_share,
 )
@@ -145,13 +146,9 @@ def _run(args: argparse.Namespace) -> int:
     label = pipeline.name
     run_dir = resume_dir(args) or new_run_dir(args.runs_dir, f"{label}-{model_label(options.get('model', 'sage'))}")
     print(f"run directory: {run_dir}")
-    try:
-        model = options.pop("model", "sage")
+    model = options.pop("model", "sage")
+    with no_run_left(run_dir, made=True, prepares=True):     # failed before writing anything: no empty run left
         report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir, **options)
-    except BaseException:
-        if not any(run_dir.iterdir()):  # failed before writing anything: leave no empty run behind
-            run_dir.rmdir()
-        raise
     if "on_epoch" not in options:
         for record in report.get("epochs", []):
             print_epoch(record)

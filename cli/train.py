@@ -8,17 +8,16 @@ newest unfinished run of the same PACKED under ``--runs-dir`` from its last chec
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import Any
 
 from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TrainConfig, model_label, model_option
-from ..errors import ConfigError, DiskflowError, InputError
+from ..errors import ConfigError, InputError
 from ..runs import (
     REPORT,
     fmt,
-    has_checkpoints,
     new_run_dir,
+    no_run_left,
     print_epoch,
     unfinished_run,
     use_run_dir,
@@ -130,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
     fresh = not any(run_dir.iterdir())
     write_run_info(run_dir, packed, args.model)
     print(f"run directory: {run_dir}")
-    try:
+    with no_run_left(run_dir, made=fresh, prepares=False):      # failed before training: leave no run behind
         report = train(packed, args.model, run_dir=run_dir, progress=not args.no_progress, on_epoch=print_epoch,
                        hidden=args.hidden, num_layers=args.num_layers, lr=args.lr, weight_decay=args.weight_decay,
                        clip_grad=args.clip_grad, dropout=args.dropout,
@@ -138,10 +137,6 @@ def _run(args: argparse.Namespace) -> int:
                        cpu_memory=args.cpu_memory, gpu_memory=args.gpu_memory, queue_depth=args.queue_depth,
                        sequential=args.sequential, check_crc=not args.no_crc, resume=args.resume, store=args.store,
                        threads=args.threads)
-    except DiskflowError:
-        if fresh and not has_checkpoints(run_dir):   # failed before training: leave no run behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
     print_summary(report)
     print(f"report: {run_dir / REPORT}")
     return 0

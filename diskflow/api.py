@@ -236,8 +236,10 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         for name in ("cpu_memory", "gpu_memory"):
             if name in options:
                 options[name] = byte_budget(options[name], name, feature_bytes)
+        from .runs import no_run_left
+
         rd, made = _run_dir(run_dir, runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
-        with _no_run_left(rd, made, prepares=False):
+        with no_run_left(rd, made, prepares=False):
             return train_and_report(path, rd, progress=progress, model=model_arg, **options)
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
     Store(path)                 # not a store: one line naming it, before a run directory is made
@@ -246,10 +248,12 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     unknown = [] if takes_any else sorted(set(options) - set(params))
     if unknown:
         raise ConfigError(unknown[0], _not_an_option(unknown[0], p, params, path))
+    from .runs import no_run_left
+
     rd, made = _run_dir(run_dir, runs_dir, f"{p.name}-{model_label(model_arg)}")
     if takes_any or "progress" in params:
         options["progress"] = progress
-    with _no_run_left(rd, made, prepares=True):
+    with no_run_left(rd, made, prepares=True):
         return p.run(path, rd, model=model_arg, **options)
 
 
@@ -264,30 +268,6 @@ def _run_dir(run_dir: str | os.PathLike[str] | None, runs_dir: str | os.PathLike
     made = not rd.exists()
     rd.mkdir(parents=True, exist_ok=True)
     return rd, made
-
-
-@contextlib.contextmanager
-def _no_run_left(run_dir: Path, made: bool, prepares: bool) -> Iterator[None]:
-    """Within: a run that fails before its first checkpoint leaves behind no run directory that this call made, as
-    the commands do. Training a packed dataset (`diskflow train`) removes it whole after a `DiskflowError` (a
-    refused option, a faulty model), else when it is empty; a pipeline that `prepares` into it (`diskflow run`)
-    only when it is empty, keeping what was prepared. A directory the caller had, or one holding a checkpoint
-    to resume from, stays."""
-    try:
-        yield
-    except BaseException as e:
-        import shutil
-
-        from .errors import DiskflowError
-        from .runs import has_checkpoints
-
-        if made and not has_checkpoints(run_dir):
-            if isinstance(e, DiskflowError) and not prepares:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    run_dir.rmdir()         # only when empty
-        raise
 
 
 # the callbacks a pipeline's run takes besides its options (the CLI's own printing, a bench's clocks)

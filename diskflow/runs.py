@@ -10,12 +10,15 @@ make and read them through these functions, and so can a script:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import DiskflowError
 from .flow import rundir as _rundir
 from .flow import timeline as _timeline
 from .flow.memsplit import SPLIT_PLOT
@@ -26,7 +29,7 @@ from .operators.prepare import history as _history
 
 __all__ = ["PAGE", "REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output",
            "describe_online", "describe_split", "describe_staleness", "draw_page", "fmt", "has_checkpoints",
-           "key_numbers", "new_run_dir", "plot_timeline", "print_epoch", "read_report", "served_share",
+           "key_numbers", "new_run_dir", "no_run_left", "plot_timeline", "print_epoch", "read_report", "served_share",
            "unfinished_run", "use_run_dir", "write_run_info"]
 
 REPORT = _rundir.REPORT         # the run's report, written when it finishes
@@ -84,6 +87,25 @@ def unfinished_run(runs_dir: str | os.PathLike[str], packed: str | os.PathLike[s
             except (OSError, json.JSONDecodeError):
                 continue
     return None
+
+
+@contextlib.contextmanager
+def no_run_left(run_dir: Path, made: bool, prepares: bool) -> Iterator[None]:
+    """Within: a run that fails before its first checkpoint leaves behind no run directory its caller `made`
+    (the commands' and `diskflow.train`'s one rule). Training a packed dataset (`diskflow train`) removes it
+    whole after a `DiskflowError` (a refused option, a faulty model), else only when it is empty; a pipeline
+    that `prepares` into it (`diskflow run`) only when it is empty, keeping what was prepared. A directory the
+    caller had, or one holding a checkpoint to resume from, stays."""
+    try:
+        yield
+    except BaseException as e:
+        if made and not has_checkpoints(run_dir):
+            if isinstance(e, DiskflowError) and not prepares:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()         # only when empty
+        raise
 
 
 def has_checkpoints(run_dir: str | os.PathLike[str]) -> bool:
