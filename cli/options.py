@@ -23,13 +23,8 @@ __all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_tls_arguments", "argpa
 
 def integer(option: str) -> Callable[[str], int]:
     """Parser for an integer, converted only: its range is the library's to check (a `ConfigError` naming the
-    field, which the command prints as `option`)."""
-    def parse(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: expected an integer, got {text!r}") from None
-    return parse
+    field, which the command prints as `option`): `parse_int` as an argparse ``type``."""
+    return argparse_type(option, parse_int)
 
 
 def positive_int(option: str) -> Callable[[str], int]:
