@@ -22,7 +22,7 @@ from ...errors import ConfigError
 from .config import TrainConfig
 from .modeldef import Model, accepted
 
-__all__ = ["Stepper", "describe_optimizer"]
+__all__ = ["Stepper"]
 
 _Plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
 
@@ -103,6 +103,14 @@ class Stepper:
         """The learning rate of the optimizer's first parameter group, as it is now."""
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def describe(self) -> dict[str, Any]:
+        """The optimizer as a report shows it: its class, the scheduler's and when it steps, the clipping norm."""
+        sched = self.scheduler
+        return {"optimizer": type(self.optimizer).__name__,
+                "scheduler": type(sched).__name__ if sched is not None else None,
+                "schedule": ("step" if self.per_step else "epoch") if sched is not None else None,
+                "clip_grad": self.clip}
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's state and the scheduler's ({} without one), as live tensors."""
         return {"optimizer": self.optimizer.state_dict(),
@@ -117,14 +125,3 @@ class Stepper:
             if not saved:
                 raise KeyError("scheduler (the checkpoint was made without a learning-rate scheduler)")
             self.scheduler.load_state_dict(saved)
-
-
-def describe_optimizer(stepper: Stepper | None) -> dict[str, Any] | None:
-    """The optimizer as a report shows it: its class, the scheduler's and when it steps, the clipping norm."""
-    if stepper is None:
-        return None
-    sched = stepper.scheduler
-    return {"optimizer": type(stepper.optimizer).__name__,
-            "scheduler": type(sched).__name__ if sched is not None else None,
-            "schedule": ("step" if stepper.per_step else "epoch") if sched is not None else None,
-            "clip_grad": stepper.clip}

@@ -29,7 +29,7 @@ from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity
 from .history import HistoryCache
 from .loop import evaluate, train_epoch
 from .models import build_model, spec_of
-from .optim import Stepper, describe_optimizer
+from .optim import Stepper
 from .record import EpochTally, final_block, num
 from .steps import Accumulate, StepGroups
 
@@ -195,7 +195,7 @@ class TrainSession:
 
     def describe(self) -> dict[str, Any] | None:
         """The optimizer, scheduler and clipping as the report's ``optimizer`` block (None: model "none")."""
-        return describe_optimizer(self.stepper)
+        return self.stepper.describe() if self.stepper is not None else None
 
     # ------------------------------------------------------------------ training
     def train(self, loader: Iterable[Data], on_batch: Callable[[int], Any] | None = None,
