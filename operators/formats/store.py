@@ -9,12 +9,21 @@ Layout (docs/design.md, "Formats")::
                                     row-major, data at byte 4096 (an .npy with a padded header)
     STORE/labels.npy            int64 [N] (-1 = unlabeled)
     STORE/splits.npy            uint8 [N] (0 train, 1 val, 2 test, 3 none)
+    STORE/edge_features/part-PPPPP.npy  (optional) row-range shards of edge features in CSC edge
+                                    order: row i is the edge at position i of ``indices``
+    STORE/link/{train,val,test}.npy     (optional) int64 [2, P]: the supervision edges of a link split
+    STORE/link/{val,test}_neg.npy       (optional) int64 [P, K]: fixed negative destinations per positive
 
 Manifest keys: ``format`` ("diskflow-store"), ``version``, ``num_nodes``, ``num_edges``,
 ``num_classes``, ``topology`` {``indptr``, ``indices``, ``indices_dtype``},
 ``features`` {``dtype``, ``dim``, ``row_bytes``, ``shard_rows``, ``arrow_type``,
 ``shards``: [{``path``, ``row_start``, ``rows``, ``offset``, ``nbytes``}]},
-``labels``, ``splits``, ``split_counts``, ``inputs`` (fingerprints), ``config``.
+``labels``, ``splits``, ``split_counts``, ``inputs`` (fingerprints), ``config``; optionally
+``edge_features`` (the keys of ``features``) and ``link`` {``source`` ("column" | "random"),
+``val``, ``test`` (the random split's shares, else null), ``disjoint_train_ratio``, ``seed``,
+``negatives``, ``counts`` {split: P}, ``undirected``, ``files``}. With a link split the
+topology holds only the message-passing edges: no validation or test edge, nor (undirected)
+its reverse, nor the training edges held out for supervision.
 """
 from __future__ import annotations
 
@@ -33,8 +42,8 @@ from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
 
-__all__ = ["SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "FeatureShard", "Store",
-           "map_shard"]
+__all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "FeatureShard",
+           "RowTable", "Store", "map_shard"]
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
 
@@ -43,6 +52,7 @@ STORE_KIND = OutputKind("a diskflow store", formats=(STORE_FORMAT,))   # what `i
 STORE_VERSION = 1
 SPLITS = ("train", "val", "test", "none")
 SPLIT_CODE = {name: i for i, name in enumerate(SPLITS)}
+LINK_ARRAYS = ("train", "val", "test")   # the link splits whose edges a store holds (negatives: val, test)
 
 
 @dataclass(frozen=True)
@@ -83,8 +93,70 @@ def map_shard(shard: FeatureShard, dtype: np.dtype, dim: int, populate: bool = F
     return np.frombuffer(mm, dtype=dtype, count=shard.rows * dim, offset=shard.offset - start).reshape(shard.rows, dim)
 
 
+class RowTable:
+    """Rows in row-range shards (node features, edge features): each shard an .npy with its data at
+    byte `offset`, memory-mapped on demand.
+
+    Attributes:
+        dtype, dim, row_bytes, shard_rows: the rows' type and width, and rows per shard.
+        shards: the `FeatureShard` of each shard, in row order.
+        num_rows: rows in all.
+    """
+
+    def __init__(self, root: Path, entry: dict[str, Any]) -> None:
+        self.dtype = np.dtype(entry["dtype"])
+        self.dim: int = int(entry["dim"])
+        self.row_bytes: int = int(entry["row_bytes"])
+        self.shard_rows: int = int(entry["shard_rows"])
+        self.shards = [
+            FeatureShard(i, root / s["path"], int(s["row_start"]), int(s["rows"]), int(s["offset"]), int(s["nbytes"]))
+            for i, s in enumerate(entry["shards"])
+        ]
+        self.num_rows: int = sum(s.rows for s in self.shards)
+
+    def __repr__(self) -> str:
+        return f"RowTable(rows={self.num_rows}, dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)})"
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """Shard index of each row (vectorised)."""
+        return np.asarray(rows, dtype=np.int64) // self.shard_rows
+
+    def shard_array(self, p: int) -> np.ndarray:
+        """Shard p as a read-only memory map of shape (rows, dim) (`map_shard`)."""
+        return map_shard(self.shards[p], self.dtype, self.dim)
+
+    def read_all(self) -> np.ndarray:
+        """Every row in RAM as one (rows, dim) array."""
+        out = np.empty((self.num_rows, self.dim), dtype=self.dtype)
+        for s in self.shards:
+            out[s.row_start:s.row_stop] = self.shard_array(s.index)
+        return out
+
+    def gather(self, rows: np.ndarray, shard_arrays: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """table[rows] read through the shards' memmaps (page cache), vectorised per shard.
+
+        Args:
+            rows: the rows to gather.
+            shard_arrays: the shards as (rows, dim) arrays already mapped by the caller (e.g. with
+                other madvise advice); by default each touched shard is memory-mapped afresh.
+        """
+        ids = np.asarray(rows, dtype=np.int64)
+        out = np.empty((ids.shape[0], self.dim), dtype=self.dtype)
+        if ids.size == 0:
+            return out
+        shard = ids // self.shard_rows
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
+        for p in np.flatnonzero(np.diff(bounds)):
+            pos = order[bounds[p]:bounds[p + 1]]
+            shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[int(p)]
+            out[pos] = shard_rows[ids[pos] - self.shards[p].row_start]
+        return out
+
+
 class Store:
-    """An ingested dataset: memory-mapped topology, feature shards, labels and splits."""
+    """An ingested dataset: memory-mapped topology, feature shards, labels and splits; optionally edge
+    features (`edge_features`, in CSC edge order) and a link split (`link_edges`, `link_negatives`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -97,19 +169,20 @@ class Store:
         self.num_nodes: int = int(manifest["num_nodes"])
         self.num_edges: int = int(manifest["num_edges"])
         self.num_classes: int = int(manifest["num_classes"])
-        feats = manifest["features"]
-        self.feature_dtype = np.dtype(feats["dtype"])
-        self.feature_dim: int = int(feats["dim"])
-        self.row_bytes: int = int(feats["row_bytes"])
-        self.shard_rows: int = int(feats["shard_rows"])
-        self.shards = [
-            FeatureShard(i, self.path / s["path"], int(s["row_start"]), int(s["rows"]), int(s["offset"]), int(s["nbytes"]))
-            for i, s in enumerate(feats["shards"])
-        ]
+        self.features = RowTable(self.path, manifest["features"])
+        self.feature_dtype = self.features.dtype
+        self.feature_dim: int = self.features.dim
+        self.row_bytes: int = self.features.row_bytes
+        self.shard_rows: int = self.features.shard_rows
+        self.shards = self.features.shards
+        edge = manifest.get("edge_features")
+        self.edge_features: RowTable | None = None if edge is None else RowTable(self.path, edge)
 
     def __repr__(self) -> str:
+        edge = "" if self.edge_features is None else f", edge_dim={self.edge_features.dim}"
+        link = "" if not self.has_link else ", link"
         return (f"Store({str(self.path)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
-                f"dim={self.feature_dim}, dtype={self.feature_dtype}, shards={len(self.shards)})")
+                f"dim={self.feature_dim}, dtype={self.feature_dtype}, shards={len(self.shards)}{edge}{link})")
 
     # ------------------------------------------------------------------ topology
     def _load(self, rel: str, mmap: bool = True) -> np.ndarray:
@@ -176,18 +249,15 @@ class Store:
 
     def shard_of(self, node_ids: np.ndarray) -> np.ndarray:
         """Shard index of each node id (vectorised)."""
-        return np.asarray(node_ids, dtype=np.int64) // self.shard_rows
+        return self.features.shard_of(node_ids)
 
     def shard_array(self, p: int) -> np.ndarray:
         """Shard p as a read-only memory map of shape (rows, dim) (`map_shard`)."""
-        return map_shard(self.shards[p], self.feature_dtype, self.feature_dim)
+        return self.features.shard_array(p)
 
     def read_features(self) -> np.ndarray:
         """All features in RAM as one (N, dim) array (the in-memory baseline)."""
-        out = np.empty((self.num_nodes, self.feature_dim), dtype=self.feature_dtype)
-        for s in self.shards:
-            out[s.row_start:s.row_stop] = self.shard_array(s.index)
-        return out
+        return self.features.read_all()
 
     def gather(self, node_ids: np.ndarray, shard_arrays: Sequence[np.ndarray] | None = None) -> np.ndarray:
         """features[node_ids] read through the shards' memmaps (page cache), vectorised per shard.
@@ -197,15 +267,26 @@ class Store:
             shard_arrays: the shards as (rows, dim) arrays already mapped by the caller (e.g. with
                 other madvise advice); by default each touched shard is memory-mapped afresh.
         """
-        ids = np.asarray(node_ids, dtype=np.int64)
-        out = np.empty((ids.shape[0], self.feature_dim), dtype=self.feature_dtype)
-        if ids.size == 0:
-            return out
-        shard = ids // self.shard_rows
-        order = np.argsort(shard, kind="stable")
-        bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
-        for p in np.flatnonzero(np.diff(bounds)):
-            pos = order[bounds[p]:bounds[p + 1]]
-            shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[int(p)]
-            out[pos] = shard_rows[ids[pos] - self.shards[p].row_start]
-        return out
+        return self.features.gather(node_ids, shard_arrays)
+
+    # ------------------------------------------------------------------ link prediction
+    @property
+    def has_link(self) -> bool:
+        """Whether the store holds a link split (``link/``)."""
+        return self.manifest.get("link") is not None
+
+    def _link_file(self, split: str, suffix: str = "") -> str:
+        if split not in LINK_ARRAYS or (suffix and split == "train"):
+            choices = LINK_ARRAYS if not suffix else LINK_ARRAYS[1:]
+            raise ValueError(f"unknown link split {split!r}; expected one of {choices}")
+        if not self.has_link:
+            raise InputError(self.path, "has no link split (ingest with --link-split, or edges with a split column)")
+        return self.manifest["link"].get("files", {}).get(split + suffix, f"link/{split}{suffix}.npy")
+
+    def link_edges(self, split: str) -> np.ndarray:
+        """The supervision edges of a link split ('train', 'val', 'test'): int64 [2, P], row 0 src, row 1 dst."""
+        return self._load(self._link_file(split), mmap=False)
+
+    def link_negatives(self, split: str) -> np.ndarray:
+        """The fixed negative destinations of a link split ('val', 'test'): int64 [P, K]; memory-mapped."""
+        return self._load(self._link_file(split, "_neg"))

@@ -29,7 +29,7 @@ import pyarrow as pa
 from ...errors import InputError
 from ...native.constants import ALIGN
 from ..formats.atomic import tmp_name
-from ..formats.npyio import create_aligned_npy
+from ..formats.npyio import create_aligned_npy, load_npy
 from .raw import (
     TableUnit,
     check_id_range,
@@ -41,7 +41,8 @@ from .raw import (
 )
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_DTYPES", "FeatureFile", "FeatureUnit", "check_same_schema",
-           "feature_type", "scan_features", "units_overlapping", "write_feature_shard"]
+           "feature_type", "fixed_rows", "scan_features", "units_overlapping", "write_aligned",
+           "write_edge_feature_shard", "write_feature_shard"]
 
 FEATURE_COLUMNS = ("node_id", "x")
 FEATURE_DTYPES: dict[pa.DataType, np.dtype] = {pa.float32(): np.dtype(np.float32), pa.float16(): np.dtype(np.float16)}
@@ -126,17 +127,23 @@ def units_overlapping(files: Sequence[FeatureFile], lo: int, hi: int) -> list[Ta
     return [u.unit for f in files for u in f.units if u.max_id >= lo and u.min_id < hi]
 
 
-def _features(batch: pa.RecordBatch, dim: int, path: Path, row0: int) -> np.ndarray:
-    """The ``x`` column of a batch as an (rows, dim) numpy view; InputError on nulls."""
-    col = batch.column("x")
+def fixed_rows(batch: pa.RecordBatch, name: str, dim: int, path: Path, row0: int, what: str = "feature"
+               ) -> np.ndarray:
+    """A fixed_size_list column of a batch as an (rows, dim) numpy view; InputError naming the row on nulls."""
+    col = batch.column(name)
     if col.null_count:
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise InputError(path, f"feature row {row0 + row} is null")
+        raise InputError(path, f"{what} row {row0 + row} is null")
     flat = col.flatten()
     if flat.null_count:
         row = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]) // dim
-        raise InputError(path, f"feature row {row0 + row} holds a null value")
+        raise InputError(path, f"{what} row {row0 + row} holds a null value")
     return flat.to_numpy().reshape(-1, dim)
+
+
+def _features(batch: pa.RecordBatch, dim: int, path: Path, row0: int) -> np.ndarray:
+    """The ``x`` column of a batch as an (rows, dim) numpy view; InputError on nulls."""
+    return fixed_rows(batch, "x", dim, path, row0)
 
 
 def _is_run(ids: np.ndarray) -> bool:
@@ -220,11 +227,29 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         v = lo + int(np.flatnonzero(missing)[0])
         raise InputError(features_dir, f"no feature row for node {v} ({int(missing.sum())} of nodes {lo}..{hi - 1} "
                                        "missing; every node needs exactly one row)")
-    _write_aligned(Path(out_path), buf)
+    write_aligned(Path(out_path), buf)
     return {"row_start": int(lo), "rows": int(rows), "offset": ALIGN, "nbytes": int(buf.nbytes)}
 
 
-def _write_aligned(path: Path, array: np.ndarray) -> None:
+def write_edge_feature_shard(order_path: str | os.PathLike[str], attr_path: str | os.PathLike[str],
+                             out_path: str | os.PathLike[str], *, lo: int, hi: int) -> dict[str, Any]:
+    """Write the edge feature shard of CSC positions [lo, hi): the raw-order edge features (an aligned
+    [raw edges, dim] .npy) gathered by the ordinals ``order[lo:hi]`` (an aligned int64 .npy), read in
+    ascending raw order so that the gather sweeps the raw array once.
+
+    Returns:
+        The manifest entry of the shard (path filled by the caller).
+    """
+    order = load_npy(order_path, "r")[lo:hi]
+    attrs = load_npy(attr_path, "r")
+    sort = np.argsort(order, kind="stable")
+    buf = np.empty((hi - lo, attrs.shape[1]), attrs.dtype)
+    buf[sort] = attrs[np.asarray(order)[sort]]
+    write_aligned(Path(out_path), buf)
+    return {"row_start": int(lo), "rows": int(hi - lo), "offset": ALIGN, "nbytes": int(buf.nbytes)}
+
+
+def write_aligned(path: Path, array: np.ndarray) -> None:
     """Write `array` as an aligned .npy under a temporary name, fsync, rename.
 
     Unlike `atomic.atomic_path` this never creates the parent directory, so a task that

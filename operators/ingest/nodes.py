@@ -33,27 +33,28 @@ NODE_COLUMNS = ("node_id", "label", "split")
 _UNSET = np.uint8(255)  # split code of a node no row has given yet
 
 
-def split_codes(col: pa.Array, path: Path, row0: int) -> np.ndarray:
-    """Split strings (plain or dictionary-encoded) as uint8 codes of `store.SPLITS`.
+def split_codes(col: pa.Array, path: Path, row0: int, allowed: Sequence[str] = SPLITS) -> np.ndarray:
+    """Split strings (plain or dictionary-encoded) as uint8 codes: indices into `allowed` (`store.SPLITS`
+    for nodes, `links.LINK_SPLITS` for edges).
 
     Raises:
-        InputError: the column is not a string column, holds a null, or a value outside SPLITS.
+        InputError: the column is not a string column, holds a null, or a value outside `allowed`.
     """
     if col.null_count:
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise InputError(path, f"column 'split' is null at row {row0 + row}; expected one of {', '.join(SPLITS)}")
+        raise InputError(path, f"column 'split' is null at row {row0 + row}; expected one of {', '.join(allowed)}")
     values = col.dictionary if pa.types.is_dictionary(col.type) else col
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
             or pa.types.is_string_view(values.type)):
         raise InputError(path, f"column 'split' has type {col.type}, expected string (plain or dictionary)")
-    codes = pc.fill_null(pc.index_in(values, value_set=pa.array(SPLITS)), -1).to_numpy().astype(np.int16)
+    codes = pc.fill_null(pc.index_in(values, value_set=pa.array(list(allowed))), -1).to_numpy().astype(np.int16)
     if pa.types.is_dictionary(col.type):
         codes = codes[col.indices.to_numpy()]
     bad = codes < 0
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise InputError(path, f"bad split value {col[row].as_py()!r} at row {row0 + row}; "
-                               f"expected one of {', '.join(SPLITS)}")
+                               f"expected one of {', '.join(allowed)}")
     return codes.astype(np.uint8)
 
 

@@ -28,7 +28,7 @@ from ..formats.manifest import MANIFEST, write_manifest
 from ..formats.sizes import format_bytes, parse_bytes
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
-__all__ = ["EDGE_CSC_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
+__all__ = ["EDGE_CSC_BYTES", "EDGE_CSC_ORDINAL_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
            "MAX_FINE_BUCKETS", "MAX_SHARD_BYTES", "MIN_FINE_BUCKETS", "MIN_MEMORY_BUDGET", "PARQUET_SUFFIXES",
            "RAW_DIRS", "SPILL_DIR", "TABLE_SUFFIXES", "RawFiles", "TableUnit", "check_id_range",
            "check_memory_budget", "csc_edge_cap", "edge_chunk_rows", "feature_batch_rows", "find_raw_files",
@@ -45,6 +45,7 @@ TABLE_SUFFIXES = PARQUET_SUFFIXES + IPC_SUFFIXES
 # Working-set estimates, in bytes, that turn the memory budget into task sizes.
 EDGE_SCAN_BYTES = 64      # per edge in a scan chunk: src, dst, key, bucket id, sort order, sorted key
 EDGE_CSC_BYTES = 16       # per edge in a CSC task: the 8-byte sort key plus the sort's and writes' slack
+EDGE_CSC_ORDINAL_BYTES = 48  # ... when ordinals (and tags) ride along: key, ordinal, tag, the lexsort's order
 FINE_BUCKETS_PER_TASK = 64  # spill buckets per CSC task, so CSC tasks can be regrouped around skew
 MIN_FINE_BUCKETS = 1024
 MAX_FINE_BUCKETS = 1 << 16  # bucket ids stay 16-bit (a radix sort in the scans)
@@ -314,15 +315,16 @@ def feature_batch_rows(budget: int, row_bytes: int) -> int:
     return int(max(1, budget // 4 // (2 * row_bytes)))
 
 
-def edge_chunk_rows(budget: int) -> int:
-    """Edges per scan chunk (one bucket sort and one spill write each)."""
-    return int(max(1, budget // EDGE_SCAN_BYTES))
+def edge_chunk_rows(budget: int, extra_bytes: int = 0) -> int:
+    """Edges per scan chunk (one bucket sort and one spill write each); `extra_bytes` per edge ride along
+    (edge features, ordinals, tags)."""
+    return int(max(1, budget // (EDGE_SCAN_BYTES + extra_bytes)))
 
 
-def csc_edge_cap(budget: int) -> int:
-    """Edges per CSC task: what its budget holds, and at most MAX_CSC_EDGES so that the
-    sorting spreads over the workers."""
-    return int(max(1, min(budget // EDGE_CSC_BYTES, MAX_CSC_EDGES)))
+def csc_edge_cap(budget: int, per_edge: int = EDGE_CSC_BYTES) -> int:
+    """Edges per CSC task: what its budget holds at `per_edge` bytes an edge, and at most MAX_CSC_EDGES
+    so that the sorting spreads over the workers."""
+    return int(max(1, min(budget // per_edge, MAX_CSC_EDGES)))
 
 
 def fine_bucket_width(num_nodes: int, est_edges: int, budget: int) -> int:
@@ -381,8 +383,13 @@ def save_npy_in_place(path: str | os.PathLike[str], array: np.ndarray) -> None:
 # ----------------------------------------------------------------------------- manifest
 
 def store_manifest(*, num_nodes: int, num_edges: int, indices_dtype: str, nodes: dict[str, Any],
-                   features: dict[str, Any], inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
-    """The store manifest (keys documented in `operators.store`)."""
+                   features: dict[str, Any], inputs: dict[str, str], config: dict[str, Any],
+                   edge_features: dict[str, Any] | None = None, link: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The store manifest (keys documented in `operators.formats.store`); `edge_features` and `link`
+    only where the store has them."""
+    extra = {**({"edge_features": edge_features} if edge_features is not None else {}),
+             **({"link": link} if link is not None else {})}
     return {
         "format": STORE_FORMAT,
         "version": STORE_VERSION,
@@ -394,6 +401,7 @@ def store_manifest(*, num_nodes: int, num_edges: int, indices_dtype: str, nodes:
         "labels": "labels.npy",
         "splits": "splits.npy",
         "split_counts": {k: int(nodes["split_counts"][k]) for k in SPLITS},
+        **extra,
         "inputs": inputs,
         "config": config,
     }
@@ -414,7 +422,8 @@ def finish_store(stage: str | os.PathLike[str], manifest: dict[str, Any]) -> str
 def write_raw_dataset(out: str | os.PathLike[str], *, src: np.ndarray, dst: np.ndarray, features: np.ndarray,
                       labels: np.ndarray, splits: Sequence[str] | np.ndarray, edge_parts: int = 1,
                       feature_parts: int = 1, node_parts: int = 1, feature_format: str = "parquet",
-                      row_group_rows: int | None = None) -> Path:
+                      row_group_rows: int | None = None, edge_attr: np.ndarray | None = None,
+                      edge_split: Sequence[str] | np.ndarray | None = None) -> Path:
     """Write in-memory arrays as a raw dataset (docs/design.md, "Formats"): the inverse of ingest.
 
     Rows are split into contiguous parts, one file each, in node/edge order. Meant for
@@ -428,6 +437,8 @@ def write_raw_dataset(out: str | os.PathLike[str], *, src: np.ndarray, dst: np.n
         splits: [N] strings in {train, val, test, none}.
         feature_format: "parquet", "arrow" (IPC file) or "stream" (IPC stream).
         row_group_rows: Parquet row group / IPC batch size (default: one per file).
+        edge_attr: [E, D] float32 or float16 edge features (the ``edge_attr`` column).
+        edge_split: [E] link split strings in {train, val, test} (the edges' ``split`` column).
     """
     root = Path(out)
     n = features.shape[0]
@@ -450,8 +461,13 @@ def write_raw_dataset(out: str | os.PathLike[str], *, src: np.ndarray, dst: np.n
             raise ConfigError("feature_format", f"unknown format {fmt!r} (parquet, arrow, stream)")
 
     for i, (a, b) in enumerate(parts(len(src), edge_parts)):
-        write(pa.table({"src": np.asarray(src[a:b], np.int64), "dst": np.asarray(dst[a:b], np.int64)}),
-              root / "edges" / f"part-{i:05d}.parquet", "parquet")
+        cols: dict[str, Any] = {"src": np.asarray(src[a:b], np.int64), "dst": np.asarray(dst[a:b], np.int64)}
+        if edge_attr is not None:
+            ea = np.ascontiguousarray(edge_attr[a:b])
+            cols["edge_attr"] = pa.FixedSizeListArray.from_arrays(pa.array(ea.reshape(-1)), ea.shape[1])
+        if edge_split is not None:
+            cols["split"] = pa.array(np.asarray(edge_split)[a:b].astype(str)).dictionary_encode()
+        write(pa.table(cols), root / "edges" / f"part-{i:05d}.parquet", "parquet")
     suffix = "parquet" if feature_format == "parquet" else "arrow"
     for i, (a, b) in enumerate(parts(n, feature_parts)):
         x = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(features[a:b]).reshape(-1)), type=ftype)

@@ -91,7 +91,9 @@ def test_store_matches_scipy_and_input_with_several_buckets(tmp_path: Path) -> N
     assert m["features"]["row_bytes"] == 28
     assert set(m["inputs"]) == {p.relative_to(raw).as_posix() for p in raw.rglob("*.parquet")}
     assert m["config"] == {"to_undirected": False, "allow_nonfinite": False, "shard_rows": 300,
-                           "memory_budget": None}
+                           "memory_budget": None, "link_split": None, "disjoint_train_ratio": 0.0,
+                           "link_negatives": 100, "link_seed": 0}
+    assert "edge_features" not in m and "link" not in m
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [
         "features", "indices.npy", "indptr.npy", "labels.npy", "manifest.json", "splits.npy"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw", "store"]  # no staging left behind
