@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import INGEST_MEMORY
+from ..config import INGEST_MEMORY, LinkConfig
+from ..errors import ConfigError
 from ..sizes import format_bytes
-from .options import add_tls_arguments
+from .options import add_tls_arguments, argparse_type, integer, parse_float
 
-__all__ = ["register", "run"]
+__all__ = ["parse_shares", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rows per feature shard (default: from the memory budget)")
     p.add_argument("--to-undirected", action="store_true",
                    help="add every edge reversed and drop repeated edges")
-    p.add_argument("--allow-nonfinite", action="store_true", help="accept NaN/inf feature values")
+    p.add_argument("--allow-nonfinite", action="store_true", help="accept NaN/inf feature values (node and edge)")
+    p.add_argument("--link-split", type=argparse_type("--link-split", parse_shares), default=None, metavar="VAL,TEST",
+                   help="a seeded random link split with these validation and test shares, e.g. 0.05,0.1 "
+                        "(for edges without a split column; val/test edges are left out of the topology)")
+    p.add_argument("--disjoint-train-ratio", type=argparse_type("--disjoint-train-ratio", parse_float),
+                   default=LinkConfig.disjoint_train_ratio, metavar="R",
+                   help="share of the training edges held out of message passing as supervision edges only "
+                        "(default: %(default)s)")
+    p.add_argument("--link-negatives", type=integer("--link-negatives"), default=LinkConfig.negatives, metavar="K",
+                   help="fixed negatives per validation and test edge, for MRR and Hits@K (default: %(default)s)")
+    p.add_argument("--link-seed", type=integer("--link-seed"), default=LinkConfig.seed, metavar="SEED",
+                   help="seeds the link split, the supervision share and the negatives (default: %(default)s)")
     p.add_argument("--force", action="store_true",
                    help="rebuild even when OUT is up to date, and replace OUT even when it is not a store (deleting it)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -37,6 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def parse_shares(option: str, text: str) -> tuple[float, float]:
+    """``VAL,TEST``: two numbers (their ranges are the library's to check)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ConfigError(option, f"expected two shares VAL,TEST, got {text!r}")
+    val, test = (parse_float(option, part) for part in parts)
+    return val, test
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
     from ..api import ingest
@@ -45,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
     r = ingest(args.raw, args.out, memory_budget=args.memory_budget, shard_rows=args.shard_rows,
                to_undirected=args.to_undirected, allow_nonfinite=args.allow_nonfinite, force=args.force,
+               link_split=args.link_split, disjoint_train_ratio=args.disjoint_train_ratio,
+               link_negatives=args.link_negatives, link_seed=args.link_seed,
                scheduler=args.scheduler, workers=0 if args.workers is None else args.workers,
                tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
     if r.skipped:
@@ -52,10 +75,15 @@ def run(args: argparse.Namespace) -> int:
               "inputs and options unchanged, --force rebuilds)")
         return 0
     rate = r.input_bytes / r.seconds if r.seconds > 0 else float("nan")
-    print(f"ingested {args.raw} -> {r.path}\n"
-          f"  nodes          {r.num_nodes:,}\n"
-          f"  edges          {r.num_edges:,}\n"
-          f"  feature bytes  {format_bytes(r.feature_bytes)} in {r.num_shards} shard(s)\n"
-          f"  input bytes    {format_bytes(r.input_bytes)}\n"
-          f"  seconds        {r.seconds:.2f} ({format_bytes(rate)}/s)")
+    lines = [f"ingested {args.raw} -> {r.path}",
+             f"  nodes          {r.num_nodes:,}",
+             f"  edges          {r.num_edges:,}",
+             f"  feature bytes  {format_bytes(r.feature_bytes)} in {r.num_shards} shard(s)"]
+    if r.edge_feature_bytes:
+        lines.append(f"  edge features  {format_bytes(r.edge_feature_bytes)}")
+    if r.link_counts is not None:
+        lines.append("  link split     " + ", ".join(f"{k} {v:,}" for k, v in r.link_counts.items()))
+    lines += [f"  input bytes    {format_bytes(r.input_bytes)}",
+              f"  seconds        {r.seconds:.2f} ({format_bytes(rate)}/s)"]
+    print("\n".join(lines))
     return 0

@@ -27,6 +27,7 @@ from .errors import ConfigError, InputError
 from .flow.options import byte_budget, history_options, is_default
 from .flow.pipeline import Pipeline, load_pipeline
 from .flow.prepare.config import PREPARE_DEFAULTS
+from .operators.ingest.links import LinkConfig
 from .operators.options import BATCH_SIZE, FANOUTS, INGEST_MEMORY, SEED
 from .operators.train.config import DEFAULT_EXTRACTORS
 from .operators.train.modeldef import Model, check_model_option, model_label
@@ -67,15 +68,20 @@ def synth(out: str | os.PathLike[str], *, nodes: int | None = None, dim: int | N
 
 def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | int = INGEST_MEMORY,
            shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
-           force: bool = False, scheduler: str | None = None, workers: int | None = None, **tls: str | None) -> Any:
+           force: bool = False, link_split: tuple[float, float] | None = None,
+           disjoint_train_ratio: float = LinkConfig.disjoint_train_ratio, link_negatives: int = LinkConfig.negatives,
+           link_seed: int = LinkConfig.seed, scheduler: str | None = None, workers: int | None = None,
+           **tls: str | None) -> Any:
     """Validate `source` and write it as a store at `store` (`diskflow ingest`); the `IngestResult`.
 
     Args:
         source: a raw dataset directory (edges/, features/, nodes/), or a PyG ``Data`` with ``x``,
-            ``edge_index``, ``y`` and ``train_mask``/``val_mask``/``test_mask`` (written to a
-            temporary raw directory beside `store` first, then ingested).
+            ``edge_index``, ``y``, ``train_mask``/``val_mask``/``test_mask`` and optionally ``edge_attr``
+            (written to a temporary raw directory beside `store` first, then ingested).
         store: the store directory to create; one that holds something else is refused unless `force`.
         memory_budget, shard_rows, to_undirected, allow_nonfinite: as `diskflow ingest`'s options.
+        link_split, disjoint_train_ratio, link_negatives, link_seed: the link split (`LinkConfig`), as
+            `diskflow ingest`'s ``--link-*`` options.
         scheduler, workers, tls: where the Dask tasks run (default: the caller's client, or local threads).
     """
     from .flow.ingest import run_ingest
@@ -83,13 +89,17 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
     from .operators.formats.store import STORE_KIND
     from .operators.ingest.raw import find_raw_files
 
+    link = {"link_split": link_split, "disjoint_train_ratio": disjoint_train_ratio, "link_negatives": link_negatives,
+            "link_seed": link_seed}
+    LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
+               link_seed).check()      # bad options fail before a cluster starts
     if isinstance(source, (str, os.PathLike)):
         find_raw_files(source)      # a missing or empty dataset fails before a cluster starts
     check_replaceable(store, force, STORE_KIND)     # and so does a store path that holds something else
     with _cluster(scheduler, workers, tls):
         if isinstance(source, (str, os.PathLike)):
             return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,
-                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force)
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force, **link)
         if not hasattr(source, "edge_index"):
             raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
                                                           "Data with x, edge_index and y")
@@ -101,7 +111,7 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
             raw = Path(tmp) / "raw"
             from_pyg(source, raw)
             return run_ingest(raw, store, memory_budget=memory_budget, shard_rows=shard_rows,
-                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force)
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force, **link)
 
 
 def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
 from .flow.prepare.config import PREPARE_DEFAULTS, PrepareConfig
 from .flow.stream.config import StreamConfig
+from .operators.ingest.links import LinkConfig
 from .operators.ingest.synth import SynthConfig
 from .operators.options import HOLD_MEMORY, INGEST_MEMORY, QUEUE_DEPTH
 from .operators.prepare.history import (
@@ -44,7 +45,7 @@ RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDO
                 "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY, "queue_depth": QUEUE_DEPTH}
 
 __all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "INGEST_MEMORY", "MODELS",
-           "PREPARE_DEFAULTS", "RUN_DEFAULTS", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
+           "PREPARE_DEFAULTS", "RUN_DEFAULTS", "LinkConfig", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
            "available_pipelines", "check_model_option", "check_prune", "check_rule", "fanouts_option", "is_model_file",
            "model_label", "model_option", "parse_fanouts"]
 

@@ -17,8 +17,10 @@ import pytest
 from diskflow.cli.main import build_parser
 
 from diskflow.config import (
+    INGEST_MEMORY,
     PREPARE_DEFAULTS,
     RUN_DEFAULTS,
+    LinkConfig,
     PrepareConfig,
     StreamConfig,
     SynthConfig,
@@ -55,6 +57,9 @@ def _commands() -> list[Command]:
         Command("run", {**stream, **train, "device": PrepareConfig.device, "extractors": RUN_DEFAULTS["extractors"],
                         "hold_memory": RUN_DEFAULTS["hold_memory"], "batches_per_step": TrainConfig.batches_per_step},
                 {k: k for k in (*train, *stream, "extractors", "hold_memory")} | {"gpu_wait": "gpu_wait_s"}),
+        Command("ingest", {**field_defaults(LinkConfig), "memory_budget": INGEST_MEMORY, "shard_rows": None},
+                {"link_split": "split", "disjoint_train_ratio": "disjoint_train_ratio", "link_negatives": "negatives",
+                 "link_seed": "seed", "memory_budget": "memory_budget", "shard_rows": "shard_rows"}),
         Command("synth", field_defaults(SynthConfig),
                 {**{k: k for k in field_defaults(SynthConfig)}, "nodes": "num_nodes", "dim": "feature_dim",
                  "classes": "num_classes", "train": "train_frac", "val": "val_frac", "test": "test_frac"}),
