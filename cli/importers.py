@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     pyg = isub.add_parser(
         "pyg", help="a torch_geometric Data saved with torch.save",
-        description="Import a homogeneous torch_geometric Data saved with torch.save (x, edge_index, y, "
-                    "train/val/test masks). The file is loaded with torch.load(weights_only=False), which "
+        description="Import a homogeneous torch_geometric Data saved with torch.save (x, edge_index, edge_attr, y, "
+                    "train/val/test masks; any other attribute is refused). The file is loaded with torch.load(weights_only=False), which "
                     "runs arbitrary pickled code: only load files you trust.")
     pyg.add_argument("file", metavar="FILE.pt", type=Path, help="the saved Data (only files you trust)")
     pyg.add_argument("--no-split-masks", action="store_true", help="ignore train/val/test masks (all nodes 'none')")
@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     npy.add_argument("--src", type=Path, help="[E] source ids (with --dst, instead of --edge-index)")
     npy.add_argument("--dst", type=Path, help="[E] destination ids")
     npy.add_argument("--features", type=Path, required=True, help="[N, dim] feature matrix")
+    npy.add_argument("--edge-features", type=Path, help="[E, D] edge feature matrix, one row per edge of the edge files")
     npy.add_argument("--labels", type=Path, help="[N] integer labels, -1 = unlabeled (default: all -1)")
     npy.add_argument("--split", type=Path, help="[N] split code or name per node")
     npy.add_argument("--train-idx", type=Path, help="node ids of the train split")
@@ -96,7 +97,8 @@ def _run_npy(args: argparse.Namespace) -> int:
     _check_out(args)
     return _summary(from_npy(args.out, features=args.features, edge_index=args.edge_index, src=args.src,
                              dst=args.dst, labels=args.labels, split=args.split, train_idx=args.train_idx,
-                             val_idx=args.val_idx, test_idx=args.test_idx, feature_format=args.feature_format,
+                             val_idx=args.val_idx, test_idx=args.test_idx, edge_features=args.edge_features,
+                             feature_format=args.feature_format,
                              chunk_bytes=args.chunk, force=args.force))
 
 

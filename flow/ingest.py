@@ -412,7 +412,9 @@ class _Plan:
                            desc="ingest: build")[-1]
 
         # edge features: shards of CSC positions, once the CSC's edge count is known
-        kept, shard_entries, link_counts = compute([topo, shards, link], desc="ingest: build")
+        done = compute([*topo, *shards, *([link] if link is not None else [])], desc="ingest: build")
+        kept, shard_entries = done[:len(topo)], done[len(topo):len(topo) + len(shards)]
+        link_counts = done[-1] if link is not None else None
         num_edges = int(sum(kept))
         edge_rows = int(shard_rows) if shard_rows is not None else shard_rows_for(self.budget, edge_row_bytes,
                                                                                    max(1, num_edges))

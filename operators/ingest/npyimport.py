@@ -15,6 +15,7 @@ from ..formats.store import SPLITS
 from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     RawWriter,
+    check_edge_features,
     check_features,
     publish_raw,
     split_from_indices,
@@ -65,8 +66,8 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
              dst: str | os.PathLike[str] | None = None, labels: str | os.PathLike[str] | None = None,
              split: str | os.PathLike[str] | None = None, train_idx: str | os.PathLike[str] | None = None,
              val_idx: str | os.PathLike[str] | None = None, test_idx: str | os.PathLike[str] | None = None,
-             feature_format: str = "arrow", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-             force: bool = False) -> Path:
+             edge_features: str | os.PathLike[str] | None = None, feature_format: str = "arrow",
+             chunk_bytes: int = DEFAULT_CHUNK_BYTES, force: bool = False) -> Path:
     """Write a raw dataset from `.npy` files, read memory-mapped chunk by chunk.
 
     Args:
@@ -77,6 +78,8 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
         split: [N] split per node, either integer codes 0 train, 1 val, 2 test, 3 none or
             strings from {train, val, test, none}. Exclusive with the `*_idx` files.
         train_idx, val_idx, test_idx: 1-D node-id arrays; nodes in none of them get `none`.
+        edge_features: [E, D] (or [E]) numeric array aligned with the edges: the ``edge_attr`` column
+            (float16 kept, else float32).
         feature_format: `arrow` or `parquet` feature shards.
         chunk_bytes: rows (or edges) of about this many bytes go into each shard.
         force: replace `out` even when it is not a raw dataset.
@@ -85,6 +88,8 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
     check_features(x, os.fspath(features))
     num_nodes = int(x.shape[0])
     s, d, edge_files = _npy_edges(edge_index, src, dst)
+    ea = None if edge_features is None else check_edge_features(_load_npy(edge_features), len(s),
+                                                                os.fspath(edge_features))
     if labels is not None:
         y = _load_npy(labels)
         if y.shape[0] != num_nodes:
@@ -98,18 +103,21 @@ def from_npy(out: str | os.PathLike[str], *, features: str | os.PathLike[str],
             (code, np.asarray(_load_npy(p)), os.fspath(p))
             for code, p in enumerate((train_idx, val_idx, test_idx)) if p is not None])
     inputs = {role: fingerprint(p) for role, p in
-              [("features", features), *((r, p) for r, p in edge_files.items()), ("labels", labels),
+              [("features", features), *((r, p) for r, p in edge_files.items()), ("edge_features", edge_features),
+               ("labels", labels),
                ("split", split), ("train_idx", train_idx), ("val_idx", val_idx), ("test_idx", test_idx)]
               if p is not None}
     paths = {role: os.fspath(p) for role, p in
-             [("features", features), ("labels", labels), ("split", split), ("train_idx", train_idx),
+             [("features", features), ("edge_features", edge_features), ("labels", labels), ("split", split),
+              ("train_idx", train_idx),
               ("val_idx", val_idx), ("test_idx", test_idx)] if p is not None}
     source = {"kind": "npy", **paths, **edge_files, "inputs": inputs}
     edge_name = edge_files.get("edge_index") or edge_files["src"]
 
     def build(w: RawWriter) -> int:
         return write_arrays(w, x, y if labels is not None else None, codes, s, d, chunk_bytes, edge_name,
-                            os.fspath(labels) if labels is not None else None)
+                            os.fspath(labels) if labels is not None else None, edge_attr=ea,
+                            edge_attr_name=os.fspath(edge_features) if edge_features is not None else "edge_attr")
 
     return publish_raw(out, force, source, feature_format, build)
 

@@ -13,6 +13,7 @@ from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     NO_SPLIT,
     RawWriter,
+    check_edge_features,
     check_features,
     labels_as_int64,
     publish_raw,
@@ -20,7 +21,37 @@ from .rawwriter import (
     write_arrays,
 )
 
-__all__ = ["from_pyg", "load_pyg_file"]
+__all__ = ["KEPT", "from_pyg", "load_pyg_file"]
+
+KEPT = ("x", "edge_index", "edge_attr", "y", "train_mask", "val_mask", "test_mask")  # what the raw format stores
+_LINK_LABELS = ("edge_label_index", "edge_label")
+
+
+def _numpy(t: Any) -> np.ndarray:
+    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+
+def _attribute_names(data: Any) -> list[str]:
+    """The attributes a `Data` holds (PyG's ``keys()``, or the instance's own for a look-alike)."""
+    keys = getattr(data, "keys", None)
+    if callable(keys):
+        return list(keys())
+    if keys is not None:
+        return list(keys)
+    return [k for k in vars(data) if not k.startswith("_")]
+
+
+def _refuse_unstored(data: Any, name: str) -> None:
+    """One line naming the first attribute the raw format cannot store (never dropped in silence)."""
+    for attr in _attribute_names(data):
+        if attr in KEPT or attr == "num_nodes" or getattr(data, attr, None) is None:
+            continue
+        if attr in _LINK_LABELS:
+            raise InputError(f"{name}: {attr}", "link-prediction labels (a RandomLinkSplit output) are not imported: "
+                                                "import the whole graph and ingest it with --link-split, or give "
+                                                "the edges a split column")
+        raise InputError(f"{name}: {attr}", f"is not stored by the raw format, which keeps {', '.join(KEPT)}: "
+                                            "remove it from the Data (or fold it into x or edge_attr) first")
 
 
 def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True, name: str = "Data",
@@ -30,8 +61,11 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
 
     Uses `x` [N, dim] (float16 kept, anything else stored as float32), `edge_index` [2, E]
     (src = row 0, dst = row 1, written as given: add reverse edges yourself or let ingest
-    symmetrise), `y` [N] (missing: all -1) and, when `split_masks`, `train_mask`/`val_mask`/
-    `test_mask` (missing or unset: split `none`).
+    symmetrise), `edge_attr` [E, D] or [E] (the edges' features, the ``edge_attr`` column; float16
+    kept, else float32), `y` [N] (missing: all -1) and, when `split_masks`, `train_mask`/`val_mask`/
+    `test_mask` (missing or unset: split `none`). Any other attribute (`pos`, `edge_weight`, an extra
+    node tensor, RandomLinkSplit's `edge_label_index`) is refused in one line naming it: nothing is
+    dropped in silence.
 
     Args:
         data: the graph.
@@ -42,6 +76,7 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
         chunk_bytes: rows (or edges) of about this many bytes go into each shard.
         force: replace `out` even when it is not a raw dataset.
     """
+    _refuse_unstored(data, name)
     x_t = getattr(data, "x", None)
     ei_t = getattr(data, "edge_index", None)
     if x_t is None:
@@ -54,6 +89,8 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
     ei = ei_t.detach().cpu().numpy() if hasattr(ei_t, "detach") else np.asarray(ei_t)
     if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
         raise InputError(f"{name}: edge_index", f"must be an integer [2, E] array, got {ei.dtype} {list(ei.shape)}")
+    ea_t = getattr(data, "edge_attr", None)
+    edge_attr = None if ea_t is None else check_edge_features(_numpy(ea_t), ei.shape[1], f"{name}: edge_attr")
     y_t = getattr(data, "y", None)
     if y_t is not None:
         y = labels_as_int64(y_t.detach().cpu().numpy() if hasattr(y_t, "detach") else np.asarray(y_t), f"{name}: y")
@@ -75,7 +112,8 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
         codes = split_from_indices(num_nodes, masks)
 
     def build(w: RawWriter) -> int:
-        return write_arrays(w, x, y, codes, ei[0], ei[1], chunk_bytes, f"{name}: edge_index")
+        return write_arrays(w, x, y, codes, ei[0], ei[1], chunk_bytes, f"{name}: edge_index",
+                            edge_attr=edge_attr, edge_attr_name=f"{name}: edge_attr")
 
     return publish_raw(out, force, {"kind": "pyg", "path": name}, feature_format, build)
 

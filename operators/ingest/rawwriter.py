@@ -3,7 +3,9 @@ with.
 
 The raw format is a directory of Arrow-partitioned shards, all named `part-NNNNN.*`::
 
-    RAW/edges/part-*.parquet      src, dst: int64 (one row per directed edge)
+    RAW/edges/part-*.parquet      src, dst: int64 (one row per directed edge); optionally
+                                  edge_attr: fixed_size_list<float32|float16, D> (the edge's features)
+                                  and split: string in {train, val, test} (a link split)
     RAW/features/part-*.arrow     node_id: int64, x: fixed_size_list<float32|float16, dim>
                                   (Arrow IPC file format; `.parquet` with the same schema also valid)
     RAW/nodes/part-*.parquet      node_id: int64, label: int64 (-1 = unlabeled),
@@ -35,7 +37,7 @@ from ..formats.outputs import OutputKind, check_replaceable
 from ..formats.store import SPLITS
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FEATURE_FORMATS", "NO_SPLIT", "RAW_FORMAT", "RAW_KIND", "RAW_VERSION", "RawWriter",
-           "check_edge_ids", "check_features", "feature_batch", "feature_schema", "labels_as_int64", "publish_raw",
+           "check_edge_features", "check_edge_ids", "check_features", "feature_batch", "feature_schema", "labels_as_int64", "publish_raw",
            "raw_feature_dtype", "rows_per_chunk", "shard_name", "split_from_indices", "write_arrays",
            "write_edge_shard", "write_feature_shard", "write_node_shard"]
 
@@ -55,10 +57,15 @@ def shard_name(index: int, suffix: str) -> str:
     return f"part-{index:05d}.{suffix}"
 
 
-def write_edge_shard(path: str | os.PathLike[str], src: np.ndarray, dst: np.ndarray) -> int:
-    """Atomically write one `edges/` shard (`src`, `dst` int64); returns the edge count."""
-    table = pa.table({"src": pa.array(np.asarray(src, dtype=np.int64)),
-                      "dst": pa.array(np.asarray(dst, dtype=np.int64))})
+def write_edge_shard(path: str | os.PathLike[str], src: np.ndarray, dst: np.ndarray,
+                     edge_attr: np.ndarray | None = None) -> int:
+    """Atomically write one `edges/` shard (`src`, `dst` int64, and `edge_attr` [n, D] where given); returns
+    the edge count."""
+    cols = {"src": pa.array(np.asarray(src, dtype=np.int64)), "dst": pa.array(np.asarray(dst, dtype=np.int64))}
+    if edge_attr is not None:
+        ea = np.ascontiguousarray(edge_attr)
+        cols["edge_attr"] = pa.FixedSizeListArray.from_arrays(pa.array(ea.reshape(-1)), ea.shape[1])
+    table = pa.table(cols)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="snappy")
     return table.num_rows
@@ -145,10 +152,11 @@ class RawWriter:
         self._shards[kind] += 1
         return self.root / kind / shard_name(i, suffix)
 
-    def edges(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """Write one edges shard."""
+    def edges(self, src: np.ndarray, dst: np.ndarray, edge_attr: np.ndarray | None = None) -> None:
+        """Write one edges shard (with its edges' features where given: float16 kept, else float32)."""
         if len(src):
-            self.num_edges += write_edge_shard(self._next("edges", "parquet"), src, dst)
+            attr = None if edge_attr is None else raw_feature_dtype(edge_attr)
+            self.num_edges += write_edge_shard(self._next("edges", "parquet"), src, dst, attr)
 
     def features(self, x: np.ndarray) -> None:
         """Write the next rows of the feature matrix (node ids continue from the last call)."""
@@ -210,12 +218,14 @@ def rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
 
 
 def write_arrays(w: RawWriter, x: np.ndarray, labels: np.ndarray | None, codes: np.ndarray, src: np.ndarray,
-                 dst: np.ndarray, chunk_bytes: int, edge_name: str, labels_name: str | None = None) -> int:
+                 dst: np.ndarray, chunk_bytes: int, edge_name: str, labels_name: str | None = None,
+                 edge_attr: np.ndarray | None = None, edge_attr_name: str = "edge_attr") -> int:
     """Write whole (or memory-mapped) arrays through `w` in chunks of about `chunk_bytes`: the feature rows
     `x`, the nodes (`labels`, split `codes`), then the edges `src` -> `dst`, each chunk's ids checked against
     the node count (errors name `edge_name`). `labels`: None leaves every node unlabeled; with `labels_name`
     each chunk goes through `labels_as_int64` under that name, else they are int64 labels already. Returns
-    the node count (what `publish_raw`'s build returns)."""
+    the node count (what `publish_raw`'s build returns). `edge_attr` [E, D] (aligned with the edges) goes with
+    them, each chunk checked finite (errors name `edge_attr_name`)."""
     num_nodes = int(x.shape[0])
     rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
     for lo in range(0, num_nodes, rows):
@@ -230,11 +240,16 @@ def write_arrays(w: RawWriter, x: np.ndarray, labels: np.ndarray | None, codes: 
         else:
             y = labels[lo:hi]
         w.nodes(y, codes[lo:hi])
-    edge_rows = rows_per_chunk(16, chunk_bytes)
+    edge_rows = rows_per_chunk(16 + (0 if edge_attr is None else edge_attr.shape[1] * edge_attr.dtype.itemsize),
+                               chunk_bytes)
     for lo in range(0, len(src), edge_rows):
         cs, cd = np.asarray(src[lo: lo + edge_rows]), np.asarray(dst[lo: lo + edge_rows])
         check_edge_ids(cs, cd, num_nodes, edge_name)
-        w.edges(cs, cd)
+        ea = None if edge_attr is None else np.asarray(edge_attr[lo: lo + edge_rows])
+        if ea is not None and np.issubdtype(ea.dtype, np.floating) and not np.isfinite(ea).all():
+            row = lo + int(np.flatnonzero(~np.isfinite(ea).all(axis=1))[0])
+            raise InputError(edge_attr_name, f"non-finite edge feature value (NaN or inf) at edge {row}")
+        w.edges(cs, cd, ea)
     return num_nodes
 
 
@@ -307,6 +322,17 @@ def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, name: str) 
     hi = max(int(src.max()), int(dst.max()))
     if lo < 0 or hi >= num_nodes:
         raise InputError(name, f"edge endpoint out of range [0, {num_nodes}) (min {lo}, max {hi})")
+
+
+def check_edge_features(attr: np.ndarray, num_edges: int, name: str) -> np.ndarray:
+    """Edge features as [E, D]: a numeric [E] (one value per edge, D = 1) or [E, D] array with one row per
+    edge; errors name `name`."""
+    a = attr.reshape(-1, 1) if attr.ndim == 1 else attr
+    if a.ndim != 2 or a.shape[0] != num_edges:
+        raise InputError(name, f"edge features must be [E={num_edges}, D] (one row per edge), got shape "
+                               f"{list(attr.shape)}")
+    check_features(a, name)
+    return a
 
 
 def check_features(x: np.ndarray, name: str) -> None:
