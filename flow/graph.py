@@ -51,6 +51,7 @@ from ..operators.prepare.superbatch import (
     sample_superbatch_bytes,
     superbatch_hop1,
 )
+from ..operators.prepare.task import NODE, Task
 from ..operators.prepare.tiers import Sampling, tier_sizes
 from .taskprofile import profiled
 
@@ -176,9 +177,9 @@ def partition_task(store_path: str, parts: int, method: str, seed: int, threads:
 
 
 def hop1_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
-              threads: int | None, order: BatchOrder | None = None) -> list[np.ndarray]:
+              threads: int | None, order: BatchOrder | None = None, task: Task = NODE) -> list[np.ndarray]:
     """The one-hop nodes of every batch of superbatch `ref` (what the history plan reads)."""
-    return superbatch_hop1(store_path, ref, batch_size, list(fanouts), seed, threads, order)
+    return superbatch_hop1(store_path, ref, batch_size, list(fanouts), seed, threads, order, task)
 
 
 def history_spec(cfg: Any) -> tuple[int, int, str, str, float, float] | None:
@@ -204,17 +205,18 @@ def history_task(store_path: str, keys: Sequence[str], rows: int, staleness: int
 
 def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
                 threads: int | None, out_path: str | None = None, order: BatchOrder | None = None,
-                history: dict[str, list[HistoryStep]] | None = None) -> SampleResult:
+                history: dict[str, list[HistoryStep]] | None = None, task: Task = NODE) -> SampleResult:
     """Sample superbatch `ref` (its batches cut by `order`, None: shuffled; pruned where `history`, the
     round's history plan, says); with `out_path`, write its samples file there (never creating the
     directory: a task outliving its failed run must not resurrect it) and hand on the path."""
     t0 = time.time()
     steps = None if history is None else history[ref.key]
     if out_path is None:
-        data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order, steps)
+        data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order, steps,
+                                                task)
         return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
     summary = sample_superbatch(store_path, out_path, ref, batch_size, list(fanouts), seed, threads, order, steps,
-                                parents=False)
+                                parents=False, task=task)
     return SampleResult(ref.key, None, summary, stamp(t0), path=out_path)
 
 
@@ -356,12 +358,14 @@ class PrepGraph:
         history: (rows, staleness, select, prune, ramp, cooldown) of a historical embedding cache to plan the
             samples' pruning for (select: how its nodes are chosen, `history_task`; prune: the pruning rule;
             ramp, cooldown: the adaptive bound and the exact end, `HistoryPlanner`).
+        task: what the batches are drawn for (a link task: seed edges and their negatives).
     """
 
     def __init__(self, store_path: str, refs: Sequence[SuperbatchRef], sampling: tuple[int, Sequence[int], int, int],
                  cpu_policy: Policy, tok: str, submit: Submit, order: BatchOrder | None = None,
-                 history: tuple[int, int, str, str, float, float] | None = None) -> None:
+                 history: tuple[int, int, str, str, float, float] | None = None, task: Task = NODE) -> None:
         self.store_path, self.refs, self.tok, self.submit = store_path, list(refs), tok, submit
+        self.task = task
         self.batch_size, self.fanouts, self.seed, self.threads = sampling
         self.order = order
         self.history = history          # (rows, staleness, select, prune, ramp, cooldown) of a history cache, or None
@@ -373,7 +377,7 @@ class PrepGraph:
     def sample(self, k: int, out_path: str | None = None) -> Any:
         r = self.refs[k]
         return self.submit(sample_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
-                           self.threads, out_path, self.order, self.history_plan(),
+                           self.threads, out_path, self.order, self.history_plan(), self.task,
                            key=f"sample-{r.key}-{self.tok}", k=k)
 
     def history_plan(self) -> Any:
@@ -383,7 +387,7 @@ class PrepGraph:
             return None
         if self._history_plan is None:
             hop1 = [self.submit(hop1_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
-                                self.threads, self.order, key=f"hop1-{r.key}-{self.tok}", k=k)
+                                self.threads, self.order, self.task, key=f"hop1-{r.key}-{self.tok}", k=k)
                     for k, r in enumerate(self.refs)]
             self._history_plan = self.submit(history_task, self.store_path, [r.key for r in self.refs],
                                              *self.history, *hop1,

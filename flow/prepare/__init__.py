@@ -52,6 +52,7 @@ from ...operators.prepare.plan import release_planner_scratch
 from ...operators.prepare.sampler_pool import drop_idle_samplers
 from ...operators.prepare.seeds import label_shares, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
+from ...operators.prepare.task import num_seeds
 from ..allocator import reuse_for_preparation
 from ..dashboard.spans import command as span_command
 from ..progress import active_client
@@ -148,7 +149,8 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
     # A per-run token ends every task key: a re-run on the same client never meets a cancelled
     # task of an earlier run under the same name (dashboard groups are unchanged: key_split
     # stops at the numeric token).
-    run = Run(store, out, work, cfg, round_layout(store.split_ids("train").shape[0], cfg.batch_size,
+    cfg.round_task.check(store)
+    run = Run(store, out, work, cfg, round_layout(num_seeds(store, cfg.round_task), cfg.batch_size,
                                                    cfg.superbatch_size, cfg.epochs),
                f"{uuid.uuid4().int % 10**8:08d}", quiet)
     phases: dict[str, float] = {}

@@ -62,7 +62,12 @@ def sample_key(cfg: PrepareConfig, store_hash: str, partition_key: str | None = 
                             **staleness_rule(cfg.history_ramp, cfg.history_cooldown)}
     return config_hash({"store": store_hash, "fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size,
                         "superbatch_size": cfg.superbatch_size, "epochs": cfg.epochs, "seed": cfg.seed,
-                        "counts": COUNTS, **order})
+                        "counts": COUNTS, **order, **_task(cfg)})
+
+
+def _task(cfg: PrepareConfig) -> dict[str, Any]:
+    """A link task's part of the sample key (a node task adds nothing: older keys stay valid)."""
+    return {"task": cfg.round_task.describe()} if cfg.round_task.link else {}
 
 
 def plan_key(cfg: PrepareConfig, sample_key: str) -> str:

@@ -102,7 +102,9 @@ class PrepareConfig(RoundOptions):
 PREPARE_DEFAULTS: dict[str, Any] = {
     **{k: getattr(PrepareConfig, k) for k in (
         "gpu_memory", "disk_budget", "device", "batch_size", "superbatch_size", "epochs", "seed", "partitions",
-        "parts_per_group", "group_by", "partitioner", "partition_threads", "history_select", "minhash_k")},
+        "parts_per_group", "group_by", "partitioner", "partition_threads", "history_select", "minhash_k",
+        "neg_ratio", "neg_sampling")},
+    "task": None,       # None: the pipeline's (node classification unless it says link)
     "cpu_memory": DEFAULT_SHARE, "readahead": f"{READAHEAD_GIB}GiB", "queue_depth": QUEUE_DEPTH,
     "fanouts": None, "batches": None, "history_memory": None, "history_staleness": None, "history_prune": None,
     "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden,

@@ -139,7 +139,7 @@ def _graph(run: Run) -> PrepGraph:
     """The preparation graph's builder for this run (`flow.graph`), its nodes as `dask.delayed`."""
     cfg = run.cfg
     return PrepGraph(str(run.store.path), run.refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                     cfg.cpu_policy, run.tok, delayed_submit, run.order, history_spec(cfg))
+                     cfg.cpu_policy, run.tok, delayed_submit, run.order, history_spec(cfg), cfg.round_task)
 
 
 def partition_phase(run: Run, store_hash: str) -> BatchOrder:

@@ -26,6 +26,7 @@ from ...operators.formats.hashing import config_hash
 from ...operators.formats.store import Store
 from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import lane_layout, round_layout
+from ...operators.prepare.task import num_seeds
 from ..dashboard.spans import SpannedClient
 from ..dashboard.stream import announce_run
 from ..graph import PrepGraph, history_spec
@@ -84,7 +85,8 @@ class StreamRun:
         self.resume = resume
         self.progress = progress
         self.on_epoch, self.on_superbatch = on_epoch, on_superbatch
-        self.refs = round_layout(self.store.split_ids("train").shape[0], cfg.batch_size, cfg.superbatch_size, cfg.epochs)
+        cfg.round_task.check(self.store)
+        self.refs = round_layout(num_seeds(self.store, cfg.round_task), cfg.batch_size, cfg.superbatch_size, cfg.epochs)
         self.client = SpannedClient(client, [r.key for r in self.refs])     # a Dask span per superbatch and phase
         self.n = len(self.refs)
         self.place = Placement(self.client, self.n)
@@ -105,7 +107,7 @@ class StreamRun:
     def _prep_graph(self, refs: list[Any], tok: str) -> PrepGraph:
         cfg = self.cfg
         return PrepGraph(self.store_path, refs, (cfg.batch_size, cfg.fanouts, cfg.seed, cfg.sampler_threads),
-                         cfg.cpu_policy, tok, self.place.submit_cpu, None, history_spec(cfg))
+                         cfg.cpu_policy, tok, self.place.submit_cpu, None, history_spec(cfg), cfg.round_task)
 
     def _make_lanes(self, gpus: int) -> None:
         """One lane per GPU worker; the sampling graph; the shared tier's planner (``--cache shared``)."""

@@ -11,6 +11,12 @@ list columns per minibatch, ``hist_prune``/``hist_prune_slot`` and ``hist_push``
 the local positions in ``n_id`` of the one-hop nodes whose subtrees were pruned (a cached
 embedding stands in) or whose embeddings are pushed to the cache, and their cache slots.
 
+A round whose store has edge features adds ``e_id``: each sampled edge's position in the store's
+CSC edge order (its row of the edge features), aligned with ``row``/``col``. A link task's round adds
+``label_row``/``label_col`` (the scored pairs' local positions in ``n_id``, positives first) and
+``edge_label`` (1 for a positive edge, 0 for a negative pair): PyG's ``edge_label_index`` and
+``edge_label``.
+
 ``n_id`` is int32 for a graph of up to 2**31 nodes (`id_type`) and int64 beyond: the ids
 are about 40% of a samples file, which every plan, pack and (streamed) training machine
 reads, so half their bytes is a fifth of the file. Readers take either and hand back the ids
@@ -29,7 +35,7 @@ import pyarrow as pa
 from ...errors import InputError
 from .directwrite import arrow_file_bytes, write_arrow_file
 
-__all__ = ["HISTORY_FIELDS", "ID_LIMIT", "SCHEMA", "SCHEMAS", "SCHEMA_INT32", "Buffer", "SampleRecord",
+__all__ = ["HISTORY_FIELDS", "ID_LIMIT", "LINK_FIELDS", "SCHEMA", "SCHEMAS", "SCHEMA_INT32", "Buffer", "SampleRecord",
            "id_type", "list_values", "open_arrow", "read_n_ids", "read_samples", "record_batch",
            "samples_bytes", "samples_schema", "select_batches", "write_samples"]
 
@@ -45,12 +51,20 @@ def id_type(num_nodes: int) -> pa.DataType:
 
 
 HISTORY_FIELDS = ("hist_prune", "hist_prune_slot", "hist_push", "hist_push_slot")
+LINK_FIELDS = ("label_row", "label_col", "edge_label")
 
 
-def samples_schema(ids: pa.DataType, history: bool = False) -> pa.Schema:
+def samples_schema(ids: pa.DataType, history: bool = False, edges: pa.DataType | None = None,
+                   link: bool = False) -> pa.Schema:
     """The samples file schema with node ids of type `ids` (int32 or int64), with the history plan's
-    columns when `history`."""
+    columns when `history`, the sampled edges' ids (``e_id``, of type `edges`) when given, and a link
+    task's scored pairs when `link`."""
     extra = [(name, pa.large_list(pa.int32())) for name in HISTORY_FIELDS] if history else []
+    if edges is not None:
+        extra.append(("e_id", pa.large_list(edges)))
+    if link:
+        extra += [("label_row", pa.large_list(pa.int32())), ("label_col", pa.large_list(pa.int32())),
+                  ("edge_label", pa.large_list(pa.float32()))]
     return pa.schema([
         ("batch", pa.int64()),
         ("batch_size", pa.int64()),
@@ -65,7 +79,8 @@ def samples_schema(ids: pa.DataType, history: bool = False) -> pa.Schema:
 
 SCHEMA = samples_schema(pa.int64())
 SCHEMA_INT32 = samples_schema(pa.int32())
-SCHEMAS = (SCHEMA, SCHEMA_INT32, samples_schema(pa.int64(), True), samples_schema(pa.int32(), True))
+SCHEMAS = tuple(samples_schema(ids, history, edges, link) for ids in (pa.int64(), pa.int32())
+                for history in (False, True) for edges in (None, pa.int32(), pa.int64()) for link in (False, True))
 
 
 @dataclass
@@ -79,6 +94,9 @@ class SampleRecord:
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
     history: tuple[np.ndarray, ...] | None = None    # the history plan's four int64 arrays, if any
+    e_id: np.ndarray | None = None              # int32 or int64 (as stored) [e]: each edge's CSC position
+    edge_label_index: np.ndarray | None = None  # int64 [2, l]: a link task's scored pairs, local
+    edge_label: np.ndarray | None = None        # float32 [l]: 1 positive, 0 negative
 
 
 def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
@@ -86,14 +104,19 @@ def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return type(pa.array([], type=typ)).from_arrays(pa.array(offsets), pa.array(values, type=typ.value_type))
 
 
-def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) -> pa.RecordBatch:
+def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None,
+                 edges: pa.DataType | None = None) -> pa.RecordBatch:
     """A one-row record batch from a `SampledBatch` (fields n_id, edge_index, num_sampled_*, batch_size).
 
     `ids`: the node id type (`id_type` of the graph); int64 when not given. A sample with a history
-    plan (``sampled.history``, four arrays) gets the history columns.
+    plan (``sampled.history``, four arrays) gets the history columns. `edges`: the edge id type
+    (`id_type` of the edge count) when the round keeps the sampled edges' ids (``sampled.e_id``). A
+    link task's sample (``sampled.edge_label_index`` and ``sampled.edge_label``) gets its pairs.
     """
     plan = getattr(sampled, "history", None)
-    schema = samples_schema(pa.int32() if ids == pa.int32() else pa.int64(), plan is not None)
+    label_index = getattr(sampled, "edge_label_index", None)
+    schema = samples_schema(pa.int32() if ids == pa.int32() else pa.int64(), plan is not None, edges,
+                            label_index is not None)
     n_id = np.asarray(sampled.n_id)  # type: ignore[attr-defined]
     ei = np.asarray(sampled.edge_index)  # type: ignore[attr-defined]
     if n_id.shape[0] >= 2**31:
@@ -113,6 +136,17 @@ def record_batch(batch: int, sampled: object, ids: pa.DataType | None = None) ->
     if plan is not None:
         cols += [_list_array(np.asarray(v).astype(np.int32), schema.field(name).type)
                  for name, v in zip(HISTORY_FIELDS, plan)]
+    if edges is not None:
+        e_id = getattr(sampled, "e_id", None)
+        if e_id is None:
+            raise ValueError(f"batch {batch}: the round keeps the sampled edges' ids, and this sample has none")
+        cols.append(_list_array(np.asarray(e_id).astype(edges.to_pandas_dtype(), copy=False), schema.field("e_id").type))
+    if label_index is not None:
+        pairs = np.asarray(label_index)
+        cols += [_list_array(pairs[0].astype(np.int32), schema.field("label_row").type),
+                 _list_array(pairs[1].astype(np.int32), schema.field("label_col").type),
+                 _list_array(np.asarray(sampled.edge_label, dtype=np.float32),  # type: ignore[attr-defined]
+                             schema.field("edge_label").type)]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
@@ -157,6 +191,8 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
     if not any(schema.equals(known) for known in SCHEMAS):
         raise InputError(p, f"unexpected samples schema: {reader.schema}")
     history = schema.get_field_index(HISTORY_FIELDS[0]) >= 0
+    has_edges = schema.get_field_index("e_id") >= 0
+    link = schema.get_field_index("edge_label") >= 0
     for i in range(reader.num_record_batches):
         rb = reader.get_batch(i)
         row = list_values(rb, "row").astype(np.int64)
@@ -169,6 +205,10 @@ def read_samples(path: str | os.PathLike[str], data: Buffer | None = None) -> It
             num_sampled_nodes=list_values(rb, "num_sampled_nodes").tolist(),
             num_sampled_edges=list_values(rb, "num_sampled_edges").tolist(),
             history=tuple(list_values(rb, name).astype(np.int64) for name in HISTORY_FIELDS) if history else None,
+            e_id=list_values(rb, "e_id") if has_edges else None,
+            edge_label_index=np.stack([list_values(rb, "label_row").astype(np.int64),
+                                       list_values(rb, "label_col").astype(np.int64)]) if link else None,
+            edge_label=list_values(rb, "edge_label") if link else None,
         )
 
 

@@ -24,6 +24,7 @@ from .history import (
 from .policies import Policy, check_policy
 from .seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from .superbatch import check_round_config
+from .task import Task
 
 __all__ = ["RoundOptions"]
 
@@ -55,11 +56,28 @@ class RoundOptions:
     history_prune: str = DEFAULT_PRUNE  # what a fresh embedding prunes below its node: HISTORY_PRUNES
     history_ramp: float = DEFAULT_RAMP  # the adaptive staleness bound's slope (0: the fixed bound)
     history_cooldown: float = DEFAULT_COOLDOWN  # the share of the round's last batches that prune nothing
+    task: str = "node"                  # "node" (seed nodes' labels) or "link" (seed edges and their negatives)
+    neg_ratio: float = Task.neg_ratio   # a link batch's negative pairs per positive edge
+    neg_sampling: str = Task.neg_sampling   # how a negative pair's ends are drawn: "uniform" or "degree"
+
+    @property
+    def round_task(self) -> Task:
+        """The task the round's batches are drawn for (checked)."""
+        return Task(self.task, self.neg_ratio, self.neg_sampling)
 
     def check_round(self, cached: bool | None = None) -> None:
         """Raise a `ConfigError` naming the first shared option that is out of range; `cached` False: also any
         history option set away from its default, where no historical embedding cache is."""
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
+        task = self.round_task
+        if task.link and self.batches == "partition":
+            raise ConfigError("batches", "partition batches deal a split's nodes by graph part; a link task's seeds "
+                                         "are edges: use shuffled batches")
+        if not task.link:
+            for option, given, default in (("neg_ratio", self.neg_ratio, Task.neg_ratio),
+                                           ("neg_sampling", self.neg_sampling, Task.neg_sampling)):
+                if given != default:
+                    raise ConfigError(option, "applies to a link task only (task='link')")
         check_policy(self.cpu_policy, "cpu", "cpu_policy")
         check_policy(self.gpu_policy, "gpu", "gpu_policy")
         if self.batches not in BATCH_ORDERS:

@@ -56,6 +56,24 @@ class PooledSampler:
             self._splits[name] = ids
         return ids
 
+    def link_edges(self, name: str) -> np.ndarray:
+        """`Store.link_edges(name)` (a link task's supervision edges), read once per pooled sampler."""
+        key = f"link-{name}"
+        edges = self._splits.get(key)
+        if edges is None:
+            edges = np.asarray(self.store.link_edges(name), dtype=np.int64)
+            edges.setflags(write=False)
+            self._splits[key] = edges
+        return edges
+
+    @property
+    def num_nodes(self) -> int:
+        return self.store.num_nodes
+
+    @property
+    def indptr(self) -> np.ndarray:
+        return self.store.indptr
+
 
 def _identity(store_path: str | os.PathLike[str], fanouts: Sequence[int], num_threads: int | None) -> tuple[Any, ...]:
     """What a pooled sampler must match: the store's manifest file as it is now (a re-ingest replaces

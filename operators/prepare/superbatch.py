@@ -1,8 +1,9 @@
 """Offline sampling of a round: epochs -> shuffled minibatches -> superbatches -> sample files.
 
-A round is E epochs. Epoch e's training seeds are shuffled and cut into minibatches by
-`batches.seed_batches` and sampled with `batches.batch_seed`, exactly as the in-memory
-trainer does, so an out-of-core run sees the very same samples. Superbatch k of epoch e
+A round is E epochs. Epoch e's training seeds (nodes, or a link task's edges and their negatives)
+are shuffled and cut into minibatches by `task.epoch_seeds` and sampled with their
+`seeds.batch_seed`, exactly as the in-memory trainer does, so an out-of-core run sees the very
+same samples. Superbatch k of epoch e
 holds batches [k*S, (k+1)*S); each is sampled by one task into one Arrow IPC file.
 Sampling memory-maps the topology and never touches the feature shards.
 """
@@ -21,7 +22,8 @@ from ...errors import ConfigError
 from ..formats.samples import id_type, record_batch, samples_bytes, write_samples
 from .history import HistoryStep, sample_planned
 from .sampler_pool import leased_sampler
-from .seeds import TRAIN_STREAM, BatchOrder, batch_seed, seed_batches
+from .seeds import BatchOrder
+from .task import NODE, Task, attach_labels, epoch_seeds
 
 __all__ = ["SuperbatchRef", "check_round_config", "lane_layout", "round_layout", "sample_superbatch",
            "sample_superbatch_bytes", "sample_superbatch_records", "superbatch_hop1"]
@@ -61,9 +63,9 @@ def check_round_config(batch_size: int, superbatch_size: int, epochs: int, fanou
 
 
 def round_layout(num_train: int, batch_size: int, superbatch_size: int, epochs: int) -> list[SuperbatchRef]:
-    """All superbatches of a round, in training order."""
+    """All superbatches of a round of `num_train` seeds an epoch (`task.num_seeds`), in training order."""
     if num_train == 0:
-        raise ConfigError("store", "the store has no training nodes (split 'train' is empty)")
+        raise ConfigError("store", "the store has no training seeds (split 'train' is empty)")
     per_epoch = -(-num_train // batch_size)
     refs = []
     for e in range(epochs):
@@ -96,7 +98,7 @@ def lane_layout(refs: Sequence[SuperbatchRef], lanes: int, lane: int) -> list[Su
 def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.PathLike[str], ref: SuperbatchRef,
                       batch_size: int, fanouts: Sequence[int], seed: int, num_threads: int | None = None,
                       order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None,
-                      parents: bool = True) -> dict:
+                      parents: bool = True, task: Task = NODE) -> dict:
     """Sample every minibatch of one superbatch and write them to `out_path` (Arrow IPC, past the page cache
     where the file system allows: `formats.samples.write_samples`; `parents=False`: never create its
     directory). `order`, `history`: see `sample_superbatch_records`.
@@ -105,44 +107,47 @@ def sample_superbatch(store_path: str | os.PathLike[str], out_path: str | os.Pat
     node count, and sampled edges.
     """
     records, metadata, summary = sample_superbatch_records(store_path, ref, batch_size, fanouts, seed, num_threads,
-                                                           order, history)
+                                                           order, history, task)
     write_samples(out_path, records, metadata, parents=parents)
     return {**summary, "path": str(Path(out_path))}
 
 
 def sample_superbatch_bytes(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
                             fanouts: Sequence[int], seed: int, num_threads: int | None = None,
-                            order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None
-                            ) -> tuple[pa.Buffer, dict]:
+                            order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None,
+                            task: Task = NODE) -> tuple[pa.Buffer, dict]:
     """`sample_superbatch` without the file: the samples file's bytes (built in memory) and the summary."""
     records, metadata, summary = sample_superbatch_records(store_path, ref, batch_size, fanouts, seed, num_threads,
-                                                           order, history)
+                                                           order, history, task)
     return samples_bytes(records, metadata), summary
 
 
 def sample_superbatch_records(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int,
                               fanouts: Sequence[int], seed: int, num_threads: int | None = None,
-                              order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None
-                              ) -> tuple[list[pa.RecordBatch], dict[str, Any], dict[str, Any]]:
+                              order: BatchOrder | None = None, history: Sequence[HistoryStep] | None = None,
+                              task: Task = NODE) -> tuple[list[pa.RecordBatch], dict[str, Any], dict[str, Any]]:
     """The superbatch's samples as record batches (one per minibatch), the samples file's metadata and the
     summary. `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep`
     per batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
-    the plan."""
+    the plan. `task`: a link task's batches start from their scored pairs' endpoints and carry the pairs.
+    A store with edge features keeps each batch's sampled edge ids (``e_id``)."""
     with leased_sampler(store_path, fanouts, num_threads) as pooled:
         store, sampler = pooled.store, pooled.sampler
-        batches = seed_batches(pooled.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+        span = range(ref.first_batch, ref.first_batch + ref.num_batches)
+        batches = epoch_seeds(pooled, batch_size, ref.epoch, seed, task, order, only=span)
         records, accesses, max_nodes, edges = [], 0, 0, 0
         ids = id_type(store.num_nodes)
+        edge_ids = id_type(store.num_edges) if getattr(store, "edge_features", None) is not None else None
         narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
         pruned = pushed = 0
-        for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
+        for j, b in zip(span, batches):
             if history is None:
-                s = sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), narrow=narrow)
+                s = sampler.sample(b.seeds, b.sampling_seed, narrow=narrow)
             else:
                 step = history[j - ref.first_batch]
-                s = sample_planned(sampler, batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM), step)
+                s = sample_planned(sampler, b.seeds, b.sampling_seed, step)
                 pruned, pushed = pruned + int(step.pruned.shape[0]), pushed + int(step.pushed.shape[0])
-            records.append(record_batch(j, s, ids))
+            records.append(record_batch(j, attach_labels(s, b), ids, edge_ids))
             n = int(s.n_id.shape[0])
             accesses += n
             max_nodes = max(max_nodes, n)
@@ -157,13 +162,14 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
 
 
 def superbatch_hop1(store_path: str | os.PathLike[str], ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int],
-                    seed: int, num_threads: int | None = None, order: BatchOrder | None = None) -> list[np.ndarray]:
+                    seed: int, num_threads: int | None = None, order: BatchOrder | None = None,
+                    task: Task = NODE) -> list[np.ndarray]:
     """The one-hop nodes of every batch of superbatch `ref`, as the full sample would draw them (draws
     are a function of (seed, hop, node)): what a history plan needs before the batches are sampled."""
     with leased_sampler(store_path, list(fanouts)[:1], num_threads) as pooled:
-        batches = seed_batches(pooled.split_ids("train"), batch_size, ref.epoch, seed, order=order)
+        span = range(ref.first_batch, ref.first_batch + ref.num_batches)
         out = []
-        for j in range(ref.first_batch, ref.first_batch + ref.num_batches):
-            s = pooled.sampler.sample(batches[j], batch_seed(seed, ref.epoch, j, TRAIN_STREAM))
+        for b in epoch_seeds(pooled, batch_size, ref.epoch, seed, task, order, only=span):
+            s = pooled.sampler.sample(b.seeds, b.sampling_seed)
             out.append(np.asarray(s.n_id[s.batch_size:], dtype=np.int64))
         return out
