@@ -27,10 +27,32 @@ from .flow.timeline import TIMELINE, JobTimeline
 from .operators.formats.atomic import write_json
 from .operators.prepare import history as _history
 
-__all__ = ["PAGE", "REPORT", "RUN_INFO", "SPLIT_PLOT", "TIMELINE", "JobTimeline", "check_run_output",
-           "describe_online", "describe_split", "describe_staleness", "draw_page", "fmt", "has_checkpoints",
-           "key_numbers", "new_run_dir", "no_run_left", "plot_timeline", "print_epoch", "read_report", "served_share",
-           "unfinished_run", "use_run_dir", "write_run_info"]
+__all__ = [
+    "PAGE",
+    "REPORT",
+    "RUN_INFO",
+    "SPLIT_PLOT",
+    "TIMELINE",
+    "JobTimeline",
+    "check_run_output",
+    "describe_online",
+    "describe_split",
+    "describe_staleness",
+    "draw_page",
+    "final_line",
+    "fmt",
+    "has_checkpoints",
+    "key_numbers",
+    "new_run_dir",
+    "no_run_left",
+    "plot_timeline",
+    "print_epoch",
+    "read_report",
+    "served_share",
+    "unfinished_run",
+    "use_run_dir",
+    "write_run_info",
+]
 
 REPORT = _rundir.REPORT         # the run's report, written when it finishes
 PAGE = "dashboard.html"         # `draw_page`'s default file in a run directory
@@ -118,6 +140,11 @@ def has_checkpoints(run_dir: str | os.PathLike[str]) -> bool:
 def fmt(x: Any, spec: str = ".4f") -> str:
     """A report figure for a table, formatted by `spec`; ``-`` when absent (None)."""
     return _rundir.fmt(x, spec)
+
+
+def final_line(final: dict[str, Any]) -> str:
+    """A report's `final` block in one line: test accuracy, or a link task's MRR, ROC-AUC and Hits@K."""
+    return _rundir.final_line(final)
 
 
 print_epoch: Callable[[dict[str, Any]], None] = _rundir.print_epoch

@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..operators.formats.atomic import atomic_path, write_json
 from ..operators.formats.outputs import OutputKind, replace_foreign
 
-__all__ = ["CURVES", "REPORT", "RUN_INFO", "RUN_KIND", "fmt", "new_run_dir", "plot_curves", "print_epoch",
+__all__ = ["CURVES", "REPORT", "RUN_INFO", "RUN_KIND", "final_line", "fmt", "new_run_dir", "plot_curves", "print_epoch",
            "read_report", "use_run_dir", "write_report"]
 
 REPORT = "report.json"
@@ -137,11 +137,28 @@ def fmt(x: Any, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def final_line(final: dict[str, Any]) -> str:
+    """The report's `final` block in one line: test accuracy, or a link task's MRR, ROC-AUC and Hits@K."""
+    if "test_mrr" in final:
+        return (f"final test mrr {fmt(final.get('test_mrr'))}  auc {fmt(final.get('test_auc'))}  "
+                f"hits@{final.get('hits_k')} {fmt(final.get('test_hits'))}  best val mrr {fmt(final.get('best_val_mrr'))}  "
+                f"test mrr at best val {fmt(final.get('test_mrr_at_best_val'))}")
+    return (f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
+            f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+
+
 def print_epoch(record: dict[str, Any]) -> None:
     """One line per finished epoch, as `diskflow run` and `diskflow train` print them (throughput and bytes
     read when the record has them)."""
+    if "val_mrr" in record or record.get("hits_k") is not None:      # a link task's figures
+        k = record.get("hits_k")
+        scores = (f"val mrr {fmt(record.get('val_mrr'))} auc {fmt(record.get('val_auc'))}  "
+                  f"test mrr {fmt(record.get('test_mrr'))} auc {fmt(record.get('test_auc'))} "
+                  f"hits@{k} {fmt(record.get('test_hits'))}")
+    else:
+        scores = f"val {fmt(record.get('val_acc'))}  test {fmt(record.get('test_acc'))}"
     line = (f"epoch {record['epoch']:>3}  loss {fmt(record.get('loss'))}  train {fmt(record.get('train_acc'))}  "
-            f"val {fmt(record.get('val_acc'))}  test {fmt(record.get('test_acc'))}  {fmt(record.get('epoch_s'), '.2f')} s")
+            f"{scores}  {fmt(record.get('epoch_s'), '.2f')} s")
     if record.get("seeds_per_s") is not None:
         line += f"  {fmt(record['seeds_per_s'], ',.0f')} seeds/s"
     if record.get("bytes_read") is not None:

@@ -52,10 +52,12 @@ from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
+from ...operators.prepare.task import SeedSource, num_seeds
 from ...operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ...operators.train.config import DATA_ONLY
 from ...operators.train.loop import deterministic
 from ...operators.train.session import (
+    StoreFeatures,
     TrainConfig,
     TrainSession,
     eval_loaders,
@@ -87,7 +89,9 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
         history_memory: int | str | None = None,
         history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
         history_prune: str | None = None, history_ramp: float | None = None,
-        history_cooldown: float | None = None, train_loader: TrainLoader | None = None) -> dict[str, Any]:
+        history_cooldown: float | None = None, train_loader: TrainLoader | None = None,
+        task: str = TrainConfig.task, neg_ratio: float = TrainConfig.neg_ratio,
+        neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
     """The loop behind `run`: batches gathered from features in RAM, or from another feature source.
 
     Args:
@@ -109,7 +113,12 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     # prior join them below, once known)
     base = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
                        batch_size=batch_size, epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
-                       dropout=dropout, heads=heads, seed=seed, eval_every=eval_every, threads=threads)
+                       dropout=dropout, heads=heads, seed=seed, eval_every=eval_every, threads=threads, task=task,
+                       neg_ratio=neg_ratio, neg_sampling=neg_sampling, hits_k=hits_k)
+    base.train_task.check(st)
+    if base.link and batches != "shuffled":
+        raise ConfigError("batches", "partition batches deal a split's nodes by graph part; a link task's seeds "
+                                     "are edges: use shuffled batches")
     rule = history_rule(None, history_staleness=history_staleness, history_prune=history_prune,
                         history_ramp=history_ramp, history_cooldown=history_cooldown)   # None: the library's
     staleness: int = rule["history_staleness"]
@@ -122,7 +131,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by,
                                       batch_size=batch_size)
     round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
-    total = epochs * -(-int(st.split_ids("train").shape[0]) // batch_size)
+    total = epochs * -(-num_seeds(st, base.train_task) // batch_size)
     make_planner, rows = history_planner(st, history_memory, staleness, hidden, samples,
                                          model == DATA_ONLY, history_select, round_hop1, prune, total,
                                          ramp, cooldown)
@@ -305,8 +314,8 @@ class StoredSamplesLoader:
     """
 
     def __init__(self, features: Any, labels: torch.Tensor, packed: str | os.PathLike[str], store: Store,
-                 cfg: TrainConfig) -> None:
-        self.features, self.labels = features, labels
+                 cfg: TrainConfig, edge_features: Any = None) -> None:
+        self.features, self.labels, self.edge_features = features, labels, edge_features
         self.ds = PackedDataset(packed)
         man = self.ds.manifest
         if man.get("store", {}).get("manifest_hash") != config_hash(store.manifest):
@@ -318,6 +327,11 @@ class StoredSamplesLoader:
             raise ConfigError("samples", f"{self.ds.path} was sampled with fanouts {theirs[0]}, batch "
                                          f"size {theirs[1]}, seed {theirs[2]}; this run has fanouts "
                                          f"{ours[0]}, batch size {ours[1]}, seed {ours[2]}")
+        sampled = (rc.get("task", "node"), rc.get("neg_ratio", cfg.neg_ratio), rc.get("neg_sampling", cfg.neg_sampling))
+        if sampled != (cfg.task, cfg.neg_ratio, cfg.neg_sampling):
+            raise ConfigError("task", f"{self.ds.path} was sampled for task {sampled[0]!r} (negatives {sampled[1]:g} "
+                                      f"per positive, {sampled[2]}); this run trains task {cfg.task!r} "
+                                      f"({cfg.neg_ratio:g}, {cfg.neg_sampling})")
         held = int(man["round"]["epochs"])
         if cfg.epochs > held:
             raise ConfigError("epochs", f"{cfg.epochs} epochs asked for, the samples in {self.ds.path} "
@@ -337,7 +351,7 @@ class StoredSamplesLoader:
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
-        yield from timed_data(self._samples(), self.features, self.labels, self.stage_s)
+        yield from timed_data(self._samples(), self.features, self.labels, self.stage_s, self.edge_features)
 
     def _samples(self) -> Iterator[Any]:
         for sb in self._superbatches():
@@ -356,23 +370,35 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     else:
         features = how.features(st)
         indptr, indices = st.indptr, st.indices
+    edge_table = st.edge_features
+    edge_features: Any = None
+    if edge_table is not None:      # the edge features as the node features are held: in RAM, or read through
+        edge_features = torch.from_numpy(edge_table.read_all()) if how.features is None \
+            else StoreFeatures(st, edges=True)
     labels = torch.from_numpy(np.asarray(st.labels, dtype=np.int64))
     load_s = time.perf_counter() - t0
     splits = {name: st.split_ids(name) for name in ("train", "val", "test")}
-    _check_labels(st, labels, splits)
+    if not cfg.link:
+        _check_labels(st, labels, splits)
 
     sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
+    source = SeedSource(st, cfg.batch_size, cfg.seed, cfg.train_task) if cfg.link else None
     train: Any
     if how.loader is not None:
+        if edge_table is not None:
+            raise ConfigError("pipeline", f"the {how.name} pipeline reads node rows only; this store has edge "
+                                          "features: train it with inmemory, mmap or a packed pipeline (belady)")
         train = how.loader.make(st, labels, sampler, splits["train"], cfg, how.order)
     elif how.samples is None:
         train = InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,
-                               TRAIN_STREAM, order=how.order, history=how.history)
+                               TRAIN_STREAM, order=how.order, history=how.history, source=source,
+                               edge_features=edge_features)
     else:
-        train = StoredSamplesLoader(features, labels, how.samples, st, cfg)
-    evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__)
+        train = StoredSamplesLoader(features, labels, how.samples, st, cfg, edge_features)
+    evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__, st, edge_features)
     stages = STAGES if how.loader is None else (*how.loader.stages, "train")
-    session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=stages, evals=lambda: evals)
+    session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=stages, evals=lambda: evals,
+                           edge_dim=edge_table.dim if edge_table is not None else None)
 
     for epoch in range(cfg.epochs):
         train.set_epoch(epoch)
@@ -405,7 +431,10 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
         "dataset": {"store": str(st.path), "nodes": st.num_nodes, "edges": st.num_edges,
                     "dim": st.feature_dim, "dtype": str(st.feature_dtype), "feature_bytes": st.feature_bytes,
                     "num_classes": st.num_classes,
-                    "splits": {name: int(ids.shape[0]) for name, ids in splits.items()}},
+                    "splits": {name: int(ids.shape[0]) for name, ids in splits.items()},
+                    **({"edge_dim": edge_table.dim} if edge_table is not None else {}),
+                    **({"link": {name: int(st.link_edges(name).shape[1]) for name in ("train", "val", "test")}}
+                       if cfg.link else {})},
         "load_s": load_s,
         "epochs": records,
         "final": final_block(records),

@@ -46,7 +46,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         history_memory: int | str | None = None,
         history_staleness: int | None = None, history_select: str = RoundOptions.history_select,
         history_prune: str | None = None, history_ramp: float | None = None,
-        history_cooldown: float | None = None) -> dict[str, Any]:
+        history_cooldown: float | None = None, task: str = TrainConfig.task,
+        neg_ratio: float = TrainConfig.neg_ratio, neg_sampling: str = TrainConfig.neg_sampling,
+        hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
     """Train `model` on a store held in RAM; write `report.json` and `curves.png` into `run_dir`.
 
     Args:
@@ -94,6 +96,11 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, model
         history_ramp: the adaptive staleness bound's slope r: an embedding computed at batch t
             stands in for at most max(1, r * t) batches (0: the fixed bound).
         history_cooldown: the share of the round's last batches that prune nothing (0: none).
+        task: ``"node"`` (classify the training nodes) or ``"link"`` (score the store's training edges
+            against negative pairs; evaluation reports ROC-AUC, MRR and Hits@`hits_k` of each split's edges
+            ranked against their fixed negatives). The store needs an edge split (`diskflow ingest --link-split`).
+        neg_ratio, neg_sampling: a link batch's negative pairs per positive, and how their ends are drawn
+            (``"uniform"`` or ``"degree"``).
 
     Returns:
         The report (also written to `run_dir/report.json`): `config`, `dataset`, `epochs`

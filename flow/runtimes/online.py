@@ -28,6 +28,7 @@ from ...operators.formats.store import Store
 from ...operators.options import CPU_SHARE
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
+from ...operators.prepare.task import SeedSource
 from ...operators.prepare.tiers import batch_rows_bound
 from ...operators.train.cachepolicy import policy_for
 from ...operators.train.config import ONLINE_TIERS
@@ -55,7 +56,7 @@ def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractor
 def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, *, batch_size: int,
                   seed: int, fanouts: Sequence[int], policy: str = "lru", budget: int | str | None = None,
                   extractors: int = DEFAULT_EXTRACTORS, window: int | None = None,
-                  order: BatchOrder | None = None) -> tuple[OnlineLoader, int]:
+                  order: BatchOrder | None = None, source: SeedSource | None = None) -> tuple[OnlineLoader, int]:
     """The online loader of `seeds` and its feature buffer's bytes: `budget` (bytes or a share of the features;
     default 10% of them, or one worst-case batch when that is more) holds the buffer, its tables and staging.
 
@@ -81,7 +82,7 @@ def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, see
     buf = RowCache(st.num_nodes, slots, st.feature_dim, st.feature_dtype,
                    policy_for(policy, st, threshold=max(1, window // 8), allowed=ONLINE_TIERS), planned=True)
     loader = OnlineLoader(st, buf, labels, sampler, seeds, batch_size, seed, order=order, extractors=extractors,
-                          window=window, staging_bytes=staging)
+                          window=window, staging_bytes=staging, source=source)
     return loader, nbytes
 
 
@@ -101,7 +102,9 @@ class _OnlineTraining:
              order: BatchOrder | None) -> OnlineLoader:
         self.loader, self.nbytes = online_loader(st, labels, sampler, seeds, batch_size=cfg.batch_size, seed=cfg.seed,
                                                  fanouts=cfg.fanouts, policy=self.policy, budget=self.budget,
-                                                 extractors=self.extractors, window=self.window, order=order)
+                                                 extractors=self.extractors, window=self.window, order=order,
+                                                 source=SeedSource(st, cfg.batch_size, cfg.seed, cfg.train_task)
+                                                 if cfg.link else None)
         self.read = {"read_unit": self.loader.readers[0].unit, "gap_bytes": self.loader.readers[0].reader.gap_bytes}
         return self.loader
 
@@ -133,7 +136,8 @@ def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str |
                on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
                on_start: Callable[[int, int], Any] | None = None, batches: str = "shuffled",
                partition: str | os.PathLike[str] | None = None, partitions: int | None = None,
-               parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label") -> dict[str, Any]:
+               parts_per_group: int = PARTS_PER_GROUP, group_by: str = "label", task: str = TrainConfig.task, neg_ratio: float = TrainConfig.neg_ratio,
+               neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
     """Train `model` with `pipeline`'s online loader; write report.json and curves.png into `run_dir`.
 
     Args:

@@ -136,7 +136,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                history_select: str | None = None,
                history_memory: int | str | None = None, history_staleness: int | None = None,
                history_prune: str | None = None, history_ramp: float | None = None,
-               history_cooldown: float | None = None) -> dict[str, Any]:
+               history_cooldown: float | None = None, task: str = TrainConfig.task,
+               neg_ratio: float = TrainConfig.neg_ratio, neg_sampling: str = TrainConfig.neg_sampling,
+               hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -152,7 +154,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     partition; default eight per batch) are prepare's, and so are `history_memory` (bytes,
     or a share of the features, of a historical embedding cache of width `hidden` planned into the
     samples), `history_staleness`, `history_prune`, `history_ramp` and `history_cooldown` (None: the
-    pipeline's rule; `operators.prepare.history`).
+    pipeline's rule; `operators.prepare.history`). `task`, `neg_ratio` and `neg_sampling` are the round's (a
+    link task samples the store's training edges and their negatives), `hits_k` the evaluation's.
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -160,7 +163,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     # the training options, checked before preparing (the trainer builds its config from the packed round)
     TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts), batch_size=batch_size,
                 epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad, dropout=dropout, heads=heads,
-                seed=seed, eval_every=eval_every, threads=threads)
+                seed=seed, eval_every=eval_every, threads=threads, task=task, neg_ratio=neg_ratio,
+                neg_sampling=neg_sampling, hits_k=hits_k)
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -170,7 +174,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
                "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
-               "disk_budget": budgets["disk_budget"]}
+               "disk_budget": budgets["disk_budget"], "task": task, "neg_ratio": neg_ratio,
+               "neg_sampling": neg_sampling}
     given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,
              "group_by": group_by, "history_select": history_select}
     options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
@@ -187,5 +192,5 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         dropout=dropout, heads=heads, seed=seed,
         device=device, eval_every=eval_every, cpu_memory=cpu, gpu_memory=gpu if dev == "cuda" else None,
         queue_depth=queue_depth, sequential=sequential, check_crc=check_crc, resume=resume, store=st.path,
-        threads=threads)
+        threads=threads, hits_k=hits_k)
     return report

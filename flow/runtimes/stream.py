@@ -71,7 +71,9 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         history_select: str = StreamConfig.history_select, history_prune: str | None = None,
         history_ramp: float | None = None, history_cooldown: float | None = None, gpus: int = StreamConfig.gpus,
         cache: str = StreamConfig.cache, batches_per_step: int = TrainConfig.batches_per_step,
-        tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+        tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        task: str = TrainConfig.task, neg_ratio: float = TrainConfig.neg_ratio,
+        neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -153,7 +155,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               threads=threads, store=str(st.path.resolve()),
                               label_prior=label_shares(st.labels[st.split_ids("train")], st.num_classes)
                               if batches == "partition" else None, history_rows=min(rows, st.num_nodes),
-                              batches_per_step=batches_per_step)
+                              batches_per_step=batches_per_step, task=task, neg_ratio=neg_ratio,
+                              neg_sampling=neg_sampling, hits_k=hits_k)
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
@@ -161,7 +164,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
-                       history_rows=rows, history_select=history_select, **rule, gpus=gpus, cache=cache)
+                       history_rows=rows, history_select=history_select, **rule, gpus=gpus, cache=cache,
+                       task=task, neg_ratio=neg_ratio, neg_sampling=neg_sampling)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts

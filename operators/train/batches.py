@@ -17,9 +17,10 @@ from torch_geometric.data import Data
 
 from ...errors import ConfigError
 from ..prepare.seeds import TEST_STREAM, TRAIN_STREAM, VAL_STREAM, BatchOrder, batch_seed, seed_batches
+from ..prepare.task import BatchSeeds, SeedSource, attach_labels
 
-__all__ = ["TEST_STREAM", "TRAIN_STREAM", "VAL_STREAM", "InMemoryLoader", "Sample", "Sampler", "batch_data",
-           "batch_seed", "epoch_batches", "seed_batches", "timed_data", "to_data"]
+__all__ = ["TEST_STREAM", "TRAIN_STREAM", "VAL_STREAM", "InMemoryLoader", "Sample", "Sampler", "SeedSource",
+           "batch_data", "batch_seed", "epoch_batches", "seed_batches", "timed_data", "to_data"]
 
 class Sample(Protocol):
     """What a sampler returns for one batch (see `operators.sample.SampledBatch`)."""
@@ -39,19 +40,34 @@ class Sampler(Protocol):
     def sample(self, seeds: np.ndarray, seed: int) -> Sample: ...
 
 
-def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
+def _ids(values: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(values, dtype=np.int64))     # a copy: the samples may be read-only maps
+
+
+def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_attr: torch.Tensor | None = None) -> Data:
     """A `Data` batch from a sample and its already-gathered rows (`x[i]`, `y[i]` belong to `n_id[i]`).
 
     The fields are exactly NeighborLoader's for a homogeneous graph: `x, edge_index, y,
     n_id, batch_size, num_sampled_nodes, num_sampled_edges`; the first `batch_size` rows
     are the seeds, the ones loss and accuracy are computed on. A sample that carries a history
-    plan (``sample.history``) adds its four index tensors (`train.history.FIELDS`).
+    plan (``sample.history``) adds its four index tensors (`train.history.FIELDS`). A sample with
+    its edges' ids (``sample.e_id``) adds `e_id`, and `edge_attr` (their features, aligned with
+    `edge_index`) where given. A link task's sample adds LinkNeighborLoader's `edge_label_index`
+    (the scored pairs, local) and `edge_label`.
     """
-    data = Data(x=x, edge_index=torch.from_numpy(np.ascontiguousarray(sample.edge_index, dtype=np.int64)),
-                y=y, n_id=torch.from_numpy(np.ascontiguousarray(sample.n_id, dtype=np.int64)),
+    data = Data(x=x, edge_index=_ids(sample.edge_index), y=y, n_id=_ids(sample.n_id),
                 batch_size=int(sample.batch_size),
                 num_sampled_nodes=[int(n) for n in sample.num_sampled_nodes],
                 num_sampled_edges=[int(n) for n in sample.num_sampled_edges])
+    e_id = getattr(sample, "e_id", None)
+    if e_id is not None:
+        data.e_id = _ids(e_id)
+    if edge_attr is not None:
+        data.edge_attr = edge_attr
+    label_index = getattr(sample, "edge_label_index", None)
+    if label_index is not None:
+        data.edge_label_index = _ids(label_index)
+        data.edge_label = torch.from_numpy(np.array(sample.edge_label, dtype=np.float32))  # type: ignore[attr-defined]
     plan = getattr(sample, "history", None)
     if plan is not None:          # a history plan: hist_prune, hist_prune_slot, hist_push, hist_push_slot
         from .history import FIELDS
@@ -61,19 +77,24 @@ def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
     return data
 
 
-def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor) -> Data:
+def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_features: Any = None) -> Data:
     """Join a sample with the full feature matrix `x` and labels `y` held in memory.
 
     `batch.x == x[n_id]` and `batch.y == y[n_id]` (one vectorised gather each, on the
-    device the tensors live on).
+    device the tensors live on); with `edge_features` (the store's, in its CSC edge order),
+    `batch.edge_attr == edge_features[e_id]`.
     """
     n_id = torch.from_numpy(np.ascontiguousarray(sample.n_id, dtype=np.int64))
     rows = n_id.to(x.device)
-    return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)))
+    edge_attr = None
+    e_id = getattr(sample, "e_id", None)
+    if edge_features is not None and e_id is not None:
+        edge_attr = edge_features.index_select(0, _ids(e_id).to(edge_features.device))
+    return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)), edge_attr)
 
 
 def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,
-               stage_s: dict[str, float]) -> Iterator[Data]:
+               stage_s: dict[str, float], edge_features: Any = None) -> Iterator[Data]:
     """`to_data` of each sample `samples` yields, timing both halves into `stage_s`: ``sample``
     (drawing the next sample: sampling it, or reading it) and ``gather`` (features, labels, `Data`)."""
     while True:
@@ -82,7 +103,7 @@ def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,
         if sample is None:
             return
         t1 = time.perf_counter()
-        data = to_data(sample, x, y)
+        data = to_data(sample, x, y, edge_features)
         t2 = time.perf_counter()
         stage_s["sample"] += t1 - t0
         stage_s["gather"] += t2 - t1
@@ -113,6 +134,10 @@ class InMemoryLoader:
         history: a `prepare.history.HistoryPlanner` (needs a `NeighborSampler`): each batch's one-hop
             nodes with a fresh cached embedding are not expanded, and the batch carries its plan for
             `train.history.HistoryCache`. The planner keeps its state from epoch to epoch.
+        source: where each epoch's batches come from instead of `seeds` (`prepare.task.SeedSource`: a
+            link task's edges and negatives, or a split's evaluation pairs).
+        edge_features: the store's edge features (E, D), anything with `index_select` (`StoreFeatures`):
+            each batch then carries `edge_attr` (its sampler must give `e_id`).
 
     `counts` holds the rows gathered and the nodes pruned and pushed in the last iteration.
 
@@ -122,7 +147,8 @@ class InMemoryLoader:
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, sampler: Sampler, seeds: np.ndarray,
                  batch_size: int, shuffle: bool, seed: int, stream: int = TRAIN_STREAM,
-                 order: BatchOrder | None = None, history: Any = None) -> None:
+                 order: BatchOrder | None = None, history: Any = None, source: SeedSource | None = None,
+                 edge_features: Any = None) -> None:
         if batch_size < 1:
             raise ConfigError("batch_size", f"expected an integer >= 1, got {batch_size}")
         self.features = features
@@ -135,6 +161,8 @@ class InMemoryLoader:
         self.stream = stream
         self.order = order
         self.history = history
+        self.source = source
+        self.edge_features = edge_features
         self._hop1: Any = None
         if history is not None:
             from ..prepare.sample import NeighborSampler
@@ -154,15 +182,21 @@ class InMemoryLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
+        if self.source is not None:
+            return len(self.source)
         return (int(self.seeds.shape[0]) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self) -> Iterator[Data]:
         self.stage_s = {"sample": 0.0, "gather": 0.0}
         self.counts = {"rows": 0, "pruned": 0, "pushed": 0}
-        batches = epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, self.shuffle, self.order,
-                                self.stream)
-        samples = (self._sample(ids, sampling_seed) for ids, sampling_seed in batches)
-        yield from timed_data(samples, self.features, self.labels, self.stage_s)
+        if self.source is not None:
+            batches = self.source.epoch(self.epoch)
+        else:
+            batches = [BatchSeeds(ids, sampling_seed) for ids, sampling_seed in
+                       epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, self.shuffle, self.order,
+                                     self.stream)]
+        samples = (attach_labels(self._sample(b.seeds, b.sampling_seed), b) for b in batches)
+        yield from timed_data(samples, self.features, self.labels, self.stage_s, self.edge_features)
 
     def _sample(self, ids: np.ndarray, seed: int) -> Any:
         if self.history is None:

@@ -31,12 +31,14 @@ def _gcn(in_channels: int, out_channels: int, hidden_channels: int = 128, num_la
 
 
 def _gat(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,
-         dropout: float = 0.0, heads: int = 4) -> Any:
+         dropout: float = 0.0, heads: int = 4, edge_dim: int | None = None) -> Any:
     if heads < 1 or hidden_channels % heads:
         raise ConfigError("hidden", f"GAT needs a hidden size divisible by its {heads} heads, got {hidden_channels}")
     from torch_geometric.nn.models import GAT
 
-    return GAT(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout, heads=heads)
+    # with edge features, every layer's attention reads them too (GATConv's edge_dim)
+    return GAT(in_channels, hidden_channels, num_layers, out_channels, dropout=dropout, heads=heads,
+               **({"edge_dim": edge_dim} if edge_dim else {}))
 
 
 def _mlp(in_channels: int, out_channels: int, hidden_channels: int = 128, num_layers: int = 3,

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..options import BATCH_SIZE, FANOUTS, SEED
+from ..prepare.task import Task
 from .modeldef import BUILTIN_MODELS as MODELS  # (the built-in names, re-exported)
 from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
 
@@ -60,6 +61,11 @@ class TrainConfig:
         batches_per_step: consecutive batches (of a superbatch, or of an epoch) whose mean gradient
             makes one optimizer step (`steps.Accumulate`): what a data-parallel run on this many
             GPU workers computes, in one process.
+        task: ``"node"`` (classify the seed nodes) or ``"link"`` (score seed edges against negative
+            pairs: the model is an encoder of node embeddings and a decoder of pairs, `train.linkmodel`).
+        neg_ratio, neg_sampling: a link batch's negative pairs per positive and how their ends are
+            drawn (`prepare.task.Task`).
+        hits_k: the K of the Hits@K a link task's evaluation reports.
     """
 
     model: Any = "sage"
@@ -79,9 +85,29 @@ class TrainConfig:
     history_rows: int = 0
     label_prior: tuple[float, ...] | None = None
     batches_per_step: int = 1
+    task: str = Task.kind
+    neg_ratio: float = Task.neg_ratio
+    neg_sampling: str = Task.neg_sampling
+    hits_k: int = 50
+
+    @property
+    def train_task(self) -> Task:
+        """The task the batches are drawn for (checked on construction)."""
+        return Task(self.task, self.neg_ratio, self.neg_sampling)
+
+    @property
+    def link(self) -> bool:
+        """Whether this is a link task."""
+        return self.task == "link"
 
     def __post_init__(self) -> None:
         check_model_option(self.model, "model")
+        task = self.train_task
+        if task.link and self.label_prior is not None:
+            raise ConfigError("batches", "a link task's batches are edges, so there is no label prior to weigh by")
+        if task.link and self.history_rows > 0:
+            raise ConfigError("history_memory", "a historical embedding cache serves a node task's seeds; a link "
+                                                "task's are the endpoints of its pairs and negatives")
         fanouts = tuple(self.fanouts)
         if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
             raise ConfigError("fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
@@ -108,7 +134,7 @@ class TrainConfig:
         for option, value in (("hidden", self.hidden), ("num_layers", self.num_layers),
                               ("batch_size", self.batch_size), ("epochs", self.epochs),
                               ("eval_every", self.eval_every), ("heads", self.heads),
-                              ("batches_per_step", self.batches_per_step)):
+                              ("batches_per_step", self.batches_per_step), ("hits_k", self.hits_k)):
             _positive_int(option, value)
         if self.threads is not None:
             _positive_int("threads", self.threads)
@@ -161,7 +187,8 @@ class TrainConfig:
 
 
 # fields added after checkpoints were first fingerprinted, with their defaults
-_LATER_FIELDS: dict[str, Any] = {"weight_decay": 0.0, "clip_grad": None}
+_LATER_FIELDS: dict[str, Any] = {"weight_decay": 0.0, "clip_grad": None, "task": Task.kind,
+                                 "neg_ratio": Task.neg_ratio, "neg_sampling": Task.neg_sampling, "hits_k": 50}
 
 
 def check_model_identity(state: Mapping[str, Any], cfg: TrainConfig, source: str | os.PathLike[str]) -> None:

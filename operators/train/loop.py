@@ -3,7 +3,10 @@
 The loop knows nothing about where a batch came from: an `InMemoryLoader` gathering from
 RAM and a loader reading packed files feed it the same `Data` objects (NeighborLoader's
 fields), so with the same model seed and the same samples they give the same losses.
-Loss and accuracy use only the first `batch_size` rows of a batch (its seeds).
+Loss and accuracy use only the first `batch_size` rows of a batch (its seeds). A link task's batch
+(``edge_label_index``, ``edge_label``) is scored on its pairs instead: the model's decoder scores
+each pair from its ends' embeddings, the loss is binary cross-entropy on those logits, and
+evaluation ranks each positive against its own negatives (`linkmetrics`).
 """
 from __future__ import annotations
 
@@ -14,18 +17,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
 from ...errors import DiskflowError
 from .history import history_of
-from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim
+from .linkmetrics import link_figures
+from .linkmodel import LinkModel
+from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim, takes_edge_attr
 from .optim import Stepper
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
-__all__ = ["checked_forward", "deterministic", "evaluate", "forward", "model_loss", "prior_weighted_loss",
-           "train_epoch"]
+__all__ = ["checked_forward", "deterministic", "evaluate", "evaluate_link", "forward", "link_logits", "model_loss",
+           "prior_weighted_loss", "train_epoch"]
 
 
 @contextlib.contextmanager
@@ -66,15 +72,29 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
     if history is not None:       # the batch's history plan, for training batches only
         history.bind(batch if model.training else None)
     spec = spec_of(model)
-    if isinstance(model, EdgeFreeMLP) or (spec is not None and spec.seeds_only):
+    inner = model.encoder if isinstance(model, LinkModel) else model
+    if isinstance(inner, EdgeFreeMLP) or (spec is not None and spec.seeds_only):
         return model(x[:batch.batch_size])
+    extra = {}
+    edge_attr = getattr(batch, "edge_attr", None)
+    if edge_attr is not None and takes_edge_attr(model):
+        extra["edge_attr"] = edge_attr.float()      # cast as `x` is: a store may keep float16 rows
     hops = getattr(batch, "num_sampled_edges", None)
     if hops is not None and supports_trim(model) and len(hops) == getattr(model, "num_layers", len(hops)):
         out = model(x, batch.edge_index, num_sampled_nodes_per_hop=list(batch.num_sampled_nodes),
-                    num_sampled_edges_per_hop=list(hops))
+                    num_sampled_edges_per_hop=list(hops), **extra)
     else:
-        out = model(x, batch.edge_index)
+        out = model(x, batch.edge_index, **extra)
     return out[:batch.batch_size]
+
+
+def link_logits(model: torch.nn.Module, batch: Data, position: int, what: str = "training") -> torch.Tensor:
+    """A link batch's pair logits: the seeds' embeddings (`checked_forward`) scored by the model's decoder at
+    ``edge_label_index``."""
+    h = checked_forward(model, batch, position, what)
+    if not isinstance(model, LinkModel):
+        raise TypeError("a link batch needs a link task's model (an encoder and a decoder)")
+    return model.score(h, batch.edge_label_index)
 
 
 def checked_forward(model: torch.nn.Module, batch: Data, position: int, what: str = "training") -> torch.Tensor:
@@ -102,18 +122,22 @@ def checked_forward(model: torch.nn.Module, batch: Data, position: int, what: st
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != int(batch.batch_size) \
             or (classes is not None and out.shape[1] != classes):
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        rows = f"embedding of {classes} channels" if isinstance(model, LinkModel) else f"row of {classes} class logits"
         raise spec.error(f"forward returned {got} on {what} batch {position} "
-                         f"({shapes}); expected one row of {classes} class logits per node of x")
+                         f"({shapes}); expected one {rows} per node of x")
     return out
 
 
 def model_loss(model: torch.nn.Module, logits: torch.Tensor, target: torch.Tensor,
-               label_prior: torch.Tensor | None) -> torch.Tensor:
+               label_prior: torch.Tensor | None, link: bool = False) -> torch.Tensor:
     """The batch's loss: the model's own (`Model.loss`) where it declares one, else cross-entropy,
-    weighed by `label_prior` where given (`prior_weighted_loss`)."""
+    weighed by `label_prior` where given (`prior_weighted_loss`); with `link`, binary cross-entropy of the
+    pairs' logits against their 0/1 labels."""
     spec = spec_of(model)
     if spec is not None and spec.loss is not None:
         return spec.loss(logits, target)
+    if link:
+        return F.binary_cross_entropy_with_logits(logits, target)
     return F.cross_entropy(logits, target) if label_prior is None else prior_weighted_loss(logits, target, label_prior)
 
 
@@ -161,6 +185,7 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
     """
     device = torch.device(device)
     model.train()
+    link = isinstance(model, LinkModel)
     losses: list[float] = []
     sizes: list[int] = []
     total_loss = 0.0
@@ -176,19 +201,29 @@ def train_epoch(model: torch.nn.Module, loader: Iterable[Data], optimizer: torch
         batch = batch.to(device, non_blocking=True)
         _sync(device)
         t1 = time.perf_counter()
-        logits = checked_forward(model, batch, len(losses))
-        target = batch.y[:batch.batch_size]
-        loss = model_loss(model, logits, target, label_prior)
+        if link:        # scored on its pairs: BCE on the logits, "accuracy" the pairs on the right side of 0
+            logits = link_logits(model, batch, len(losses))
+            target = batch.edge_label.to(logits.dtype)
+            loss = model_loss(model, logits, target, None, link=True)
+            size = int(target.numel())
+        else:
+            logits = checked_forward(model, batch, len(losses))
+            target = batch.y[:batch.batch_size]
+            loss = model_loss(model, logits, target, label_prior)
+            size = int(batch.batch_size)
         loss.backward()
         value = float(loss.item())  # also waits for the device, so the train time is complete
-        hits = int((logits.detach().argmax(dim=-1) == target).sum())
+        if link:
+            hits = int(((logits.detach() > 0) == (target > 0.5)).sum())
+        else:
+            hits = int((logits.detach().argmax(dim=-1) == target).sum())
         move_s += t1 - t0
         train_s += time.perf_counter() - t1
         losses.append(value)
-        sizes.append(int(batch.batch_size))
-        total_loss += value * batch.batch_size
+        sizes.append(size)
+        total_loss += value * size
         correct += hits
-        seen += batch.batch_size
+        seen += size
 
     stepper = optimizer if isinstance(optimizer, Stepper) else _Plain(optimizer)
     if steps is None or steps.per_step == 1:
@@ -295,3 +330,35 @@ def evaluate(model: torch.nn.Module, loader: Iterable[Data], device: str | torch
     finally:
         model.train(was_training)
     return correct / seen if seen else math.nan
+
+
+@torch.no_grad()
+def evaluate_link(model: torch.nn.Module, loader: Iterable[Data], device: str | torch.device,
+                  hits_k: int) -> dict[str, float]:
+    """ROC-AUC, MRR and Hits@`hits_k` of a link model over every batch of `loader` (`linkmetrics`): each
+    batch's pairs are its positives (label 1), then each positive's K negatives in turn
+    (`prepare.task.eval_link_batches`). NaN for an empty split."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    pos: list[torch.Tensor] = []
+    neg: list[torch.Tensor] = []
+    width = None
+    try:
+        for position, batch in enumerate(loader):
+            batch = batch.to(device, non_blocking=True)
+            scores = link_logits(model, batch, position, "evaluation").float()
+            positives = int((batch.edge_label > 0.5).sum())
+            if positives == 0:
+                continue
+            k = (scores.shape[0] - positives) // positives
+            if width is not None and k != width:
+                raise ValueError(f"evaluation batch {position} has {k} negatives per positive, earlier ones {width}")
+            width = k
+            pos.append(scores[:positives].cpu())
+            neg.append(scores[positives:].reshape(positives, k).cpu())
+    finally:
+        model.train(was_training)
+    if not pos:
+        return link_figures(np.zeros(0), np.zeros((0, 0)), hits_k)
+    return link_figures(torch.cat(pos).numpy(), torch.cat(neg).numpy(), hits_k)

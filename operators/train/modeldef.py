@@ -39,7 +39,7 @@ BUILTIN_MODELS = ("sage", "gcn", "gat", "mlp")
 DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
 USER_MODULE = "diskflow_user_model"
 # Shape options a factory may take besides (in_channels, out_channels), by keyword.
-SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads")
+SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads", "edge_dim")
 # When a scheduler steps: after every epoch (StepLR, CosineAnnealingLR over epochs, ReduceLROnPlateau on the
 # epoch's training loss) or after every optimizer step (OneCycleLR, warm-up schedules).
 SCHEDULES = ("epoch", "step")
@@ -55,7 +55,11 @@ class Model:
             ``module(x, edge_index)`` and returning one row of logits per node of `x` (or per
             seed: the first ``batch_size`` rows are the seeds'). A factory may also take any of
             ``hidden_channels``, ``num_layers``, ``dropout`` and ``heads`` by keyword: it then
-            gets the run's ``--hidden``, ``--num-layers``, ``--dropout`` and ``--heads``.
+            gets the run's ``--hidden``, ``--num-layers``, ``--dropout`` and ``--heads``; and
+            ``edge_dim``: the width of the graph's edge features (None where it has none). A module
+            whose ``forward`` takes ``edge_attr`` is given each batch's edge features, aligned with
+            ``edge_index``. For a link task the module is the encoder: `out_channels` is the width of
+            the node embeddings the decoder scores pairs from.
         loss: ``loss(logits, target) -> scalar tensor`` over a batch's seeds; None: cross-entropy
             (weighed by the training split's label shares for partition batches).
         trim: the module takes PyG's ``num_sampled_nodes_per_hop`` and
@@ -72,6 +76,10 @@ class Model:
             each optimizer step).
         clip_grad: clip the gradients' total L2 norm to this before each optimizer step (the
             run's ``--clip-grad`` overrides it); None: no clipping.
+        decoder: (link task) ``decoder(channels) -> torch.nn.Module`` called as ``module(h_src, h_dst)``
+            on the embeddings of a batch's pairs' two ends ([pairs, channels] each) and returning one
+            score (a logit) per pair; None: the dot product. Its loss is the model's `loss` (called with
+            the scores and the pairs' 0/1 labels), else binary cross-entropy on the logits.
         source: the ``.py`` file that defines it (set by `load_model`; None for built-ins and
             models made in the caller's own process).
         code_hash: sha256 of that file's bytes ("" without a file).
@@ -86,6 +94,7 @@ class Model:
     scheduler: Callable[..., Any] | None = None
     schedule: str = "epoch"
     clip_grad: float | None = None
+    decoder: Callable[..., Any] | None = None
     source: str | None = field(default=None, compare=False)
     code_hash: str = field(default="", compare=False)
 
@@ -99,7 +108,8 @@ class Model:
             raise ConfigError("Model.loss", f"expected a callable (logits, target) -> loss, or None, "
                                             f"got {type(self.loss).__name__}")
         for name, shape in (("optimizer", "(params) -> torch.optim.Optimizer"),
-                            ("scheduler", "(optimizer) -> torch.optim.lr_scheduler.LRScheduler")):
+                            ("scheduler", "(optimizer) -> torch.optim.lr_scheduler.LRScheduler"),
+                            ("decoder", "(channels) -> torch.nn.Module")):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ConfigError(f"Model.{name}", f"expected a callable {shape}, or None, got {type(value).__name__}")

@@ -12,12 +12,13 @@ from torch_geometric.nn.models import GAT, GraphSAGE
 
 from ...errors import ConfigError
 from .catalog import BUILTINS, load_model
+from .linkmodel import DotProduct, LinkModel
 from .mlp import EdgeFreeMLP
 from .modeldef import BUILTIN_MODELS as MODELS
 from .modeldef import Model
 
-__all__ = ["BUILTINS", "CLASSES_ATTRIBUTE", "MODELS", "EdgeFreeMLP", "Model", "build_model", "spec_of",
-           "supports_trim"]
+__all__ = ["BUILTINS", "CLASSES_ATTRIBUTE", "MODELS", "EdgeFreeMLP", "LinkModel", "Model", "build_model", "spec_of",
+           "supports_trim", "takes_edge_attr"]
 
 SPEC_ATTRIBUTE = "_diskflow_model"
 CLASSES_ATTRIBUTE = "_diskflow_classes"
@@ -33,11 +34,27 @@ def supports_trim(model: torch.nn.Module) -> bool:
     """Whether `model` may skip, at layer k, the nodes and edges that cannot reach the seeds: its
     `Model` declares `trim`, or it is a stock GraphSAGE or GAT."""
     spec = spec_of(model)
+    if isinstance(model, LinkModel):
+        return spec.trim if spec is not None else supports_trim(model.encoder)
     return spec.trim if spec is not None else isinstance(model, (GraphSAGE, GAT))
 
 
+def takes_edge_attr(model: torch.nn.Module) -> bool:
+    """Whether `model`'s forward takes ``edge_attr`` (stock PyG models that use it, and a user's that names it)."""
+    import inspect
+
+    inner = model.encoder if isinstance(model, LinkModel) else model
+    if isinstance(inner, (GraphSAGE,)):
+        return False            # its layers read no edge features (PyG drops them)
+    try:
+        return "edge_attr" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
-                dropout: float = 0.0, heads: int = 4) -> torch.nn.Module:
+                dropout: float = 0.0, heads: int = 4, edge_dim: int | None = None,
+                link: bool = False) -> torch.nn.Module:
     """Build a model, called uniformly as `model(x, edge_index)`: a built-in, a `.py` file's or a `Model`.
 
     Args:
@@ -49,6 +66,10 @@ def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_c
         num_layers: message-passing layers (normally the number of sampled hops).
         dropout: dropout probability between layers.
         heads: attention heads for "gat"; `hidden_channels` must be divisible by it.
+        edge_dim: the width of the graph's edge features (None: it has none); "gat" attends over them,
+            a factory that takes ``edge_dim`` gets it.
+        link: build a link task's model (`linkmodel.LinkModel`): the model as the encoder, with
+            `out_channels` embedding channels, and the `Model`'s decoder (None: the dot product).
 
     The module keeps its `Model` (`spec_of`): the loop reads its loss, trimming and source from it.
 
@@ -64,7 +85,13 @@ def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_c
     if not 0.0 <= dropout < 1.0:
         raise ConfigError("dropout", f"expected a probability in [0, 1), got {dropout}")
     module = spec.build(in_channels, out_channels, hidden_channels=hidden_channels, num_layers=num_layers,
-                        dropout=dropout, heads=heads)
+                        dropout=dropout, heads=heads, edge_dim=edge_dim)
+    if link:
+        decoder = DotProduct() if spec.decoder is None else \
+            spec.call("decoder factory", spec.decoder, (out_channels,), {}, torch.nn.Module, "a torch.nn.Module",
+                      f"channels={out_channels}")
+        object.__setattr__(module, SPEC_ATTRIBUTE, spec)
+        module = LinkModel(module, decoder)
     object.__setattr__(module, SPEC_ATTRIBUTE, spec)    # a plain attribute: not a submodule, not in state_dict
     object.__setattr__(module, CLASSES_ATTRIBUTE, int(out_channels))
     return module

@@ -48,6 +48,7 @@ from torch_geometric.data import Data
 from ...errors import ConfigError
 from ..formats.sizes import format_bytes
 from ..prepare.seeds import BatchOrder
+from ..prepare.task import BatchSeeds, SeedSource, attach_labels
 from .batches import Sample, Sampler, batch_data, epoch_batches
 from .config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW  # (set there, torch-free, for the CLI)
 from .pipe import END, Pipe, StageClock, guard
@@ -112,7 +113,7 @@ class OnlineLoader:
                  seeds: np.ndarray, batch_size: int, seed: int, *, order: BatchOrder | None = None,
                  extractors: int = DEFAULT_EXTRACTORS, window: int = 0,
                  staging_bytes: int = MAX_STAGING_BYTES, gap_bytes: int = DEFAULT_GAP_BYTES,
-                 unit_bytes: int = DEFAULT_UNIT_BYTES) -> None:
+                 unit_bytes: int = DEFAULT_UNIT_BYTES, source: SeedSource | None = None) -> None:
         if extractors < 1:
             raise ConfigError("extractors", f"expected an integer >= 1, got {extractors}")
         if window < 0:
@@ -120,6 +121,7 @@ class OnlineLoader:
         self.store, self.buffer, self.labels, self.sampler = store, buffer, labels, sampler
         self.seeds = np.asarray(seeds, np.int64)
         self.batch_size, self.seed, self.order = batch_size, seed, order
+        self.source = source        # a link task's batches (`prepare.task.SeedSource`); None: `seeds`
         self.extractors, self.window, self.staging_bytes = extractors, window, staging_bytes
         self.readers = [RowReader(store, staging_bytes, gap_bytes, unit_bytes) for _ in range(extractors)]
         self.epoch = 0
@@ -132,6 +134,8 @@ class OnlineLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
+        if self.source is not None:
+            return len(self.source)
         return (int(self.seeds.shape[0]) + self.batch_size - 1) // self.batch_size
 
     def memory(self) -> dict[str, int]:
@@ -164,13 +168,17 @@ class OnlineLoader:
         before = [r.reader.counters() for r in self.readers]
         counts0 = dict(self.buffer.counts)
         wait0 = self.buffer.wait_s
-        batches = epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, order=self.order)
+        if self.source is not None:
+            batches = self.source.epoch(self.epoch)
+        else:
+            batches = [BatchSeeds(ids, sampling_seed) for ids, sampling_seed in
+                       epoch_batches(self.seeds, self.batch_size, self.epoch, self.seed, order=self.order)]
         self.order_seen = []
 
         def sample() -> None:
-            for i, (ids, sampling_seed) in enumerate(batches):
+            for i, b in enumerate(batches):
                 t = time.perf_counter()
-                s = self.sampler.sample(ids, sampling_seed)
+                s = attach_labels(self.sampler.sample(b.seeds, b.sampling_seed), b)
                 clocks["sample"].busy += time.perf_counter() - t
                 pipe.put(samples, (i, s), clocks["sample"])
             pipe.put(samples, END, clocks["sample"])

@@ -17,7 +17,11 @@ def num(x: float | None) -> float | None:
 
 
 def final_block(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The report's `final` block: last and best-validation accuracies (first epoch wins ties), seconds."""
+    """The report's `final` block: last and best-validation accuracies (first epoch wins ties), seconds; for a
+    link task (records with ``val_mrr``), its figures: the last and the best-validation MRR, and the last
+    ROC-AUC and Hits@K."""
+    if any("val_mrr" in r for r in records):
+        return _link_final(records)
     evaluated = [r for r in records if r["val_acc"] is not None]
     best = max(evaluated, key=lambda r: r["val_acc"], default=None)
     last = evaluated[-1] if evaluated else None
@@ -26,6 +30,24 @@ def final_block(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "best_val_acc": best["val_acc"] if best else None,
         "best_epoch": best["epoch"] if best else None,
         "test_acc_at_best_val": best["test_acc"] if best else None,
+        "train_s": sum(r["epoch_s"] for r in records),
+        "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
+    }
+
+
+def _link_final(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    evaluated = [r for r in records if r.get("val_mrr") is not None]
+    best = max(evaluated, key=lambda r: r["val_mrr"], default=None)
+    last = evaluated[-1] if evaluated else None
+    return {
+        "test_mrr": last["test_mrr"] if last else None,
+        "test_auc": last["test_auc"] if last else None,
+        "test_hits": last["test_hits"] if last else None,
+        "hits_k": last["hits_k"] if last else None,
+        "best_val_mrr": best["val_mrr"] if best else None,
+        "best_epoch": best["epoch"] if best else None,
+        "test_mrr_at_best_val": best["test_mrr"] if best else None,
+        "test_acc": None,
         "train_s": sum(r["epoch_s"] for r in records),
         "epoch_s_mean": sum(r["epoch_s"] for r in records) / len(records) if records else None,
     }

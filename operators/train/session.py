@@ -24,10 +24,11 @@ from torch_geometric.data import Data
 
 from ...errors import ConfigError, InputError
 from ..prepare.sample import NeighborSampler
+from ..prepare.task import SeedSource
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity
 from .history import HistoryCache
-from .loop import evaluate, train_epoch
+from .loop import evaluate, evaluate_link, train_epoch
 from .models import build_model, spec_of
 from .optim import Stepper
 from .record import EpochTally, final_block, num
@@ -79,26 +80,41 @@ class StoreFeatures:
 
     device = torch.device("cpu")
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, edges: bool = False) -> None:
         self.store = store
+        self.edges = edges          # the store's edge features (by edge id) rather than its node features
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
         if dim != 0:
             raise ValueError(f"StoreFeatures gathers rows only (dim 0), got dim {dim}")
-        return torch.from_numpy(self.store.gather(index.numpy()))
+        table = self.store.edge_features if self.edges else self.store
+        return torch.from_numpy(table.gather(index.numpy()))
 
 
 def eval_loaders(cfg: TrainConfig, features: Any, labels: torch.Tensor, sampler: Any,
-                 split_ids: Callable[[str], np.ndarray]) -> dict[str, InMemoryLoader]:
-    """The validation and test loaders: the seeds of each split in order, sampled on their own seed streams."""
-    return {name: InMemoryLoader(features, labels, sampler, split_ids(name), cfg.batch_size, False, cfg.seed, stream)
+                 split_ids: Callable[[str], np.ndarray], store: Any = None,
+                 edge_features: Any = None) -> dict[str, InMemoryLoader]:
+    """The validation and test loaders: the seeds of each split in order, sampled on their own seed streams; a
+    link task's (which needs the `store`): each split's positive edges with their fixed negatives.
+    `edge_features`: the store's edge features, where its batches carry them."""
+    if cfg.link:
+        empty = np.zeros(0, dtype=np.int64)
+        return {name: InMemoryLoader(features, labels, sampler, empty, cfg.batch_size, False, cfg.seed, stream,
+                                     source=SeedSource(store, cfg.batch_size, cfg.seed, cfg.train_task, split=name,
+                                                       stream=stream, evaluate=True),
+                                     edge_features=edge_features)
+                for name, stream in (("val", VAL_STREAM), ("test", TEST_STREAM))}
+    return {name: InMemoryLoader(features, labels, sampler, split_ids(name), cfg.batch_size, False, cfg.seed, stream,
+                                 edge_features=edge_features)
             for name, stream in (("val", VAL_STREAM), ("test", TEST_STREAM))}
 
 
 def store_eval_loaders(cfg: TrainConfig, store: Any, labels: np.ndarray) -> dict[str, InMemoryLoader]:
     """`eval_loaders` over a store's memory maps: what a trainer without the features in RAM evaluates on."""
     sampler = NeighborSampler(store.indptr, store.indices, list(cfg.fanouts), num_threads=torch.get_num_threads())
-    return eval_loaders(cfg, StoreFeatures(store), torch.from_numpy(labels), sampler, store.split_ids)
+    edges = getattr(store, "edge_features", None)
+    return eval_loaders(cfg, StoreFeatures(store), torch.from_numpy(labels), sampler, store.split_ids, store,
+                        StoreFeatures(store, edges=True) if edges is not None else None)
 
 
 class _Feed:
@@ -164,7 +180,8 @@ class TrainSession:
 
     def __init__(self, cfg: TrainConfig, device: str | torch.device, dim: int, num_classes: int, *,
                  stages: Sequence[str], throughput: bool = False,
-                 evals: Callable[[], EvalLoaders] | None = None, steps: StepGroups | None = None) -> None:
+                 evals: Callable[[], EvalLoaders] | None = None, steps: StepGroups | None = None,
+                 edge_dim: int | None = None) -> None:
         self.cfg = cfg
         self.steps = steps if steps is not None else \
             (Accumulate(cfg.batches_per_step) if cfg.batches_per_step > 1 else None)
@@ -179,8 +196,9 @@ class TrainSession:
         self.model: torch.nn.Module | None = None
         self.stepper: Stepper | None = None
         if not cfg.data_only:
-            model = build_model(cfg.model, dim, cfg.hidden, num_classes, int(cfg.num_layers or 1),
-                                dropout=cfg.dropout, heads=cfg.heads)
+            model = build_model(cfg.model, dim, cfg.hidden, cfg.hidden if cfg.link else num_classes,
+                                int(cfg.num_layers or 1), dropout=cfg.dropout, heads=cfg.heads, edge_dim=edge_dim,
+                                link=cfg.link)
             if cfg.history_rows > 0:
                 HistoryCache.attach(model, cfg.history_rows)
             self.model = model.to(self.device)
@@ -247,8 +265,14 @@ class TrainSession:
         if not self._evals:
             return
         t = time.perf_counter()
-        record["val_acc"] = num(evaluate(self.model, self._evals["val"], self.device))
-        record["test_acc"] = num(evaluate(self.model, self._evals["test"], self.device))
+        if self.cfg.link:
+            record["hits_k"] = self.cfg.hits_k
+            for split in ("val", "test"):
+                figures = evaluate_link(self.model, self._evals[split], self.device, self.cfg.hits_k)
+                record.update({f"{split}_{name}": num(value) for name, value in figures.items()})
+        else:
+            record["val_acc"] = num(evaluate(self.model, self._evals["val"], self.device))
+            record["test_acc"] = num(evaluate(self.model, self._evals["test"], self.device))
         record["stage_s"]["eval"] = time.perf_counter() - t
 
     # ------------------------------------------------------------------ state

@@ -89,7 +89,8 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
                  sequential: bool = False, check_crc: bool = True, resume: bool = False,
                  store: str | os.PathLike[str] | None = None, threads: int | None = TrainConfig.threads,
                  on_epoch: EpochHook | None = None, on_batch: Callable[[int], Any] | None = None,
-                 on_start: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict[str, Any]:
+                 on_start: Callable[[int, int], Any] | None = None, evaluate: bool = True,
+                 hits_k: int = TrainConfig.hits_k, task: str | None = None) -> dict[str, Any]:
     """Train on a packed dataset with the four-stage pipeline; checkpoint every epoch into `run_dir`.
 
     Args:
@@ -118,6 +119,10 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
             and gathers from the store through its memory maps, random reads whose cost grows with
             the store; a benchmark that times only the training epochs of a store far larger than
             memory turns it off.
+        hits_k: a link round's evaluation reports Hits@`hits_k` (the round's task is its own: a link
+            round's batches are scored on their pairs).
+        task: the task the caller expects the round to be prepared for (None: whatever it is); another is
+            refused, naming the round's.
 
     Returns:
         The report: inmemory's keys (`config`, `dataset`, `epochs`, `final`, `stage_s`,
@@ -136,7 +141,10 @@ def train_packed(packed: str | os.PathLike[str], run_dir: str | os.PathLike[str]
     try:
         cfg = _round_config(loader, model=model, hidden=hidden, num_layers=num_layers, lr=lr,
                             weight_decay=weight_decay, clip_grad=clip_grad, dropout=dropout, heads=heads, seed=seed,
-                            eval_every=eval_every, threads=threads)
+                            eval_every=eval_every, threads=threads, hits_k=hits_k)
+        if task is not None and task != cfg.task:
+            raise ConfigError("task", f"{loader.path} was prepared for the {cfg.task} task, not {task}: prepare it "
+                                      f"again with task={task!r}")
         with torch_threads(cfg.threads), deterministic(), deferred_interrupt() as interrupt:
             report = _Run(loader, cfg, run_dir, dev, resume, store, interrupt, on_epoch, on_batch, on_start,
                           evaluate).train(time.perf_counter() - t0)
@@ -168,6 +176,8 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
     prior = man.get("figures", {}).get("label_prior")
     if prior is not None:       # partition batches: the losses weigh each batch's labels as in the split
         options["label_prior"] = tuple(float(p) for p in prior)
+    # the task the round was sampled for (a link round's batches are scored on their pairs)
+    options.update({k: rc[k] for k in ("task", "neg_ratio", "neg_sampling") if k in rc})
     return TrainConfig(**options, fanouts=fanouts, batch_size=batch_size, epochs=epochs, seed=seed)
 
 
