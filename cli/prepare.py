@@ -7,7 +7,14 @@ from .. import load_pipeline
 from ..config import GROUPINGS, PREPARE_DEFAULTS, fanouts_option
 from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
-from .options import add_history_arguments, add_tls_arguments, integer, parse_batches, positive_int
+from .options import (
+    add_history_arguments,
+    add_task_arguments,
+    add_tls_arguments,
+    integer,
+    parse_batches,
+    positive_int,
+)
 
 __all__ = ["register"]
 
@@ -77,6 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_history_arguments(p, d)
     p.add_argument("--hidden", type=integer("--hidden"), default=d["hidden"],
                    help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
+    add_task_arguments(p, d["neg_ratio"], d["neg_sampling"])
     p.add_argument("--minhash-k", type=integer("--minhash-k"), default=d["minhash_k"],
                    help="MinHash functions (default %(default)s)")
     p.add_argument("--force", action="store_true",

@@ -14,8 +14,10 @@ from typing import Any
 
 from .. import load_pipeline
 from ..config import (
+    NEG_SAMPLINGS,
     PREPARE_DEFAULTS,
     RUN_DEFAULTS,
+    TASKS,
     TrainConfig,
     available_pipelines,
     model_label,
@@ -28,6 +30,7 @@ from ..runs import (
     describe_online,
     describe_split,
     describe_staleness,
+    final_line,
     fmt,
     new_run_dir,
     no_run_left,
@@ -38,6 +41,7 @@ from .options import (
     HISTORY_FLAGS,
     add_history_arguments,
     parse_batches,
+    parse_choice,
     parse_float,
     parse_history_flags,
     parse_int,
@@ -90,6 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-by", metavar="HOW", help="partition batches: how parts meet in a group, label (parts of "
                                                     "different majority labels together) or random (OUTRE's) "
                                                     f"(default {PREPARE_DEFAULTS['group_by']})")
+    p.add_argument("--task", metavar="TASK", help="node (classify the training nodes) or link (score the store's "
+                                                  "training edges against negative pairs; needs a store ingested "
+                                                  f"with --link-split or a split column) (default {d.task})")
+    p.add_argument("--neg-ratio", metavar="R", help=f"link task: negative pairs per positive edge (default "
+                                                    f"{d.neg_ratio:g})")
+    p.add_argument("--neg-sampling", metavar="HOW", help="link task: a negative pair's ends drawn uniform(ly) or in "
+                                                         f"proportion to in-degree (degree) (default {d.neg_sampling})")
+    p.add_argument("--hits-k", metavar="K", help=f"link task: the K of the Hits@K evaluation reports (default {d.hits_k})")
     add_history_arguments(p)
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
@@ -120,6 +132,10 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "parts_per_group": ("--parts-per-group", lambda s: parse_int("--parts-per-group", s, 1)),
     "group_by": ("--group-by", str),
     "extractors": ("--extractors", lambda s: parse_int("--extractors", s, 1)),
+    "task": ("--task", lambda s: parse_choice("--task", s, TASKS)),
+    "neg_ratio": ("--neg-ratio", lambda s: parse_float("--neg-ratio", s, minimum=0.0)),
+    "neg_sampling": ("--neg-sampling", lambda s: parse_choice("--neg-sampling", s, NEG_SAMPLINGS)),
+    "hits_k": ("--hits-k", lambda s: parse_int("--hits-k", s, 1)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 _FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (flag, *_) in HISTORY_FLAGS.items()}}
@@ -172,8 +188,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         for k in stages:
             print(f"  {k:<{width}}  {total[k]:9.3f} s")
     if final:
-        print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
-              f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+        print(final_line(final))
     stream = report.get("stream") or {}
     if stream.get("gpus", 1) > 1:
         idle = ", ".join(f"{x * 100:.1f}%" for x in stream.get("gpu_idle_fraction_per_worker") or [] if x is not None)

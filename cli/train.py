@@ -11,10 +11,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TrainConfig, model_label, model_option
+from ..config import DATA_ONLY, MODELS, PREPARE_DEFAULTS, TASKS, TrainConfig, model_label, model_option
 from ..errors import ConfigError, InputError
 from ..runs import (
     REPORT,
+    final_line,
     fmt,
     new_run_dir,
     no_run_left,
@@ -81,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the store (evaluation, Ginex rows; default: the path PACKED records)")
     p.add_argument("--no-crc", action="store_true", help="skip the crc32 check of packed segments")
     p.add_argument("--threads", type=integer("--threads"), default=None, help="torch threads")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="the task the packed round was prepared for (default: its own; another is refused)")
+    p.add_argument("--hits-k", type=integer("--hits-k"), default=d.hits_k, metavar="K",
+                   help="link task: the K of the Hits@K evaluation reports (default %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_run)
 
@@ -136,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
                        heads=args.heads, seed=args.seed, device=args.device, eval_every=args.eval_every,
                        cpu_memory=args.cpu_memory, gpu_memory=args.gpu_memory, queue_depth=args.queue_depth,
                        sequential=args.sequential, check_crc=not args.no_crc, resume=args.resume, store=args.store,
-                       threads=args.threads)
+                       threads=args.threads, task=args.task, hits_k=args.hits_k)
     print_summary(report)
     print(f"report: {run_dir / REPORT}")
     return 0
@@ -160,9 +165,8 @@ def print_summary(report: dict[str, Any]) -> None:
     rates = report["tiers"]["rates"]
     print("rows from: " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if v))
     final = report.get("final") or {}
-    if final.get("test_acc") is not None:
-        print(f"final test acc {fmt(final.get('test_acc'))}  best val {fmt(final.get('best_val_acc'))}  "
-              f"test at best val {fmt(final.get('test_acc_at_best_val'))}")
+    if final.get("test_acc") is not None or final.get("test_mrr") is not None:
+        print(final_line(final))
     mem = report["memory"]
     print(f"memory: features {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
           f"staged misses {format_bytes(mem['staging_bytes'])} in {mem['staging_buffers']} buffers, I/O buffers "

@@ -139,7 +139,10 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": o["minhash_k"],
         "readahead": byte_budget(o["readahead"], "readahead", store.feature_bytes) or 0,
         "parts_per_group": o["parts_per_group"], "group_by": o["group_by"], "partitioner": o["partitioner"],
-        "partition_threads": o["partition_threads"], "history_select": o["history_select"]}
+        "partition_threads": o["partition_threads"], "history_select": o["history_select"],
+        "neg_ratio": o["neg_ratio"], "neg_sampling": o["neg_sampling"]}
+    if o["task"] is not None:
+        options["task"] = o["task"]
     if o["batches"] is not None:
         options["batches"] = "shuffled" if o["batches"] == "random" else o["batches"]
     if o["partitions"] is not None:

@@ -35,6 +35,7 @@ from .operators.prepare.history import (
 )
 from .operators.prepare.round import RoundOptions
 from .operators.prepare.seeds import BATCH_ORDERS, GROUPINGS
+from .operators.prepare.task import NEG_SAMPLINGS, TASKS
 from .operators.train.config import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, MODELS, TrainConfig
 from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_file, model_label
 
@@ -44,10 +45,34 @@ from .operators.train.modeldef import DATA_ONLY, check_model_option, is_model_fi
 RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDOW,
                 "history_staleness": DEFAULT_STALENESS, "hold_memory": HOLD_MEMORY, "queue_depth": QUEUE_DEPTH}
 
-__all__ = ["BATCH_ORDERS", "DATA_ONLY", "GROUPINGS", "HISTORY_PRUNES", "HISTORY_SELECTS", "INGEST_MEMORY", "MODELS",
-           "PREPARE_DEFAULTS", "RUN_DEFAULTS", "LinkConfig", "PrepareConfig", "RoundOptions", "StreamConfig", "SynthConfig", "TrainConfig",
-           "available_pipelines", "check_model_option", "check_prune", "check_rule", "fanouts_option", "is_model_file",
-           "model_label", "model_option", "parse_fanouts"]
+__all__ = [
+    "BATCH_ORDERS",
+    "DATA_ONLY",
+    "GROUPINGS",
+    "HISTORY_PRUNES",
+    "HISTORY_SELECTS",
+    "INGEST_MEMORY",
+    "MODELS",
+    "NEG_SAMPLINGS",
+    "PREPARE_DEFAULTS",
+    "RUN_DEFAULTS",
+    "TASKS",
+    "LinkConfig",
+    "PrepareConfig",
+    "RoundOptions",
+    "StreamConfig",
+    "SynthConfig",
+    "TrainConfig",
+    "available_pipelines",
+    "check_model_option",
+    "check_prune",
+    "check_rule",
+    "fanouts_option",
+    "is_model_file",
+    "model_label",
+    "model_option",
+    "parse_fanouts",
+]
 
 
 def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:

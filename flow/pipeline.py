@@ -41,6 +41,7 @@ from ..operators.prepare.history import check_prune, check_rule
 from ..operators.prepare.policies import FilePolicy, Policy, check_policy, policy_id
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
+from ..operators.prepare.task import TASKS
 from ..operators.train.config import ONLINE_TIERS
 from .options import HISTORY_RULE, pipeline_history
 
@@ -134,6 +135,9 @@ class Pipeline:
             first); 0: the fixed bound.
         history_cooldown: the share of the round's last batches that prune nothing, so training
             ends on exact embeddings (0: none). Both buy accuracy with bytes.
+        task: ``"node"`` (classify the training nodes) or ``"link"`` (score the store's training edges
+            against negative pairs drawn with the round, the way PyG's ``LinkNeighborLoader`` batches
+            them; `operators.prepare.task`). A run's ``task=`` overrides it.
         description: one line for listings.
     """
 
@@ -151,13 +155,14 @@ class Pipeline:
     history_prune: str = HISTORY_RULE["history_prune"]
     history_ramp: float = HISTORY_RULE["history_ramp"]
     history_cooldown: float = HISTORY_RULE["history_cooldown"]
+    task: str = "node"
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
             raise ConfigError("Pipeline.name", f"expected a short name without spaces or slashes, got {self.name!r}")
         for what, value, allowed in (("loader", self.loader, tuple(LOADERS)), ("batches", self.batches, BATCHES),
-                                     ("sampler", self.sampler, SAMPLERS)):
+                                     ("sampler", self.sampler, SAMPLERS), ("task", self.task, TASKS)):
             if value not in allowed:
                 raise ConfigError(f"Pipeline.{what}", f"expected one of {', '.join(allowed)}, got {value!r}")
         if isinstance(self.fanouts, (str, bytes)) or not hasattr(self.fanouts, "__iter__"):
@@ -205,6 +210,8 @@ class Pipeline:
             raise ConfigError(clash[0], f"fixed by the {self.name} pipeline ({clash[0]}={fixed[clash[0]]!r})")
         options.setdefault("fanouts", self.fanouts)
         options.setdefault("batches", self.batches)
+        if self.task != "node":
+            options.setdefault("task", self.task)
         return PrepareConfig(**fixed, **{**options, "fanouts": tuple(options["fanouts"])})
 
     def prepare(self, store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
@@ -236,6 +243,8 @@ class Pipeline:
         options.setdefault("fanouts", self.fanouts)
         if self.batches != "shuffled" or "batches" in options:
             options.setdefault("batches", self.batches)
+        if self.task != "node":
+            options.setdefault("task", self.task)
         options = pipeline_history(self, options)       # this pipeline's cache and rule, where not given
         train = self._loader_function()
         if self.loader in ("packed", "online"):
@@ -258,6 +267,7 @@ class Pipeline:
         return {"name": self.name, "loader": self.loader, "batches": self.batches, "sampler": self.sampler,
                 "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
                 "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
+                **({"task": self.task} if self.task != "node" else {}),
                 **({"history_memory": self.history_memory, "history_staleness": self.history_staleness,
                     "history_prune": self.history_prune,
                     **({"history_ramp": self.history_ramp} if self.history_ramp else {}),
