@@ -385,9 +385,6 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     source = SeedSource(st, cfg.batch_size, cfg.seed, cfg.train_task) if cfg.link else None
     train: Any
     if how.loader is not None:
-        if edge_table is not None:
-            raise ConfigError("pipeline", f"the {how.name} pipeline reads node rows only; this store has edge "
-                                          "features: train it with inmemory, mmap or a packed pipeline (belady)")
         train = how.loader.make(st, labels, sampler, splits["train"], cfg, how.order)
     elif how.samples is None:
         train = InMemoryLoader(features, labels, sampler, splits["train"], cfg.batch_size, True, cfg.seed,

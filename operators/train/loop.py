@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from ...errors import DiskflowError
+from ...errors import ConfigError, DiskflowError
 from .history import history_of
 from .linkmetrics import link_figures
 from .linkmodel import LinkModel
@@ -77,6 +77,11 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
         return model(x[:batch.batch_size])
     extra = {}
     edge_attr = getattr(batch, "edge_attr", None)
+    if edge_attr is None and getattr(batch, "e_id", None) is not None and takes_edge_attr(model):
+        # the graph has edge features (its samples keep e_id), and this loader does not serve them: refuse
+        # rather than train the model without what it reads
+        raise ConfigError("pipeline", "the model reads edge_attr, and this pipeline's loader does not serve edge "
+                                      "features yet: train it with the inmemory or mmap pipeline")
     if edge_attr is not None and takes_edge_attr(model):
         extra["edge_attr"] = edge_attr.float()      # cast as `x` is: a store may keep float16 rows
     hops = getattr(batch, "num_sampled_edges", None)

@@ -1,0 +1,63 @@
+"""Edge features on the training paths: in-memory batches carry `edge_attr` aligned with `edge_index` (the
+store's rows at each sampled edge's `e_id`), a model that reads them trains on them, and a loader that does not
+serve them refuses such a model in one line instead of training it without them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import torch
+
+from diskflow.errors import ConfigError
+from diskflow.flow.ingest import run_ingest
+from diskflow.flow.pipeline import load_pipeline
+from diskflow.flow.runtimes import memory
+from diskflow.operators.formats.store import Store
+from diskflow.operators.ingest.raw import write_raw_dataset
+from diskflow.operators.prepare.sample import NeighborSampler
+from diskflow.operators.train.batches import InMemoryLoader
+from diskflow.operators.train.session import StoreFeatures
+
+RUN = {"epochs": 1, "batch_size": 64, "fanouts": (4, 3), "hidden": 16, "heads": 2, "progress": False, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def edge_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 600-node graph whose edges carry 3 features: the source's label, and two of noise."""
+    rng = np.random.default_rng(1)
+    root = tmp_path_factory.mktemp("edges")
+    n = 600
+    labels = rng.integers(0, 3, n)
+    src, dst = rng.integers(0, n, 5000), rng.integers(0, n, 5000)
+    attr = np.stack([labels[src], rng.standard_normal(5000), rng.standard_normal(5000)], 1).astype(np.float32)
+    splits = np.array(["train", "val", "test"])[rng.choice(3, n, p=[0.6, 0.2, 0.2])]
+    raw = write_raw_dataset(root / "raw", src=src, dst=dst, features=rng.standard_normal((n, 8)).astype(np.float32),
+                            labels=labels, splits=splits, edge_attr=attr, edge_parts=2)
+    with dask.config.set(scheduler="sync"):
+        run_ingest(raw, root / "store", shard_rows=256)
+    return root / "store"
+
+
+def test_in_memory_batches_carry_the_sampled_edges_features(edge_store: Path) -> None:
+    st = Store(edge_store)
+    assert st.edge_features is not None and st.edge_features.dim == 3
+    sampler = NeighborSampler(st.indptr, st.indices, [4, 3])
+    loader = InMemoryLoader(torch.from_numpy(st.read_features()), torch.from_numpy(st.labels), sampler,
+                            st.split_ids("train"), 64, True, 0, edge_features=StoreFeatures(st, edges=True))
+    batch = next(iter(loader))
+    e_id = batch.e_id.numpy()
+    assert batch.edge_attr.shape == (batch.edge_index.shape[1], 3)
+    assert np.array_equal(batch.edge_attr.numpy(), st.edge_features.gather(e_id))
+    # each e_id is the CSC position of the edge it labels: its source is indices[e_id]
+    assert np.array_equal(np.asarray(st.indices)[e_id], batch.n_id[batch.edge_index[0]].numpy())
+
+
+def test_a_model_reading_edge_attr_trains_in_memory_and_is_refused_packed(edge_store: Path, tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "b").mkdir()
+    report = memory.run(edge_store, tmp_path / "m", model="gat", **RUN)
+    assert report["dataset"]["edge_dim"] == 3 and report["epochs"][0]["loss"] is not None
+    with pytest.raises(ConfigError, match="does not serve edge features yet"):
+        load_pipeline("belady").run(edge_store, tmp_path / "b", model="gat", **RUN)
