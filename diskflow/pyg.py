@@ -13,19 +13,44 @@ core::
     loader = NodeLoader((features, graph), diskflow.pyg.NeighborSampler(graph, num_neighbors=[10, 10]),
                         input_nodes=graph.split_ids("train"), batch_size=1024, shuffle=True)
 
+Link prediction takes PyG's `LinkNeighborLoader` with this module's sampler (``num_neighbors`` is then
+PyG's required but unused argument)::
+
+    loader = LinkNeighborLoader((features, graph), num_neighbors=[10, 10], edge_label_index=graph.link_edges("train"),
+                                neighbor_sampler=diskflow.pyg.NeighborSampler(graph, [10, 10]),
+                                neg_sampling_ratio=1.0, batch_size=1024, shuffle=True)
+
 * `FeatureStore` serves ``x`` (the features) and ``y`` (the labels) of the store's one node type
   (group name None, as PyG's homogeneous loaders ask; ``"node"`` is accepted too). ``x`` rows are
   read from the feature shards with the native direct-I/O reader (O_DIRECT: the page cache is
   bypassed, many reads in flight) through a bounded CPU cache of rows (the one `RowCache` of
   `diskflow.operators.train.rowcache`, read-through), whose bytes are a budget like every other in
-  the project (``64MiB``, or ``10%`` of the feature bytes).
+  the project (``64MiB``, or ``10%`` of the feature bytes). Where the store has edge features it
+  serves them as ``edge_attr`` of the edge type (group ``("node", "to", "node")``, or PyG's
+  ``(None, None)``), indexed by edge id: the edge's position in the store's CSC ``indices``.
 * `GraphStore` gives the store's CSC topology as PyG's ``csc`` edge layout of the homogeneous
   edge type (None; ``("node", "to", "node")`` is accepted too), so PyG's own `NeighborLoader` can
   sample it where pyg-lib is installed.
 * `NeighborSampler` is a PyG `BaseSampler` over diskflow's native multi-hop sampler (no pyg-lib
-  needed): PyG's `NodeLoader` (and `LinkLoader`) take it as their sampler. Its batches carry what
-  `NeighborLoader`'s do: ``n_id`` (seeds first), local ``edge_index`` (source -> target),
-  ``num_sampled_nodes``, ``num_sampled_edges``, ``batch_size``.
+  needed): PyG's `NodeLoader` and `LinkLoader` (and `LinkNeighborLoader` with
+  ``neighbor_sampler=``) take it as their sampler. Its batches carry what `NeighborLoader`'s do:
+  ``n_id`` (seeds first), local ``edge_index`` (source -> target), ``e_id`` (each edge's id),
+  ``num_sampled_nodes``, ``num_sampled_edges``, ``batch_size``; a link batch ``edge_label_index``,
+  ``edge_label`` and ``input_id`` (or, with triplet negatives, ``src_index``, ``dst_pos_index``,
+  ``dst_neg_index``), as PyG's own sampler gives them. It samples an in-memory `Data` as well, so a
+  script can check the store's batches against the graph it came from.
+
+PyG 2.8's loaders leave two things out for a ``(feature_store, graph_store)`` pair, which importing
+this module adds for diskflow's stores only (any other pair goes to PyG's code unchanged):
+
+* edge attributes: PyG's ``filter_custom_store`` fetches node tensors only (its "TODO Support edge
+  features"); for a diskflow `StoreFeatureStore` with edge features a batch gets ``edge_attr`` too,
+  the rows of its ``e_id``, column for column with ``edge_index`` (`_filter_custom_store`).
+* a plain ``[2, P]`` tensor as a `LinkLoader`'s ``edge_label_index``: PyG's
+  ``get_edge_label_index`` asserts a pair's is a tuple, so a plain tensor ended in a bare
+  AssertionError from inside PyG; for a diskflow `GraphStore` the tensor, ``(None, tensor)``,
+  ``(("node", "to", "node"), tensor)``, the edge type alone and None (every edge) all work, and any
+  other form is a `ConfigError` naming ``edge_label_index`` (`link_input`).
 
 The stores are read-only: `put_tensor`, `remove_tensor`, `put_edge_index` and
 `remove_edge_index` return False (PyG's "not done"). This module is a library: it imports
@@ -33,13 +58,17 @@ The stores are read-only: `put_tensor`, `remove_tensor`, `put_edge_index` and
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch_geometric.data as pyg_data
+import torch_geometric.loader.link_loader as pyg_link_loader
+import torch_geometric.loader.node_loader as pyg_node_loader
+import torch_geometric.loader.utils as pyg_loader_utils
 from torch_geometric.data.feature_store import TensorAttr
 from torch_geometric.data.graph_store import EdgeAttr, EdgeLayout
 from torch_geometric.sampler import (
@@ -50,6 +79,7 @@ from torch_geometric.sampler import (
     SamplerOutput,
 )
 from torch_geometric.sampler.base import NumNeighbors
+from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from .errors import ConfigError, InputError
 from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
@@ -63,6 +93,8 @@ from .operators.train.rowcache import RowCache
 NODE_TYPE = "node"                          # the one node type's name where a caller names it
 EDGE_TYPE = (NODE_TYPE, "to", NODE_TYPE)    # the one edge type's name where a caller names it
 ATTRS = ("x", "y")                          # the tensors of the node type: features, labels
+EDGE_ATTR = "edge_attr"                     # the tensor of the edge type: edge features
+EDGE_GROUPS = ((None, None), EDGE_TYPE)     # the group names edge features are asked by (PyG's homogeneous one first)
 CACHE_OPTION = "cache_memory"               # the option a budget error names
 POLICIES = READ_THROUGH                     # the row cache's policies a feature store takes (`RowCache`)
 _MAX_SEED = (1 << 63) - 1
@@ -82,49 +114,57 @@ def open_store(store: Store | str | os.PathLike[str]) -> Store:
     return Store(path)
 
 
-def _node_ids(index: Any, num_nodes: int) -> tuple[np.ndarray, bool]:
+def _row_ids(index: Any, count: int, what: str = "node") -> tuple[np.ndarray, bool]:
     """PyG's index of a tensor's rows (None: all; a slice; an int; a tensor or array of ids or a boolean
-    mask) as int64 node ids, and whether it was a single int (the row then comes back alone).
+    mask) as int64 row ids (node ids, or edge ids: `what`), and whether it was a single int (the row then
+    comes back alone).
 
     Raises:
-        IndexError: an id outside [0, num_nodes).
+        IndexError: an id outside [0, count).
     """
     if index is None:
-        return np.arange(num_nodes, dtype=np.int64), False
+        return np.arange(count, dtype=np.int64), False
     if isinstance(index, slice):
-        return np.arange(num_nodes, dtype=np.int64)[index], False
+        return np.arange(count, dtype=np.int64)[index], False
     if isinstance(index, (int, np.integer)):
         ids = np.array([int(index)], dtype=np.int64)
-        ids[ids < 0] += num_nodes
+        ids[ids < 0] += count
         scalar = True
     else:
         arr = index.detach().cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
         if arr.dtype == np.bool_:
-            if arr.shape != (num_nodes,):
-                raise IndexError(f"a boolean mask of the nodes has {num_nodes} entries, got shape {arr.shape}")
+            if arr.shape != (count,):
+                raise IndexError(f"a boolean mask of the {what}s has {count} entries, got shape {arr.shape}")
             arr = np.flatnonzero(arr)
         if arr.size and arr.dtype.kind not in "iu":
-            raise IndexError(f"node ids must be integers, got dtype {arr.dtype}")
+            raise IndexError(f"{what} ids must be integers, got dtype {arr.dtype}")
         ids = np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
         scalar = False
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
-        bad = ids[(ids < 0) | (ids >= num_nodes)][0]
-        raise IndexError(f"node id {int(bad)} is out of range [0, {num_nodes})")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= count):
+        bad = ids[(ids < 0) | (ids >= count)][0]
+        raise IndexError(f"{what} id {int(bad)} is out of range [0, {count})")
     return ids, scalar
 
 
 class StoreFeatureStore(pyg_data.FeatureStore):
     """The tensors of a diskflow store as a PyG `FeatureStore`: ``x`` (features) and ``y`` (labels) of its
-    one node type; read-only. Where ``x``'s rows come from is the subclass's `gather`.
+    one node type, and ``edge_attr`` (edge features) of its edge type where the store has them;
+    read-only. Where ``x``'s rows come from is the subclass's `gather`.
 
-    ``y`` is the store's labels (int64, -1 where unlabeled), held in RAM (8 bytes a node).
+    ``y`` is the store's labels (int64, -1 where unlabeled), held in RAM (8 bytes a node). ``edge_attr``
+    is asked by the edge type as group name (``("node", "to", "node")``, or ``(None, None)`` as PyG's
+    homogeneous stores name it) and indexed by edge id, an edge's position in the store's CSC
+    ``indices`` (what `NeighborSampler` returns as ``e_id``); its rows are read from the edge feature
+    shards through their memory maps (`edge_gather`).
     """
 
     def __init__(self, store: Store | str | os.PathLike[str]) -> None:
         super().__init__()
         self.store = open_store(store)
         self.num_nodes = int(self.store.num_nodes)
+        self.num_edges = int(self.store.num_edges)
         self.labels = self.store.labels
+        self.edge_features = self.store.edge_features
 
     @property
     def num_features(self) -> int:
@@ -136,33 +176,63 @@ class StoreFeatureStore(pyg_data.FeatureStore):
         """The label classes: a node classifier's output channels."""
         return int(self.store.num_classes)
 
+    @property
+    def num_edge_features(self) -> int:
+        """The edge feature dimension (0 where the store has no edge features): an edge-aware model's
+        ``edge_dim``."""
+        return 0 if self.edge_features is None else int(self.edge_features.dim)
+
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Feature rows of `ids` (int64 node ids) as a new writable (len(ids), dim) array."""
         raise NotImplementedError
+
+    def edge_gather(self, ids: np.ndarray) -> np.ndarray:
+        """Edge feature rows of `ids` (int64 edge ids: CSC positions) as a new (len(ids), edge dim) array,
+        read through the shards' memory maps (a batch's edges are few beside its nodes' features)."""
+        if self.edge_features is None:
+            raise KeyError(f"{self.store.path} has no edge features (ingest edges with an edge_attr column)")
+        return self.edge_features.gather(ids)
 
     def split_ids(self, name: str) -> torch.Tensor:
         """Node ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes``."""
         return torch.from_numpy(self.store.split_ids(name))
 
     @staticmethod
-    def _known(attr: TensorAttr) -> bool:
+    def _is_edge(attr: TensorAttr) -> bool:
+        return attr.group_name in EDGE_GROUPS and attr.attr_name == EDGE_ATTR
+
+    def _known(self, attr: TensorAttr) -> bool:
+        if self._is_edge(attr):
+            return self.edge_features is not None
         return attr.group_name in (None, NODE_TYPE) and attr.attr_name in ATTRS
 
     def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
         if not self._known(attr):
-            raise KeyError(f"{attr}: a diskflow store holds 'x' and 'y' of one node type (group None)")
-        ids, scalar = _node_ids(attr.index, self.num_nodes)
-        rows = self.gather(ids) if attr.attr_name == "x" else self.labels[ids]
+            edges = (f"; 'edge_attr' of the edge type {EDGE_TYPE}" if self.edge_features is not None
+                     else "; no edge features")
+            raise KeyError(f"{attr}: a diskflow store holds 'x' and 'y' of one node type (group None){edges}")
+        if self._is_edge(attr):
+            ids, scalar = _row_ids(attr.index, self.num_edges, "edge")
+            rows = self.edge_gather(ids)
+        else:
+            ids, scalar = _row_ids(attr.index, self.num_nodes)
+            rows = self.gather(ids) if attr.attr_name == "x" else self.labels[ids]
         tensor = torch.from_numpy(rows)
         return tensor[0] if scalar else tensor
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
         if not self._known(attr):
             return None
+        if self._is_edge(attr):
+            return (self.num_edges, self.num_edge_features)
         return (self.num_nodes, int(self.store.feature_dim)) if attr.attr_name == "x" else (self.num_nodes,)
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
-        """``x`` and ``y`` of the node type None: what PyG's homogeneous loaders fetch for every batch."""
+        """``x`` and ``y`` of the node type None: what PyG's homogeneous loaders fetch for every batch.
+
+        ``edge_attr`` is not listed: PyG's ``filter_custom_store`` indexes every listed tensor by the
+        batch's nodes; a batch's edge features are fetched by its edge ids instead (see the module).
+        """
         return [TensorAttr(group_name=None, attr_name=name) for name in ATTRS]
 
     def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
@@ -251,6 +321,21 @@ class GraphStore(pyg_data.GraphStore):
         """Node ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes``."""
         return torch.from_numpy(self.store.split_ids(name))
 
+    def link_edges(self, split: str) -> torch.Tensor:
+        """The supervision edges of the store's link split ('train', 'val', 'test') as an int64 [2, P]
+        tensor: a `LinkLoader`'s ``edge_label_index``.
+
+        Raises:
+            InputError: the store has no link split.
+        """
+        return torch.from_numpy(np.ascontiguousarray(self.store.link_edges(split), dtype=np.int64))
+
+    def edges(self) -> torch.Tensor:
+        """Every edge of the topology as an int64 [2, E] tensor (source, target), in CSC order: column
+        ``i`` is the edge of id ``i``. 16 bytes an edge, in RAM."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(np.asarray(self.indptr)))
+        return torch.from_numpy(np.stack([np.asarray(self.indices, dtype=np.int64), dst]))
+
     def edge_attr(self) -> EdgeAttr:
         """The one edge attribute: type None, layout csc, size (N, N)."""
         return EdgeAttr(edge_type=None, layout=EdgeLayout.CSC, is_sorted=True, size=(self.num_nodes, self.num_nodes))
@@ -281,34 +366,76 @@ class GraphStore(pyg_data.GraphStore):
         return f"GraphStore({str(self.store.path)!r}, nodes={self.num_nodes:,}, edges={self.store.num_edges:,})"
 
 
+def _data_csc(data: pyg_data.Data) -> tuple[np.ndarray, np.ndarray, torch.Tensor, int]:
+    """The CSC (``indptr``, ``indices``) of an in-memory homogeneous `Data`, the edge permutation (CSC
+    position -> the edge's column in ``data.edge_index``) and the node count.
+
+    Edges are ordered by target, then source, then their column in ``edge_index``: the order in which
+    `diskflow ingest` writes a store's CSC, so a store of `data` and `data` itself have the same CSC and
+    sample alike (PyG's own sampler orders by target only).
+
+    Raises:
+        TypeError: `data` has no ``edge_index``.
+        ValueError: ``edge_index`` is not an integer [2, E] tensor of ids in [0, num_nodes).
+    """
+    edge_index = getattr(data, "edge_index", None)
+    if edge_index is None:
+        raise TypeError("the Data has no edge_index (diskflow's sampler samples the edge_index topology)")
+    ei = torch.as_tensor(edge_index).detach().cpu()
+    if ei.dim() != 2 or ei.size(0) != 2 or ei.dtype.is_floating_point or ei.dtype == torch.bool:
+        raise ValueError(f"data.edge_index: expected an integer [2, E] tensor, got {ei.dtype} {list(ei.shape)}")
+    src, dst = ei.numpy().astype(np.int64, copy=False)
+    num_nodes = int(data.num_nodes)
+    if src.size and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= num_nodes):
+        raise ValueError(f"data.edge_index: node ids must lie in [0, {num_nodes})")
+    perm = np.lexsort((src, dst))          # stable: by target, then source, then column
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    return indptr, np.ascontiguousarray(src[perm]), torch.from_numpy(perm), num_nodes
+
+
 class NeighborSampler(BaseSampler):
     """A PyG sampler over diskflow's native multi-hop neighbour sampler (no pyg-lib needed).
 
     Uniform sampling without replacement, PyG's ``directional`` subgraph of a homogeneous graph
     (`diskflow.operators.prepare.sample`): the batch's ``n_id`` starts with the seeds, ``edge_index``
-    is local, source -> target, and ``num_sampled_nodes`` / ``num_sampled_edges`` count per hop.
+    is local, source -> target, ``e_id`` gives each of its edges' id, and ``num_sampled_nodes`` /
+    ``num_sampled_edges`` count per hop.
+
+    It samples a store's `GraphStore`, or an in-memory PyG `Data` (its ``edge_index`` put in CSC order
+    by target, then source: the order of a store ingested from it; `edge_permutation` maps the CSC
+    positions back to ``edge_index``'s columns, so PyG's loaders give a `Data` batch the ``e_id`` and
+    ``edge_attr`` of the `Data`'s own edges). Over a store of a `Data` and over the `Data` itself the
+    same seed gives the same batches.
 
     Every batch draws with its own seed: from a generator seeded with `seed`, or, with ``seed=None``,
     from torch's default generator (``torch.manual_seed`` then reproduces the whole loader). A loader
     worker process draws from its own stream.
 
+    Link batches (`sample_from_edges`) follow PyG's own `NeighborSampler` with ``disjoint=False``: the
+    seeds are the sorted unique end nodes of the batch's links and of its negatives (``"binary"``:
+    random pairs; ``"triplet"``: random destinations, PyG's `NegativeSampling`), and ``edge_label_index``,
+    ``edge_label`` (or ``src_index``, ``dst_pos_index``, ``dst_neg_index``) index them.
+
     Args:
-        data: a `GraphStore`, or a ``(feature_store, graph_store)`` pair.
+        data: a `GraphStore`, a ``(feature_store, graph_store)`` pair, or a homogeneous PyG `Data`.
         num_neighbors: neighbours per hop (-1: all), a list or PyG's `NumNeighbors` of one.
         seed: the seed of the batches' seeds (None: torch's default generator).
         num_threads: sampler threads (None: one per core); the samples do not depend on it.
 
     Raises:
         ConfigError: bad fanouts or num_threads.
-        TypeError: `data` holds no diskflow `GraphStore`.
+        TypeError: `data` holds no diskflow `GraphStore` and is no `Data`.
+        ValueError: a `Data`'s ``edge_index`` is not a [2, E] tensor of its node ids.
     """
 
-    def __init__(self, data: GraphStore | tuple[Any, GraphStore], num_neighbors: Sequence[int] | NumNeighbors,
+    def __init__(self, data: GraphStore | tuple[Any, GraphStore] | pyg_data.Data,
+                 num_neighbors: Sequence[int] | NumNeighbors,
                  seed: int | None = None, num_threads: int | None = None) -> None:
         graph = data[1] if isinstance(data, (tuple, list)) else data
-        if not isinstance(graph, GraphStore):
-            raise TypeError(f"expected a diskflow.pyg.GraphStore (or a (feature_store, graph_store) pair), "
-                            f"got {type(graph).__name__}")
+        if not isinstance(graph, (GraphStore, pyg_data.Data)):
+            raise TypeError(f"expected a diskflow.pyg.GraphStore (or a (feature_store, graph_store) pair) or a "
+                            f"torch_geometric Data, got {type(graph).__name__}")
         values = num_neighbors.values if isinstance(num_neighbors, NumNeighbors) else num_neighbors
         if isinstance(values, dict):
             raise ConfigError("num_neighbors", "a diskflow store is homogeneous: give one list of fanouts, e.g. [10, 10]")
@@ -319,7 +446,11 @@ class NeighborSampler(BaseSampler):
         if num_threads is not None and int(num_threads) < 1:
             raise ConfigError("num_threads", f"{num_threads} must be >= 1")
         self.graph = graph
-        self.num_nodes = graph.num_nodes
+        self.perm: torch.Tensor | None = None
+        if isinstance(graph, GraphStore):
+            self.indptr, self.indices, self.num_nodes = graph.indptr, graph.indices, graph.num_nodes
+        else:
+            self.indptr, self.indices, self.perm, self.num_nodes = _data_csc(graph)
         self.seed = seed
         self.num_threads = num_threads
         self._native: NativeSampler | None = None
@@ -327,10 +458,16 @@ class NeighborSampler(BaseSampler):
         self._generator: torch.Generator | None = None
         self._generator_key: tuple[int, int | None] | None = None
 
+    @property
+    def edge_permutation(self) -> torch.Tensor | None:
+        """CSC position -> edge id (a `Data`'s ``edge_index`` column); None over a store, whose edge ids
+        are its CSC positions. PyG's loaders map the sampled edges through it."""
+        return self.perm
+
     def _sampler(self) -> NativeSampler:
         """This process's native sampler (its threads do not survive a fork into a loader worker)."""
         if self._native is None or self._native_pid != os.getpid():
-            self._native = NativeSampler(self.graph.indptr, self.graph.indices, self.num_neighbors, self.num_threads)
+            self._native = NativeSampler(self.indptr, self.indices, self.num_neighbors, self.num_threads)
             self._native_pid = os.getpid()
         return self._native
 
@@ -355,9 +492,11 @@ class NeighborSampler(BaseSampler):
         if isinstance(seed, dict):
             raise TypeError("a diskflow store is homogeneous: seeds are node ids, not a dict by node type")
         b = self._sampler().sample(seed, seed=self._next_seed())
-        edge_index = torch.from_numpy(b.edge_index)
-        return SamplerOutput(node=torch.from_numpy(b.n_id), row=edge_index[0], col=edge_index[1], edge=None,
-                             batch=None, num_sampled_nodes=list(b.num_sampled_nodes),
+        edge_index = torch.from_numpy(np.asarray(b.edge_index, dtype=np.int64))
+        e_id = getattr(b, "e_id", None)
+        edge = None if e_id is None else torch.from_numpy(np.asarray(e_id, dtype=np.int64))
+        return SamplerOutput(node=torch.from_numpy(np.asarray(b.n_id, dtype=np.int64)), row=edge_index[0],
+                             col=edge_index[1], edge=edge, batch=None, num_sampled_nodes=list(b.num_sampled_nodes),
                              num_sampled_edges=list(b.num_sampled_edges))
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
@@ -370,11 +509,19 @@ class NeighborSampler(BaseSampler):
 
     def sample_from_edges(self, index: EdgeSamplerInput,
                           neg_sampling: NegativeSampling | None = None) -> SamplerOutput:
-        """The subgraph around a batch of seed links' end nodes (`LinkLoader` calls this per batch),
-        with PyG's own negative sampling."""
-        from torch_geometric.sampler.neighbor_sampler import edge_sample
+        """The subgraph around a batch of seed links' end nodes (`LinkLoader` calls this per batch), with
+        PyG's own negative sampling and labels (PyG's ``edge_sample``, ``disjoint=False``).
 
-        return edge_sample(index, self._sample, self.num_nodes, False, None, neg_sampling)
+        Raises:
+            ValueError: links of another edge type, or with times (no temporal sampling here).
+        """
+        if index.input_type not in (None, EDGE_TYPE):
+            raise ValueError(f"a diskflow store has one edge type {EDGE_TYPE}; got input type {index.input_type!r}")
+        if index.time is not None:
+            raise ValueError("edge_label_time: diskflow's neighbour sampler does not sample by time "
+                             "(no temporal graphs)")
+        homogeneous = dataclasses.replace(index, input_type=None) if index.input_type is not None else index
+        return edge_sample(homogeneous, self._sample, self.num_nodes, False, None, neg_sampling)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.graph, self.num_neighbors, self.seed, self.num_threads))
@@ -383,5 +530,94 @@ class NeighborSampler(BaseSampler):
         return f"NeighborSampler(num_neighbors={self.num_neighbors}, seed={self.seed})"
 
 
-__all__ = ["EDGE_TYPE", "NODE_TYPE", "FeatureStore", "GraphStore", "NeighborSampler", "RowCache",
-           "StoreFeatureStore", "open_store"]
+def link_input(graph: GraphStore, edge_label_index: Any) -> tuple[None, torch.Tensor]:
+    """A `LinkLoader`'s ``edge_label_index`` over a diskflow `GraphStore` as PyG's
+    ``(input type, [2, P] tensor)``: a plain int [2, P] tensor of node ids, ``(None, tensor)``,
+    ``(("node", "to", "node"), tensor)``, the edge type alone, ``(edge type or None, None)`` or None
+    (the last three: every edge of the topology, `GraphStore.edges`). The input type is always None:
+    the store is homogeneous.
+
+    Raises:
+        ConfigError: (``edge_label_index``) any other form, another edge type, a tensor not int
+            [2, P], or node ids out of range; the message says which.
+    """
+    def fail(fault: str) -> ConfigError:
+        return ConfigError("edge_label_index", fault)
+
+    value = edge_label_index
+    edge_type: Any = None
+    if isinstance(value, (tuple, list)):
+        if len(value) == 3 and all(isinstance(v, str) for v in value):
+            edge_type, value = tuple(value), None
+        elif len(value) == 2 and (value[0] is None or isinstance(value[0], (tuple, list, str))):
+            edge_type, value = value
+            edge_type = None if edge_type is None else (edge_type if isinstance(edge_type, str) else tuple(edge_type))
+        else:
+            raise fail(f"expected a [2, P] tensor of node ids, (None, tensor) or (edge type, tensor); got a "
+                       f"{type(value).__name__} of {len(value)}")
+        if edge_type not in (None, (None, None), EDGE_TYPE):
+            raise fail(f"a diskflow store has one edge type {EDGE_TYPE} (or None); got {edge_type!r}")
+    if value is None:
+        return None, graph.edges()
+    if not isinstance(value, torch.Tensor):
+        raise fail(f"expected a [2, P] tensor of node ids, got {type(value).__name__}")
+    if value.dim() != 2 or value.size(0) != 2:
+        raise fail(f"expected a [2, P] tensor of node ids (row 0 sources, row 1 targets), got shape {list(value.shape)}")
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise fail(f"node ids must be integers, got {value.dtype}")
+    if value.numel() and (int(value.min()) < 0 or int(value.max()) >= graph.num_nodes):
+        raise fail(f"node ids must lie in [0, {graph.num_nodes}), got {int(value.min())}..{int(value.max())}")
+    return None, value.to(torch.long)
+
+
+def _diskflow_pair(data: Any) -> tuple[StoreFeatureStore | None, GraphStore] | None:
+    """``(feature store or None, graph store)`` where `data` is a pair whose graph store is diskflow's."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], GraphStore):
+        return (data[0] if isinstance(data[0], StoreFeatureStore) else None), data[1]
+    return None
+
+
+def _pyg_own(module: Any, name: str) -> Callable[..., Any]:
+    """PyG's own function `name` of `module`, where an earlier import of this module wrapped it."""
+    function = getattr(module, name)
+    return getattr(function, "__wrapped__", function)  # type: ignore[no-any-return]
+
+
+_PYG_EDGE_LABEL_INDEX = _pyg_own(pyg_loader_utils, "get_edge_label_index")
+_PYG_FILTER_CUSTOM_STORE = _pyg_own(pyg_loader_utils, "filter_custom_store")
+
+
+def _get_edge_label_index(data: Any, edge_label_index: Any) -> tuple[Any, torch.Tensor]:
+    """PyG's ``get_edge_label_index``, with `link_input` for a pair over a diskflow `GraphStore`."""
+    pair = _diskflow_pair(data)
+    if pair is None:
+        return _PYG_EDGE_LABEL_INDEX(data, edge_label_index)
+    return link_input(pair[1], edge_label_index)
+
+
+def _filter_custom_store(feature_store: Any, graph_store: Any, node: torch.Tensor, row: torch.Tensor,
+                         col: torch.Tensor, edge: torch.Tensor | None, custom_cls: Any = None) -> Any:
+    """PyG's ``filter_custom_store`` (the batch's nodes' tensors), plus, from a diskflow feature store with
+    edge features, the batch's ``edge_attr``: the rows of its edge ids `edge`, aligned with ``edge_index``."""
+    data = _PYG_FILTER_CUSTOM_STORE(feature_store, graph_store, node, row, col, edge, custom_cls)
+    if isinstance(feature_store, StoreFeatureStore) and feature_store.edge_features is not None and edge is not None:
+        data.edge_attr = feature_store[EDGE_TYPE, EDGE_ATTR, edge]
+    return data
+
+
+def _teach_pyg() -> None:
+    """Route PyG's loaders' ``get_edge_label_index`` and ``filter_custom_store`` through this module's, which
+    hand anything not diskflow's to PyG's own (kept as their ``__wrapped__``, so a re-import of this module
+    wraps PyG's functions again, never its own wrappers)."""
+    _get_edge_label_index.__wrapped__ = _PYG_EDGE_LABEL_INDEX  # type: ignore[attr-defined]
+    _filter_custom_store.__wrapped__ = _PYG_FILTER_CUSTOM_STORE  # type: ignore[attr-defined]
+    for module in (pyg_loader_utils, pyg_link_loader):
+        module.get_edge_label_index = _get_edge_label_index
+    for module in (pyg_loader_utils, pyg_node_loader, pyg_link_loader):
+        module.filter_custom_store = _filter_custom_store
+
+
+_teach_pyg()
+
+__all__ = ["EDGE_ATTR", "EDGE_GROUPS", "EDGE_TYPE", "NODE_TYPE", "FeatureStore", "GraphStore", "NeighborSampler",
+           "RowCache", "StoreFeatureStore", "link_input", "open_store"]

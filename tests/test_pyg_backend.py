@@ -1,6 +1,7 @@
 """diskflow as a PyG remote backend (`diskflow.pyg`): PyG's own loaders over a store's FeatureStore and
-GraphStore give the batches they give over the same graph in memory, a stock GraphSAGE trains through
-them, the row cache keeps to its budget and serves the store's rows, and bad input fails in one line."""
+GraphStore give the batches they give over the same graph in memory (node batches, and link batches with
+a plain edge_label_index, edge ids and edge attributes), a stock GraphSAGE trains through them, the row
+cache keeps to its budget and serves the store's rows, and bad input fails in one line."""
 from __future__ import annotations
 
 import warnings
@@ -10,14 +11,17 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.typing
+from diskflow.flow.ingest import run_ingest
 from diskflow.operators.formats.store import Store
+from diskflow.operators.ingest.pygimport import from_pyg
 from diskflow.operators.prepare.sample import NeighborSampler as NativeSampler
 from torch_geometric.data import Data
-from torch_geometric.loader import LinkLoader, NeighborLoader, NodeLoader
+from torch_geometric.loader import LinkLoader, LinkNeighborLoader, NeighborLoader, NodeLoader
 from torch_geometric.nn import GraphSAGE
+from torch_geometric.sampler import NegativeSampling
 
 from diskflow.errors import ConfigError, InputError
-from diskflow.pyg import FeatureStore, GraphStore, NeighborSampler, RowCache
+from diskflow.pyg import EDGE_TYPE, FeatureStore, GraphStore, NeighborSampler, RowCache, link_input
 
 BUDGET = "400KiB"           # the tiny store's 773 kB of features: about a quarter of its rows, beside the buffers
 FANOUTS = [5, 5]
@@ -151,7 +155,7 @@ def test_what_pyg_asks_of_the_stores(backend: tuple[FeatureStore, GraphStore]) -
 
 
 def _pyg_lib_stand_in(colptr: torch.Tensor, row: torch.Tensor, seed: torch.Tensor, num_neighbors: list[int],
-                      *rest: object) -> tuple[torch.Tensor, ...]:
+                      *rest: object) -> tuple[object, ...]:
     """pyg-lib's ``neighbor_sample`` (csc, directed, not disjoint) for the test: the native sampler over
     exactly the arrays PyG's NeighborSampler took from the GraphStore."""
     b = NativeSampler(colptr.numpy(), row.numpy(), num_neighbors, 1).sample(seed, seed=5)
@@ -218,10 +222,10 @@ def test_bad_input_fails_in_one_line(tiny_store: Path, tiny_raw: Path, tmp_path:
         FeatureStore(tiny_raw)
     store = Store(tiny_store)
     least = RowCache.smallest_budget(store)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as refused:
         FeatureStore(tiny_store, cache_memory="10%")
-    assert e.value.option == "cache_memory" and f"the smallest budget that works is {least:,} bytes" in str(e.value)
-    assert "\n" not in str(e.value)
+    assert refused.value.option == "cache_memory" and f"the smallest budget that works is {least:,} bytes" in str(refused.value)
+    assert "\n" not in str(refused.value)
     assert FeatureStore(tiny_store, cache_memory=least).cache.slots == 1
     with pytest.raises(ConfigError, match=f"smallest budget that works is {least:,} bytes"):
         FeatureStore(tiny_store, cache_memory=least - 1)
@@ -252,3 +256,139 @@ def test_loader_workers_read_with_their_own_reader(tiny_store: Path, uring: bool
     assert len(batches) == len(list(_loader((features, graph), graph, store)))
     for batch in batches:
         assert np.array_equal(batch.x.numpy(), rows[batch.n_id.numpy()])
+
+
+@pytest.fixture(scope="module")
+def edge_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[Data, Path]:
+    """A PyG `Data` with edge features (random edges, so some repeated and some self-loops, in no order)
+    and the store `diskflow.operators.ingest.pygimport` and ingest make of it."""
+    import dask
+
+    g = torch.Generator().manual_seed(3)
+    n, e = 517, 4001
+    data = Data(x=torch.randn(n, 6, generator=g), edge_index=torch.randint(0, n, (2, e), generator=g),
+                edge_attr=torch.randn(e, 3, generator=g), y=torch.randint(0, 4, (n,), generator=g))
+    root = tmp_path_factory.mktemp("edge_graph")
+    with dask.config.set(scheduler="sync"):
+        from_pyg(data, root / "raw")
+        run_ingest(root / "raw", root / "store")
+    return data, root / "store"
+
+
+def test_node_batches_carry_the_stores_edge_features(edge_graph: tuple[Data, Path],
+                                                      backend: tuple[FeatureStore, GraphStore]) -> None:
+    """A node batch's ``e_id`` names the store's edge (CSC position) under each column of ``edge_index``,
+    and its ``edge_attr`` is those edges' features; a store without edge features gives ``e_id`` alone."""
+    features, graph = FeatureStore(edge_graph[1]), GraphStore(edge_graph[1])
+    store = features.store
+    assert store.edge_features is not None
+    table = store.edge_features.read_all()
+    assert features.num_edge_features == 3 and features.get_tensor_size(EDGE_TYPE, "edge_attr") == (store.num_edges, 3)
+    assert torch.equal(features[(None, None), "edge_attr", torch.tensor([4, 0])], torch.from_numpy(table[[4, 0]]))
+    assert [a.attr_name for a in features.get_all_tensor_attrs()] == ["x", "y"]   # edge rows go by e_id, not n_id
+    loader = NodeLoader((features, graph), NeighborSampler(graph, FANOUTS, seed=4), input_nodes=torch.arange(200),
+                        batch_size=64)
+    for batch in loader:
+        n_id, e_id = batch.n_id.numpy(), batch.e_id.numpy()
+        assert batch.edge_attr.shape == (batch.edge_index.size(1), 3) and e_id.shape == (batch.edge_index.size(1),)
+        assert np.array_equal(batch.edge_attr.numpy(), table[e_id])
+        assert np.array_equal(np.asarray(store.indices)[e_id], n_id[batch.edge_index[0].numpy()])
+        target = np.searchsorted(np.asarray(store.indptr), e_id, side="right") - 1      # the CSC column of each edge
+        assert np.array_equal(target, n_id[batch.edge_index[1].numpy()])
+    plain_features, plain_graph = backend
+    batch = next(iter(NodeLoader((plain_features, plain_graph), NeighborSampler(plain_graph, FANOUTS, seed=4),
+                                 input_nodes=torch.arange(50), batch_size=50)))
+    assert "edge_attr" not in batch and batch.e_id.numel() == batch.edge_index.size(1)
+    assert np.array_equal(np.asarray(plain_graph.indices)[batch.e_id.numpy()], batch.n_id[batch.edge_index[0]].numpy())
+
+
+NEGATIVES = {"none": {}, "binary": {"neg_sampling_ratio": 1.0}, "triplet": {"neg_sampling": NegativeSampling("triplet", 2)}}
+
+
+@pytest.mark.parametrize(("negatives", "form"), [("none", "plain"), ("binary", "plain"), ("binary", "tuple"),
+                                                 ("triplet", "plain")])
+def test_link_neighbor_loader_gives_the_in_memory_batches(edge_graph: tuple[Data, Path], negatives: str,
+                                                          form: str) -> None:
+    """PyG's LinkNeighborLoader with diskflow's sampler, over the store (a plain [2, P] tensor, or PyG's
+    ``(None, tensor)``) and over the in-memory Data it came from, with the same seed: the same batches.
+    Node ids are the Data's in both; edge ids are CSC positions over the store and ``edge_index`` columns
+    over the Data, one the other through the sampler's `edge_permutation`."""
+    data, path = edge_graph
+    features, graph = FeatureStore(path), GraphStore(path)
+    local_sampler = NeighborSampler(data, FANOUTS)
+    assert np.array_equal(local_sampler.indptr, graph.indptr) and np.array_equal(local_sampler.indices, graph.indices)
+    perm = local_sampler.edge_permutation
+    assert perm is not None and torch.equal(data.edge_index[0][perm], torch.from_numpy(np.asarray(graph.indices, np.int64)))
+    pairs = torch.cat([data.edge_index[:, ::9], torch.randint(0, data.num_nodes, (2, 60),
+                                                              generator=torch.Generator().manual_seed(5))], dim=1)
+
+    def batches(source: object, sampler: NeighborSampler, edge_label_index: object) -> list[Data]:
+        loader = LinkNeighborLoader(source, num_neighbors=FANOUTS, edge_label_index=edge_label_index, batch_size=64,
+                                    shuffle=True, neighbor_sampler=sampler, **NEGATIVES[negatives])
+        torch.manual_seed(7)        # the shuffle, the negatives and the sampler's seeds: one stream for both
+        return list(loader)
+
+    remote = batches((features, graph), NeighborSampler(graph, FANOUTS), pairs if form == "plain" else (None, pairs))
+    local = batches(data, local_sampler, pairs)
+    assert len(remote) == len(local) == -(-pairs.size(1) // 64)
+    label_keys = {"none": ("edge_label_index",), "binary": ("edge_label_index", "edge_label"),
+                  "triplet": ("src_index", "dst_pos_index", "dst_neg_index")}[negatives]
+    table = features.store.edge_features.read_all()
+    for a, b in zip(remote, local, strict=True):
+        for key in ("n_id", "edge_index", "x", "y", "edge_attr", "input_id", *label_keys):
+            assert torch.equal(a[key], b[key]), key
+        assert torch.equal(perm[a.e_id], b.e_id)
+        assert np.array_equal(a.edge_attr.numpy(), table[a.e_id.numpy()])
+        assert torch.equal(b.edge_attr, data.edge_attr[b.e_id])
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+        # the seed links themselves: their end nodes' local ids, positives first
+        seeds = pairs[:, a.input_id]
+        if negatives == "triplet":
+            assert torch.equal(a.n_id[a.src_index], seeds[0]) and torch.equal(a.n_id[a.dst_pos_index], seeds[1])
+            assert a.dst_neg_index.shape == (a.input_id.numel(), 2)
+        else:
+            k = a.input_id.numel()
+            assert torch.equal(a.n_id[a.edge_label_index[:, :k]], seeds)
+            if negatives == "binary":
+                assert torch.equal(a.edge_label, torch.cat([torch.ones(k), torch.zeros(k)]))
+                assert a.edge_label_index.size(1) == 2 * k
+            else:       # PyG's own rule: no negatives and no labels given, no edge_label
+                assert "edge_label" not in a and "edge_label" not in b and a.edge_label_index.size(1) == k
+        assert torch.equal(a.n_id[: a.num_sampled_nodes[0]], a.n_id[: a.num_sampled_nodes[0]].unique())   # sorted seeds
+
+
+def test_link_inputs_pyg_forms_and_refusals(edge_graph: tuple[Data, Path]) -> None:
+    """Every form of ``edge_label_index`` PyG documents for a homogeneous graph works over a diskflow pair;
+    any other is a ConfigError naming ``edge_label_index`` (never PyG's bare AssertionError), and link times
+    (no temporal sampling here) a ValueError naming ``edge_label_time``."""
+    features, graph = FeatureStore(edge_graph[1]), GraphStore(edge_graph[1])
+    pairs = graph.edges()[:, :50]
+    every = graph.edges()
+    assert every.shape == (2, graph.store.num_edges) and torch.equal(every[0], torch.from_numpy(np.asarray(graph.indices, np.int64)))
+    for form, expect in ((pairs, pairs), ((None, pairs), pairs), ((EDGE_TYPE, pairs), pairs), (None, every),
+                         (EDGE_TYPE, every), ((None, None), every), ([EDGE_TYPE, None], every)):
+        input_type, edges = link_input(graph, form)
+        assert input_type is None and torch.equal(edges, expect)
+    sampler = NeighborSampler(graph, FANOUTS)
+    loader = LinkLoader((features, graph), link_sampler=sampler, edge_label_index=(EDGE_TYPE, pairs), batch_size=25)
+    assert len(list(loader)) == 2
+    bad = {
+        "one edge type": ((("user", "rates", "movie"), pairs), "has one edge type"),
+        "shape": (torch.zeros(3, 4, dtype=torch.long), r"\[2, P\] tensor .* got shape \[3, 4\]"),
+        "float": (pairs.float(), "must be integers"),
+        "range": (pairs + graph.num_nodes, r"must lie in \[0, 517\)"),
+        "array": (pairs.numpy(), "got ndarray"),
+        "list": ([1, 2, 3], "got a list of 3"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(ConfigError, match=message) as e:
+            LinkNeighborLoader((features, graph), num_neighbors=FANOUTS, edge_label_index=value, neighbor_sampler=sampler)
+        assert e.value.option == "edge_label_index" and "\n" not in str(e.value), name
+    timed = LinkLoader((features, graph), link_sampler=sampler, edge_label_index=pairs, edge_label_time=torch.zeros(50),
+                       batch_size=25)
+    with pytest.raises(ValueError, match="edge_label_time: diskflow's neighbour sampler does not sample by time"):
+        next(iter(timed))
+    with pytest.raises(TypeError, match="got str"):
+        NeighborSampler("graph", FANOUTS)       # type: ignore[arg-type]
+    with pytest.raises(InputError, match="has no link split"):
+        graph.link_edges("train")
