@@ -371,10 +371,14 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
     }
     const std::vector<py::ssize_t> nodes{static_cast<py::ssize_t>(g.num_nodes)};
     const std::vector<py::ssize_t> edges{2, static_cast<py::ssize_t>(g.num_edges)};
+    const std::vector<py::ssize_t> e_ids{static_cast<py::ssize_t>(g.num_edges)};
+    // int32 when the engine narrowed it (a narrow sample of a graph of at most 2^31 edges), else int64
+    const py::array e_id = g.e_id_narrow ? py::array(to_numpy(std::move(g.e_id32), e_ids))
+                                         : py::array(to_numpy(std::move(g.e_id), e_ids));
     if (narrow)
         return py::make_tuple(to_numpy(std::move(g.n_id32), nodes), to_numpy(std::move(g.edge_index32), edges),
-                              py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
-    return py::make_tuple(to_numpy(std::move(g.n_id), nodes), to_numpy(std::move(g.edge_index), edges),
+                              e_id, py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
+    return py::make_tuple(to_numpy(std::move(g.n_id), nodes), to_numpy(std::move(g.edge_index), edges), e_id,
                           py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
 }
 
@@ -396,10 +400,12 @@ Sample the subgraph around unique int64 `seeds`; deterministic in `seed`. `stop`
 optional): nodes that are not expanded when they join a frontier after the seeds'. With `last_hop`,
 they and the nodes only they (or such nodes) drew are expanded as usual except at the last hop,
 where they draw min(`thin`, fanout) neighbours each (0: none).
-With `narrow`, n_id and edge_index are int32 (ValueError for a graph of 2^31 nodes or more).
+With `narrow`, n_id and edge_index are int32 (ValueError for a graph of more than 2^31 nodes), and
+e_id too when the graph has at most 2^31 edges (int64 otherwise).
 
 Returns:
-    (n_id int64 [n], edge_index int64 [2, e], num_sampled_nodes list, num_sampled_edges list)
+    (n_id int64 [n], edge_index int64 [2, e], e_id int64 [e] (each edge's position in `indices`,
+    column for column with edge_index), num_sampled_nodes list, num_sampled_edges list)
 )doc")
         .def_property_readonly("num_nodes", [](const PySampler& s) { return s.engine->num_nodes(); })
         .def_property_readonly("num_edges", [](const PySampler& s) { return s.engine->num_edges(); })

@@ -60,26 +60,30 @@ class NeighborSampler:
     num_threads = NativeInt("Worker threads per hop.")
 
     def sample(self, seeds: np.ndarray, seed: int, stop: np.ndarray | None = None, last_hop: bool = False,
-               narrow: bool = False, thin: int = 0) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+               narrow: bool = False, thin: int = 0
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int]]:
         """The subgraph around unique int64 `seeds`, deterministic in `seed` (an unsigned 64-bit int);
         the int64 nodes of `stop` are not expanded when they join a frontier after the seeds'. With
         `last_hop`, they and the nodes that only they (or such nodes) drew are expanded as usual
         except at the last hop, where they draw min(`thin`, fanout) neighbours each (0: none).
 
         Returns:
-            (n_id int64 [n], edge_index int64 [2, e] of local ids, num_sampled_nodes per hop with the
-            seeds first, num_sampled_edges per hop); with `narrow`, n_id and edge_index are int32. The
-            arrays own their memory (no copy was made).
+            (n_id int64 [n], edge_index int64 [2, e] of local ids, e_id int64 [e], num_sampled_nodes per
+            hop with the seeds first, num_sampled_edges per hop). e_id is each sampled edge's position in
+            `indices`, column for column with edge_index, so edge attributes stored in CSC order can be
+            gathered for the batch (PyG's e_id). With `narrow`, n_id and edge_index are int32, and e_id
+            too when the graph has at most 2**31 edges (else int64). The arrays own their memory (no copy
+            was made).
 
         Raises:
             ValueError: seeds not int64, out of range or repeated; a corrupt `indices` entry; `narrow`
-                for a graph of 2**31 nodes or more; `thin` below 0.
+                for a graph of more than 2**31 nodes; `thin` below 0.
         """
         if stop is not None:
             stop = np.ascontiguousarray(stop, dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(seeds, int(seed), stop, bool(last_hop), bool(narrow),
-                                                           int(thin))
-        return n_id, edge_index, list(nodes), list(edges)
+        n_id, edge_index, e_id, nodes, edges = self._impl.sample(seeds, int(seed), stop, bool(last_hop),
+                                                                 bool(narrow), int(thin))
+        return n_id, edge_index, e_id, list(nodes), list(edges)
 
 
 class BeladyPlanArrays(TypedDict):

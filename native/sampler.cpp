@@ -5,6 +5,9 @@
 //   edge_index  [2, E] local ids, row 0 = sampled neighbour u (message source),
 //               row 1 = the frontier node v it was sampled for; ordered by hop, frontier
 //               position, sampled order
+//   e_id        [E] each sampled edge's position in the CSC `indices` array (indptr[v] + the
+//               offset drawn), column for column with edge_index (PyG's e_id), so a caller
+//               can gather edge attributes stored in CSC order
 //   counts      num_sampled_nodes [B, n_1..n_L], num_sampled_edges [e_1..e_L]
 //
 // At hop h the frontier is the set of nodes added at hop h-1 (hop 0: the seeds). A frontier
@@ -12,10 +15,13 @@
 // `fanout` distinct edge positions are drawn uniformly without replacement (Floyd's algorithm).
 //
 // Determinism: every frontier node draws from its own counter-based generator keyed by
-// (seed, hop, global node id), so the output is a pure function of (graph, seeds, fanouts, seed),
-// whatever the thread count. Each hop samples contiguous frontier chunks in parallel into
-// per-chunk buffers and merges them serially in chunk order (the dedup that assigns local ids
-// must see edges in order); the merge of chunk c overlaps with the sampling of later chunks.
+// (seed, hop, global node id), so the output (e_id included) is a pure function of
+// (graph, seeds, fanouts, seed), whatever the thread count. Each hop samples contiguous frontier
+// chunks in parallel into per-chunk buffers and merges them serially in chunk order (the dedup
+// that assigns local ids must see edges in order); the merge of chunk c overlaps with the
+// sampling of later chunks. A chunk records each edge's position beside its neighbour as it
+// draws it, into a buffer of its own that the call keeps; the merge notes where the chunk's edges
+// start, and the output e_id is copied from those buffers, in parallel, with the rest.
 // The dedup uses a scratch array of N entries owned by the sampler, reset through the batch's
 // own node list, and a mutex makes concurrent calls on one object safe. The graph arrays are read
 // in place. No Python here: bindings.cpp binds it, with the GIL released during all of it.
@@ -134,11 +140,14 @@ class PodBuffer {
 };
 
 // What one chunk of the frontier sampled: per frontier node the number of edges, and the global
-// ids of the sampled neighbours in output order.
+// ids of the sampled neighbours and the CSC positions of their edges, both in output order.
 struct ChunkOut {
     int64_t begin = 0, end = 0;  // frontier positions [begin, end)
     PodBuffer<int64_t> counts;  // [end - begin]
     PodBuffer<int64_t> nbrs;
+    // [nbrs.size()]: the position in `indices` each neighbour was read from; a buffer the call
+    // keeps until it writes its output (the chunk itself is reused at the next hop)
+    PodBuffer<int64_t>* eids = nullptr;
     int64_t bad_pos = -1;  // first edge position whose source id is out of range, or -1
 };
 
@@ -177,6 +186,7 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
                   ChunkOut& out, Scratch& s) {
     out.counts.resize(static_cast<size_t>(out.end - out.begin));
     out.nbrs.clear();
+    out.eids->clear();
     out.bad_pos = -1;
     int64_t* counts = out.counts.data() - out.begin;
     size_t e = 0;  // == out.nbrs.size()
@@ -202,10 +212,13 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
             counts[i] = 0;  // not expanded (sample's `stop`: by global id, or by local id at the last hop)
         } else if (f < 0 || deg <= f) {
             out.nbrs.resize(e + static_cast<size_t>(deg));
+            out.eids->resize(e + static_cast<size_t>(deg));
             int64_t* nbrs = out.nbrs.data();
+            int64_t* eids = out.eids->data();
             for (int64_t p = lo; p < lo + deg; ++p) {
                 const int64_t u = static_cast<int64_t>(indices[p]);
                 bad |= static_cast<uint64_t>(u) >= n;
+                eids[e] = p;
                 nbrs[e++] = u;
             }
             counts[i] = deg;
@@ -213,10 +226,13 @@ void sample_chunk(const int64_t* indptr, const Idx* indices, int64_t num_nodes, 
             SplitMix64 rng = node_rng(hkey, v);
             floyd_sample(rng, deg, f, s);
             out.nbrs.resize(e + static_cast<size_t>(f));
+            out.eids->resize(e + static_cast<size_t>(f));
             int64_t* nbrs = out.nbrs.data();
+            int64_t* eids = out.eids->data();
             for (int64_t off : s.picks) {
                 const int64_t u = static_cast<int64_t>(indices[lo + off]);
                 bad |= static_cast<uint64_t>(u) >= n;
+                eids[e] = lo + off;
                 nbrs[e++] = u;
             }
             counts[i] = f;
@@ -347,8 +363,10 @@ void run_ordered(int64_t n_tasks, int n_threads, Produce&& produce, Consume&& co
 struct Sample {
     PodBuffer<int64_t> n_id;
     PodBuffer<int64_t> edge_index;  // [2, E] row-major
+    PodBuffer<int64_t> e_id;        // [E] CSC positions
     PodBuffer<int32_t> n_id32;      // narrow samples: n_id and edge_index as int32 instead
     PodBuffer<int32_t> edge_index32;
+    PodBuffer<int32_t> e_id32;      // narrow samples of a graph whose edge positions fit int32: e_id
     std::vector<int64_t> num_sampled_nodes;
     std::vector<int64_t> num_sampled_edges;
 };
@@ -377,9 +395,13 @@ struct NeighborSampler::Impl {
     SampledSubgraph sample(const int64_t* seed_ptr, int64_t batch, uint64_t seed, const int64_t* stop = nullptr,
                            int64_t n_stop = 0, bool last_hop = false, bool narrow = false, int64_t thin = 0) {
         if (thin < 0) throw std::invalid_argument("thin must be >= 0, got " + std::to_string(thin));
-        if (narrow && num_nodes_ > static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1)
+        const int64_t int32_ids = static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1;  // 2^31
+        if (narrow && num_nodes_ > int32_ids)
             throw std::invalid_argument("narrow: a graph of " + std::to_string(num_nodes_) +
                                         " nodes has ids past int32");
+        // e_id is narrowed with the rest only when every edge position fits int32 (E <= 2^31);
+        // past that it stays int64 rather than refuse a graph whose node ids fit.
+        const bool narrow_eid = narrow && num_edges_ <= int32_ids;
         Sample out;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -392,6 +414,7 @@ struct NeighborSampler::Impl {
             last_hop_ = stop_on_ && last_hop;
             thin_ = thin;
             narrow_ = narrow;
+            narrow_eid_ = narrow_eid;
             if (indices64_) {
                 run(static_cast<const int64_t*>(indices_ptr_), seed_ptr, batch, seed, out);
             } else {
@@ -410,6 +433,9 @@ struct NeighborSampler::Impl {
             g.n_id = out.n_id.release();
             g.edge_index = out.edge_index.release();
         }
+        g.e_id_narrow = narrow_eid;
+        if (narrow_eid) g.e_id32 = out.e_id32.release();
+        else g.e_id = out.e_id.release();
         g.num_sampled_nodes = std::move(out.num_sampled_nodes);
         g.num_sampled_edges = std::move(out.num_sampled_edges);
         return g;
@@ -494,6 +520,7 @@ struct NeighborSampler::Impl {
         }
         out.num_sampled_nodes.push_back(batch);
         rows_.clear();
+        eid_start_.clear();
         if (last_hop_) taint_.assign(static_cast<size_t>(batch), 0);  // seeds are never tainted
         int64_t fs = 0, fe = batch;  // the frontier: n_id[fs, fe)
         for (size_t h = 0; h < fanouts_.size(); ++h) {
@@ -515,19 +542,23 @@ struct NeighborSampler::Impl {
 
     // Writes the outputs and resets the scratch array, in parallel slices: n_id (a copy),
     // edge_index = [rows; cols], cols being each expanded node's local id repeated once per edge
-    // (frontiers are consecutive ranges of local ids, hop after hop, so nodes [0, expanded)).
+    // (frontiers are consecutive ranges of local ids, hop after hop, so nodes [0, expanded)), and
+    // e_id, the chunks' positions gathered (sliced as the rows are).
     void finish(int64_t expanded, Sample& out) {
-        if (narrow_) finish_into(expanded, out.n_id32, out.edge_index32);
-        else finish_into(expanded, out.n_id, out.edge_index);
+        if (!narrow_) finish_into(expanded, out.n_id, out.edge_index, out.e_id);
+        else if (narrow_eid_) finish_into(expanded, out.n_id32, out.edge_index32, out.e_id32);
+        else finish_into(expanded, out.n_id32, out.edge_index32, out.e_id);
     }
 
-    // finish's work for output ids of type T (int64, or int32 for a narrow sample: converted as copied).
-    template <typename T>
-    void finish_into(int64_t expanded, PodBuffer<T>& n_id_out, PodBuffer<T>& edge_index) {
+    // finish's work for output ids of type T and edge positions of type E (int64, or int32 for a
+    // narrow sample: converted as copied).
+    template <typename T, typename E>
+    void finish_into(int64_t expanded, PodBuffer<T>& n_id_out, PodBuffer<T>& edge_index, PodBuffer<E>& e_id) {
         const int64_t n_nodes = static_cast<int64_t>(n_id_.size());
         const int64_t n_edges = static_cast<int64_t>(rows_.size());
         n_id_out.resize(static_cast<size_t>(n_nodes));
         edge_index.resize(static_cast<size_t>(2 * n_edges));
+        e_id.resize(static_cast<size_t>(n_edges));
         const int64_t n_tasks =
             std::max<int64_t>(1, std::min<int64_t>(num_threads_, (n_nodes + n_edges) / kMinFinishItems));
         std::vector<int64_t> col_start(static_cast<size_t>(n_tasks) + 1, 0);  // first edge of each slice
@@ -540,6 +571,7 @@ struct NeighborSampler::Impl {
         run_parallel(n_tasks, num_threads_, [&](int64_t t, int) {
             const int64_t e0 = n_edges * t / n_tasks, e1 = n_edges * (t + 1) / n_tasks;
             std::copy(rows_.data() + e0, rows_.data() + e1, rows + e0);
+            copy_eids(e0, e1, e_id.data());
             T* col = cols + col_start[t];
             for (int64_t i = expanded * t / n_tasks; i < expanded * (t + 1) / n_tasks; ++i) {
                 col = std::fill_n(col, out_count_.data()[i], static_cast<T>(i));
@@ -548,6 +580,20 @@ struct NeighborSampler::Impl {
             std::copy(n_id_.data() + v0, n_id_.data() + v1, n_id_out.data() + v0);
             for (int64_t i = v0; i < v1; ++i) local_[n_id_.data()[i]] = kAbsent;
         });
+    }
+
+    // Copies e_id[e0, e1) from the chunks' position buffers (chunk p holds the edges from
+    // eid_start_[p]; e0 < e1 <= the edge count).
+    template <typename E>
+    void copy_eids(int64_t e0, int64_t e1, E* e_id) const {
+        size_t p = static_cast<size_t>(std::upper_bound(eid_start_.begin(), eid_start_.end(), e0) -
+                                       eid_start_.begin()) - 1;  // the last chunk starting at or before e0
+        for (int64_t e = e0; e < e1; ++p) {
+            const int64_t first = eid_start_[p];
+            const int64_t last = std::min(e1, first + static_cast<int64_t>(eid_parts_[p].size()));
+            std::copy(eid_parts_[p].data() + (e - first), eid_parts_[p].data() + (last - first), e_id + e);
+            e = last;
+        }
     }
 
     // One hop: the frontier's chunks are sampled in parallel and merged serially, in order, as
@@ -559,9 +605,12 @@ struct NeighborSampler::Impl {
         const int64_t max_chunks = static_cast<int64_t>(num_threads_) * kChunksPerThread;
         const int64_t n_chunks = std::max<int64_t>(1, std::min(max_chunks, width / kMinChunkNodes));
         if (chunks_.size() < static_cast<size_t>(n_chunks)) chunks_.resize(n_chunks);
+        const size_t first_part = eid_start_.size();  // the chunks of earlier hops, all merged
+        if (eid_parts_.size() < first_part + n_chunks) eid_parts_.resize(first_part + n_chunks);
         for (int64_t c = 0; c < n_chunks; ++c) {
             chunks_[c].begin = fs + width * c / n_chunks;
             chunks_[c].end = fs + width * (c + 1) / n_chunks;
+            chunks_[c].eids = &eid_parts_[first_part + c];
         }
         // Stop nodes: by global id at every hop after the seeds' (their subtrees pruned), or, with
         // `last_hop`, by local id at the last hop only, together with the nodes only they reached.
@@ -587,7 +636,8 @@ struct NeighborSampler::Impl {
             });
     }
 
-    // Assigns local ids to a chunk's new neighbours (discovery order) and appends its edges' rows.
+    // Assigns local ids to a chunk's new neighbours (discovery order), appends its edges' rows and
+    // notes where its edges (and so its positions) start.
     template <typename Idx>
     void merge_chunk(const Idx* indices, size_t hop, const ChunkOut& ch, PodBuffer<int64_t>& n_id) {
         if (ch.bad_pos >= 0) {
@@ -604,6 +654,7 @@ struct NeighborSampler::Impl {
         }
         size_t e = rows_.size();
         rows_.resize(e + static_cast<size_t>(n_nbrs));
+        eid_start_.push_back(static_cast<int64_t>(e));
         n_id.resize(n + static_cast<size_t>(n_nbrs));  // an upper bound, trimmed below
         int64_t* rows = rows_.data();
         int64_t* ids = n_id.data();
@@ -659,11 +710,16 @@ struct NeighborSampler::Impl {
     std::vector<uint8_t> taint_;  // with last_hop_: 1 for those nodes, by local id
     int64_t thin_ = 0;            // with last_hop_: neighbours those nodes draw at the last hop (0: none)
     bool narrow_ = false;         // this call's n_id and edge_index as int32
+    bool narrow_eid_ = false;     // and its e_id too (narrow_, and every edge position fits int32)
     std::vector<ChunkOut> chunks_;
     std::vector<Scratch> scratch_;
     PodBuffer<int64_t> n_id_;       // the batch's nodes, by local id
     PodBuffer<int64_t> frontier_;   // the current hop's frontier (global ids)
     PodBuffer<int64_t> rows_;       // row 0 of edge_index (local ids of sampled neighbours)
+    // The positions each chunk of the current call drew (chunk after chunk, hop after hop), and the
+    // first edge of each: e_id, in pieces, until finish gathers it.
+    std::vector<PodBuffer<int64_t>> eid_parts_;
+    std::vector<int64_t> eid_start_;
     PodBuffer<int64_t> out_count_;  // edges sampled for each frontier node, by local id
 };
 

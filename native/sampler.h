@@ -1,6 +1,8 @@
 // Neighbor sampler engine over a CSC graph (PyG NeighborLoader semantics, homogeneous,
 // disjoint=False). Plain C++ over raw pointers; bindings.cpp checks the arrays, keeps them alive
-// and releases the GIL. See sampler.cpp for the algorithm and its determinism.
+// and releases the GIL. See sampler.cpp for the algorithm and its determinism. Like PyG's
+// samplers it reports which edges it sampled (e_id: their positions in the CSC `indices`), so a
+// batch can carry edge attributes aligned with its edge_index.
 //
 // Errors: std::invalid_argument naming the offending entry (an inconsistent indptr, a seed out of
 // range or repeated, a corrupt indices entry, bad fanouts or thread count).
@@ -18,9 +20,18 @@ struct SampledSubgraph {
     int64_t num_nodes = 0;
     std::unique_ptr<int64_t[]> edge_index;  // [2, num_edges] row-major, local ids
     int64_t num_edges = 0;
+    // [num_edges]: the position in the graph's `indices` of each sampled edge (indptr[v] + the
+    // offset drawn for frontier node v), column for column with edge_index: indices[e_id[j]] is
+    // n_id[edge_index[0][j]] and e_id[j] lies in [indptr[v], indptr[v + 1]) for v =
+    // n_id[edge_index[1][j]]. A pure function of (graph, seeds, fanouts, seed), like the rest.
+    std::unique_ptr<int64_t[]> e_id;
     // A narrow sample's n_id and edge_index, int32 (n_id and edge_index above are then null).
     std::unique_ptr<int32_t[]> n_id32;
     std::unique_ptr<int32_t[]> edge_index32;
+    // A narrow sample's e_id, int32, when every edge position fits (the graph has at most 2^31
+    // edges; e_id is then null). A narrow sample of a larger graph keeps e_id, int64.
+    std::unique_ptr<int32_t[]> e_id32;
+    bool e_id_narrow = false;  // e_id is in e_id32 (both pointers are null when there are no edges)
     std::vector<int64_t> num_sampled_nodes;  // [batch, n_1 .. n_L]
     std::vector<int64_t> num_sampled_edges;  // [e_1 .. e_L]
 };
@@ -47,7 +58,8 @@ class NeighborSampler {
     // the last layer are then exactly those of the unstopped sample, for every node that is neither.
     // `narrow`: n_id and edge_index as int32 (n_id32, edge_index32), half the bytes to write and for a
     // caller storing int32 ids to keep, with no conversion pass; std::invalid_argument when the graph
-    // has 2^31 nodes or more. `thin` (with `last_hop`): the nodes not expanded at the last hop draw
+    // has more than 2^31 nodes. e_id too (e_id32) when the graph has at most 2^31 edges; past that,
+    // e_id stays int64 rather than the call refuse a graph whose node ids fit int32. `thin` (with `last_hop`): the nodes not expanded at the last hop draw
     // min(thin, fanout) neighbours there instead of none (0: none), so a model's gradient through them
     // sees a neighbour's features rather than none at all.
     SampledSubgraph sample(const int64_t* seeds, int64_t batch, uint64_t seed, const int64_t* stop, int64_t n_stop,

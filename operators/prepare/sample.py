@@ -13,7 +13,10 @@ otherwise ``fanout`` distinct edges are drawn uniformly without replacement. Eve
 neighbour ``u`` gets a local id (existing, or appended to ``n_id`` in discovery order) and the
 edge ``local(u) -> local(v)`` is emitted, so ``edge_index`` is in PyG's source->target
 orientation: row 0 the sampled neighbour (message source), row 1 the node it was sampled for.
-Edges are ordered by hop, then frontier position, then sampled order.
+Edges are ordered by hop, then frontier position, then sampled order. As PyG's samplers do, both
+report which edges they sampled: ``e_id[j]`` is the position in ``indices`` of the edge in
+column ``j`` of ``edge_index`` (``indptr[v]`` plus the offset drawn for ``v``), so a batch can
+carry edge attributes stored in CSC order (``edge_attr[e_id]``), aligned with ``edge_index``.
 
 The native draws are a pure function of ``(seed, hop, node)``: the same ``seed`` gives
 bit-identical output whatever the thread count; a node drawn at the same hop in two batches
@@ -38,13 +41,20 @@ _UINT64_MASK = (1 << 64) - 1
 
 @dataclass
 class SampledBatch:
-    """One sampled subgraph: ids only (features join later, at assembly)."""
+    """One sampled subgraph: ids only (node features and edge attributes join later, at assembly).
 
-    n_id: np.ndarray  # int64 [num_nodes], seeds first
-    edge_index: np.ndarray  # int64 [2, num_edges], local ids, source->target
+    `e_id` says which graph edges were sampled, so edge attributes can follow `edge_index`: column
+    ``j`` of `edge_index` is the edge at position ``e_id[j]`` of the CSC ``indices``
+    (``indices[e_id] == n_id[edge_index[0]]``). None where a batch was built without it.
+    """
+
+    n_id: np.ndarray  # int64 [num_nodes] (int32 for a narrow sample), seeds first
+    edge_index: np.ndarray  # int64 [2, num_edges] (int32 for a narrow sample), local ids, source->target
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
     batch_size: int
+    # int64 [num_edges], or int32 for a narrow sample of a graph of at most 2**31 edges
+    e_id: np.ndarray | None = None
 
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:
@@ -136,17 +146,22 @@ class NeighborSampler:
                 stands in for a stop node, the model's gradient runs through that node's children; one
                 neighbour each gives their rows a neighbour mean instead of none (docs/benchmarks.md).
             narrow: `n_id` and `edge_index` as int32, as the samples files store them (half the bytes, no
-                conversion pass); the same values.
+                conversion pass), and `e_id` too when the graph has at most 2**31 edges (int64 past
+                that: its positions would not fit, while its node ids may); the same values.
+
+        Returns:
+            The batch, with `e_id` (each sampled edge's position in `indices`, column for column with
+            `edge_index`).
 
         Raises:
             ValueError: seeds out of range, duplicated, not integers; a corrupt `indices` entry; `narrow`
-                on a graph of 2**31 nodes or more; `thin` below 0.
+                on a graph of more than 2**31 nodes; `thin` below 0.
         """
         s = _as_seeds(seeds)
         st = None if stop is None else np.ascontiguousarray(_as_numpy(stop), dtype=np.int64).reshape(-1)
-        n_id, edge_index, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop),
-                                                           bool(narrow), int(thin))
-        return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]))
+        n_id, edge_index, e_id, nodes, edges = self._impl.sample(s, int(seed) & _UINT64_MASK, st, bool(last_hop),
+                                                                 bool(narrow), int(thin))
+        return SampledBatch(n_id, edge_index, list(nodes), list(edges), int(s.shape[0]), e_id)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -182,7 +197,7 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
     key takes all ``b = 63 - bits(nodes)`` remaining bits, so ties (broken by position) have
     probability about ``deg**2 / 2**(b+1)``, under 1e-9 for any real frontier.
     Nodes that take all their neighbours are expanded as ranges. New nodes get local ids in
-    first-occurrence order.
+    first-occurrence order. The edge positions drawn are the batch's `e_id` (int64).
 
     Args:
         indptr: int64 [N+1]; indices: integer [E]; seeds: unique ids in [0, N).
@@ -211,6 +226,7 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
     first_pos = np.empty(num_nodes, dtype=np.int64) if dedup == "minimum-at" else None
     n_id_parts = [seeds.astype(np.int64)]
     edge_parts: list[tuple[np.ndarray, np.ndarray]] = []
+    e_id_parts = [np.zeros(0, dtype=np.int64)]  # the edge positions drawn, hop by hop
     num_nodes_out = [int(seeds.shape[0])]
     num_edges_out: list[int] = []
     frontier, frontier_start = n_id_parts[0], 0
@@ -250,6 +266,7 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
         next_id = sum(num_nodes_out)
         local[new_nodes] = np.arange(next_id, next_id + new_nodes.size)
         edge_parts.append((local[nbrs], cols))
+        e_id_parts.append(positions)
         n_id_parts.append(new_nodes)
         num_nodes_out.append(int(new_nodes.size))
         num_edges_out.append(int(nbrs.size))
@@ -258,4 +275,5 @@ def numpy_sample(indptr: Any, indices: Any, seeds: Any, fanouts: Sequence[int],
     edge_index = np.empty((2, sum(num_edges_out)), dtype=np.int64)
     np.concatenate([r for r, _ in edge_parts], out=edge_index[0])
     np.concatenate([c for _, c in edge_parts], out=edge_index[1])
-    return SampledBatch(n_id, edge_index, num_nodes_out, num_edges_out, int(seeds.shape[0]))
+    return SampledBatch(n_id, edge_index, num_nodes_out, num_edges_out, int(seeds.shape[0]),
+                        np.concatenate(e_id_parts))

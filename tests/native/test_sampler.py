@@ -1,6 +1,6 @@
-"""The native neighbor sampler and its numpy reference: structure, semantics, determinism,
-uniformity, errors. Graphs are small, random, without multi-edges (so distinct edge positions
-mean distinct neighbours), and include nodes of in-degree 0."""
+"""The native neighbor sampler and its numpy reference: structure, semantics, the sampled edges'
+CSC positions (e_id), determinism, uniformity, errors. Graphs are small, random, without
+multi-edges (so distinct edge positions mean distinct neighbours), and include nodes of in-degree 0."""
 from __future__ import annotations
 
 import threading
@@ -38,8 +38,22 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def sample_equal(a: SampledBatch, b: SampledBatch) -> bool:
+    """The same values (whatever the integer widths), e_id included."""
     return (np.array_equal(a.n_id, b.n_id) and np.array_equal(a.edge_index, b.edge_index)
+            and a.e_id is not None and b.e_id is not None and np.array_equal(a.e_id, b.e_id)
             and a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges)
+
+
+def check_e_id(indptr: np.ndarray, indices: np.ndarray, b: SampledBatch) -> None:
+    """e_id is each edge's position in `indices`, column for column with edge_index: the source is read
+    there, the position lies in the target's in-edge range, and no edge is reported twice."""
+    assert b.e_id is not None and b.e_id.ndim == 1 and b.e_id.shape[0] == b.edge_index.shape[1]
+    assert b.e_id.dtype == b.n_id.dtype  # int64, or int32 for a narrow sample (of a graph of < 2**31 edges)
+    e_id = b.e_id.astype(np.int64)
+    src, dst = b.n_id[b.edge_index[0]], b.n_id[b.edge_index[1]]
+    np.testing.assert_array_equal(indices[e_id], src)
+    assert ((e_id >= indptr[dst]) & (e_id < indptr[dst + 1])).all(), "an e_id outside its target's range"
+    assert np.unique(e_id).size == e_id.size, "an edge position reported twice"
 
 
 def check_batch(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanouts: list[int],
@@ -54,6 +68,7 @@ def check_batch(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fano
     assert len(b.num_sampled_nodes) == len(fanouts) + 1 and len(b.num_sampled_edges) == len(fanouts)
     assert b.num_sampled_nodes[0] == seeds.size
     assert sum(b.num_sampled_nodes) == b.n_id.size and sum(b.num_sampled_edges) == b.edge_index.shape[1]
+    check_e_id(indptr, indices, b)
     row, col = b.edge_index
     src, dst = b.n_id[row], b.n_id[col]
     # Every sampled edge exists: src is an in-neighbour of dst.
@@ -81,8 +96,9 @@ def check_batch(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fano
         # Nodes that take all their neighbours take them in CSC order.
         full = want == fdeg
         in_full = np.repeat(full, want)
-        expected = indices[ranges(indptr[b.n_id[f_lo:f_hi][full]], fdeg[full])]
-        np.testing.assert_array_equal(b.n_id[r[in_full]], expected)
+        positions = ranges(indptr[b.n_id[f_lo:f_hi][full]], fdeg[full])
+        np.testing.assert_array_equal(b.n_id[r[in_full]], indices[positions])
+        np.testing.assert_array_equal(b.e_id[edge_off[h]:edge_off[h + 1]][in_full], positions)
 
 
 def native(threads: int = 2) -> Sampler:
@@ -123,6 +139,8 @@ def test_exact_small_graph(sample: Sampler) -> None:
     # hop 2 has an empty frontier: 0 and 1 are never expanded twice.
     np.testing.assert_array_equal(b.n_id, [2, 1, 0, 3])
     np.testing.assert_array_equal(b.edge_index, [[2, 3, 2, 1, 0], [0, 0, 1, 2, 2]])
+    np.testing.assert_array_equal(b.e_id, [3, 4, 2, 0, 1])  # 2 <- 0, 3 at 3, 4; 1 <- 0 at 2; 0 <- 1, 2 at 0, 1
+    assert b.e_id.dtype == np.int64
     assert b.num_sampled_nodes == [2, 2, 0, 0]
     assert b.num_sampled_edges == [3, 2, 0]
     assert b.batch_size == 2
@@ -135,6 +153,7 @@ def test_native_equals_numpy_when_nothing_is_random() -> None:
     a, b = native(3)(indptr, indices, seeds, fanouts), reference(indptr, indices, seeds, fanouts)
     np.testing.assert_array_equal(a.n_id, b.n_id)
     np.testing.assert_array_equal(a.edge_index, b.edge_index)
+    np.testing.assert_array_equal(a.e_id, b.e_id)
     assert (a.num_sampled_nodes, a.num_sampled_edges) == (b.num_sampled_nodes, b.num_sampled_edges)
 
 
@@ -153,6 +172,7 @@ def test_frontier_not_reexpanded() -> None:
     b = NeighborSampler(indptr, indices, [-1, -1, -1], 1).sample(np.array([0]), 0)
     np.testing.assert_array_equal(b.n_id, [0, 1])
     np.testing.assert_array_equal(b.edge_index, [[1, 0, 1], [0, 1, 1]])
+    np.testing.assert_array_equal(b.e_id, [0, 1, 2])
     assert b.num_sampled_edges == [1, 2, 0] and b.num_sampled_nodes == [1, 1, 0, 0]
 
 
@@ -178,14 +198,56 @@ def test_narrow_samples_are_the_wide_ones_in_int32(threads: int) -> None:
     indptr, indices = random_csc(6007, 60000, seed=8)
     seeds = np.random.default_rng(9).choice(6007, 900, replace=False)
     sampler = NeighborSampler(indptr, indices, [5, 4, 3], threads)
-    for stop in (None, np.arange(0, 6007, 7)):
-        wide = sampler.sample(seeds, 3, stop=stop)
-        narrow = sampler.sample(seeds, 3, stop=stop, narrow=True)
+    stop = np.arange(0, 6007, 7)
+    for kw in ({}, {"stop": stop}, {"stop": stop, "last_hop": True}, {"stop": stop, "last_hop": True, "thin": 1}):
+        wide = sampler.sample(seeds, 3, **kw)
+        narrow = sampler.sample(seeds, 3, narrow=True, **kw)
         assert narrow.n_id.dtype == np.int32 and narrow.edge_index.dtype == np.int32
+        assert narrow.e_id is not None and narrow.e_id.dtype == np.int32
         assert wide.n_id.dtype == np.int64 and narrow.edge_index.shape == wide.edge_index.shape
         assert sample_equal(narrow, wide)
+        check_e_id(indptr, indices, narrow)
     empty = sampler.sample(np.zeros(0, np.int64), 3, narrow=True)
     assert empty.n_id.dtype == np.int32 and empty.n_id.shape == (0,) and empty.edge_index.shape == (2, 0)
+    assert empty.e_id is not None and empty.e_id.dtype == np.int32 and empty.e_id.shape == (0,)
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_e_id_is_the_same_whatever_the_thread_count(narrow: bool) -> None:
+    """e_id, like the rest, is a pure function of (graph, seeds, fanouts, seed), for pruned samples too."""
+    indptr, indices = random_csc(6007, 60000, seed=15)
+    seeds = np.random.default_rng(16).choice(6007, 900, replace=False)
+    stop = np.arange(3, 6007, 5)
+    for kw in ({}, {"stop": stop}, {"stop": stop, "last_hop": True}, {"stop": stop, "last_hop": True, "thin": 2}):
+        runs = [NeighborSampler(indptr, indices, [5, 4, 3], t).sample(seeds, 21, narrow=narrow, **kw)
+                for t in (1, 2, 7)]
+        assert runs[0].num_sampled_nodes[1] > 1000  # frontiers wide enough to be split into chunks
+        check_e_id(indptr, indices, runs[0])
+        assert all(sample_equal(r, runs[0]) and r.e_id.dtype == runs[0].e_id.dtype for r in runs[1:])
+
+
+@pytest.mark.parametrize("num_edges", [2**31, 2**31 + 1], ids=["2^31", "2^31+1"])
+def test_narrow_e_id_is_int32_while_edge_positions_fit(tmp_path, num_edges: int) -> None:
+    """A narrow sample's e_id is int32 for a graph of up to 2**31 edges and int64 beyond (its node ids still
+    fit int32). The graph: node 1's six in-edges close the CSC array, node 0 holds the rest; `indices` is a
+    sparse file of zeros (every source is node 0), so only the pages read take memory."""
+    path = tmp_path / "indices.bin"
+    with open(path, "wb") as f:
+        f.truncate(num_edges * 4)
+    if path.stat().st_blocks * 512 >= 2**20:
+        pytest.skip("this filesystem does not keep sparse files")
+    indices = np.memmap(path, dtype=np.int32, mode="r", shape=(num_edges,))
+    indptr = np.array([0, num_edges - 6, num_edges], dtype=np.int64)
+    sampler = NeighborSampler(indptr, indices, [-1], 1)
+    narrow, wide = sampler.sample(np.array([1]), 0, narrow=True), sampler.sample(np.array([1]), 0)
+    positions = np.arange(num_edges - 6, num_edges)
+    assert narrow.n_id.dtype == np.int32 and narrow.n_id.tolist() == [1, 0]
+    assert narrow.e_id is not None and narrow.e_id.dtype == (np.int32 if num_edges <= 2**31 else np.int64)
+    assert wide.e_id is not None and wide.e_id.dtype == np.int64
+    np.testing.assert_array_equal(narrow.e_id, positions)
+    np.testing.assert_array_equal(wide.e_id, positions)
+    reference = numpy_sample(indptr, indices, np.array([1]), [-1], np.random.default_rng(0))
+    np.testing.assert_array_equal(reference.e_id, positions)
 
 
 def test_concurrent_calls_on_one_object() -> None:
@@ -360,6 +422,7 @@ def test_empty_batch_and_zero_degree_seeds() -> None:
     sampler = NeighborSampler(GOOD_INDPTR, GOOD_INDICES, [2, 2], 2)
     empty = sampler.sample(np.zeros(0, dtype=np.int64), 0)
     assert empty.n_id.size == 0 and empty.edge_index.shape == (2, 0)
+    assert empty.e_id is not None and empty.e_id.dtype == np.int64 and empty.e_id.shape == (0,)
     assert empty.num_sampled_nodes == [0, 0, 0] and empty.num_sampled_edges == [0, 0]
     lonely = sampler.sample(np.array([3]), 0)  # node 3 has no in-neighbours
     assert lonely.n_id.tolist() == [3] and lonely.edge_index.shape == (2, 0)

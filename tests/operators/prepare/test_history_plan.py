@@ -1,6 +1,7 @@
 """The historical embedding cache's planning (`operators.prepare.history`) and the sampler's `stop` set it
 prunes with: fresh embeddings prune, stale ones are pushed, staleness 1 never prunes, pruned nodes keep
-their place but draw no neighbours while every other draw is unchanged."""
+their place but draw no neighbours while every other draw is unchanged, and the edges such a sample
+reports (e_id, their CSC positions) are the unpruned sample's edges it keeps."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -76,6 +77,16 @@ def test_nodes_rows_and_positions() -> None:
         local_positions(n_id, 2, 5, np.array([1]))
 
 
+def _check_e_id(st: Store, sample) -> None:
+    """e_id is each edge's position in the store's CSC `indices`: the source is read there, and the position
+    lies in the target's in-edge range."""
+    indptr, indices = np.asarray(st.indptr), np.asarray(st.indices)
+    src, dst = sample.n_id[sample.edge_index[0]], sample.n_id[sample.edge_index[1]]
+    assert sample.e_id.dtype == np.int64 and sample.e_id.shape == src.shape
+    np.testing.assert_array_equal(indices[sample.e_id], src)
+    assert ((sample.e_id >= indptr[dst]) & (sample.e_id < indptr[dst + 1])).all()
+
+
 def test_stop_prunes_subtrees_and_changes_no_other_draw(tiny_store: Path) -> None:
     st = Store(tiny_store)
     s = NeighborSampler(st.indptr, st.indices, [4, 3, 2], num_threads=2)
@@ -95,6 +106,9 @@ def test_stop_prunes_subtrees_and_changes_no_other_draw(tiny_store: Path) -> Non
     assert g_cut < g_full
     expanded = set(hop1.tolist()) - set(stop.tolist())     # the hop-1 nodes not stopped draw what they drew
     assert {e for e in g_full if e[1] in expanded} <= g_cut
+    _check_e_id(st, full)
+    _check_e_id(st, cut)
+    assert set(cut.e_id.tolist()) < set(full.e_id.tolist())                    # the same edges, fewer
     np.testing.assert_array_equal(s.sample(seeds, 77, stop=np.zeros(0, np.int64)).n_id, full.n_id)
     np.testing.assert_array_equal(s.sample(seeds, 77).n_id, full.n_id)          # marks cleared after a call
     with pytest.raises(ValueError, match="out of range"):
@@ -132,7 +146,7 @@ def _stopped(tiny_store: Path, fanouts):
 
 @pytest.mark.parametrize("fanouts", [[4, 3], [4, 3, 2], [3, 3, 2, 2]])
 def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_store: Path, fanouts) -> None:
-    _, s, seeds, full, stop = _stopped(tiny_store, fanouts)
+    st, s, seeds, full, stop = _stopped(tiny_store, fanouts)
     cut = s.sample(seeds, 77, stop=stop, last_hop=True)
     last = len(fanouts)
     before_last = sum(full.num_sampled_nodes[:last])
@@ -141,6 +155,8 @@ def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_sto
     np.testing.assert_array_equal(cut.num_sampled_edges[:-1], full.num_sampled_edges[:-1])
     kept = sum(full.num_sampled_edges[:-1])
     np.testing.assert_array_equal(cut.edge_index[:, :kept], full.edge_index[:, :kept])
+    np.testing.assert_array_equal(cut.e_id[:kept], full.e_id[:kept])
+    _check_e_id(st, cut)
     # at the last hop, exactly the stopped nodes and the nodes only they drew draw nothing; the others
     # draw what they drew
     skip = np.flatnonzero(_tainted(full, stop)[:before_last])
@@ -148,6 +164,8 @@ def test_last_hop_stop_keeps_every_hop_but_the_last_below_stopped_nodes(tiny_sto
     g_cut = {(int(cut.n_id[a]), int(cut.n_id[b])) for a, b in cut.edge_index[:, kept:].T}
     dropped = set(full.n_id[skip].tolist())
     assert g_cut == {e for e in g_full if e[1] not in dropped}
+    kept_last = ~np.isin(full.n_id[full.edge_index[1, kept:]], list(dropped))
+    np.testing.assert_array_equal(cut.e_id[kept:], full.e_id[kept:][kept_last])  # the same edges, in order
     if last == 2:                       # two hops: the subtree rule's sample
         sub = s.sample(seeds, 77, stop=stop)
         np.testing.assert_array_equal(cut.n_id, sub.n_id)
@@ -167,6 +185,8 @@ def test_thin_draws_neighbours_for_the_nodes_the_last_hop_rule_leaves_bare(tiny_
     kept = sum(full.num_sampled_edges[:-1])
     np.testing.assert_array_equal(thin.n_id[:before_last], full.n_id[:before_last])     # the hops above
     np.testing.assert_array_equal(thin.edge_index[:, :kept], full.edge_index[:, :kept])
+    np.testing.assert_array_equal(thin.e_id[:kept], full.e_id[:kept])
+    _check_e_id(st, thin)
     # at the last hop: the nodes the last-hop rule leaves bare draw one graph neighbour each (none where
     # they have none); every other node draws what it draws under the last-hop rule
     frontier = np.arange(sum(full.num_sampled_nodes[:last - 1]), before_last)     # the last hop's
@@ -190,5 +210,6 @@ def test_thin_draws_neighbours_for_the_nodes_the_last_hop_rule_leaves_bare(tiny_
     wide = s.sample(seeds, 77, stop=stop, last_hop=True, thin=fanouts[-1])
     np.testing.assert_array_equal(wide.n_id, full.n_id)
     np.testing.assert_array_equal(wide.edge_index, full.edge_index)
+    np.testing.assert_array_equal(wide.e_id, full.e_id)
     with pytest.raises(ValueError, match="thin"):
         s.sample(seeds, 77, stop=stop, last_hop=True, thin=-1)
