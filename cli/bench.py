@@ -23,6 +23,7 @@ BENCHES = {
     "stream": "streaming vs prepare-then-train on the split cluster: stream_s, prepare_s, train_s, GPU-worker idle fraction",
     "compare": "every pipeline on one dataset and the same samples, each in its own memory cgroup, side by side",
     "scale": "a run whose features exceed this machine's RAM: synth, ingest, prepare, train, each in a memory cgroup",
+    "link": "link prediction: inmemory, belady, an online pipeline and a features-only MLP, in memory cgroups",
     "pyg": "PyG's NodeLoader over diskflow's remote backend vs memory-mapped and in-RAM features, in a memory cgroup",
 }
 
@@ -53,6 +54,9 @@ def bench_module(name: str) -> ModuleType:
     if name == "scale":
         from ..bench import scale
         return scale
+    if name == "link":
+        from ..bench import link
+        return link
     if name == "pyg":
         from ..bench import pyg
         return pyg
