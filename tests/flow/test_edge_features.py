@@ -9,8 +9,6 @@ import dask
 import numpy as np
 import pytest
 import torch
-
-from diskflow.errors import ConfigError
 from diskflow.flow.ingest import run_ingest
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.runtimes import memory
@@ -19,6 +17,8 @@ from diskflow.operators.ingest.raw import write_raw_dataset
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.train.batches import InMemoryLoader
 from diskflow.operators.train.session import StoreFeatures
+
+from diskflow.errors import ConfigError
 
 RUN = {"epochs": 1, "batch_size": 64, "fanouts": (4, 3), "hidden": 16, "heads": 2, "progress": False, "threads": 1}
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-
-from diskflow.errors import ConfigError, InputError
 from diskflow.flow.ingest import run_ingest
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.flow.runtimes import memory
@@ -18,6 +16,8 @@ from diskflow.operators.ingest.raw import write_raw_dataset
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.prepare.task import Task, attach_labels, epoch_seeds, eval_link_batches, link_batches
 from diskflow.operators.train.linkmetrics import link_figures, roc_auc
+
+from diskflow.errors import ConfigError, InputError
 
 LINK = {"task": "link", "epochs": 2, "batch_size": 200, "fanouts": (4, 3), "hidden": 16, "progress": False,
         "eval_every": 2, "threads": 1}
