@@ -20,11 +20,14 @@
 // chunks in parallel into per-chunk buffers and merges them serially in chunk order (the dedup
 // that assigns local ids must see edges in order); the merge of chunk c overlaps with the
 // sampling of later chunks. A chunk records each edge's position beside its neighbour as it
-// draws it, into a buffer of its own that the call keeps; the merge notes where the chunk's edges
-// start, and the output e_id is copied from those buffers, in parallel, with the rest.
+// draws it, into a buffer of its own that the call keeps; the merge only notes where the chunk's
+// edges start, and the output e_id is copied from those buffers, in parallel, with the rest: the
+// serial merge, which bounds the speed at many threads, does no more work for it.
 // The dedup uses a scratch array of N entries owned by the sampler, reset through the batch's
-// own node list, and a mutex makes concurrent calls on one object safe. The graph arrays are read
-// in place. No Python here: bindings.cpp binds it, with the GIL released during all of it.
+// own node list, and a mutex makes concurrent calls on one object safe. The working buffers (the
+// rows, the chunks' positions: 8 bytes per edge each, sized by the largest batches) are kept
+// between calls, so a stream of batches allocates little beyond its outputs. The graph arrays
+// are read in place. No Python here: bindings.cpp binds it, with the GIL released during all of it.
 #include "sampler.h"
 
 #include <algorithm>
