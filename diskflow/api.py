@@ -89,8 +89,6 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
     from .operators.formats.store import STORE_KIND
     from .operators.ingest.raw import find_raw_files
 
-    link = {"link_split": link_split, "disjoint_train_ratio": disjoint_train_ratio, "link_negatives": link_negatives,
-            "link_seed": link_seed}
     LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
                link_seed).check()      # bad options fail before a cluster starts
     if isinstance(source, (str, os.PathLike)):
@@ -99,7 +97,9 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
     with _cluster(scheduler, workers, tls):
         if isinstance(source, (str, os.PathLike)):
             return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,
-                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force, **link)
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force,
+                              link_split=link_split, disjoint_train_ratio=disjoint_train_ratio,
+                              link_negatives=link_negatives, link_seed=link_seed)
         if not hasattr(source, "edge_index"):
             raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
                                                           "Data with x, edge_index and y")
@@ -111,7 +111,9 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
             raw = Path(tmp) / "raw"
             from_pyg(source, raw)
             return run_ingest(raw, store, memory_budget=memory_budget, shard_rows=shard_rows,
-                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force, **link)
+                              to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force,
+                              link_split=link_split, disjoint_train_ratio=disjoint_train_ratio,
+                              link_negatives=link_negatives, link_seed=link_seed)
 
 
 def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, Any]:

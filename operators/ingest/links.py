@@ -57,7 +57,7 @@ class LinkConfig:
         seed: seeds the random split, the supervision share and the negatives.
     """
 
-    split: tuple[float, float] | None = None
+    split: tuple[float, ...] | None = None      # (val, test); check() refuses another length
     disjoint_train_ratio: float = 0.0
     negatives: int = 100
     seed: int = 0
