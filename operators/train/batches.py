@@ -44,14 +44,16 @@ def _ids(values: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.int64))     # a copy: the samples may be read-only maps
 
 
-def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_attr: torch.Tensor | None = None) -> Data:
+def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_attr: torch.Tensor | None = None,
+               edge_ids: bool = True) -> Data:
     """A `Data` batch from a sample and its already-gathered rows (`x[i]`, `y[i]` belong to `n_id[i]`).
 
     The fields are exactly NeighborLoader's for a homogeneous graph: `x, edge_index, y,
     n_id, batch_size, num_sampled_nodes, num_sampled_edges`; the first `batch_size` rows
     are the seeds, the ones loss and accuracy are computed on. A sample that carries a history
     plan (``sample.history``) adds its four index tensors (`train.history.FIELDS`). A sample with
-    its edges' ids (``sample.e_id``) adds `e_id`, and `edge_attr` (their features, aligned with
+    its edges' ids (``sample.e_id``) adds `e_id` unless `edge_ids` is False (a graph without edge
+    features: the sampler reports them anyway), and `edge_attr` (their features, aligned with
     `edge_index`) where given. A link task's sample adds LinkNeighborLoader's `edge_label_index`
     (the scored pairs, local) and `edge_label`.
     """
@@ -60,7 +62,7 @@ def batch_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_attr: torc
                 num_sampled_nodes=[int(n) for n in sample.num_sampled_nodes],
                 num_sampled_edges=[int(n) for n in sample.num_sampled_edges])
     e_id = getattr(sample, "e_id", None)
-    if e_id is not None:
+    if e_id is not None and edge_ids:
         data.e_id = _ids(e_id)
     if edge_attr is not None:
         data.edge_attr = edge_attr
@@ -90,7 +92,8 @@ def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_features: Any
     e_id = getattr(sample, "e_id", None)
     if edge_features is not None and e_id is not None:
         edge_attr = edge_features.index_select(0, _ids(e_id).to(edge_features.device))
-    return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)), edge_attr)
+    return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)), edge_attr,
+                      edge_ids=edge_features is not None)
 
 
 def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,

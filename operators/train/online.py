@@ -246,7 +246,10 @@ class OnlineLoader:
                 x = rows.index_select(0, torch.from_numpy(p.aliases))
                 self.buffer.release(p.aliases)
                 n_id = torch.from_numpy(np.ascontiguousarray(s.n_id, dtype=np.int64))
-                data = batch_data(s, x, self.labels.index_select(0, n_id))
+                # e_id only where the graph has edge features (which this loader does not serve: a model
+                # reading them is then refused, `loop.forward`)
+                data = batch_data(s, x, self.labels.index_select(0, n_id),
+                                  edge_ids=getattr(self.store, "edge_features", None) is not None)
                 clocks["gather"].busy += time.perf_counter() - t
                 pipe.put(ready, data, clocks["gather"])
             pipe.put(ready, END, clocks["gather"])
