@@ -95,7 +95,7 @@ from .common import (
     read_ahead_kb,
     sequential_read_bw,
 )
-from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch
+from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, useful_bytes
 
 __all__ = ["BASELINES", "DEFAULT_WORKDIR", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
            "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "pipeline_figures", "run"]
@@ -331,17 +331,6 @@ def _prepare_seconds(path: Path, r: Any, reused: float = 0.0) -> float | None:
     return float(entry["seconds"]) if entry.get("config_hash") == key else None
 
 
-def _samples_files(packed: Path) -> dict[int, list[Path]]:
-    """The stored sample files of a packed dataset, per epoch, in training order."""
-    from ..operators.formats.packed import PackedDataset, samples_name
-
-    with PackedDataset(packed) as ds:
-        files: dict[int, list[Path]] = {}
-        for sb in sorted(ds.superbatches, key=lambda s: s.first_batch):
-            files.setdefault(sb.epoch, []).append(ds.round_dir / samples_name(sb.key))
-    return files
-
-
 def _file_crc(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:
@@ -352,21 +341,10 @@ def _file_crc(path: Path) -> int:
 
 def _same_samples(prepared: dict[str, dict[str, Any]]) -> bool:
     """Whether every prepared dataset holds byte-identical sample files (the same batches, the same subgraphs)."""
-    crcs = {name: [_file_crc(p) for files in _samples_files(info["path"]).values() for p in files]
+    crcs = {name: [_file_crc(p) for files in samples_files(info["path"]).values() for p in files]
             for name, info in prepared.items()}
     first = next(iter(crcs.values()))
     return all(c == first for c in crcs.values())
-
-
-def _useful_bytes(packed: Path) -> np.ndarray:
-    """Per batch of the round (global order), the bytes its plan reads from disk: packed, disk-cache, store rows."""
-    from ..operators.formats.packed import SRC_PACKED, PackedDataset
-
-    with PackedDataset(packed) as ds:
-        useful = np.zeros(ds.num_batches, np.int64)
-        for _, rec in ds.batches():
-            useful[rec.batch] = int(np.count_nonzero(rec.src >= SRC_PACKED)) * ds.row_bytes
-    return useful
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -542,7 +520,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not samples_identical:
         raise InputError(work / "packed", "the prepared datasets hold different samples; remove them and re-run")
     ref = prepared["belady"]["path"]
-    warm = {str(e): [str(p) for p in files] for e, files in _samples_files(ref).items()}
+    warm = {str(e): [str(p) for p in files] for e, files in samples_files(ref).items()}
     sample_bytes = sum(Path(p).stat().st_size for files in warm.values() for p in files)
     manifest = read_manifest(ref)
     assert manifest is not None                         # belady's prepared dataset
@@ -607,7 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         setup_s += time.perf_counter() - t_prep
                 child: dict[str, Any] = {"runs": {}, "groups": {}}
                 own = None if name not in prepared or _exact(args.definitions[name]) else \
-                    {str(e): [str(p) for p in files] for e, files in _samples_files(prepared[name]["path"]).items()}
+                    {str(e): [str(p) for p in files] for e, files in samples_files(prepared[name]["path"]).items()}
                 if name in ONLINE:      # they read no stored sample
                     own = {str(e): [] for e in range(args.epochs)}
                 for group, runs in groups.items():
@@ -629,17 +607,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if name in transient and args.definitions[name].loader == "packed":
                     path = work / "packed" / name
                     if name in prepared and path.is_dir():
-                        prepared[name]["useful"] = _useful_bytes(path)
+                        prepared[name]["useful"] = useful_bytes(path)
                     for gone in (path, Path(f"{path}.work")):
                         shutil.rmtree(gone, ignore_errors=True)
                     print(f"  removed {path} and its cache (--keep keeps them)", flush=True)
     drop_trees(droppable)
 
-    belady_useful = _useful_bytes(ref)
+    belady_useful = useful_bytes(ref)
     pipelines: dict[str, Any] = {}
     for name in names:
         useful = belady_useful if name == "mmap" else None if name not in prepared else \
-            prepared[name]["useful"] if "useful" in prepared[name] else _useful_bytes(prepared[name]["path"])
+            prepared[name]["useful"] if "useful" in prepared[name] else useful_bytes(prepared[name]["path"])
         plan_miss = int(prepared[name]["figures"]["plan_miss_bytes"]) if name in prepared else None
         pipelines[name] = pipeline_figures(children[name], batches * args.epochs, args.epochs, useful, plan_miss)
         definition = args.definitions.get(name)

@@ -31,7 +31,8 @@ from ..operators.formats.sizes import format_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import drop_trees
 
-__all__ = ["ALLOWANCE_MARGIN", "ALLOWANCE_ROUND", "CHILD", "allowance", "budget_fit", "child_main", "launch"]
+__all__ = ["ALLOWANCE_MARGIN", "ALLOWANCE_ROUND", "CHILD", "allowance", "budget_fit", "child_main", "launch", "peak_rss",
+           "reset_peak_rss", "samples_files", "useful_bytes", "warm_files"]
 
 CHILD = "diskflow.bench.harness"     # the module a child process runs (``python -m CHILD --child SPEC``)
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
@@ -124,11 +125,11 @@ def _child_runs(spec: dict[str, Any]) -> int:
     return 0
 
 
-def _hwm() -> int:
+def peak_rss() -> int:
     """This process's peak RSS (``VmHWM``), in bytes.
 
     Not ``ru_maxrss``: that keeps the peak of the image before ``exec``, i.e. of the forking
-    parent. `_reset_hwm` lowers it to the current RSS, so each run reports its own peak.
+    parent. `reset_peak_rss` lowers it to the current RSS, so each run reports its own peak.
     """
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -136,7 +137,7 @@ def _hwm() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _reset_hwm() -> None:
+def reset_peak_rss() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -166,7 +167,7 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
             held.append(s)
             if largest is None or s.n_id.shape[0] > largest.n_id.shape[0]:
                 largest = s
-    data_rss = _hwm()
+    data_rss = peak_rss()
     torch.manual_seed(0)
     net = build_model(spec.get("model", "sage"), ds.dim, spec["hidden"], int(ds.manifest["num_classes"]),
                       len(spec["fanouts"]))
@@ -179,15 +180,37 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
             loss = torch.nn.functional.cross_entropy(forward(net, data), data.y[:data.batch_size])
             loss.backward()
             opt.step()
-    return {"peak_rss_bytes": _hwm(), "data_peak_rss_bytes": data_rss, "largest_batch_rows": n,
+    return {"peak_rss_bytes": peak_rss(), "data_peak_rss_bytes": data_rss, "largest_batch_rows": n,
             "samples_held": len(held)}
+
+
+def samples_files(packed: Path) -> dict[int, list[Path]]:
+    """The stored sample files of a packed dataset, per epoch, in training order."""
+    from ..operators.formats.packed import PackedDataset, samples_name
+
+    with PackedDataset(packed) as ds:
+        files: dict[int, list[Path]] = {}
+        for sb in sorted(ds.superbatches, key=lambda s: s.first_batch):
+            files.setdefault(sb.epoch, []).append(ds.round_dir / samples_name(sb.key))
+    return files
+
+
+def useful_bytes(packed: Path) -> np.ndarray:
+    """Per batch of the round (global order), the bytes its plan reads from disk: packed, disk-cache, store rows."""
+    from ..operators.formats.packed import SRC_PACKED, PackedDataset
+
+    with PackedDataset(packed) as ds:
+        useful = np.zeros(ds.num_batches, np.int64)
+        for _, rec in ds.batches():
+            useful[rec.batch] = int(np.count_nonzero(rec.src >= SRC_PACKED)) * ds.row_bytes
+    return useful
 
 
 class _Enough(Exception):
     """Raised from the batch hook once the batches to measure are done (a cut-short baseline)."""
 
 
-def _warm(paths: list[str]) -> int:
+def warm_files(paths: list[str]) -> int:
     """Read files once (into the page cache, charged to this process's cgroup); the bytes read."""
     total = 0
     for p in paths:
@@ -209,7 +232,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     st: dict[str, Any] = {"epochs": [], "partial": None, "count": 0, "n": 0, "epoch": 0, "train_peak_rss_bytes": None}
 
     def on_start(epoch: int, batches: int) -> None:
-        _warm(spec["warm"][str(epoch)])
+        warm_files(spec["warm"][str(epoch)])
         st.update(epoch=epoch, n=batches, count=0, io0=proc_io(), t0=time.perf_counter())
 
     def snapshot() -> dict[str, Any]:
@@ -226,18 +249,18 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             st.update(io0=proc_io(), t0=time.perf_counter())
         if measure and st["count"] == warmup + measure < st["n"]:
             st["partial"] = {**snapshot(), "batches": measure, "first": warmup, "of": st["n"]}
-            st["train_peak_rss_bytes"] = _hwm()
+            st["train_peak_rss_bytes"] = peak_rss()
             raise _Enough
         if st["count"] == st["n"]:
             st["epochs"].append(snapshot())
             if st["epoch"] == spec["epochs"] - 1:
-                st["train_peak_rss_bytes"] = _hwm()
+                st["train_peak_rss_bytes"] = peak_rss()
                 if spec.get("home_procs") and run["model"] != "none":    # evaluate outside the cgroup
                     Path(spec["home_procs"]).write_text(str(os.getpid()))
 
     run_dir = Path(run["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    _reset_hwm()
+    reset_peak_rss()
     common = {"model": run["model"], "hidden": spec["hidden"], "lr": spec["lr"], "seed": spec["seed"],
               "eval_every": spec["epochs"], "threads": run.get("threads", spec["threads"]), "on_batch": on_batch,
               "on_start": on_start}

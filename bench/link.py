@@ -29,7 +29,7 @@ from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.options import CPU_SHARE
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import drop_trees, print_table
-from .harness import allowance
+from .harness import allowance, peak_rss, reset_peak_rss, samples_files, useful_bytes, warm_files
 
 __all__ = ["CHILD", "DEFAULT_WORKDIR", "PIPELINES", "TARGETS", "add_arguments", "child_main", "run"]
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
                                                task="link", quiet=True)
     setup_s = time.perf_counter() - t0
-    warm = {str(e): [str(p) for p in files] for e, files in _samples_files(packed).items()}
+    warm = {str(e): [str(p) for p in files] for e, files in samples_files(packed).items()}
     runs_dir = work / "runs"
     shared = {"store": str(store.path), "packed": str(packed), "fanouts": list(args.fanouts),
               "batch_size": args.batch_size, "epochs": args.epochs, "hidden": args.hidden, "seed": args.seed,
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise InputError(runs_dir, f"inmemory's child failed ({done.get('error')})")
             limit = allowance(peak, 0) + budget
     drop_trees([store.path, packed.parent])
-    useful = _useful_bytes(packed)
+    useful = int(useful_bytes(packed).sum())
     pipelines = {name: _figures(children[name], args.epochs, useful if name == "belady" else None)
                  for name in names}
 
@@ -217,7 +217,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     st: dict[str, Any] = {"epochs": [], "count": 0, "n": 0, "epoch": 0}
 
     def on_start(epoch: int, batches: int) -> None:
-        _warm(spec["warm"].get(str(epoch), []))
+        warm_files(spec["warm"].get(str(epoch), []))
         st.update(epoch=epoch, n=batches, count=0, io0=proc_io(), t0=time.perf_counter())
 
     def on_batch(_: int) -> None:
@@ -229,7 +229,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
 
     run_dir = Path(run["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    _reset_hwm()
+    reset_peak_rss()
     common = {"model": run["model"], "hidden": spec["hidden"], "seed": spec["seed"], "eval_every": spec["epochs"],
               "threads": spec["threads"], "on_batch": on_batch, "on_start": on_start}
     if spec["pipeline"] == "belady":
@@ -248,51 +248,7 @@ def _train(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         report = load_pipeline(spec["pipeline"]).run(
             spec["store"], run_dir, fanouts=spec["fanouts"], batch_size=spec["batch_size"], epochs=spec["epochs"],
             cpu_memory=spec["cpu_memory"], progress=False, task="link", **common)
-    return {"epochs": st["epochs"], "peak_rss_bytes": _hwm(), "report": report}
-
-
-def _samples_files(packed: Path) -> dict[int, list[Path]]:
-    """The stored sample files of a packed dataset, per epoch, in training order."""
-    from ..operators.formats.packed import PackedDataset, samples_name
-
-    with PackedDataset(packed) as ds:
-        files: dict[int, list[Path]] = {}
-        for sb in sorted(ds.superbatches, key=lambda s: s.first_batch):
-            files.setdefault(sb.epoch, []).append(ds.round_dir / samples_name(sb.key))
-    return files
-
-
-def _useful_bytes(packed: Path) -> int:
-    """The bytes the round's plan reads from disk: its packed, disk-cache and store rows."""
-    import numpy as np
-
-    from ..operators.formats.packed import SRC_PACKED, PackedDataset
-
-    with PackedDataset(packed) as ds:
-        return sum(int(np.count_nonzero(rec.src >= SRC_PACKED)) * ds.row_bytes for _, rec in ds.batches())
-
-
-def _warm(paths: list[str]) -> None:
-    """Read files once (into the page cache, charged to this process's cgroup)."""
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(8 << 20):
-                pass
-
-
-def _hwm() -> int:
-    """This process's peak RSS (``VmHWM``), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_hwm() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    return {"epochs": st["epochs"], "peak_rss_bytes": peak_rss(), "report": report}
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ from ..flow.options import DEFAULT_SHARE, byte_budget, fit_default
 from ..operators.formats.sizes import format_bytes, parse_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import add_graph_arguments, drop_page_cache, print_table, read_ahead_kb
+from .harness import peak_rss
 from .prepare import DEFAULT_NODES  # 8.4M x 128 float32 = 4.0 GiB of features, as the other benches
 
 __all__ = ["ALLOWANCE_MARGIN", "DEFAULT_WORKDIR", "LIMITED", "TARGETS", "VARIANTS", "add_arguments",
@@ -188,14 +189,6 @@ def _launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float)
     return result
 
 
-def _hwm() -> int:
-    """This process's peak RSS (``VmHWM``), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _drop_store(store: Any) -> None:
     """Evict every file of the store from the page cache."""
     for p in sorted(Path(store.path).rglob("*")):
@@ -281,7 +274,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
         "batches_per_s": int(spec["batches"]) / seconds, "rows": rows, "rows_per_batch": rows / int(spec["batches"]),
         "requested_bytes": asked, "disk_read_bytes": read,
         "read_amplification": None if read is None or not asked else read / asked,
-        "x_checksum": checksum, "peak_rss_bytes": _hwm(), "charged_bytes": most if spec.get("in_cgroup") else None}
+        "x_checksum": checksum, "peak_rss_bytes": peak_rss(), "charged_bytes": most if spec.get("in_cgroup") else None}
     if spec["variant"] == "remote":
         out["cache"] = {**features.cache.memory(), **features.cache.counters(), "slots": features.cache.slots}
     return out
