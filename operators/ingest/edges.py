@@ -48,7 +48,7 @@ import pyarrow as pa
 from ...errors import InputError
 from ...native.constants import ALIGN
 from ..formats.npyio import create_aligned_npy
-from .features import FEATURE_DTYPES, fixed_rows
+from .features import fixed_rows, vector_type
 from .links import (
     LINK_SPLITS,
     TAG_MP,
@@ -111,16 +111,9 @@ def _attr_type(schema: pa.Schema, path: Path) -> tuple[str, int] | None:
     i = schema.get_field_index(EDGE_ATTR)
     if i < 0:
         return None
-    t = schema.field(i).type
-    if not pa.types.is_fixed_size_list(t):
-        raise InputError(path, f"column {EDGE_ATTR!r} has type {t}, expected fixed_size_list<float32|float16, D> "
-                               "(one fixed-length vector per edge)")
-    if t.value_type not in FEATURE_DTYPES:
-        raise InputError(path, f"column {EDGE_ATTR!r} has item type {t.value_type}, expected float32 or float16 "
-                               "(cast the edge features before ingest)")
-    if t.list_size < 1:
-        raise InputError(path, f"column {EDGE_ATTR!r} has width {t.list_size}, expected at least 1")
-    return FEATURE_DTYPES[t.value_type].name, int(t.list_size)
+    dtype, width = vector_type(schema.field(i).type, EDGE_ATTR, path, owner="edge", width="width",
+                               what="edge features")
+    return dtype.name, width
 
 
 def edge_schema(files: Sequence[Path]) -> EdgeSchema:

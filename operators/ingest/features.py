@@ -41,7 +41,7 @@ from .raw import (
 )
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_DTYPES", "FeatureFile", "FeatureUnit", "check_same_schema",
-           "feature_type", "fixed_rows", "scan_features", "units_overlapping", "write_aligned",
+           "feature_type", "fixed_rows", "scan_features", "units_overlapping", "vector_type", "write_aligned",
            "write_edge_feature_shard", "write_feature_shard"]
 
 FEATURE_COLUMNS = ("node_id", "x")
@@ -73,21 +73,29 @@ class FeatureFile:
         return str(pa.list_(pa.from_numpy_dtype(np.dtype(self.dtype)), self.dim))
 
 
+def vector_type(t: pa.DataType, column: str, path: Path, owner: str = "node", width: str = "dim",
+                what: str = "features") -> tuple[np.dtype, int]:
+    """(dtype, width) of a column of feature vectors (`t`: its type); InputError naming `column` unless it is
+    fixed_size_list<float32|float16, width> with width >= 1 (one fixed-length vector per `owner`). Node and
+    edge features are held to the same rule."""
+    if not pa.types.is_fixed_size_list(t):
+        raise InputError(path, f"column {column!r} has type {t}, expected fixed_size_list<float32|float16, {width}> "
+                               f"(one fixed-length vector per {owner})")
+    if t.value_type not in FEATURE_DTYPES:
+        raise InputError(path, f"column {column!r} has item type {t.value_type}, expected float32 or float16 "
+                               f"(cast the {what} before ingest)")
+    if t.list_size < 1:
+        raise InputError(path, f"column {column!r} has {width} {t.list_size}, expected at least 1")
+    return FEATURE_DTYPES[t.value_type], int(t.list_size)
+
+
 def feature_type(schema: pa.Schema, path: Path) -> tuple[np.dtype, int]:
     """(dtype, dim) of the ``x`` column; InputError unless it is fixed_size_list<float32|float16, dim>."""
     require_columns(schema, FEATURE_COLUMNS, path)
-    t = schema.field("x").type
-    if not pa.types.is_fixed_size_list(t):
-        raise InputError(path, f"column 'x' has type {t}, expected fixed_size_list<float32|float16, dim> "
-                               "(one fixed-length vector per node)")
-    if t.value_type not in FEATURE_DTYPES:
-        raise InputError(path, f"column 'x' has item type {t.value_type}, expected float32 or float16 "
-                               "(cast the features before ingest)")
-    if t.list_size < 1:
-        raise InputError(path, f"column 'x' has dim {t.list_size}, expected at least 1")
+    dtype, dim = vector_type(schema.field("x").type, "x", path)
     if not pa.types.is_integer(schema.field("node_id").type):
         raise InputError(path, f"column 'node_id' has type {schema.field('node_id').type}, expected int64")
-    return FEATURE_DTYPES[t.value_type], int(t.list_size)
+    return dtype, dim
 
 
 def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int = 1 << 20) -> FeatureFile:
