@@ -116,9 +116,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                        dropout=dropout, heads=heads, seed=seed, eval_every=eval_every, threads=threads, task=task,
                        neg_ratio=neg_ratio, neg_sampling=neg_sampling, hits_k=hits_k)
     base.train_task.check(st)
-    if base.link and batches != "shuffled":
-        raise ConfigError("batches", "partition batches deal a split's nodes by graph part; a link task's seeds "
-                                     "are edges: use shuffled batches")
+    base.train_task.check_batches(batches)
     rule = history_rule(None, history_staleness=history_staleness, history_prune=history_prune,
                         history_ramp=history_ramp, history_cooldown=history_cooldown)   # None: the library's
     staleness: int = rule["history_staleness"]

@@ -70,9 +70,7 @@ class RoundOptions:
         history option set away from its default, where no historical embedding cache is."""
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
         task = self.round_task
-        if task.link and self.batches == "partition":
-            raise ConfigError("batches", "partition batches deal a split's nodes by graph part; a link task's seeds "
-                                         "are edges: use shuffled batches")
+        task.check_batches(self.batches)
         if not task.link:
             for option, given, default in (("neg_ratio", self.neg_ratio, Task.neg_ratio),
                                            ("neg_sampling", self.neg_sampling, Task.neg_sampling)):

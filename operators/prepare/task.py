@@ -87,7 +87,16 @@ class Task:
             raise InputError(getattr(store, "path", "store"),
                              "a link task needs an edge split, and this store has none: ingest with --link-split "
                              "VAL,TEST (a seeded random split) or with a split column in the raw edges")
-        if order is not None and order.kind == "partition":
+        if order is not None:
+            self.check_batches(order.kind)
+
+    def check_batches(self, batches: str) -> None:
+        """Refuse partition batches (`batches`: the batch order's kind) for a link task.
+
+        Raises:
+            ConfigError: (``batches``) partition batches deal nodes by graph part, and a link task's seeds are edges.
+        """
+        if self.link and batches == "partition":
             raise ConfigError("batches", "partition batches deal a split's nodes by graph part; a link task's seeds "
                                          "are edges: use shuffled batches")
 
