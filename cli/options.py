@@ -178,22 +178,17 @@ def parse_history_flags(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, name, None) is not None}
 
 
-def add_task_arguments(parser: argparse.ArgumentParser, neg_ratio: float | None, neg_sampling: str | None,
-                       task: str | None = None, hits_k: int | None = None) -> None:
-    """The task's flags: ``--task``, ``--neg-ratio`` and ``--neg-sampling`` (and ``--hits-k`` where `hits_k` is
-    given), with these defaults (None: the pipeline's or the round's, said in the help)."""
-    from ..config import NEG_SAMPLINGS, TASKS, TrainConfig
+def add_task_arguments(parser: argparse.ArgumentParser, neg_ratio: float, neg_sampling: str) -> None:
+    """The round's task flags: ``--task`` (default: the pipeline's), ``--neg-ratio`` and ``--neg-sampling`` with
+    these defaults."""
+    from ..config import NEG_SAMPLINGS, TASKS
 
-    parser.add_argument("--task", choices=TASKS, default=task,
+    parser.add_argument("--task", choices=TASKS, default=None,
                         help="node: classify the training nodes; link: score the store's training edges against "
                              "negative pairs (needs a store ingested with an edge split, --link-split) "
-                             f"(default: {task or 'the pipeline' + chr(39) + 's, node'})")
+                             "(default: the pipeline's, node)")
     parser.add_argument("--neg-ratio", type=float_at_least("--neg-ratio", 0.0), default=neg_ratio, metavar="R",
-                        help=f"link task: negative pairs per positive edge in a batch "
-                             f"(default {neg_ratio if neg_ratio is not None else TrainConfig.neg_ratio:g})")
+                        help=f"link task: negative pairs per positive edge in a batch (default {neg_ratio:g})")
     parser.add_argument("--neg-sampling", choices=NEG_SAMPLINGS, default=neg_sampling,
                         help="link task: draw a negative pair's ends uniformly or in proportion to in-degree "
-                             f"(default {neg_sampling or TrainConfig.neg_sampling})")
-    if hits_k is not None:
-        parser.add_argument("--hits-k", type=integer("--hits-k"), default=hits_k, metavar="K",
-                            help="link task: the K of the Hits@K evaluation reports (default %(default)s)")
+                             f"(default {neg_sampling})")
