@@ -143,6 +143,7 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
            t_start: float) -> PrepareResult:
     """The phases of `prepare` (sample, plan, pack) once `out` and its cache `work` may be written."""
     # the phases' graphs (and Dask) are imported when they run: PrepareConfig's defaults stay light
+    from .edges import edge_round, pack_edges
     from .phases import Run, pack_phase, partition_phase, plan_phase, read_ahead, sample_phase, split_phase
 
     store_hash, s_key, p_key, k_key = keys
@@ -178,14 +179,24 @@ def _build(store: Store, out: Path, work: Path, cfg: PrepareConfig, keys: tuple[
         p_key = plan_key(run.cfg, s_key)
     with phase("sample"):
         sdir, summaries, counts = sample_phase(run, s_key)
+    edges = None
+    if store.edge_features is not None:
+        with phase("edge_samples"):     # the edge rows' own round, and their part of the budgets
+            edges = edge_round(run, s_key, sdir, summaries)
     # While tiers and plans keep the CPUs busy the disk is idle: read the first shards ahead
     # (page cache of this machine, up to cfg.readahead) so part of the packing pass overlaps.
     with read_ahead(store, cfg):
         with phase("plan"):
             pdir, planned_round, early_routes = plan_phase(run, p_key, sdir, summaries, counts=counts)
         del counts
+        edge_figures = None
+        if edges is not None:
+            with phase("edges"):
+                edge_figures = pack_edges(run, edges, (p_key, k_key))
         with phase("pack"):
             figures = pack_phase(run, (store_hash, k_key), sdir, summaries, pdir, planned_round, early_routes)
+        if edges is not None and edge_figures is not None:
+            figures["edges"] = {**edge_figures, "read_share": edges.share}
     chain_s = float(sum(float(p.get("chain_s", 0.0)) for p in planned_round["plans"]))
     return PrepareResult(out, False, time.perf_counter() - t_start, figures, phases, cpu, chain_s)
 

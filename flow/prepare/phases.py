@@ -106,6 +106,25 @@ class Run:
     parts_key: str | None = None                # the partition's content fingerprint (partition batches)
     label_prior: list[float] | None = None      # the training labels' shares (partition batches weigh losses by them)
     early: dict[int, EarlyPart] = field(default_factory=dict)   # part files begun while planning, by shard
+    budget: tuple[int, int, int | None] | None = None   # this table's (GPU, CPU, disk) bytes where the budgets
+                                                        # are split between node and edge rows (`edges`)
+    nested: dict[str, tuple[Path, dict[str, Any]]] = field(default_factory=dict)   # packed tables to move in, by name
+    store_record: dict[str, Any] | None = None  # the manifest's ``store`` (default: this run's store and hash)
+
+    @property
+    def gpu_memory(self) -> int:
+        """This table's GPU budget (the config's unless split)."""
+        return self.cfg.gpu_memory if self.budget is None else self.budget[0]
+
+    @property
+    def cpu_memory(self) -> int:
+        """This table's CPU budget: its tiers, staging and I/O buffers (the config's unless split)."""
+        return self.cfg.cpu_memory if self.budget is None else self.budget[1]
+
+    @property
+    def disk_budget(self) -> int | None:
+        """This table's disk budget (None: no limit; the config's unless split)."""
+        return self.cfg.disk_budget if self.budget is None else self.budget[2]
 
     def show(self) -> bool | None:
         """`compute`'s `disable` for a phase's progress bar."""
@@ -264,8 +283,10 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     # The sample stage's files, as the graph's sample results (the stage may come from an earlier run).
     samples = [SampleResult(r.key, None, s, {}, path=str(sdir / r.filename)) for r, s in zip(run.refs, summaries)]
     g = _graph(run)
-    spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, cfg.device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                    cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts),
+    table = store.table_of is not None      # edge rows: no batch size or fanouts bound them
+    spec = TierSpec(run.gpu_memory, run.cpu_memory, cfg.device, cfg.staging_batches,
+                    cfg.io_reserve, cfg.gpu_policy, cfg.cpu_policy,
+                    batch_size=0 if table else cfg.batch_size, fanouts=() if table else tuple(cfg.fanouts),
                     raise_cpu=cfg.cpu_memory_default)
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
@@ -344,13 +365,13 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
     figures: dict[str, Any] = {
         "batches": num_batches, "accesses": int(sum(int(s["accesses"]) for s in summaries)),
         "gpu_rows": tiers["gpu_rows"], "cpu_rows": tiers["cpu_rows"], "staging_bytes": tiers["staging_bytes"],
-        "cpu_memory": int(tiers.get("cpu_memory", cfg.cpu_memory)),    # more than cfg's: a default raised
+        "cpu_memory": int(tiers.get("cpu_memory", run.cpu_memory)),    # more than cfg's: a default raised
         "io_buffer_bytes": cfg.io_reserve, "max_batch_rows": max_batch_rows,
         "gpu_hits": int(sum(int(s["gpu_hits"]) for s in plan_stats)),
         "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
         "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
         "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
-        "disk_budget_bytes": cfg.disk_budget,
+        "disk_budget_bytes": run.disk_budget,
         "batch_order": cfg.batches,
         **({"memory_split": run.split} if run.split is not None else {}),
         **({"partition": run.partition} if run.partition is not None else {}),
@@ -362,7 +383,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
                         "pruned": int(sum(int(s.get("pruned", 0)) for s in summaries)),
                         "pushed": int(sum(int(s.get("pushed", 0)) for s in summaries))}} if cfg.history_rows else {}),
     }
-    if figures["cpu_memory"] > cfg.cpu_memory:
+    if figures["cpu_memory"] > run.cpu_memory:
         note_raised("cpu_memory", cfg.cpu_memory, figures["cpu_memory"], detail=" (an empty CPU tier)")
     # what the packed dataset holds besides its packed segments: labels, both tiers (ids and
     # rows), and an index of at least a source byte and an int32 address per access
@@ -382,7 +403,8 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
         (rnd / "samples").mkdir(parents=True)
         for r, path in zip(run.refs, sample_paths):
             os.link(path, rnd / samples_name(r.key))
-        _labels_into(store, stage / "labels.npy")                                 # y = labels[n_id] at train time
+        if store.table_of is None:
+            _labels_into(store, stage / "labels.npy")                             # y = labels[n_id] at train time
         if run.split is not None:
             plot_memory_split(stage / SPLIT_PLOT, run.split)
         if run.order is not None and run.order.parts is not None:     # the partition the batches were cut by
@@ -397,10 +419,10 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
         manifest = {
             "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
             "config": {**cfg.describe(), "history_split": run.split is not None}, "config_hash": k_key,
-            "store": {"path": str(store.path.resolve()), "manifest_hash": store_hash},
+            "store": run.store_record or {"path": str(store.path.resolve()), "manifest_hash": store_hash},
             "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
             "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
-            "num_classes": store.num_classes, "labels": "labels.npy",
+            "num_classes": store.num_classes, "labels": None if store.table_of is not None else "labels.npy",
             "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
                       "cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)},
             "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,
@@ -409,6 +431,9 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
             "files": {"parts": parts, "dcache": dcache},
             "figures": figures,
         }
+        for name, (table_dir, entry) in run.nested.items():     # packed tables of their own (edge rows)
+            os.rename(table_dir, stage / name)
+            manifest[name] = {"path": name, **entry}
         remove_orphans(stage)
         write_manifest(stage, manifest)
     if layout_path is not None:
@@ -459,9 +484,10 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
     num_batches = sum(r.num_batches for r in run.refs)
     pad_per_batch = P * (packed_fmt.ALIGN - 1)
     layout_path: str | None = None
-    if cfg.disk_cache and cfg.disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > cfg.disk_budget:
+    disk_budget = run.disk_budget
+    if cfg.disk_cache and disk_budget is not None and miss_rows * rb + num_batches * pad_per_batch > disk_budget:
         layout_path = str(work / "layout.pkl")
-        (search,) = compute([delayed_submit(search_task, sample_paths, plan_paths, rb, cfg.disk_budget, pad_per_batch,
+        (search,) = compute([delayed_submit(search_task, sample_paths, plan_paths, rb, disk_budget, pad_per_batch,
                                             cfg.minhash_k, cfg.seed, store.shard_rows, layout_path,
                                             key=f"search-{tok}")], desc="search", disable=True)
         if search["segment_size"] is None:   # the exact packed bytes fit: no disk cache
@@ -475,10 +501,10 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
                  for r, sp, pp in zip(run.refs, sample_paths, plan_paths)], desc="route", disable=run.show())
     seg_rows = np.concatenate([np.asarray(x["seg_rows"], np.int64) for x in routes])
     offsets, part_bytes = segment_offsets(seg_rows, rb)
-    if not cfg.disk_cache and cfg.disk_budget is not None and int(part_bytes.sum()) > cfg.disk_budget:
+    if not cfg.disk_cache and disk_budget is not None and int(part_bytes.sum()) > disk_budget:
         raise ConfigError("disk_budget", (
             f"packing every miss takes {format_bytes(int(part_bytes.sum()))} of disk, more than "
-            f"{format_bytes(cfg.disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
+            f"{format_bytes(disk_budget)}, and the {cfg.pipeline} pipeline keeps no disk cache "
             "(disk_cache=False); raise disk_budget or leave it out"))
     cache_nodes: list[np.ndarray] = []
     if layout_path is not None:

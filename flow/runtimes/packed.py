@@ -105,16 +105,19 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
 
     reserve = io_buffer_bytes()
     staging = staging_count(device, queue_depth, sequential)
-    cpu = budget(cpu_memory, "cpu_memory", store.feature_bytes)
+    # the tables the batches read: node rows and, where the store has them, edge rows (each its own loader)
+    tables = [store.features] + ([store.edge_features] if store.edge_features is not None else [])
+    features = sum(t.num_rows * t.row_bytes for t in tables)
+    cpu = budget(cpu_memory, "cpu_memory", features)
     if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
         rows = batch_size
         for f in fanouts:
             rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
-        cpu = (staging * staging_piece_bytes(min(rows, store.num_nodes), store.row_bytes, len(store.shards))
-               + reserve + int(store.feature_bytes * CPU_SHARE))
+        cpu = sum(staging * staging_piece_bytes(min(rows, t.num_rows), t.row_bytes, len(t.shards)) + reserve
+                  for t in tables) + int(features * CPU_SHARE)
     return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
-            "gpu_memory": budget(gpu_memory, "gpu_memory", store.feature_bytes) or 0,
-            "disk_budget": budget(disk_budget, "disk_budget", store.feature_bytes)}
+            "gpu_memory": budget(gpu_memory, "gpu_memory", features) or 0,
+            "disk_budget": budget(disk_budget, "disk_budget", features)}
 
 
 def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,

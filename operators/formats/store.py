@@ -42,8 +42,8 @@ from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
 
-__all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "FeatureShard",
-           "RowTable", "Store", "map_shard"]
+__all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "TABLE_OF",
+           "FeatureShard", "RowTable", "Store", "edge_table_manifest", "map_shard"]
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
 
@@ -53,6 +53,7 @@ STORE_VERSION = 1
 SPLITS = ("train", "val", "test", "none")
 SPLIT_CODE = {name: i for i, name in enumerate(SPLITS)}
 LINK_ARRAYS = ("train", "val", "test")   # the link splits whose edges a store holds (negatives: val, test)
+TABLE_OF = "table_of"       # a table view's manifest key: the store and table its rows are (`Store.edge_table`)
 
 
 @dataclass(frozen=True)
@@ -158,9 +159,10 @@ class Store:
     """An ingested dataset: memory-mapped topology, feature shards, labels and splits; optionally edge
     features (`edge_features`, in CSC edge order) and a link split (`link_edges`, `link_negatives`)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
-        manifest = read_manifest(self.path)
+        if manifest is None:
+            manifest = read_manifest(self.path)
         if manifest is None:
             raise InputError(self.path, "not a diskflow store (no manifest.json; run `diskflow ingest` first)")
         if manifest.get("format") != STORE_FORMAT:
@@ -177,6 +179,18 @@ class Store:
         self.shards = self.features.shards
         edge = manifest.get("edge_features")
         self.edge_features: RowTable | None = None if edge is None else RowTable(self.path, edge)
+
+    def edge_table(self) -> Store:
+        """The edge features as a store of their own (`edge_table_manifest`): rows are edges, in CSC order.
+
+        What the preparation plans and packs for node rows applies to it unchanged; the view has no
+        topology, labels or splits. An InputError when the store has no edge features."""
+        return Store(self.path, edge_table_manifest(self))
+
+    @property
+    def table_of(self) -> dict[str, str] | None:
+        """For a table view (`edge_table`): ``{"path": the store, "table": "edge_features"}``; else None."""
+        return self.manifest.get(TABLE_OF)
 
     def __repr__(self) -> str:
         edge = "" if self.edge_features is None else f", edge_dim={self.edge_features.dim}"
@@ -290,3 +304,20 @@ class Store:
     def link_negatives(self, split: str) -> np.ndarray:
         """The fixed negative destinations of a link split ('val', 'test'): int64 [P, K]; memory-mapped."""
         return self._load(self._link_file(split, "_neg"))
+
+
+def edge_table_manifest(store: Store) -> dict[str, Any]:
+    """The manifest of `store`'s edge features as a store of their own: one row per edge (``num_nodes`` is
+    the edge count), the ``features`` entry the edge table's with its shard paths made absolute, so that
+    the manifest may be written anywhere and every worker reads the store's own shard files. Planning
+    and packing read nothing else of a store, so the edge rows are counted, tiered, planned and packed
+    by the same tasks as node rows. ``table_of`` names the store and table."""
+    entry = store.manifest.get("edge_features")
+    if entry is None or store.edge_features is None:
+        raise InputError(store.path, "has no edge features")
+    root = store.path.resolve()
+    shards = [{**s, "path": str(root / s["path"])} for s in entry["shards"]]
+    return {"format": STORE_FORMAT, "version": store.manifest.get("version", STORE_VERSION),
+            "num_nodes": store.edge_features.num_rows, "num_edges": 0, "num_classes": 0,
+            "features": {**entry, "shards": shards},
+            TABLE_OF: {"path": str(root), "table": "edge_features"}}

@@ -46,13 +46,15 @@ def open_store(ds: PackedDataset, store_path: str | os.PathLike[str] | None = No
     if not str(path) or not path.is_dir():
         raise InputError(ds.path / "manifest.json", f"its store {str(path)!r} is not a directory (pass the store path)")
     store = Store(path)
-    if store.feature_dim != ds.dim or store.feature_dtype != ds.dtype or store.num_nodes != ds.num_nodes:
-        raise InputError(path, f"store holds {store.num_nodes} x {store.feature_dim} {store.feature_dtype}, the "
-                               f"packed dataset {ds.num_nodes} x {ds.dim} {ds.dtype}")
     want = rec.get("manifest_hash")
     if want is not None and want != config_hash(store.manifest):
         raise InputError(path, "the store changed since this dataset was packed (its manifest hash differs); "
                                "re-run `diskflow prepare`")
+    if rec.get("table") == "edge_features":     # the edge rows' dataset: rows are the store's edges
+        store = store.edge_table()
+    if store.feature_dim != ds.dim or store.feature_dtype != ds.dtype or store.num_nodes != ds.num_nodes:
+        raise InputError(path, f"store holds {store.num_nodes} x {store.feature_dim} {store.feature_dtype}, the "
+                               f"packed dataset {ds.num_nodes} x {ds.dim} {ds.dtype}")
     if len(store.shards) != ds.num_shards:
         raise InputError(path, f"store has {len(store.shards)} shards, the packed dataset {ds.num_shards}")
     return store
@@ -150,7 +152,9 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
             for g in range(len(ds.dcache_files)):
                 _check_tier_rows(store, ds.dcache_rows(g), ds.dcache_ids(g), ds.dcache_path(g), f"disk-cache segment {g}")
 
+        edges = ds.manifest.get("edges")
         n_ids: dict[int, np.ndarray] = {}
+        e_ids: dict[int, np.ndarray | None] = {}     # with edge rows: the chosen batches' sampled edges
         for sb in ds.superbatches:     # n_id of the chosen batches only
             want = np.flatnonzero(chosen[sb.first_batch:sb.first_batch + sb.batches])
             if want.size:
@@ -160,6 +164,8 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
                                      f"holds {len(samples)} batches, the manifest says {sb.batches}")
                 for j in want:
                     n_ids[sb.first_batch + int(j)] = samples[int(j)].n_id
+                    if edges is not None:
+                        e_ids[sb.first_batch + int(j)] = samples[int(j)].e_id
         segments = packed_bytes = compared_rows = seen = 0
         for r, feats in ds.replay_records(check_crc=True):
             seen += 1
@@ -177,8 +183,38 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
             compared_rows += n_id.shape[0]
         if seen != n:
             raise InputError(ds.path / "manifest.json", f"the index holds {seen} batches, the manifest says {n}")
-        return {"batches": n, "compared_batches": int(chosen.sum()), "compared_rows": compared_rows,
-                "segments_checked": segments, "packed_bytes_checked": packed_bytes,
-                "dcache_bytes_checked": dcache_bytes, "dcache_files": len(ds.dcache_files)}
+        result: dict[str, Any] = {
+            "batches": n, "compared_batches": int(chosen.sum()), "compared_rows": compared_rows,
+            "segments_checked": segments, "packed_bytes_checked": packed_bytes,
+            "dcache_bytes_checked": dcache_bytes, "dcache_files": len(ds.dcache_files)}
+        if edges is not None:
+            result["edges"] = _verify_edges(ds, edges, e_ids, full, sample_batches, seed, store_path)
+        return result
     finally:
         ds.close()
+
+
+def _verify_edges(ds: PackedDataset, edges: dict[str, Any], e_ids: dict[int, np.ndarray | None], full: bool,
+                  sample_batches: int, seed: int, store_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Check the edge rows' packed dataset (``edges/``) like the node rows', and that its batches read the
+    edges the node batches sampled (`e_ids`: the batches chosen here, by number)."""
+    path = ds.path / str(edges["path"])
+    result = verify(path, full=full, sample_batches=sample_batches, seed=seed, store_path=store_path)
+    sub = PackedDataset(path)
+    try:
+        if sub.num_batches != ds.num_batches:
+            raise InputError(path / "manifest.json", f"holds {sub.num_batches} batches, the node rows {ds.num_batches}")
+        for sb in sub.superbatches:
+            for j, s in enumerate(sub.samples(sb.key)):
+                want = e_ids.get(sb.first_batch + j, _ABSENT)
+                if want is _ABSENT:
+                    continue
+                if want is None or not np.array_equal(np.asarray(s.n_id, np.int64), np.asarray(want, np.int64)):
+                    raise InputError(sub.round_dir / "samples", f"batch {sb.first_batch + j}: its edge rows are not "
+                                                                "the edges the node batch sampled")
+    finally:
+        sub.close()
+    return result
+
+
+_ABSENT = np.empty(0)

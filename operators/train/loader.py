@@ -71,6 +71,16 @@ from .staging import PinnedBuffers
 __all__ = ["PackedLoader"]
 
 
+def _less(budget: int | None, part: int) -> int | None:
+    """A byte budget (None: unchecked) less the `part` of it another loader takes."""
+    return None if budget is None else max(0, budget - part)
+
+
+def _most(budget: int | None, part: int) -> int | None:
+    """The `part` of a byte budget (None: unchecked) a nested loader takes, at most the whole."""
+    return None if budget is None else min(budget, part)
+
+
 class PackedLoader(BatchLoad, BatchAssembly, Closing):
     """Iterate a packed dataset's round as PyG `Data` batches (NeighborLoader's fields).
 
@@ -120,10 +130,15 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.check_crc = bool(check_crc)
         self.dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
         self.memory = memory_plan(self.ds, self.device, queue_depth, not self.pipelined)
-        check_memory(self.memory, cpu_memory, gpu_memory)
-        self._cpu_memory = cpu_memory
+        # the edge rows' part of the budgets, as prepare split them (`flow.prepare.edges`); the rest is the nodes'
+        edges = self.ds.manifest.get("edges")
+        edge_cpu, edge_gpu = (0, 0) if edges is None else (int(edges["cpu_memory"]), int(edges["gpu_memory"]))
+        check_memory(self.memory, _less(cpu_memory, edge_cpu), _less(gpu_memory, edge_gpu))
+        self._cpu_memory = _less(cpu_memory, edge_cpu)
         self.num_classes = int(self.ds.manifest.get("num_classes", 0))
-        self.labels = load_labels(self.ds)
+        # a table of rows alone (the edge rows' dataset inside a packed dataset): no graph, no labels
+        self.rows_only = (self.ds.manifest.get("store") or {}).get("table") is not None
+        self.labels = np.empty(0, np.int64) if self.rows_only else load_labels(self.ds)
         self._store_path = store
         self._store: Any = None
         self._own_reader = reader is None
@@ -155,6 +170,15 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.clocks: dict[str, StageClock] = {k: StageClock() for k in ("load", "assemble", "graph", "train")}
         self.stage_s: dict[str, float] = {}
         self._closed = False
+        # The edge rows (a store with edge features): a loader of their own over the nested packed dataset,
+        # in the same batch order; its rows become each batch's `edge_attr`.
+        self.edges: PackedLoader | None = None
+        if edges is not None:
+            if held is not None:
+                raise InputError(self.path, "a streamed superbatch cannot carry edge rows")
+            self.edges = PackedLoader(self.path / str(edges["path"]), device, _most(cpu_memory, edge_cpu),
+                                      queue_depth, pipelined, check_crc, store=store,
+                                      gpu_memory=_most(gpu_memory, edge_gpu))
 
     # ------------------------------------------------------------------ setup
     def _init_tiers(self) -> None:
@@ -220,6 +244,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self._closed = True
         self._free_staging()
         self.pool.drop()
+        if self.edges is not None:
+            self.edges.close()
         if self._own_reader:
             with contextlib.suppress(Exception):
                 self.reader.close()
@@ -257,6 +283,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         """
         if self._closed:
             raise RuntimeError("the loader is closed")
+        if self.edges is not None:
+            raise InputError(self.path, "a dataset with edge rows cannot be followed by streamed superbatches")
         ds = PackedDataset(packed_dir, held)
         check_follows(ds, self.ds, self.cpu_ids, self._tier_next)
         memory, grow, taller = follow_plan(self.memory, ds, self.device, self.queue_depth, not self.pipelined)
@@ -287,6 +315,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         if not 0 <= start <= end - first:
             raise ConfigError("start", f"batch {start} is outside the selection of {end - first} batches")
         self._epoch, self._start = epoch, int(start)
+        if self.edges is not None:
+            self.edges.set_epoch(epoch, start)
 
     def _range(self, epoch: int | None) -> tuple[int, int]:
         sbs = [s for s in self.superbatches if epoch is None or s.epoch == epoch]
@@ -326,20 +356,25 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         x = batch.x if isinstance(batch, Data) else batch
         if isinstance(x, torch.Tensor) and x.device.type == "cpu":
             self.pool.release(x)
+        if self.edges is not None and isinstance(batch, Data) and "edge_attr" in batch:
+            self.edges.release(batch.edge_attr)
 
     # ------------------------------------------------------------------ stage 3: graph
     def _samples(self, lo: int, hi: int) -> Iterator[tuple[int, SampleRecord]]:
         """Global batches [lo, hi)'s stored samples, in order (`stages.samples`)."""
         return samples(self.ds, self.superbatches, lo, hi)
 
-    def _join(self, g: int, rec: IndexRecord, x: torch.Tensor, s: SampleRecord, y: torch.Tensor) -> Data:
+    def _join(self, g: int, rec: IndexRecord, x: torch.Tensor, s: SampleRecord, y: torch.Tensor | None
+              ) -> Data | torch.Tensor:
         if x.shape[0] != s.n_id.shape[0]:
             raise InputError(self.ds.round_dir / "index", f"batch {g}: the index addresses {x.shape[0]} rows, the "
                                                           f"sample has {s.n_id.shape[0]} nodes")
         if rec.insert_pos.size:
             self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
         self.pool.lend(x)
-        return batch_data(cast(Sample, s), x, y)
+        if self.rows_only:
+            return x
+        return batch_data(cast(Sample, s), x, cast(torch.Tensor, y))
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Data]:
@@ -354,17 +389,37 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.stage_s = {"load": 0.0, "assemble": 0.0, "graph": 0.0}
         before = {k: StageClock(**vars(c)) for k, c in self.clocks.items()}
         try:
-            yield from (pipelined if self.pipelined else sequential)(self, lo, begin, end)
+            batches = (pipelined if self.pipelined else sequential)(self, lo, begin, end)
+            yield from (batches if self.edges is None else self._with_edge_rows(batches))
         finally:
             self._reclaim()          # every stage has stopped: matrices of batches never yielded are free
             for k in ("load", "assemble", "graph"):
                 self.stage_s[k] = self.clocks[k].busy - before[k].busy
+
+    def _with_edge_rows(self, batches: Iterator[Data]) -> Iterator[Data]:
+        """Each batch with its edge rows (the edge loader's batch of the same number) as `edge_attr`."""
+        assert self.edges is not None
+        rows = iter(self.edges)
+        try:
+            for data in batches:
+                attr = next(rows, None)
+                n = int(data.e_id.shape[0]) if "e_id" in data else -1
+                if attr is None or attr.shape[0] != n:
+                    raise InputError(self.edges.path, f"batch of {n} edges: the edge rows hold "
+                                                      f"{'no batch' if attr is None else attr.shape[0]}")
+                data.edge_attr = attr
+                yield data
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
 
     def stats(self) -> dict[str, Any]:
         """Cumulative figures: stage clocks, reader counters, rows per source."""
         rows = {name: int(n) for name, n in zip(SOURCES, self.counts.rows.tolist())}
         total = sum(rows.values())
         return {
+            **({"edges": self.edges.stats()} if self.edges is not None else {}),
             "stages": {k: c.as_dict() for k, c in self.clocks.items()},
             "io": {**{k: float(v) for k, v in dict(self.reader.counters()).items()},
                    "backend": str(getattr(self.reader, "backend", type(self.reader).__name__)),

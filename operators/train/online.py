@@ -234,6 +234,7 @@ class OnlineLoader:
 
         def gather() -> None:
             rows = torch.from_numpy(self.buffer.rows)
+            edge_table = getattr(self.store, "edge_features", None)
             for i in range(len(batches)):
                 t = time.perf_counter()
                 with done_cond:
@@ -246,10 +247,13 @@ class OnlineLoader:
                 x = rows.index_select(0, torch.from_numpy(p.aliases))
                 self.buffer.release(p.aliases)
                 n_id = torch.from_numpy(np.ascontiguousarray(s.n_id, dtype=np.int64))
-                # e_id only where the graph has edge features (which this loader does not serve: a model
-                # reading them is then refused, `loop.forward`)
-                data = batch_data(s, x, self.labels.index_select(0, n_id),
-                                  edge_ids=getattr(self.store, "edge_features", None) is not None)
+                # e_id and the edge rows at it only where the graph has edge features (read through the
+                # page cache: an online pipeline plans no reads ahead)
+                e_id = getattr(s, "e_id", None)
+                edge_attr = None if edge_table is None or e_id is None else \
+                    torch.from_numpy(edge_table.gather(np.asarray(e_id)))
+                data = batch_data(s, x, self.labels.index_select(0, n_id), edge_attr,
+                                  edge_ids=edge_table is not None)
                 clocks["gather"].busy += time.perf_counter() - t
                 pipe.put(ready, data, clocks["gather"])
             pipe.put(ready, END, clocks["gather"])

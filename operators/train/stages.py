@@ -80,10 +80,13 @@ def load_labels(ds: PackedDataset) -> np.ndarray:
     return labels.astype(np.int64, copy=False)
 
 
-def node_labels(labels: np.ndarray, s: SampleRecord, ds: PackedDataset) -> torch.Tensor:
-    """The graph stage: the labels of sample `s`'s nodes (its ``n_id`` made int64 and writable for torch)."""
+def node_labels(labels: np.ndarray | None, s: SampleRecord, ds: PackedDataset) -> torch.Tensor | None:
+    """The graph stage: the labels of sample `s`'s nodes (its ``n_id`` made int64 and writable for torch);
+    None for a table of rows alone (no labels)."""
     if not s.n_id.flags.writeable or s.n_id.dtype != np.int64:    # memory-mapped from the samples file (torch
         s.n_id = s.n_id.astype(np.int64)                            # wants its own) or int32 there (PyG: int64)
+    if labels is None:
+        return None
     n_id = s.n_id
     if n_id.size and (int(n_id.min()) < 0 or int(n_id.max()) >= labels.shape[0]):
         raise InputError(ds.round_dir / "samples", f"batch {s.batch}: node id out of range")
@@ -116,7 +119,7 @@ def sequential(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[
             raise InputError(loader.path, "the index and the samples hold different numbers of batches" if got is None
                              else f"batch order broken: features of {g}, graph of {got[0]}")
         s = got[1]
-        y = node_labels(loader.labels, s, loader.ds)
+        y = node_labels(None if loader.rows_only else loader.labels, s, loader.ds)
         ck["graph"].busy += time.perf_counter() - t2
         yield loader._join(g, rec, x, s, y)
 
@@ -162,7 +165,7 @@ def pipelined(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[D
     def graph() -> None:
         for g, s in loader._samples(begin, end):
             t = time.perf_counter()
-            y = node_labels(loader.labels, s, loader.ds)
+            y = node_labels(None if loader.rows_only else loader.labels, s, loader.ds)
             ck["graph"].busy += time.perf_counter() - t
             pipe.put(graphs, (g, s, y), ck["graph"])
         pipe.put(graphs, END, ck["graph"])

@@ -244,7 +244,8 @@ class _Run:
     def train(self, load_s: float) -> dict[str, Any]:
         cfg, loader = self.cfg, self.loader
         session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
-                               evals=self._eval_loaders if self.evaluate else None)
+                               evals=self._eval_loaders if self.evaluate else None,
+                               edge_dim=loader.edges.dim if loader.edges is not None else None)
         start_epoch, start_batch = 0, 0
         if self.resume and not cfg.data_only:
             latest = latest_checkpoint(self.ckpt_root)
@@ -320,6 +321,8 @@ class _Run:
                         "nodes": loader.ds.num_nodes, "dim": loader.dim, "dtype": str(loader.dtype),
                         "num_classes": loader.num_classes, "batches": loader.num_batches,
                         "feature_bytes": loader.ds.num_nodes * loader.row_bytes, "splits": splits,
+                        **({"edge_dim": loader.edges.dim, "edge_feature_bytes": loader.edges.ds.num_nodes
+                            * loader.edges.row_bytes} if loader.edges is not None else {}),
                         "note": self.store_note},
             "load_s": load_s,
             "epochs": records,

@@ -54,10 +54,62 @@ def test_in_memory_batches_carry_the_sampled_edges_features(edge_store: Path) ->
     assert np.array_equal(np.asarray(st.indices)[e_id], batch.n_id[batch.edge_index[0]].numpy())
 
 
-def test_a_model_reading_edge_attr_trains_in_memory_and_is_refused_packed(edge_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pipeline", ["belady", "ginex"])
+def test_a_model_reading_edge_attr_has_identical_losses_in_memory_and_packed(edge_store: Path, tmp_path: Path,
+                                                                            pipeline: str) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "b").mkdir()
-    report = memory.run(edge_store, tmp_path / "m", model="gat", **RUN)
-    assert report["dataset"]["edge_dim"] == 3 and report["epochs"][0]["loss"] is not None
-    with pytest.raises(ConfigError, match="does not serve edge features yet"):
-        load_pipeline("belady").run(edge_store, tmp_path / "b", model="gat", **RUN)
+    run = {**RUN, "epochs": 2}
+    ref = memory.run(edge_store, tmp_path / "m", model="gat", **run)
+    packed = load_pipeline(pipeline).run(edge_store, tmp_path / "b", model="gat", **run)
+    assert ref["dataset"]["edge_dim"] == 3 and packed["dataset"]["edge_dim"] == 3
+    for a, b in zip(ref["epochs"], packed["epochs"]):
+        assert a["losses"] == b["losses"]
+    edges = packed["prepare"]["figures"]["edges"]
+    # the edge rows were tiered and planned, and the CPU tier did not hold them all
+    assert edges["cpu_rows"] > 0 and edges["misses"] > 0 and 0.0 < edges["read_share"] < 1.0
+
+
+def test_packed_batches_carry_the_store_edge_rows_and_verify_checks_them(edge_store: Path, tmp_path: Path) -> None:
+    from diskflow.operators.formats.verify import verify
+    from diskflow.operators.train.loader import PackedLoader
+
+    from diskflow.errors import InputError
+
+    with dask.config.set(scheduler="sync"):
+        load_pipeline("belady").prepare(edge_store, tmp_path / "p", quiet=True, fanouts=(4, 3), batch_size=64,
+                                        epochs=2, cpu_memory=600_000)
+    st = Store(edge_store)
+    assert st.edge_features is not None
+    for pipelined in (True, False):
+        loader = PackedLoader(tmp_path / "p", pipelined=pipelined)
+        n = 0
+        for batch in loader:
+            assert batch.edge_attr.shape == (batch.edge_index.shape[1], 3)
+            assert np.array_equal(batch.edge_attr.numpy(), st.edge_features.gather(batch.e_id.numpy()))
+            loader.release(batch)
+            n += 1
+        assert n == loader.num_batches and loader.stats()["edges"]["tiers"]["total"] > 0
+        loader.close()
+    report = verify(tmp_path / "p", full=True)
+    assert report["edges"]["compared_batches"] == report["batches"]
+    part = max((tmp_path / "p" / "edges").glob("round-*/part-*"), key=lambda f: f.stat().st_size)
+    with open(part, "r+b") as f:            # one flipped byte in a packed edge segment
+        f.seek(5)
+        b = f.read(1)
+        f.seek(5)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(InputError, match="edges"):
+        verify(tmp_path / "p", full=True)
+
+
+def test_a_budget_that_cannot_hold_both_tables_is_refused_naming_them(edge_store: Path, tmp_path: Path) -> None:
+    with dask.config.set(scheduler="sync"), pytest.raises(ConfigError, match="node rows .* edge rows"):
+        load_pipeline("belady").prepare(edge_store, tmp_path / "p", quiet=True, fanouts=(4, 3), batch_size=64,
+                                        cpu_memory=500_000)
+    assert not (tmp_path / "p").exists()
+
+
+def test_an_online_pipeline_serves_edge_rows(edge_store: Path, tmp_path: Path) -> None:
+    report = load_pipeline("gnndrive").run(edge_store, tmp_path, model="gat", **RUN)
+    assert report["epochs"][0]["loss"] is not None
