@@ -136,3 +136,32 @@ def test_link_options_are_checked(link_store: Path, tmp_path: Path) -> None:
         memory.run(link_store, tmp_path, **{**LINK, "neg_sampling": "hard"})
     with pytest.raises(ConfigError, match="neg_ratio"):
         load_pipeline("belady").prepare_config(neg_ratio=2.0).validate()
+
+
+STREAM = {**LINK, "model": "sage", "superbatch_size": 4, "device": "cpu", "seed": 1, "epochs": 1, "eval_every": 1,
+          "batch_size": 400}
+
+
+def _losses(report: dict) -> list[float]:
+    return [x for r in report["epochs"] for x in r["losses"]]
+
+
+def test_a_link_task_streams_as_it_prepares(link_store: Path, tmp_path: Path) -> None:
+    from diskflow.pipelines import belady, streaming
+
+    with dask.config.set(scheduler="sync"):
+        ref = belady.run(link_store, tmp_path / "ref", **STREAM)
+    rep = streaming.run(link_store, tmp_path / "stream", window=2, workers=1, processes=False, **STREAM)
+    assert _losses(rep) == _losses(ref)
+    assert rep["final"]["test_mrr"] == ref["final"]["test_mrr"] and rep["config"]["task"] == "link"
+
+
+def test_a_link_task_trains_on_two_gpu_workers(link_store: Path, tmp_path: Path) -> None:
+    """Two data-parallel workers equal one worker stepping every two batches (the float sums' order aside)."""
+    from diskflow.pipelines import streaming
+
+    one = streaming.run(link_store, tmp_path / "one", window=2, workers=1, processes=False, batches_per_step=2,
+                        **STREAM)
+    two = streaming.run(link_store, tmp_path / "two", window=2, workers=2, processes=True, gpus=2, **STREAM)
+    assert _losses(two) == pytest.approx(_losses(one), rel=1e-5, abs=1e-6)
+    assert two["final"]["test_mrr"] == pytest.approx(one["final"]["test_mrr"], rel=1e-4)
