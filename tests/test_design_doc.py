@@ -124,7 +124,26 @@ def built_groups(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         with TaskKeys() as keys:
             prepare(tiny_store, root / "outre", replace(cfg, disk_budget=budget), quiet=True)
         groups |= keys.groups()
+        edge_store = _edge_store(root)
+        with TaskKeys() as keys:       # edge features: the edge rows' own round
+            prepare(edge_store, root / "edges", PrepareConfig(**BASE, cpu_memory=1 << 30), quiet=True)
+        groups |= keys.groups()
     return groups
+
+
+def _edge_store(root: Path) -> Path:
+    """A 300-node store whose edges carry 2 features."""
+    import numpy as np
+    from diskflow.flow.ingest import run_ingest
+    from diskflow.operators.ingest.raw import write_raw_dataset
+
+    rng = np.random.default_rng(0)
+    n, e = 300, 2000
+    raw = write_raw_dataset(root / "edge-raw", src=rng.integers(0, n, e), dst=rng.integers(0, n, e),
+                            features=rng.standard_normal((n, 4)).astype(np.float32), labels=rng.integers(0, 2, n),
+                            splits=np.array(["train"] * n), edge_attr=rng.standard_normal((e, 2)).astype(np.float32))
+    run_ingest(raw, root / "edge-store")
+    return root / "edge-store"
 
 
 def test_the_graphs_built_here_reach_every_task_key_of_the_preparation(built_groups: set[str]) -> None:

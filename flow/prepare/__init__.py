@@ -21,6 +21,8 @@ Phases, each a Dask graph with named task groups (so the dashboard tells the sto
                        beside the plan chain, with the routes), so their writes overlap planning
     pack-r0-p{p}       one per feature shard: read the shard once, write every batch's segment
     index-e{e}-s{k}    the per-superbatch index with segment offsets and checksums
+    edge-samples-e{e}-s{k}  a store with edge features: each superbatch's sampled edge ids as rows of
+                       the edge table, whose count, tiers, plan and pack tasks follow (`edges`)
 
 Intermediate results are cached next to the output (``OUT.work/``) under the hash of
 the config they depend on, so re-running does no work and changing a budget redoes only
