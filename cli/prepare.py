@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     r = prepare(args.dataset, args.out, args.pipeline, force=args.force, quiet=False, **cluster, **options)
     pipeline = load_pipeline(args.pipeline)
     store = Store(args.dataset)
-    given = byte_budget(args.cpu_memory, "--cpu-memory", store.feature_bytes) or 0
+    given = byte_budget(args.cpu_memory, "--cpu-memory", store.budget_bytes) or 0
     f = r.figures
     cpu_memory = int(f.get("cpu_memory", given))       # more than given: the default, raised to what works
     if r.skipped:

@@ -113,11 +113,12 @@ def _packed_manifest(path: str) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from ..api import train
+    from ..operators.formats.packed import budget_bytes
 
     model_option(args.model)
     manifest = _packed_manifest(args.packed)
     packed = Path(args.packed).resolve()
-    feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+    feature_bytes = budget_bytes(manifest)
     budget(args.cpu_memory, "--cpu-memory", feature_bytes)     # a bad budget fails before a run directory is made
     budget(args.gpu_memory, "--gpu-memory", feature_bytes)
     label = f"train-{manifest.get('pipeline', 'packed')}-{model_label(args.model)}"

@@ -235,7 +235,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     check_model_option(model_arg, "model")
     path = Path(data)
     from .operators.formats.manifest import read_manifest
-    from .operators.formats.packed import PACKED_FORMAT
+    from .operators.formats.packed import PACKED_FORMAT, budget_bytes
 
     manifest = read_manifest(path) if path.is_dir() else None
     if manifest is not None and manifest.get("format") == PACKED_FORMAT:
@@ -247,7 +247,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
 
         _check_options(train_packed, options, f"training the packed dataset {path} (its round fixes the epochs, "
                                               "batches and fanouts: prepare again to change them)")
-        feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+        feature_bytes = budget_bytes(manifest)
         for name in ("cpu_memory", "gpu_memory"):
             if name in options:
                 options[name] = byte_budget(options[name], name, feature_bytes)
@@ -326,7 +326,7 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
     ``loader.stats()`` has the I/O and tier counts; ``loader.close()`` (or ``with``) frees its buffers.
     """
     from .operators.formats.manifest import read_manifest
-    from .operators.formats.packed import PACKED_FORMAT
+    from .operators.formats.packed import PACKED_FORMAT, budget_bytes
     from .operators.formats.store import STORE_FORMAT
     from .operators.train.loader import PackedLoader as _Loader
 
@@ -337,7 +337,7 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
                                  f"(OnlineLoader({str(packed)!r}))")
     if manifest is None or manifest.get("format") != PACKED_FORMAT:
         raise InputError(packed, "not a packed dataset (no manifest.json; run diskflow.prepare first)")
-    feature_bytes = int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+    feature_bytes = budget_bytes(manifest)
     return _Loader(packed, device=device, cpu_memory=byte_budget(cpu_memory, "cpu_memory", feature_bytes),
                    gpu_memory=byte_budget(gpu_memory, "gpu_memory", feature_bytes), **options)
 

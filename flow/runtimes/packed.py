@@ -107,7 +107,7 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
     staging = staging_count(device, queue_depth, sequential)
     # the tables the batches read: node rows and, where the store has them, edge rows (each its own loader)
     tables = [store.features] + ([store.edge_features] if store.edge_features is not None else [])
-    features = sum(t.num_rows * t.row_bytes for t in tables)
+    features = store.budget_bytes
     cpu = budget(cpu_memory, "cpu_memory", features)
     if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
         rows = batch_size

@@ -55,8 +55,8 @@ from .samples import Buffer, SampleRecord, read_samples
 
 __all__ = ["ALIGN", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION", "ROUND_DIR", "SRC_CPU", "SRC_DCACHE",
            "SRC_GPU", "SRC_PACKED", "SRC_STORE", "PackedDataset", "SuperbatchEntry", "apply_inserts", "assemble",
-           "create_row_file", "dcache_ids_name", "dcache_name", "epoch_of_key", "file_crc", "index_name", "padded",
-           "part_name", "samples_name"]
+           "budget_bytes", "create_row_file", "dcache_ids_name", "dcache_name", "epoch_of_key", "file_crc",
+           "index_name", "padded", "part_name", "samples_name"]
 
 PACKED_FORMAT = "diskflow-packed"
 PACKED_KIND = OutputKind("a diskflow packed dataset", formats=(PACKED_FORMAT,))   # what `prepare` may replace
@@ -104,6 +104,14 @@ def epoch_of_key(key: str) -> int:
     if m is None:
         raise ValueError(f"not a superbatch key: {key!r} (expected e{{epoch}}-s{{index:05d}})")
     return int(m.group(1))
+
+
+def budget_bytes(manifest: dict[str, Any]) -> int:
+    """The bytes of every row a packed dataset's batches read (node rows, and its edge rows where it has
+    them): what a budget given as a share of the features (``"10%"``) is a share of."""
+    edges = manifest.get("edges") or {}
+    return (int(manifest.get("num_nodes", 0)) * int(manifest.get("row_bytes", 0))
+            + int(edges.get("rows", 0)) * int(edges.get("row_bytes", 0)))
 
 
 def padded(nbytes: int | np.ndarray) -> Any:

@@ -261,6 +261,13 @@ class Store:
     def feature_bytes(self) -> int:
         return self.num_nodes * self.row_bytes
 
+    @property
+    def budget_bytes(self) -> int:
+        """The bytes of every row a batch reads: node features and, where kept, edge features. A budget given
+        as a share of the features (``"10%"``) is a share of these."""
+        edges = self.edge_features
+        return self.feature_bytes + (0 if edges is None else edges.num_rows * edges.row_bytes)
+
     def shard_of(self, node_ids: np.ndarray) -> np.ndarray:
         """Shard index of each node id (vectorised)."""
         return self.features.shard_of(node_ids)

@@ -91,6 +91,12 @@ def test_packed_batches_carry_the_store_edge_rows_and_verify_checks_them(edge_st
             n += 1
         assert n == loader.num_batches and loader.stats()["edges"]["tiers"]["total"] > 0
         loader.close()
+    # a budget given as a share of the features is a share of the node and edge rows together
+    from diskflow.operators.formats.manifest import read_manifest
+    from diskflow.operators.formats.packed import budget_bytes
+
+    assert st.budget_bytes == st.feature_bytes + st.num_edges * st.edge_features.row_bytes
+    assert budget_bytes(read_manifest(tmp_path / "p") or {}) == st.budget_bytes
     report = verify(tmp_path / "p", full=True)
     assert report["edges"]["compared_batches"] == report["batches"]
     part = max((tmp_path / "p" / "edges").glob("round-*/part-*"), key=lambda f: f.stat().st_size)
