@@ -113,7 +113,7 @@ def _packed_manifest(path: str) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from ..api import train
-    from ..operators.formats.packed import budget_bytes
+    from ..datasets import budget_bytes
 
     model_option(args.model)
     manifest = _packed_manifest(args.packed)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 
 from .operators.formats.manifest import read_manifest
+from .operators.formats.packed import budget_bytes
 from .operators.formats.store import Store
 from .operators.formats.verify import verify
 from .operators.ingest.npyimport import from_npy
 from .operators.ingest.ogbimport import from_ogb
 from .operators.ingest.pygimport import from_pyg, load_pyg_file
 
-__all__ = ["Store", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb", "from_pyg",
+__all__ = ["Store", "budget_bytes", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb", "from_pyg",
            "load_pyg_file", "read_manifest", "verify"]
 
 
