@@ -40,9 +40,10 @@ from ..errors import ConfigError, InputError
 from ..native.constants import ALIGN
 from ..operators.formats.atomic import staging_dir
 from ..operators.formats.hashing import fingerprint
-from ..operators.formats.npyio import create_aligned_npy
+from ..operators.formats.npyio import aligned_npy_header, create_aligned_npy
 from ..operators.formats.outputs import check_free_space, check_replaceable
 from ..operators.formats.store import STORE_FORMAT, STORE_KIND
+from ..operators.formats.storecheck import CHECKSUMS, Piece, add_pieces, record_checksums
 from ..operators.ingest.edges import (
     EdgeAttrTarget,
     EdgeSchema,
@@ -148,8 +149,8 @@ def _up_to_date(manifest: dict[str, Any] | None, inputs: dict[str, str], config:
                 ) -> dict[str, Any] | None:
     """The existing store's manifest when it was built from the same inputs and options."""
     if (not manifest or manifest.get("format") != STORE_FORMAT or manifest.get("inputs") != inputs
-            or manifest.get("config") != config):
-        return None
+            or manifest.get("config") != config or CHECKSUMS not in manifest):
+        return None         # (a store written before checksums is rebuilt, to add them)
     return manifest
 
 
@@ -290,14 +291,14 @@ class _Plan:
                 "edge_attr": attr, "link": link}
 
     # ------------------------------------------------------------------ phase 1
-    def scan(self, est_edges: int) -> tuple[dict[str, Any], list[FeatureFile], list[EdgeSpill]]:
+    def scan(self, est_edges: int) -> tuple[tuple[dict[str, Any], list[Piece]], list[FeatureFile], list[EdgeSpill]]:
         """Run the node build and the feature and edge scans; check the feature schemas agree."""
         n = self.num_nodes
         self.packed = is_packed(n)
         self.bucket_width = fine_bucket_width(n, est_edges, self.budget)
         self.num_buckets = math.ceil(n / self.bucket_width)
         d = dask.delayed
-        nodes = d(ingest_nodes, pure=False)(list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
+        nodes = d(_with_pieces, pure=False)(ingest_nodes, list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
                                             dask_key_name=self.key("nodes"))
         feats = [d(scan_features, pure=False)(p, n, dask_key_name=self.key("scan-feature", i))
                  for i, p in enumerate(self.files.features)]
@@ -326,7 +327,7 @@ class _Plan:
         check_free_space({self.out or self.stage: nbytes})
 
     # ------------------------------------------------------------------ phase 2
-    def build(self, nodes: dict[str, Any], feature_files: list[FeatureFile], spills: list[EdgeSpill],
+    def build(self, nodes: tuple[dict[str, Any], list[Piece]], feature_files: list[FeatureFile], spills: list[EdgeSpill],
               shard_rows: int | None, inputs: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
         """Build topology, feature shards and link arrays, then edge feature shards and the manifest;
         return the manifest."""
@@ -367,7 +368,7 @@ class _Plan:
         for g, (a, b) in enumerate(groups):
             runs = [(s.path, s.offsets[:, a], s.offsets[:, b]) for s in spills
                     if len(s.offsets) and (s.offsets[:, b] > s.offsets[:, a]).any()]
-            topo.append(d(csc_group, pure=False)(runs, lo=ranges[g][0], hi=ranges[g][1], base=int(bases[g]),
+            topo.append(d(_with_pieces, pure=False)(csc_group, runs, lo=ranges[g][0], hi=ranges[g][1], base=int(bases[g]),
                                                  indptr_path=indptr, indices_path=indices, index_dtype=index_dtype,
                                                  packed=self.packed, dedupe=self.to_undirected, order_path=order,
                                                  tags=tags, sources=sources, undirected=self.to_undirected,
@@ -387,9 +388,9 @@ class _Plan:
         shards = []
         for p in range(math.ceil(n / rows)):
             lo, hi = p * rows, min(n, (p + 1) * rows)
-            shards.append(d(write_feature_shard, pure=False)(
-                units_overlapping(feature_files, lo, hi), self.stage / "features" / f"part-{p:05d}.npy",
-                lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
+            shards.append(d(_with_pieces, pure=False)(
+                write_feature_shard, units_overlapping(feature_files, lo, hi), self.stage / _shard_name(p),
+                crc_name=_shard_name(p), lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
                 allow_nonfinite=self.allow_nonfinite, batch_rows=feature_batch_rows(self.budget, row_bytes),
                 dask_key_name=self.key("feature-shard", p)))
 
@@ -415,13 +416,14 @@ class _Plan:
         done = compute([*topo, *shards, *([link] if link is not None else [])], desc="ingest: build")
         kept, shard_entries = done[:len(topo)], done[len(topo):len(topo) + len(shards)]
         link_counts = done[-1] if link is not None else None
-        num_edges = int(sum(kept))
+        num_edges = int(sum(k for k, _ in kept))
         edge_rows = int(shard_rows) if shard_rows is not None else shard_rows_for(self.budget, edge_row_bytes,
                                                                                    max(1, num_edges))
         order_path = self.stage / SPILL_DIR / "order.npy"
-        edge_shards = [d(write_edge_feature_shard, pure=False)(
-            order_path, self.attr_path, self.stage / "edge_features" / f"part-{p:05d}.npy", lo=p * edge_rows,
-            hi=min(num_edges, (p + 1) * edge_rows), dask_key_name=self.key("edge-shard", p))
+        edge_shards = [d(_with_pieces, pure=False)(
+            write_edge_feature_shard, order_path, self.attr_path, self.stage / _shard_name(p, "edge_features"),
+            crc_name=_shard_name(p, "edge_features"), lo=p * edge_rows, hi=min(num_edges, (p + 1) * edge_rows),
+            dask_key_name=self.key("edge-shard", p))
             for p in range(math.ceil(num_edges / edge_rows))]
         static["edge_features"] = {"dtype": sch.attr_dtype, "dim": sch.attr_dim, "row_bytes": edge_row_bytes,
                                    "shard_rows": edge_rows, "arrow_type": sch.arrow_type}
@@ -430,32 +432,57 @@ class _Plan:
         return compute([*edge_shards, manifest], desc="ingest: edge features")[-1]
 
 
-def _allocate_total(path: Path, dtype: np.dtype, kept: list[int]) -> str:
+def _shard_name(p: int, folder: str = "features") -> str:
+    return f"{folder}/part-{p:05d}.npy"
+
+
+def _with_pieces(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Piece]]:
+    """`fn`'s result and the crc32 pieces of the store files it wrote (its `pieces` argument), for the
+    manifest task's checksums (`storecheck`)."""
+    pieces: list[Piece] = []
+    return fn(*args, pieces=pieces, **kwargs), pieces
+
+
+def _allocate_total(path: Path, dtype: np.dtype, topo: list[tuple[int, list[Piece]]]) -> str:
     """Allocate a final CSC-length array once the compacting CSC tasks have counted their edges."""
-    return allocate_npy(path, dtype, int(sum(kept)))
+    return allocate_npy(path, dtype, int(sum(k for k, _ in topo)))
 
 
-def _compact(g: int, kept: list[int], **kwargs: Any) -> int:
-    """Move group g's kept indices (and ordinals) to their final offset (the sum of earlier groups' counts)."""
-    compact_group(kept=kept[g], final_base=int(sum(kept[:g])), **kwargs)
-    return kept[g]
+def _compact(g: int, topo: list[tuple[int, list[Piece]]], **kwargs: Any) -> tuple[int, list[Piece]]:
+    """Move group g's kept indices (and ordinals) to their final offset (the sum of earlier groups' counts);
+    its kept count and the pieces of its CSC task followed by its own (which rewrite some)."""
+    kept = [k for k, _ in topo]
+    pieces = list(topo[g][1])
+    compact_group(kept=kept[g], final_base=int(sum(kept[:g])), pieces=pieces, **kwargs)
+    return kept[g], pieces
 
 
-def _write_manifest(stage: Path, kept: list[int], shards: list[dict[str, Any]], static: dict[str, Any],
-                    link_counts: dict[str, int] | None, edge_shards: list[dict[str, Any]] | None) -> dict:
-    """Assemble the manifest from the tasks' results and write it last."""
+def _write_manifest(stage: Path, topo: list[tuple[int, list[Piece]]], shards: list[tuple[dict[str, Any], list[Piece]]],
+                    static: dict[str, Any], link_counts: dict[str, int] | None,
+                    edge_shards: list[tuple[dict[str, Any], list[Piece]]] | None) -> dict:
+    """Assemble the manifest from the tasks' results, with every file's checksums, and write it last."""
     features = dict(static["features"])
-    features["shards"] = [{"path": f"features/part-{p:05d}.npy", **s} for p, s in enumerate(shards)]
+    features["shards"] = [{"path": _shard_name(p), **s} for p, (s, _) in enumerate(shards)]
+    num_edges = int(sum(k for k, _ in topo))
+    nodes, pieces = static["nodes"]
+    pieces = list(pieces)
+    n = int(static["num_nodes"])
+    add_pieces(pieces, "indptr.npy", 0, np.frombuffer(aligned_npy_header(np.dtype(np.int64), (n + 1,)), np.uint8))
+    add_pieces(pieces, "indices.npy", 0,
+               np.frombuffer(aligned_npy_header(static["indices_dtype"], (num_edges,)), np.uint8))
+    for _, written in (*topo, *shards, *(edge_shards or ())):
+        pieces.extend(written)
     edge_features = None
     if edge_shards is not None:
         edge_features = {**static["edge_features"],
-                         "shards": [{"path": f"edge_features/part-{p:05d}.npy", **s} for p, s in enumerate(edge_shards)]}
-    link = None
+                         "shards": [{"path": _shard_name(p, "edge_features"), **s} for p, (s, _) in enumerate(edge_shards)]}
+    link_entry = None
     if static["link"] is not None and link_counts is not None:
         spec = static["link"]
-        link = spec["cfg"].describe(spec["source"], link_counts, spec["undirected"])
-    manifest = store_manifest(num_nodes=static["num_nodes"], num_edges=int(sum(kept)),
-                              indices_dtype=static["indices_dtype"], nodes=static["nodes"], features=features,
-                              inputs=static["inputs"], config=static["config"], edge_features=edge_features, link=link)
+        link_entry = spec["cfg"].describe(spec["source"], link_counts, spec["undirected"])
+    manifest = store_manifest(num_nodes=n, num_edges=num_edges, indices_dtype=static["indices_dtype"], nodes=nodes,
+                              features=features, inputs=static["inputs"], config=static["config"],
+                              edge_features=edge_features, link=link_entry)
+    manifest = record_checksums(stage, manifest, pieces)
     finish_store(stage, manifest)
     return manifest

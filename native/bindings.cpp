@@ -610,12 +610,34 @@ uint32_t crc32_py(const py::buffer& data, uint32_t value) {
     return crc32_update(value, p, n);
 }
 
+py::array_t<uint32_t> crc32_blocks_py(const py::buffer& data, int64_t block) {
+    const py::buffer_info info = data.request();
+    if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("data: expected a contiguous buffer");
+    if (block <= 0) throw py::value_error("block: must be > 0");
+    const auto* p = static_cast<const uint8_t*>(info.ptr);
+    const size_t n = static_cast<size_t>(info.size * info.itemsize);
+    const size_t b = static_cast<size_t>(block);
+    py::array_t<uint32_t> out(static_cast<py::ssize_t>((n + b - 1) / b));
+    uint32_t* o = out.mutable_data();
+    {
+        py::gil_scoped_release release;
+        crc32_blocks(p, n, b, o);
+    }
+    return out;
+}
+
 void register_rows(py::module_& m) {
     m.def("gather_rows_crc", &gather_rows_crc_py, py::arg("out"), py::arg("src"), py::arg("src_rows"), py::arg("crc"),
           "gather_rows, returning the running crc32 (zlib's, after `crc`) of the rows written: each row is\n"
           "checksummed from the source while in cache and streamed past the cache where 16-byte aligned.");
     m.def("crc32", &crc32_py, py::arg("data"), py::arg("value") = 0,
           "zlib's crc32(data, value) of a contiguous buffer, natively (PCLMULQDQ folding where the CPU has it).");
+    m.def("crc32_combine", &crc32_combine, py::arg("crc1"), py::arg("crc2"), py::arg("len2"),
+          "zlib's crc32_combine: the crc32 of A then B from crc32(A), crc32(B) and len(B).");
+    m.def("crc32_zeros", &crc32_zeros, py::arg("value"), py::arg("n"),
+          "The running crc32 after `value` of n zero bytes.");
+    m.def("crc32_blocks", &crc32_blocks_py, py::arg("data"), py::arg("block"),
+          "uint32 crc32 of every `block` bytes of a contiguous buffer (the last block may be short).");
     m.def("crc32_folds", &crc32_folds, "Whether crc32 folds with PCLMULQDQ on this CPU (else a table).");
     m.def("gather_rows", &gather_rows_py, py::arg("out"), py::arg("src"), py::arg("src_rows"),
           "out[i] = src[src_rows[i]] for i < len(src_rows): 2-D C-contiguous matrices of one dtype and width,\n"

@@ -164,4 +164,60 @@ uint32_t crc32_update(uint32_t value, const uint8_t* data, size_t n) {
     return ~crc_table(crc, data, n);
 }
 
+namespace {
+
+// a(x) * b(x) modulo the crc polynomial, both reflected (zlib's multmodp)
+uint32_t multmodp(uint32_t a, uint32_t b) {
+    uint32_t m = 1u << 31, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = (b & 1) ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return p;
+}
+
+struct PowerTable {
+    uint32_t x2n[32];  // x^(2^k) modulo the polynomial
+    PowerTable() {
+        uint32_t p = 1u << 30;  // x^1
+        x2n[0] = p;
+        for (int k = 1; k < 32; ++k) x2n[k] = p = multmodp(p, p);
+    }
+};
+
+// x^(n * 2^k) modulo the polynomial
+uint32_t x2nmodp(uint64_t n, unsigned k) {
+    static const PowerTable tab;
+    uint32_t p = 1u << 31;  // x^0
+    while (n) {
+        if (n & 1) p = multmodp(tab.x2n[k & 31], p);
+        n >>= 1;
+        ++k;
+    }
+    return p;
+}
+
+}  // namespace
+
+uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+    return multmodp(x2nmodp(len2, 3), crc1) ^ crc2;
+}
+
+uint32_t crc32_zeros(uint32_t value, uint64_t n) {
+    return ~multmodp(x2nmodp(n, 3), ~value);
+}
+
+void crc32_blocks(const uint8_t* data, size_t n, size_t block, uint32_t* out) {
+    for (size_t i = 0; n; ++i) {
+        const size_t k = n < block ? n : block;
+        out[i] = crc32_update(0, data, k);
+        data += k;
+        n -= k;
+    }
+}
+
 }  // namespace diskflow

@@ -19,4 +19,14 @@ uint32_t crc32_update(uint32_t value, const uint8_t* data, size_t n);
 // Whether crc32_update folds with PCLMULQDQ on this CPU (else the table serves every byte).
 bool crc32_folds();
 
+// The crc32 of A followed by B from crc32(A), crc32(B) and B's length (zlib's crc32_combine):
+// the checksum of a file's block from the checksums of pieces that different writers wrote.
+uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
+// The running crc32 after `value` of `n` zero bytes (zlib's crc32 of a zero buffer), without the buffer.
+uint32_t crc32_zeros(uint32_t value, uint64_t n);
+
+// out[i] = crc32 of data[i*block, min((i+1)*block, n)), for every block (the last may be short).
+void crc32_blocks(const uint8_t* data, size_t n, size_t block, uint32_t* out);
+
 }  // namespace diskflow

@@ -244,6 +244,27 @@ def crc32(data: Any, value: int = 0) -> int:
     return int(_native.crc32(data, int(value) & 0xFFFFFFFF))
 
 
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """zlib's ``crc32_combine``: the crc32 of A followed by B from ``crc32(A)``, ``crc32(B)`` and ``len(B)``
+    (a file's block checksum from the pieces different writers wrote)."""
+    return int(_native.crc32_combine(int(crc1) & 0xFFFFFFFF, int(crc2) & 0xFFFFFFFF, int(len2)))
+
+
+def crc32_zeros(value: int, n: int) -> int:
+    """``crc32(bytes(n), value)`` without the buffer: the running crc32 after `value` of `n` zero bytes."""
+    return int(_native.crc32_zeros(int(value) & 0xFFFFFFFF, int(n)))
+
+
+def crc32_blocks(data: Any, block: int) -> np.ndarray:
+    """uint32 [ceil(len / block)]: zlib's crc32 of every `block` bytes of a contiguous buffer (the last block
+    may be short), in one call with the GIL released.
+
+    Raises:
+        ValueError: a buffer that is not contiguous, or ``block <= 0``.
+    """
+    return np.asarray(_native.crc32_blocks(data, int(block)), dtype=np.uint32)
+
+
 def crc32_folds() -> bool:
     """Whether `crc32` folds with carry-less multiplication on this CPU (else a table computes it)."""
     return bool(_native.crc32_folds())
@@ -315,5 +336,5 @@ def route_batch(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np
 
 
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
-           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "crc32", "crc32_folds",
-           "gather_rows", "merge_counts", "route_batch"]
+           "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "crc32", "crc32_blocks",
+           "crc32_combine", "crc32_folds", "crc32_zeros", "gather_rows", "merge_counts", "route_batch"]

@@ -20,7 +20,7 @@ from ...errors import InputError
 from ...native.constants import ALIGN  # array data is padded to the O_DIRECT granularity
 from .atomic import atomic_path, preallocate
 
-__all__ = ["NpzReader", "aligned_npy_bytes", "create_aligned_npy", "load_npy", "load_npz", "npy_bytes", "read_into",
+__all__ = ["NpzReader", "aligned_npy_bytes", "aligned_npy_header", "create_aligned_npy", "load_npy", "load_npz", "npy_bytes", "read_into",
            "save_aligned_npy", "save_npy"]
 
 # CPython 3.11 keeps one AST recursion counter per interpreter: two threads building ASTs at once can
@@ -71,6 +71,11 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
         raise ValueError("npy header too long")
     text = text + b" " * (body_len - len(text) - 1) + b"\n"
     return prefix + body_len.to_bytes(2, "little") + text
+
+
+def aligned_npy_header(dtype: np.dtype | str, shape: tuple[int, ...]) -> bytes:
+    """The first 4096 bytes of an aligned .npy of `dtype` and `shape` (its header, padded)."""
+    return _npy_header(np.dtype(dtype), tuple(int(n) for n in shape))
 
 
 def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shape: tuple[int, ...], *,

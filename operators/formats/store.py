@@ -23,7 +23,9 @@ Manifest keys: ``format`` ("diskflow-store"), ``version``, ``num_nodes``, ``num_
 ``val``, ``test`` (the random split's shares, else null), ``disjoint_train_ratio``, ``seed``,
 ``negatives``, ``counts`` {split: P}, ``undirected``, ``files``}. With a link split the
 topology holds only the message-passing edges: no validation or test edge, nor (undirected)
-its reverse, nor the training edges held out for supervision.
+its reverse, nor the training edges held out for supervision. And ``checksums``: a crc32 per MiB
+block of every file (`storecheck`; absent from a store written before them). Every read through a
+`Store` checks the blocks it reads, once per process, unless checks are off (``check_crc=False``).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from ...errors import InputError
 from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
+from .storecheck import StoreChecks
 
 __all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "TABLE_OF",
            "FeatureShard", "RowTable", "Store", "edge_table_manifest", "map_shard"]
@@ -96,15 +99,18 @@ def map_shard(shard: FeatureShard, dtype: np.dtype, dim: int, populate: bool = F
 
 class RowTable:
     """Rows in row-range shards (node features, edge features): each shard an .npy with its data at
-    byte `offset`, memory-mapped on demand.
+    byte `offset`, memory-mapped on demand. With `checks`, what `read_all` and `gather` read is checked
+    against the store's checksums (each block once per process); `what` names the rows in its errors.
 
     Attributes:
         dtype, dim, row_bytes, shard_rows: the rows' type and width, and rows per shard.
         shards: the `FeatureShard` of each shard, in row order.
         num_rows: rows in all.
+        checks: the store's `StoreChecks`, or None (nothing checked).
     """
 
-    def __init__(self, root: Path, entry: dict[str, Any]) -> None:
+    def __init__(self, root: Path, entry: dict[str, Any], checks: StoreChecks | None = None,
+                 what: str = "features") -> None:
         self.dtype = np.dtype(entry["dtype"])
         self.dim: int = int(entry["dim"])
         self.row_bytes: int = int(entry["row_bytes"])
@@ -114,6 +120,8 @@ class RowTable:
             for i, s in enumerate(entry["shards"])
         ]
         self.num_rows: int = sum(s.rows for s in self.shards)
+        self.checks = checks
+        self.what = what
 
     def __repr__(self) -> str:
         return f"RowTable(rows={self.num_rows}, dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)})"
@@ -126,11 +134,28 @@ class RowTable:
         """Shard p as a read-only memory map of shape (rows, dim) (`map_shard`)."""
         return map_shard(self.shards[p], self.dtype, self.dim)
 
+    def check_shard(self, p: int, what: str = "") -> int:
+        """Check every block of shard p not checked yet in this process (`what`: the reader, for the error);
+        the bytes checked (0 with checks off or no checksums)."""
+        if self.checks is None:
+            return 0
+        return self.checks.check_file(self.shards[p].path, what)
+
+    def check_rows(self, p: int, rows: np.ndarray, what: str = "") -> int:
+        """Check the blocks that rows `rows` (local to shard p) lie in, those not checked yet in this process."""
+        if self.checks is None or not self.checks.active:
+            return 0
+        s = self.shards[p]
+        return self.checks.check_offsets(s.path, s.offset + np.asarray(rows, np.int64) * self.row_bytes,
+                                         self.row_bytes, what)
+
     def read_all(self) -> np.ndarray:
-        """Every row in RAM as one (rows, dim) array."""
+        """Every row in RAM as one (rows, dim) array (each shard checked from the bytes read)."""
         out = np.empty((self.num_rows, self.dim), dtype=self.dtype)
         for s in self.shards:
             out[s.row_start:s.row_stop] = self.shard_array(s.index)
+            if self.checks is not None:
+                self.checks.check_view(s.path, s.offset, out[s.row_start:s.row_stop], f"loading the {self.what}")
         return out
 
     def gather(self, rows: np.ndarray, shard_arrays: Sequence[np.ndarray] | None = None) -> np.ndarray:
@@ -150,8 +175,10 @@ class RowTable:
         bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
         for p in np.flatnonzero(np.diff(bounds)):
             pos = order[bounds[p]:bounds[p + 1]]
+            local = ids[pos] - self.shards[p].row_start
+            self.check_rows(int(p), local, f"a gather of {self.what}")
             shard_rows = self.shard_array(int(p)) if shard_arrays is None else shard_arrays[int(p)]
-            out[pos] = shard_rows[ids[pos] - self.shards[p].row_start]
+            out[pos] = shard_rows[local]
         return out
 
 
@@ -159,7 +186,11 @@ class Store:
     """An ingested dataset: memory-mapped topology, feature shards, labels and splits; optionally edge
     features (`edge_features`, in CSC edge order) and a link split (`link_edges`, `link_negatives`)."""
 
-    def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any] | None = None,
+                 check_crc: bool | None = None) -> None:
+        """Open the store at `path` (`manifest`: a view's, rather than the one at `path`); `check_crc`: check
+        what is read against the store's checksums (default: on, unless ``DISKFLOW_STORE_CRC=0``:
+        `storecheck.store_checks_enabled`)."""
         self.path = Path(path)
         if manifest is None:
             manifest = read_manifest(self.path)
@@ -171,14 +202,21 @@ class Store:
         self.num_nodes: int = int(manifest["num_nodes"])
         self.num_edges: int = int(manifest["num_edges"])
         self.num_classes: int = int(manifest["num_classes"])
-        self.features = RowTable(self.path, manifest["features"])
+        self.checks = StoreChecks(self.path, manifest, check_crc)
+        self.features = RowTable(self.path, manifest["features"], self.checks, "features")
         self.feature_dtype = self.features.dtype
         self.feature_dim: int = self.features.dim
         self.row_bytes: int = self.features.row_bytes
         self.shard_rows: int = self.features.shard_rows
         self.shards = self.features.shards
         edge = manifest.get("edge_features")
-        self.edge_features: RowTable | None = None if edge is None else RowTable(self.path, edge)
+        self.edge_features: RowTable | None = (None if edge is None
+                                               else RowTable(self.path, edge, self.checks, "edge features"))
+
+    @property
+    def has_checksums(self) -> bool:
+        """Whether the store records checksums (False: written before they existed, read unchecked)."""
+        return self.checks.present
 
     def edge_table(self) -> Store:
         """The edge features as a store of their own (`edge_table_manifest`): rows are edges, in CSC order.
@@ -201,6 +239,7 @@ class Store:
     # ------------------------------------------------------------------ topology
     def _load(self, rel: str, mmap: bool = True) -> np.ndarray:
         p = self.path / rel
+        self.checks.check_file(rel, "loading it")
         try:
             return load_npy(p, "r" if mmap else None)
         except (OSError, ValueError) as e:
@@ -279,6 +318,14 @@ class Store:
     def read_features(self) -> np.ndarray:
         """All features in RAM as one (N, dim) array (the in-memory baseline)."""
         return self.features.read_all()
+
+    def check_shard(self, p: int, what: str = "") -> int:
+        """Check every block of feature shard p not checked yet in this process (`RowTable.check_shard`)."""
+        return self.features.check_shard(p, what)
+
+    def check_rows(self, p: int, rows: np.ndarray, what: str = "") -> int:
+        """Check the blocks that feature rows `rows` (local to shard p) lie in (`RowTable.check_rows`)."""
+        return self.features.check_rows(p, rows, what)
 
     def gather(self, node_ids: np.ndarray, shard_arrays: Sequence[np.ndarray] | None = None) -> np.ndarray:
         """features[node_ids] read through the shards' memmaps (page cache), vectorised per shard.

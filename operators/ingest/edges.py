@@ -48,6 +48,7 @@ import pyarrow as pa
 from ...errors import InputError
 from ...native.constants import ALIGN
 from ..formats.npyio import create_aligned_npy
+from ..formats.storecheck import Piece, add_pieces
 from .features import fixed_rows, vector_type
 from .links import (
     LINK_SPLITS,
@@ -363,8 +364,10 @@ def _pread_into(fd: int, buf: memoryview, offset: int, path: str) -> None:
         done += n
 
 
-def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+def _pwrite_all(fd: int, data: np.ndarray, offset: int, pieces: list[Piece] | None = None, name: str = "") -> None:
+    """Write `data` at `offset`; with `pieces`, append the crc32 pieces of what is written, as store file `name`."""
     view = _bytes(data)
+    add_pieces(pieces, name, offset, np.frombuffer(view, np.uint8))
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:done + _IO_BLOCK], offset + done)
@@ -434,7 +437,8 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
               indptr_path: str | os.PathLike[str], indices_path: str | os.PathLike[str],
               index_dtype: np.dtype | str, packed: bool = True, dedupe: bool = False,
               order_path: str | os.PathLike[str] | None = None, tags: bool = False,
-              sources: Sequence[tuple[str, int]] = (), undirected: bool = False) -> int:
+              sources: Sequence[tuple[str, int]] = (), undirected: bool = False,
+              pieces: list[Piece] | None = None) -> int:
     """Build the CSC columns of destinations [lo, hi) from the spilled runs and write them in place.
 
     Args:
@@ -451,6 +455,8 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
         tags: the spills carry link tags (``.tag``): refuse a pair in two splits, keep message-passing edges.
         sources: the edge files' (path, first ordinal), for naming a conflict's rows.
         undirected: the spills hold reversed edges too (for the conflict message).
+        pieces: where given, the crc32 pieces of what is written to ``indptr`` and ``indices`` are appended
+            to it (store files named by the arrays' file names; `storecheck.add_pieces`).
 
     Returns:
         The number of edges written (kept).
@@ -495,7 +501,7 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
     dt = np.dtype(index_dtype)
     fd = os.open(indptr_path, os.O_WRONLY)
     try:
-        _pwrite_all(fd, (base + bounds[1:]).astype(np.int64), ALIGN + (lo + 1) * 8)
+        _pwrite_all(fd, (base + bounds[1:]).astype(np.int64), ALIGN + (lo + 1) * 8, pieces, Path(indptr_path).name)
         os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -503,7 +509,8 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
     try:
         step = _IO_BLOCK // 8
         for a in range(0, kept, step):  # per block: bounded temporaries
-            _pwrite_all(fd, _sources(buf[a:a + step], packed).astype(dt), ALIGN + (base + a) * dt.itemsize)
+            _pwrite_all(fd, _sources(buf[a:a + step], packed).astype(dt), ALIGN + (base + a) * dt.itemsize,
+                        pieces, Path(indices_path).name)
         os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -518,8 +525,9 @@ def csc_group(runs: Sequence[tuple[str, np.ndarray, np.ndarray]], *, lo: int, hi
 
 
 def _move(src_path: str | os.PathLike[str], src_base: int, dst_path: str | os.PathLike[str], dst_base: int,
-          count: int, dt: np.dtype) -> None:
-    """Copy elements [src_base, +count) of one aligned 1-D .npy to [dst_base, +count) of another, a block at a time."""
+          count: int, dt: np.dtype, pieces: list[Piece] | None = None) -> None:
+    """Copy elements [src_base, +count) of one aligned 1-D .npy to [dst_base, +count) of another, a block at a
+    time; with `pieces`, append the crc32 pieces of what is written (as the store file named by `dst_path`'s name)."""
     src_fd = os.open(src_path, os.O_RDONLY)
     dst_fd = os.open(dst_path, os.O_WRONLY)
     try:
@@ -527,7 +535,7 @@ def _move(src_path: str | os.PathLike[str], src_base: int, dst_path: str | os.Pa
         for a in range(0, count, step):  # per block
             block = np.empty(min(step, count - a), dt)
             _pread_into(src_fd, _bytes(block), ALIGN + (src_base + a) * dt.itemsize, str(src_path))
-            _pwrite_all(dst_fd, block, ALIGN + (dst_base + a) * dt.itemsize)
+            _pwrite_all(dst_fd, block, ALIGN + (dst_base + a) * dt.itemsize, pieces, Path(dst_path).name)
         os.fdatasync(dst_fd)
     finally:
         os.close(src_fd)
@@ -538,12 +546,13 @@ def compact_group(*, scratch_path: str | os.PathLike[str], scratch_base: int, ke
                   indices_path: str | os.PathLike[str], final_base: int,
                   indptr_path: str | os.PathLike[str], lo: int, hi: int, index_dtype: np.dtype | str,
                   order_scratch_path: str | os.PathLike[str] | None = None,
-                  order_path: str | os.PathLike[str] | None = None) -> None:
+                  order_path: str | os.PathLike[str] | None = None, pieces: list[Piece] | None = None) -> None:
     """Move a deduplicated (or link-filtered) group's indices from the scratch array to their final place
-    and shift its ``indptr[lo+1 : hi+1]`` by the same distance; with `order_path`, move its ordinals too."""
+    and shift its ``indptr[lo+1 : hi+1]`` by the same distance; with `order_path`, move its ordinals too
+    (`pieces`: as `csc_group`'s, for ``indices`` and ``indptr``)."""
     dt = np.dtype(index_dtype)
     shift = scratch_base - final_base
-    _move(scratch_path, scratch_base, indices_path, final_base, kept, dt)
+    _move(scratch_path, scratch_base, indices_path, final_base, kept, dt, pieces)
     if order_scratch_path is not None and order_path is not None:
         _move(order_scratch_path, scratch_base, order_path, final_base, kept, np.dtype(np.int64))
     if shift:
@@ -551,7 +560,7 @@ def compact_group(*, scratch_path: str | os.PathLike[str], scratch_base: int, ke
         try:
             ptr = np.empty(hi - lo, np.int64)
             _pread_into(fd, _bytes(ptr), ALIGN + (lo + 1) * 8, str(indptr_path))
-            _pwrite_all(fd, ptr - shift, ALIGN + (lo + 1) * 8)
+            _pwrite_all(fd, ptr - shift, ALIGN + (lo + 1) * 8, pieces, Path(indptr_path).name)
             os.fdatasync(fd)
         finally:
             os.close(fd)

@@ -29,7 +29,8 @@ import pyarrow as pa
 from ...errors import InputError
 from ...native.constants import ALIGN
 from ..formats.atomic import tmp_name
-from ..formats.npyio import create_aligned_npy, load_npy
+from ..formats.npyio import aligned_npy_header, create_aligned_npy, load_npy
+from ..formats.storecheck import Piece, add_pieces
 from .raw import (
     TableUnit,
     check_id_range,
@@ -161,7 +162,8 @@ def _is_run(ids: np.ndarray) -> bool:
 
 def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[str], *, lo: int, hi: int,
                         dtype: np.dtype | str, dim: int, features_dir: str | os.PathLike[str],
-                        allow_nonfinite: bool = False, batch_rows: int = 1 << 16) -> dict[str, Any]:
+                        allow_nonfinite: bool = False, batch_rows: int = 1 << 16,
+                        pieces: list[Piece] | None = None, crc_name: str = "") -> dict[str, Any]:
     """Write the feature shard of node ids [lo, hi) from the input units that overlap it.
 
     Args:
@@ -172,6 +174,8 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         features_dir: the input features directory, named by a "missing rows" error.
         allow_nonfinite: accept NaN and inf values.
         batch_rows: input rows decoded at a time.
+        pieces: where given, the crc32 pieces of the bytes written are appended to it, as the store file
+            `crc_name` (`storecheck.add_pieces`).
 
     Returns:
         The manifest entry of the shard (path relative to the store is filled by the caller).
@@ -235,15 +239,17 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         v = lo + int(np.flatnonzero(missing)[0])
         raise InputError(features_dir, f"no feature row for node {v} ({int(missing.sum())} of nodes {lo}..{hi - 1} "
                                        "missing; every node needs exactly one row)")
-    write_aligned(Path(out_path), buf)
+    write_aligned(Path(out_path), buf, pieces, crc_name)
     return {"row_start": int(lo), "rows": int(rows), "offset": ALIGN, "nbytes": int(buf.nbytes)}
 
 
 def write_edge_feature_shard(order_path: str | os.PathLike[str], attr_path: str | os.PathLike[str],
-                             out_path: str | os.PathLike[str], *, lo: int, hi: int) -> dict[str, Any]:
+                             out_path: str | os.PathLike[str], *, lo: int, hi: int,
+                             pieces: list[Piece] | None = None, crc_name: str = "") -> dict[str, Any]:
     """Write the edge feature shard of CSC positions [lo, hi): the raw-order edge features (an aligned
     [raw edges, dim] .npy) gathered by the ordinals ``order[lo:hi]`` (an aligned int64 .npy), read in
-    ascending raw order so that the gather sweeps the raw array once.
+    ascending raw order so that the gather sweeps the raw array once. `pieces`, `crc_name`: as
+    `write_feature_shard`'s.
 
     Returns:
         The manifest entry of the shard (path filled by the caller).
@@ -253,25 +259,32 @@ def write_edge_feature_shard(order_path: str | os.PathLike[str], attr_path: str 
     sort = np.argsort(order, kind="stable")
     buf = np.empty((hi - lo, attrs.shape[1]), attrs.dtype)
     buf[sort] = attrs[np.asarray(order)[sort]]
-    write_aligned(Path(out_path), buf)
+    write_aligned(Path(out_path), buf, pieces, crc_name)
     return {"row_start": int(lo), "rows": int(hi - lo), "offset": ALIGN, "nbytes": int(buf.nbytes)}
 
 
-def write_aligned(path: Path, array: np.ndarray) -> None:
-    """Write `array` as an aligned .npy under a temporary name, fsync, rename.
+def write_aligned(path: Path, array: np.ndarray, pieces: list[Piece] | None = None, crc_name: str = "") -> None:
+    """Write `array` as an aligned .npy under a temporary name, fsync, rename; with `pieces`, the crc32 of
+    every piece written is appended to it as it is written, as the store file `crc_name`.
 
     Unlike `atomic.atomic_path` this never creates the parent directory, so a task that
     outlives a failed run cannot resurrect its deleted staging directory.
     """
     tmp = tmp_name(path)
     create_aligned_npy(tmp, array.dtype, array.shape)
+    add_pieces(pieces, crc_name, 0, np.frombuffer(aligned_npy_header(array.dtype, array.shape), np.uint8))
     try:
         fd = os.open(tmp, os.O_WRONLY)
         try:
             view = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
             done = 0
             while done < len(view):
-                done += os.pwrite(fd, view[done:done + (64 << 20)], ALIGN + done)
+                chunk = view[done:done + (64 << 20)]
+                add_pieces(pieces, crc_name, ALIGN + done, np.frombuffer(chunk, np.uint8))
+                wrote = os.pwrite(fd, chunk, ALIGN + done)
+                if wrote != len(chunk):
+                    raise InputError(path, f"short write at byte {ALIGN + done}")
+                done += wrote
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from ...errors import InputError
 from ..formats.store import SPLITS
+from ..formats.storecheck import Piece
 from .raw import (
     check_id_range,
     int_column,
@@ -73,7 +74,7 @@ def _check_no_repeats(ids: np.ndarray, given: np.ndarray, path: Path, row0: int)
 
 
 def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_dir: str | os.PathLike[str],
-                 batch_rows: int = 1 << 20) -> dict[str, Any]:
+                 batch_rows: int = 1 << 20, pieces: list[Piece] | None = None) -> dict[str, Any]:
     """Read and validate the node files; write ``labels.npy`` and ``splits.npy`` into `out_dir`.
 
     Args:
@@ -81,6 +82,7 @@ def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_di
         num_nodes: N, the files' total row count; ids must be exactly 0..N-1.
         out_dir: the (staging) store directory.
         batch_rows: rows per record batch read.
+        pieces: where given, the crc32 pieces of the files written are appended to it (`storecheck`).
 
     Returns:
         ``{"num_classes": max label + 1, "split_counts": {split: count}}``.
@@ -110,8 +112,8 @@ def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_di
         v = int(np.flatnonzero(missing)[0])
         raise InputError(Path(files[0]).parent, f"no node row for node_id {v} ({int(missing.sum())} missing)")
     out = Path(out_dir)
-    save_npy_in_place(out / "labels.npy", labels)
-    save_npy_in_place(out / "splits.npy", splits)
+    save_npy_in_place(out / "labels.npy", labels, pieces)
+    save_npy_in_place(out / "splits.npy", splits, pieces)
     counts = np.bincount(splits, minlength=len(SPLITS))
     return {
         "num_classes": int(labels.max()) + 1 if num_nodes else 0,

@@ -25,7 +25,9 @@ from pyarrow import ipc
 from ...errors import ConfigError, InputError
 from ..formats.atomic import tmp_name
 from ..formats.manifest import MANIFEST, write_manifest
+from ..formats.npyio import npy_bytes
 from ..formats.sizes import format_bytes, parse_bytes
+from ..formats.storecheck import Piece, add_pieces
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
 __all__ = ["EDGE_CSC_BYTES", "EDGE_CSC_ORDINAL_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
@@ -361,8 +363,9 @@ def group_buckets(counts: np.ndarray, cap: int) -> list[tuple[int, int]]:
 
 # ----------------------------------------------------------------------------- writing into the stage
 
-def save_npy_in_place(path: str | os.PathLike[str], array: np.ndarray) -> None:
-    """Write a plain .npy under a temporary sibling name, fsync, rename.
+def save_npy_in_place(path: str | os.PathLike[str], array: np.ndarray, pieces: list[Piece] | None = None) -> None:
+    """Write a plain .npy under a temporary sibling name, fsync, rename; with `pieces`, append the crc32
+    pieces of the bytes written (as the store file named by the file's name: `storecheck.add_pieces`).
 
     Unlike `npyio.save_npy` this never creates the parent directory: a task that outlives
     a failed run must not resurrect the staging directory the run has just removed.
@@ -371,7 +374,12 @@ def save_npy_in_place(path: str | os.PathLike[str], array: np.ndarray) -> None:
     tmp = tmp_name(final)
     try:
         with open(tmp, "xb") as f:
-            np.save(f, np.ascontiguousarray(array))
+            if pieces is None:
+                np.save(f, np.ascontiguousarray(array))
+            else:
+                data = npy_bytes(array)
+                add_pieces(pieces, final.name, 0, data)
+                f.write(data.data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
