@@ -87,6 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_task_arguments(p, d["neg_ratio"], d["neg_sampling"])
     p.add_argument("--minhash-k", type=integer("--minhash-k"), default=d["minhash_k"],
                    help="MinHash functions (default %(default)s)")
+    p.add_argument("--no-crc", dest="check_crc", action="store_false",
+                   help="skip the check of the store's bytes against its checksums as they are read")
     p.add_argument("--force", action="store_true",
                    help="redo even when PACKED is up to date, and replace PACKED and PACKED.work even when they hold "
                         "something else (deleting it)")
@@ -99,9 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ..api import prepare
     from ..cluster import check_tls
-    from ..datasets import Store
+    from ..datasets import Store, warn_unchecked
 
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)   # first: before the store is read
+    warn_unchecked(args.dataset)
     options = {k: getattr(args, k) for k in PREPARE_DEFAULTS}
     cluster = {"scheduler": args.scheduler, "workers": args.workers, "tls_ca_file": args.tls_ca_file,
                "tls_cert": args.tls_cert, "tls_key": args.tls_key}

@@ -106,6 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
                         f"(default {RUN_DEFAULTS['extractors']})")
+    p.add_argument("--no-crc", action="store_true",
+                   help="skip the check of the store's bytes against its checksums as they are read")
     add_run_arguments(p)
     p.set_defaults(func=_run)
 
@@ -144,9 +146,11 @@ _FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (f
 def _run(args: argparse.Namespace) -> int:
     from ..api import train
     from ..cluster import check_tls
+    from ..datasets import warn_unchecked
 
     options = {name: parse(getattr(args, name)) for name, (_, parse) in _OPTIONS.items()
                if getattr(args, name) is not None}
+    warn_unchecked(args.dataset)
     options.update(parse_history_flags(args))
     # the scheduler's address against the TLS options, before a run directory is made (the pipeline checks again)
     check_tls(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
@@ -164,7 +168,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"run directory: {run_dir}")
     model = options.pop("model", "sage")
     with no_run_left(run_dir, made=True, prepares=True):     # failed before writing anything: no empty run left
-        report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir, **options)
+        report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir,
+                       **options, **({"check_crc": False} if args.no_crc else {}))
     if "on_epoch" not in options:
         for record in report.get("epochs", []):
             print_epoch(record)

@@ -80,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="let --run-dir replace a directory that is not a run directory (deleting what it holds)")
     p.add_argument("--store", default=None, metavar="STORE",
                    help="the store (evaluation, Ginex rows; default: the path PACKED records)")
-    p.add_argument("--no-crc", action="store_true", help="skip the crc32 check of packed segments")
+    p.add_argument("--no-crc", action="store_true",
+                   help="skip the crc32 checks of packed segments and of the store's bytes")
     p.add_argument("--threads", type=integer("--threads"), default=None, help="torch threads")
     p.add_argument("--task", choices=TASKS, default=None,
                    help="the task the packed round was prepared for (default: its own; another is refused)")

@@ -142,7 +142,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         "readahead": byte_budget(o["readahead"], "readahead", store.feature_bytes) or 0,
         "parts_per_group": o["parts_per_group"], "group_by": o["group_by"], "partitioner": o["partitioner"],
         "partition_threads": o["partition_threads"], "history_select": o["history_select"],
-        "neg_ratio": o["neg_ratio"], "neg_sampling": o["neg_sampling"]}
+        "neg_ratio": o["neg_ratio"], "neg_sampling": o["neg_sampling"], "check_crc": bool(o["check_crc"])}
     if o["task"] is not None:
         options["task"] = o["task"]
     if o["batches"] is not None:
@@ -187,7 +187,11 @@ def prepare(store: str | os.PathLike[str], out: str | os.PathLike[str], pipeline
                                       "prepare takes pipelines with the packed loader")
     resolved = prepare_options(p, st, **options)
     check_outputs(out, force)           # and so does an out that is not ours
-    with _cluster(scheduler, workers, {"tls_ca_file": tls_ca_file, "tls_cert": tls_cert, "tls_key": tls_key}) as client:
+    from .operators.formats.storecheck import store_checks
+
+    # the switch for the store's checksums, before an embedded cluster starts: its workers inherit it
+    with store_checks(resolved["check_crc"]), \
+            _cluster(scheduler, workers, {"tls_ca_file": tls_ca_file, "tls_cert": tls_cert, "tls_key": tls_key}) as client:
         if client is not None:
             from .flow.plugin import DiskflowPlugin
 
@@ -209,7 +213,8 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         pipeline: with a store: a built-in pipeline name, a ``.py`` file, or a `Pipeline`.
         run_dir: the run directory (default: a new one under `runs_dir`).
         options: the trainer's or the pipeline's options (``epochs``, ``hidden``, ``lr``, ``weight_decay``,
-            ``clip_grad``, ``cpu_memory``, ``device``, ...), as the CLI's flags of the same names, and
+            ``clip_grad``, ``cpu_memory``, ``device``, ...), as the CLI's flags of the same names;
+            ``check_crc=False`` (every pipeline) reads the store without checking its checksums; and
             the hooks, called in the process that trains (docs/user-guide.md, "Your optimizer and your
             hooks"):
 
@@ -230,6 +235,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         report = diskflow.train("store", "my_model.py", pipeline="belady", epochs=3, on_epoch=on_epoch)
     """
     from .operators.formats.store import Store
+    from .operators.formats.storecheck import store_checks
 
     model_arg: Any = model if isinstance(model, Model) else os.fspath(model)
     check_model_option(model_arg, "model")
@@ -254,8 +260,9 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
         from .runs import no_run_left
 
         rd, made = _run_dir(run_dir, runs_dir, f"train-{manifest.get('pipeline', 'packed')}-{model_label(model_arg)}")
-        with no_run_left(rd, made, prepares=False):
+        with no_run_left(rd, made, prepares=False), store_checks(bool(options.get("check_crc", True))):
             return train_and_report(path, rd, progress=progress, model=model_arg, **options)
+    check_crc = bool(options.pop("check_crc", True))       # the store's checksums: every pipeline's reads
     p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or "inmemory")
     Store(path)                 # not a store: one line naming it, before a run directory is made
     params = p.parameters()
@@ -268,7 +275,7 @@ def train(data: str | os.PathLike[str], model: str | os.PathLike[str] | Model = 
     rd, made = _run_dir(run_dir, runs_dir, f"{p.name}-{model_label(model_arg)}")
     if takes_any or "progress" in params:
         options["progress"] = progress
-    with no_run_left(rd, made, prepares=True):
+    with no_run_left(rd, made, prepares=True), store_checks(check_crc):
         return p.run(path, rd, model=model_arg, **options)
 
 

@@ -2,7 +2,7 @@
 
 The importers write a raw dataset (``edges/``, ``features/``, ``nodes/`` shards and a manifest) from a PyG
 ``Data``, ``.npy`` arrays or an OGB dataset folder, reading the source in bounded-memory chunks; `Store`
-reads an ingested store; `verify` checks a packed dataset against its store. The ``check_*_output``
+reads an ingested store; `verify` checks a store against its checksums, or a packed dataset against its store. The ``check_*_output``
 functions refuse an output path that holds something else before a long job starts writing it.
 
     from diskflow.datasets import from_npy, verify
@@ -17,13 +17,34 @@ import os
 from .operators.formats.manifest import read_manifest
 from .operators.formats.packed import budget_bytes
 from .operators.formats.store import Store
-from .operators.formats.verify import verify
+from .operators.formats.verify import verify, verify_store
 from .operators.ingest.npyimport import from_npy
 from .operators.ingest.ogbimport import from_ogb
 from .operators.ingest.pygimport import from_pyg, load_pyg_file
 
-__all__ = ["Store", "budget_bytes", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb", "from_pyg",
-           "load_pyg_file", "read_manifest", "verify"]
+__all__ = ["Store", "budget_bytes", "check_packed_output", "check_raw_output", "dataset_kind", "from_npy", "from_ogb",
+           "from_pyg", "load_pyg_file", "read_manifest", "unchecked_note", "verify", "verify_store", "warn_unchecked"]
+
+
+def unchecked_note(path: str | os.PathLike[str]) -> str | None:
+    """The one line that says a store has no checksums (written before them) and how to re-ingest it; None
+    for a store with checksums, or anything that is not a store."""
+    from .operators.formats.store import STORE_FORMAT
+    from .operators.formats.storecheck import CHECKSUMS, UNCHECKED
+
+    manifest = read_manifest(path) if os.path.isdir(path) else None
+    if manifest is None or manifest.get("format") != STORE_FORMAT or CHECKSUMS in manifest:
+        return None
+    return f"{path}: {UNCHECKED}"
+
+
+def warn_unchecked(path: str | os.PathLike[str]) -> None:
+    """Print `unchecked_note` to stderr where there is one (a command about to read an unchecked store)."""
+    import sys
+
+    note = unchecked_note(path)
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
 
 
 def dataset_kind(path: str | os.PathLike[str]) -> str | None:

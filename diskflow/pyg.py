@@ -100,8 +100,10 @@ POLICIES = READ_THROUGH                     # the row cache's policies a feature
 _MAX_SEED = (1 << 63) - 1
 
 
-def open_store(store: Store | str | os.PathLike[str]) -> Store:
-    """`store` as a `Store` (a path is opened).
+def open_store(store: Store | str | os.PathLike[str], check_crc: bool | None = None) -> Store:
+    """`store` as a `Store` (a path is opened). Every read of it (the features' rows, the topology, the
+    labels) is checked against the store's checksums, each block once per process; ``check_crc=False`` (or
+    ``Store(path, check_crc=False)``, or ``DISKFLOW_STORE_CRC=0``) turns that off.
 
     Raises:
         InputError: naming the path, when it is not a store `diskflow ingest` wrote.
@@ -111,7 +113,7 @@ def open_store(store: Store | str | os.PathLike[str]) -> Store:
     path = os.fspath(store)
     if not os.path.isdir(path):
         raise InputError(path, "not a diskflow store (no such directory; run `diskflow ingest` first)")
-    return Store(path)
+    return Store(path, check_crc=check_crc)
 
 
 def _row_ids(index: Any, count: int, what: str = "node") -> tuple[np.ndarray, bool]:

@@ -49,6 +49,7 @@ from ...operators.formats.hashing import config_hash
 from ...operators.formats.outputs import check_replaceable, replace_foreign
 from ...operators.formats.packed import PACKED_KIND
 from ...operators.formats.store import Store
+from ...operators.formats.storecheck import store_checks
 from ...operators.formats.threadbuffers import drop_thread_buffers
 from ...operators.prepare.plan import release_planner_scratch
 from ...operators.prepare.sampler_pool import drop_idle_samplers
@@ -108,7 +109,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     try:
         work.mkdir(parents=True, exist_ok=True)
         mark_work(work, out.name)
-        with reuse_for_preparation(), span_command("prepare"):     # tasks run here on a threaded scheduler
+        with reuse_for_preparation(), span_command("prepare"), store_checks(cfg.check_crc):  # tasks may run here
             try:
                 return _build(store, out, work, cfg, (store_hash, s_key, p_key, k_key), quiet, t_start)
             finally:

@@ -42,6 +42,7 @@ class PrepareConfig(RoundOptions):
     history_dim: int = TrainConfig.hidden       # its embedding width: the model's hidden channels
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
     device: str = DEVICE                # RoundOptions' default, typed as prepare takes it: "cpu" or "cuda", never None
+    check_crc: bool = True              # check the store's bytes against its checksums as they are read (no key)
 
     def validate(self) -> None:
         """Raise a `ConfigError` naming the first option that is out of range or does not apply."""
@@ -107,7 +108,7 @@ PREPARE_DEFAULTS: dict[str, Any] = {
     "task": None,       # None: the pipeline's (node classification unless it says link)
     "cpu_memory": DEFAULT_SHARE, "readahead": f"{READAHEAD_GIB}GiB", "queue_depth": QUEUE_DEPTH,
     "fanouts": None, "batches": None, "history_memory": None, "history_staleness": None, "history_prune": None,
-    "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden,
+    "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden, "check_crc": True,
 }
 
 @dataclass

@@ -337,7 +337,8 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
             side = route
             if warm and k < last:
                 side = early = delayed_submit(pack_early, str(store.path), warm, route, str(run.work / EARLY), early,
-                                              final=k == last - 1, key=f"pack-early-{r.key}-{tok}")
+                                              final=k == last - 1, check_crc=run.cfg.check_crc,
+                                              key=f"pack-early-{r.key}-{tok}")
         save_tasks.append(delayed_submit(save_plan_task, plan, str(pdir / f"{r.key}.npz"),
                                          after=side if packing_now else None, key=f"plan-save-{r.key}-{tok}"))
         if packing_now:
@@ -465,7 +466,8 @@ def _index_store_reads(run: Run, stage: Path, sample_paths: list[str], plan_path
              for r, sp, pp in zip(run.refs, sample_paths, plan_paths)]
     compute(tasks, desc="index", disable=run.show())
     tier_t, _ = prepare_targets(stage, gpu_ids, cpu_ids, [], store.feature_dtype, store.feature_dim)
-    compute([delayed_submit(write_tier_rows, str(store.path), p, tier_t, key=f"pack-r0-p{p}-{tok}")
+    compute([delayed_submit(write_tier_rows, str(store.path), p, tier_t, check_crc=run.cfg.check_crc,
+                            key=f"pack-r0-p{p}-{tok}")
              for p in range(P)], desc="tiers", disable=run.show())
     for p in range(P):     # no packed segments: empty part files keep the layout uniform
         (rnd / part_name(p)).touch()
@@ -520,7 +522,7 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
     route_paths = [x["path"] for x in routes]
     packs = compute([delayed_submit(pack_shard, str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
                                     dcache_targets=cache_t, tier_targets=tier_t, early=early.get(p),
-                                    key=f"pack-r0-p{p}-{tok}")
+                                    check_crc=run.cfg.check_crc, key=f"pack-r0-p{p}-{tok}")
                      for p in range(P)], desc="pack", disable=run.show())
     crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
     compute([delayed_submit(index_task, x, offsets[x["first_batch"]:x["first_batch"] + x["batches"]],

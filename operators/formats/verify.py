@@ -1,7 +1,10 @@
-"""Verify a packed dataset against its store: checksums, file sizes, and a bit-exact replay.
+"""Verify a store against its checksums, or a packed dataset against its store: checksums, file sizes,
+and a bit-exact replay.
 
-Checks, in order:
+A store (`verify_store`): every block of every file against the crc32 ingest recorded as it wrote it
+(`storecheck`). A packed dataset (`verify`), in order:
 
+0. with ``full=True``, its store first, as above: a packed dataset cannot pass against a corrupt store;
 1. every part file has the size the manifest records, every disk-cache file its rows and crc;
 2. the whole plan is replayed (the CPU tier's state depends on every earlier batch), which
    reads every packed segment and checks its crc;
@@ -21,10 +24,13 @@ import numpy as np
 
 from ...errors import InputError
 from .hashing import config_hash
+from .manifest import read_manifest
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
-from .store import Store
+from .store import STORE_FORMAT, Store
+from .storecheck import UNCHECKED
+from .storecheck import verify_store as check_store_files
 
-__all__ = ["open_store", "verify"]
+__all__ = ["open_store", "verify", "verify_store"]
 
 _SOURCE = {SRC_GPU: "GPU tier (gpu_cache.npy)", SRC_CPU: "CPU tier (cpu_init.npy + planned inserts)",
            SRC_PACKED: "packed rows", SRC_DCACHE: "disk cache"}
@@ -121,12 +127,25 @@ def _check_tier_rows(store: Store, rows: np.ndarray, ids: np.ndarray, path: Path
         raise InputError(path, f"content mismatch in {what}: row {int(k)} (node {int(ids[k])}) differs from the store")
 
 
+def verify_store(store_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check every block of every file of a store against its checksums; raise `InputError` on the first fault.
+
+    Returns:
+        ``{"kind": "store", "checked", "files", "bytes", "blocks", "note"}``: ``checked`` is False (and
+        ``note`` says why and how to re-ingest) for a store written before stores had checksums.
+    """
+    store = Store(store_path)
+    out = check_store_files(store.path, store.manifest)
+    return {"kind": "store", **out, "note": "" if out["checked"] else f"{store.path}: {UNCHECKED}"}
+
+
 def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_batches: int = 16, seed: int = 0,
            store_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Check a packed dataset end to end; raise `InputError` on the first fault.
+    """Check a packed dataset end to end, or a store's checksums (`verify_store`, when `packed_path` is a
+    store); raise `InputError` on the first fault.
 
     Args:
-        packed_path: the packed dataset (its manifest must exist).
+        packed_path: the packed dataset (its manifest must exist), or a store.
         full: compare every batch (and every tier and disk-cache row) with the store.
         sample_batches: batches compared with the store when not `full` (chosen at random).
         seed: seed of that random choice.
@@ -134,11 +153,15 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
 
     Returns:
         Counts: ``batches``, ``compared_batches``, ``compared_rows``, ``segments_checked``,
-        ``packed_bytes_checked``, ``dcache_bytes_checked``, ``dcache_files``.
+        ``packed_bytes_checked``, ``dcache_bytes_checked``, ``dcache_files``; with `full`, ``store`` (the
+        store's `verify_store` result).
     """
+    if os.path.isdir(packed_path) and (read_manifest(packed_path) or {}).get("format") == STORE_FORMAT:
+        return verify_store(packed_path)
     ds = PackedDataset(packed_path)
     try:
         store = open_store(ds, store_path)
+        store_check = verify_store(store.path) if full else None
         dcache_bytes = _check_files(ds, store)
         n = ds.num_batches
         if full or sample_batches >= n:
@@ -186,7 +209,8 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
         result: dict[str, Any] = {
             "batches": n, "compared_batches": int(chosen.sum()), "compared_rows": compared_rows,
             "segments_checked": segments, "packed_bytes_checked": packed_bytes,
-            "dcache_bytes_checked": dcache_bytes, "dcache_files": len(ds.dcache_files)}
+            "dcache_bytes_checked": dcache_bytes, "dcache_files": len(ds.dcache_files),
+            **({"store": store_check} if store_check is not None else {})}
         if edges is not None:
             result["edges"] = _verify_edges(ds, edges, e_ids, full, sample_batches, seed, store_path)
         return result

@@ -36,6 +36,7 @@ from ..formats.directwrite import open_direct
 from ..formats.npyio import create_aligned_npy, load_npy, save_npy
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
 from ..formats.store import FeatureShard, Store, map_shard
+from ..formats.storecheck import StoreChecks
 from ..formats.threadbuffers import thread_buffer
 from .pagecache import cached_share
 from .route import RouteFile
@@ -210,14 +211,19 @@ class _LazyShard:
     shard was read ahead, so its rows are mapped from the page cache if all still there.
     """
 
-    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool = False) -> None:
+    def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool = False,
+                 checks: StoreChecks | None = None) -> None:
         self.shard, self.dtype, self.dim, self.chunk, self.resident = shard, dtype, dim, chunk, resident
+        self.checks = checks
         self.bytes_read = 0
         self._rows: np.ndarray | None = None
 
     def rows(self) -> np.ndarray:
         if self._rows is None:
             self._rows, self.bytes_read = _shard_rows(self.shard, self.dtype, self.dim, self.chunk, self.resident)
+            if self.checks is not None:     # from the bytes just read (or mapped): checked as they are read
+                self.checks.check_view(self.shard.path, self.shard.offset, self._rows,
+                                       f"prepare's pack pass, shard {self.shard.index}")
         return self._rows
 
 
@@ -408,7 +414,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
                seg_offsets: np.ndarray, part_path: str | os.PathLike[str], *,
                dcache_targets: Sequence[RowTarget] | None = None, tier_targets: Sequence[RowTarget] | None = None,
                row_bytes: int | None = None, read_chunk: int = READ_CHUNK, write_buffer: int = WRITE_BUFFER,
-               early: EarlyPart | None = None) -> dict[str, Any]:
+               early: EarlyPart | None = None, check_crc: bool | None = None) -> dict[str, Any]:
     """The batched packing task of shard p: read the shard once, write part-p.bin and its target rows.
 
     Args:
@@ -424,6 +430,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
         write_buffer: bytes gathered before each write to the part file.
         early: the part file's first batches, written by `pack_early` while planning: the rest is
             appended to that file, which is then moved to `part_path` (same file system).
+        check_crc: check the shard's bytes against the store's checksums as they are read (default: on,
+            unless ``DISKFLOW_STORE_CRC=0``).
 
     Returns:
         ``{"shard", "crc" (int64 [n], crc32 per segment), "rows", "bytes_read" (raw shard bytes),
@@ -431,7 +439,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
         "target_bytes_written", "seconds"}``.
     """
     t0 = time.perf_counter()
-    store = Store(store_path)
+    store = Store(store_path, check_crc=check_crc)
     if not 0 <= p < len(store.shards):
         raise ValueError(f"shard {p} out of range: the store has {len(store.shards)} shards")
     rb = store.row_bytes
@@ -443,7 +451,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     shard = store.shards[p]
     if early is not None:
         release_early_maps(Path(early.path).parent, p)     # this process's map of it from `pack_early`
-    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, resident=early is not None)
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, resident=early is not None,
+                       checks=store.checks)
 
     crc = np.zeros(n, dtype=np.int64)
     part = Path(part_path)
@@ -519,6 +528,7 @@ def _early_map(early_dir: str, p: int, shard: FeatureShard, store: Store) -> np.
     if kept is not None and kept[0] == ident:
         return kept[1]
     mapped = map_shard(shard, store.feature_dtype, store.feature_dim, populate=True)
+    store.checks.check_view(shard.path, shard.offset, mapped, f"prepare's pack pass, shard {p}")
     with _EARLY_MAPS_LOCK:
         _EARLY_MAPS[key] = (ident, mapped)
     return mapped
@@ -536,8 +546,8 @@ def release_early_maps(early_dir: str | os.PathLike[str] | None = None, shard: i
 
 def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route: dict[str, Any],
                early_dir: str | os.PathLike[str], previous: dict[int, EarlyPart] | None = None, *,
-               final: bool = False, min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER
-               ) -> dict[int, EarlyPart]:
+               final: bool = False, min_cached: float = RESIDENT, write_buffer: int = WRITE_BUFFER,
+               check_crc: bool | None = None) -> dict[int, EarlyPart]:
     """Begin the part files of read-ahead shards while later superbatches are still being planned.
 
     Batched packing must wait for the last route before it reads a shard, since a shard is read
@@ -555,7 +565,7 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
     which lets them go (so does any task that fails). Returns the shards' states (`previous` updated;
     shards never begun are absent).
     """
-    store = Store(store_path)
+    store = Store(store_path, check_crc=check_crc)
     states = dict(previous or {})
     first, rb = int(route["first_batch"]), store.row_bytes
     out = Path(early_dir)
@@ -630,14 +640,14 @@ def pack_early(store_path: str | os.PathLike[str], shards: Sequence[int], route:
 
 
 def write_tier_rows(store_path: str | os.PathLike[str], p: int, targets: Sequence[RowTarget],
-                    read_chunk: int = READ_CHUNK) -> dict[str, Any]:
+                    read_chunk: int = READ_CHUNK, check_crc: bool | None = None) -> dict[str, Any]:
     """Fill the tier/disk-cache rows that live in shard p, with no packed segments (the Ginex layout).
 
     Reads shard p once, sequentially, like `pack_shard`.
     """
-    store = Store(store_path)
+    store = Store(store_path, check_crc=check_crc)
     shard = store.shards[p]
-    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk)
+    feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, checks=store.checks)
     written = _write_targets(list(targets), feats, shard, store.row_bytes)
     return {"shard": p, "bytes_read": feats.bytes_read, "target_bytes_written": written}
 

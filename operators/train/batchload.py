@@ -225,6 +225,10 @@ class BatchLoad:
                                  np.array([self._file_sizes[h] for h in hs], np.int64))
         shard_handle, shard_base, shard_size = self._shard_files
         shard = ids // store.shard_rows
+        if self.check_crc and store.checks.active:      # the blocks these rows lie in, once per process
+            for p in np.unique(shard).tolist():          # a loop per shard touched, not per row
+                local = ids[shard == p] - store.shards[p].row_start
+                store.check_rows(int(p), local, f"the packed loader's store reads, batch {g}")
         handles, sizes = shard_handle[shard], shard_size[shard]
         offsets = byte_offsets(ids, rb, shard_base[shard])
         start = offsets - offsets % ALIGN

@@ -119,6 +119,9 @@ class RowReader:
         cuts = np.flatnonzero(np.diff(shard)) + 1
         for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.shape[0]].tolist(), strict=True):
             s = st.shards[int(shard[lo])]
+            check = getattr(st, "check_rows", None)      # the store's checksums: each block once per process
+            if check is not None:
+                check(s.index, ids[lo:hi] - s.row_start, f"{where}the store's row reads")
             h = self._handle(s.index)
             offsets = byte_offsets(ids[lo:hi] - s.row_start, rb, s.offset)
             for a in range(0, hi - lo, self.piece):       # a loop per staging piece, not per row
