@@ -337,8 +337,11 @@ def static_plan_misses(packed: Path, num_nodes: int, cpu_rows: int) -> dict[str,
 
 def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool) -> dict[str, Any]:
     """Run `prepare` in this process (threaded scheduler, `threads` workers), store evicted first; fsync
-    its output. Its tasks are profiled (`flow.taskprofile`): thread CPU and wall seconds per task group."""
+    its output. Its tasks are profiled (`flow.taskprofile`): thread CPU and wall seconds per task group.
+    The store's checksums are checked as it reads unless ``cfg.check_crc`` is False."""
     import dask
+
+    from ..operators.formats.storecheck import store_checks
 
     from ..flow.prepare import prepare
     from ..flow.taskprofile import profile_tasks
@@ -347,7 +350,8 @@ def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool)
         shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     drop_store(store)
-    with _timed_io() as m, dask.config.set(scheduler="threads", num_workers=threads), profile_tasks() as prof:
+    with _timed_io() as m, dask.config.set(scheduler="threads", num_workers=threads), profile_tasks() as prof, \
+            store_checks(cfg.check_crc):
         t0 = time.perf_counter()
         result = prepare(store.path, out, cfg, force=True, quiet=True)
         m["call_s"] = time.perf_counter() - t0
@@ -459,6 +463,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         floor_s = floor_read_s + floor_write_s
         io_floor_s = ((head["disk_read_bytes"] or 0) / read_bw + (head["disk_write_bytes"] or 0) / write_bw)
 
+        # the store's checksums: the same prepare with its reads unchecked, then checked again (alternated,
+        # so that a drift of the shared machine is seen); on costs min(checked runs) / the unchecked run
+        unchecked = _measure_prepare(store, out, replace(cfg, check_crc=False), threads, fresh=True)
+        checked = _measure_prepare(store, out, cfg, threads, fresh=True)
+        crc_on = [prepare_s, checked["seconds"]]
+        store_crc = {"on_s": crc_on, "off_s": unchecked["seconds"],
+                     "on_over_off": min(crc_on) / unchecked["seconds"]}
+
         # the same prepare with one scheduler thread: how the graph scales with Dask workers
         single = _measure_prepare(store, out, cfg, 1, fresh=True) if threads > 1 else None
 
@@ -549,6 +561,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "naive_disk_read_bytes": naive["disk_read_bytes"], "naive_rows_bytes": naive["bytes_read"],
         "belady": {"cpu_hits": int(fig["cpu_hits"]), "misses": int(fig["misses"]), "inserts": int(fig["inserts"])},
         "static": static, "budgeted": budgeted, "threads": threads, "setup_s": setup_s,
+        "store_crc": store_crc,
     }
     _print(figures, args, store)
     return figures
@@ -594,6 +607,10 @@ def _print(f: dict[str, Any], args: argparse.Namespace, store: Any) -> None:
         {"what": "  disk write", "seconds": "", "bytes": _bytes(f["prepare_disk_write_bytes"]), "rate": "",
          "note": "/proc/self/io"},
     ], ["what", "seconds", "bytes", "rate", "note"])
+    crc = f["store_crc"]
+    print(f"store checksums: prepare {' / '.join(f'{s:.2f}' for s in crc['on_s'])} s with the store's reads checked, "
+          f"{crc['off_s']:.2f} s unchecked (--no-crc): checked costs {crc['on_over_off'] - 1:+.1%} "
+          "(best checked run over the unchecked one)")
     print(f"machine load average {f['load_avg']:.1f} at the start (2 cores, shared). "
           f"Pack tasks read {_bytes(f['raw_bytes_read'])} of shards; every byte /proc/self/io counted, moved at "
           f"those bandwidths, takes {f['io_floor_s']:.1f} s (samples, plans, routes, tier rows included).")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..config import INGEST_MEMORY, LinkConfig
 from ..errors import ConfigError
@@ -18,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Validate a raw dataset and write a store: CSC topology by destination, "
         "row-range feature shards, labels and splits. Runs as Dask tasks (embedded LocalCluster, "
         "or --scheduler); a re-run with unchanged inputs and options does nothing.")
-    p.add_argument("raw", metavar="RAW", help="raw dataset directory (edges/*.parquet, features/*, nodes/*.parquet)")
+    p.add_argument("raw", metavar="RAW", help="raw dataset directory (edges/*.parquet, features/*, nodes/*.parquet), "
+                                              "or its URL: s3://, gs://, hdfs://, any scheme fsspec resolves")
     p.add_argument("out", metavar="OUT", help="store directory to create (an existing store is replaced atomically; "
                                               "anything else there is refused unless --force)")
     p.add_argument("--memory-budget", default=INGEST_MEMORY, metavar="SIZE",
@@ -39,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fixed negatives per validation and test edge, for MRR and Hits@K (default: %(default)s)")
     p.add_argument("--link-seed", type=integer("--link-seed"), default=LinkConfig.seed, metavar="SEED",
                    help="seeds the link split, the supervision share and the negatives (default: %(default)s)")
+    p.add_argument("--storage-options", type=_storage_options, default=None, metavar="JSON",
+                   help="for a URL: fsspec's storage options as a JSON object, as Dask's read_parquet takes them, "
+                        "e.g. '{\"endpoint_url\": \"http://host:9000\", \"anon\": true}' (default: credentials "
+                        "from the environment and config files)")
     p.add_argument("--force", action="store_true",
                    help="rebuild even when OUT is up to date, and replace OUT even when it is not a store (deleting it)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -58,6 +64,19 @@ def parse_shares(option: str, text: str) -> tuple[float, float]:
     return val, test
 
 
+def _storage_options(text: str) -> dict[str, Any]:
+    """--storage-options: a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError("--storage-options", f"not JSON ({e.msg} at character {e.pos})") from e
+    if not isinstance(value, dict):
+        raise ConfigError("--storage-options", f"expected a JSON object, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print a one-paragraph summary."""
     from ..api import ingest
@@ -69,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                link_split=args.link_split, disjoint_train_ratio=args.disjoint_train_ratio,
                link_negatives=args.link_negatives, link_seed=args.link_seed,
                scheduler=args.scheduler, workers=0 if args.workers is None else args.workers,
+               storage_options=args.storage_options,
                tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
     if r.skipped:
         print(f"{r.path}: up to date ({r.num_nodes:,} nodes, {r.num_edges:,} edges; "

@@ -71,18 +71,22 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
            force: bool = False, link_split: tuple[float, float] | None = None,
            disjoint_train_ratio: float = LinkConfig.disjoint_train_ratio, link_negatives: int = LinkConfig.negatives,
            link_seed: int = LinkConfig.seed, scheduler: str | None = None, workers: int | None = None,
-           **tls: str | None) -> Any:
+           storage_options: dict[str, Any] | None = None, **tls: str | None) -> Any:
     """Validate `source` and write it as a store at `store` (`diskflow ingest`); the `IngestResult`.
 
     Args:
-        source: a raw dataset directory (edges/, features/, nodes/), or a PyG ``Data`` with ``x``,
-            ``edge_index``, ``y``, ``train_mask``/``val_mask``/``test_mask`` and optionally ``edge_attr``
-            (written to a temporary raw directory beside `store` first, then ingested).
+        source: a raw dataset directory (edges/, features/, nodes/), its URL (``s3://bucket/raw``, ``gs://``,
+            ``hdfs://``, or any scheme fsspec resolves: the Dask workers read the shards from it), or a PyG
+            ``Data`` with ``x``, ``edge_index``, ``y``, ``train_mask``/``val_mask``/``test_mask`` and
+            optionally ``edge_attr`` (written to a temporary raw directory beside `store` first, then ingested).
         store: the store directory to create; one that holds something else is refused unless `force`.
         memory_budget, shard_rows, to_undirected, allow_nonfinite: as `diskflow ingest`'s options.
         link_split, disjoint_train_ratio, link_negatives, link_seed: the link split (`LinkConfig`), as
             `diskflow ingest`'s ``--link-*`` options.
         scheduler, workers, tls: where the Dask tasks run (default: the caller's client, or local threads).
+        storage_options: for a URL, how to reach it: fsspec's options, as Dask's ``read_parquet`` takes them
+            (``key``, ``secret``, ``endpoint_url``, ...); credentials otherwise come from the environment and
+            the usual config files.
     """
     from .flow.ingest import run_ingest
     from .operators.formats.outputs import check_replaceable
@@ -92,14 +96,14 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
     LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
                link_seed).check()      # bad options fail before a cluster starts
     if isinstance(source, (str, os.PathLike)):
-        find_raw_files(source)      # a missing or empty dataset fails before a cluster starts
+        find_raw_files(source, storage_options)      # a missing or empty dataset fails before a cluster starts
     check_replaceable(store, force, STORE_KIND)     # and so does a store path that holds something else
     with _cluster(scheduler, workers, tls):
         if isinstance(source, (str, os.PathLike)):
             return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,
                               to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force,
                               link_split=link_split, disjoint_train_ratio=disjoint_train_ratio,
-                              link_negatives=link_negatives, link_seed=link_seed)
+                              link_negatives=link_negatives, link_seed=link_seed, storage_options=storage_options)
         if not hasattr(source, "edge_index"):
             raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
                                                           "Data with x, edge_index and y")

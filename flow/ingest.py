@@ -84,6 +84,7 @@ from ..operators.ingest.raw import (
     store_manifest,
     table_num_rows,
 )
+from ..operators.ingest.remote import raw_size, remote_fingerprint
 from ..operators.options import INGEST_MEMORY
 from .progress import compute
 
@@ -155,6 +156,9 @@ def _up_to_date(manifest: dict[str, Any] | None, inputs: dict[str, str], config:
 
 
 def _check_out(raw: RawFiles, out: Path) -> None:
+    if raw.remote:
+        return      # a URL's objects and a local store cannot overlap
+    assert isinstance(raw.root, Path)
     if out == raw.root or raw.root.is_relative_to(out) or out.is_relative_to(raw.root / "edges") \
             or out.is_relative_to(raw.root / "features") or out.is_relative_to(raw.root / "nodes"):
         raise ConfigError("OUT", f"{out} overlaps the raw dataset {raw.root}; choose a separate directory")
@@ -171,11 +175,13 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
                shard_rows: int | None = None, to_undirected: bool = False, allow_nonfinite: bool = False,
                force: bool = False, link_split: Sequence[float] | None = None,
                disjoint_train_ratio: float = LinkConfig.disjoint_train_ratio,
-               link_negatives: int = LinkConfig.negatives, link_seed: int = LinkConfig.seed) -> IngestResult:
+               link_negatives: int = LinkConfig.negatives, link_seed: int = LinkConfig.seed,
+               storage_options: dict[str, Any] | None = None) -> IngestResult:
     """Ingest the raw dataset `raw` into the store `out`, as Dask tasks on the active scheduler.
 
     Args:
-        raw: directory with edges/, features/, nodes/ (docs/design.md, "Formats").
+        raw: directory with edges/, features/, nodes/ (docs/design.md, "Formats"), or its URL (``s3://``,
+            ``gs://``, ``hdfs://``, any fsspec scheme): the tasks read their shards from it themselves.
         out: the store directory to create (or replace).
         memory_budget: bytes one task may use (e.g. "1GiB"); sets the feature shard size,
             the edge buckets and the read batch sizes.
@@ -188,6 +194,8 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
         disjoint_train_ratio: share of the training edges held out of message passing (supervision only).
         link_negatives: fixed negatives per validation and test edge (MRR, Hits@K).
         link_seed: seeds the random split, the supervision share and the negatives.
+        storage_options: how to reach a URL (fsspec's, as Dask's ``read_parquet`` takes them:
+            `operators.ingest.remote`); credentials otherwise come from the environment and config files.
 
     Raises:
         InputError: bad or missing input, naming the file and the fault; `out` holds something
@@ -202,7 +210,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
         raise ConfigError("shard_rows", f"must be >= 1, got {shard_rows}")
     link = LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
                       link_seed).check()
-    files = find_raw_files(raw)
+    files = find_raw_files(raw, storage_options)
     out_p = Path(out).absolute()
     _check_out(files, out_p)
     schema = edge_schema(files.edges)
@@ -211,8 +219,8 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
                                         "for edges without one")
     if not schema.split and link.split is None and link.disjoint_train_ratio > 0:
         raise ConfigError("disjoint_train_ratio", "needs a link split (link_split, or a split column in the edges)")
-    inputs = {files.relative(p): fingerprint(p) for p in files.all()}
-    input_bytes = sum(p.stat().st_size for p in files.all())
+    inputs = {files.relative(p): remote_fingerprint(p) if files.remote else fingerprint(p) for p in files.all()}
+    input_bytes = sum(raw_size(p) for p in files.all())
     config = ingest_config(memory_budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
                            allow_nonfinite=allow_nonfinite, link=link)
     existing = check_replaceable(out_p, force, STORE_KIND)

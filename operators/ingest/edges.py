@@ -62,6 +62,7 @@ from .links import (
     link_tags,
 )
 from .nodes import split_codes
+from .remote import raw_path
 from .raw import check_id_range, int_column, iter_file_batches, require_columns, table_schema
 
 __all__ = ["EDGE_ATTR", "EDGE_COLUMNS", "EDGE_SPLIT", "INDEX32_LIMIT", "PACKED_LIMIT", "EdgeAttrTarget", "EdgeSchema",
@@ -274,7 +275,7 @@ def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str],
         InputError: naming the file, row and id, for an id out of range, a null, a missing
         or non-integer column, a bad split value, a NaN edge feature, or an unreadable file.
     """
-    source = Path(path)
+    source = raw_path(path)
     packed = is_packed(num_nodes) if packed is None else packed
     bucket_type = np.uint16 if num_buckets <= 1 << 16 else np.uint32
     shift = bucket_width.bit_length() - 1 if bucket_width & (bucket_width - 1) == 0 else -1

@@ -31,6 +31,7 @@ from ...native.constants import ALIGN
 from ..formats.atomic import tmp_name
 from ..formats.npyio import aligned_npy_header, create_aligned_npy, load_npy
 from ..formats.storecheck import Piece, add_pieces
+from .remote import raw_path
 from .raw import (
     TableUnit,
     check_id_range,
@@ -106,7 +107,7 @@ def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int 
         InputError: naming the file, for a missing column, a wrong ``x`` type, a null or
         out-of-range node id (with its row), or an unreadable file.
     """
-    p = Path(path)
+    p = raw_path(path)
     dtype, dim = feature_type(table_schema(p), p)
     all_units = table_units(p)
     lo = np.full(len(all_units), np.iinfo(np.int64).max)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from ...errors import InputError
 from ..formats.store import SPLITS
 from ..formats.storecheck import Piece
+from .remote import raw_path
 from .raw import (
     check_id_range,
     int_column,
@@ -94,7 +95,7 @@ def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_di
     labels = np.full(num_nodes, -1, dtype=np.int64)
     splits = np.full(num_nodes, _UNSET, dtype=np.uint8)
     for f in files:
-        path = Path(f)
+        path = raw_path(f)
         require_columns(table_schema(path), NODE_COLUMNS, path)
         for row0, batch in iter_file_batches(path, NODE_COLUMNS, batch_rows):
             ids = int_column(batch, "node_id", path, row0)
@@ -110,7 +111,7 @@ def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_di
     missing = splits == _UNSET
     if missing.any():  # only when the files changed since they were counted
         v = int(np.flatnonzero(missing)[0])
-        raise InputError(Path(files[0]).parent, f"no node row for node_id {v} ({int(missing.sum())} missing)")
+        raise InputError(raw_path(files[0]).parent, f"no node row for node_id {v} ({int(missing.sum())} missing)")
     out = Path(out_dir)
     save_npy_in_place(out / "labels.npy", labels, pieces)
     save_npy_in_place(out / "splits.npy", splits, pieces)

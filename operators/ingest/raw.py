@@ -28,6 +28,7 @@ from ..formats.manifest import MANIFEST, write_manifest
 from ..formats.npyio import npy_bytes
 from ..formats.sizes import format_bytes, parse_bytes
 from ..formats.storecheck import Piece, add_pieces
+from .remote import RemotePath, is_url, list_files, raw_source
 from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
 __all__ = ["EDGE_CSC_BYTES", "EDGE_CSC_ORDINAL_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
@@ -63,29 +64,61 @@ SPILL_DIR = "_spill"
 class RawFiles:
     """The table files of a raw dataset, sorted by path within each part."""
 
-    root: Path
-    edges: tuple[Path, ...]
-    features: tuple[Path, ...]
-    nodes: tuple[Path, ...]
+    root: Path | RemotePath        # a URL's files are `RemotePath`s (`remote`)
+    edges: tuple[Any, ...]
+    features: tuple[Any, ...]
+    nodes: tuple[Any, ...]
 
-    def all(self) -> list[Path]:
+    def all(self) -> list[Any]:
         """Every input file, edges then features then nodes."""
         return [*self.edges, *self.features, *self.nodes]
 
-    def relative(self, path: Path) -> str:
+    def relative(self, path: Any) -> str:
         """`path` relative to the dataset root, with forward slashes (manifest keys)."""
         return path.relative_to(self.root).as_posix()
 
+    @property
+    def remote(self) -> bool:
+        """Whether the files are read from a URL (`remote`), not a local directory."""
+        return isinstance(self.root, RemotePath)
 
-def find_raw_files(raw: str | os.PathLike[str]) -> RawFiles:
-    """List a raw dataset's edge, feature and node files.
+
+def _skipped(parts: Sequence[str]) -> bool:
+    return any(s.startswith((".", "_")) for s in parts)
+
+
+def _find_remote(raw: str, storage_options: dict[str, Any] | None) -> RawFiles:
+    root = raw_source(raw, storage_options)
+    listed = list_files(root)
+    parts: dict[str, tuple[RemotePath, ...]] = {}
+    for name in RAW_DIRS:
+        d = root / name
+        below = [p for p in listed if p.rel.startswith(d.rel + "/")]
+        if not below:
+            raise InputError(d, f"missing directory: a raw dataset needs {', '.join(p + '/' for p in RAW_DIRS)}")
+        files = [p for p in below if p.suffix.lower() in TABLE_SUFFIXES and not _skipped(p.relative_to(d).parts)]
+        if not files:
+            raise InputError(d, f"empty dataset: no table files ({', '.join('*' + s for s in TABLE_SUFFIXES)})")
+        parts[name] = tuple(files)
+    return RawFiles(root, parts["edges"], parts["features"], parts["nodes"])
+
+
+def find_raw_files(raw: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> RawFiles:
+    """List a raw dataset's edge, feature and node files: in a directory, or at a URL (``s3://``,
+    ``gs://``, ``hdfs://``, any fsspec scheme: `remote`, with `storage_options`).
 
     Files whose name (or a parent folder's name) starts with ``.`` or ``_`` are
     skipped, as Arrow/Spark/Hive writers use them for metadata and markers.
 
     Raises:
-        InputError: the directory or one of its parts is missing, or a part holds no table files.
+        InputError: the directory or one of its parts is missing, or a part holds no table files; for a
+            URL also a missing bucket, missing credentials or an endpoint that does not answer.
+        ConfigError: `storage_options` given for a local path.
     """
+    if is_url(raw):
+        return _find_remote(str(raw), storage_options)
+    if storage_options:
+        raise ConfigError("storage_options", f"apply to a URL (s3://, gs://, hdfs://, ...), not the path {raw}")
     root = Path(raw).absolute()
     if not root.is_dir():
         raise InputError(root, "no such directory (expected a raw dataset with edges/, features/, nodes/)")
@@ -111,6 +144,11 @@ def _is_parquet(path: Path) -> bool:
     return path.suffix.lower() in PARQUET_SUFFIXES
 
 
+def _parquet(path: Path) -> Any:
+    """What `pq` opens: a local path as it is, a `RemotePath` as its open file (read on this process)."""
+    return path.open() if isinstance(path, RemotePath) else path
+
+
 def _unreadable(path: Path, e: BaseException) -> InputError:
     kind = "Parquet" if _is_parquet(path) else "Arrow IPC"
     return InputError(path, f"unreadable {kind} file ({type(e).__name__}: {e})")
@@ -118,7 +156,7 @@ def _unreadable(path: Path, e: BaseException) -> InputError:
 
 def _open_ipc(path: Path) -> ipc.RecordBatchFileReader | ipc.RecordBatchStreamReader:
     """An IPC reader over a memory map: the file format if the file has its footer, else the stream format."""
-    source = pa.memory_map(str(path))
+    source = path.open() if isinstance(path, RemotePath) else pa.memory_map(str(path))
     try:
         return ipc.open_file(source)
     except pa.ArrowInvalid:
@@ -130,7 +168,7 @@ def table_schema(path: Path) -> pa.Schema:
     """The Arrow schema of one table file (Parquet footer or IPC header only)."""
     try:
         if _is_parquet(path):
-            return pq.read_schema(path)
+            return pq.read_schema(_parquet(path))
         return _open_ipc(path).schema
     except (pa.ArrowException, OSError) as e:
         raise _unreadable(path, e) from e
@@ -140,7 +178,7 @@ def table_num_rows(path: Path) -> int:
     """Row count of one table file: the Parquet footer, or the IPC batches' headers (memory-mapped)."""
     try:
         if _is_parquet(path):
-            with pq.ParquetFile(path) as pf:
+            with pq.ParquetFile(_parquet(path)) as pf:
                 return int(pf.metadata.num_rows)
         reader = _open_ipc(path)
         if isinstance(reader, ipc.RecordBatchFileReader):
@@ -166,7 +204,7 @@ def table_units(path: Path) -> list[TableUnit]:
     """The independently readable units of a table file, in file order."""
     try:
         if _is_parquet(path):
-            with pq.ParquetFile(path) as pf:
+            with pq.ParquetFile(_parquet(path)) as pf:
                 sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
             kind = "row_group"
         else:
@@ -204,7 +242,7 @@ def _raw_run_batches(run: list[TableUnit], columns: list[str], batch_rows: int
                      ) -> Iterator[tuple[TableUnit, int, pa.RecordBatch]]:
     path, kind = run[0].path, run[0].kind
     if kind == "row_group":
-        with pq.ParquetFile(path) as pf:
+        with pq.ParquetFile(_parquet(path)) as pf:
             for u in run:
                 row = u.row_start
                 for b in pf.iter_batches(batch_size=batch_rows, row_groups=[u.index], columns=columns):
