@@ -341,10 +341,9 @@ def _measure_prepare(store: Any, out: Path, cfg: Any, threads: int, fresh: bool)
     The store's checksums are checked as it reads unless ``cfg.check_crc`` is False."""
     import dask
 
-    from ..operators.formats.storecheck import store_checks
-
     from ..flow.prepare import prepare
     from ..flow.taskprofile import profile_tasks
+    from ..operators.formats.storecheck import store_checks
 
     if fresh:
         shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)

@@ -93,7 +93,12 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     """
     t_start = time.perf_counter()
     cfg.validate()
-    store = Store(store_path)
+    store = Store(store_path, check_crc=cfg.check_crc)
+    # the store's files but its feature shards (topology, labels, splits, ...): the packed dataset is made of
+    # them, so they are checked whole before the work starts; the shards are checked as the pack pass reads them
+    for rel in store.checks.files:
+        if not rel.startswith("features/"):
+            store.checks.check_file(rel, "prepare")
     out = Path(out)
     store_hash = config_hash(store.manifest)
     part_key = partition_key(cfg, store_hash, cfg.num_partitions(store)) if cfg.batches == "partition" else None

@@ -62,8 +62,8 @@ from .links import (
     link_tags,
 )
 from .nodes import split_codes
-from .remote import raw_path
 from .raw import check_id_range, int_column, iter_file_batches, require_columns, table_schema
+from .remote import raw_path
 
 __all__ = ["EDGE_ATTR", "EDGE_COLUMNS", "EDGE_SPLIT", "INDEX32_LIMIT", "PACKED_LIMIT", "EdgeAttrTarget", "EdgeSchema",
            "EdgeSpill", "LinkScan", "allocate_npy", "compact_group", "csc_group", "edge_schema", "indices_dtype",

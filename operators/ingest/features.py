@@ -31,7 +31,6 @@ from ...native.constants import ALIGN
 from ..formats.atomic import tmp_name
 from ..formats.npyio import aligned_npy_header, create_aligned_npy, load_npy
 from ..formats.storecheck import Piece, add_pieces
-from .remote import raw_path
 from .raw import (
     TableUnit,
     check_id_range,
@@ -41,6 +40,7 @@ from .raw import (
     table_schema,
     table_units,
 )
+from .remote import raw_path
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_DTYPES", "FeatureFile", "FeatureUnit", "check_same_schema",
            "feature_type", "fixed_rows", "scan_features", "units_overlapping", "vector_type", "write_aligned",

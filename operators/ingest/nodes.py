@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from ...errors import InputError
 from ..formats.store import SPLITS
 from ..formats.storecheck import Piece
-from .remote import raw_path
 from .raw import (
     check_id_range,
     int_column,
@@ -28,6 +27,7 @@ from .raw import (
     save_npy_in_place,
     table_schema,
 )
+from .remote import raw_path
 
 __all__ = ["NODE_COLUMNS", "ingest_nodes", "split_codes"]
 

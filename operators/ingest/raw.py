@@ -27,9 +27,9 @@ from ..formats.atomic import tmp_name
 from ..formats.manifest import MANIFEST, write_manifest
 from ..formats.npyio import npy_bytes
 from ..formats.sizes import format_bytes, parse_bytes
+from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 from ..formats.storecheck import Piece, add_pieces
 from .remote import RemotePath, is_url, list_files, raw_source
-from ..formats.store import SPLITS, STORE_FORMAT, STORE_VERSION
 
 __all__ = ["EDGE_CSC_BYTES", "EDGE_CSC_ORDINAL_BYTES", "EDGE_SCAN_BYTES", "FINE_BUCKETS_PER_TASK", "IPC_SUFFIXES", "MAX_CSC_EDGES",
            "MAX_FINE_BUCKETS", "MAX_SHARD_BYTES", "MIN_FINE_BUCKETS", "MIN_MEMORY_BUDGET", "PARQUET_SUFFIXES",
