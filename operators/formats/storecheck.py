@@ -39,7 +39,7 @@ from ...errors import InputError
 from ...native.kernels import crc32, crc32_blocks, crc32_combine, crc32_zeros
 from .manifest import MANIFEST
 
-__all__ = ["BLOCK_BYTES", "CHECKSUMS", "ENV", "Piece", "StoreChecks", "add_pieces", "crc_pieces",
+__all__ = ["BLOCK_BYTES", "CHECKSUMS", "ENV", "UNCHECKED", "Piece", "StoreChecks", "add_pieces", "crc_pieces",
            "merge_blocks", "record_checksums", "store_checks", "store_checks_enabled", "verify_store"]
 
 BLOCK_BYTES = 1 << 20       # a checksum per MiB: a manifest entry per MiB of store, a reader's overread at most one
@@ -233,7 +233,7 @@ class StoreChecks:
 
     def _rel(self, path: str | os.PathLike[str]) -> str:
         p = Path(path)
-        return (p.relative_to(self.root) if p.is_absolute() and p.is_relative_to(self.root) else p).as_posix()
+        return (p.relative_to(self.root) if p.is_relative_to(self.root) else p).as_posix()
 
     def _entry(self, rel: str) -> tuple[Path, np.ndarray]:
         entry = self.files.get(rel)
