@@ -168,8 +168,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"run directory: {run_dir}")
     model = options.pop("model", "sage")
     with no_run_left(run_dir, made=True, prepares=True):     # failed before writing anything: no empty run left
-        report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir,
-                       **options, **({"check_crc": False} if args.no_crc else {}))
+        if args.no_crc:
+            options["check_crc"] = False
+        report = train(args.dataset, model, pipeline=pipeline, run_dir=run_dir, **options)
     if "on_epoch" not in options:
         for record in report.get("epochs", []):
             print_epoch(record)

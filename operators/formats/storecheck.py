@@ -163,7 +163,7 @@ def _read_blocks(path: Path, block: int, first: int = 0, count: int | None = Non
             want = min(chunk, stop * block - lo, size - lo)
             done = 0
             while done < want:
-                n = os.preadv(fd, [memoryview(buf)[done:want]], lo + done)
+                n = os.preadv(fd, [buf[done:want].data], lo + done)
                 if n <= 0:
                     break
                 done += n
@@ -220,7 +220,7 @@ class StoreChecks:
 
     def __init__(self, root: str | os.PathLike[str], manifest: dict[str, Any], enabled: bool | None = None) -> None:
         self.root = Path(root)
-        rec = manifest.get(CHECKSUMS)
+        rec: dict[str, Any] = manifest.get(CHECKSUMS) or {}
         self.present = isinstance(rec, dict) and isinstance(rec.get("files"), dict)
         self.block = int(rec.get("block_bytes", BLOCK_BYTES)) if self.present else BLOCK_BYTES
         self.files: dict[str, Any] = dict(rec["files"]) if self.present else {}

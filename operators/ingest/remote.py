@@ -20,7 +20,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -240,9 +240,10 @@ def list_files(root: RemotePath) -> list[RemotePath]:
     return sorted(out, key=lambda p: p.rel)
 
 
-def raw_path(path: Any) -> Path | RemotePath:
-    """A raw file as the readers take it: a `RemotePath` as it is, anything else as a local `Path`."""
-    return path if isinstance(path, RemotePath) else Path(path)
+def raw_path(path: Any) -> Path:
+    """A raw file as the readers take it: a `RemotePath` as it is (it stands in for a `Path` wherever the
+    readers in `raw` use one), anything else as a local `Path`."""
+    return cast(Path, path) if isinstance(path, RemotePath) else Path(path)
 
 
 def raw_size(path: Path | RemotePath) -> int:
