@@ -93,6 +93,6 @@ def test_remote_faults_are_one_line_naming_the_url(s3: dict) -> None:
     client.put_object(Bucket="data", Key="bad/edges/part-0.parquet", Body=b"not parquet")
     client.put_object(Bucket="data", Key="bad/features/part-0.parquet", Body=b"x")
     client.put_object(Bucket="data", Key="bad/nodes/part-0.parquet", Body=b"x")
-    with pytest.raises(InputError, match=r"^s3://data/bad/nodes/part-0.parquet: unreadable Parquet file"), \
+    with pytest.raises(InputError, match=r"^s3://data/bad/edges/part-0.parquet: unreadable Parquet file"), \
             dask.config.set(scheduler="sync"):
         run_ingest("s3://data/bad", s3["tmp"] / "bad-store", storage_options=opts)
