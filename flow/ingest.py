@@ -404,8 +404,8 @@ class _Plan:
 
         link: Any = None
         if self.link is not None:
-            link = d(write_link_arrays, pure=False)([list(s.link) for s in spills], self.stage / "link", num_nodes=n,
-                                                    cfg=self.link, dask_key_name=self.key("link"))
+            link = d(_with_pieces, pure=False)(write_link_arrays, [list(s.link) for s in spills], self.stage / "link",
+                                               num_nodes=n, cfg=self.link, dask_key_name=self.key("link"))
 
         features = {"dtype": dtype.name, "dim": dim, "row_bytes": row_bytes, "shard_rows": rows,
                     "arrow_type": feature_files[0].arrow_type}
@@ -423,7 +423,7 @@ class _Plan:
         # edge features: shards of CSC positions, once the CSC's edge count is known
         done = compute([*topo, *shards, *([link] if link is not None else [])], desc="ingest: build")
         kept, shard_entries = done[:len(topo)], done[len(topo):len(topo) + len(shards)]
-        link_counts = done[-1] if link is not None else None
+        link_done = done[-1] if link is not None else None
         num_edges = int(sum(k for k, _ in kept))
         edge_rows = int(shard_rows) if shard_rows is not None else shard_rows_for(self.budget, edge_row_bytes,
                                                                                    max(1, num_edges))
@@ -435,7 +435,7 @@ class _Plan:
             for p in range(math.ceil(num_edges / edge_rows))]
         static["edge_features"] = {"dtype": sch.attr_dtype, "dim": sch.attr_dim, "row_bytes": edge_row_bytes,
                                    "shard_rows": edge_rows, "arrow_type": sch.arrow_type}
-        manifest = d(_write_manifest, pure=False)(self.stage, kept, shard_entries, static, link_counts, edge_shards,
+        manifest = d(_write_manifest, pure=False)(self.stage, kept, shard_entries, static, link_done, edge_shards,
                                                   dask_key_name=self.key("manifest"))
         return compute([*edge_shards, manifest], desc="ingest: edge features")[-1]
 
@@ -466,7 +466,7 @@ def _compact(g: int, topo: list[tuple[int, list[Piece]]], **kwargs: Any) -> tupl
 
 
 def _write_manifest(stage: Path, topo: list[tuple[int, list[Piece]]], shards: list[tuple[dict[str, Any], list[Piece]]],
-                    static: dict[str, Any], link_counts: dict[str, int] | None,
+                    static: dict[str, Any], link: tuple[dict[str, int], list[Piece]] | None,
                     edge_shards: list[tuple[dict[str, Any], list[Piece]]] | None) -> dict:
     """Assemble the manifest from the tasks' results, with every file's checksums, and write it last."""
     features = dict(static["features"])
@@ -478,16 +478,16 @@ def _write_manifest(stage: Path, topo: list[tuple[int, list[Piece]]], shards: li
     add_pieces(pieces, "indptr.npy", 0, np.frombuffer(aligned_npy_header(np.dtype(np.int64), (n + 1,)), np.uint8))
     add_pieces(pieces, "indices.npy", 0,
                np.frombuffer(aligned_npy_header(static["indices_dtype"], (num_edges,)), np.uint8))
-    for _, written in (*topo, *shards, *(edge_shards or ())):
+    for _, written in (*topo, *shards, *(edge_shards or ()), *([link] if link is not None else [])):
         pieces.extend(written)
     edge_features = None
     if edge_shards is not None:
         edge_features = {**static["edge_features"],
                          "shards": [{"path": _shard_name(p, "edge_features"), **s} for p, (s, _) in enumerate(edge_shards)]}
     link_entry = None
-    if static["link"] is not None and link_counts is not None:
+    if static["link"] is not None and link is not None:
         spec = static["link"]
-        link_entry = spec["cfg"].describe(spec["source"], link_counts, spec["undirected"])
+        link_entry = spec["cfg"].describe(spec["source"], link[0], spec["undirected"])
     manifest = store_manifest(num_nodes=n, num_edges=num_edges, indices_dtype=static["indices_dtype"], nodes=nodes,
                               features=features, inputs=static["inputs"], config=static["config"],
                               edge_features=edge_features, link=link_entry)

@@ -20,8 +20,8 @@ from ...errors import InputError
 from ...native.constants import ALIGN  # array data is padded to the O_DIRECT granularity
 from .atomic import atomic_path, preallocate
 
-__all__ = ["NpzReader", "aligned_npy_bytes", "aligned_npy_header", "create_aligned_npy", "load_npy", "load_npz", "npy_bytes", "read_into",
-           "save_aligned_npy", "save_npy"]
+__all__ = ["NpzReader", "aligned_npy_bytes", "aligned_npy_header", "create_aligned_npy", "load_npy", "load_npz",
+           "npy_bytes", "npy_header", "read_into", "save_aligned_npy", "save_npy"]
 
 # CPython 3.11 keeps one AST recursion counter per interpreter: two threads building ASTs at once can
 # fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). numpy
@@ -152,6 +152,16 @@ def aligned_npy_bytes(array: np.ndarray) -> np.ndarray:
     out[:ALIGN] = np.frombuffer(_npy_header(arr.dtype, arr.shape), np.uint8)
     out[ALIGN:] = arr.reshape(-1).view(np.uint8)
     return out
+
+
+def npy_header(dtype: np.dtype | str, shape: tuple[int, ...]) -> bytes:
+    """The header `np.save` (and ``np.lib.format.open_memmap``) writes for a C-order array of `dtype` and
+    `shape`: version 1.0, padded to a multiple of 64 bytes; the data follows it."""
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+         "shape": tuple(int(n) for n in shape)}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, d)
+    return buf.getvalue()
 
 
 def npy_bytes(array: np.ndarray) -> np.ndarray:

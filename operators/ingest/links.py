@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError
+from ..formats.npyio import npy_header
+from ..formats.storecheck import Piece, add_pieces
 
 __all__ = ["LINK_SPLITS", "NEGATIVE_BLOCK", "TAG_MP", "TAG_SPLIT", "TAG_SUPERVISION", "TAG_TEST", "TAG_VAL",
            "LinkConfig", "LinkPiece", "link_tags", "pair_uniform", "supervision_tag", "write_link_arrays"]
@@ -153,41 +155,68 @@ class LinkPiece:
     count: int
 
 
-def _copy_pieces(pieces: Sequence[LinkPiece], out: Path, block: int) -> int:
-    """Write the pieces' pairs, in order, as an int64 [2, P] .npy at `out` (a block at a time)."""
-    total = sum(p.count for p in pieces)
-    arr = np.lib.format.open_memmap(out, mode="w+", dtype=np.int64, shape=(2, total))
+def _create(out: Path, shape: tuple[int, int], crc: list[Piece] | None, rel: str) -> tuple[np.ndarray, int]:
+    """A zero-filled int64 .npy of `shape` at `out` (as ``np.lib.format.open_memmap`` makes it), writable through
+    the returned map, and its header's length; the header's crc32 pieces go to `crc` (as store file `rel`)."""
+    header = npy_header(np.dtype(np.int64), shape)
+    nbytes = shape[0] * shape[1] * 8
+    with open(out, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + nbytes)
+    add_pieces(crc, rel, 0, np.frombuffer(header, np.uint8))
+    if nbytes == 0:
+        return np.zeros(shape, np.int64), len(header)
+    return np.memmap(out, np.int64, "r+", offset=len(header), shape=shape), len(header)
+
+
+def _copy_pieces(found: Sequence[LinkPiece], out: Path, block: int, crc: list[Piece] | None, rel: str) -> int:
+    """Write the pieces' pairs, in order, as an int64 [2, P] .npy at `out` (a block at a time); the crc32
+    pieces of what is written go to `crc`."""
+    total = sum(p.count for p in found)
+    arr, head = _create(out, (2, total), crc, rel)
     pos = 0
-    for p in pieces:
+    for p in found:
         for a in range(0, p.count, block):
             n = min(block, p.count - a)
             pairs = np.fromfile(p.path, np.int64, count=2 * n, offset=16 * a).reshape(n, 2)
-            arr[:, pos:pos + n] = pairs.T
+            for row in (0, 1):          # row 0 the sources, row 1 the destinations: two runs of the file
+                values = np.ascontiguousarray(pairs[:, row])
+                arr[row, pos:pos + n] = values
+                add_pieces(crc, rel, head + (row * total + pos) * 8, values)
             pos += n
-    arr.flush()
+    if isinstance(arr, np.memmap):
+        arr.flush()
     del arr
     return total
 
 
-def _write_negatives(out: Path, count: int, num_nodes: int, k: int, seed: int, split_code: int) -> None:
-    """K uniform negative destinations per positive, int64 [count, k], drawn per `NEGATIVE_BLOCK` positives."""
-    arr = np.lib.format.open_memmap(out, mode="w+", dtype=np.int64, shape=(count, k))
+def _write_negatives(out: Path, count: int, num_nodes: int, k: int, seed: int, split_code: int,
+                     crc: list[Piece] | None, rel: str) -> None:
+    """K uniform negative destinations per positive, int64 [count, k], drawn per `NEGATIVE_BLOCK` positives;
+    the crc32 pieces of what is written go to `crc`."""
+    arr, head = _create(out, (count, k), crc, rel)
     for b, a in enumerate(range(0, count, NEGATIVE_BLOCK)):
         n = min(NEGATIVE_BLOCK, count - a)
-        arr[a:a + n] = np.random.default_rng([int(seed), split_code, b]).integers(0, num_nodes, (n, k))
-    arr.flush()
+        draws = np.random.default_rng([int(seed), split_code, b]).integers(0, num_nodes, (n, k), dtype=np.int64)
+        arr[a:a + n] = draws
+        add_pieces(crc, rel, head + a * k * 8, draws)
+    if isinstance(arr, np.memmap):
+        arr.flush()
     del arr
 
 
-def write_link_arrays(pieces: Sequence[Sequence[LinkPiece]], out_dir: str | os.PathLike[str], *, num_nodes: int,
-                      cfg: LinkConfig, block: int = 1 << 20) -> dict[str, int]:
+def write_link_arrays(found: Sequence[Sequence[LinkPiece]], out_dir: str | os.PathLike[str], *, num_nodes: int,
+                      cfg: LinkConfig, block: int = 1 << 20, pieces: list[Piece] | None = None) -> dict[str, int]:
     """Write ``link/{train,val,test}.npy`` and ``link/{val,test}_neg.npy`` into `out_dir` (the store's ``link/``)
-    from every edge scan's pieces (in file order); the count of each split."""
+    from every edge scan's `found` pairs (in file order); the count of each split. `pieces`: where given, the
+    crc32 pieces of the bytes written are appended to it as they are written (store files named
+    ``<out_dir's name>/<file>``: `storecheck.add_pieces`)."""
     out = Path(out_dir)
     counts = {}
     for code, split in enumerate(LINK_SPLITS):
-        mine = [p for file_pieces in pieces for p in file_pieces if p.split == split]
-        counts[split] = _copy_pieces(mine, out / f"{split}.npy", max(1, block))
+        mine = [p for file_pieces in found for p in file_pieces if p.split == split]
+        counts[split] = _copy_pieces(mine, out / f"{split}.npy", max(1, block), pieces, f"{out.name}/{split}.npy")
         if split != "train":
-            _write_negatives(out / f"{split}_neg.npy", counts[split], num_nodes, int(cfg.negatives), cfg.seed, code)
+            _write_negatives(out / f"{split}_neg.npy", counts[split], num_nodes, int(cfg.negatives), cfg.seed, code,
+                             pieces, f"{out.name}/{split}_neg.npy")
     return counts
