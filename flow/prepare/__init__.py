@@ -94,10 +94,11 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     t_start = time.perf_counter()
     cfg.validate()
     store = Store(store_path, check_crc=cfg.check_crc)
-    # the store's files but its feature shards (topology, labels, splits, ...): the packed dataset is made of
-    # them, so they are checked whole before the work starts; the shards are checked as the pack pass reads them
+    # the store's files but its row shards and link arrays (topology, labels, splits): the packed dataset is
+    # made of them, so they are checked whole before the work starts; the node and edge feature shards are
+    # checked as the pack passes read them, the link arrays as a link task reads its seeds
     for rel in store.checks.files:
-        if not rel.startswith("features/"):
+        if not rel.startswith(("features/", "edge_features/", "link/")):
             store.checks.check_file(rel, "prepare")
     out = Path(out)
     store_hash = config_hash(store.manifest)
