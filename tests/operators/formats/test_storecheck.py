@@ -154,3 +154,104 @@ def test_reads_check_only_the_blocks_they_touch(built: tuple[Path, Path], tmp_pa
         st.gather(np.array([shard.row_start + row]))
     os.environ.pop(storecheck.ENV, None)
     assert Store(bad, check_crc=False).gather(np.array([shard.row_start + row])).shape == (1, st.feature_dim)
+
+
+# ----------------------------------------------------------------------------- edge features and link arrays
+
+EDGE_DIM = 6
+
+
+@pytest.fixture(scope="module")
+def edge_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two stores with edge features: ``link`` with a random link split under to_undirected (CSC compacted,
+    negatives), ``plain`` without (ordinals in place). Ingest may not read a file back to checksum it: every
+    writer reports what it wrote."""
+    tmp = tmp_path_factory.mktemp("storecheck-edges")
+    rng = np.random.default_rng(5)
+    n, e = 2001, 20011
+    raw = write_raw_dataset(tmp / "raw", src=rng.integers(0, n, e), dst=rng.integers(0, n, e),
+                            features=rng.standard_normal((n, 8)).astype(np.float32), labels=rng.integers(0, 3, n),
+                            splits=rng.choice(list(SPLITS[:3]), n),
+                            edge_attr=rng.standard_normal((e, EDGE_DIM)).astype(np.float32), edge_parts=2)
+
+    def read_back(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"ingest read a store file back to checksum it: {args[0]}")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(storecheck, "BLOCK_BYTES", BLOCK)
+    mp.setattr(storecheck, "_read_blocks", read_back)
+    with dask.config.set(scheduler="sync"):
+        run_ingest(raw, tmp / "link", shard_rows=1000, to_undirected=True, link_split=(0.05, 0.1), link_negatives=20)
+        run_ingest(raw, tmp / "plain", shard_rows=1000)
+    mp.undo()
+    return {"link": tmp / "link", "plain": tmp / "plain"}
+
+
+@pytest.mark.parametrize("kind", ["link", "plain"])
+def test_edge_feature_shards_and_link_arrays_have_their_checksums(edge_stores: dict[str, Path], kind: str) -> None:
+    store = edge_stores[kind]
+    files = json.loads((store / "manifest.json").read_text())[CHECKSUMS]["files"]
+    on_disk = {p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(files) == on_disk
+    assert any(f.startswith("edge_features/") for f in files)
+    assert {f for f in files if f.startswith("link/")} == (
+        {f"link/{s}.npy" for s in ("train", "val", "test", "val_neg", "test_neg")} if kind == "link" else set())
+    assert diskflow.datasets.verify(store)["checked"]
+    st = Store(store)
+    assert st.edge_features is not None
+    st.edge_features.read_all()                 # the recorded crcs are those of the bytes on disk
+    if kind == "link":
+        st.link_edges("train")
+        st.link_negatives("val")
+
+
+# (file, byte flipped, what reads it: a callable of the store that raises): each in a block past its first
+_ROW = (2 * BLOCK + 5) // (EDGE_DIM * 4)
+EDGE_FAULTS = [
+    ("edge_features/part-00000.npy", 4096 + 2 * BLOCK + 5, "a gather of edge features",
+     lambda st: st.edge_features.gather(np.array([_ROW]))),
+    ("edge_features/part-00001.npy", 4096 + BLOCK + 1, "loading the edge features",
+     lambda st: st.edge_features.read_all()),
+    ("link/train.npy", 3 * BLOCK + 9, "loading it", lambda st: st.link_edges("train")),
+    ("link/val_neg.npy", BLOCK + 17, "loading it", lambda st: st.link_negatives("val")),
+]
+
+
+@pytest.mark.parametrize(("rel", "offset", "reader", "read"), EDGE_FAULTS, ids=[f[0] for f in EDGE_FAULTS])
+def test_a_flipped_bit_in_edge_features_or_link_arrays_fails_verify_and_the_reader(
+        edge_stores: dict[str, Path], rel: str, offset: int, reader: str, read: object, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "store"
+    shutil.copytree(edge_stores["link"], bad)
+    _flip(bad / rel, offset)
+    block = offset // BLOCK
+    capsys.readouterr()
+    assert main(["verify", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad / rel) in err and f"checksum mismatch in block {block} " in err, err
+    assert callable(read)
+    with pytest.raises(InputError, match=f"checksum mismatch in block {block} .*read by {reader}") as e:
+        read(Store(bad))
+    assert e.value.path == str(bad / rel)
+    read(Store(bad, check_crc=False))           # checks off: the flipped bit is read as it is
+
+
+def test_training_and_verify_full_check_the_edge_features(edge_stores: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    store = edge_stores["plain"]
+    packed = diskflow.prepare(store, tmp_path / "packed", "belady", **SMALL).path
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    rel, offset = "edge_features/part-00002.npy", 4096 + BLOCK + 3
+    _flip(bad / rel, offset)
+    capsys.readouterr()
+    assert main(["verify", str(packed), "--full", "--store", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad / rel) in err and "checksum mismatch in block 1 " in err, err
+    with pytest.raises(InputError, match="checksum mismatch in block 1 .*read by loading the edge features") as e:
+        diskflow.train(bad, "gat", pipeline="inmemory", run_dir=tmp_path / "run", epochs=1, fanouts=(3, 3),
+                       hidden=8, heads=2)
+    assert e.value.path == str(bad / rel)
+    report = diskflow.train(bad, "gat", pipeline="inmemory", run_dir=tmp_path / "unchecked", epochs=1,
+                            fanouts=(3, 3), hidden=8, heads=2, check_crc=False)
+    assert report["epochs"]
