@@ -11,12 +11,15 @@ Credentials come from where the filesystem looks (the environment, ``~/.aws``, t
 ``read_parquet`` takes them): for s3 ``key``, ``secret``, ``token``, ``endpoint_url`` (also under
 ``client_kwargs``), ``region``, ``anon``; the rest go to the filesystem as they are. Every fault of
 reaching the data (no such bucket or object, no credentials, an endpoint that does not answer) is one
-`InputError` naming the URL.
+`InputError` naming the URL; a request the filesystem refuses also says where the credentials come from and
+that ``storage_options`` (``--storage-options``) gives them, and whether none were found.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -48,6 +51,56 @@ def is_url(raw: Any) -> bool:
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+# what the filesystems say when a request is refused for want of (good) credentials
+_DENIED = re.compile(r"access.?denied|forbidden|unauthori[sz]ed|permission.?denied|not authori[sz]ed|"
+                     r"invalid.?access.?key|signature.?does.?not.?match|expired.?token|invalid.?token|"
+                     r"credential|\b40[13]\b", re.IGNORECASE)
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+_CREDENTIAL_OPTIONS = ("key", "secret", "token", "access_key", "secret_key", "session_token", "profile",
+                       "role_arn", "credentials", "anon", "anonymous")
+
+
+def _credentials_found(scheme: str, options: dict[str, Any]) -> bool | None:
+    """Whether credentials for `scheme` are given (in `options`) or found where its filesystem looks for them
+    (the environment, the usual files); None where this cannot tell (a scheme without a known place)."""
+    if any(k in options for k in _CREDENTIAL_OPTIONS):
+        return True
+    home = Path.home()
+    if scheme == "s3":
+        files = (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials",
+                 os.environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
+        return any(os.environ.get(k) for k in _AWS_ENV) or any(Path(f).is_file() for f in files)
+    if scheme in ("gs", "gcs"):
+        default = home / ".config" / "gcloud" / "application_default_credentials.json"
+        return bool(os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")) or default.is_file()
+    return None
+
+
+def _refused(scheme: str, options: dict[str, Any]) -> str:
+    """What to check when the filesystem refused a request: where the credentials come from, and the option."""
+    found = _credentials_found(scheme, options)
+    given = "storage_options (--storage-options)"
+    if scheme == "s3":
+        where = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws/credentials), "
+                 f"or key and secret in {given}")
+    elif scheme in ("gs", "gcs"):
+        where = f"GOOGLE_APPLICATION_CREDENTIALS (or gcloud's application default credentials), or token in {given}"
+    else:
+        where = f"the credentials in {given}"
+    if found is False:
+        return f"access denied and no credentials found: set {where}"
+    return f"access denied: check the credentials ({where}) and the permissions"
+
+
+def _fault(source: RawSource, what: str, e: BaseException) -> str:
+    """One line for a failed request: `what` failed, and why (`e`); where the filesystem refused it, what to
+    check first (the credentials and the option that gives them)."""
+    if isinstance(e, PermissionError) or _DENIED.search(str(e)):
+        return f"{_refused(source.scheme, source.storage_options)} ({what}: {_one_line(e)})"
+    return f"{what} ({_one_line(e)})"
 
 
 def _s3_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +185,7 @@ class RawSource:
             raise InputError(self.url, f"no filesystem for {self.scheme}:// here ({_one_line(e)}; install the fsspec "
                                        "package that implements it)") from e
         except (OSError, pa.ArrowException) as e:
-            raise InputError(self.url, f"cannot reach it ({_one_line(e)})") from e
+            raise InputError(self.url, _fault(self, "cannot reach it", e)) from e
 
 
 _FS_LOCK = threading.Lock()
@@ -187,14 +240,14 @@ class RemotePath:
         try:
             return fs.open_input_file(self.path)
         except (OSError, pa.ArrowException) as e:
-            raise InputError(self, f"cannot read ({_one_line(e)})") from e
+            raise InputError(self, _fault(self.source, "cannot read", e)) from e
 
     def info(self) -> pafs.FileInfo:
         fs, _ = self.source.filesystem()
         try:
             info = fs.get_file_info(self.path)
         except (OSError, pa.ArrowException) as e:
-            raise InputError(self, f"cannot reach it ({_one_line(e)})") from e
+            raise InputError(self, _fault(self.source, "cannot reach it", e)) from e
         if info.type == pafs.FileType.NotFound:
             raise InputError(self, "no such object")
         return info
@@ -231,7 +284,7 @@ def list_files(root: RemotePath) -> list[RemotePath]:
             raise InputError(root, "no such directory (expected a raw dataset with edges/, features/, nodes/)")
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
     except (OSError, pa.ArrowException) as e:
-        raise InputError(root, f"cannot list it ({_one_line(e)})") from e
+        raise InputError(root, _fault(root.source, "cannot list it", e)) from e
     out = []
     for info in infos:
         if info.type == pafs.FileType.File:

@@ -6,6 +6,7 @@ import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dask
 import numpy as np
@@ -14,15 +15,45 @@ from diskflow.cli import main
 from diskflow.flow.ingest import run_ingest
 from diskflow.operators.ingest.raw import find_raw_files, write_raw_dataset
 
+import diskflow
 from diskflow.errors import InputError
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
+werkzeug_app = pytest.importorskip("moto.moto_server.werkzeug_app")
+
+# S3's answer to an unsigned request for a private bucket (moto, not checking signatures, would serve it)
+_DENIED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied</Message>'
+           b"<RequestId>0</RequestId><HostId>0</HostId></Error>")
+
+
+def _deny_unsigned(app: Any) -> Any:
+    """`app` (moto's), but a request without a signature gets S3's 403 AccessDenied, as a private bucket's would."""
+    def wrapped(environ: dict[str, Any], start_response: Any) -> Any:
+        if "HTTP_AUTHORIZATION" not in environ and "X-Amz-Signature" not in environ.get("QUERY_STRING", ""):
+            start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(_DENIED)))])
+            return [b"" if environ["REQUEST_METHOD"] == "HEAD" else _DENIED]
+        return app(environ, start_response)
+    return wrapped
+
+
+class _Server(moto_server.ThreadedMotoServer):
+    """moto's threaded server, refusing unsigned requests (`_deny_unsigned`)."""
+
+    def _server_entry(self) -> None:
+        from werkzeug.serving import make_server
+
+        app = _deny_unsigned(werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app))
+        self._server = make_server(self._ip_address, self._port, app, True,
+                                   request_handler=werkzeug_app.MotoRequestHandler)
+        self._server_ready_event.set()
+        self._server.serve_forever()
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    """A moto server on a free local port, a bucket ``data`` holding a raw dataset under ``raw/``."""
+    """A moto server on a free local port (refusing unsigned requests, as S3 does for a private bucket), a bucket
+    ``data`` holding a raw dataset under ``raw/``; the environment holds the credentials."""
     mp = pytest.MonkeyPatch()
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                  "AWS_EC2_METADATA_DISABLED": "true"}.items():
@@ -31,7 +62,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = _Server(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -96,3 +127,28 @@ def test_remote_faults_are_one_line_naming_the_url(s3: dict) -> None:
     with pytest.raises(InputError, match=r"^s3://data/bad/edges/part-0.parquet: unreadable Parquet file"), \
             dask.config.set(scheduler="sync"):
         run_ingest("s3://data/bad", s3["tmp"] / "bad-store", storage_options=opts)
+
+
+def test_missing_credentials_are_one_line_naming_the_url_and_the_option(s3: dict, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "absent" / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "absent" / "config"))
+    out = tmp_path / "store"
+    argv = ["ingest", "s3://data/raw", str(out), "--storage-options", json.dumps(s3["options"]), "--workers", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("diskflow ingest: error: s3://data/raw: access denied and no credentials found: "), err
+    assert "AWS_ACCESS_KEY_ID" in err[0] and "--storage-options" in err[0] and "ACCESS_DENIED" in err[0], err
+    assert list(tmp_path.iterdir()) == []            # nothing written, not even a staging directory
+    with pytest.raises(InputError, match=r"^s3://data/raw: access denied and no credentials found: .*storage_options"):
+        diskflow.ingest("s3://data/raw", out, storage_options=s3["options"])
+    assert list(tmp_path.iterdir()) == []
+    # credentials given, and refused: the same line says to check them
+    refused = {**s3["options"], "anon": True}
+    with pytest.raises(InputError, match=r"^s3://data/raw: access denied: check the credentials \(AWS_ACCESS_KEY_ID"):
+        diskflow.ingest("s3://data/raw", out, storage_options=refused)
+    assert list(tmp_path.iterdir()) == []
