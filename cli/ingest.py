@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fixed negatives per validation and test edge, for MRR and Hits@K (default: %(default)s)")
     p.add_argument("--link-seed", type=integer("--link-seed"), default=LinkConfig.seed, metavar="SEED",
                    help="seeds the link split, the supervision share and the negatives (default: %(default)s)")
-    p.add_argument("--storage-options", type=_storage_options, default=None, metavar="JSON",
+    p.add_argument("--storage-options", type=argparse_type("--storage-options", _storage_options), default=None,
+                   metavar="JSON",
                    help="for a URL: fsspec's storage options as a JSON object, as Dask's read_parquet takes them, "
                         "e.g. '{\"endpoint_url\": \"http://host:9000\", \"anon\": true}' (default: credentials "
                         "from the environment and config files)")
@@ -64,16 +65,16 @@ def parse_shares(option: str, text: str) -> tuple[float, float]:
     return val, test
 
 
-def _storage_options(text: str) -> dict[str, Any]:
+def _storage_options(option: str, text: str) -> dict[str, Any]:
     """--storage-options: a JSON object."""
     import json
 
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError("--storage-options", f"not JSON ({e.msg} at character {e.pos})") from e
+        raise ConfigError(option, f"not JSON ({e.msg} at character {e.pos})") from e
     if not isinstance(value, dict):
-        raise ConfigError("--storage-options", f"expected a JSON object, got {text!r}")
+        raise ConfigError(option, f"expected a JSON object, got {text!r}")
     return value
 
 

@@ -142,3 +142,18 @@ def test_a_command_that_starts_a_cluster_prints_both_links_without_progress_bars
     page = [line for line in err if line.startswith("diskflow page:  http")]
     assert len(dashboard) == len(page) == 1, err
     assert page[0].endswith("/diskflow") and dashboard[0].split()[-1].rsplit("/", 1)[0] in page[0]
+
+
+_NOT_JSON = "not JSON (Expecting property name enclosed in double quotes at character 1)"
+
+
+@pytest.mark.parametrize(("text", "fault"), [("{bad", _NOT_JSON),
+                                             ('["key"]', """expected a JSON object, got '["key"]'""")])
+def test_storage_options_that_are_not_a_json_object_say_so(text: str, fault: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["ingest", "s3://bucket/raw", str(tmp_path / "store"), "--storage-options", text])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"diskflow ingest: error: argument --storage-options: " \
+                                                         f"--storage-options: {fault}"
+    assert not (tmp_path / "store").exists()
