@@ -43,7 +43,7 @@ from ...errors import InputError
 from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
-from .storecheck import StoreChecks
+from .storecheck import CHECKSUMS, StoreChecks
 
 __all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "TABLE_OF",
            "FeatureShard", "RowTable", "Store", "edge_table_manifest", "map_shard"]
@@ -365,13 +365,20 @@ def edge_table_manifest(store: Store) -> dict[str, Any]:
     the edge count), the ``features`` entry the edge table's with its shard paths made absolute, so that
     the manifest may be written anywhere and every worker reads the store's own shard files. Planning
     and packing read nothing else of a store, so the edge rows are counted, tiered, planned and packed
-    by the same tasks as node rows. ``table_of`` names the store and table."""
+    by the same tasks as node rows. ``table_of`` names the store and table. Where the store has checksums
+    the view carries those of the edge shards, under the same absolute paths, so that its readers check
+    what they read as the store's do."""
     entry = store.manifest.get("edge_features")
     if entry is None or store.edge_features is None:
         raise InputError(store.path, "has no edge features")
     root = store.path.resolve()
     shards = [{**s, "path": str(root / s["path"])} for s in entry["shards"]]
-    return {"format": STORE_FORMAT, "version": store.manifest.get("version", STORE_VERSION),
+    view = {"format": STORE_FORMAT, "version": store.manifest.get("version", STORE_VERSION),
             "num_nodes": store.edge_features.num_rows, "num_edges": 0, "num_classes": 0,
             "features": {**entry, "shards": shards},
             TABLE_OF: {"path": str(root), "table": "edge_features"}}
+    if store.checks.present:
+        files = {str(root / s["path"]): store.checks.files[s["path"]] for s in entry["shards"]
+                 if s["path"] in store.checks.files}
+        view[CHECKSUMS] = {**store.manifest[CHECKSUMS], "files": files}
+    return view

@@ -207,7 +207,7 @@ def record_checksums(stage: str | os.PathLike[str], manifest: dict[str, Any], pi
 
 # ----------------------------------------------------------------------------- reading
 
-_CHECKED: dict[tuple[str, int, int, int], np.ndarray] = {}     # per file version: the blocks checked here
+_CHECKED: dict[tuple[int, int, int, int], np.ndarray] = {}     # per file version: the blocks checked here
 _CHECKED_LOCK = threading.Lock()
 
 UNCHECKED = ("written before stores had checksums, so it cannot be checked; re-ingest it to add them "
@@ -233,6 +233,8 @@ class StoreChecks:
 
     def _rel(self, path: str | os.PathLike[str]) -> str:
         p = Path(path)
+        if p.is_absolute() and p.as_posix() in self.files:    # a view's files (`store.edge_table_manifest`)
+            return p.as_posix()
         return (p.relative_to(self.root) if p.is_relative_to(self.root) else p).as_posix()
 
     def _entry(self, rel: str) -> tuple[Path, np.ndarray]:
@@ -248,7 +250,7 @@ class StoreChecks:
             st = os.stat(path)
         except OSError as e:
             raise InputError(path, f"missing store file ({e.strerror or e})") from e
-        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)     # the file, however a view names it
         with _CHECKED_LOCK:
             seen = _CHECKED.get(key)
             if seen is None:

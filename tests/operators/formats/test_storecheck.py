@@ -248,6 +248,11 @@ def test_training_and_verify_full_check_the_edge_features(edge_stores: dict[str,
     assert main(["verify", str(packed), "--full", "--store", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad / rel) in err and "checksum mismatch in block 1 " in err, err
+    # prepare packs the edge rows too, through a view of the store (`Store.edge_table`) that checks them
+    with pytest.raises(InputError, match="checksum mismatch in block 1 .*read by prepare's pack pass") as e:
+        diskflow.prepare(bad, tmp_path / "packed-bad", "belady", **SMALL)
+    assert e.value.path == str((bad / rel).resolve())
+    diskflow.prepare(bad, tmp_path / "packed-unchecked", "belady", check_crc=False, **SMALL)
     with pytest.raises(InputError, match="checksum mismatch in block 1 .*read by loading the edge features") as e:
         diskflow.train(bad, "gat", pipeline="inmemory", run_dir=tmp_path / "run", epochs=1, fanouts=(3, 3),
                        hidden=8, heads=2)
