@@ -158,10 +158,17 @@ def verify(packed_path: str | os.PathLike[str], *, full: bool = False, sample_ba
     """
     if os.path.isdir(packed_path) and (read_manifest(packed_path) or {}).get("format") == STORE_FORMAT:
         return verify_store(packed_path)
+    return _verify(packed_path, full, sample_batches, seed, store_path, check_store=full)
+
+
+def _verify(packed_path: str | os.PathLike[str], full: bool, sample_batches: int, seed: int,
+            store_path: str | os.PathLike[str] | None, check_store: bool) -> dict[str, Any]:
+    """`verify` of a packed dataset; `check_store`: check its store's checksums first (not again for the edge
+    rows' dataset inside one, whose store the node rows' check has just checked)."""
     ds = PackedDataset(packed_path)
     try:
         store = open_store(ds, store_path)
-        store_check = verify_store(store.path) if full else None
+        store_check = verify_store(store.path) if check_store else None
         dcache_bytes = _check_files(ds, store)
         n = ds.num_batches
         if full or sample_batches >= n:
@@ -223,7 +230,7 @@ def _verify_edges(ds: PackedDataset, edges: dict[str, Any], e_ids: dict[int, np.
     """Check the edge rows' packed dataset (``edges/``) like the node rows', and that its batches read the
     edges the node batches sampled (`e_ids`: the batches chosen here, by number)."""
     path = ds.path / str(edges["path"])
-    result = verify(path, full=full, sample_batches=sample_batches, seed=seed, store_path=store_path)
+    result = _verify(path, full, sample_batches, seed, store_path, check_store=False)
     sub = PackedDataset(path)
     try:
         if sub.num_batches != ds.num_batches:
