@@ -3,6 +3,7 @@ never kept after a failure, no more kept than were leased at once, and giving wh
 gives."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diskflow.operators.formats.store import Store
+from diskflow.operators.formats.storecheck import CHECKSUMS, record_checksums
 from diskflow.operators.prepare import sampler_pool
 from diskflow.operators.prepare.sample import NeighborSampler
 from diskflow.operators.prepare.sampler_pool import drop_idle_samplers, idle_samplers, leased_sampler
@@ -96,7 +98,8 @@ def test_a_store_replaced_at_the_same_path_gets_a_new_sampler(tiny_store: Path, 
     shutil.copytree(tiny_store, path)
     with leased_sampler(path, [4, 3], 1) as old:
         before = _sample(old, 5)
-    # re-ingest in miniature: every node's in-neighbours reversed, the manifest rewritten last
+    # re-ingest in miniature: every node's in-neighbours reversed, the manifest (with the checksums of what
+    # was written) rewritten last
     st = Store(path)
     indptr, indices = np.asarray(st.indptr), np.array(st.indices)
     for v in range(st.num_nodes):
@@ -104,7 +107,8 @@ def test_a_store_replaced_at_the_same_path_gets_a_new_sampler(tiny_store: Path, 
     rel = st.manifest["topology"]["indices"]
     np.save(path / "indices.tmp.npy", indices)
     os.replace(path / "indices.tmp.npy", path / rel)
-    (path / "manifest.tmp").write_bytes((path / "manifest.json").read_bytes())
+    manifest = record_checksums(path, {k: v for k, v in st.manifest.items() if k != CHECKSUMS}, [])
+    (path / "manifest.tmp").write_text(json.dumps(manifest))
     os.replace(path / "manifest.tmp", path / "manifest.json")
 
     with leased_sampler(path, [4, 3], 1) as new:

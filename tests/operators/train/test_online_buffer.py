@@ -164,10 +164,16 @@ def test_a_batch_larger_than_the_buffer_and_a_budget_without_room_name_cpu_memor
 def test_an_io_error_names_the_shard_file_and_the_offset(tiny_store: Path, tmp_path: Path) -> None:
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
-    st = Store(copy)
-    victim = st.shards[-1]
+    victim = Store(copy).shards[-1]
     with open(victim.path, "r+b") as f:            # the last shard loses all but its first page
         f.truncate(victim.offset + 4096)
+    # the store's checksums catch it first, naming the file and the bytes it holds
+    loader = _loader(Store(copy), Store(copy).num_nodes, "lru")
+    with pytest.raises(InputError, match=rf"^{victim.path}: truncated: {victim.offset + 4096:,} bytes, "):
+        list(loader)
+    loader.close()
+    # unchecked, the read itself fails naming the file and the offset
+    st = Store(copy, check_crc=False)
     loader = _loader(st, st.num_nodes, "lru")
     with pytest.raises(InputError) as err:
         list(loader)
