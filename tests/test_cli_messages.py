@@ -50,12 +50,12 @@ def test_the_api_given_a_store_names_fields_and_what_to_call(tiny_store: Path, t
 
     runs = tmp_path / "runs"
     with pytest.raises(diskflow.ConfigError) as e:
-        diskflow.train(tiny_store, runs_dir=runs, check_crc=False)
+        diskflow.train(tiny_store, runs_dir=runs, queue_depth=4)
     text = str(e.value)
     assert "\n" not in text and "--" not in text
-    assert text.startswith(f"check_crc: an option of training a packed dataset, and {tiny_store} is a store, not a "
+    assert text.startswith(f"queue_depth: an option of training a packed dataset, and {tiny_store} is a store, not a "
                            f"packed dataset: prepare it first (diskflow.prepare('{tiny_store}', PACKED), then "
-                           "diskflow.train(PACKED, check_crc=...)), or leave check_crc out")
+                           "diskflow.train(PACKED, queue_depth=...)), or leave queue_depth out")
     with pytest.raises(diskflow.ConfigError) as e:
         diskflow.train(tiny_store, runs_dir=runs, no_such_option=1)
     text = str(e.value)
