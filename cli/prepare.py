@@ -147,6 +147,15 @@ def _run(args: argparse.Namespace) -> int:
                                                "of the packed rows: the read-ahead shards' part files)")))
     if f.get("read_amplification") is not None:
         rows.append(("read amplification", f"{f['read_amplification']:.3f}"))
+    e = f.get("edges")
+    if e is not None:           # the edge rows, planned and packed beside the node rows (the figures above)
+        eacc = max(1, int(e["accesses"]))
+        rows.append(("edge rows", (
+            f"{e['accesses']:,} reads of {e['row_bytes']} B ({e['read_share']:.1%} of the read bytes): GPU tier "
+            f"{e['gpu_rows']:,} rows, CPU tier {e['cpu_rows']:,} rows, {(e['gpu_hits'] + e['cpu_hits']) / eacc:.1%} "
+            f"of reads; {e['misses']:,} from disk ({format_bytes(e['plan_miss_bytes'])}), "
+            f"{format_bytes(e.get('disk_used_bytes', 0))} packed; {format_bytes(e['cpu_memory'])} of the "
+            f"--cpu-memory")))
     part = f.get("partition")
     if part is not None:
         rows.insert(1, ("batch order", (f"partition: {part['parts']:,} {part['method']} parts, edge cut {part['cut_share']:.1%}, "

@@ -147,11 +147,14 @@ def _announce_pack(run: Run, nbytes: int, early: int) -> None:
     cfg, features = run.cfg, max(1, run.store.feature_bytes)
     ratio = nbytes / features
     hint = cfg.disk_cache and cfg.disk_budget is None and ratio > HINT_RATIO
-    log.info("pack: %s %s (%s bytes) of packed segments (%.1fx the %s of features%s) to %s, %s free there"
+    edges = run.store.table_of is not None
+    log.info("pack: %s %s (%s bytes) of packed %ssegments (%.1fx the %s of %sfeatures%s) to %s, %s free there"
              + ("; %s SIZE bounds it (the segmented disk cache)" if hint else ""),
-             "writing" if early else "about to write", format_bytes(nbytes), f"{nbytes:,}", ratio, format_bytes(features),
-             f"; {format_bytes(early)} of them written while planning" if early else "", run.out,
-             format_bytes(free_space(run.out)), *((Setting("disk_budget"),) if hint else ()))
+             "writing" if early else "about to write", format_bytes(nbytes), f"{nbytes:,}", "edge-row " if edges else "",
+             ratio, format_bytes(features), "edge " if edges else "",
+             f"; {format_bytes(early)} of them written while planning" if early else "",
+             "the packed dataset's edges/" if edges else run.out, format_bytes(free_space(run.out)),
+             *((Setting("disk_budget"),) if hint else ()))
 
 
 def _graph(run: Run) -> PrepGraph:
