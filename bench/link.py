@@ -366,8 +366,10 @@ def _figures(child: dict[str, Any], epochs: int, useful: int | None, seq_bw: flo
         useful = sum(e["misses"] for e in best["online"]) * best["row_bytes"]
     losses = [e["losses"] for e in ((model.get("report") or {}).get("epochs") or []) if "losses" in e]
     data_s = None if best is None else best["seconds"]
-    floor = disk / epochs / seq_bw if disk is not None and seq_bw > 0 else None
+    # the floor of a pipeline that reads its rows from disk (inmemory's few bytes are no feature rows)
+    floor = disk / epochs / seq_bw if disk is not None and useful and seq_bw > 0 else None
     every = [*child["data"], model]
+    last = ((model.get("report") or {}).get("epochs") or [{}])[-1]
     errors = [x["error"] for x in every if x.get("error")]
     return {"test_auc": final.get("test_auc"), "test_mrr": final.get("test_mrr"), "test_hits50": final.get("test_hits"),
             "hits_k": final.get("hits_k"), "val_mrr": final.get("best_val_mrr"),
@@ -379,6 +381,7 @@ def _figures(child: dict[str, Any], epochs: int, useful: int | None, seq_bw: flo
             "loader_read_bw": None if best is None else best["loader_read_bw"],
             "model_s_per_epoch": sum(e["seconds"] for e in meps) / len(meps) if len(meps) == epochs else None,
             "model_disk_bytes": int(sum(e["read_bytes"] for e in meps)) if len(meps) == epochs else None,
+            "eval_s": (last.get("stage_s") or {}).get("eval"),      # validation and test, outside the epochs
             "losses": losses or None,
             "peak_rss_bytes": {"data": max((x.get("peak_rss_bytes") or 0 for x in child["data"]), default=None),
                                "model": model.get("peak_rss_bytes")},
