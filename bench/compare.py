@@ -90,12 +90,10 @@ from ..operators.formats.manifest import read_manifest
 from ..operators.options import CPU_SHARE
 from .common import (
     add_graph_arguments,
-    drop_page_cache,
     drop_trees,
     read_ahead_kb,
-    sequential_read_bw,
 )
-from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, useful_bytes
+from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, seq_read_bw, useful_bytes
 
 __all__ = ["BASELINES", "DEFAULT_WORKDIR", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
            "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "pipeline_figures", "run"]
@@ -349,19 +347,6 @@ def _same_samples(prepared: dict[str, dict[str, Any]]) -> bool:
 
 # ---------------------------------------------------------------------------- the machine
 
-def _seq_read_bw(store: Any, nbytes: int) -> tuple[float, int]:
-    """O_DIRECT sequential read bandwidth over the store's shard files, up to `nbytes` in all."""
-    done, seconds = 0, 0.0
-    for s in store.shards:
-        if done >= nbytes:
-            break
-        size = min(s.path.stat().st_size, nbytes - done)
-        drop_page_cache(s.path)
-        bw = sequential_read_bw(s.path, max_bytes=size)
-        done += size
-        seconds += size / bw
-    return (done / seconds if seconds > 0 else float("nan")), done
-
 
 # ---------------------------------------------------------------------------- figures
 
@@ -526,7 +511,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     assert manifest is not None                         # belady's prepared dataset
     batches = int(manifest["round"]["batches"]) // args.epochs     # per epoch
 
-    seq_bw, bw_bytes = _seq_read_bw(store, args.bw_bytes)
+    seq_bw, bw_bytes = seq_read_bw(store, args.bw_bytes)
     droppable = [store.path, work / "packed"]
     runs_dir = work / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,10 @@ import numpy as np
 from ..errors import ConfigError, DiskflowError
 from ..operators.formats.sizes import format_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
-from .common import drop_trees
+from .common import drop_page_cache, drop_trees, sequential_read_bw
 
 __all__ = ["ALLOWANCE_MARGIN", "ALLOWANCE_ROUND", "CHILD", "allowance", "budget_fit", "child_main", "launch", "peak_rss",
-           "reset_peak_rss", "samples_files", "useful_bytes", "warm_files"]
+           "reset_peak_rss", "samples_files", "seq_read_bw", "useful_bytes", "warm_files"]
 
 CHILD = "diskflow.bench.harness"     # the module a child process runs (``python -m CHILD --child SPEC``)
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
@@ -182,6 +182,21 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
             opt.step()
     return {"peak_rss_bytes": peak_rss(), "data_peak_rss_bytes": data_rss, "largest_batch_rows": n,
             "samples_held": len(held)}
+
+
+def seq_read_bw(store: Any, nbytes: int) -> tuple[float, int]:
+    """O_DIRECT sequential read bandwidth over the store's shard files, each evicted from the page cache
+    before it is read, up to `nbytes` in all: (bytes/s, bytes read). The disk's floor the benchmarks report."""
+    done, seconds = 0, 0.0
+    for s in store.shards:
+        if done >= nbytes:
+            break
+        size = min(s.path.stat().st_size, nbytes - done)
+        drop_page_cache(s.path)
+        bw = sequential_read_bw(s.path, max_bytes=size)
+        done += size
+        seconds += size / bw
+    return (done / seconds if seconds > 0 else float("nan")), done
 
 
 def samples_files(packed: Path) -> dict[int, list[Path]]:

@@ -51,13 +51,14 @@ from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.options import CPU_SHARE, QUEUE_DEPTH
 from ..operators.trainbuffers import assembled_batches
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
-from .common import drop_page_cache, drop_trees, print_table, sequential_read_bw
+from .common import drop_trees, print_table
 from .harness import (
     ALLOWANCE_MARGIN,
     allowance,
     peak_rss,
     reset_peak_rss,
     samples_files,
+    seq_read_bw,
     useful_bytes,
     warm_files,
 )
@@ -149,18 +150,7 @@ def _dataset(args: argparse.Namespace, work: Path) -> Any:
 def _read_bw(store: Any, nbytes: int, probes: int = BW_PROBES) -> list[float]:
     """`probes` probes of the disk's sequential read bandwidth (bytes/s), as `bench compare` probes it: O_DIRECT
     over the store's shards, up to `nbytes` a probe, each shard evicted from the page cache before it is read."""
-    every = []
-    for _ in range(max(1, probes)):
-        done, seconds = 0, 0.0
-        for s in store.shards:
-            if done >= nbytes:
-                break
-            size = min(s.path.stat().st_size, nbytes - done)
-            drop_page_cache(s.path)
-            seconds += size / sequential_read_bw(s.path, max_bytes=size)
-            done += size
-        every.append(done / seconds if seconds > 0 else float("nan"))
-    return every
+    return [seq_read_bw(store, nbytes)[0] for _ in range(max(1, probes))]
 
 
 def _ratio(a: Any, b: Any) -> float | None:
