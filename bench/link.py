@@ -44,9 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cli.ingest import parse_shares
-from ..cli.options import argparse_type, parse_float
-from ..config import fanouts_option
+from ..config import argparse_type, fanouts_option, parse_float, parse_shares
 from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.options import CPU_SHARE, QUEUE_DEPTH
 from ..operators.trainbuffers import assembled_batches

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..config import INGEST_MEMORY, LinkConfig
+from ..config import INGEST_MEMORY, LinkConfig, parse_shares
 from ..errors import ConfigError
 from ..sizes import format_bytes
 from .options import add_tls_arguments, argparse_type, integer, parse_float
@@ -54,15 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="use a running Dask scheduler (tcp://host:8786) instead of an embedded cluster")
     add_tls_arguments(p)
     p.set_defaults(func=run)
-
-
-def parse_shares(option: str, text: str) -> tuple[float, float]:
-    """``VAL,TEST``: two numbers (their ranges are the library's to check)."""
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise ConfigError(option, f"expected two shares VAL,TEST, got {text!r}")
-    val, test = (parse_float(option, part) for part in parts)
-    return val, test
 
 
 def _storage_options(option: str, text: str) -> dict[str, Any]:

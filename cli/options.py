@@ -8,11 +8,19 @@ argparse's own message; `diskflow.config` has the ones the benchmarks share, `fa
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
-from ..config import BATCH_ORDERS, HISTORY_PRUNES, HISTORY_SELECTS, RoundOptions, check_prune, check_rule
+from ..config import (
+    BATCH_ORDERS,
+    HISTORY_PRUNES,
+    HISTORY_SELECTS,
+    RoundOptions,
+    argparse_type,
+    check_prune,
+    check_rule,
+    parse_float,
+)
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
@@ -63,19 +71,6 @@ def parse_int(option: str, text: str, minimum: int | None = None) -> int:
     return value
 
 
-def parse_float(option: str, text: str, minimum: float | None = None, inclusive: bool = True) -> float:
-    """A number (finite and at least `minimum`, above it unless `inclusive`, where given), or a ConfigError
-    naming the option."""
-    bound = "" if minimum is None else f" {'>=' if inclusive else '>'} {minimum:g}"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(option, f"expected a number{bound}, got {text!r}") from None
-    if minimum is not None and not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
-        raise ConfigError(option, f"expected a number{bound}, got {text!r}")
-    return value
-
-
 def parse_history_rule(option: str, text: str) -> float:
     """``--history-ramp`` or ``--history-cooldown`` (named by `option`): a number the history planner takes
     (`check_rule`), or a ConfigError naming the flag."""
@@ -114,16 +109,6 @@ def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise ConfigError(option, f"expected one of {', '.join(choices)}, got {text!r}")
     return text
-
-
-def argparse_type(option: str, parse: Callable[[str, str], Any]) -> Callable[[str], Any]:
-    """`parse(option, text)` as an argparse ``type``: a `ConfigError` becomes argparse's own message."""
-    def convert(text: str) -> Any:
-        try:
-            return parse(option, text)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
 
 
 _R = RoundOptions       # the history rule's defaults, from the one place they are set (a pipeline may set its own)

@@ -15,8 +15,10 @@ module imports the layers below the API, never the API itself.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 from .flow.options import parse_fanouts
@@ -63,6 +65,7 @@ __all__ = [
     "StreamConfig",
     "SynthConfig",
     "TrainConfig",
+    "argparse_type",
     "available_pipelines",
     "check_model_option",
     "check_prune",
@@ -72,7 +75,41 @@ __all__ = [
     "model_label",
     "model_option",
     "parse_fanouts",
+    "parse_float",
+    "parse_shares",
 ]
+
+
+def parse_float(option: str, text: str, minimum: float | None = None, inclusive: bool = True) -> float:
+    """A number (finite and at least `minimum`, above it unless `inclusive`, where given), or a ConfigError
+    naming the option."""
+    bound = "" if minimum is None else f" {'>=' if inclusive else '>'} {minimum:g}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(option, f"expected a number{bound}, got {text!r}") from None
+    if minimum is not None and not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+        raise ConfigError(option, f"expected a number{bound}, got {text!r}")
+    return value
+
+
+def parse_shares(option: str, text: str) -> tuple[float, float]:
+    """``VAL,TEST``: two numbers (their ranges are the library's to check)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ConfigError(option, f"expected two shares VAL,TEST, got {text!r}")
+    val, test = (parse_float(option, part) for part in parts)
+    return val, test
+
+
+def argparse_type(option: str, parse: Callable[[str, str], Any]) -> Callable[[str], Any]:
+    """`parse(option, text)` as an argparse ``type``: a `ConfigError` becomes argparse's own message."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(option, text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def fanouts_option(option: str = "--fanouts") -> Callable[[str], tuple[int, ...]]:
