@@ -118,10 +118,12 @@ def split_budgets(cfg: PrepareConfig, share: float, nodes: tuple[Store, list[dic
     rest = max(0, rest)
     cpu_e = need_e + int(rest * share)
     gpu_e = int(cfg.gpu_memory * share)
-    disk_e = None if cfg.disk_budget is None else int(cfg.disk_budget * share)
+    disk_e = disk_n = None
+    if cfg.disk_budget is not None:
+        disk_e = int(cfg.disk_budget * share)
+        disk_n = cfg.disk_budget - disk_e
     edge = (gpu_e, cpu_e, disk_e)
-    node = (cfg.gpu_memory - gpu_e, max(need_n, cfg.cpu_memory - cpu_e),
-            None if cfg.disk_budget is None or disk_e is None else cfg.disk_budget - disk_e)
+    node = (cfg.gpu_memory - gpu_e, max(need_n, cfg.cpu_memory - cpu_e), disk_n)
     return node, edge
 
 

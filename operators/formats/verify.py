@@ -237,9 +237,9 @@ def _verify_edges(ds: PackedDataset, edges: dict[str, Any], e_ids: dict[int, np.
             raise InputError(path / "manifest.json", f"holds {sub.num_batches} batches, the node rows {ds.num_batches}")
         for sb in sub.superbatches:
             for j, s in enumerate(sub.samples(sb.key)):
-                want = e_ids.get(sb.first_batch + j, _ABSENT)
-                if want is _ABSENT:
+                if sb.first_batch + j not in e_ids:     # a batch not chosen
                     continue
+                want = e_ids[sb.first_batch + j]
                 if want is None or not np.array_equal(np.asarray(s.n_id, np.int64), np.asarray(want, np.int64)):
                     raise InputError(sub.round_dir / "samples", f"batch {sb.first_batch + j}: its edge rows are not "
                                                                 "the edges the node batch sampled")
@@ -247,5 +247,3 @@ def _verify_edges(ds: PackedDataset, edges: dict[str, Any], e_ids: dict[int, np.
         sub.close()
     return result
 
-
-_ABSENT = np.empty(0)
