@@ -38,7 +38,7 @@ import numpy as np
 
 from ..operators.formats.atomic import atomic_path
 from ..operators.formats.samples import read_n_ids
-from ..operators.formats.store import Store
+from ..operators.formats.store import Store, open_table
 from ..operators.prepare.count import Counts, add_counts, dense_counts, load_counts, superbatch_counts
 from ..operators.prepare.history import HistoryStep, history_nodes, history_nodes_by_count, plan_round
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
@@ -251,7 +251,7 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
             `first`, plus `MAX_ROWS_MARGIN`.
         whole_round: `counts` cover the whole round, so no tier holds more rows than it reads.
     """
-    store = Store(store_path)
+    store = open_table(store_path)
     if isinstance(counts, str):
         counts = load_counts(counts)
     freq = dense_counts(counts, store.num_nodes)
@@ -346,7 +346,8 @@ class PrepGraph:
     """Builds the nodes of the preparation graph for one round (see the module docstring).
 
     Args:
-        store_path: the store (a path every worker can read).
+        store_path: the store (a path every worker can read), or one of its row tables whose reads are planned
+            (`formats.store.table_locator`: the edge rows of a streamed run).
         refs: the round's superbatches (`superbatch.round_layout`).
         sampling: (batch_size, fanouts, seed, sampler_threads).
         cpu_policy: the CPU tier's policy (a planned one chains plans through their caches; `trace`
@@ -371,7 +372,7 @@ class PrepGraph:
         self.history = history          # (rows, staleness, select, prune, ramp, cooldown) of a history cache, or None
         self._history_plan: Any = None
         self.cpu_policy = cpu_policy
-        self.num_nodes = Store(store_path).num_nodes
+        self.num_nodes = open_table(store_path).num_nodes
         self._tiers: tuple[Any, Any] | None = None       # the last tiers node built here and its GPU-tier node
 
     def sample(self, k: int, out_path: str | None = None) -> Any:

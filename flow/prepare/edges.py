@@ -21,20 +21,21 @@ from typing import Any
 from ...errors import ConfigError
 from ...operators.formats.hashing import config_hash
 from ...operators.formats.manifest import write_manifest
+from ...operators.formats.packed import EDGE_ROWS
 from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.count import Counts, save_counts
 from ...operators.prepare.edgerows import edge_samples
+from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.tiers import staging_piece_bytes
 from ..graph import PrepGraph, SampleResult, delayed_submit
 from ..progress import compute
 from .cache import COUNTS, CachedStage
-from .config import PrepareConfig
 from .phases import Run, pack_phase, plan_phase
 
 __all__ = ["EDGES", "Budget", "EdgeRound", "edge_round", "edge_samples_task", "pack_edges", "split_budgets"]
 
-EDGES = "edges"     # the edge rows' packed dataset inside a packed dataset, and their stages in ``OUT.work``
+EDGES = EDGE_ROWS   # the edge rows' packed dataset inside a packed dataset, and their stages in ``OUT.work``
 
 Budget = tuple[int, int, "int | None"]      # a table's (GPU, CPU, disk) bytes
 
@@ -93,15 +94,16 @@ def edge_round(run: Run, s_key: str, sdir: Path, summaries: list[dict[str, Any]]
     return EdgeRound(erun, stage.path, esummaries, counts, share)
 
 
-def _fixed_bytes(cfg: PrepareConfig, table: Store, summaries: list[dict[str, Any]]) -> int:
+def _fixed_bytes(cfg: RoundOptions, table: Store, summaries: list[dict[str, Any]]) -> int:
     """A table's loader buffers, whatever its tiers: staging for its largest batch and the I/O buffers."""
     rows = max((int(s["max_nodes"]) for s in summaries), default=0)
     return cfg.staging_batches * staging_piece_bytes(rows, table.row_bytes, len(table.shards)) + cfg.io_reserve
 
 
-def split_budgets(cfg: PrepareConfig, share: float, nodes: tuple[Store, list[dict[str, Any]]],
+def split_budgets(cfg: RoundOptions, share: float, nodes: tuple[Store, list[dict[str, Any]]],
                   edges: tuple[Store, list[dict[str, Any]]]) -> tuple[Budget, Budget]:
-    """The (GPU, CPU, disk) bytes of the node rows and of the edge rows out of `cfg`'s budgets.
+    """The (GPU, CPU, disk) bytes of the node rows and of the edge rows out of `cfg`'s budgets (a prepare's
+    or a streamed run's; the disk budget, and a default CPU budget, only a prepare's).
 
     Each table's loader needs its own staging and I/O buffers; what the CPU budget leaves after both is
     split by `share` (the edge rows' part of the round's read bytes), and so are the GPU and disk budgets.
@@ -109,7 +111,8 @@ def split_budgets(cfg: PrepareConfig, share: float, nodes: tuple[Store, list[dic
     """
     need_n, need_e = _fixed_bytes(cfg, *nodes), _fixed_bytes(cfg, *edges)
     rest = cfg.cpu_memory - need_n - need_e
-    if rest < 0 and not cfg.cpu_memory_default:
+    disk_budget: int | None = getattr(cfg, "disk_budget", None)
+    if rest < 0 and not getattr(cfg, "cpu_memory_default", False):
         need = need_n + need_e
         raise ConfigError("cpu_memory", (
             f"{format_bytes(cfg.cpu_memory)} cannot hold the staging and I/O buffers of the node rows "
@@ -119,9 +122,9 @@ def split_budgets(cfg: PrepareConfig, share: float, nodes: tuple[Store, list[dic
     cpu_e = need_e + int(rest * share)
     gpu_e = int(cfg.gpu_memory * share)
     disk_e = disk_n = None
-    if cfg.disk_budget is not None:
-        disk_e = int(cfg.disk_budget * share)
-        disk_n = cfg.disk_budget - disk_e
+    if disk_budget is not None:
+        disk_e = int(disk_budget * share)
+        disk_n = disk_budget - disk_e
     edge = (gpu_e, cpu_e, disk_e)
     node = (cfg.gpu_memory - gpu_e, max(need_n, cfg.cpu_memory - cpu_e), disk_n)
     return node, edge

@@ -53,7 +53,7 @@ from .outputs import OutputKind
 from .packedindex import IndexRecord, read_index_file
 from .samples import Buffer, SampleRecord, read_samples
 
-__all__ = ["ALIGN", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION", "ROUND_DIR", "SRC_CPU", "SRC_DCACHE",
+__all__ = ["ALIGN", "EDGE_IDS", "EDGE_ROWS", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION", "ROUND_DIR", "SRC_CPU", "SRC_DCACHE",
            "SRC_GPU", "SRC_PACKED", "SRC_STORE", "PackedDataset", "SuperbatchEntry", "apply_inserts", "assemble",
            "budget_bytes", "create_row_file", "dcache_ids_name", "dcache_name", "epoch_of_key", "file_crc",
            "index_name", "padded", "part_name", "samples_name"]
@@ -68,6 +68,8 @@ SRC_GPU, SRC_CPU, SRC_PACKED, SRC_DCACHE = 0, 1, 2, 3
 SRC_STORE = 4
 
 ROUND_DIR = "round-0"
+EDGE_ROWS = "edges"     # the edge rows' packed dataset, inside a packed dataset (and a streamed base's tiers)
+EDGE_IDS = "edge_cpu_ids.npy"   # a streamed run's checkpoint array: the edge rows' CPU tier (edge ids)
 _CRC_CHUNK = 64 << 20
 _KEY = re.compile(r"e(\d+)-s(\d+)")
 

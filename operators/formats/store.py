@@ -46,7 +46,7 @@ from .outputs import OutputKind
 from .storecheck import CHECKSUMS, StoreChecks
 
 __all__ = ["LINK_ARRAYS", "SPLITS", "SPLIT_CODE", "STORE_FORMAT", "STORE_KIND", "STORE_VERSION", "TABLE_OF",
-           "FeatureShard", "RowTable", "Store", "edge_table_manifest", "map_shard"]
+           "FeatureShard", "RowTable", "Store", "edge_table_manifest", "map_shard", "open_table", "table_locator"]
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14+; older kernels refuse it
 
@@ -57,6 +57,7 @@ SPLITS = ("train", "val", "test", "none")
 SPLIT_CODE = {name: i for i, name in enumerate(SPLITS)}
 LINK_ARRAYS = ("train", "val", "test")   # the link splits whose edges a store holds (negatives: val, test)
 TABLE_OF = "table_of"       # a table view's manifest key: the store and table its rows are (`Store.edge_table`)
+TABLE_SEP = "::"            # a locator's separator between a store's path and one of its tables (`table_locator`)
 
 
 @dataclass(frozen=True)
@@ -382,3 +383,20 @@ def edge_table_manifest(store: Store) -> dict[str, Any]:
                  if s["path"] in store.checks.files}
         view[CHECKSUMS] = {**store.manifest[CHECKSUMS], "files": files}
     return view
+
+
+def table_locator(store_path: str | os.PathLike[str], table: str | None = None) -> str:
+    """A string naming a store or one of its row tables (``edge_features``), for tasks that open it where
+    they run (`open_table`): a worker reads the store's own files, and nothing is written beside them."""
+    return str(store_path) if table is None else f"{store_path}{TABLE_SEP}{table}"
+
+
+def open_table(locator: str | os.PathLike[str]) -> Store:
+    """The store or row table a `table_locator` names: the store itself, or its edge features as a store
+    (`Store.edge_table`)."""
+    path, sep, table = str(locator).rpartition(TABLE_SEP)
+    if not sep:
+        return Store(locator)
+    if table != "edge_features":
+        raise InputError(path, f"has no row table {table!r} (only 'edge_features')")
+    return Store(path).edge_table()
