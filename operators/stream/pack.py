@@ -9,6 +9,8 @@ GPU worker's scratch disk as a `Bundle` — a handful of files, each with its si
                                     (4096-aligned, in batch order, offsets from 0)
     round-0/index/{key}.arrow       every batch's address translation (operators.packed)
     round-0/samples/{key}.arrow     the graph samples
+    edges/...                       (a store with edge features) the same files of the edge rows'
+                                    one-superbatch packed dataset, planned on their own chain
     manifest.json                   written last by the receiver: a packed dataset holding
                                     exactly this superbatch (global batch numbers)
 
@@ -40,12 +42,12 @@ from ..formats.packed import PACKED_FORMAT, PACKED_VERSION, ROUND_DIR, index_nam
 from ..formats.packedindex import index_bytes
 from ..formats.plan import BatchPlan
 from ..formats.samples import read_n_ids
-from ..formats.store import Store
+from ..formats.store import Store, open_table
 from ..prepare.route import RouteFile, route_superbatch, segment_offsets
 from ..prepare.superbatch import SuperbatchRef
 from ..prepare.writers import gather_segment
 
-__all__ = ["BASE_FILES", "Bundle", "make_bundle", "pack_base", "pack_superbatch", "sample_n_ids",
+__all__ = ["BASE_FILES", "Bundle", "make_bundle", "nest_bundle", "pack_base", "pack_superbatch", "sample_n_ids",
            "stream_header"]
 
 BASE_FILES = ("gpu_ids.npy", "gpu_cache.npy", "cpu_ids.npy", "cpu_init.npy", "labels.npy")
@@ -63,6 +65,8 @@ class Bundle:
         data: relative path -> content (uint8 array), when the files travel inline.
         url: a directory (fsspec URL) holding the files, when they travel through a shared store.
         meta: what the receiver reports along (timings of the tasks that made it, figures).
+        nested: subdirectory -> the manifest of a packed dataset held there (the edge rows'), written by
+            the receiver before the bundle's own.
     """
 
     key: str
@@ -72,6 +76,7 @@ class Bundle:
     data: dict[str, np.ndarray] | None = None
     url: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    nested: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -115,6 +120,25 @@ def make_bundle(key: str, files: dict[str, np.ndarray], manifest: dict[str, Any]
     return Bundle(key, sizes, crcs, manifest, url=url, meta=dict(meta or {}))
 
 
+def nest_bundle(outer: Bundle, name: str, inner: Bundle) -> Bundle:
+    """`outer` holding `inner`'s files under ``name/`` (its manifest written there by the receiver): a
+    superbatch's edge rows travel, are checked and staged with its node rows. Inline files are taken over;
+    files at a URL must already be under ``{outer.url}/{name}`` (`inner` packed there)."""
+    if (outer.url is None) != (inner.url is None) or (
+            inner.url is not None and inner.url.rstrip("/") != f"{str(outer.url).rstrip('/')}/{name}"):
+        raise ValueError(f"bundle {inner.key}: its files must travel as {outer.key}'s do, under {name}/")
+    def rel(r: str) -> str:
+        return f"{name}/{r}"
+    outer.sizes.update({rel(r): v for r, v in inner.sizes.items()})
+    outer.crcs.update({rel(r): v for r, v in inner.crcs.items()})
+    if inner.data is not None and outer.data is not None:
+        outer.data.update({rel(r): v for r, v in inner.data.items()})
+    if inner.manifest is not None:
+        outer.nested[name] = inner.manifest
+    outer.nested.update({rel(r): m for r, m in inner.nested.items()})
+    return outer
+
+
 def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
     """The `n_id` arrays of a superbatch's samples given as Arrow IPC file bytes (zero-copy)."""
     return read_n_ids(f"samples of {key or 'a superbatch'}", data)
@@ -125,10 +149,12 @@ def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
 def stream_header(store: Store, config: dict[str, Any], gpu_rows: int, cpu_rows: int, round_batches: int,
                   epochs: int) -> dict[str, Any]:
     """The manifest fields every superbatch directory of a streamed run shares (the round's shape)."""
+    table = store.table_of       # a table of rows alone (the edge rows'): no graph, no labels
     return {
         "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": "streaming",
         "config": {**config, "packing": True}, "config_hash": config_hash(config),
-        "store": {"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest)},
+        "store": {"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest),
+                  **({"table": table["table"]} if table is not None else {})},
         "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": store.row_bytes,
         "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
         "num_classes": store.num_classes, "labels": "labels.npy",
@@ -156,7 +182,8 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
     """Route and pack one superbatch into a bundle holding a one-superbatch packed dataset.
 
     Args:
-        store_path: the ingested store (a path the packing worker can read).
+        store_path: the ingested store (a path the packing worker can read), or one of its row tables
+            (`formats.store.table_locator`).
         ref: the superbatch (its global first batch numbers the index records).
         samples: its samples as Arrow IPC file bytes (`superbatch.sample_superbatch_bytes`).
         plans: one `BatchPlan` per batch (GPU slot / CPU slot / miss, CPU inserts).
@@ -172,7 +199,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
     Returns:
         The bundle; ``meta["figures"]`` holds packed rows and bytes and the hits per tier.
     """
-    store = Store(store_path)
+    store = open_table(store_path)
     n_ids = sample_n_ids(samples, ref.key)
     if len(n_ids) != ref.num_batches:
         raise InputError(f"samples of {ref.key}", f"{len(n_ids)} batches, the round layout says {ref.num_batches}")
@@ -223,7 +250,8 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
 
 def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: np.ndarray, *,
               url: str | None = None, cpu_rows: bool = True) -> Bundle:
-    """The base bundle: GPU-tier rows, the CPU tier at the stream's start (-1: empty slot), labels.
+    """The base bundle: GPU-tier rows, the CPU tier at the stream's start (-1: empty slot), labels (none for a
+    row table, `formats.store.table_locator`).
 
     Built in memory: the files travel as bytes (or are written once under `url`).
 
@@ -232,7 +260,7 @@ def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: 
     `cpu_rows` False: the tier's ids only, its rows left out (``cpu_init.npy`` holds none): a GPU
     worker whose CPU tier another worker fills (``--cache shared``, ranks but 0).
     """
-    store = Store(store_path)
+    store = open_table(store_path)
     files: dict[str, np.ndarray] = {}
     for ids_name, rows_name, ids in (("gpu_ids.npy", "gpu_cache.npy", gpu_ids), ("cpu_ids.npy", "cpu_init.npy", cpu_ids)):
         ids = np.asarray(ids, np.int64)
@@ -245,6 +273,7 @@ def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: 
         if held.size:
             rows[held] = store.gather(ids[held])
         files[ids_name], files[rows_name] = npy_bytes(ids), aligned_npy_bytes(rows)
-    files["labels.npy"] = npy_bytes(np.asarray(store.labels, dtype=np.int64))
+    if store.table_of is None:
+        files["labels.npy"] = npy_bytes(np.asarray(store.labels, dtype=np.int64))
     return make_bundle("base", files, None, url, {"figures": {"gpu_rows": int(gpu_ids.shape[0]),
                                                               "cpu_rows": int(cpu_ids.shape[0])}})

@@ -197,7 +197,9 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
 def held_files(bundle: Bundle) -> list[str]:
     """The files of `bundle` the training machine may hold in memory rather than on its scratch
     disk (`ScratchSpace.try_hold`): a superbatch's index and samples (read whole and once)."""
-    return [rel for rel in bundle.sizes if rel.startswith((f"{ROUND_DIR}/index/", f"{ROUND_DIR}/samples/"))]
+    heads = [f"{sub}{ROUND_DIR}/{kind}/" for sub in ["", *(f"{name}/" for name in bundle.nested)]
+             for kind in ("index", "samples")]
+    return [rel for rel in bundle.sizes if rel.startswith(tuple(heads))]
 
 
 def _content(bundle: Bundle, rel: str) -> np.ndarray:
@@ -281,7 +283,8 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
         bundle: the files (inline or at a URL) with their sizes and crc32s.
         dest: the final directory (replaced if it exists).
         base: a directory holding the base tier files (`BASE_FILES`) to hard-link in (copied
-            when links are not possible), so `dest` is a complete packed dataset.
+            when links are not possible), so `dest` is a complete packed dataset; and those of each
+            nested dataset (`Bundle.nested`, the edge rows') in its subdirectory of `base`.
         hold: files to verify and hold in memory instead of writing them (`held_files`); the
             loader gets them as ``held``.
 
@@ -294,6 +297,7 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
     """
     dest = Path(dest)
     direct = {f["path"] for f in (bundle.manifest or {}).get("files", {}).get("parts", [])}
+    direct |= {f"{name}/{f['path']}" for name, m in bundle.nested.items() for f in m.get("files", {}).get("parts", [])}
     held: dict[str, np.ndarray] = {}
     for rel in hold:
         data = _content(bundle, rel)
@@ -309,12 +313,19 @@ def stage_bundle(bundle: Bundle, dest: str | os.PathLike[str], base: str | os.Pa
             if rel in direct and bundle.sizes[rel]:
                 _start_writeback(path)
         if base is not None:
-            for name in BASE_FILES:
-                try:
-                    os.link(Path(base) / name, stage / name)
-                except OSError:
-                    shutil.copyfile(Path(base) / name, stage / name)
-        if bundle.manifest is not None:     # no fsync: a staged superbatch never outlives its run on this worker
+            for sub in ["", *bundle.nested]:
+                for name in BASE_FILES:
+                    src = Path(base) / sub / name
+                    if sub and not src.exists():     # (a table of rows alone has no labels)
+                        continue
+                    try:
+                        os.link(src, stage / sub / name)
+                    except OSError:
+                        shutil.copyfile(src, stage / sub / name)
+        # no fsync: a staged superbatch never outlives its run on this worker; nested datasets' manifests first
+        for sub, manifest in sorted(bundle.nested.items(), key=lambda kv: -kv[0].count("/")):
+            write_manifest(stage / sub, manifest, durable=False)
+        if bundle.manifest is not None:
             write_manifest(stage, bundle.manifest, durable=False)
     return {"key": bundle.key, "dir": str(dest), "bytes": bundle.nbytes, "held": held,
             "held_bytes": sum(bundle.sizes[rel] for rel in held)}

@@ -28,6 +28,7 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ..formats.checksum import crc32
+from ..formats.packed import EDGE_IDS, EDGE_ROWS
 from ..formats.samples import Buffer
 from ..options import QUEUE_DEPTH
 from ..train.config import TrainConfig
@@ -113,16 +114,22 @@ class StreamTrainer:
         if first:     # the stream starts mid-round (resume): the base CPU tier is the tier at `first`
             rows = None if self.shared is not None and cfg.rank > 0 else np.array(loader.ds.cpu_init)
             loader.restore_tier(first, rows, np.array(loader.ds.cpu_ids))
+            if loader.edges is not None:     # the edge rows' tier at `first` (a shared tier holds no edge rows)
+                edges = loader.edges
+                edges.restore_tier(first, np.array(edges.ds.cpu_init), np.array(edges.ds.cpu_ids))
         self.loader = loader
         # (a data-parallel rank whose first superbatches held nothing of its own has a session already)
-        return loader, self.session or self._new_session(loader.dim, loader.num_classes)
+        return loader, self.session or self._new_session(loader.dim, loader.num_classes,
+                                                         loader.edges.dim if loader.edges is not None else None)
 
-    def _new_session(self, dim: int, num_classes: int) -> TrainSession:
-        """The session (seeded; the resumed state loaded), a data-parallel rank's with its steps."""
+    def _new_session(self, dim: int, num_classes: int, edge_dim: int | None = None) -> TrainSession:
+        """The session (seeded; the resumed state loaded), a data-parallel rank's with its steps; `edge_dim`: the
+        width of the edge rows the batches carry (None: none)."""
         cfg = self.cfg
         steps = DataParallel(cfg.world, cfg.rank) if cfg.world > 1 else None
         self.session = TrainSession(cfg, self.dev, dim, num_classes, stages=STAGES, throughput=True,
-                                    evals=self._eval_loaders if cfg.rank == 0 else None, steps=steps)
+                                    evals=self._eval_loaders if cfg.rank == 0 else None, steps=steps,
+                                    edge_dim=edge_dim)
         if self.resume is not None:
             self.session.load_state_dict(self.resume)
         return self.session
@@ -168,7 +175,8 @@ class StreamTrainer:
         pass_batches = entry.get("pass_batches")
         with deterministic():
             if sb_dir is None:        # an empty share: the steps go on, with this rank's gradient zero
-                session = self.session or self._new_session(int(entry["dim"]), int(entry["num_classes"]))
+                session = self.session or self._new_session(int(entry["dim"]), int(entry["num_classes"]),
+                                                            entry.get("edge_dim"))
                 result = session.train([], pass_batches=pass_batches)
             else:
                 sb_dir = Path(sb_dir)
@@ -215,18 +223,23 @@ class StreamTrainer:
 
     def _check_tier(self, sb_dir: Path, loader: PackedLoader) -> None:
         """After the superbatch the carried CPU tier must hold exactly the rows its plan left there."""
-        want = loader.ds.manifest.get("stream", {}).get("cpu_ids_crc")
-        if want is not None and crc32(np.ascontiguousarray(loader.cpu_ids, np.int64).data) != int(want):
-            raise InputError(sb_dir, "the CPU tier after this superbatch differs from the plan's (superbatches "
-                                     "trained out of order, or a plan of another run)")
+        for table in (loader, loader.edges):
+            if table is None:
+                continue
+            want = table.ds.manifest.get("stream", {}).get("cpu_ids_crc")
+            if want is not None and crc32(np.ascontiguousarray(table.cpu_ids, np.int64).data) != int(want):
+                what = "CPU tier" if table is loader else "edge rows' CPU tier"
+                raise InputError(sb_dir, f"the {what} after this superbatch differs from the plan's (superbatches "
+                                         "trained out of order, or a plan of another run)")
 
     # ------------------------------------------------------------------ state
     def checkpoint(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(state, arrays) for `operators.checkpoint.save_checkpoint` at the current position.
 
         The state is loadable with ``torch.load(weights_only=True)``; the arrays hold the CPU
-        tier's node ids (``cpu_ids.npy``) where training continues. Everything is a copy: training
-        may go on (the next superbatch) while the checkpoint is still being written.
+        tier's node ids (``cpu_ids.npy``) where training continues, and the edge rows' tier's edge ids
+        (``edge_cpu_ids.npy``) where the batches carry edge rows. Everything is a copy: training may go on
+        (the next superbatch) while the checkpoint is still being written.
         """
         if self.session is None:
             raise RuntimeError("the stream trainer has not trained a superbatch yet")
@@ -234,13 +247,19 @@ class StreamTrainer:
         state = {"fingerprint": self.fingerprint, "epoch": epoch, "batch": batch, "stream_index": self.next_index,
                  **self.session.state_dict()}
         # a rank that has not loaded a superbatch yet still holds the tier it started with (the base's)
+        arrays: dict[str, np.ndarray] = {}
         if self.loader is not None:
-            ids = np.array(self.loader.cpu_ids)
+            arrays["cpu_ids.npy"] = np.array(self.loader.cpu_ids)
+            if self.loader.edges is not None:
+                arrays[EDGE_IDS] = np.array(self.loader.edges.cpu_ids)
         elif self.base_dir is not None:
-            ids = np.load(Path(self.base_dir) / "cpu_ids.npy")
+            arrays["cpu_ids.npy"] = np.load(Path(self.base_dir) / "cpu_ids.npy")
+            edge_ids = Path(self.base_dir) / EDGE_ROWS / "cpu_ids.npy"
+            if edge_ids.is_file():
+                arrays[EDGE_IDS] = np.load(edge_ids)
         else:
             raise RuntimeError("the stream trainer has no CPU tier yet (no superbatch, no base)")
-        return copy.deepcopy(state), {"cpu_ids.npy": ids}
+        return copy.deepcopy(state), arrays
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's current weights (on the CPU)."""
@@ -254,7 +273,9 @@ class StreamTrainer:
         if self.loader is None:
             return {}
         s = self.loader.stats()
+        edges = s.get("edges")      # the edge rows' loader: its own tiers and reads
         return {"stages": s["stages"], "io": s["io"], "tiers": s["tiers"], "memory": dict(self.loader.memory),
+                **({"edges": {"io": edges["io"], "tiers": edges["tiers"]}} if edges is not None else {}),
                 "config": {**self.cfg.as_json(), "device": str(self.dev),
                            "optimizer": self.session.describe() if self.session is not None else None,
                            "torch_threads": torch.get_num_threads()},
@@ -266,6 +287,8 @@ class StreamTrainer:
         if self.loader is not None:
             self.loader.close_files()
             self.loader.ds.held.clear()
+            if self.loader.edges is not None:
+                self.loader.edges.ds.held.clear()
 
     def close(self) -> None:
         if self.loader is not None:

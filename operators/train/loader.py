@@ -71,6 +71,14 @@ from .staging import PinnedBuffers
 __all__ = ["PackedLoader"]
 
 
+def _nested(held: Mapping[str, Buffer] | None, sub: str) -> dict[str, Buffer] | None:
+    """The held files of the dataset nested in subdirectory `sub` (the edge rows'), relative to it."""
+    if held is None:
+        return None
+    head = f"{sub.rstrip('/')}/"
+    return {rel[len(head):]: v for rel, v in held.items() if rel.startswith(head)}
+
+
 def _less(budget: int | None, part: int) -> int | None:
     """A byte budget (None: unchecked) less the `part` of it another loader takes."""
     return None if budget is None else max(0, budget - part)
@@ -174,11 +182,9 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         # in the same batch order; its rows become each batch's `edge_attr`.
         self.edges: PackedLoader | None = None
         if edges is not None:
-            if held is not None:
-                raise InputError(self.path, "a streamed superbatch cannot carry edge rows")
             self.edges = PackedLoader(self.path / str(edges["path"]), device, _most(cpu_memory, edge_cpu),
                                       queue_depth, pipelined, check_crc, store=store,
-                                      gpu_memory=_most(gpu_memory, edge_gpu))
+                                      gpu_memory=_most(gpu_memory, edge_gpu), held=_nested(held, str(edges["path"])))
 
     # ------------------------------------------------------------------ setup
     def _init_tiers(self) -> None:
@@ -265,6 +271,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self._file_sizes.clear()
         self._shard_files = None
         self.ds.close()
+        if self.edges is not None:
+            self.edges.close_files()
 
     def follow(self, packed_dir: str | os.PathLike[str], held: Mapping[str, Buffer] | None = None) -> None:
         """Go on with the round from another packed directory holding its next superbatch(es) (streaming).
@@ -283,9 +291,11 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         """
         if self._closed:
             raise RuntimeError("the loader is closed")
-        if self.edges is not None:
-            raise InputError(self.path, "a dataset with edge rows cannot be followed by streamed superbatches")
         ds = PackedDataset(packed_dir, held)
+        edges = ds.manifest.get("edges")
+        if (edges is None) != (self.edges is None):
+            raise InputError(ds.path, f"{'has' if edges is not None else 'lacks'} the edge rows the superbatches "
+                                      f"before it {'lacked' if edges is not None else 'had'}")
         check_follows(ds, self.ds, self.cpu_ids, self._tier_next)
         memory, grow, taller = follow_plan(self.memory, ds, self.device, self.queue_depth, not self.pipelined)
         check_memory(memory, self._cpu_memory, None)
@@ -301,6 +311,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
         self.num_batches = ds.num_batches
         self._epoch, self._start = None, 0
+        if self.edges is not None and edges is not None:    # the edge rows' superbatch, beside the nodes'
+            self.edges.follow(ds.path / str(edges["path"]), _nested(held, str(edges["path"])))
 
     # ------------------------------------------------------------------ selection
     def epochs(self) -> list[int]:
