@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError
+from ...operators.formats.packed import EDGE_IDS
 from ...operators.prepare.superbatch import SuperbatchRef
 from .lanes import Lane
 
@@ -103,9 +104,9 @@ def merge_checkpoints(cks: list[dict[str, Any]], records: Sequence[dict[str, Any
     if shared_ids is not None:      # fetched ahead (`StreamRun._prepare_chain`): done long before k trained
         ids = shared_ids.result(timeout=timeout)
         return {"state": state, "arrays": {"cpu_ids.npy": np.asarray(ids, np.int64)}}
-    arrays = {"cpu_ids.npy": cks[0]["arrays"]["cpu_ids.npy"]}
-    for r, ck in enumerate(cks[1:], start=1):
-        arrays[f"cpu_ids-{r}.npy"] = ck["arrays"]["cpu_ids.npy"]
+    arrays = dict(cks[0]["arrays"])
+    for r, ck in enumerate(cks[1:], start=1):       # cpu_ids.npy -> cpu_ids-R.npy (edge_cpu_ids.npy alike)
+        arrays.update({f"{name.removesuffix('.npy')}-{r}.npy": a for name, a in ck["arrays"].items()})
     return {"state": state, "arrays": arrays}
 
 
@@ -150,9 +151,12 @@ def load_resume(root: Path, cfg: Any, fingerprint: str, lanes: Sequence[Lane], p
         ids = ck.array("cpu_ids.npy")
         planner.start_ids = None if ids is None else np.array(ids)
     for lane in lanes:
-        name = "cpu_ids.npy" if lane.rank == 0 else f"cpu_ids-{lane.rank}.npy"
-        ids = ck.array(name) if planner is None else None
+        suffix = "" if lane.rank == 0 else f"-{lane.rank}"
+        ids = ck.array(f"cpu_ids{suffix}.npy") if planner is None else None
         lane.start_ids = None if ids is None else np.array(ids)
+        if lane.edges is not None:      # the edge rows' CPU tier there (`StreamTrainer.checkpoint`)
+            ids = ck.array(f"{EDGE_IDS.removesuffix('.npy')}{suffix}.npy")
+            lane.edges.start_ids = None if ids is None else np.array(ids)
         if gpus == 1:
             lane.resume_state = st
         else:

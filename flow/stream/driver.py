@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...errors import DiskflowError
+from ...errors import ConfigError, DiskflowError
 from ...operators.formats.hashing import config_hash
-from ...operators.formats.store import Store
+from ...operators.formats.store import Store, table_locator
 from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import lane_layout, round_layout
 from ...operators.prepare.task import num_seeds
@@ -35,7 +35,7 @@ from ..progress import bar
 from .checkpoints import CheckpointWriter, checkpoint_due, epoch_end, load_resume, merge_checkpoints
 from .config import PHASES, StreamConfig
 from .failures import cancelled, connection_lost, free_scratch, resume_hint, task_failed
-from .lanes import Lane, release
+from .lanes import EdgeLane, Lane, release
 from .placement import Placement
 from .preparation import Preparation
 from .report import stream_report
@@ -124,7 +124,12 @@ class StreamRun:
     def _lane(self, r: int) -> Lane:
         refs = self.refs if self.gpus == 1 else lane_layout(self.refs, self.gpus, r)
         tok = self.tok if self.gpus == 1 else f"{self.tok}-g{r}"
-        return Lane(r, refs, self._prep_graph(refs, tok), tok, self.run_id if self.gpus == 1 else f"{self.run_id}-g{r}")
+        lane = Lane(r, refs, self._prep_graph(refs, tok), tok, self.run_id if self.gpus == 1 else f"{self.run_id}-g{r}")
+        if self.store.edge_features is not None:     # the edge rows the batches read: a chain of their own
+            cfg, table = self.cfg, table_locator(self.store_path, "edge_features")
+            lane.edges = EdgeLane(table, PrepGraph(table, refs, (0, (), cfg.seed, cfg.sampler_threads), cfg.cpu_policy,
+                                                   f"{tok}e", self.place.submit_cpu))
+        return lane
 
     @property
     def gpu_addr(self) -> str:
@@ -180,7 +185,8 @@ class StreamRun:
                      "epoch_end": epoch_end(self.refs, k)}
             ckpt = checkpoint_due(self.refs, k, self.start, self.cfg.checkpoint_every)
             if lane.empty(k):   # nothing shipped: it waits for the base (its job, tiers) and joins the steps
-                entry.update(empty=True, dim=self.store.feature_dim, num_classes=self.store.num_classes)
+                entry.update(empty=True, dim=self.store.feature_dim, num_classes=self.store.num_classes,
+                             edge_dim=None if self.store.edge_features is None else self.store.edge_features.dim)
                 shipped = lane.ship_base
             else:
                 shipped = lane.f["ship"][k]
@@ -208,6 +214,9 @@ class StreamRun:
         self._find_workers()
         if self.shared:
             check_one_host(self.lanes)
+            if self.store.edge_features is not None:
+                raise ConfigError("cache", "a shared CPU tier holds node rows only; this store's batches read edge "
+                                           "rows too (use cache='per-worker')")
         if self.cfg.batches == "partition":
             self.partition, path = make_partition(c, self.store, self.store_path, self.run_dir, self.cfg, self.resume,
                                                   self.tok, self.place.cpu(-2))
@@ -235,7 +244,8 @@ class StreamRun:
         announce_run(c, self.run_id, self.results.t_start, self.n, self.start,
                      [(lane.run, lane.gpu_addr) for lane in self.lanes])
         self.prep = Preparation(self.place, self.cfg, self.refs, self.lanes, self.planner, self.graph, self.store_path,
-                                self.tok, self.start, self._submit_trains)
+                                self.tok, self.start, self._submit_trains,
+                                0 if self.store.edge_features is None else self.store.edge_features.num_rows)
         self._open_bars()
         try:
             if self.gpus > 1:

@@ -9,6 +9,10 @@ chain over its own access stream (`--cache per-worker`: each worker its own CPU 
 packed bundles shipped to it alone. With one GPU worker the single lane is the stream itself (no
 ``select`` tasks; the keys are the one-worker run's).
 
+A store with edge features gives each lane a second chain (`EdgeLane`): the edge rows its batches read
+(their ``e_id``), counted, tiered and Belady-planned as the node rows are, over the edge table, and packed
+into each superbatch's bundle beside them.
+
 `merge_epoch` turns the lanes' records of an epoch into the run's: every batch's loss in the
 round's order, the loss and training accuracy over all the seeds, the I/O of all the workers.
 `release` drops the futures the lanes hold once no later submission needs them.
@@ -22,9 +26,23 @@ from typing import Any
 from ...operators.prepare.superbatch import SuperbatchRef
 from ...operators.train.record import num
 
-__all__ = ["KINDS", "Lane", "interleave", "merge_epoch", "release"]
+__all__ = ["KINDS", "EdgeLane", "Lane", "interleave", "merge_epoch", "release"]
 
 KINDS = ("select", "plan", "trace", "ship", "train")
+
+
+@dataclass
+class EdgeLane:
+    """A lane's chain of its edge rows: the edge table it reads (`formats.store.table_locator`), its graph over
+    that table, its tiers and header, and per superbatch its edge-row samples and plan."""
+
+    table: str
+    graph: Any
+    f: dict[str, dict[int, Any]] = field(default_factory=lambda: {"sample": {}, "plan": {}})
+    tiers: Any = None
+    header: Any = None
+    split: Any = None                   # the lane's budgets split between node and edge rows (`tasks.EdgeSplit`)
+    start_ids: Any = None               # a resumed run's edge-row CPU tier
 
 
 @dataclass
@@ -52,6 +70,7 @@ class Lane:
     base_info: dict[str, Any] = field(default_factory=dict)
     resume_state: dict[str, Any] | None = None
     start_ids: Any = None
+    edges: EdgeLane | None = None      # its edge rows' chain (a store with edge features)
 
     @property
     def round_batches(self) -> int:
@@ -146,6 +165,14 @@ def release(lanes: Sequence[Lane], planner: Lane | None, samples: dict[int, Any]
             del f["select"][k]
         for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
             del f["ship"][k]
+        if lane.edges is not None:      # the edge rows' samples and plans: as the lane's own select and plan
+            e = lane.edges.f
+            for k in [k for k in e["plan"] if k in lane.shipped_ok
+                      and all(j in lane.prepared or j >= n for j in range(k + 1, lane.next_share(k, n) + 1))]:
+                del e["plan"][k]
+            for k in [k for k in e["sample"] if (k < start and k not in lane.prepared)
+                      or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < start or k - 1 in planned))]:
+                del e["sample"][k]
     for k in [k for k in samples if all(
             (k < start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
             for lane in [*lanes, *([planner] if planner is not None else [])])]:

@@ -20,9 +20,18 @@ from ...operators.prepare.superbatch import SuperbatchRef
 from ..graph import PrepGraph, TierSpec
 from .checkpoints import checkpoint_due
 from .config import StreamConfig
-from .lanes import Lane
+from .lanes import EdgeLane, Lane
 from .placement import Placement
-from .tasks import final_cache_task, header_task, pack_base_task, pack_task, select_task, ship_task
+from .tasks import (
+    edge_sample_task,
+    edge_split_task,
+    final_cache_task,
+    header_task,
+    pack_base_task,
+    pack_task,
+    select_task,
+    ship_task,
+)
 from .workers import on_gpu
 
 __all__ = ["Preparation"]
@@ -42,13 +51,16 @@ class Preparation:
         tok: ends the run's task keys.
         start: the first superbatch this run trains (after a resume, the checkpoint's position).
         on_shipped: called with a lane whose next share may be trained (shipped, or empty).
+        edge_rows: the rows of the store's edge features, whose reads each lane plans on a chain of its own
+            (`lanes.EdgeLane`); 0: the store has none.
     """
 
     def __init__(self, place: Placement, cfg: StreamConfig, refs: list[SuperbatchRef], lanes: list[Lane],
                  planner: Lane | None, graph: PrepGraph, store_path: str, tok: str, start: int,
-                 on_shipped: Callable[[Lane], None]) -> None:
+                 on_shipped: Callable[[Lane], None], edge_rows: int = 0) -> None:
         self.place, self.cfg, self.refs, self.lanes, self.planner = place, cfg, refs, lanes, planner
         self.graph, self.store_path, self.tok, self.start, self.on_shipped = graph, store_path, tok, start, on_shipped
+        self.edge_rows = edge_rows
         self.n, self.gpus, self.shared = len(refs), len(lanes), planner is not None
         self.samples: dict[int, Any] = {}       # the superbatches' samples (every lane's source)
         self.final_ids: dict[int, Any] = {}     # shared tier: k -> the tier plan k leaves (checkpoints)
@@ -70,6 +82,26 @@ class Preparation:
             lane.f["select"][k] = self.place.client.submit(select_task, self.sample(k), lane.rank, self.gpus,
                                                      key=f"select-{self.refs[k].key}-{lane.tok}", **self.place.cpu(k))
         return lane.f["select"][k]
+
+    def edge_sample(self, lane: Lane, k: int) -> Any:
+        """Lane's edge-row samples of superbatch k (`tasks.edge_sample_task` over its share's samples)."""
+        e = lane.edges
+        if e is None or k >= self.n:
+            return None
+        if k not in e.f["sample"]:
+            e.f["sample"][k] = self.place.client.submit(edge_sample_task, self.lane_sample(lane, k), self.edge_rows,
+                                                        key=f"edge-samples-{lane.refs[k].key}-{lane.tok}",
+                                                        **self.place.cpu(k))
+        return e.f["sample"][k]
+
+    def _edge_plan(self, lane: Lane, k: int) -> None:
+        """Plan k of lane's edge rows, chained on its plan of the latest share before k (submitted beside the
+        node rows' plan k, so the same rules keep and release both)."""
+        e = lane.edges
+        if e is None or k in e.f["plan"]:
+            return
+        prev = next((e.f["plan"][j] for j in range(k - 1, self.start - 1, -1) if not lane.empty(j)), None)
+        e.f["plan"][k] = e.graph.plan(k, prev, self.edge_sample(lane, k), self.edge_sample(lane, k + 1), e.tiers)
 
     def chains(self) -> list[Lane]:
         """The plan chains: each lane's own (``--cache per-worker``), or the shared tier's planner."""
@@ -120,6 +152,7 @@ class Preparation:
             chain.f["plan"][k] = self.place.watched(chain.graph.plan(k, prev, self.lane_sample(chain, k),
                                                               self.lane_sample(chain, k + 1), chain.tiers,
                                                               chain.f["trace"].get(k)), "plan", k, chain.rank)
+            self._edge_plan(chain, k)
             self._trace_ahead(chain, k + 1)
         if chain is self.planner:
             chain.prepared.add(k)
@@ -141,10 +174,12 @@ class Preparation:
         r, c = lane.refs[k], self.place.client
         suffix = f"-r{attempt}" if attempt else ""
         share = (lane.rank, self.gpus, self.refs[k].round_first_batch) if self.shared else None
+        e = lane.edges
+        edges = None if e is None else (e.table, self.edge_sample(lane, k), e.f["plan"][k], e.header)
         pack = self.place.watched(c.submit(
             pack_task, self.store_path, r, self.lane_sample(lane, k), plan, lane.header, k,
-            self.cfg.stage, lane.run, share, key=f"pack-{r.key}{suffix}-{lane.tok}", **self.place.cpu(k)), "pack", k,
-            lane.rank)
+            self.cfg.stage, lane.run, share, edges, key=f"pack-{r.key}{suffix}-{lane.tok}", **self.place.cpu(k)),
+            "pack", k, lane.rank)
         lane.f["ship"][k] = self.place.watched(c.submit(
             ship_task, lane.run, pack, self.start, lane.ship_base, key=f"ship-{r.key}{suffix}-{lane.tok}",
             **on_gpu(lane, self.place.ship_priority(k), 0)), "ship", k, lane.rank)
@@ -188,20 +223,41 @@ class Preparation:
             config.update(gpus=self.gpus, cache=cfg.cache, lane=0)
         if self.planner is not None:        # one tier of every worker's share of the budget, planned once
             spec = replace(spec, pool=self.gpus)
-        for chain in self.chains():        # counts over its first superbatches, then its tiers
-            firsts = [self.lane_sample(chain, k) for k in range(max(t, 2 if self.n > 1 else 1))]
-            total = chain.graph.counts([(k, firsts[k]) for k in range(t)])
-            chain.tiers = self.place.watched(chain.graph.tiers(total, firsts, spec, max_rows=None, whole_round=False,
-                                                        start_cpu_ids=chain.start_ids), "tiers", -1, chain.rank)
+        chains = self.chains()
+        firsts = {chain.rank: [self.lane_sample(chain, k) for k in range(max(t, 2 if self.n > 1 else 1))]
+                  for chain in chains}
+        for chain in chains:            # with edge rows: the budgets split between the tables, per lane
+            if chain.edges is not None:
+                fs = firsts[chain.rank]
+                chain.edges.split = c.submit(edge_split_task, self.store_path, chain.edges.table, fs[:t],
+                                   [self.edge_sample(chain, k) for k in range(t)], cfg, spec,
+                                   key=f"edge-split-{chain.tok}", **kw)
+        for chain in chains:        # counts over its first superbatches, then its tiers
+            fs = firsts[chain.rank]
+            total = chain.graph.counts([(k, fs[k]) for k in range(t)])
+            e: EdgeLane | None = chain.edges
+            if e is not None:       # (a budget the two tables' buffers do not fit is refused here, in one line)
+                e.split = e.split.result()
+                efs = [self.edge_sample(chain, k) for k in range(len(fs))]
+                e.tiers = e.graph.tiers(e.graph.counts([(k, efs[k]) for k in range(t)]), efs, e.split.edges,
+                                        max_rows=None, whole_round=False, start_cpu_ids=e.start_ids)
+            chain.tiers = self.place.watched(chain.graph.tiers(total, fs, spec if e is None else e.split.nodes,
+                                                               max_rows=None, whole_round=False,
+                                                               start_cpu_ids=chain.start_ids), "tiers", -1, chain.rank)
         for lane in self.lanes:
             lane.tiers = self.chain_of(lane).tiers
             if self.gpus > 1:
                 config = {**config, "lane": lane.rank}
+            e = lane.edges      # (the edge rows' chain: lanes are their own chains with edge rows)
+            if e is not None:       # the edge rows' header: their own tiers and budgets
+                e.header = c.submit(header_task, e.table, e.tiers, {**config, "gpu_memory": e.split.edges.gpu_memory,
+                                                                    "cpu_memory": e.split.edges.cpu_memory},
+                                    lane.round_batches, cfg.epochs, key=f"header-{lane.tok}e", **kw)
             lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
-                                   key=f"header-{lane.tok}", **kw)
+                                   None if e is None else e.split.entry, key=f"header-{lane.tok}", **kw)
             base = c.submit(pack_base_task, self.store_path, lane.tiers, self.cfg.stage, lane.run,
                             not self.shared or lane.rank == 0,      # a shared tier's rows: rank 0 fills it
-                            key=f"pack-base-{lane.tok}", **kw)
+                            None if e is None else (e.table, e.tiers), key=f"pack-base-{lane.tok}", **kw)
             lane.ship_base = self.place.watched(c.submit(ship_task, lane.run, base, self.start, key=f"ship-base-{lane.tok}",
                                                   **on_gpu(lane, self.place.ship_priority(-1), 0)), "ship-base", -1,
                                          lane.rank)
@@ -233,6 +289,8 @@ class Preparation:
         self.samples.clear()
         self.final_ids.clear()
         for lane in self.holders():
-            for d in lane.f.values():
+            for d in [*lane.f.values(), *(lane.edges.f.values() if lane.edges is not None else [])]:
                 d.clear()
             lane.tiers = lane.ship_base = lane.header = None
+            if lane.edges is not None:
+                lane.edges.tiers = lane.edges.header = lane.edges.split = None

@@ -33,7 +33,8 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
         "dataset": {"store": run.store_path, "nodes": run.store.num_nodes, "dim": run.store.feature_dim,
                     "dtype": str(run.store.feature_dtype), "num_classes": run.store.num_classes,
                     "batches": run.round_batches, "superbatches": run.n,
-                    "feature_bytes": run.store.feature_bytes},
+                    "feature_bytes": run.store.feature_bytes,
+                    **({"edge_dim": run.store.edge_features.dim} if run.store.edge_features is not None else {})},
         "epochs": run.results.records,
         "final": final_block(run.results.records),
         "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in run.results.records)
@@ -46,6 +47,7 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
             "stream_s": end, "train_busy_s": train_busy,
             "gpu_idle_fraction": (1.0 - train_busy / end) if end > 0 else None,
             "tiers": base_meta.get("tiers", {}), "scratch": scratch,
+            **({"edge_tiers": base_meta["edge_tiers"]} if "edge_tiers" in base_meta else {}),
             "floor_bps": [f if f is not None and math.isfinite(f) else None for f in getattr(run, "floors", [])],
             **_gpu_workers(run, end),
         },

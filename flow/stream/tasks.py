@@ -4,15 +4,19 @@ GPU worker."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...operators.formats.store import Store
+from ...operators.formats.packed import EDGE_ROWS
+from ...operators.formats.store import Store, open_table
+from ...operators.prepare.edgerows import edge_samples_bytes
 from ...operators.prepare.superbatch import SuperbatchRef
-from ...operators.stream.pack import Bundle, pack_base, pack_superbatch, stream_header
+from ...operators.stream.pack import Bundle, nest_bundle, pack_base, pack_superbatch, stream_header
 from ..dashboard.publish import (
     BYTES,
     PACKED_READ,
@@ -23,13 +27,13 @@ from ..dashboard.publish import (
     publish,
     stage_delta,
 )
-from ..graph import PlanResult, SampleResult, Tiers, stamp
+from ..graph import MAX_ROWS_MARGIN, PlanResult, SampleResult, Tiers, TierSpec, stamp
 from ..plugin import PLUGIN_NAME, DiskflowPlugin, GpuStateLost
 from .config import StreamStopped
 
-__all__ = ["final_cache_task", "finish_task", "group_master_task", "header_task", "join_group_task",
-           "pack_base_task", "pack_task", "probe_task", "select_task", "ship_task", "train_task",
-           "worker_table"]
+__all__ = ["EdgeSplit", "edge_sample_task", "edge_split_task", "final_cache_task", "finish_task", "group_master_task",
+           "header_task", "join_group_task", "pack_base_task", "pack_task", "probe_task", "select_task", "ship_task",
+           "train_task", "worker_table"]
 
 # ---------------------------------------------------------------------------- tasks (run on workers)
 
@@ -56,11 +60,62 @@ def _local_tmp() -> str | None:
     return None
 
 
-def header_task(store_path: str, tiers: Tiers, config: dict[str, Any], round_batches: int, epochs: int
-                ) -> dict[str, Any]:
-    """The manifest fields every superbatch directory of the stream shares (`stream_header`), once the tiers are known."""
-    return stream_header(Store(store_path), config, tiers.figures["gpu_rows"], tiers.figures["cpu_rows"], round_batches,
-                         epochs)
+def header_task(store_path: str, tiers: Tiers, config: dict[str, Any], round_batches: int, epochs: int,
+                edges: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest fields every superbatch directory of the stream shares (`stream_header`), once the tiers are
+    known; `store_path` may name a row table (the edge rows'); `edges`: the manifest's entry of the edge rows
+    the superbatches carry (`EdgeSplit.entry`)."""
+    header = stream_header(open_table(store_path), config, tiers.figures["gpu_rows"], tiers.figures["cpu_rows"],
+                           round_batches, epochs)
+    if edges is not None:
+        header["edges"] = edges
+    return header
+
+
+@dataclass(frozen=True)
+class EdgeSplit:
+    """A streamed lane's budgets split between node and edge rows (`flow.prepare.edges.split_budgets`): each
+    table's tier spec and the manifest entry that tells the loader the edge rows' part."""
+
+    nodes: TierSpec
+    edges: TierSpec
+    entry: dict[str, Any]
+
+
+def edge_sample_task(sample: SampleResult, num_rows: int) -> SampleResult:
+    """A superbatch's edge-row samples (its batches' ``e_id`` as the ids of a table of `num_rows` edge rows,
+    `edgerows.edge_samples_bytes`), held in memory as the stream's samples are."""
+    t0 = time.time()
+    if sample.data is None:
+        raise ValueError(f"edge samples of {sample.key}: the samples must travel inline, not as {sample.path}")
+    data, summary = edge_samples_bytes(sample.data, num_rows, sample.key)
+    return SampleResult(sample.key, np.frombuffer(data, np.uint8), summary, {**sample.timing, "edge": stamp(t0)})
+
+
+def edge_split_task(store_path: str, edge_table: str, first: list[SampleResult], edge_first: list[SampleResult],
+                    cfg: Any, spec: TierSpec) -> EdgeSplit:
+    """Split a streamed lane's budgets (`spec`, from `cfg`) between its node rows and its edge rows by their
+    shares of the bytes the first superbatches read (`first`, `edge_first`: those the tiers are counted
+    over). Each table's staging is reserved for its largest batch there plus `MAX_ROWS_MARGIN`, as
+    the tiers task reserves it."""
+    from ..prepare.edges import split_budgets
+
+    store, table = Store(store_path), open_table(edge_table)
+
+    def seen(samples: list[SampleResult], rows: int) -> list[dict[str, Any]]:
+        return [{**s.summary, "max_nodes": min(rows, math.ceil(int(s.summary["max_nodes"]) * MAX_ROWS_MARGIN))}
+                for s in samples]
+
+    node_bytes = sum(int(s.summary["accesses"]) for s in first) * store.row_bytes
+    edge_bytes = sum(int(s.summary["accesses"]) for s in edge_first) * table.row_bytes
+    share = edge_bytes / (edge_bytes + node_bytes) if edge_bytes else 0.0
+    (gpu_n, cpu_n, _), (gpu_e, cpu_e, _) = split_budgets(cfg, share, (store, seen(first, store.num_nodes)),
+                                                         (table, seen(edge_first, table.num_nodes)))
+    entry = {"path": EDGE_ROWS, "dtype": table.feature_dtype.name, "dim": table.feature_dim,
+             "row_bytes": table.row_bytes, "rows": table.num_nodes, "read_share": share, "gpu_memory": gpu_e,
+             "cpu_memory": cpu_e, "disk_budget": None}
+    return EdgeSplit(replace(spec, gpu_memory=gpu_n, cpu_memory=cpu_n),
+                     replace(spec, gpu_memory=gpu_e, cpu_memory=cpu_e, batch_size=0, fanouts=()), entry)
 
 
 def select_task(sample: SampleResult, rank: int, world: int) -> SampleResult:
@@ -96,13 +151,15 @@ def join_group_task(job: str, group: str, host: str, port: int, rank: int, world
 
 
 def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, header: dict[str, Any],
-              index: int, stage: str | None, run: str, share: tuple[int, int, int] | None = None) -> Bundle:
+              index: int, stage: str | None, run: str, share: tuple[int, int, int] | None = None,
+              edges: tuple[str, SampleResult, PlanResult, dict[str, Any]] | None = None) -> Bundle:
     """The stream's sink of the preparation graph: route and pack one superbatch into a bundle.
 
     `share` (rank, world, the superbatch's first batch in the round): a GPU worker's share of a
     superbatch planned for a CPU tier the workers share (``--cache shared``): `sample` holds its
     batches, `plan` the whole superbatch's, of which its batches' plans are packed, each numbered in
-    the merged stream."""
+    the merged stream. `edges` (the edge table, its samples, plan and header): the superbatch's edge
+    rows, packed from their own plan into the bundle's ``edges/``."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
     if sample.data is None:      # the stream keeps its samples in memory (`graph.sample_task` without out_path)
@@ -115,25 +172,48 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
         order = [first + i for i in range(rank, len(plan.batches), world)]
     bundle = pack_superbatch(store, ref, sample.data, plans, header, final_cache=final,
                              stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order)
+    read = int(bundle.meta["figures"]["packed_rows"]) * int(header["row_bytes"])    # rows gathered from the store
+    if edges is not None:
+        table, esample, eplan, eheader = edges
+        if esample.data is None:
+            raise ValueError(f"pack of {ref.key}: the edge samples must travel inline, not as {esample.path}")
+        inner = pack_superbatch(table, ref, esample.data, eplan.batches, eheader, final_cache=eplan.final_cache,
+                                stream_index=index, url=f"{url}/{EDGE_ROWS}" if url else None, tmp_dir=_local_tmp())
+        nest_bundle(bundle, EDGE_ROWS, inner)
+        bundle.meta["figures"]["edges"] = inner.meta["figures"]
+        read += int(inner.meta["figures"]["packed_rows"]) * int(eheader["row_bytes"])
     timing = stamp(t0)
     bundle.meta.update(timing={**plan.timing, "pack": timing}, plan=plan.stats, index=index)
-    read = int(bundle.meta["figures"]["packed_rows"]) * int(header["row_bytes"])    # rows gathered from the store
     bundle.meta["figures"]["store_read_bytes"] = read
     measure(STORE_READ, read, BYTES)
     publish("packed", job=run, index=index, key=ref.key, store_read_bytes=read, t=timing["t1"])
     return bundle
 
 
-def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str, cpu_rows: bool = True) -> Bundle:
-    """The base bundle of a lane: its tiers' ids and rows (`cpu_rows` False: no CPU-tier rows, `pack_base`)."""
+def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str, cpu_rows: bool = True,
+                   edges: tuple[str, Tiers] | None = None) -> Bundle:
+    """The base bundle of a lane: its tiers' ids and rows (`cpu_rows` False: no CPU-tier rows, `pack_base`);
+    `edges` (the edge table and its tiers): the edge rows' tiers too, under ``edges/``."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
     bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, cpu_rows=cpu_rows)
+    read = _tier_bytes(tiers, cpu_rows, Store(store).row_bytes)
+    if edges is not None:
+        table, etiers = edges
+        inner = pack_base(table, etiers.gpu_ids, etiers.cpu_ids, url=f"{url}/{EDGE_ROWS}" if url else None)
+        nest_bundle(bundle, EDGE_ROWS, inner)
+        read += _tier_bytes(etiers, True, open_table(table).row_bytes)
+        bundle.meta["edge_tiers"] = etiers.figures
     bundle.meta.update(timing={"pack": stamp(t0)}, tiers=tiers.figures)
+    measure(STORE_READ, read, BYTES)
+    return bundle
+
+
+def _tier_bytes(tiers: Tiers, cpu_rows: bool, row_bytes: int) -> int:
+    """Bytes a base bundle reads of the store for `tiers`: the GPU tier's rows, and the CPU tier's (`cpu_rows`)."""
     rows = int(np.count_nonzero(np.asarray(tiers.gpu_ids) >= 0))
     rows += int(np.count_nonzero(np.asarray(tiers.cpu_ids) >= 0)) if cpu_rows else 0
-    measure(STORE_READ, rows * Store(store).row_bytes, BYTES)
-    return bundle
+    return rows * row_bytes
 
 
 def probe_task() -> dict[str, Any]:

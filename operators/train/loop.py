@@ -80,8 +80,8 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
     if edge_attr is None and getattr(batch, "e_id", None) is not None and takes_edge_attr(model):
         # the graph has edge features (its samples keep e_id), and this loader does not serve them: refuse
         # rather than train the model without what it reads
-        raise ConfigError("pipeline", "the model reads edge_attr, and a streamed run (run streaming, --gpus) does "
-                                      "not serve edge features yet: train it with `run` or `prepare` + `train`")
+        raise ConfigError("pipeline", "the model reads edge_attr, and its batches come without the graph's edge "
+                                      "features (they keep e_id, but this loader does not serve edge rows)")
     if edge_attr is not None and takes_edge_attr(model):
         extra["edge_attr"] = edge_attr.float()      # cast as `x` is: a store may keep float16 rows
     hops = getattr(batch, "num_sampled_edges", None)

@@ -119,3 +119,71 @@ def test_a_budget_that_cannot_hold_both_tables_is_refused_naming_them(edge_store
 def test_an_online_pipeline_serves_edge_rows(edge_store: Path, tmp_path: Path) -> None:
     report = load_pipeline("gnndrive").run(edge_store, tmp_path, model="gat", **RUN)
     assert report["epochs"][0]["loss"] is not None
+
+
+STREAM = {**RUN, "epochs": 2, "superbatch_size": 3, "device": "cpu", "window": 2, "cpu_memory": 4_800_000}
+
+
+def test_a_streamed_run_carries_planned_edge_rows(edge_store: Path, tmp_path: Path) -> None:
+    """A streamed run plans the edge rows on a chain of their own and ships them with each superbatch: a model
+    that reads edge_attr trains on them with the in-memory run's losses, bit for bit."""
+    from diskflow.pipelines import streaming
+
+    (tmp_path / "m").mkdir()
+    ref = memory.run(edge_store, tmp_path / "m", model="gat", **{k: v for k, v in STREAM.items()
+                                                                 if k not in ("superbatch_size", "device", "window",
+                                                                              "cpu_memory")})
+    # (the bundles travel through a shared directory here, `stage`; the other tests' travel through Dask)
+    rep = streaming.run(edge_store, tmp_path / "s", workers=1, processes=False, model="gat",
+                        stage=str(tmp_path / "stage"), **STREAM)
+    assert [r["losses"] for r in rep["epochs"]] == [r["losses"] for r in ref["epochs"]]
+    assert rep["dataset"]["edge_dim"] == 3 and rep["stream"]["edge_tiers"]["cpu_rows"] > 0
+    rows = rep["trainer"]["edges"]["tiers"]["rows"]
+    assert rows["cpu"] > 0 and rows["packed"] > 0       # the edge rows' CPU tier held some, and some were packed
+
+
+class _Cut(Exception):
+    pass
+
+
+def test_a_streamed_run_with_edge_rows_resumes_where_it_stopped(edge_store: Path, tmp_path: Path) -> None:
+    """Stopped after two superbatches, the run resumes from its checkpoint: both tables' CPU tiers are the
+    ones their plans left there, and the losses are the uninterrupted run's."""
+    from diskflow.pipelines import streaming
+
+    whole = streaming.run(edge_store, tmp_path / "whole", workers=1, processes=False, model="gat", **STREAM)
+    seen: list[str] = []
+
+    def cut(out: dict) -> None:
+        seen.append(out["key"])
+        if len(seen) == 2:
+            raise _Cut
+
+    run_dir = tmp_path / "cut"
+    with pytest.raises(_Cut):
+        streaming.run(edge_store, run_dir, workers=1, processes=False, model="gat", on_superbatch=cut, **STREAM)
+    from diskflow.operators.formats.packed import EDGE_IDS
+    from diskflow.operators.train.checkpoint import latest_checkpoint
+
+    saved = latest_checkpoint(run_dir / "checkpoints")
+    assert saved is not None and (saved / EDGE_IDS).is_file()     # the edge rows' tier, which the resume starts from
+    rep = streaming.run(edge_store, run_dir, workers=1, processes=False, model="gat", resume=True, **STREAM)
+    assert rep["resumed_from"] and rep["stream"]["start_index"] == 2
+    losses = [x for r in whole["epochs"] for x in r["losses"]]
+    assert [x for r in rep["epochs"] for x in r["losses"]] == losses
+
+
+def test_edge_rows_stream_to_two_gpu_workers(edge_store: Path, tmp_path: Path) -> None:
+    """Each GPU worker plans and receives the edge rows of its own share; two equal one stepping every two
+    batches (the float sums' order aside). A CPU tier the workers share holds node rows only: refused."""
+    from diskflow.pipelines import streaming
+
+    one = streaming.run(edge_store, tmp_path / "one", workers=1, processes=False, model="gat", batches_per_step=2,
+                        **STREAM)
+    two = streaming.run(edge_store, tmp_path / "two", workers=2, processes=True, gpus=2, model="gat", **STREAM)
+    flat = [x for r in one["epochs"] for x in r["losses"]]
+    assert [x for r in two["epochs"] for x in r["losses"]] == pytest.approx(flat, rel=1e-5, abs=1e-6)
+    assert all(lane["tiers"] for lane in two["stream"]["lanes"])
+    with pytest.raises(ConfigError, match="^cache: a shared CPU tier holds node rows only"):
+        streaming.run(edge_store, tmp_path / "shared", workers=2, processes=True, gpus=2, cache="shared",
+                      model="gat", **STREAM)
