@@ -17,7 +17,7 @@ from diskflow.operators.formats.store import SPLITS, Store
 from diskflow.operators.formats.storecheck import CHECKSUMS, crc_pieces, merge_blocks
 from diskflow.operators.ingest.raw import write_raw_dataset
 
-import diskflow
+import diskflow.datasets
 from diskflow.errors import InputError
 
 SMALL = {"fanouts": (4, 4), "batch_size": 256, "superbatch_size": 4, "epochs": 1, "seed": 2, "cpu_memory": "6MiB"}
