@@ -30,10 +30,11 @@ from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.tiers import staging_piece_bytes
 from ..graph import PrepGraph, SampleResult, delayed_submit
 from ..progress import compute
-from .cache import COUNTS, CachedStage
+from .cache import COUNTS, CachedStage, stage_dir
 from .phases import Run, pack_phase, plan_phase
 
-__all__ = ["EDGES", "Budget", "EdgeRound", "edge_round", "edge_samples_task", "pack_edges", "split_budgets"]
+__all__ = ["EDGES", "Budget", "EdgeRound", "edge_round", "edge_samples_task", "edge_stage_dir", "pack_edges",
+           "split_budgets"]
 
 EDGES = EDGE_ROWS   # the edge rows' packed dataset inside a packed dataset, and their stages in ``OUT.work``
 
@@ -69,7 +70,7 @@ def edge_round(run: Run, s_key: str, sdir: Path, summaries: list[dict[str, Any]]
     write_manifest(ework / "store", table.manifest, durable=False)
     estore = Store(ework / "store")
     tok = f"{run.tok}1"
-    stage = CachedStage(ework, "samples", config_hash({"samples": s_key, "table": "edge_features"}))
+    stage = CachedStage(ework, "samples", _samples_key(s_key))
     manifest, counts = stage.cached(), None
     if manifest is None:
         edir = stage.start()
@@ -92,6 +93,17 @@ def edge_round(run: Run, s_key: str, sdir: Path, summaries: list[dict[str, Any]]
                store_record={"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest),
                              "table": "edge_features"})
     return EdgeRound(erun, stage.path, esummaries, counts, share)
+
+
+def _samples_key(s_key: str) -> str:
+    """The edge-row samples stage's key, from the node samples' (`s_key`)."""
+    return config_hash({"samples": s_key, "table": "edge_features"})
+
+
+def edge_stage_dir(run: Run, s_key: str) -> Path:
+    """Where the edge-row samples of the node samples `s_key` are cached (a memory split drops a beaten
+    candidate's)."""
+    return stage_dir(run.work / EDGES, "samples", _samples_key(s_key))
 
 
 def _fixed_bytes(cfg: RoundOptions, table: Store, summaries: list[dict[str, Any]]) -> int:

@@ -191,6 +191,8 @@ def split_phase(run: Run, store_hash: str) -> None:
     given to embeddings, sample and plan the round, count the rows the plan reads from disk, and set
     ``run.cfg`` to the split that reads the fewest (``run.split``: the curve and the choice). The
     chosen candidate's samples and plans stay cached for the phases that follow."""
+    from .edges import edge_round, edge_stage_dir  # (edges builds on this module's phases)
+
     cfg = run.cfg
     part_key = run.parts_key
     rb = run.store.row_bytes
@@ -215,6 +217,8 @@ def split_phase(run: Run, store_hash: str) -> None:
         s_key = sample_key(cand, store_hash, part_key)
         p_key = plan_key(cand, s_key)
         sdir, summaries, counts = sample_phase(run, s_key)
+        if run.store.edge_features is not None:     # the node rows plan within their part of the budgets
+            edge_round(run, s_key, sdir, summaries)
         _, planned, _ = plan_phase(run, p_key, sdir, summaries, routes=False, counts=counts)
         cpu_bytes = int(planned["tiers"]["cpu_rows"]) * rb
         if not share:
@@ -233,6 +237,7 @@ def split_phase(run: Run, store_hash: str) -> None:
         if beaten is not None:
             shutil.rmtree(stage_dir(run.work, "samples", beaten[0]), ignore_errors=True)
             shutil.rmtree(stage_dir(run.work, "plans", beaten[1]), ignore_errors=True)
+            shutil.rmtree(edge_stage_dir(run, beaten[0]), ignore_errors=True)
 
     run.keep_stale = True
     try:
