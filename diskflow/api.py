@@ -125,6 +125,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
     turned into bytes and checked against the trainer's fixed needs, the historical embedding cache's settings.
     The one place the CLI, the benches and this API turn prepare options into a config."""
     from .flow.runtimes.packed import packed_budgets
+    from .operators.prepare.task import Task
 
     unknown = sorted(set(given) - set(PREPARE_DEFAULTS))
     if unknown:
@@ -135,8 +136,9 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
             raise ConfigError(name, f"must be >= 1, got {o[name]!r}")
     fanouts = tuple(o["fanouts"]) if o["fanouts"] is not None else pipeline.fanouts
     disk = None if str(o["disk_budget"]).lower() in ("none", "") else o["disk_budget"]
+    task = Task(o["task"] if o["task"] is not None else pipeline.task, o["neg_ratio"], o["neg_sampling"])
     budgets = packed_budgets(store, o["cpu_memory"], o["gpu_memory"], disk, fanouts, o["batch_size"],
-                             o["queue_depth"], device=o["device"])
+                             o["queue_depth"], device=o["device"], task=task)
     options = {
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
         "cpu_memory_default": is_default(o["cpu_memory"]),     # the default 10%: raised to what works, not refused

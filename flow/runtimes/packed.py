@@ -17,6 +17,7 @@ from typing import Any
 from ...errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.options import CPU_SHARE, DEVICE, QUEUE_DEPTH
+from ...operators.prepare.task import NODE, Task
 from ...operators.train.config import TrainConfig
 from ..options import byte_budget as budget
 from ..options import history_options
@@ -84,7 +85,8 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
 
 def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int | str | None,
                    disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int,
-                   queue_depth: int = QUEUE_DEPTH, sequential: bool = False, device: str = DEVICE) -> dict[str, Any]:
+                   queue_depth: int = QUEUE_DEPTH, sequential: bool = False, device: str = DEVICE,
+                   task: Task = NODE) -> dict[str, Any]:
     """What `prepare` must be given so the trainer later fits `cpu_memory` with this queue depth.
 
     `cpu_memory` is the trainer's whole host budget for features (bytes, ``"2GiB"`` or
@@ -92,7 +94,8 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
     `prepare` sizes the staging from the largest sampled batch and reserves it and the I/O
     buffers out of the budget (naming the smallest budget that works when it cannot); the CPU
     tier gets the rest. Without `cpu_memory`: 10% of the features for the CPU tier plus the
-    staging and I/O buffers for the worst-case batch of these fanouts.
+    staging and I/O buffers for the worst-case batch of these fanouts (of `task`'s seeds: a link batch starts
+    from its pairs' endpoints), in node rows and, where the store has them, in edge rows.
 
     Returns:
         ``cpu_memory`` (the trainer's whole budget, which prepare is given too),
@@ -110,10 +113,12 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
     features = store.budget_bytes
     cpu = budget(cpu_memory, "cpu_memory", features)
     if cpu is None:     # the largest batch is known only after sampling: reserve its worst case
-        rows = batch_size
-        for f in fanouts:
-            rows = min(store.num_nodes, rows * (1 + (store.num_nodes if f < 0 else int(f))))
-        cpu = sum(staging * staging_piece_bytes(min(rows, t.num_rows), t.row_bytes, len(t.shards)) + reserve
+        rows, edges = task.max_seeds(batch_size), 0
+        for f in fanouts:       # every node so far expanded at full fanout: a bound on the hop's edges
+            grow = store.num_nodes if f < 0 else int(f)
+            rows, edges = min(store.num_nodes, rows * (1 + grow)), min(store.num_edges, edges + rows * grow)
+        cpu = sum(staging * staging_piece_bytes(min(edges if t is store.edge_features else rows, t.num_rows),
+                                                t.row_bytes, len(t.shards)) + reserve
                   for t in tables) + int(features * CPU_SHARE)
     return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
             "gpu_memory": budget(gpu_memory, "gpu_memory", features) or 0,
@@ -172,7 +177,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
-                             device=dev)
+                             device=dev, task=Task(task, neg_ratio, neg_sampling))
     cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
     options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,

@@ -26,6 +26,7 @@ from ...operators.formats.store import Store
 from ...operators.options import QUEUE_DEPTH
 from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
 from ...operators.prepare.seeds import label_shares
+from ...operators.prepare.task import Task
 from ...operators.train.config import TrainConfig
 from ..options import history_options, history_rule
 from ..roles import stream_client, tls_security
@@ -144,7 +145,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth,
-                             device=device or "cpu")
+                             device=device or "cpu", task=Task(task, neg_ratio, neg_sampling))
     gpu = budgets["gpu_memory"]
     on_gpu = device is not None and str(device).startswith("cuda")
     train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, weight_decay=weight_decay,

@@ -68,6 +68,13 @@ class Task:
     def link(self) -> bool:
         return self.kind == "link"
 
+    def max_seeds(self, batch_size: int) -> int:
+        """The most nodes a batch's sample starts from: its seed nodes, or a link batch's positive and negative
+        pairs' endpoints (a bound for budgets sized before sampling)."""
+        if not self.link:
+            return batch_size
+        return 2 * (batch_size + round(self.neg_ratio * batch_size))
+
     def describe(self) -> dict[str, Any]:
         """The task as JSON values (what samples depend on)."""
         if not self.link:

@@ -190,3 +190,32 @@ def test_edge_rows_stream_to_two_gpu_workers(edge_store: Path, tmp_path: Path) -
     with pytest.raises(ConfigError, match="^cache: a shared CPU tier holds node rows only"):
         streaming.run(edge_store, tmp_path / "shared", workers=2, processes=True, gpus=2, cache="shared",
                       model="gat", **STREAM)
+
+
+def test_a_link_task_reads_edge_rows_on_every_path(tmp_path: Path) -> None:
+    """Link prediction with edge features: a model that reads edge_attr has the in-memory run's losses and test
+    MRR in belady (its default budget reserves the worst-case batch of pairs' endpoints in both tables) and
+    streamed."""
+    from diskflow.pipelines import belady, inmemory, streaming
+
+    rng = np.random.default_rng(2)
+    n = 800
+    src, dst = rng.integers(0, n, 6000), rng.integers(0, n, 6000)
+    raw = write_raw_dataset(tmp_path / "raw", src=src, dst=dst, features=rng.standard_normal((n, 8)).astype(np.float32),
+                            labels=rng.integers(0, 3, n), splits=np.array(["train"] * n),
+                            edge_attr=rng.standard_normal((6000, 4)).astype(np.float32), edge_parts=2)
+    with dask.config.set(scheduler="sync"):
+        run_ingest(raw, tmp_path / "store", shard_rows=256, link_split=(0.05, 0.1), link_negatives=20)
+    opts = {"task": "link", "model": "gat", "epochs": 1, "batch_size": 200, "fanouts": (4, 3), "hidden": 16,
+            "heads": 2, "progress": False, "threads": 1, "seed": 1, "device": "cpu"}
+    for d in ("m", "b"):
+        (tmp_path / d).mkdir()
+    ref = inmemory.run(tmp_path / "store", tmp_path / "m", **opts)
+    with dask.config.set(scheduler="sync"):
+        packed = belady.run(tmp_path / "store", tmp_path / "b", superbatch_size=4, **opts)
+    streamed = streaming.run(tmp_path / "store", tmp_path / "s", window=2, workers=1, processes=False,
+                             superbatch_size=4, **opts)
+    assert ref["dataset"]["edge_dim"] == 4
+    for rep in (packed, streamed):
+        assert [r["losses"] for r in rep["epochs"]] == [r["losses"] for r in ref["epochs"]]
+        assert rep["final"]["test_mrr"] == ref["final"]["test_mrr"]
