@@ -202,6 +202,13 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{(stream.get('group') or {}).get('backend')}): idle {idle}; models equal after every superbatch: "
               f"{'-' if stream.get('models_equal') is None else 'yes' if stream['models_equal'] else 'no'} "
               f"({stream.get('models_checked')} checked)")
+    edge_tiers = stream.get("edge_tiers")
+    if edge_tiers:       # a streamed run's edge rows, planned on their own chain (the trainer's figures of them)
+        got = ((report.get("trainer") or {}).get("edges") or {}).get("tiers") or {}
+        rows, n_read = got.get("rows") or {}, int(got.get("total") or 0)
+        served = ", ".join(f"{k} {v / n_read:.1%}" for k, v in rows.items() if v) if n_read else "none read"
+        print(f"edge rows: tiers of {edge_tiers.get('gpu_rows', 0):,} (GPU) and {edge_tiers.get('cpu_rows', 0):,} (CPU) "
+              f"rows; {n_read:,} read: {served}")
     if report.get("online"):
         print(describe_online(report))
     hist = report.get("history")

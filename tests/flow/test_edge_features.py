@@ -127,7 +127,8 @@ def test_online_and_split_memory_pipelines_serve_edge_rows(edge_store: Path, tmp
 STREAM = {**RUN, "epochs": 2, "superbatch_size": 3, "device": "cpu", "window": 2, "cpu_memory": 4_800_000}
 
 
-def test_a_streamed_run_carries_planned_edge_rows(edge_store: Path, tmp_path: Path) -> None:
+def test_a_streamed_run_carries_planned_edge_rows(edge_store: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A streamed run plans the edge rows on a chain of their own and ships them with each superbatch: a model
     that reads edge_attr trains on them with the in-memory run's losses, bit for bit."""
     from diskflow.pipelines import streaming
@@ -143,6 +144,11 @@ def test_a_streamed_run_carries_planned_edge_rows(edge_store: Path, tmp_path: Pa
     assert rep["dataset"]["edge_dim"] == 3 and rep["stream"]["edge_tiers"]["cpu_rows"] > 0
     rows = rep["trainer"]["edges"]["tiers"]["rows"]
     assert rows["cpu"] > 0 and rows["packed"] > 0       # the edge rows' CPU tier held some, and some were packed
+    from diskflow.cli.run import _print_summary
+
+    _print_summary(rep)         # what `diskflow run streaming` prints of them
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("edge rows:"))
+    assert f"{rep['stream']['edge_tiers']['cpu_rows']:,} (CPU)" in line and "packed" in line
 
 
 class _Cut(Exception):
