@@ -149,6 +149,7 @@ class TierSpec:
     batch_size: int = 0               # what the batches are sampled with, for a refusal to name a smaller
     fanouts: tuple[int, ...] = ()     # one that fits (0, (): none named)
     raise_cpu: bool = False           # cpu_memory is a default: raised to the smallest that works, not refused
+    row_bytes: int = 0                # bytes of a row as the tiers hold it (0: the store's; encoded rows: fewer)
 
 
 # ---------------------------------------------------------------------------- the task functions
@@ -262,7 +263,7 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
         max_rows = min(store.num_nodes, math.ceil(seen * margin))
     read = int(np.count_nonzero(freq)) if whole_round else store.num_nodes
     sampling = Sampling(spec.batch_size, tuple(spec.fanouts), store.num_nodes, margin) if spec.batch_size else None
-    sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, store.row_bytes, read, spec.device, max_rows,
+    sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, spec.row_bytes or store.row_bytes, read, spec.device, max_rows,
                        spec.staging_batches, len(store.shards), spec.io_reserve, sampling=sampling,
                        raise_cpu=spec.raise_cpu)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)

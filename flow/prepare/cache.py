@@ -22,10 +22,14 @@ from ...operators.prepare.pack import release_early_maps
 from ...operators.prepare.policies import policy_id
 from ..memsplit import SPLIT_SHARES
 
+# what an encoding's rows cost, for the plan stage's key: encodings of one row size share their plans, and a new
+# encoding of the same size re-packs without re-planning
+ROW_SIZE = {"float16": "2-byte", "bfloat16": "2-byte", "int8": "int8-row"}
+
 if TYPE_CHECKING:
     from .config import PrepareConfig
 
-__all__ = ["COUNTS", "EARLY", "PARTS", "WORK_FORMAT", "WORK_KIND", "WORK_MARKER", "CachedStage",
+__all__ = ["COUNTS", "EARLY", "PARTS", "ROW_SIZE", "WORK_FORMAT", "WORK_KIND", "WORK_MARKER", "CachedStage",
            "check_outputs", "clean_work", "drop_stale_stages", "link_partitions", "mark_work", "pack_key",
            "partition_key", "plan_key", "remove_orphans", "sample_key", "stage_dir"]
 
@@ -77,6 +81,8 @@ def plan_key(cfg: PrepareConfig, sample_key: str) -> str:
     return config_hash({"samples": sample_key, **policies, "gpu": cfg.gpu_memory,
                         "cpu": cfg.cpu_memory, "device": cfg.device, "staging": cfg.staging_batches,
                         "io": cfg.io_reserve,
+                        # encoded rows: the tiers hold rows of their size (float16 and bfloat16 plan alike)
+                        **({"row_size": ROW_SIZE[cfg.rows]} if cfg.rows != "exact" else {}),
                         # a default budget's plans may be a raised one's: never a user's budget's too
                         **({"cpu_default": True} if cfg.cpu_memory_default else {})})
 
@@ -91,7 +97,8 @@ def pack_key(cfg: PrepareConfig, plan_key: str) -> str:
                             **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
                             **staleness_rule(cfg.history_ramp, cfg.history_cooldown)}
                            if cfg.history_split else {}),
-                        "k": cfg.minhash_k, "version": PACKED_VERSION, "layout": 2})
+                        "k": cfg.minhash_k, "version": PACKED_VERSION, "layout": 2,
+                        **({"rows": cfg.rows} if cfg.rows != "exact" else {})})
 
 
 # ---------------------------------------------------------------------------- the stages

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...operators.formats.rowcodec import ENCODINGS
 from ...operators.formats.store import Store
 from ...operators.options import DEVICE, QUEUE_DEPTH
 from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
@@ -43,6 +44,8 @@ class PrepareConfig(RoundOptions):
     history_split: bool = False         # choose history_memory out of cpu_memory (`flow.memsplit`): fewest disk bytes
     device: str = DEVICE                # RoundOptions' default, typed as prepare takes it: "cpu" or "cuda", never None
     check_crc: bool = True              # check the store's bytes against its checksums as they are read (no key)
+    rows: str = "exact"                 # how feature rows are held out of the model: exact, or an encoding
+                                        # (`operators.formats.rowcodec`: float16, bfloat16, int8)
 
     def validate(self) -> None:
         """Raise a `ConfigError` naming the first option that is out of range or does not apply."""
@@ -63,6 +66,14 @@ class PrepareConfig(RoundOptions):
             raise ConfigError("disk_budget", f"the {self.pipeline} pipeline packs nothing, so a disk budget does not apply")
         if self.disk_budget is not None and self.disk_budget <= 0:
             raise ConfigError("disk_budget", f"must be > 0, got {self.disk_budget}")
+        if self.rows not in ENCODINGS:
+            raise ConfigError("rows", f"expected one of {', '.join(ENCODINGS)}, got {self.rows!r}")
+        if self.rows != "exact" and not self.packing:
+            raise ConfigError("rows", f"the {self.pipeline} pipeline reads its misses from the store at train time, "
+                                      "where rows are exact; encoded rows need a pipeline that packs them")
+        if self.rows != "exact" and self.history_split:
+            raise ConfigError("rows", "the memory split (history_memory auto) weighs embeddings against exact rows; "
+                                      "give history_memory a size, or keep rows exact")
         if self.partitioner not in PARTITIONERS:
             raise ConfigError("partitioner", f"expected one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
         self.check_shuffled()
@@ -106,6 +117,7 @@ PREPARE_DEFAULTS: dict[str, Any] = {
         "parts_per_group", "group_by", "partitioner", "partition_threads", "history_select", "minhash_k",
         "neg_ratio", "neg_sampling")},
     "task": None,       # None: the pipeline's (node classification unless it says link)
+    "rows": None,       # None: the pipeline's (exact unless it names an encoding)
     "cpu_memory": DEFAULT_SHARE, "readahead": f"{READAHEAD_GIB}GiB", "queue_depth": QUEUE_DEPTH,
     "fanouts": None, "batches": None, "history_memory": None, "history_staleness": None, "history_prune": None,
     "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden, "check_crc": True,

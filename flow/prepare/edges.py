@@ -84,11 +84,12 @@ def edge_round(run: Run, s_key: str, sdir: Path, summaries: list[dict[str, Any]]
         manifest = stage.finish({"summaries": [r.summary for r in results]})
     esummaries = manifest["summaries"]
     edge_bytes = sum(int(s["accesses"]) for s in esummaries) * estore.row_bytes
-    node_bytes = sum(int(s["accesses"]) for s in summaries) * store.row_bytes
+    node_bytes = sum(int(s["accesses"]) for s in summaries) * run.row_bytes     # (encoded rows: their bytes)
     share = edge_bytes / (edge_bytes + node_bytes) if edge_bytes else 0.0
     node_budget, edge_budget = split_budgets(cfg, share, (store, summaries), (estore, esummaries))
     run.budget = node_budget
-    erun = Run(estore, ework / "packed", ework, replace(cfg, readahead=0, history_memory=0), run.refs, tok, run.quiet,
+    erun = Run(estore, ework / "packed", ework, replace(cfg, readahead=0, history_memory=0, rows="exact"), run.refs,
+               tok, run.quiet,
                budget=edge_budget,
                store_record={"path": str(store.path.resolve()), "manifest_hash": config_hash(store.manifest),
                              "table": "edge_features"})

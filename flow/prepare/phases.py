@@ -13,6 +13,7 @@ import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from ...operators.formats.packed import (
     part_name,
     samples_name,
 )
+from ...operators.formats.rowcodec import RowCodec, make_codec, rows_block
 from ...operators.formats.sizes import format_bytes
 from ...operators.formats.store import Store
 from ...operators.prepare.count import Counts, save_counts
@@ -121,6 +123,26 @@ class Run:
         """This table's CPU budget: its tiers, staging and I/O buffers (the config's unless split)."""
         return self.cfg.cpu_memory if self.budget is None else self.budget[1]
 
+    @cached_property
+    def codec(self) -> RowCodec | None:
+        """How this table's rows are held out of the model (`cfg.rows`): None for exact rows (and for the edge
+        rows, which stay exact)."""
+        if self.cfg.rows == "exact" or self.store.table_of is not None:
+            return None
+        return make_codec(self.cfg.rows, self.store.feature_dim, self.store.feature_dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row as the tiers, the packed segments and the loader hold it (encoded, or the store's)."""
+        return self.store.row_bytes if self.codec is None else self.codec.row_bytes
+
+    @property
+    def row_layout(self) -> tuple[np.dtype, int]:
+        """(dtype, width) of the rows the packed dataset holds: the store's, or encoded rows as raw bytes."""
+        if self.codec is None:
+            return self.store.feature_dtype, self.store.feature_dim
+        return np.dtype(np.uint8), self.codec.row_bytes
+
     @property
     def disk_budget(self) -> int | None:
         """This table's disk budget (None: no limit; the config's unless split)."""
@@ -195,7 +217,7 @@ def split_phase(run: Run, store_hash: str) -> None:
 
     cfg = run.cfg
     part_key = run.parts_key
-    rb = run.store.row_bytes
+    rb = run.row_bytes
     row_cost = cfg.history_dim * EMBEDDING_BYTES
     most = run.store.num_nodes * row_cost          # an embedding for every node: more is never used
     curve: list[dict[str, Any]] = []
@@ -295,7 +317,7 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     spec = TierSpec(run.gpu_memory, run.cpu_memory, cfg.device, cfg.staging_batches,
                     cfg.io_reserve, cfg.gpu_policy, cfg.cpu_policy,
                     batch_size=0 if table else cfg.batch_size, fanouts=() if table else tuple(cfg.fanouts),
-                    raise_cpu=cfg.cpu_memory_default)
+                    raise_cpu=cfg.cpu_memory_default, row_bytes=run.row_bytes)
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the
@@ -329,7 +351,8 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     (run.work / "route").mkdir(exist_ok=True)
     shutil.rmtree(run.work / EARLY, ignore_errors=True)
     packing_now = routes and cfg.packing and cfg.disk_budget is None
-    warm = warm_shard_ids(store, cfg.readahead) if packing_now and len(run.refs) > 1 else []
+    # (encoded rows are packed from a shard encoded once, in the pack pass: no early segments of its map)
+    warm = warm_shard_ids(store, cfg.readahead) if packing_now and len(run.refs) > 1 and run.codec is None else []
     route_tasks: list[Any] = []
     save_tasks: list[Any] = []
     early: Any = None
@@ -368,7 +391,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
     store, cfg = run.store, run.cfg
     store_hash, k_key = keys
     plan_stats, tiers = planned_round["plans"], planned_round["tiers"]
-    rb, num_batches = store.row_bytes, sum(r.num_batches for r in run.refs)
+    rb, num_batches = run.row_bytes, sum(r.num_batches for r in run.refs)
     miss_rows = int(np.concatenate([np.asarray(s["batch_misses"], np.int64) for s in plan_stats]).sum())
     max_batch_rows = max(int(s["max_nodes"]) for s in summaries)
     figures: dict[str, Any] = {
@@ -380,6 +403,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
         "cpu_hits": int(sum(int(s["hits"]) for s in plan_stats)),
         "misses": miss_rows, "inserts": int(sum(int(s["inserts"]) for s in plan_stats)),
         "plan_miss_bytes": miss_rows * rb, "row_bytes": rb,
+        **({"rows": rows_block(run.codec)} if run.codec is not None else {}),
         "disk_budget_bytes": run.disk_budget,
         "batch_order": cfg.batches,
         **({"memory_split": run.split} if run.split is not None else {}),
@@ -429,7 +453,8 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
             "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": cfg.pipeline,
             "config": {**cfg.describe(), "history_split": run.split is not None}, "config_hash": k_key,
             "store": run.store_record or {"path": str(store.path.resolve()), "manifest_hash": store_hash},
-            "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": rb,
+            "dtype": run.row_layout[0].name, "dim": run.row_layout[1], "row_bytes": rb,
+            **({"rows": run.codec.to_manifest()} if run.codec is not None else {}),
             "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
             "num_classes": store.num_classes, "labels": None if store.table_of is not None else "labels.npy",
             "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
@@ -490,7 +515,7 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
     each shard writing packed segments, tier rows and disk-cache rows, and the index; the part files and
     disk-cache files of the manifest, and the layout file to remove once the dataset is in place."""
     store, cfg, work, tok = run.store, run.cfg, run.work, run.tok
-    P, rb, rnd = len(store.shards), store.row_bytes, stage / ROUND_DIR
+    P, rb, rnd = len(store.shards), run.row_bytes, stage / ROUND_DIR
     num_batches = sum(r.num_batches for r in run.refs)
     pad_per_batch = P * (packed_fmt.ALIGN - 1)
     layout_path: str | None = None
@@ -526,11 +551,11 @@ def _pack_misses(run: Run, stage: Path, sample_paths: list[str], plan_paths: lis
     _check_room(run.out, base_bytes + int(part_bytes.sum()) + cache_bytes)
     early = run.early if routes is early_routes else {}      # begun while planning, on the same routes
     _announce_pack(run, int(part_bytes.sum()) + cache_bytes, sum(int(e.position) for e in early.values()))
-    tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, store.feature_dtype, store.feature_dim)
+    tier_t, cache_t = prepare_targets(stage, gpu_ids, cpu_ids, cache_nodes, *run.row_layout)
     route_paths = [x["path"] for x in routes]
     packs = compute([delayed_submit(pack_shard, str(store.path), p, route_paths, offsets[:, p], str(rnd / part_name(p)),
                                     dcache_targets=cache_t, tier_targets=tier_t, early=early.get(p),
-                                    check_crc=run.cfg.check_crc, key=f"pack-r0-p{p}-{tok}")
+                                    check_crc=run.cfg.check_crc, codec=run.codec, key=f"pack-r0-p{p}-{tok}")
                      for p in range(P)], desc="pack", disable=run.show())
     crc = np.stack([np.asarray(x["crc"]) for x in packs], axis=1)
     compute([delayed_submit(index_task, x, offsets[x["first_batch"]:x["first_batch"] + x["batches"]],

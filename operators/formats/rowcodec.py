@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BFLOAT16_ABS", "BFLOAT16_LIMIT", "BFLOAT16_REL", "DEFAULT_SCALE_MODE", "ENCODINGS", "FLOAT16_ABS",
            "FLOAT16_LIMIT", "FLOAT16_REL", "INT8_ABS", "INT8_MAX", "INT8_SLACK", "ROW_SCALE_BYTES", "SCALE_MODES",
-           "STORE_DTYPES", "RowCodec", "column_scales", "make_codec"]
+           "STORE_DTYPES", "RowCodec", "column_scales", "encode_bytes", "make_codec",
+           "rows_block"]
 
 ENCODINGS = ("exact", "float16", "bfloat16", "int8")
 SCALE_MODES = ("row", "column")         # int8: a scale per row (stored with it) or per column (in the manifest)
@@ -426,6 +427,19 @@ class RowCodec:
             scale = _step(np.abs(x.astype(np.float32)).max(axis=1, initial=0.0))
             return np.broadcast_to((scale.astype(np.float64) * (0.5 + INT8_SLACK) + INT8_ABS)[:, None], (n, self.dim))
         return np.broadcast_to(self.bound(), (n, self.dim))
+
+
+def rows_block(codec: RowCodec) -> dict[str, Any]:
+    """What a report says of an encoding: its name, a row's bytes against the store's, and their ratio."""
+    return {"encoding": codec.encoding, "row_bytes": codec.row_bytes, "exact_row_bytes": codec.exact_row_bytes,
+            "ratio": codec.ratio}
+
+
+def encode_bytes(codec: RowCodec, rows: np.ndarray, where: str = "rows", first_row: int = 0) -> np.ndarray:
+    """`codec.encode(rows)` as raw bytes, uint8 [n, codec.row_bytes]: how packed datasets hold encoded rows (every
+    copy, gather and read of the loader moves bytes; `RowCodec.decode_torch` takes them as they are)."""
+    enc = np.ascontiguousarray(codec.encode(rows, where, first_row))
+    return enc.view(np.uint8).reshape(enc.shape[0], codec.row_bytes)
 
 
 def make_codec(encoding: str, dim: int, dtype: Any = np.float32, *, scale_mode: str = DEFAULT_SCALE_MODE,

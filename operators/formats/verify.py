@@ -17,6 +17,7 @@ Any mismatch raises `InputError` naming the file, the batch and the shard (or ti
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ...errors import InputError
 from .hashing import config_hash
 from .manifest import read_manifest
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
+from .rowcodec import RowCodec, encode_bytes
 from .store import STORE_FORMAT, Store
 from .storecheck import UNCHECKED
 from .storecheck import verify_store as check_store_files
@@ -58,15 +60,32 @@ def open_store(ds: PackedDataset, store_path: str | os.PathLike[str] | None = No
                                "re-run `diskflow prepare`")
     if rec.get("table") == "edge_features":     # the edge rows' dataset: rows are the store's edges
         store = store.edge_table()
-    if store.feature_dim != ds.dim or store.feature_dtype != ds.dtype or store.num_nodes != ds.num_nodes:
+    codec = _codec(ds)
+    dim, dtype = (ds.dim, ds.dtype) if codec is None else (codec.dim, codec.dtype)
+    if store.feature_dim != dim or store.feature_dtype != dtype or store.num_nodes != ds.num_nodes:
         raise InputError(path, f"store holds {store.num_nodes} x {store.feature_dim} {store.feature_dtype}, the "
-                               f"packed dataset {ds.num_nodes} x {ds.dim} {ds.dtype}")
+                               f"packed dataset {ds.num_nodes} x {dim} {dtype}")
     if len(store.shards) != ds.num_shards:
         raise InputError(path, f"store has {len(store.shards)} shards, the packed dataset {ds.num_shards}")
     return store
 
 
-def _check_files(ds: PackedDataset, store: Store) -> int:
+def _codec(ds: PackedDataset) -> RowCodec | None:
+    """The encoding of the dataset's rows (None: the store's rows, exact)."""
+    rows = ds.manifest.get("rows")
+    return None if rows is None else RowCodec.from_manifest(rows, f"{ds.path}/manifest.json rows")
+
+
+def _reference(ds: PackedDataset, store: Store) -> Callable[[np.ndarray], np.ndarray]:
+    """The rows the dataset must hold for some ids: the store's, encoded as the dataset's are (the encoding is
+    deterministic, so an encoded pack is compared bit for bit too)."""
+    codec = _codec(ds)
+    if codec is None:
+        return store.gather
+    return lambda ids: encode_bytes(codec, store.gather(ids), f"{store.path} rows")
+
+
+def _check_files(ds: PackedDataset, store: Callable[[np.ndarray], np.ndarray]) -> int:
     """Part file sizes and disk-cache crcs; returns the disk-cache bytes checked."""
     for path, want in zip(ds.part_paths, ds.part_bytes):
         try:
@@ -86,10 +105,10 @@ def _check_files(ds: PackedDataset, store: Store) -> int:
     return checked
 
 
-def _locate(ds: PackedDataset, store: Store, g: int) -> str:
+def _locate(ds: PackedDataset, store: Callable[[np.ndarray], np.ndarray], g: int) -> str:
     """For a corrupt disk-cache file: which row differs from the store, and the first batch reading it."""
     ids = ds.dcache_ids(g)
-    same = _same(np.asarray(ds.dcache_rows(g)), store.gather(ids))
+    same = _same(np.asarray(ds.dcache_rows(g)), store(ids))
     if same.all():
         return " (rows equal the store's: the recorded crc is wrong)"
     row = int(np.flatnonzero(~same)[0])
@@ -117,11 +136,12 @@ def _explain(ds: PackedDataset, batch: int, src: np.ndarray, idx: np.ndarray, se
                              f"slot {at} differs from the store ({bad.size} rows wrong)")
 
 
-def _check_tier_rows(store: Store, rows: np.ndarray, ids: np.ndarray, path: Path, what: str) -> None:
+def _check_tier_rows(store: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, ids: np.ndarray, path: Path,
+                     what: str) -> None:
     live = np.flatnonzero(ids >= 0)
     if not live.size:
         return
-    same = _same(np.asarray(rows[live]), store.gather(ids[live]))
+    same = _same(np.asarray(rows[live]), store(ids[live]))
     if not same.all():
         k = live[np.flatnonzero(~same)[0]]
         raise InputError(path, f"content mismatch in {what}: row {int(k)} (node {int(ids[k])}) differs from the store")
@@ -169,7 +189,8 @@ def _verify(packed_path: str | os.PathLike[str], full: bool, sample_batches: int
     try:
         store = open_store(ds, store_path)
         store_check = verify_store(store.path) if check_store else None
-        dcache_bytes = _check_files(ds, store)
+        reference = _reference(ds, store)
+        dcache_bytes = _check_files(ds, reference)
         n = ds.num_batches
         if full or sample_batches >= n:
             chosen = np.ones(n, dtype=bool)
@@ -177,10 +198,11 @@ def _verify(packed_path: str | os.PathLike[str], full: bool, sample_batches: int
             chosen = np.zeros(n, dtype=bool)
             chosen[np.random.default_rng(seed).choice(n, size=max(sample_batches, 0), replace=False)] = True
         if full:
-            _check_tier_rows(store, ds.gpu_cache, ds.gpu_ids, ds.path / "gpu_cache.npy", "the GPU tier")
-            _check_tier_rows(store, ds.cpu_init, ds.cpu_ids, ds.path / "cpu_init.npy", "the CPU tier's initial rows")
+            _check_tier_rows(reference, ds.gpu_cache, ds.gpu_ids, ds.path / "gpu_cache.npy", "the GPU tier")
+            _check_tier_rows(reference, ds.cpu_init, ds.cpu_ids, ds.path / "cpu_init.npy", "the CPU tier's initial rows")
             for g in range(len(ds.dcache_files)):
-                _check_tier_rows(store, ds.dcache_rows(g), ds.dcache_ids(g), ds.dcache_path(g), f"disk-cache segment {g}")
+                _check_tier_rows(reference, ds.dcache_rows(g), ds.dcache_ids(g), ds.dcache_path(g),
+                                 f"disk-cache segment {g}")
 
         edges = ds.manifest.get("edges")
         n_ids: dict[int, np.ndarray] = {}
@@ -207,7 +229,7 @@ def _verify(packed_path: str | os.PathLike[str], full: bool, sample_batches: int
             if n_id.shape[0] != r.src.shape[0]:
                 raise InputError(ds.round_dir / "index", f"batch {r.batch}: the index covers {r.src.shape[0]} nodes, "
                                                          f"the sample {n_id.shape[0]}")
-            same = _same(feats, store.gather(n_id))
+            same = _same(feats, reference(n_id))
             if not same.all():
                 raise _explain(ds, r.batch, r.src, r.idx, r.seg_rows, r.dcache, np.flatnonzero(~same), n_id)
             compared_rows += n_id.shape[0]

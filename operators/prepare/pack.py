@@ -35,6 +35,7 @@ from ..formats.atomic import atomic_path
 from ..formats.directwrite import open_direct
 from ..formats.npyio import create_aligned_npy, load_npy, save_npy
 from ..formats.packed import ROUND_DIR, create_row_file, dcache_ids_name, dcache_name, padded, part_name
+from ..formats.rowcodec import RowCodec, encode_bytes
 from ..formats.store import FeatureShard, Store, map_shard
 from ..formats.storecheck import StoreChecks
 from ..formats.threadbuffers import thread_buffer
@@ -212,18 +213,23 @@ class _LazyShard:
     """
 
     def __init__(self, shard: FeatureShard, dtype: np.dtype, dim: int, chunk: int, resident: bool = False,
-                 checks: StoreChecks | None = None) -> None:
+                 checks: StoreChecks | None = None, codec: RowCodec | None = None) -> None:
         self.shard, self.dtype, self.dim, self.chunk, self.resident = shard, dtype, dim, chunk, resident
-        self.checks = checks
+        self.checks, self.codec = checks, codec
         self.bytes_read = 0
         self._rows: np.ndarray | None = None
 
     def rows(self) -> np.ndarray:
+        """The shard's rows: as stored, or with a `codec`, encoded (raw bytes, `rowcodec.encode_bytes`), encoded
+        once for every segment and tier row the pass writes."""
         if self._rows is None:
-            self._rows, self.bytes_read = _shard_rows(self.shard, self.dtype, self.dim, self.chunk, self.resident)
+            rows, self.bytes_read = _shard_rows(self.shard, self.dtype, self.dim, self.chunk, self.resident)
             if self.checks is not None:     # from the bytes just read (or mapped): checked as they are read
-                self.checks.check_view(self.shard.path, self.shard.offset, self._rows,
+                self.checks.check_view(self.shard.path, self.shard.offset, rows,
                                        f"prepare's pack pass, shard {self.shard.index}")
+            if self.codec is not None:
+                rows = encode_bytes(self.codec, rows, str(self.shard.path), self.shard.row_start)
+            self._rows = rows
         return self._rows
 
 
@@ -414,7 +420,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
                seg_offsets: np.ndarray, part_path: str | os.PathLike[str], *,
                dcache_targets: Sequence[RowTarget] | None = None, tier_targets: Sequence[RowTarget] | None = None,
                row_bytes: int | None = None, read_chunk: int = READ_CHUNK, write_buffer: int = WRITE_BUFFER,
-               early: EarlyPart | None = None, check_crc: bool | None = None) -> dict[str, Any]:
+               early: EarlyPart | None = None, check_crc: bool | None = None,
+               codec: RowCodec | None = None) -> dict[str, Any]:
     """The batched packing task of shard p: read the shard once, write part-p.bin and its target rows.
 
     Args:
@@ -432,6 +439,8 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
             appended to that file, which is then moved to `part_path` (same file system).
         check_crc: check the shard's bytes against the store's checksums as they are read (default: on,
             unless ``DISKFLOW_STORE_CRC=0``).
+        codec: write the rows encoded (`rowcodec.RowCodec`: segments and target rows of its `row_bytes`);
+            None: as stored.
 
     Returns:
         ``{"shard", "crc" (int64 [n], crc32 per segment), "rows", "bytes_read" (raw shard bytes),
@@ -442,9 +451,11 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     store = Store(store_path, check_crc=check_crc)
     if not 0 <= p < len(store.shards):
         raise ValueError(f"shard {p} out of range: the store has {len(store.shards)} shards")
-    rb = store.row_bytes
+    rb = store.row_bytes if codec is None else codec.row_bytes
     if row_bytes is not None and row_bytes != rb:
         raise ValueError(f"row_bytes {row_bytes} does not match the store's {rb}")
+    if codec is not None and early is not None:
+        raise ValueError(f"shard {p}: encoded rows are packed in one pass, not appended to a part begun early")
     offsets = np.asarray(seg_offsets, dtype=np.int64)
     col = offsets[:, p] if offsets.ndim == 2 else offsets
     n = col.shape[0]
@@ -452,7 +463,7 @@ def pack_shard(store_path: str | os.PathLike[str], p: int, route_paths: Sequence
     if early is not None:
         release_early_maps(Path(early.path).parent, p)     # this process's map of it from `pack_early`
     feats = _LazyShard(shard, store.feature_dtype, store.feature_dim, read_chunk, resident=early is not None,
-                       checks=store.checks)
+                       checks=store.checks, codec=codec)
 
     crc = np.zeros(n, dtype=np.int64)
     part = Path(part_path)
