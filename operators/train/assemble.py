@@ -54,7 +54,7 @@ class BatchAssembly:
     ds: PackedDataset
     path: Path
     device: torch.device
-    dim: int
+    row_dim: int                          # a stored row's width: the features', or an encoded row's bytes
     dtype: np.dtype
     row_bytes: int
     gpu: Any
@@ -185,12 +185,12 @@ class BatchAssembly:
             raise RuntimeError("the loader's CPU-tier buffer is not allocated (is the loader closed?)")
         per = max(1, tier.nbytes // self.row_bytes)
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            x = torch.empty((n, self.dim), dtype=dtype, device=self.device)
+            x = torch.empty((n, self.row_dim), dtype=dtype, device=self.device)
             if gpos.size:
                 x.index_copy_(0, self._to_device(gpos), gpu.index_select(0, self._to_device(rec.idx[gpos])))
             for a in range(0, cpos.size, per):
                 sel = cpos[a:a + per]
-                host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.dim)
+                host = tier[:sel.size * self.row_bytes].view(self.dtype).reshape(-1, self.row_dim)
                 copy_rows(host, np.arange(sel.size, dtype=np.int64), self.cpu,
                                   np.ascontiguousarray(rec.idx[sel], np.int64))
                 x.index_copy_(0, self._to_device(sel), self._to_device(host))

@@ -81,7 +81,7 @@ class BatchLoad:
 
     ds: PackedDataset
     path: Path
-    dim: int
+    row_dim: int                          # a stored row's width (an encoded row: its bytes)
     dtype: np.dtype
     row_bytes: int
     memory: dict[str, Any]
@@ -162,7 +162,7 @@ class BatchLoad:
         specs += [("dcache", dpos[a:a + per_piece]) for a in range(0, dpos.size, per_piece)]
         specs += [("store", spos[a:a + per_piece]) for a in range(0, spos.size, per_piece)]
         if not specs:
-            yield Piece(g, rec, None, np.zeros((0, self.dim), self.dtype), np.zeros(0, np.int64), True, True, yield_it)
+            yield Piece(g, rec, None, np.zeros((0, self.row_dim), self.dtype), np.zeros(0, np.int64), True, True, yield_it)
             return
         for i, (kind, what) in enumerate(specs):
             buf = take()
@@ -171,7 +171,7 @@ class BatchLoad:
                 pos, nbytes = self._read_packed(g, rec, what, buf, segments, packed_pos, first_row, rows_k)
             else:
                 pos, nbytes = what, what.size * rb
-            rows = buf[:nbytes].view(self.dtype).reshape(-1, self.dim)
+            rows = buf[:nbytes].view(self.dtype).reshape(-1, self.row_dim)
             if kind == "dcache":
                 path = self.ds.dcache_path(rec.dcache)
                 try:
@@ -249,7 +249,7 @@ class BatchLoad:
             self._read(handles[sel], start[sel], length[sel], bounce, dst, g)
             first = (dst + offsets[sel] - start[sel]) // isz
             elems = bounce.view(self.dtype)
-            out[sel] = elems[first[:, None] + np.arange(self.dim)[None, :]]
+            out[sel] = elems[first[:, None] + np.arange(self.row_dim)[None, :]]
             i = j
         for h in np.unique(handles[tail]).tolist():     # per shard: the rows in its last, partial page
             sel = np.flatnonzero(tail & (handles == h))

@@ -56,6 +56,7 @@ from ...native.reader import aligned_empty
 from ..formats.npyio import read_into
 from ..formats.packed import PackedDataset
 from ..formats.packedindex import IndexRecord
+from ..formats.rowcodec import RowCodec
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts
@@ -136,7 +137,12 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.queue_depth = queue_depth
         self.pipelined = bool(pipelined)
         self.check_crc = bool(check_crc)
-        self.dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
+        # rows as the dataset holds them (`row_dim` wide: encoded rows are raw bytes), and the features' width
+        # `dim` once decoded (`codec`, which the assembled batch is decoded with on the device that trains)
+        self.row_dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
+        rows = self.ds.manifest.get("rows")
+        self.codec = None if rows is None else RowCodec.from_manifest(rows, f"{self.path}/manifest.json rows")
+        self.dim = self.row_dim if self.codec is None else self.codec.dim
         self.memory = memory_plan(self.ds, self.device, queue_depth, not self.pipelined)
         # the edge rows' part of the budgets, as prepare split them (`flow.prepare.edges`); the rest is the nodes'
         edges = self.ds.manifest.get("edges")
@@ -165,7 +171,7 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self._pins = PinnedBuffers(self.device)
         self._buffers: list[np.ndarray] = []
         # Pooled batch feature matrices: each lent to one batch until the consumer gives it back (`release`).
-        self.pool = MatrixPool(self.dim, self.dtype, self.memory)
+        self.pool = MatrixPool(self.row_dim, self.dtype, self.memory)
         self._bounce: np.ndarray | None = None
         self._tier_buffer: np.ndarray | None = None
         self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
@@ -383,7 +389,12 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
                                                           f"sample has {s.n_id.shape[0]} nodes")
         if rec.insert_pos.size:
             self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
-        self.pool.lend(x)
+        if self.codec is not None:      # decoded where it was assembled; the encoded matrix goes back at once
+            encoded, x = x, self.codec.decode_torch(x)
+            self.pool.lend(encoded)
+            self.pool.release(encoded)
+        else:
+            self.pool.lend(x)
         if self.rows_only:
             return x
         return batch_data(cast(Sample, s), x, cast(torch.Tensor, y))

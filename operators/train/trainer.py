@@ -32,6 +32,7 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ..formats.hashing import config_hash
+from ..formats.rowcodec import rows_block
 from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig, check_model_identity
@@ -318,9 +319,12 @@ class _Run:
             "config": {**cfg.as_json(), "device": str(self.dev), "optimizer": optimizer,
                        "torch_threads": torch.get_num_threads(), "packed": str(loader.path)},
             "dataset": {"packed": str(loader.path), "store": str(st.path) if st else None,
-                        "nodes": loader.ds.num_nodes, "dim": loader.dim, "dtype": str(loader.dtype),
+                        "nodes": loader.ds.num_nodes, "dim": loader.dim,
+                        "dtype": str(loader.dtype if loader.codec is None else loader.codec.dtype),
                         "num_classes": loader.num_classes, "batches": loader.num_batches,
-                        "feature_bytes": loader.ds.num_nodes * loader.row_bytes, "splits": splits,
+                        "feature_bytes": loader.ds.num_nodes * (loader.row_bytes if loader.codec is None
+                                                                else loader.codec.exact_row_bytes), "splits": splits,
+                        **({"rows": rows_block(loader.codec)} if loader.codec is not None else {}),
                         **({"edge_dim": loader.edges.dim, "edge_feature_bytes": loader.edges.ds.num_nodes
                             * loader.edges.row_bytes} if loader.edges is not None else {}),
                         "note": self.store_note},
