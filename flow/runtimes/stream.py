@@ -74,7 +74,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         cache: str = StreamConfig.cache, batches_per_step: int = TrainConfig.batches_per_step,
         tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         task: str = TrainConfig.task, neg_ratio: float = TrainConfig.neg_ratio,
-        neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
+        neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k,
+        rows: str = StreamConfig.rows) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -121,6 +122,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
             shared memory of their pooled `cpu_memory`, planned by Belady over the merged stream, which
             the workers follow by taking turns at it, `operators.train.shared_tier`).
         batches_per_step: consecutive batches of a superbatch whose mean gradient makes one step.
+        rows: how the node rows are held in the tiers and bundles: ``"exact"``, or an encoding
+            (`operators.formats.rowcodec.ENCODINGS`), decoded as each batch is assembled on the GPU worker.
         tls_ca_file, tls_cert, tls_key: a ``tls://`` scheduler's security (Dask's
             ``distributed.comm.tls`` config is used when not given).
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
@@ -136,8 +139,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     hist = history_options(history_memory, hidden, st.feature_bytes, staleness=history_staleness,
                            prune=history_prune, ramp=history_ramp, cooldown=history_cooldown)
     memory = hist["history_memory"]
-    rows = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
-    if hist["history_memory"] and rows == 0:
+    embeddings = history_rows(memory, hidden) if isinstance(memory, int) and memory else 0
+    if hist["history_memory"] and embeddings == 0:
         raise ConfigError("history_memory", f"{hist['history_memory']:,} bytes hold no embedding of {hidden} "
                                             f"{EMBEDDING_DTYPE} values")
     rdir = Path(run_dir)
@@ -155,7 +158,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
                               threads=threads, store=str(st.path.resolve()),
                               label_prior=label_shares(st.labels[st.split_ids("train")], st.num_classes)
-                              if batches == "partition" else None, history_rows=min(rows, st.num_nodes),
+                              if batches == "partition" else None, history_rows=min(embeddings, st.num_nodes),
                               batches_per_step=batches_per_step, task=task, neg_ratio=neg_ratio,
                               neg_sampling=neg_sampling, hits_k=hits_k)
     cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
@@ -165,8 +168,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,
-                       history_rows=rows, history_select=history_select, **rule, gpus=gpus, cache=cache,
-                       task=task, neg_ratio=neg_ratio, neg_sampling=neg_sampling)
+                       history_rows=embeddings, history_select=history_select, **rule, gpus=gpus, cache=cache,
+                       task=task, neg_ratio=neg_ratio, neg_sampling=neg_sampling, rows=rows)
     cfg.validate()
     if gpus == 0 and not scheduler:
         gpus = 1                # --gpus all on the embedded cluster: the one GPU worker it starts

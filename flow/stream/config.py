@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import ConfigError, DiskflowError
 from ...operators.formats.hashing import config_hash
+from ...operators.formats.rowcodec import ENCODINGS
 from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_RAMP, DEFAULT_STALENESS
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.round import RoundOptions
@@ -27,7 +28,7 @@ class StreamStopped(DiskflowError):
 _LATER: dict[str, Any] = {"batches": "shuffled", "partitions": None, "parts_per_group": PARTS_PER_GROUP,
                           "group_by": "label", "history_rows": 0, "history_staleness": DEFAULT_STALENESS,
                           "history_select": "accesses", "history_prune": "subtree", "gpus": 1, "cache": "per-worker",
-                          "history_ramp": DEFAULT_RAMP, "history_cooldown": DEFAULT_COOLDOWN}
+                          "history_ramp": DEFAULT_RAMP, "history_cooldown": DEFAULT_COOLDOWN, "rows": "exact"}
 CACHES = ("per-worker", "shared")    # how the CPU tiers of several GPU workers are planned
 
 
@@ -64,6 +65,7 @@ class StreamConfig(RoundOptions):
     cache: str = "per-worker"           # their CPU tiers: each its own over its own accesses, or one shared
                                         # (one machine's GPU workers) over the merged stream
     group_timeout_s: float = 600.0      # how long a data-parallel step waits for the other GPU workers
+    rows: str = "exact"                 # how feature rows are held in the tiers and bundles (`rowcodec.ENCODINGS`)
 
     def validate(self) -> None:
         self.check_round()
@@ -87,6 +89,8 @@ class StreamConfig(RoundOptions):
         if self.gpus > 1 and self.history_rows:
             raise ConfigError("history_memory", "a historical embedding cache is planned for one model's order of "
                                                 "batches; it trains on one GPU worker (gpus=1)")
+        if self.rows not in ENCODINGS:
+            raise ConfigError("rows", f"expected one of {', '.join(ENCODINGS)}, got {self.rows!r}")
         if self.cache not in CACHES:
             raise ConfigError("cache", f"expected one of {', '.join(CACHES)}, got {self.cache!r}")
         if not self.group_timeout_s > 0:

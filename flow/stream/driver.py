@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import ConfigError, DiskflowError
 from ...operators.formats.hashing import config_hash
+from ...operators.formats.rowcodec import make_codec
 from ...operators.formats.store import Store, table_locator
 from ...operators.prepare.seeds import BatchOrder, parts_fingerprint
 from ...operators.prepare.superbatch import lane_layout, round_layout
@@ -245,7 +246,9 @@ class StreamRun:
                      [(lane.run, lane.gpu_addr) for lane in self.lanes])
         self.prep = Preparation(self.place, self.cfg, self.refs, self.lanes, self.planner, self.graph, self.store_path,
                                 self.tok, self.start, self._submit_trains,
-                                0 if self.store.edge_features is None else self.store.edge_features.num_rows)
+                                0 if self.store.edge_features is None else self.store.edge_features.num_rows,
+                                None if self.cfg.rows == "exact" else
+                                make_codec(self.cfg.rows, self.store.feature_dim, self.store.feature_dtype))
         self._open_bars()
         try:
             if self.gpus > 1:

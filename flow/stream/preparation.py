@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ...operators.formats.rowcodec import RowCodec
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.superbatch import SuperbatchRef
 from ..graph import PrepGraph, TierSpec
@@ -53,14 +54,15 @@ class Preparation:
         on_shipped: called with a lane whose next share may be trained (shipped, or empty).
         edge_rows: the rows of the store's edge features, whose reads each lane plans on a chain of its own
             (`lanes.EdgeLane`); 0: the store has none.
+        codec: the node rows' encoding in the tiers and bundles (None: exact).
     """
 
     def __init__(self, place: Placement, cfg: StreamConfig, refs: list[SuperbatchRef], lanes: list[Lane],
                  planner: Lane | None, graph: PrepGraph, store_path: str, tok: str, start: int,
-                 on_shipped: Callable[[Lane], None], edge_rows: int = 0) -> None:
+                 on_shipped: Callable[[Lane], None], edge_rows: int = 0, codec: RowCodec | None = None) -> None:
         self.place, self.cfg, self.refs, self.lanes, self.planner = place, cfg, refs, lanes, planner
         self.graph, self.store_path, self.tok, self.start, self.on_shipped = graph, store_path, tok, start, on_shipped
-        self.edge_rows = edge_rows
+        self.edge_rows, self.codec = edge_rows, codec
         self.n, self.gpus, self.shared = len(refs), len(lanes), planner is not None
         self.samples: dict[int, Any] = {}       # the superbatches' samples (every lane's source)
         self.final_ids: dict[int, Any] = {}     # shared tier: k -> the tier plan k leaves (checkpoints)
@@ -178,7 +180,8 @@ class Preparation:
         edges = None if e is None else (e.table, self.edge_sample(lane, k), e.f["plan"][k], e.header)
         pack = self.place.watched(c.submit(
             pack_task, self.store_path, r, self.lane_sample(lane, k), plan, lane.header, k,
-            self.cfg.stage, lane.run, share, edges, key=f"pack-{r.key}{suffix}-{lane.tok}", **self.place.cpu(k)),
+            self.cfg.stage, lane.run, share, edges, self.codec, key=f"pack-{r.key}{suffix}-{lane.tok}",
+            **self.place.cpu(k)),
             "pack", k, lane.rank)
         lane.f["ship"][k] = self.place.watched(c.submit(
             ship_task, lane.run, pack, self.start, lane.ship_base, key=f"ship-{r.key}{suffix}-{lane.tok}",
@@ -214,11 +217,13 @@ class Preparation:
         cfg = self.cfg
         device = "cuda" if device_name.startswith("cuda") else "cpu"
         spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                        cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts))
+                        cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts),
+                        row_bytes=0 if self.codec is None else self.codec.row_bytes)
         config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
                   "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": device_name,
-                  "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches}
+                  "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches,
+                  **({"rows": cfg.rows} if cfg.rows != "exact" else {})}
         if self.gpus > 1:
             config.update(gpus=self.gpus, cache=cfg.cache, lane=0)
         if self.planner is not None:        # one tier of every worker's share of the budget, planned once
@@ -254,10 +259,10 @@ class Preparation:
                                                                     "cpu_memory": e.split.edges.cpu_memory},
                                     lane.round_batches, cfg.epochs, key=f"header-{lane.tok}e", **kw)
             lane.header = c.submit(header_task, self.store_path, lane.tiers, config, lane.round_batches, cfg.epochs,
-                                   None if e is None else e.split.entry, key=f"header-{lane.tok}", **kw)
+                                   None if e is None else e.split.entry, self.codec, key=f"header-{lane.tok}", **kw)
             base = c.submit(pack_base_task, self.store_path, lane.tiers, self.cfg.stage, lane.run,
                             not self.shared or lane.rank == 0,      # a shared tier's rows: rank 0 fills it
-                            None if e is None else (e.table, e.tiers), key=f"pack-base-{lane.tok}", **kw)
+                            None if e is None else (e.table, e.tiers), self.codec, key=f"pack-base-{lane.tok}", **kw)
             lane.ship_base = self.place.watched(c.submit(ship_task, lane.run, base, self.start, key=f"ship-base-{lane.tok}",
                                                   **on_gpu(lane, self.place.ship_priority(-1), 0)), "ship-base", -1,
                                          lane.rank)

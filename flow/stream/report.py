@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ...operators.formats.rowcodec import rows_block
 from ...operators.train.record import final_block
 
 __all__ = ["stream_report"]
@@ -34,7 +35,9 @@ def stream_report(run: Any, wall0: float, summary: dict[str, Any], usage: dict[s
                     "dtype": str(run.store.feature_dtype), "num_classes": run.store.num_classes,
                     "batches": run.round_batches, "superbatches": run.n,
                     "feature_bytes": run.store.feature_bytes,
-                    **({"edge_dim": run.store.edge_features.dim} if run.store.edge_features is not None else {})},
+                    **({"edge_dim": run.store.edge_features.dim} if run.store.edge_features is not None else {}),
+                    **({"rows": rows_block(run.prep.codec)} if getattr(run, "prep", None) is not None
+                       and run.prep.codec is not None else {})},
         "epochs": run.results.records,
         "final": final_block(run.results.records),
         "stage_s": {k: sum(r["stage_s"].get(k, 0.0) for r in run.results.records)

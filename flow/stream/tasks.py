@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...operators.formats.packed import EDGE_ROWS
+from ...operators.formats.rowcodec import RowCodec
 from ...operators.formats.store import Store, open_table
 from ...operators.prepare.edgerows import edge_samples_bytes
 from ...operators.prepare.superbatch import SuperbatchRef
@@ -61,12 +62,12 @@ def _local_tmp() -> str | None:
 
 
 def header_task(store_path: str, tiers: Tiers, config: dict[str, Any], round_batches: int, epochs: int,
-                edges: dict[str, Any] | None = None) -> dict[str, Any]:
+                edges: dict[str, Any] | None = None, codec: RowCodec | None = None) -> dict[str, Any]:
     """The manifest fields every superbatch directory of the stream shares (`stream_header`), once the tiers are
     known; `store_path` may name a row table (the edge rows'); `edges`: the manifest's entry of the edge rows
-    the superbatches carry (`EdgeSplit.entry`)."""
+    the superbatches carry (`EdgeSplit.entry`); `codec`: the rows are encoded."""
     header = stream_header(open_table(store_path), config, tiers.figures["gpu_rows"], tiers.figures["cpu_rows"],
-                           round_batches, epochs)
+                           round_batches, epochs, codec)
     if edges is not None:
         header["edges"] = edges
     return header
@@ -115,7 +116,7 @@ def edge_split_task(store_path: str, edge_table: str, first: list[SampleResult],
              "row_bytes": table.row_bytes, "rows": table.num_nodes, "read_share": share, "gpu_memory": gpu_e,
              "cpu_memory": cpu_e, "disk_budget": None}
     return EdgeSplit(replace(spec, gpu_memory=gpu_n, cpu_memory=cpu_n),
-                     replace(spec, gpu_memory=gpu_e, cpu_memory=cpu_e, batch_size=0, fanouts=()), entry)
+                     replace(spec, gpu_memory=gpu_e, cpu_memory=cpu_e, batch_size=0, fanouts=(), row_bytes=0), entry)
 
 
 def select_task(sample: SampleResult, rank: int, world: int) -> SampleResult:
@@ -152,14 +153,15 @@ def join_group_task(job: str, group: str, host: str, port: int, rank: int, world
 
 def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanResult, header: dict[str, Any],
               index: int, stage: str | None, run: str, share: tuple[int, int, int] | None = None,
-              edges: tuple[str, SampleResult, PlanResult, dict[str, Any]] | None = None) -> Bundle:
+              edges: tuple[str, SampleResult, PlanResult, dict[str, Any]] | None = None,
+              codec: RowCodec | None = None) -> Bundle:
     """The stream's sink of the preparation graph: route and pack one superbatch into a bundle.
 
     `share` (rank, world, the superbatch's first batch in the round): a GPU worker's share of a
     superbatch planned for a CPU tier the workers share (``--cache shared``): `sample` holds its
     batches, `plan` the whole superbatch's, of which its batches' plans are packed, each numbered in
     the merged stream. `edges` (the edge table, its samples, plan and header): the superbatch's edge
-    rows, packed from their own plan into the bundle's ``edges/``."""
+    rows, packed from their own plan into the bundle's ``edges/``. `codec`: the node rows packed encoded."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/{ref.key}" if stage else None
     if sample.data is None:      # the stream keeps its samples in memory (`graph.sample_task` without out_path)
@@ -171,8 +173,8 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
         plans, final = plans[rank::world], None
         order = [first + i for i in range(rank, len(plan.batches), world)]
     bundle = pack_superbatch(store, ref, sample.data, plans, header, final_cache=final,
-                             stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order)
-    read = int(bundle.meta["figures"]["packed_rows"]) * int(header["row_bytes"])    # rows gathered from the store
+                             stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order, codec=codec)
+    read = int(bundle.meta["figures"]["packed_rows"]) * Store(store).row_bytes     # rows gathered from the store
     if edges is not None:
         table, esample, eplan, eheader = edges
         if esample.data is None:
@@ -191,12 +193,12 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
 
 
 def pack_base_task(store: str, tiers: Tiers, stage: str | None, run: str, cpu_rows: bool = True,
-                   edges: tuple[str, Tiers] | None = None) -> Bundle:
+                   edges: tuple[str, Tiers] | None = None, codec: RowCodec | None = None) -> Bundle:
     """The base bundle of a lane: its tiers' ids and rows (`cpu_rows` False: no CPU-tier rows, `pack_base`);
     `edges` (the edge table and its tiers): the edge rows' tiers too, under ``edges/``."""
     t0 = time.time()
     url = f"{stage.rstrip('/')}/{run}/base" if stage else None
-    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, cpu_rows=cpu_rows)
+    bundle = pack_base(store, tiers.gpu_ids, tiers.cpu_ids, url=url, cpu_rows=cpu_rows, codec=codec)
     read = _tier_bytes(tiers, cpu_rows, Store(store).row_bytes)
     if edges is not None:
         table, etiers = edges

@@ -41,6 +41,7 @@ from ..formats.npyio import aligned_npy_bytes, npy_bytes
 from ..formats.packed import PACKED_FORMAT, PACKED_VERSION, ROUND_DIR, index_name, part_name, samples_name
 from ..formats.packedindex import index_bytes
 from ..formats.plan import BatchPlan
+from ..formats.rowcodec import RowCodec, encode_bytes
 from ..formats.samples import read_n_ids
 from ..formats.store import Store, open_table
 from ..prepare.route import RouteFile, route_superbatch, segment_offsets
@@ -147,9 +148,12 @@ def sample_n_ids(data: bytes | np.ndarray, key: str = "") -> list[np.ndarray]:
 # ---------------------------------------------------------------------------- the shared header
 
 def stream_header(store: Store, config: dict[str, Any], gpu_rows: int, cpu_rows: int, round_batches: int,
-                  epochs: int) -> dict[str, Any]:
-    """The manifest fields every superbatch directory of a streamed run shares (the round's shape)."""
+                  epochs: int, codec: RowCodec | None = None) -> dict[str, Any]:
+    """The manifest fields every superbatch directory of a streamed run shares (the round's shape); `codec`: its
+    rows are encoded (raw bytes of `codec.row_bytes`)."""
     table = store.table_of       # a table of rows alone (the edge rows'): no graph, no labels
+    rows = {} if codec is None else {"dtype": "uint8", "dim": codec.row_bytes, "row_bytes": codec.row_bytes,
+                                     "rows": codec.to_manifest()}
     return {
         "format": PACKED_FORMAT, "version": PACKED_VERSION, "pipeline": "streaming",
         "config": {**config, "packing": True}, "config_hash": config_hash(config),
@@ -160,6 +164,7 @@ def stream_header(store: Store, config: dict[str, Any], gpu_rows: int, cpu_rows:
         "num_classes": store.num_classes, "labels": "labels.npy",
         "tiers": {"gpu_rows": int(gpu_rows), "cpu_rows": int(cpu_rows), "cpu_policy": config.get("cpu_policy")},
         "round": {"epochs": int(epochs), "batches": int(round_batches)},
+        **rows,
     }
 
 
@@ -178,7 +183,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
                     plans: Sequence[BatchPlan], header: dict[str, Any], *, final_cache: np.ndarray | None = None,
                     stream_index: int | None = None, url: str | None = None,
                     tmp_dir: str | os.PathLike[str] | None = None,
-                    global_batches: Sequence[int] | None = None) -> Bundle:
+                    global_batches: Sequence[int] | None = None, codec: RowCodec | None = None) -> Bundle:
     """Route and pack one superbatch into a bundle holding a one-superbatch packed dataset.
 
     Args:
@@ -195,6 +200,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
         tmp_dir: where the routing scratch file goes (default: the system's temp dir).
         global_batches: the batches' numbers in the merged stream of several GPU workers that share
             one CPU tier (``--cache shared``: the order in which they take turns at it).
+        codec: pack the rows encoded (`rowcodec.encode_bytes`, each shard's needed rows encoded once).
 
     Returns:
         The bundle; ``meta["figures"]`` holds packed rows and bytes and the hits per tier.
@@ -203,7 +209,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
     n_ids = sample_n_ids(samples, ref.key)
     if len(n_ids) != ref.num_batches:
         raise InputError(f"samples of {ref.key}", f"{len(n_ids)} batches, the round layout says {ref.num_batches}")
-    P, rb = len(store.shards), store.row_bytes
+    P, rb = len(store.shards), store.row_bytes if codec is None else codec.row_bytes
     with tempfile.TemporaryDirectory(prefix="diskflow-pack-", dir=tmp_dir) as d:
         routed = route_superbatch(ref.key, n_ids, plans, None, ref.round_first_batch, store.shard_rows, P,
                                   Path(d) / "route.npz", epoch=ref.epoch)
@@ -217,6 +223,9 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
                 buf = np.zeros(int(part_bytes[p]), np.uint8)
                 if buf.size:
                     local, feats = _local(store, p, route.shard_ids(p)), store.shard_array(p)
+                    if codec is not None:     # the shard's rows this superbatch packs, encoded, in segment order
+                        feats = encode_bytes(codec, feats[local], str(store.shards[p].path))
+                        local = np.arange(local.shape[0], dtype=np.int64)
                     ends = np.cumsum(seg_rows[:, p])
                     for j in np.flatnonzero(seg_rows[:, p]):     # one gather per (batch, shard) segment
                         n = int(seg_rows[j, p])
@@ -249,7 +258,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
 
 
 def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: np.ndarray, *,
-              url: str | None = None, cpu_rows: bool = True) -> Bundle:
+              url: str | None = None, cpu_rows: bool = True, codec: RowCodec | None = None) -> Bundle:
     """The base bundle: GPU-tier rows, the CPU tier at the stream's start (-1: empty slot), labels (none for a
     row table, `formats.store.table_locator`).
 
@@ -258,20 +267,22 @@ def pack_base(store_path: str | os.PathLike[str], gpu_ids: np.ndarray, cpu_ids: 
     `cpu_ids` is the CPU tier where the stream starts: the round-start tier, or on resume the
     tier a checkpoint saved (its rows are the store's rows of those ids, re-read here).
     `cpu_rows` False: the tier's ids only, its rows left out (``cpu_init.npy`` holds none): a GPU
-    worker whose CPU tier another worker fills (``--cache shared``, ranks but 0).
+    worker whose CPU tier another worker fills (``--cache shared``, ranks but 0). `codec`: the rows encoded.
     """
     store = open_table(store_path)
     files: dict[str, np.ndarray] = {}
+    width, dtype = (store.feature_dim, store.feature_dtype) if codec is None else (codec.row_bytes, np.dtype(np.uint8))
     for ids_name, rows_name, ids in (("gpu_ids.npy", "gpu_cache.npy", gpu_ids), ("cpu_ids.npy", "cpu_init.npy", cpu_ids)):
         ids = np.asarray(ids, np.int64)
         if rows_name == "cpu_init.npy" and not cpu_rows:
             files[ids_name] = npy_bytes(ids)
-            files[rows_name] = aligned_npy_bytes(np.zeros((0, store.feature_dim), store.feature_dtype))
+            files[rows_name] = aligned_npy_bytes(np.zeros((0, width), dtype))
             continue
-        rows = np.zeros((ids.shape[0], store.feature_dim), store.feature_dtype)
+        rows = np.zeros((ids.shape[0], width), dtype)
         held = np.flatnonzero(ids >= 0)
         if held.size:
-            rows[held] = store.gather(ids[held])
+            got = store.gather(ids[held])
+            rows[held] = got if codec is None else encode_bytes(codec, got, f"{store.path} rows")
         files[ids_name], files[rows_name] = npy_bytes(ids), aligned_npy_bytes(rows)
     if store.table_of is None:
         files["labels.npy"] = npy_bytes(np.asarray(store.labels, dtype=np.int64))
