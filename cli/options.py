@@ -24,7 +24,7 @@ from ..config import (
 from ..errors import ConfigError
 from ..sizes import parse_bytes
 
-__all__ = ["HISTORY_FLAGS", "add_history_arguments", "add_task_arguments", "add_tls_arguments", "argparse_type", "byte_size",
+__all__ = ["HISTORY_FLAGS", "ROWS_HELP", "add_history_arguments", "add_rows_argument", "add_task_arguments", "add_tls_arguments", "argparse_type", "byte_size",
            "float_at_least", "integer", "parse_batches", "parse_choice", "parse_float",
            "parse_history_flags", "parse_history_rule", "parse_int", "positive_int"]
 
@@ -161,6 +161,18 @@ def parse_history_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The history flags given (not None) in `args`, parsed: `diskflow run`'s."""
     return {name: parse(flag, getattr(args, name)) for name, (flag, _, parse, _) in HISTORY_FLAGS.items()
             if getattr(args, name, None) is not None}
+
+
+ROWS_HELP = ("how feature rows are held in the tiers and packed segments: exact (the store's rows, bit for bit), or "
+             "encoded in fewer bytes, float16, bfloat16 or int8 (a scale per row), decoded as each batch is "
+             "assembled (default: the pipeline's, exact)")
+
+
+def add_rows_argument(parser: argparse.ArgumentParser) -> None:
+    """``--rows`` (default: the pipeline's)."""
+    from ..config import ENCODINGS
+
+    parser.add_argument("--rows", choices=ENCODINGS, default=None, help=ROWS_HELP)
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, neg_ratio: float, neg_sampling: str) -> None:

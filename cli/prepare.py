@@ -9,6 +9,7 @@ from ..runs import SPLIT_PLOT, describe_split, describe_staleness
 from ..sizes import byte_budget, format_bytes
 from .options import (
     add_history_arguments,
+    add_rows_argument,
     add_task_arguments,
     add_tls_arguments,
     integer,
@@ -85,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hidden", type=integer("--hidden"), default=d["hidden"],
                    help="the model's hidden channels, the width of the cached embeddings (default %(default)s)")
     add_task_arguments(p, d["neg_ratio"], d["neg_sampling"])
+    add_rows_argument(p)
     p.add_argument("--minhash-k", type=integer("--minhash-k"), default=d["minhash_k"],
                    help="MinHash functions (default %(default)s)")
     p.add_argument("--no-crc", dest="check_crc", action="store_false",
@@ -140,6 +142,10 @@ def _run(args: argparse.Namespace) -> int:
         ("disk used", format_bytes(f.get("disk_used_bytes", 0)) + (
             f" of {format_bytes(f['disk_budget_bytes'])} budget" if f.get("disk_budget_bytes") else "")),
     ]
+    enc = f.get("rows")
+    if enc is not None:         # encoded rows: every row the tiers hold and the segments pack is this size
+        rows.insert(1, ("rows", (f"{enc['encoding']}: {enc['row_bytes']} B a row against {enc['exact_row_bytes']} B "
+                                 f"exact ({enc['ratio']:.2f}x fewer bytes), decoded as each batch is assembled")))
     if f.get("segment_size"):
         rows.append(("disk cache", f"segments of {f['segment_size']} batches, {f.get('dcache_rows', 0):,} row reads"))
     if f.get("early_rows") and f.get("packed_rows"):

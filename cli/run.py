@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import load_pipeline
 from ..config import (
+    ENCODINGS,
     NEG_SAMPLINGS,
     PREPARE_DEFAULTS,
     RUN_DEFAULTS,
@@ -39,6 +40,7 @@ from ..runs import (
 )
 from .options import (
     HISTORY_FLAGS,
+    ROWS_HELP,
     add_history_arguments,
     parse_batches,
     parse_choice,
@@ -102,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--neg-sampling", metavar="HOW", help="link task: a negative pair's ends drawn uniform(ly) or in "
                                                          f"proportion to in-degree (degree) (default {d.neg_sampling})")
     p.add_argument("--hits-k", metavar="K", help=f"link task: the K of the Hits@K evaluation reports (default {d.hits_k})")
+    p.add_argument("--rows", metavar="ENC", help=f"packing pipelines: {ROWS_HELP} ({', '.join(ENCODINGS)})")
     add_history_arguments(p)
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
@@ -138,6 +141,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "neg_ratio": ("--neg-ratio", lambda s: parse_float("--neg-ratio", s, minimum=0.0)),
     "neg_sampling": ("--neg-sampling", lambda s: parse_choice("--neg-sampling", s, NEG_SAMPLINGS)),
     "hits_k": ("--hits-k", lambda s: parse_int("--hits-k", s, 1)),
+    "rows": ("--rows", lambda s: parse_choice("--rows", s, ENCODINGS)),
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 _FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (flag, *_) in HISTORY_FLAGS.items()}}
@@ -195,6 +199,10 @@ def _print_summary(report: dict[str, Any]) -> None:
             print(f"  {k:<{width}}  {total[k]:9.3f} s")
     if final:
         print(final_line(final))
+    enc = (report.get("dataset") or {}).get("rows")
+    if enc is not None:         # the trade: the bytes every tier, segment and read moved, against exact rows
+        print(f"rows: {enc['encoding']}, {enc['row_bytes']} B a row against {enc['exact_row_bytes']} B exact "
+              f"({enc['ratio']:.2f}x fewer bytes); the accuracy above is the encoded run's")
     stream = report.get("stream") or {}
     if stream.get("gpus", 1) > 1:
         idle = ", ".join(f"{x * 100:.1f}%" for x in stream.get("gpu_idle_fraction_per_worker") or [] if x is not None)

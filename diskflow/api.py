@@ -151,6 +151,8 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
         "neg_ratio": o["neg_ratio"], "neg_sampling": o["neg_sampling"], "check_crc": bool(o["check_crc"])}
     if o["task"] is not None:
         options["task"] = o["task"]
+    if o["rows"] is not None:
+        options["rows"] = o["rows"]
     if o["batches"] is not None:
         options["batches"] = "shuffled" if o["batches"] == "random" else o["batches"]
     if o["partitions"] is not None:

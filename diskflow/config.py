@@ -25,6 +25,7 @@ from .flow.options import parse_fanouts
 from .flow.pipeline import available_pipelines
 from .flow.prepare.config import PREPARE_DEFAULTS, PrepareConfig
 from .flow.stream.config import StreamConfig
+from .operators.formats.rowcodec import ENCODINGS
 from .operators.ingest.links import LinkConfig
 from .operators.ingest.synth import SynthConfig
 from .operators.options import HOLD_MEMORY, INGEST_MEMORY, QUEUE_DEPTH
@@ -50,6 +51,7 @@ RUN_DEFAULTS = {"extractors": DEFAULT_EXTRACTORS, "online_window": DEFAULT_WINDO
 __all__ = [
     "BATCH_ORDERS",
     "DATA_ONLY",
+    "ENCODINGS",
     "GROUPINGS",
     "HISTORY_PRUNES",
     "HISTORY_SELECTS",

@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
+from ..operators.formats.rowcodec import ENCODINGS
 from ..operators.formats.userfile import import_user_file
 from ..operators.options import FANOUTS
 from ..operators.prepare.history import check_prune, check_rule
@@ -138,6 +139,10 @@ class Pipeline:
         task: ``"node"`` (classify the training nodes) or ``"link"`` (score the store's training edges
             against negative pairs drawn with the round, the way PyG's ``LinkNeighborLoader`` batches
             them; `operators.prepare.task`). A run's ``task=`` overrides it.
+        rows: how feature rows are held out of the model: ``"exact"`` (the store's rows, bit for bit), or
+            encoded in fewer bytes (``"float16"``, ``"bfloat16"``, ``"int8"``; `operators.formats.rowcodec`)
+            in the tiers and the packed segments, decoded as each batch is assembled. A packing
+            pipeline's; a run's ``rows=`` overrides it.
         description: one line for listings.
     """
 
@@ -156,13 +161,15 @@ class Pipeline:
     history_ramp: float = HISTORY_RULE["history_ramp"]
     history_cooldown: float = HISTORY_RULE["history_cooldown"]
     task: str = "node"
+    rows: str = "exact"
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
             raise ConfigError("Pipeline.name", f"expected a short name without spaces or slashes, got {self.name!r}")
         for what, value, allowed in (("loader", self.loader, tuple(LOADERS)), ("batches", self.batches, BATCHES),
-                                     ("sampler", self.sampler, SAMPLERS), ("task", self.task, TASKS)):
+                                     ("sampler", self.sampler, SAMPLERS), ("task", self.task, TASKS),
+                                     ("rows", self.rows, ENCODINGS)):
             if value not in allowed:
                 raise ConfigError(f"Pipeline.{what}", f"expected one of {', '.join(allowed)}, got {value!r}")
         if isinstance(self.fanouts, (str, bytes)) or not hasattr(self.fanouts, "__iter__"):
@@ -190,6 +197,10 @@ class Pipeline:
         check_rule(self.history_ramp, self.history_cooldown, "Pipeline.")
         if self.loader == "online" and self.history_memory not in (None, 0, "0"):
             raise ConfigError("Pipeline.history_memory", "the online loader has no historical embedding cache")
+        if self.rows != "exact" and (self.loader not in ("packed", "stream") or not self.packing):
+            raise ConfigError("Pipeline.rows", f"encoded rows live in the tiers and packed segments of a pipeline "
+                                               f"that packs; the {self.loader} loader{'' if self.packing else ' without packing'}"
+                                               f" reads exact rows")
         if self.loader not in ("packed", "online") and (self.cpu_tier != "belady" or self.gpu_tier != "hottest"
                                                          or not self.packing):
             raise ConfigError("Pipeline.loader", f"tier policies and packing are the packed loader's; the "
@@ -212,6 +223,8 @@ class Pipeline:
         options.setdefault("batches", self.batches)
         if self.task != "node":
             options.setdefault("task", self.task)
+        if self.rows != "exact":
+            options.setdefault("rows", self.rows)
         return PrepareConfig(**fixed, **{**options, "fanouts": tuple(options["fanouts"])})
 
     def prepare(self, store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
@@ -245,6 +258,12 @@ class Pipeline:
             options.setdefault("batches", self.batches)
         if self.task != "node":
             options.setdefault("task", self.task)
+        if self.rows != "exact":
+            options.setdefault("rows", self.rows)
+        if options.get("rows", "exact") != "exact" and (self.loader not in ("packed", "stream") or not self.packing):
+            raise ConfigError("rows", f"the {self.name} pipeline reads exact rows (its {self.loader} loader"
+                                      f"{'' if self.packing else ' packs nothing'}); encoded rows need a pipeline "
+                                      "that packs them (belady, diskgnn, streaming)")
         options = pipeline_history(self, options)       # this pipeline's cache and rule, where not given
         train = self._loader_function()
         if self.loader in ("packed", "online"):
@@ -268,6 +287,7 @@ class Pipeline:
                 "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
                 "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
                 **({"task": self.task} if self.task != "node" else {}),
+                **({"rows": self.rows} if self.rows != "exact" else {}),
                 **({"history_memory": self.history_memory, "history_staleness": self.history_staleness,
                     "history_prune": self.history_prune,
                     **({"history_ramp": self.history_ramp} if self.history_ramp else {}),

@@ -146,7 +146,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                history_prune: str | None = None, history_ramp: float | None = None,
                history_cooldown: float | None = None, task: str = TrainConfig.task,
                neg_ratio: float = TrainConfig.neg_ratio, neg_sampling: str = TrainConfig.neg_sampling,
-               hits_k: int = TrainConfig.hits_k) -> dict[str, Any]:
+               hits_k: int = TrainConfig.hits_k, rows: str | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -163,7 +163,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     or a share of the features, of a historical embedding cache of width `hidden` planned into the
     samples), `history_staleness`, `history_prune`, `history_ramp` and `history_cooldown` (None: the
     pipeline's rule; `operators.prepare.history`). `task`, `neg_ratio` and `neg_sampling` are the round's (a
-    link task samples the store's training edges and their negatives), `hits_k` the evaluation's.
+    link task samples the store's training edges and their negatives), `hits_k` the evaluation's. `rows`: how
+    the rows are held in the tiers and packed segments (None: the pipeline's, exact unless it says;
+    `operators.formats.rowcodec.ENCODINGS`).
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -185,7 +187,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                "disk_budget": budgets["disk_budget"], "task": task, "neg_ratio": neg_ratio,
                "neg_sampling": neg_sampling}
     given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,
-             "group_by": group_by, "history_select": history_select}
+             "group_by": group_by, "history_select": history_select, "rows": rows}
     options.update({k: v for k, v in given.items() if v is not None})     # the rest: the pipeline's or prepare's
     options.update(history_options(history_memory, hidden, st.feature_bytes, pipeline, staleness=history_staleness,
                                    prune=history_prune, ramp=history_ramp, cooldown=history_cooldown))
