@@ -56,6 +56,12 @@ test accuracy after the same epochs; ``belady_outre`` also runs at every stalene
   stage in belady's data-path run; the segments' crc checks run in the assemble stage, and the
   second figure comes from a run without them), in the same run.
 
+* **Encoded rows.** ``--rows float16,int8`` (the default) adds belady with its rows encoded
+  (``belady_float16``, ``belady_int8``: `Pipeline(rows=...)`), prepared from the same samples and
+  trained with the same seeds under the same limits: the same budget then holds 2x (3.9x) the rows,
+  and every miss moves half (about a quarter) of the bytes. They are compared with exact belady by
+  disk bytes, data-path epoch, test accuracy and the CPU tier's share of the accesses.
+
 Ratios printed, with the issue's targets: belady data path vs inmemory (<= 1.5x), ginex / belady
 and mmap / belady data path (>= 5x, >= 10x), belady model epoch vs inmemory (<= 1.2x), pipelined
 vs sequential (>= 1.5x where I/O bound: the ``--io-model`` pair; GraphSAGE's pair is shown too), loader / sequential bandwidth (>= 0.8), and whether the
@@ -95,8 +101,8 @@ from .common import (
 )
 from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, seq_read_bw, useful_bytes
 
-__all__ = ["BASELINES", "DEFAULT_WORKDIR", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
-           "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "pipeline_figures", "run"]
+__all__ = ["BASELINES", "DEFAULT_WORKDIR", "ENCODED", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
+           "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "encoded_figures", "pipeline_figures", "run"]
 
 PIPELINES = ("inmemory", "mmap", "ginex", "diskgnn", "belady", "gnndrive", "lsmgnn", "belady_outre", "outre")
 ONLINE = ("gnndrive", "lsmgnn")      # trained with no preparation, sampling the round's batches on the fly
@@ -112,7 +118,11 @@ TARGETS = {"belady_data_vs_inmemory": ("<=", 1.5), "ginex_over_belady": (">=", 5
            "pipelined_speedup": (">=", 1.5), "pipelined_speedup_io_bound": (">=", 1.5),
            "loader_over_seq_bw": (">=", 0.8), "belady_over_outre_bytes": (">=", 1.4),
            "outre_acc_gap_points": ("<=", 1.0), "ginex_over_gnndrive": (">=", 1.0),
-           "mmap_over_gnndrive": (">=", 5.0), "lsmgnn_misses_over_belady_plan": ("<=", 1.3)}
+           "mmap_over_gnndrive": (">=", 5.0), "lsmgnn_misses_over_belady_plan": ("<=", 1.3),
+           "belady_float16_bytes_vs_exact": ("<=", 0.55), "belady_float16_data_vs_exact": ("<=", 0.75),
+           "belady_float16_acc_gap_points": ("<=", 0.2), "belady_int8_bytes_vs_exact": ("<=", 0.3),
+           "belady_int8_acc_gap_points": ("<=", 1.0)}
+ENCODED = "belady_{}"                # the name of belady with its rows encoded (`--rows`)
 
 
 
@@ -167,6 +177,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bw-bytes", type=int, default=1 << 30,
                    help="bytes of store shards read to measure the sequential read bandwidth (default 1 GiB)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
+    p.add_argument("--rows", default="float16,int8", metavar="ENC,...",
+                   help="encodings of belady's rows run beside exact belady, each as belady_ENC (default "
+                        "float16,int8; empty: none)")
     p.add_argument("--staleness-sweep", default="1,10,100,1000",
                    help=f"history staleness thresholds {SWEPT} also runs at (bytes, epoch time, accuracy); '' for none "
                         "(default 1,10,100,1000)")
@@ -211,6 +224,7 @@ def _check_args(args: argparse.Namespace) -> list[str]:
                           ) from None
     if any(x < 1 for x in sweep):
         raise ConfigError("--staleness-sweep", f"thresholds must be >= 1, got {args.staleness_sweep!r}")
+    args.encoded = _encoded(args, names)
     args.sweep = {}                  # staleness -> the pipeline run at it
     if SWEPT in names:
         base = args.definitions[SWEPT]
@@ -239,8 +253,27 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout}")
     order = [*RUN_ORDER[:3], *(defs[u].name for u in users), *RUN_ORDER[3:]]
     swept = [n for n in args.sweep.values() if n != SWEPT]
-    order = [m for n in order for m in ([n, *swept] if n == SWEPT else [n])]
-    return [n for n in order if n in names or n in swept]
+    order = [m for n in order for m in ([n, *swept] if n == SWEPT else [n, *args.encoded] if n == "belady" else [n])]
+    return [n for n in order if n in names or n in swept or n in args.encoded]
+
+
+def _encoded(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """The belady_ENC pipelines of ``--rows`` (defined in ``args.definitions``), when belady runs."""
+    from ..operators.formats.rowcodec import ENCODINGS
+
+    encodings = [x.strip() for x in str(args.rows).split(",") if x.strip()]
+    bad = [x for x in encodings if x not in ENCODINGS or x == "exact"]
+    if bad:
+        raise ConfigError("--rows", f"expected encodings from {', '.join(e for e in ENCODINGS if e != 'exact')}, "
+                                    f"got {args.rows!r}")
+    if "belady" not in names:
+        return []
+    out = []
+    for enc in encodings:
+        name = ENCODED.format(enc)
+        args.definitions[name] = args.definitions["belady"].with_options(name=name, rows=enc)
+        out.append(name)
+    return out
 
 
 def _exact(pipeline: Any) -> bool:
@@ -660,6 +693,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  get("belady", "plan_miss_bytes")),
         "lsmgnn_disk_over_belady_plan": _ratio(get("lsmgnn", "disk_read_bytes"), get("belady", "plan_miss_bytes")),
     }
+    encoded = encoded_figures(args, prepared, pipelines)
+    for name, enc in encoded.items():
+        ratios.update({f"{name}_bytes_vs_exact": enc["bytes_vs_exact"], f"{name}_data_vs_exact": enc["data_vs_exact"],
+                       f"{name}_acc_gap_points": enc["acc_gap_points"]})
     il = get("inmemory", "losses")
     online_identical = {n: None if il is None or get(n, "losses") is None else get(n, "losses") == il
                         for n in ONLINE if n in pipelines}
@@ -679,6 +716,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     identical = None if bl is None or il is None else bl == il
     figures: dict[str, Any] = {
         "pipelines": pipelines, "ratios": ratios, "accuracy": accuracy, "losses_identical": identical,
+        "encoded_rows": encoded,
         "staleness_sweep": sweep,
         "online_losses_identical": online_identical, "crossover_epochs": crossover,
         "crossover_epochs_data": crossover_data,
@@ -707,6 +745,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(runs_dir, ignore_errors=True)
     print_figures(figures)
     return figures
+
+
+def encoded_figures(args: argparse.Namespace, prepared: dict[str, dict[str, Any]], pipelines: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """Belady with encoded rows against exact belady (same samples, seeds and limits): row bytes, the CPU tier's
+    rows and share of the accesses (the plan's), disk bytes and data-path epoch over exact's, test accuracy and
+    the gap to exact's in points (positive: accuracy lost)."""
+    out: dict[str, Any] = {}
+    exact = pipelines.get("belady") or {}
+    bf = (prepared.get("belady") or {}).get("figures") or {}
+    for name in getattr(args, "encoded", []):
+        if name not in pipelines or name not in prepared:
+            continue
+        p, pf = pipelines[name], prepared[name]["figures"]
+        acc, exact_acc = p.get("test_acc"), exact.get("test_acc")
+        out[name] = {
+            "encoding": (pf.get("rows") or {}).get("encoding"), "row_bytes": pf.get("row_bytes"),
+            "exact_row_bytes": bf.get("row_bytes"), "cpu_rows": pf.get("cpu_rows"), "exact_cpu_rows": bf.get("cpu_rows"),
+            "cpu_hit_rate": pf["cpu_hits"] / pf["accesses"] if pf.get("accesses") else None,
+            "exact_cpu_hit_rate": bf["cpu_hits"] / bf["accesses"] if bf.get("accesses") else None,
+            "packed_bytes": pf.get("packed_bytes"), "exact_packed_bytes": bf.get("packed_bytes"),
+            "disk_read_bytes": p.get("disk_read_bytes"), "exact_disk_read_bytes": exact.get("disk_read_bytes"),
+            "bytes_vs_exact": _ratio(p.get("disk_read_bytes"), exact.get("disk_read_bytes")),
+            "data_epoch_s": p.get("data_epoch_s"), "exact_data_epoch_s": exact.get("data_epoch_s"),
+            "data_vs_exact": _ratio(p.get("data_epoch_s"), exact.get("data_epoch_s")),
+            "epoch_s": p.get("epoch_s"), "exact_epoch_s": exact.get("epoch_s"),
+            "test_acc": acc, "exact_test_acc": exact_acc,
+            "acc_gap_points": None if acc is None or exact_acc is None else 100 * (float(exact_acc) - float(acc)),
+            "read_amplification": p.get("read_amplification")}
+    return out
 
 
 def accuracy_gaps(pipelines: dict[str, Any], epochs: int) -> dict[str, Any]:

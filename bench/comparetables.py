@@ -102,6 +102,17 @@ def print_figures(f: dict[str, Any]) -> None:
           f"run ({f['page_cache_drop'].split(' on ')[0]}); device read_ahead_kb {f['read_ahead_kb']}. "
           f"first batch s: an epoch's start to its first trained batch (data-path run). E ep. + prep s: time to "
           f"train E epochs (GraphSAGE epochs) plus the pipeline's preparation ('-': a cache whose time is unknown)")
+    enc = f.get("encoded_rows") or {}
+    if enc:
+        print_table("belady with encoded rows, beside exact belady (same samples, seeds and limits)",
+                    [{"pipeline": n, "row bytes": f"{e['row_bytes']} / {e['exact_row_bytes']}",
+                      "CPU tier rows": f"{e['cpu_rows']:,} / {e['exact_cpu_rows']:,}",
+                      "CPU-tier hits": f"{_s(e['cpu_hit_rate'], '.1%')} / {_s(e['exact_cpu_hit_rate'], '.1%')}",
+                      "disk read": f"{_b(e['disk_read_bytes'])} / {_b(e['exact_disk_read_bytes'])}",
+                      "data epoch s": f"{_s(e['data_epoch_s'])} / {_s(e['exact_data_epoch_s'])}",
+                      "test acc": f"{_s(e['test_acc'], '.4f')} / {_s(e['exact_test_acc'], '.4f')}"}
+                     for n, e in enc.items()],
+                    ["pipeline", "row bytes", "CPU tier rows", "CPU-tier hits", "disk read", "data epoch s", "test acc"])
     acc = f.get("accuracy") or {}
     if acc.get("pipelines"):
         print_table(f"test accuracy after {_epochs(acc['epochs'])}, beside inmemory's (gap: inmemory's minus the "
@@ -133,6 +144,11 @@ def print_figures(f: dict[str, Any]) -> None:
         ("mmap / gnndrive data path", r.get("mmap_over_gnndrive")),
         ((f"lsmgnn cache misses / belady plan misses, bytes of rows (its true disk read, whole pages: "
           f"{_s(r.get('lsmgnn_disk_over_belady_plan'), '.3g')}x)"), r.get("lsmgnn_misses_over_belady_plan")),
+        ("belady float16 rows / exact: disk bytes", r.get("belady_float16_bytes_vs_exact")),
+        ("belady float16 rows / exact: data-path epoch", r.get("belady_float16_data_vs_exact")),
+        ("belady exact - float16 rows: test accuracy, points", r.get("belady_float16_acc_gap_points")),
+        ("belady int8 rows / exact: disk bytes", r.get("belady_int8_bytes_vs_exact")),
+        ("belady exact - int8 rows: test accuracy, points", r.get("belady_int8_acc_gap_points")),
     ]
     rows = []
     for (text, value), (key, (op, target)) in zip(lines, TARGETS.items()):

@@ -35,7 +35,8 @@ BUILT_IN = ["belady", "belady_outre", "belady_outre_s1", "diskgnn", "ginex", "gn
 # samples of its own (partition batches), so prepared just before its runs; a cache of one byte holds no
 # embedding, so that preparation fails
 BAD_PIPELINE = 'from diskflow import Pipeline\nPIPELINE = Pipeline("bad_outre", batches="partition", history_memory="1B")\n'
-DEFAULT_RUN = sorted([*BUILT_IN, "every-other", "bad_outre"])
+ENCODED = ["belady_float16", "belady_int8"]     # belady with its rows encoded (--rows, default float16,int8)
+DEFAULT_RUN = sorted([*BUILT_IN, *ENCODED, "every-other", "bad_outre"])
 # ratios of bytes read from the disk (/proc/<pid>/io: 0 on tmpfs), checked with the disk traffic
 DISK_RATIOS = ("belady_data_vs_disk_floor", "belady_over_outre_bytes", "lsmgnn_disk_over_belady_plan")
 
@@ -70,7 +71,7 @@ def belady_in_children(tiny_store: Path, tmp_path_factory: pytest.TempPathFactor
     out = work / "figures.json"
     printed = StringIO()
     argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(work / "w"), "--json", str(out),
-            "--pipelines", "belady"]
+            "--pipelines", "belady", "--rows", ""]
     with redirect_stdout(printed):
         rc = main(argv + ([] if CGROUPS else ["--no-cgroup"]))
     assert rc == 0, printed.getvalue()[-3000:]
@@ -104,7 +105,9 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
                                 "belady_model_vs_inmemory", "pipelined_speedup", "pipelined_speedup_io_bound",
                                 "belady_io_model_vs_data", "loader_over_seq_bw", "belady_data_vs_disk_floor",
                                 "belady_over_outre_bytes", "outre_acc_gap_points", "ginex_over_gnndrive",
-                                "mmap_over_gnndrive", "lsmgnn_misses_over_belady_plan", "lsmgnn_disk_over_belady_plan"}
+                                "mmap_over_gnndrive", "lsmgnn_misses_over_belady_plan", "lsmgnn_disk_over_belady_plan",
+                                *(f"{n}_{k}" for n in ENCODED for k in ("bytes_vs_exact", "data_vs_exact",
+                                                                        "acc_gap_points"))}
     bel = f["pipelines"]["belady"]
     assert bel["io_model"] == "mlp" and bel["io_model_epoch_s"] > 0 and bel["io_sequential_epoch_s"] > 0
     assert f["ratios"]["pipelined_speedup_io_bound"] == pytest.approx(
@@ -112,12 +115,28 @@ def test_every_pipeline_has_its_figures(compared: tuple[dict, str, Path]) -> Non
     for name, p in f["pipelines"].items():
         if name != "bad_outre":
             assert p["disk_floor_s"] == pytest.approx(p["disk_read_bytes"] / 2 / f["seq_read_bw"]), name
-    assert all(v > 0 for k, v in f["ratios"].items()
-               if k not in ("outre_acc_gap_points", *DISK_RATIOS))        # a gap may be <= 0
+    assert all(v > 0 for k, v in f["ratios"].items()       # a gap may be <= 0; encoded rows may read nothing
+               if k not in ("outre_acc_gap_points", *DISK_RATIOS) and not k.endswith(("_acc_gap_points", "_bytes_vs_exact")))
     for line in ("belady data path / inmemory data path", "ginex / belady data path", "mmap / belady data path",
                  "belady sequential / pipelined sage epoch", "belady sequential / pipelined mlp epoch, I/O-bound, 1 torch thread",
                  "loader read bw"):
         assert line in printed
+
+
+def test_encoded_rows_beside_exact_belady(compared: tuple[dict, str, Path]) -> None:
+    """belady_float16 and belady_int8: the same samples, fewer bytes a row, at least exact's CPU-tier rows."""
+    f, printed, _ = compared
+    enc = f["encoded_rows"]
+    assert sorted(enc) == ENCODED
+    assert enc["belady_float16"]["row_bytes"] * 2 == enc["belady_float16"]["exact_row_bytes"]
+    assert enc["belady_int8"]["row_bytes"] == enc["belady_int8"]["exact_row_bytes"] // 4 + 4
+    for name, e in enc.items():
+        assert e["cpu_rows"] >= e["exact_cpu_rows"] and e["cpu_hit_rate"] >= e["exact_cpu_hit_rate"], name
+        assert e["test_acc"] is not None and e["data_vs_exact"] > 0, name
+        assert e["acc_gap_points"] == pytest.approx(100 * (e["exact_test_acc"] - e["test_acc"])), name
+        assert len(f["pipelines"][name]["losses"][0]) == f["batches_per_epoch"], name
+    assert "belady with encoded rows, beside exact belady" in printed
+    assert "belady int8 rows / exact: disk bytes" in printed
 
 
 def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
@@ -313,7 +332,7 @@ def test_repeats_keep_each_runs_fastest() -> None:
 
 def test_outputs_left(compared: tuple[dict, str, Path]) -> None:
     _, _, work = compared
-    kept = ["belady", "diskgnn", "every-other", "ginex"]    # the shared samples' datasets stay for the next run
+    kept = ["belady", *ENCODED, "diskgnn", "every-other", "ginex"]    # the shared samples' datasets stay
     # the OUTRE ones (samples of their own) are removed with their caches once their runs are done, and the
     # one whose preparation failed leaves nothing
     assert sorted(p.name for p in (work / "packed").iterdir()) == sorted([*kept, *(f"{n}.work" for n in kept)])
