@@ -18,14 +18,18 @@ import pytest
 
 
 def _child_here(argv: Sequence[str], *, name: str, limit_bytes: int | None, **_: Any) -> Any:
-    import torch
-    from diskflow.bench import cgroup, harness
+    import importlib
 
-    assert list(argv[1:4]) == ["-m", harness.CHILD, "--child"] and limit_bytes is None, (name, argv)
+    import torch
+    from diskflow.bench import cgroup, harness, link
+
+    children = {harness.CHILD: harness, link.CHILD: link}     # the benches whose children may run here
+    assert argv[1] == "-m" and argv[2] in children and argv[3] == "--child" and limit_bytes is None, (name, argv)
+    module = importlib.import_module(argv[2])
     threads = torch.get_num_threads()
     t0 = time.perf_counter()
     try:
-        rc = harness.child_main(list(argv[3:]))
+        rc = module.child_main(list(argv[3:]))
     finally:
         torch.set_num_threads(threads)      # a run sets its own
     return cgroup.LimitedRun(returncode=rc, wall_s=time.perf_counter() - t0, read_bytes=0, peak_rss_bytes=0,
@@ -34,7 +38,7 @@ def _child_here(argv: Sequence[str], *, name: str, limit_bytes: int | None, **_:
 
 @contextmanager
 def compare_children_in_this_process() -> Iterator[None]:
-    """Within: compare's children (run with --no-cgroup) run in this process."""
+    """Within: compare's (and bench link's) children (run with --no-cgroup) run in this process."""
     from diskflow.bench import cgroup
 
     with pytest.MonkeyPatch.context() as mp:

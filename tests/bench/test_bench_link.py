@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench_children import compare_children_in_this_process
 from diskflow.bench.link import PIPELINES, TARGETS
 from diskflow.cli import main
 
@@ -13,10 +14,12 @@ KEYS = ("test_auc", "test_mrr", "test_hits50", "data_s_per_epoch", "disk_bytes",
 
 def test_bench_link_tiny(tmp_path: Path) -> None:
     out = tmp_path / "link.json"
-    assert main(["bench", "link", "--workdir", str(tmp_path / "work"), "--nodes", "3000", "--dim", "16",
-                 "--epochs", "1", "--fanouts", "4,4", "--batch-size", "256", "--hidden", "16", "--threads", "1",
-                 "--feature-budget", "2MiB", "--link-split", "0.05,0.1", "--disjoint-train-ratio", "0",
-                 "--repeats", "2", "--bw-bytes", "65536", "--no-cgroup", "--json", str(out)]) == 0
+    with compare_children_in_this_process():     # (their figures, not their memory limits: --no-cgroup)
+        rc = main(["bench", "link", "--workdir", str(tmp_path / "work"), "--nodes", "3000", "--dim", "16",
+                   "--epochs", "1", "--fanouts", "4,4", "--batch-size", "256", "--hidden", "16", "--threads", "1",
+                   "--feature-budget", "2MiB", "--link-split", "0.05,0.1", "--disjoint-train-ratio", "0",
+                   "--repeats", "2", "--bw-bytes", "65536", "--no-cgroup", "--json", str(out)])
+    assert rc == 0
     figures = json.loads(out.read_text())
     assert set(figures["pipelines"]) == set(PIPELINES)
     for name, p in figures["pipelines"].items():
