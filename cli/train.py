@@ -169,6 +169,10 @@ def print_summary(report: dict[str, Any]) -> None:
     final = report.get("final") or {}
     if final.get("test_acc") is not None or final.get("test_mrr") is not None:
         print(final_line(final))
+    enc = (report.get("dataset") or {}).get("rows")
+    if enc is not None:         # prepared with --rows: the bytes every tier, segment and read moved, against exact
+        print(f"rows: {enc['encoding']}, {enc['row_bytes']} B a row against {enc['exact_row_bytes']} B exact "
+              f"({enc['ratio']:.2f}x fewer bytes)")
     mem = report["memory"]
     print(f"memory: features {format_bytes(mem['host_bytes'])} host (CPU tier {format_bytes(mem['cpu_tier_bytes'])}, "
           f"staged misses {format_bytes(mem['staging_bytes'])} in {mem['staging_buffers']} buffers, I/O buffers "

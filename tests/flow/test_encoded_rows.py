@@ -83,6 +83,31 @@ def test_encoded_batches_are_within_the_bound_and_verified(store: Path, tmp_path
         verify(tmp_path / rows, full=True)
 
 
+def test_the_disk_cache_and_the_device_path_hold_encoded_rows(tiny_store: Path, tmp_path: Path) -> None:
+    """A disk budget the int8 packing exceeds: the segmented disk cache holds int8 rows too; the CUDA assembly
+    path (run on the CPU) decodes the same batches."""
+    from diskflow.flow.prepare import PrepareConfig, prepare
+
+    base = {"fanouts": (5, 5), "batch_size": 192, "superbatch_size": 3, "epochs": 2, "seed": 3, "rows": "int8",
+            "staging_batches": 1}
+    with dask.config.set(scheduler="sync"):
+        free = prepare(tiny_store, tmp_path / "free", PrepareConfig(**base, cpu_memory=1 << 30), quiet=True)
+        budget = int(free.figures["staging_bytes"]) + 600 * int(free.figures["row_bytes"])
+        f = prepare(tiny_store, tmp_path / "d", PrepareConfig(**base, cpu_memory=budget, disk_budget=800_000),
+                    quiet=True).figures
+    assert f["segment_size"] and f["dcache_bytes"] > 0
+    assert verify(tmp_path / "d", full=True)["dcache_bytes_checked"] > 0
+    m = read_manifest(tmp_path / "d") or {}
+    codec, st = RowCodec.from_manifest(m["rows"]), Store(tiny_store)
+    with PackedLoader(tmp_path / "d") as loader:
+        loader._device_path = True
+        for batch in loader:
+            want = st.gather(batch.n_id.numpy())
+            assert (np.abs(batch.x.numpy() - want) <= codec.value_bound(want)).all()
+            loader.release(batch)
+        assert loader.stats()["tiers"]["rows"]["dcache"] > 0
+
+
 def test_exact_stays_exact_and_a_new_encoding_of_one_size_reuses_the_plans(store: Path, tmp_path: Path) -> None:
     default = _prepare(store, tmp_path / "default", "exact")
     with dask.config.set(scheduler="sync"):
