@@ -235,8 +235,8 @@ class Preparation:
             if chain.edges is not None:
                 fs = firsts[chain.rank]
                 chain.edges.split = c.submit(edge_split_task, self.store_path, chain.edges.table, fs[:t],
-                                   [self.edge_sample(chain, k) for k in range(t)], cfg, spec,
-                                   key=f"edge-split-{chain.tok}", **kw)
+                                             [self.edge_sample(chain, k) for k in range(t)], cfg, spec,
+                                             key=f"edge-split-{chain.tok}", **kw)
         for chain in chains:        # counts over its first superbatches, then its tiers
             fs = firsts[chain.rank]
             total = chain.graph.counts([(k, fs[k]) for k in range(t)])
