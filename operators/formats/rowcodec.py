@@ -337,13 +337,17 @@ class RowCodec:
             raise ValueError(f"encoded rows: expected {want.name} [n, {width}]{raw}, got {a.dtype} {list(a.shape)}")
         return a
 
-    def decode_torch(self, enc: torch.Tensor) -> torch.Tensor:
+    def decode_torch(self, enc: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decoded rows, float32 [n, dim], on `enc`'s device (the same values as `decode_numpy`), from the
         encoded rows as a tensor: typed (bfloat16 bits as uint16 or int16) or raw bytes (uint8
-        [n, row_bytes]). "exact" float32 rows are returned as they are."""
+        [n, row_bytes]). "exact" float32 rows are returned as they are. `out`: a float32 [n, dim] tensor on
+        the same device to decode into (a reused one: on the CPU a fresh batch-sized tensor costs ten times
+        the decoding, its pages zeroed as they are first touched); the same bits either way."""
         import torch
 
         t = self._typed_torch(enc)
+        if out is not None:
+            return self._decode_into(t, out)
         if self.encoding in ("exact", "float16"):
             return t.to(torch.float32)
         if self.encoding == "bfloat16":
@@ -354,6 +358,23 @@ class RowCodec:
             return torch.zeros((0, self.dim), dtype=torch.float32, device=t.device)
         q = t[:, :self.dim].view(torch.int8).to(torch.float32)
         return q * t[:, self.dim:].contiguous().view(torch.float32)
+
+    def _decode_into(self, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`decode_torch` of the typed rows `t` into `out` (the same operations, in place)."""
+        import torch
+
+        if out.dtype != torch.float32 or tuple(out.shape) != (t.shape[0], self.dim) or out.device != t.device:
+            raise ValueError(f"out: expected float32 [{t.shape[0]}, {self.dim}] on {t.device}, got {out.dtype} "
+                             f"{list(out.shape)} on {out.device}")
+        if self.encoding in ("exact", "float16"):
+            return out.copy_(t)
+        if self.encoding == "bfloat16":
+            return out.copy_(t.view(torch.bfloat16))
+        if self.scale_mode == "column":
+            return out.copy_(t).mul_(self._scales_on(t.device))
+        if t.shape[0] == 0:
+            return out
+        return out.copy_(t[:, :self.dim].view(torch.int8)).mul_(t[:, self.dim:].contiguous().view(torch.float32))
 
     def _typed_torch(self, enc: torch.Tensor) -> torch.Tensor:
         import torch

@@ -172,6 +172,9 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self._buffers: list[np.ndarray] = []
         # Pooled batch feature matrices: each lent to one batch until the consumer gives it back (`release`).
         self.pool = MatrixPool(self.row_dim, self.dtype, self.memory)
+        # encoded rows: the batches' decoded float32 matrices, pooled as the encoded ones are (on the CPU a fresh
+        # batch-sized matrix per batch cost ten times its decoding)
+        self.decoded = None if self.codec is None else MatrixPool(self.dim, np.dtype(np.float32), self.memory)
         self._bounce: np.ndarray | None = None
         self._tier_buffer: np.ndarray | None = None
         self._open_batch: tuple[Any, np.ndarray | None, dict[int, int]] | None = None   # x, insert slots, crcs
@@ -255,7 +258,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
             return
         self._closed = True
         self._free_staging()
-        self.pool.drop()
+        for pool in self._pools():
+            pool.drop()
         if self.edges is not None:
             self.edges.close()
         if self._own_reader:
@@ -308,10 +312,11 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         self.close_files()
         if grow:            # larger pieces: new staging buffers
             self._free_staging()
-        if taller:
-            self.pool.drop()
+        for pool in self._pools():
+            if taller:
+                pool.drop()
+            pool.memory = memory
         self.ds, self.path, self.memory = ds, ds.path, memory
-        self.pool.memory = memory
         self._global = stream_batches(ds)
         self._dcache_rows = [int(f["rows"]) for f in ds.dcache_files]
         self.superbatches = sorted(ds.superbatches, key=lambda s: s.first_batch)
@@ -361,6 +366,13 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
     def _reclaim(self, x: np.ndarray | None = None) -> None:
         """Back to the pool: `x`'s matrix, or with None every matrix of a batch never yielded (`MatrixPool.reclaim`)."""
         self.pool.reclaim(x)
+        if x is None and self.decoded is not None:
+            self.decoded.reclaim()
+
+    def _pools(self) -> list[MatrixPool]:
+        """The pools of batch matrices: the stored rows' and, for encoded rows, the decoded ones'."""
+        decoded = getattr(self, "decoded", None)    # (a loader whose set-up failed closes too)
+        return [self.pool] + ([decoded] if decoded is not None else [])
 
     def release(self, batch: Data | torch.Tensor) -> None:
         """Give `batch`'s feature matrix back to the loader: later batches may be written into it.
@@ -374,6 +386,8 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         x = batch.x if isinstance(batch, Data) else batch
         if isinstance(x, torch.Tensor) and x.device.type == "cpu":
             self.pool.release(x)
+            if self.decoded is not None:
+                self.decoded.release(x)
         if self.edges is not None and isinstance(batch, Data) and "edge_attr" in batch:
             self.edges.release(batch.edge_attr)
 
@@ -389,10 +403,12 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
                                                           f"sample has {s.n_id.shape[0]} nodes")
         if rec.insert_pos.size:
             self.cpu_ids[rec.insert_slot] = s.n_id[rec.insert_pos]
-        if self.codec is not None:      # decoded where it was assembled; the encoded matrix goes back at once
-            encoded, x = x, self.codec.decode_torch(x)
+        if self.codec is not None and self.decoded is not None:     # decoded where it was assembled, into a
+            out = None if x.device.type != "cpu" else torch.from_numpy(self.decoded.take(int(x.shape[0])))  # pooled
+            encoded, x = x, self.codec.decode_torch(x, out)       # matrix; the encoded one goes back at once
             self.pool.lend(encoded)
             self.pool.release(encoded)
+            self.decoded.lend(x)
         else:
             self.pool.lend(x)
         if self.rows_only:

@@ -149,6 +149,11 @@ def test_torch_decodes_the_same_bits_as_numpy_from_typed_rows_and_raw_bytes(enco
         assert torch.equal(got.cpu(), torch.from_numpy(want))
     sliced = torch.from_numpy(raw[100:300]).to(device)           # a slice: an offset into the storage
     assert torch.equal(codec.decode_torch(sliced).cpu(), torch.from_numpy(want[100:300]))
+    out = torch.full((N, DIM), 7.0, device=device)               # decoded into a reused tensor: the same bits
+    assert codec.decode_torch(torch.from_numpy(raw).to(device), out=out) is out
+    assert torch.equal(out.cpu(), torch.from_numpy(want))
+    with pytest.raises(ValueError, match="out: expected float32"):
+        codec.decode_torch(torch.from_numpy(raw).to(device), out=out[:10])
 
 
 def test_sizes_manifest_and_pickle() -> None:
