@@ -180,6 +180,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default="float16,int8", metavar="ENC,...",
                    help="encodings of belady's rows run beside exact belady, each as belady_ENC (default "
                         "float16,int8; empty: none)")
+    p.add_argument("--no-model", action="store_true",
+                   help="the data-path runs only (--model none): no GraphSAGE runs, so no model epochs and no "
+                        "accuracy; a re-measure of the data paths alone")
     p.add_argument("--staleness-sweep", default="1,10,100,1000",
                    help=f"history staleness thresholds {SWEPT} also runs at (bytes, epoch time, accuracy); '' for none "
                         "(default 1,10,100,1000)")
@@ -589,6 +592,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      "threads": args.io_threads},
                                     {"kind": "io_sequential", "model": args.io_model, "sequential": True,
                                      "threads": args.io_threads}]
+            if args.no_model:
+                del groups["model"]
             try:
                 if name in transient and args.definitions[name].loader == "packed":
                     print(f"preparing {name} ...", flush=True)
@@ -732,7 +737,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": {"fanouts": list(args.fanouts), "batch_size": args.batch_size, "superbatch_size": args.superbatch_size,
                    "hidden": args.hidden, "lr": args.lr, "seed": args.seed, "queue_depth": args.queue_depth,
                    "threads": args.threads, "baseline_batches": args.baseline_batches, "baseline_warmup": warmup,
-                   "cut_short": args.cut_short, "repeats": args.repeats, "pipelines": names},
+                   "cut_short": args.cut_short, "repeats": args.repeats, "pipelines": names,
+                   "no_model": bool(args.no_model)},
         "dataset": {"store": str(store.path), "nodes": store.num_nodes, "edges": store.num_edges,
                     "dim": store.feature_dim, "dtype": str(store.feature_dtype), "shards": len(store.shards),
                     "train": int(store.split_ids("train").shape[0])},

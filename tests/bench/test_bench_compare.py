@@ -139,6 +139,20 @@ def test_encoded_rows_beside_exact_belady(compared: tuple[dict, str, Path]) -> N
     assert "belady int8 rows / exact: disk bytes" in printed
 
 
+def test_data_paths_alone(tiny_store: Path, tmp_path: Path) -> None:
+    """--no-model: belady and its encoded rows' data paths, no GraphSAGE run (no epochs, no accuracy)."""
+    out = tmp_path / "figures.json"
+    argv = ["bench", "compare", "--dataset", str(tiny_store), *TINY, "--workdir", str(tmp_path / "w"), "--json", str(out),
+            "--pipelines", "belady", "--no-cgroup", "--no-model"]
+    with compare_children_in_this_process(), redirect_stdout(StringIO()):
+        assert main(argv) == 0
+    f = json.loads(out.read_text())
+    assert f["config"]["no_model"] is True and sorted(f["pipelines"]) == ["belady", *ENCODED]
+    for name, p in f["pipelines"].items():
+        assert p["data_epoch_s"] > 0 and p["epoch_s"] is None and p["test_acc"] is None, name
+    assert f["ratios"]["belady_int8_data_vs_exact"] > 0 and f["ratios"]["belady_int8_acc_gap_points"] is None
+
+
 def test_same_samples_same_losses(compared: tuple[dict, str, Path]) -> None:
     f, printed, _ = compared
     p = f["pipelines"]
