@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BEGIN", "END", "ORDER", "REQUIRED", "ROOT", "ResultsError", "load", "main", "render", "splice"]
+__all__ = ["BEGIN", "END", "ORDER", "REQUIRED", "ROOT", "ResultsError", "load", "main", "render", "splice",
+           "write_generated"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -121,13 +122,33 @@ def render(results: Path, link_base: str = "docs/results") -> str:
     return "\n".join(lines)
 
 
-def splice(readme: str, table: str, where: str = "README.md") -> str:
-    """`readme` with the text between the two markers replaced by `table`."""
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise ResultsError(f"{where}: expected one {BEGIN} followed by one {END}")
-    head, rest = readme.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def splice(readme: str, table: str, where: str = "README.md", markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """`readme` with the text between the two `markers` replaced by `table` (a generated part of a page)."""
+    begin, end = markers
+    if readme.count(begin) != 1 or readme.count(end) != 1 or readme.index(begin) > readme.index(end):
+        raise ResultsError(f"{where}: expected one {begin} followed by one {end}")
+    head, rest = readme.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def write_generated(path: Path, old: str, new: str, *, check: bool, what: str, source: Path, command: str) -> int:
+    """The end of a page generator's run (this module's, `bench.scaling`'s): `path` rewritten from `old` to `new`,
+    or with `check` a diff and exit 1 where they differ; `what` names the generated part (plural: "the tables"),
+    `command` what rewrites it."""
+    plural = what.endswith("s")
+    if new == old:
+        print(f"{path}: {what} {'match' if plural else 'matches'} {source}")
+        return 0
+    if check:
+        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), str(path), "from the JSONs", lineterm="", n=0)
+        print("\n".join(diff), file=sys.stderr)
+        print(f"{path}: {what} {'differ' if plural else 'differs'} from {source}; run `{command}` to rewrite "
+              f"{'them' if plural else 'it'}", file=sys.stderr)
+        return 1
+    path.write_text(new)
+    print(f"{path}: {what} rewritten from {source}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,19 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if new == old:
-        print(f"{args.readme}: the results table matches {results}")
-        return 0
-    if args.check:
-        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), str(args.readme), "from the JSONs",
-                                    lineterm="", n=0)
-        print("\n".join(diff), file=sys.stderr)
-        print(f"{args.readme}: the results table differs from {results}; "
-              "run `python -m diskflow.bench.results` to rewrite it", file=sys.stderr)
-        return 1
-    args.readme.write_text(new)
-    print(f"{args.readme}: results table rewritten from {results}")
-    return 0
+    return write_generated(args.readme, old, new, check=args.check, what="the results table", source=results,
+                           command="python -m diskflow.bench.results")
 
 
 if __name__ == "__main__":

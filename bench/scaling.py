@@ -28,7 +28,6 @@ same comparison, so the tables cannot drift from the JSONs they cite).
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import re
@@ -45,6 +44,8 @@ from ..operators.formats.rowcodec import RowCodec, make_codec
 from ..operators.ingest.edges import INDEX32_LIMIT
 from ..operators.ingest.raw import MAX_SHARD_BYTES
 from ..operators.options import CPU_SHARE
+from .results import ResultsError, write_generated
+from .results import splice as splice_page
 
 __all__ = ["BEGIN", "DISK_BANDWIDTHS", "DOC", "ENCODINGS", "END", "GRAPHS", "PAGE", "RESERVE", "RESULTS", "ROOT",
            "Box", "Epoch", "Graph", "Rate", "Rates", "ScalingError", "Storage", "bench_shape", "epoch", "load_rates",
@@ -449,12 +450,11 @@ def render(rates: Rates) -> str:
 
 
 def splice(doc: str, text: str, where: str = "docs/scaling.md") -> str:
-    """`doc` with the text between `BEGIN` and `END` replaced by `text`."""
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise ScalingError(f"{where}: expected one {BEGIN} followed by one {END}")
-    head, rest = doc.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{text}\n{END}{tail}"
+    """`doc` with the text between `BEGIN` and `END` replaced by `text` (`results.splice`)."""
+    try:
+        return splice_page(doc, text, where, (BEGIN, END))
+    except ResultsError as e:
+        raise ScalingError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -470,19 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ScalingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if new == old:
-        print(f"{args.doc}: the tables match {args.results}")
-        return 0
-    if args.check:
-        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), str(args.doc), "from the JSONs",
-                                    lineterm="", n=0)
-        print("\n".join(diff), file=sys.stderr)
-        print(f"{args.doc}: the tables differ from {args.results}; run `python -m diskflow.bench.scaling`",
-              file=sys.stderr)
-        return 1
-    args.doc.write_text(new)
-    print(f"{args.doc}: tables rewritten from {args.results}")
-    return 0
+    return write_generated(args.doc, old, new, check=args.check, what="the tables", source=args.results,
+                           command="python -m diskflow.bench.scaling")
 
 
 if __name__ == "__main__":
