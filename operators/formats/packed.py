@@ -51,6 +51,7 @@ from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
 from .packedindex import IndexRecord, read_index_file
+from .rowcodec import RowCodec
 from .samples import Buffer, SampleRecord, read_samples
 
 __all__ = ["ALIGN", "EDGE_IDS", "EDGE_ROWS", "PACKED_FORMAT", "PACKED_KIND", "PACKED_VERSION", "ROUND_DIR", "SRC_CPU", "SRC_DCACHE",
@@ -299,6 +300,13 @@ class PackedDataset(Closing):
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise InputError(p, f"expected a 1-d integer array, found {arr.dtype}{list(arr.shape)}")
         return np.asarray(arr, dtype=np.int64)
+
+    @cached_property
+    def codec(self) -> RowCodec | None:
+        """The encoding of the rows (the manifest's ``rows``: `dtype`/`dim` are then raw bytes), or None for the
+        store's rows, exact."""
+        rows = self.manifest.get("rows")
+        return None if rows is None else RowCodec.from_manifest(rows, f"{self.path}/manifest.json rows")
 
     @cached_property
     def gpu_ids(self) -> np.ndarray:

@@ -27,7 +27,7 @@ from ...errors import InputError
 from .hashing import config_hash
 from .manifest import read_manifest
 from .packed import SRC_CPU, SRC_DCACHE, SRC_GPU, SRC_PACKED, PackedDataset, file_crc
-from .rowcodec import RowCodec, encode_bytes
+from .rowcodec import encode_bytes
 from .store import STORE_FORMAT, Store
 from .storecheck import UNCHECKED
 from .storecheck import verify_store as check_store_files
@@ -60,7 +60,7 @@ def open_store(ds: PackedDataset, store_path: str | os.PathLike[str] | None = No
                                "re-run `diskflow prepare`")
     if rec.get("table") == "edge_features":     # the edge rows' dataset: rows are the store's edges
         store = store.edge_table()
-    codec = _codec(ds)
+    codec = ds.codec
     dim, dtype = (ds.dim, ds.dtype) if codec is None else (codec.dim, codec.dtype)
     if store.feature_dim != dim or store.feature_dtype != dtype or store.num_nodes != ds.num_nodes:
         raise InputError(path, f"store holds {store.num_nodes} x {store.feature_dim} {store.feature_dtype}, the "
@@ -70,16 +70,10 @@ def open_store(ds: PackedDataset, store_path: str | os.PathLike[str] | None = No
     return store
 
 
-def _codec(ds: PackedDataset) -> RowCodec | None:
-    """The encoding of the dataset's rows (None: the store's rows, exact)."""
-    rows = ds.manifest.get("rows")
-    return None if rows is None else RowCodec.from_manifest(rows, f"{ds.path}/manifest.json rows")
-
-
 def _reference(ds: PackedDataset, store: Store) -> Callable[[np.ndarray], np.ndarray]:
     """The rows the dataset must hold for some ids: the store's, encoded as the dataset's are (the encoding is
     deterministic, so an encoded pack is compared bit for bit too)."""
-    codec = _codec(ds)
+    codec = ds.codec
     if codec is None:
         return store.gather
     return lambda ids: encode_bytes(codec, store.gather(ids), f"{store.path} rows")

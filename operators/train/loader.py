@@ -56,7 +56,6 @@ from ...native.reader import aligned_empty
 from ..formats.npyio import read_into
 from ..formats.packed import PackedDataset
 from ..formats.packedindex import IndexRecord
-from ..formats.rowcodec import RowCodec
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts
@@ -140,8 +139,7 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         # rows as the dataset holds them (`row_dim` wide: encoded rows are raw bytes), and the features' width
         # `dim` once decoded (`codec`, which the assembled batch is decoded with on the device that trains)
         self.row_dim, self.dtype, self.row_bytes = self.ds.dim, self.ds.dtype, self.ds.row_bytes
-        rows = self.ds.manifest.get("rows")
-        self.codec = None if rows is None else RowCodec.from_manifest(rows, f"{self.path}/manifest.json rows")
+        self.codec = self.ds.codec
         self.dim = self.row_dim if self.codec is None else self.codec.dim
         self.memory = memory_plan(self.ds, self.device, queue_depth, not self.pipelined)
         # the edge rows' part of the budgets, as prepare split them (`flow.prepare.edges`); the rest is the nodes'

@@ -51,7 +51,7 @@ def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, seque
         "assembled_batches": assembled_batches(queue_depth, sequential),
         # (encoded rows: the batches hold their rows decoded, float32)
         "assembled_bytes": assembled_batches(queue_depth, sequential) * max_rows * (
-            rb if ds.manifest.get("rows") is None else 4 * int(ds.manifest["rows"]["dim"])),
+            rb if ds.codec is None else 4 * ds.codec.dim),
         "assembled_on": "device" if device.type == "cuda" else "host",
         "gpu_tier_bytes": int(ds.gpu_ids.shape[0]) * rb,
         "cpu_tier_bytes": int(ds.cpu_ids.shape[0]) * rb,
