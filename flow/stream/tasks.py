@@ -174,7 +174,7 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
         order = [first + i for i in range(rank, len(plan.batches), world)]
     bundle = pack_superbatch(store, ref, sample.data, plans, header, final_cache=final,
                              stream_index=index, url=url, tmp_dir=_local_tmp(), global_batches=order, codec=codec)
-    read = int(bundle.meta["figures"]["packed_rows"]) * Store(store).row_bytes     # rows gathered from the store
+    read = int(bundle.meta["figures"]["store_read_bytes"])        # rows gathered from the store
     if edges is not None:
         table, esample, eplan, eheader = edges
         if esample.data is None:
@@ -183,7 +183,7 @@ def pack_task(store: str, ref: SuperbatchRef, sample: SampleResult, plan: PlanRe
                                 stream_index=index, url=f"{url}/{EDGE_ROWS}" if url else None, tmp_dir=_local_tmp())
         nest_bundle(bundle, EDGE_ROWS, inner)
         bundle.meta["figures"]["edges"] = inner.meta["figures"]
-        read += int(inner.meta["figures"]["packed_rows"]) * int(eheader["row_bytes"])
+        read += int(inner.meta["figures"]["store_read_bytes"])
     timing = stamp(t0)
     bundle.meta.update(timing={**plan.timing, "pack": timing}, plan=plan.stats, index=index)
     bundle.meta["figures"]["store_read_bytes"] = read

@@ -203,7 +203,8 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
         codec: pack the rows encoded (`rowcodec.encode_bytes`, each shard's needed rows encoded once).
 
     Returns:
-        The bundle; ``meta["figures"]`` holds packed rows and bytes and the hits per tier.
+        The bundle; ``meta["figures"]`` holds packed rows and bytes, the store bytes gathered, and the hits per
+        tier.
     """
     store = open_table(store_path)
     n_ids = sample_n_ids(samples, ref.key)
@@ -251,6 +252,7 @@ def pack_superbatch(store_path: str | os.PathLike[str], ref: SuperbatchRef, samp
                    **({"global_batches": [int(g) for g in global_batches]} if global_batches is not None else {})},
     }
     figures = {"packed_rows": int(seg_rows.sum()), "packed_bytes": int(part_bytes.sum()),
+               "store_read_bytes": int(seg_rows.sum()) * store.row_bytes,    # the rows gathered, as the store holds them
                "gpu_hits": int(routed["gpu_hits"]), "cpu_hits": int(routed["cpu_hits"]),
                "max_batch_rows": max_rows, "batches": ref.num_batches}
     manifest["figures"] = figures
