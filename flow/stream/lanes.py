@@ -148,30 +148,36 @@ def release(lanes: Sequence[Lane], planner: Lane | None, samples: dict[int, Any]
     dropped once its result is handled).
     """
     upto = start + trained
+
+    def plan_done(chain: Lane, shares: Sequence[Lane], k: int) -> bool:
+        """Plan k of `chain` (whose plans `shares` pack) is needed by no later submission."""
+        return (all(k in lane.shipped_ok for lane in shares) and (chain is not planner or k < upto)
+                and all(j in chain.prepared or j >= n for j in range(k + 1, chain.next_share(k, n) + 1)))
+
+    def sample_done(lane: Lane, planned: set[int], k: int) -> bool:
+        """Lane's samples of superbatch k (its select, its edge-row samples) are needed by no later submission."""
+        return (k < start and k not in lane.prepared) or (
+            k in lane.prepared and k in lane.shipped_ok and (k - 1 < start or k - 1 in planned))
+
     for chain in [planner] if planner is not None else lanes:
         shares = lanes if chain is planner else [chain]
         f = chain.f
-        for k in [k for k in f["plan"] if all(k in lane.shipped_ok for lane in shares)
-                  and (chain is not planner or k < upto)
-                  and all(j in chain.prepared or j >= n for j in range(k + 1, chain.next_share(k, n) + 1))]:
+        for k in [k for k in f["plan"] if plan_done(chain, shares, k)]:
             del f["plan"][k]
         for k in [k for k in f["trace"] if k in f["plan"] or k < start]:   # its plan holds it now
             del f["trace"][k]
     for lane in lanes:
         f = lane.f
         planned = (planner if planner is not None else lane).planned
-        for k in [k for k in f["select"] if (k < start and k not in lane.prepared)
-                  or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < start or k - 1 in planned))]:
+        for k in [k for k in f["select"] if sample_done(lane, planned, k)]:
             del f["select"][k]
         for k in [k for k in f["ship"] if k in f["train"] or k < lane.next_train]:
             del f["ship"][k]
         if lane.edges is not None:      # the edge rows' samples and plans: as the lane's own select and plan
             e = lane.edges.f
-            for k in [k for k in e["plan"] if k in lane.shipped_ok
-                      and all(j in lane.prepared or j >= n for j in range(k + 1, lane.next_share(k, n) + 1))]:
+            for k in [k for k in e["plan"] if plan_done(lane, [lane], k)]:
                 del e["plan"][k]
-            for k in [k for k in e["sample"] if (k < start and k not in lane.prepared)
-                      or (k in lane.prepared and k in lane.shipped_ok and (k - 1 < start or k - 1 in planned))]:
+            for k in [k for k in e["sample"] if sample_done(lane, planned, k)]:
                 del e["sample"][k]
     for k in [k for k in samples if all(
             (k < start and k not in lane.prepared) or (k in lane.prepared and k in lane.shipped_ok)
