@@ -382,7 +382,36 @@ py::tuple sampler_sample(PySampler& s, const py::array& seeds, uint64_t seed, co
                           py::cast(g.num_sampled_nodes), py::cast(g.num_sampled_edges));
 }
 
+py::tuple sample_ranges_py(const py::array& starts, const py::array& ends, const py::array& keys,
+                           const py::array& indices, int64_t fanout, uint64_t seed, uint64_t salt, int num_threads) {
+    for (const auto& [a, name] : {std::pair<const py::array*, const char*>{&starts, "starts"}, {&ends, "ends"},
+                                  {&keys, "keys"}}) {
+        if (!has_dtype<int64_t>(*a)) throw py::value_error(std::string(name) + ": expected dtype int64, got " + dtype_str(*a));
+        check_layout(*a, name, 1);
+    }
+    if (ends.size() != starts.size() || keys.size() != starts.size())
+        throw py::value_error("sample_ranges: starts, ends and keys differ in length");
+    const bool wide = has_dtype<int64_t>(indices);
+    if (!wide && !has_dtype<int32_t>(indices))
+        throw py::value_error("indices: expected dtype int32 or int64, got " + dtype_str(indices));
+    check_layout(indices, "indices", 1);
+    const int64_t n = static_cast<int64_t>(starts.size());
+    RangeDraws d;
+    {
+        py::gil_scoped_release release;
+        d = sample_ranges(static_cast<const int64_t*>(starts.data()), static_cast<const int64_t*>(ends.data()),
+                          static_cast<const int64_t*>(keys.data()), n, indices.data(), wide,
+                          static_cast<int64_t>(indices.size()), fanout, seed, salt, std::max(1, num_threads));
+    }
+    return py::make_tuple(to_numpy(std::move(d.counts), {static_cast<py::ssize_t>(n)}),
+                          to_numpy(std::move(d.nbrs), {static_cast<py::ssize_t>(d.total)}),
+                          to_numpy(std::move(d.pos), {static_cast<py::ssize_t>(d.total)}));
+}
+
 void register_sampler(py::module_& m) {
+    m.def("sample_ranges", &sample_ranges_py, py::arg("starts"), py::arg("ends"), py::arg("keys"), py::arg("indices"),
+          py::arg("fanout"), py::arg("seed"), py::arg("salt"), py::arg("num_threads") = 1,
+          "One hop of a typed sample over CSC ranges: (counts [n], neighbours, positions); GIL released.");
     py::class_<PySampler>(m, "NeighborSampler", R"doc(
 Uniform multi-hop neighbor sampler over a CSC graph (PyG NeighborLoader semantics).
 

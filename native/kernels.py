@@ -86,6 +86,24 @@ class NeighborSampler:
         return n_id, edge_index, e_id, list(nodes), list(edges)
 
 
+def sample_ranges(starts: np.ndarray, ends: np.ndarray, keys: np.ndarray, indices: np.ndarray, fanout: int,
+                  seed: int, salt: int, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One hop of a typed sample: range i (positions ``[starts[i], ends[i])`` of `indices`, one node's
+    in-edges of one edge type) draws min(`fanout`, its length) distinct positions (all when `fanout` < 0)
+    with the generator of node ``keys[i]`` at (`seed`, `salt`), the draw the multi-hop sampler makes for
+    a node at one hop: a pure function of those, whatever `num_threads`.
+
+    Returns:
+        (counts int64 [n], neighbours int64 = ``indices[positions]``, positions int64), range after range.
+
+    Raises:
+        ValueError: arrays of the wrong dtype or layout, a range outside ``[0, len(indices))``.
+    """
+    return _native.sample_ranges(np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=np.int64),
+                                 np.ascontiguousarray(keys, dtype=np.int64), indices, int(fanout), int(seed) & (2**64 - 1),
+                                 int(salt) & (2**64 - 1), int(num_threads))
+
+
 class BeladyPlanArrays(TypedDict):
     """A Belady plan as the kernel returns it (see `diskflow.operators.prepare.plan`)."""
 
@@ -337,4 +355,4 @@ def route_batch(n_id: np.ndarray, src: np.ndarray, idx: np.ndarray, in_cache: np
 
 __all__ = ["BeladyPlanArrays", "BeladyTraceArrays", "NeighborSampler", "belady_initial_fill", "belady_plan",
            "belady_simulate", "belady_trace", "copy_rows", "count_dense", "count_ids", "crc32", "crc32_blocks",
-           "crc32_combine", "crc32_folds", "crc32_zeros", "gather_rows", "merge_counts", "route_batch"]
+           "crc32_combine", "crc32_folds", "crc32_zeros", "gather_rows", "merge_counts", "route_batch", "sample_ranges"]

@@ -747,4 +747,68 @@ int64_t NeighborSampler::num_edges() const { return impl_->num_edges_; }
 const std::vector<int64_t>& NeighborSampler::fanouts() const { return impl_->fanouts_; }
 int NeighborSampler::num_threads() const { return impl_->num_threads_; }
 
+namespace {
+
+template <typename Idx>
+void draw_range_chunk(const int64_t* starts, const int64_t* ends, const int64_t* keys, const Idx* indices,
+                      int64_t begin, int64_t end, int64_t fanout, uint64_t hkey, const int64_t* offsets,
+                      int64_t* nbrs, int64_t* pos, Scratch& s) {
+    for (int64_t i = begin; i < end; ++i) {
+        const int64_t lo = starts[i];
+        const int64_t deg = ends[i] - lo;
+        int64_t e = offsets[i];
+        if (fanout < 0 || deg <= fanout) {
+            for (int64_t p = lo; p < lo + deg; ++p) {
+                pos[e] = p;
+                nbrs[e++] = static_cast<int64_t>(indices[p]);
+            }
+        } else {
+            SplitMix64 rng = node_rng(hkey, keys[i]);
+            floyd_sample(rng, deg, fanout, s);
+            for (int64_t off : s.picks) {
+                pos[e] = lo + off;
+                nbrs[e++] = static_cast<int64_t>(indices[lo + off]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+RangeDraws sample_ranges(const int64_t* starts, const int64_t* ends, const int64_t* keys, int64_t n,
+                         const void* indices, bool indices64, int64_t num_indices, int64_t fanout, uint64_t seed,
+                         uint64_t salt, int num_threads) {
+    RangeDraws out;
+    out.counts.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+    std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        if (starts[i] < 0 || ends[i] < starts[i] || ends[i] > num_indices)
+            throw std::invalid_argument("sample_ranges: range " + std::to_string(i) + " [" + std::to_string(starts[i]) +
+                                        ", " + std::to_string(ends[i]) + ") is not within the " +
+                                        std::to_string(num_indices) + " indices");
+        const int64_t deg = ends[i] - starts[i];
+        const int64_t c = (fanout < 0 || deg <= fanout) ? deg : fanout;
+        out.counts[i] = c;
+        offsets[i + 1] = offsets[i] + c;
+    }
+    out.total = offsets[n];
+    out.nbrs.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(out.total, 1))]);
+    out.pos.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(out.total, 1))]);
+    const uint64_t hkey = mix64(mix64(seed) + kGolden * (salt + 1));
+    constexpr int64_t kChunk = 4096;
+    const int64_t n_tasks = (n + kChunk - 1) / kChunk;
+    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, n_tasks)));
+    std::vector<Scratch> scratch(static_cast<size_t>(threads));
+    run_parallel(n_tasks, threads, [&](int64_t t, int w) {
+        const int64_t b = t * kChunk, e = std::min(n, b + kChunk);
+        if (indices64)
+            draw_range_chunk(starts, ends, keys, static_cast<const int64_t*>(indices), b, e, fanout, hkey,
+                             offsets.data(), out.nbrs.get(), out.pos.get(), scratch[static_cast<size_t>(w)]);
+        else
+            draw_range_chunk(starts, ends, keys, static_cast<const int32_t*>(indices), b, e, fanout, hkey,
+                             offsets.data(), out.nbrs.get(), out.pos.get(), scratch[static_cast<size_t>(w)]);
+    });
+    return out;
+}
+
 }  // namespace diskflow

@@ -75,4 +75,22 @@ class NeighborSampler {
     std::unique_ptr<Impl> impl_;
 };
 
+// What `sample_ranges` drew: per range its count, then the drawn neighbours and their positions in
+// `indices`, range after range (each range's draws in the order the generator made them).
+struct RangeDraws {
+    std::unique_ptr<int64_t[]> counts;  // [n]
+    std::unique_ptr<int64_t[]> nbrs;    // [total]: indices[pos[j]]
+    std::unique_ptr<int64_t[]> pos;     // [total]
+    int64_t total = 0;
+};
+
+// One hop of a typed (per edge type) sample: range i, [starts[i], ends[i]) of `indices`, draws
+// min(fanout, its length) distinct positions (all of them when fanout < 0) with the generator of node
+// keys[i] at (seed, salt), as the multi-hop sampler draws a node's neighbours at one hop; a pure
+// function of (range, key, fanout, seed, salt), whatever the threads. std::invalid_argument for a range
+// outside [0, num_indices).
+RangeDraws sample_ranges(const int64_t* starts, const int64_t* ends, const int64_t* keys, int64_t n,
+                         const void* indices, bool indices64, int64_t num_indices, int64_t fanout, uint64_t seed,
+                         uint64_t salt, int num_threads);
+
 }  // namespace diskflow
