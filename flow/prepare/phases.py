@@ -457,6 +457,7 @@ def pack_phase(run: Run, keys: tuple[str, str], sdir: Path, summaries: list[dict
             **({"rows": run.codec.to_manifest()} if run.codec is not None else {}),
             "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
             "num_classes": store.num_classes, "labels": None if store.table_of is not None else "labels.npy",
+            **({"hetero": store.manifest["hetero"]} if store.manifest.get("hetero") else {}),
             "tiers": {"gpu_rows": int(gpu_ids.shape[0]), "cpu_rows": int(cpu_ids.shape[0]),
                       "cpu_policy": policy_id(cfg.cpu_policy), "gpu_policy": policy_id(cfg.gpu_policy)},
             "round": {"epochs": cfg.epochs, "batches": num_batches, "max_batch_rows": max_batch_rows,

@@ -50,6 +50,8 @@ from ...operators.prepare.history import (
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
+from ...operators.prepare.samplers import store_sampler
+from ...operators.train.heterobatch import train_target
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
 from ...operators.prepare.task import SeedSource, num_seeds
@@ -314,6 +316,7 @@ class StoredSamplesLoader:
     def __init__(self, features: Any, labels: torch.Tensor, packed: str | os.PathLike[str], store: Store,
                  cfg: TrainConfig, edge_features: Any = None) -> None:
         self.features, self.labels, self.edge_features = features, labels, edge_features
+        self.typed = getattr(store, "hetero", None) is not None
         self.ds = PackedDataset(packed)
         man = self.ds.manifest
         if man.get("store", {}).get("manifest_hash") != config_hash(store.manifest):
@@ -355,6 +358,7 @@ class StoredSamplesLoader:
         for sb in self._superbatches():
             for sample in self.ds.samples(sb.key):
                 sample.n_id = np.array(sample.n_id)    # mapped from the samples file; torch wants its own
+                sample.typed = self.typed
                 yield sample
 
 
@@ -364,10 +368,8 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     features: Any
     if how.features is None:
         features = torch.from_numpy(st.read_features())
-        indptr, indices = np.array(st.indptr), np.array(st.indices)  # RAM copies of the CSC
     else:
         features = how.features(st)
-        indptr, indices = st.indptr, st.indices
     edge_table = st.edge_features
     edge_features: Any = None
     if edge_table is not None:      # the edge features as the node features are held: in RAM, or read through
@@ -379,7 +381,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     if not cfg.link:
         _check_labels(st, labels, splits)
 
-    sampler = NeighborSampler(indptr, indices, list(cfg.fanouts), num_threads=cfg.threads)
+    sampler = store_sampler(st, list(cfg.fanouts), num_threads=cfg.threads, in_ram=how.features is None)
     source = SeedSource(st, cfg.batch_size, cfg.seed, cfg.train_task) if cfg.link else None
     train: Any
     if how.loader is not None:
@@ -393,7 +395,8 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     evals = eval_loaders(cfg, features, labels, sampler, splits.__getitem__, st, edge_features)
     stages = STAGES if how.loader is None else (*how.loader.stages, "train")
     session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=stages, evals=lambda: evals,
-                           edge_dim=edge_table.dim if edge_table is not None else None)
+                           edge_dim=edge_table.dim if edge_table is not None else None,
+                           hetero=train_target(st.hetero, st.path))
 
     for epoch in range(cfg.epochs):
         train.set_epoch(epoch)

@@ -97,6 +97,7 @@ class SampleRecord:
     e_id: np.ndarray | None = None              # int32 or int64 (as stored) [e]: each edge's CSC position
     edge_label_index: np.ndarray | None = None  # int64 [2, l]: a link task's scored pairs, local
     edge_label: np.ndarray | None = None        # float32 [l]: 1 positive, 0 negative
+    typed: bool = False         # a typed store's flat sample: e_id tells the edge types (set by the reader's caller)
 
 
 def _list_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:

@@ -55,6 +55,7 @@ class SampledBatch:
     batch_size: int
     # int64 [num_edges], or int32 for a narrow sample of a graph of at most 2**31 edges
     e_id: np.ndarray | None = None
+    typed: bool = False     # a typed graph's flat sample (`typedsample`): its e_id tells the edge types
 
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:

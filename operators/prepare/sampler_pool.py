@@ -30,6 +30,8 @@ import numpy as np
 from ..formats.manifest import MANIFEST
 from ..formats.store import Store
 from .sample import NeighborSampler
+from .samplers import store_sampler
+from .typedsample import TypedNeighborSampler
 
 __all__ = ["PooledSampler", "drop_idle_samplers", "idle_samplers", "leased_sampler"]
 
@@ -44,7 +46,7 @@ class PooledSampler:
     """A store opened for sampling and a sampler over its topology (see the module docstring)."""
 
     store: Store
-    sampler: NeighborSampler
+    sampler: NeighborSampler | TypedNeighborSampler
     _splits: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def split_ids(self, name: str) -> np.ndarray:
@@ -105,8 +107,7 @@ def leased_sampler(store_path: str | os.PathLike[str], fanouts: Sequence[int],
     try:
         if entry is None:
             store = Store(store_path)
-            entry = PooledSampler(store, NeighborSampler(store.indptr, store.indices, list(fanouts),
-                                                         num_threads=num_threads))
+            entry = PooledSampler(store, store_sampler(store, list(fanouts), num_threads=num_threads))
         entry.store.populate_topology()   # cheap where it is resident; faults it back in where it was evicted
         yield entry
         kept = True                       # not reached when the block raised: a failed task's sampler is dropped

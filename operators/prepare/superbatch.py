@@ -130,14 +130,16 @@ def sample_superbatch_records(store_path: str | os.PathLike[str], ref: Superbatc
     summary. `order`: how the epoch's seeds become batches (None: shuffled). `history`: one `HistoryStep`
     per batch (`operators.prepare.history`): its pruned nodes are not expanded, and each record carries
     the plan. `task`: a link task's batches start from their scored pairs' endpoints and carry the pairs.
-    A store with edge features keeps each batch's sampled edge ids (``e_id``)."""
+    A store with edge features, or a typed store (whose edge ids tell the edge types), keeps each batch's
+    sampled edge ids (``e_id``)."""
     with leased_sampler(store_path, fanouts, num_threads) as pooled:
         store, sampler = pooled.store, pooled.sampler
         span = range(ref.first_batch, ref.first_batch + ref.num_batches)
         batches = epoch_seeds(pooled, batch_size, ref.epoch, seed, task, order, only=span)
         records, accesses, max_nodes, edges = [], 0, 0, 0
         ids = id_type(store.num_nodes)
-        edge_ids = id_type(store.num_edges) if getattr(store, "edge_features", None) is not None else None
+        keep_edges = getattr(store, "edge_features", None) is not None or getattr(store, "hetero", None) is not None
+        edge_ids = id_type(store.num_edges) if keep_edges else None
         narrow = ids == pa.int32()      # sampled as int32, as the file stores them: no conversion pass
         pruned = pushed = 0
         for j, b in zip(span, batches):

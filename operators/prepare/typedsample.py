@@ -206,4 +206,4 @@ class TypedNeighborSampler:
             n_id, edge_index = n_id.astype(np.int32), edge_index.astype(np.int32)
             if lay.num_edges <= 2**31:
                 e_id = e_id.astype(np.int32)
-        return SampledBatch(n_id, edge_index, num_nodes, num_edges, int(g.size), e_id)
+        return SampledBatch(n_id, edge_index, num_nodes, num_edges, int(g.size), e_id, typed=True)

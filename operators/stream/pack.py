@@ -162,6 +162,7 @@ def stream_header(store: Store, config: dict[str, Any], gpu_rows: int, cpu_rows:
         "dtype": store.feature_dtype.name, "dim": store.feature_dim, "row_bytes": store.row_bytes,
         "num_nodes": store.num_nodes, "num_shards": len(store.shards), "shard_rows": store.shard_rows,
         "num_classes": store.num_classes, "labels": "labels.npy",
+        **({"hetero": store.manifest["hetero"]} if store.manifest.get("hetero") else {}),
         "tiers": {"gpu_rows": int(gpu_rows), "cpu_rows": int(cpu_rows), "cpu_policy": config.get("cpu_policy")},
         "round": {"epochs": int(epochs), "batches": int(round_batches)},
         **rows,

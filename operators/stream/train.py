@@ -34,6 +34,7 @@ from ..options import QUEUE_DEPTH
 from ..train.config import TrainConfig
 from ..train.loader import PackedLoader
 from ..train.loop import deterministic
+from ..train.heterobatch import train_target
 from ..train.session import TrainSession, num, resolve_device, store_eval_loaders
 from ..train.steps import DataParallel
 from ..train.trainer import STAGES
@@ -120,16 +121,18 @@ class StreamTrainer:
         self.loader = loader
         # (a data-parallel rank whose first superbatches held nothing of its own has a session already)
         return loader, self.session or self._new_session(loader.dim, loader.num_classes,
-                                                         loader.edges.dim if loader.edges is not None else None)
+                                                         loader.edges.dim if loader.edges is not None else None,
+                                                         train_target(loader.hetero, loader.ds.path))
 
-    def _new_session(self, dim: int, num_classes: int, edge_dim: int | None = None) -> TrainSession:
+    def _new_session(self, dim: int, num_classes: int, edge_dim: int | None = None,
+                     hetero: tuple[Any, str] | None = None) -> TrainSession:
         """The session (seeded; the resumed state loaded), a data-parallel rank's with its steps; `edge_dim`: the
         width of the edge rows the batches carry (None: none)."""
         cfg = self.cfg
         steps = DataParallel(cfg.world, cfg.rank) if cfg.world > 1 else None
         self.session = TrainSession(cfg, self.dev, dim, num_classes, stages=STAGES, throughput=True,
                                     evals=self._eval_loaders if cfg.rank == 0 else None, steps=steps,
-                                    edge_dim=edge_dim)
+                                    edge_dim=edge_dim, hetero=hetero)
         if self.resume is not None:
             self.session.load_state_dict(self.resume)
         return self.session

@@ -93,7 +93,7 @@ def to_data(sample: Sample, x: torch.Tensor, y: torch.Tensor, edge_features: Any
     if edge_features is not None and e_id is not None:
         edge_attr = edge_features.index_select(0, _ids(e_id).to(edge_features.device))
     return batch_data(sample, x.index_select(0, rows), y.index_select(0, rows.to(y.device)), edge_attr,
-                      edge_ids=edge_features is not None)
+                      edge_ids=edge_features is not None or bool(getattr(sample, "typed", False)))
 
 
 def timed_data(samples: Iterator[Sample], x: torch.Tensor, y: torch.Tensor,

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
+from ...errors import InputError
 from ..formats.hetero import HeteroLayout
 
-__all__ = ["TypedSplit", "hetero_batch", "seed_count", "seed_labels", "split_sample", "typed_inputs"]
+__all__ = ["TypedSplit", "hetero_batch", "seed_count", "seed_labels", "split_sample", "train_target", "typed_inputs"]
 
 
 @dataclass
@@ -71,13 +72,16 @@ def split_sample(n_id: np.ndarray, edge_index: np.ndarray, e_id: np.ndarray, num
 
 
 def _numpy(t: Any) -> np.ndarray:
-    return t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    return t.cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
 
 
-def hetero_batch(data: Data, layout: HeteroLayout, target: str, labelled: frozenset[str] | None = None) -> HeteroData:
+def hetero_batch(data: Data, layout: HeteroLayout, target: str, labelled: frozenset[str] | None = None,
+                 x: torch.Tensor | None = None, full_width: bool = False) -> HeteroData:
     """Split the flat batch `data` of a typed graph into a `HeteroData` (module docstring).
 
-    `labelled`: the node types whose ``y`` the batch carries (default: the target's only).
+    `labelled`: the node types whose ``y`` the batch carries (default: the target's only). `x`: the rows
+    to split instead of ``data.x`` (e.g. cast to float32). `full_width`: every type's rows at the table's
+    width (narrower types zero-padded), as a model built for the table's width reads them.
     """
     e_id = getattr(data, "e_id", None)
     if e_id is None:
@@ -85,14 +89,15 @@ def hetero_batch(data: Data, layout: HeteroLayout, target: str, labelled: frozen
     sp = split_sample(_numpy(data.n_id), _numpy(data.edge_index), _numpy(e_id), data.num_sampled_nodes,
                       data.num_sampled_edges, layout)
     out = HeteroData()
-    x = data.x
+    x = data.x if x is None else x
     y = getattr(data, "y", None)
     labelled = frozenset([target]) if labelled is None else labelled
     for t, info in enumerate(layout.node_types):
         idx = torch.from_numpy(sp.node_pos[t])
         store = out[info.name]
         if x is not None and info.has_features:
-            store.x = x.index_select(0, idx.to(x.device))[:, :info.dim]
+            rows = x.index_select(0, idx.to(x.device))
+            store.x = rows if full_width else rows[:, :info.dim]
         else:                   # no rows: PyG counts such a type's nodes
             store.num_nodes = int(idx.numel())
         store.n_id = torch.from_numpy(sp.node_ids[t])
@@ -113,6 +118,20 @@ def hetero_batch(data: Data, layout: HeteroLayout, target: str, labelled: frozen
             store.edge_attr = edge_attr.index_select(0, torch.from_numpy(sp.edge_pos[k]).to(edge_attr.device))
         store.num_sampled_edges = sp.edge_hops[k]
     return out
+
+
+def train_target(layout: HeteroLayout | None, where: Any) -> tuple[HeteroLayout, str] | None:
+    """(layout, target type) a node task on a typed store trains on (None on a homogeneous store).
+
+    Raises:
+        InputError: (`where`) no node type, or several, with labels: the seeds' type is not known.
+    """
+    if layout is None:
+        return None
+    if layout.target is None:
+        raise InputError(where, "a typed store's node task needs seeds of one labelled node type, and this one has "
+                                "none with labels, or several: give labels to one type at ingest")
+    return layout, layout.target
 
 
 def typed_inputs(batch: HeteroData) -> tuple[dict[str, torch.Tensor], dict[Any, torch.Tensor]]:

@@ -59,6 +59,8 @@ from ..formats.packedindex import IndexRecord
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts
+from ..formats.hetero import HeteroLayout
+from .heterobatch import hetero_batch
 from .batches import Sample, batch_data
 from .batchload import BatchLoad, make_reader
 from .cputier import check_follows, check_saved_tier, cpu_tier, gpu_tier, stream_batches
@@ -120,7 +122,7 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
                  cpu_memory: int | None = None, queue_depth: int = 2, pipelined: bool = True,
                  check_crc: bool = True, reader: Any = None, *, store: str | os.PathLike[str] | None = None,
                  gpu_memory: int | None = None, held: Mapping[str, Buffer] | None = None,
-                 shared: Any = None) -> None:
+                 shared: Any = None, typed_batches: bool = False) -> None:
         if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
             raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
         try:
@@ -148,6 +150,11 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
         check_memory(self.memory, _less(cpu_memory, edge_cpu), _less(gpu_memory, edge_gpu))
         self._cpu_memory = _less(cpu_memory, edge_cpu)
         self.num_classes = int(self.ds.manifest.get("num_classes", 0))
+        # a typed graph's layout (`formats.hetero`); `typed_batches`: yield `HeteroData` rather than the flat
+        # `Data` the trainer splits at the model (`heterobatch`)
+        entry = self.ds.manifest.get("hetero")
+        self.hetero = HeteroLayout(entry, str(self.ds.path / "manifest.json")) if entry else None
+        self.typed_batches = bool(typed_batches) and self.hetero is not None
         # a table of rows alone (the edge rows' dataset inside a packed dataset): no graph, no labels
         self.rows_only = (self.ds.manifest.get("store") or {}).get("table") is not None
         self.labels = np.empty(0, np.int64) if self.rows_only else load_labels(self.ds)
@@ -411,7 +418,10 @@ class PackedLoader(BatchLoad, BatchAssembly, Closing):
             self.pool.lend(x)
         if self.rows_only:
             return x
-        return batch_data(cast(Sample, s), x, cast(torch.Tensor, y))
+        data = batch_data(cast(Sample, s), x, cast(torch.Tensor, y))
+        if self.typed_batches and self.hetero is not None:
+            return hetero_batch(data, self.hetero, str(self.hetero.target))
+        return data
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Data]:

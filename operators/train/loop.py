@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 
 from ...errors import ConfigError, DiskflowError
+from .heterobatch import hetero_batch
 from .history import history_of
 from .linkmetrics import link_figures
 from .linkmodel import LinkModel
-from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, spec_of, supports_trim, takes_edge_attr
+from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, hetero_of, spec_of, supports_trim, takes_edge_attr
 from .optim import Stepper
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 
@@ -68,6 +69,11 @@ def forward(model: torch.nn.Module, batch: Data) -> torch.Tensor:
     for the same reason.
     """
     x = batch.x.float()
+    typed = hetero_of(model)
+    if typed is not None:       # a typed graph: the flat batch split by type, the target type's logits
+        layout, target = typed
+        hb = hetero_batch(batch, layout, target, x=x, full_width=True)
+        return model(hb.x_dict, hb.edge_index_dict)[target][:batch.batch_size]
     history = history_of(model)
     if history is not None:       # the batch's history plan, for training batches only
         history.bind(batch if model.training else None)

@@ -39,7 +39,7 @@ BUILTIN_MODELS = ("sage", "gcn", "gat", "mlp")
 DATA_ONLY = "none"      # model name that runs only the data path (batches built and dropped, for timing)
 USER_MODULE = "diskflow_user_model"
 # Shape options a factory may take besides (in_channels, out_channels), by keyword.
-SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads", "edge_dim")
+SHAPE_OPTIONS = ("hidden_channels", "num_layers", "dropout", "heads", "edge_dim", "metadata")
 # When a scheduler steps: after every epoch (StepLR, CosineAnnealingLR over epochs, ReduceLROnPlateau on the
 # epoch's training loss) or after every optimizer step (OneCycleLR, warm-up schedules).
 SCHEDULES = ("epoch", "step")
@@ -56,7 +56,10 @@ class Model:
             seed: the first ``batch_size`` rows are the seeds'). A factory may also take any of
             ``hidden_channels``, ``num_layers``, ``dropout`` and ``heads`` by keyword: it then
             gets the run's ``--hidden``, ``--num-layers``, ``--dropout`` and ``--heads``; and
-            ``edge_dim``: the width of the graph's edge features (None where it has none). A module
+            ``edge_dim``: the width of the graph's edge features (None where it has none); and
+            ``metadata``: a typed graph's ``(node_types, edge_types)``, for a factory that builds a
+            heterogeneous module itself (called ``module(x_dict, edge_index_dict)``; any other factory's
+            module is made heterogeneous by PyG's ``to_hetero``). A module
             whose ``forward`` takes ``edge_attr`` is given each batch's edge features, aligned with
             ``edge_index``. For a link task the module is the encoder: `out_channels` is the width of
             the node embeddings the decoder scores pairs from.

@@ -7,6 +7,9 @@ exactly what the graph adds.
 """
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch_geometric.nn.models import GAT, GraphSAGE
 
@@ -17,11 +20,17 @@ from .mlp import EdgeFreeMLP
 from .modeldef import BUILTIN_MODELS as MODELS
 from .modeldef import Model
 
-__all__ = ["BUILTINS", "CLASSES_ATTRIBUTE", "MODELS", "EdgeFreeMLP", "LinkModel", "Model", "build_model", "spec_of",
-           "supports_trim", "takes_edge_attr"]
+__all__ = ["BUILTINS", "CLASSES_ATTRIBUTE", "MODELS", "EdgeFreeMLP", "LinkModel", "Model", "build_model", "hetero_of",
+           "spec_of", "supports_trim", "takes_edge_attr"]
 
 SPEC_ATTRIBUTE = "_diskflow_model"
 CLASSES_ATTRIBUTE = "_diskflow_classes"
+HETERO_ATTRIBUTE = "_diskflow_hetero"
+
+
+def hetero_of(module: torch.nn.Module) -> tuple[Any, str] | None:
+    """(the typed layout, the target node type) of a model built for a typed graph (`build_model`), else None."""
+    return getattr(module, HETERO_ATTRIBUTE, None)
 
 
 def spec_of(module: torch.nn.Module) -> Model | None:
@@ -41,8 +50,6 @@ def supports_trim(model: torch.nn.Module) -> bool:
 
 def takes_edge_attr(model: torch.nn.Module) -> bool:
     """Whether `model`'s forward takes ``edge_attr`` (stock PyG models that use it, and a user's that names it)."""
-    import inspect
-
     inner = model.encoder if isinstance(model, LinkModel) else model
     if isinstance(inner, (GraphSAGE,)):
         return False            # its layers read no edge features (PyG drops them)
@@ -52,9 +59,16 @@ def takes_edge_attr(model: torch.nn.Module) -> bool:
         return False
 
 
+def _takes_metadata(factory: Any) -> bool:
+    try:
+        return "metadata" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
                 dropout: float = 0.0, heads: int = 4, edge_dim: int | None = None,
-                link: bool = False) -> torch.nn.Module:
+                link: bool = False, hetero: tuple[Any, str] | None = None) -> torch.nn.Module:
     """Build a model, called uniformly as `model(x, edge_index)`: a built-in, a `.py` file's or a `Model`.
 
     Args:
@@ -70,6 +84,13 @@ def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_c
             a factory that takes ``edge_dim`` gets it.
         link: build a link task's model (`linkmodel.LinkModel`): the model as the encoder, with
             `out_channels` embedding channels, and the `Model`'s decoder (None: the dot product).
+        hetero: (layout, target type) of a typed graph (`formats.hetero.HeteroLayout`): the module is
+            called ``model(x_dict, edge_index_dict)`` and its target type's rows are the logits. A factory
+            that takes ``metadata`` gets PyG's ``(node_types, edge_types)`` and builds a heterogeneous
+            module itself (`HeteroConv`, `to_hetero`, ...); any other is made heterogeneous by PyG's
+            `to_hetero` (one copy of each layer per edge type, summed per node type). Every type's rows
+            reach the module at `in_channels` (the feature table's width: narrower types zero-padded).
+            A model that reads a node's own row only (the MLP) stays as it is: it sees the seeds' rows.
 
     The module keeps its `Model` (`spec_of`): the loop reads its loss, trimming and source from it.
 
@@ -84,8 +105,22 @@ def build_model(name: str | Model, in_channels: int, hidden_channels: int, out_c
         raise ConfigError("num_layers", f"expected an integer >= 1, got {num_layers}")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError("dropout", f"expected a probability in [0, 1), got {dropout}")
+    if hetero is not None and link:
+        raise ConfigError("task", "link prediction on a typed graph is not supported yet: train a node task")
+    typed_factory = hetero is not None and _takes_metadata(spec.factory)
     module = spec.build(in_channels, out_channels, hidden_channels=hidden_channels, num_layers=num_layers,
-                        dropout=dropout, heads=heads, edge_dim=edge_dim)
+                        dropout=dropout, heads=heads, edge_dim=edge_dim,
+                        **({"metadata": hetero[0].metadata()} if typed_factory and hetero is not None else {}))
+    if hetero is not None and not (isinstance(module, EdgeFreeMLP) or spec.seeds_only):
+        if not typed_factory:
+            from torch_geometric.nn import to_hetero
+
+            try:
+                module = to_hetero(module, hetero[0].metadata(), aggr="sum")
+            except Exception as e:      # torch.fx cannot trace it: say which model and what to do
+                raise spec.error(f"PyG's to_hetero could not make it heterogeneous ({type(e).__name__}: {e}); give "
+                                 "its factory a `metadata` argument and build a heterogeneous module there") from e
+        object.__setattr__(module, HETERO_ATTRIBUTE, hetero)
     if link:
         decoder = DotProduct() if spec.decoder is None else \
             spec.call("decoder factory", spec.decoder, (out_channels,), {}, torch.nn.Module, "a torch.nn.Module",

@@ -23,7 +23,7 @@ import torch
 from torch_geometric.data import Data
 
 from ...errors import ConfigError, InputError
-from ..prepare.sample import NeighborSampler
+from ..prepare.samplers import store_sampler
 from ..prepare.task import SeedSource
 from .batches import TEST_STREAM, VAL_STREAM, InMemoryLoader
 from .config import DATA_ONLY, MODELS, TrainConfig, check_model_identity
@@ -115,7 +115,7 @@ def eval_loaders(cfg: TrainConfig, features: Any, labels: torch.Tensor, sampler:
 
 def store_eval_loaders(cfg: TrainConfig, store: Any, labels: np.ndarray) -> dict[str, InMemoryLoader]:
     """`eval_loaders` over a store's memory maps: what a trainer without the features in RAM evaluates on."""
-    sampler = NeighborSampler(store.indptr, store.indices, list(cfg.fanouts), num_threads=torch.get_num_threads())
+    sampler = store_sampler(store, list(cfg.fanouts), num_threads=torch.get_num_threads())
     edges = getattr(store, "edge_features", None)
     return eval_loaders(cfg, StoreFeatures(store), torch.from_numpy(labels), sampler, store.split_ids, store,
                         StoreFeatures(store, edges=True) if edges is not None else None)
@@ -177,6 +177,8 @@ class TrainSession:
             None or an empty mapping: no evaluation (accuracies None).
         steps: how batches become optimizer steps (a data-parallel rank's `steps.DataParallel`);
             None: ``cfg.batches_per_step`` batches of one process per step.
+        hetero: a typed graph's (layout, target type) (`heterobatch.train_target`): the model is built
+            heterogeneous (`models.build_model`); None: a homogeneous graph.
 
     The model is built right after ``torch.manual_seed(cfg.seed)``, so sessions built with the
     same seed start from the same weights whatever the pipeline.
@@ -185,7 +187,7 @@ class TrainSession:
     def __init__(self, cfg: TrainConfig, device: str | torch.device, dim: int, num_classes: int, *,
                  stages: Sequence[str], throughput: bool = False,
                  evals: Callable[[], EvalLoaders] | None = None, steps: StepGroups | None = None,
-                 edge_dim: int | None = None) -> None:
+                 edge_dim: int | None = None, hetero: tuple[Any, str] | None = None) -> None:
         self.cfg = cfg
         self.steps = steps if steps is not None else \
             (Accumulate(cfg.batches_per_step) if cfg.batches_per_step > 1 else None)
@@ -202,7 +204,7 @@ class TrainSession:
         if not cfg.data_only:
             model = build_model(cfg.model, dim, cfg.hidden, cfg.hidden if cfg.link else num_classes,
                                 int(cfg.num_layers or 1), dropout=cfg.dropout, heads=cfg.heads, edge_dim=edge_dim,
-                                link=cfg.link)
+                                link=cfg.link, hetero=hetero)
             if cfg.history_rows > 0:
                 HistoryCache.attach(model, cfg.history_rows)
             self.model = model.to(self.device)

@@ -38,6 +38,7 @@ from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_che
 from .config import DATA_ONLY, TrainConfig, check_model_identity
 from .loader import PackedLoader
 from .loop import deterministic
+from .heterobatch import train_target
 from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads
 
 __all__ = ["CHECKPOINTS", "DATA_ONLY", "STAGES", "deferred_interrupt", "train_packed"]
@@ -246,7 +247,8 @@ class _Run:
         cfg, loader = self.cfg, self.loader
         session = TrainSession(cfg, self.dev, loader.dim, loader.num_classes, stages=STAGES, throughput=True,
                                evals=self._eval_loaders if self.evaluate else None,
-                               edge_dim=loader.edges.dim if loader.edges is not None else None)
+                               edge_dim=loader.edges.dim if loader.edges is not None else None,
+                               hetero=train_target(loader.hetero, loader.ds.path))
         start_epoch, start_batch = 0, 0
         if self.resume and not cfg.data_only:
             latest = latest_checkpoint(self.ckpt_root)

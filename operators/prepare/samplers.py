@@ -1,0 +1,51 @@
+"""The sampler of a store: the native homogeneous one, or the typed one over a typed store's edge types.
+
+Every pipeline draws its samples through `store_sampler`, so a typed store is sampled with a fanout per
+edge type wherever a homogeneous one is sampled, and the samples (one flat sample over global ids,
+`typedsample`) flow through the same counting, tiers, plans, packing and loaders.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import InputError
+from ..formats.hetero import HeteroLayout, edge_type_name
+from .sample import NeighborSampler
+from .typedsample import TypedNeighborSampler, typed_fanouts
+
+__all__ = ["check_typed_rows", "store_sampler"]
+
+
+def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
+                     where: Any) -> None:
+    """Refuse, in one line, a typed store whose sampled edge types reach a node type without features:
+    its nodes would join batches with no rows to read (`where`: the store, for the error)."""
+    per_type = typed_fanouts(layout, fanouts)
+    for k, et in enumerate(layout.edge_types):
+        if any(f != 0 for f in per_type[k]) and not layout.node(et.src).has_features:
+            raise InputError(where, f"node type {et.src!r} has no features, and edge type {edge_type_name(et.key)} "
+                                    f"samples its nodes: derive them at ingest (--derive {et.src}=mean:SRC__REL__DST) "
+                                    f"or leave the edge type out of the fanouts")
+
+
+def store_sampler(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int]], num_threads: int | None = None,
+                  in_ram: bool = False) -> NeighborSampler | TypedNeighborSampler:
+    """The sampler of `store` (a `formats.store.Store`) with `fanouts` per hop (a dict per edge type on a
+    typed store); `in_ram`: over RAM copies of the topology rather than its memory maps."""
+    layout = getattr(store, "hetero", None)
+    if layout is None:
+        if isinstance(fanouts, Mapping):
+            raise InputError(store.path, "fanouts per edge type need a typed store; this one has one edge type")
+        indptr, indices = store.indptr, store.indices
+        if in_ram:
+            indptr, indices = np.array(indptr), np.array(indices)
+        return NeighborSampler(indptr, indices, list(fanouts), num_threads=num_threads)
+    check_typed_rows(layout, fanouts, store.path)
+    relations = []
+    for k in range(len(layout.edge_types)):
+        indptr, indices = store.relation(k)
+        relations.append((np.array(indptr), np.array(indices)) if in_ram else (indptr, indices))
+    return TypedNeighborSampler(layout, relations, fanouts, num_threads=num_threads)
