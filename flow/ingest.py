@@ -65,6 +65,7 @@ from ..operators.ingest.features import (
     write_edge_feature_shard,
     write_feature_shard,
 )
+from ..operators.ingest.heterotypes import HETERO_FILE, is_typed_raw
 from ..operators.ingest.links import LinkConfig, write_link_arrays
 from ..operators.ingest.nodes import ingest_nodes
 from ..operators.ingest.raw import (
@@ -125,7 +126,8 @@ class IngestResult:
         n, feats = int(manifest["num_nodes"]), manifest["features"]
         edge = manifest.get("edge_features")
         link = manifest.get("link")
-        return cls(path, skipped, n, int(manifest["num_edges"]), input_bytes, seconds, n * int(feats["row_bytes"]),
+        rows = sum(int(s["rows"]) for s in feats["shards"])     # N, or a typed store's featured rows
+        return cls(path, skipped, n, int(manifest["num_edges"]), input_bytes, seconds, rows * int(feats["row_bytes"]),
                    len(feats["shards"]), 0 if edge is None else int(manifest["num_edges"]) * int(edge["row_bytes"]),
                    None if link is None else dict(link["counts"]))
 
@@ -176,12 +178,14 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
                force: bool = False, link_split: Sequence[float] | None = None,
                disjoint_train_ratio: float = LinkConfig.disjoint_train_ratio,
                link_negatives: int = LinkConfig.negatives, link_seed: int = LinkConfig.seed,
-               storage_options: dict[str, Any] | None = None) -> IngestResult:
+               storage_options: dict[str, Any] | None = None, derive: Sequence[str] = ()) -> IngestResult:
     """Ingest the raw dataset `raw` into the store `out`, as Dask tasks on the active scheduler.
 
     Args:
         raw: directory with edges/, features/, nodes/ (docs/design.md, "Formats"), or its URL (``s3://``,
-            ``gs://``, ``hdfs://``, any fsspec scheme): the tasks read their shards from it themselves.
+            ``gs://``, ``hdfs://``, any fsspec scheme): the tasks read their shards from it themselves. A
+            directory with a ``hetero.json`` is a typed dataset and becomes a typed store
+            (`flow.heteroingest`; no link split, no edge features).
         out: the store directory to create (or replace).
         memory_budget: bytes one task may use (e.g. "1GiB"); sets the feature shard size,
             the edge buckets and the read batch sizes.
@@ -196,6 +200,9 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
         link_seed: seeds the random split, the supervision share and the negatives.
         storage_options: how to reach a URL (fsspec's, as Dask's ``read_parquet`` takes them:
             `operators.ingest.remote`); credentials otherwise come from the environment and config files.
+        derive: a typed dataset's derive rules, ``TYPE=mean:SRC__REL__DST`` each: the featureless node type
+            TYPE gets the mean of its neighbours' feature rows over that edge type
+            (`operators.ingest.heterotypes.DeriveRule`).
 
     Raises:
         InputError: bad or missing input, naming the file and the fault; `out` holds something
@@ -210,6 +217,20 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
         raise ConfigError("shard_rows", f"must be >= 1, got {shard_rows}")
     link = LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
                       link_seed).check()
+    if isinstance(derive, str):
+        derive = [derive]
+    if is_typed_raw(raw):
+        if link.split is not None or link.disjoint_train_ratio > 0:
+            raise ConfigError("link_split" if link.split is not None else "disjoint_train_ratio",
+                              f"{raw} is a typed dataset ({HETERO_FILE}): typed stores have no link split yet")
+        if storage_options:
+            raise ConfigError("storage_options", f"apply to a URL, not the path {raw}")
+        from .heteroingest import run_hetero_ingest
+
+        return run_hetero_ingest(raw, out, budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
+                                 allow_nonfinite=allow_nonfinite, force=force, derive=list(derive))
+    if derive:
+        raise ConfigError("derive", f"derives a typed dataset's node features, and {raw} has no {HETERO_FILE}")
     files = find_raw_files(raw, storage_options)
     out_p = Path(out).absolute()
     _check_out(files, out_p)

@@ -19,7 +19,8 @@ Manifest keys: ``format`` ("diskflow-store"), ``version``, ``num_nodes``, ``num_
 ``features`` {``dtype``, ``dim``, ``row_bytes``, ``shard_rows``, ``arrow_type``,
 ``shards``: [{``path``, ``row_start``, ``rows``, ``offset``, ``nbytes``}]},
 ``labels``, ``splits``, ``split_counts``, ``inputs`` (fingerprints), ``config``; optionally
-``edge_features`` (the keys of ``features``) and ``link`` {``source`` ("column" | "random"),
+``edge_features`` (the keys of ``features``), ``hetero`` (a typed store: `hetero.HeteroLayout`; then
+``topology`` is null and each edge type has its own CSC, `Store.relation`) and ``link`` {``source`` ("column" | "random"),
 ``val``, ``test`` (the random split's shares, else null), ``disjoint_train_ratio``, ``seed``,
 ``negatives``, ``counts`` {split: P}, ``undirected``, ``files``}. With a link split the
 topology holds only the message-passing edges: no validation or test edge, nor (undirected)
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from .hetero import HeteroLayout
 from .manifest import read_manifest
 from .npyio import load_npy
 from .outputs import OutputKind
@@ -213,6 +215,7 @@ class Store:
         edge = manifest.get("edge_features")
         self.edge_features: RowTable | None = (None if edge is None
                                                else RowTable(self.path, edge, self.checks, "edge features"))
+        self._relations: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def has_checksums(self) -> bool:
@@ -237,6 +240,39 @@ class Store:
         return (f"Store({str(self.path)!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"dim={self.feature_dim}, dtype={self.feature_dtype}, shards={len(self.shards)}{edge}{link})")
 
+    # ------------------------------------------------------------------ typed stores
+    @cached_property
+    def hetero(self) -> HeteroLayout | None:
+        """A typed store's node and edge types (`HeteroLayout`), or None for a homogeneous store."""
+        entry = self.manifest.get("hetero")
+        return None if entry is None else HeteroLayout(entry, str(self.path / "manifest.json"))
+
+    def relation(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Edge type k's CSC of a typed store: (indptr int64 [count_dst + 1], indices: the source type's local
+        ids), memory-mapped and checked against the store's checksums like the other arrays (once per process).
+
+        Raises:
+            InputError: a homogeneous store, or k out of range.
+        """
+        layout = self.hetero
+        if layout is None:
+            raise InputError(self.path, "a homogeneous store has one topology (Store.indptr, Store.indices), not "
+                                        "one per edge type")
+        if not 0 <= int(k) < len(layout.edge_types):
+            raise InputError(self.path, f"edge type {k} out of range: the store has {len(layout.edge_types)}")
+        if int(k) not in self._relations:
+            e = layout.edge_types[int(k)]
+            self._relations[int(k)] = (self._load(e.indptr), self._load(e.indices))
+        return self._relations[int(k)]
+
+    def _topology(self, key: str) -> str:
+        if self.manifest.get("hetero") is not None:
+            raise InputError(self.path, "a typed store has one topology per edge type: read Store.relation(k) "
+                                        "(Store.hetero lists the edge types), not Store.indptr/indices")
+        if self.manifest.get("topology") is None:
+            raise InputError(self.path, "has no topology (a row table of a store)")
+        return str(self.manifest["topology"][key])
+
     # ------------------------------------------------------------------ topology
     def _load(self, rel: str, mmap: bool = True) -> np.ndarray:
         p = self.path / rel
@@ -249,12 +285,12 @@ class Store:
     @cached_property
     def indptr(self) -> np.ndarray:
         """CSC column pointer (int64, N+1), memory-mapped."""
-        return self._load(self.manifest["topology"]["indptr"])
+        return self._load(self._topology("indptr"))
 
     @cached_property
     def indices(self) -> np.ndarray:
         """CSC row indices: the source node of every in-edge, grouped by destination; memory-mapped."""
-        return self._load(self.manifest["topology"]["indices"])
+        return self._load(self._topology("indices"))
 
     def populate_topology(self) -> bool:
         """Fault the memory-mapped topology in before sampling; True when it was done.
@@ -264,7 +300,9 @@ class Store:
         Skipped (False) where the kernel lacks it or the topology is over half the memory
         available, where it could only evict itself.
         """
-        arrays = [self.indptr, self.indices]
+        layout = self.hetero
+        arrays = [self.indptr, self.indices] if layout is None else \
+            [a for k in range(len(layout.edge_types)) for a in self.relation(k)]
         size = sum(int(a.nbytes) for a in arrays)
         try:
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -299,7 +337,8 @@ class Store:
     # ------------------------------------------------------------------ features
     @property
     def feature_bytes(self) -> int:
-        return self.num_nodes * self.row_bytes
+        """Bytes of the feature table: N rows, or a typed store's featured rows (its featureless types have none)."""
+        return self.features.num_rows * self.row_bytes
 
     @property
     def budget_bytes(self) -> int:

@@ -206,9 +206,11 @@ class _Chunk:
     codes: np.ndarray | None
 
 
-def _edge_chunks(path: Path, num_nodes: int, chunk_rows: int, attr_dim: int | None, split: bool
-                 ) -> Iterator[_Chunk]:
-    """Validated chunks of about `chunk_rows` edges (small record batches are merged), rows in file order."""
+def _edge_chunks(path: Path, num_nodes: int, chunk_rows: int, attr_dim: int | None, split: bool,
+                 num_src: int | None = None, types: tuple[str, str] | None = None) -> Iterator[_Chunk]:
+    """Validated chunks of about `chunk_rows` edges (small record batches are merged), rows in file order:
+    ``src`` ids below `num_src` (default `num_nodes`), ``dst`` ids below `num_nodes`; `types`: the (src, dst)
+    node types of a typed dataset's edge file, whose ids are local ids of those types."""
     schema = table_schema(path)
     require_columns(schema, EDGE_COLUMNS, path)
     columns = [*EDGE_COLUMNS, *([EDGE_ATTR] if attr_dim is not None else []), *([EDGE_SPLIT] if split else [])]
@@ -225,8 +227,9 @@ def _edge_chunks(path: Path, num_nodes: int, chunk_rows: int, attr_dim: int | No
     for row0, batch in iter_file_batches(path, columns, chunk_rows):
         src = int_column(batch, "src", path, row0)
         dst = int_column(batch, "dst", path, row0)
-        check_id_range(src, num_nodes, path, row0, "edge src")
-        check_id_range(dst, num_nodes, path, row0, "edge dst")
+        check_id_range(src, num_nodes if num_src is None else num_src, path, row0, "edge src",
+                       None if types is None else types[0])
+        check_id_range(dst, num_nodes, path, row0, "edge dst", None if types is None else types[1])
         attr = fixed_rows(batch, EDGE_ATTR, attr_dim, path, row0, "edge feature") if attr_dim is not None else None
         codes = split_codes(batch.column(EDGE_SPLIT), path, row0, LINK_SPLITS) if split else None
         parts.append(_Chunk(row0, src, dst, attr, codes))
@@ -253,7 +256,9 @@ def _write_attr_rows(target: EdgeAttrTarget, fd: int, attr: np.ndarray, ordinal:
 def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str], *, num_nodes: int,
                bucket_width: int, num_buckets: int, chunk_rows: int, to_undirected: bool = False,
                packed: bool | None = None, ordinal_start: int = 0, expected_rows: int | None = None,
-               edge_attr: EdgeAttrTarget | None = None, link: LinkScan | None = None) -> EdgeSpill:
+               edge_attr: EdgeAttrTarget | None = None, link: LinkScan | None = None,
+               num_src: int | None = None, reverse: bool = False, types: tuple[str, str] | None = None
+               ) -> EdgeSpill:
     """Validate one edge file and spill its edges grouped by destination bucket.
 
     Args:
@@ -270,13 +275,24 @@ def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str],
         expected_rows: the rows the file was counted with (a file that changed since is refused).
         edge_attr: read the ``edge_attr`` column into this raw-order array (and spill ordinals).
         link: apply this link split (tags, supervision pieces); a column split spills tags and ordinals.
+        num_src: the source ids' range, where it differs from the destinations' (an edge type of a typed
+            dataset between two node types): a record's source must be below it, its destination below
+            `num_nodes`.
+        reverse: spill every edge reversed (dst -> src): the CSC of the file's edges grouped by their
+            sources, as a typed dataset's reverse edge types are built (not with `edge_attr` or `link`).
+        types: the file's (src column, dst column) node types, for a typed dataset's messages.
 
     Raises:
         InputError: naming the file, row and id, for an id out of range, a null, a missing
         or non-integer column, a bad split value, a NaN edge feature, or an unreadable file.
     """
     source = raw_path(path)
-    packed = is_packed(num_nodes) if packed is None else packed
+    if reverse and (edge_attr is not None or link is not None):
+        raise ValueError("scan_edges: reverse spills carry no edge features and no link split")
+    packed = is_packed(max(num_nodes, num_src or 0)) if packed is None else packed
+    # the file's columns are checked against their own ranges: reversed, its src column is our destination
+    file_dst, file_src = (num_src if num_src is not None else num_nodes, num_nodes) if reverse \
+        else (num_nodes, num_src)
     bucket_type = np.uint16 if num_buckets <= 1 << 16 else np.uint32
     shift = bucket_width.bit_length() - 1 if bucket_width & (bucket_width - 1) == 0 else -1
     column = link is not None and link.column
@@ -295,9 +311,9 @@ def scan_edges(path: str | os.PathLike[str], spill_path: str | os.PathLike[str],
         attr_fd = os.open(edge_attr.path, os.O_WRONLY) if edge_attr is not None else -1
         if attr_fd >= 0:
             stack.callback(os.close, attr_fd)
-        for chunk in _edge_chunks(source, num_nodes, chunk_rows, None if edge_attr is None else edge_attr.dim,
-                                  bool(link is not None and link.column)):
-            src, dst, n = chunk.src, chunk.dst, len(chunk.src)
+        for chunk in _edge_chunks(source, file_dst, chunk_rows, None if edge_attr is None else edge_attr.dim,
+                                  bool(link is not None and link.column), file_src, types):
+            src, dst, n = (chunk.dst, chunk.src, len(chunk.src)) if reverse else (chunk.src, chunk.dst, len(chunk.src))
             if expected_rows is not None and chunk.row0 + n > expected_rows:
                 raise InputError(source, f"holds more than the {expected_rows} rows it was counted with "
                                          "(the file changed during the ingest)")

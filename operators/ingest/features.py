@@ -43,7 +43,7 @@ from .raw import (
 from .remote import raw_path
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_DTYPES", "FeatureFile", "FeatureUnit", "check_same_schema",
-           "feature_type", "fixed_rows", "scan_features", "units_overlapping", "vector_type", "write_aligned",
+           "feature_type", "fixed_rows", "read_feature_rows", "scan_features", "units_overlapping", "vector_type", "write_aligned",
            "write_edge_feature_shard", "write_feature_shard"]
 
 FEATURE_COLUMNS = ("node_id", "x")
@@ -100,8 +100,10 @@ def feature_type(schema: pa.Schema, path: Path) -> tuple[np.dtype, int]:
     return dtype, dim
 
 
-def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int = 1 << 20) -> FeatureFile:
-    """Check one feature file's schema and ids; record each unit's node-id range.
+def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int = 1 << 20,
+                  node_type: str | None = None) -> FeatureFile:
+    """Check one feature file's schema and ids; record each unit's node-id range (`node_type`: the file holds
+    local ids of this type of a typed dataset, named in errors).
 
     Raises:
         InputError: naming the file, for a missing column, a wrong ``x`` type, a null or
@@ -114,7 +116,7 @@ def scan_features(path: str | os.PathLike[str], num_nodes: int, batch_rows: int 
     hi = np.full(len(all_units), -1)
     for unit, row0, batch in iter_units_batches(all_units, ("node_id",), batch_rows):
         ids = int_column(batch, "node_id", p, row0)
-        check_id_range(ids, num_nodes, p, row0, "node_id")
+        check_id_range(ids, num_nodes, p, row0, "node_id", node_type)
         if len(ids):
             lo[unit.index] = min(lo[unit.index], int(ids.min()))
             hi[unit.index] = max(hi[unit.index], int(ids.max()))
@@ -185,9 +187,24 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         InputError: naming the file and an example node id, for a repeated node row, a
         missing one, a null, or a NaN/inf value.
     """
-    dt = np.dtype(dtype)
+    buf = np.empty((hi - lo, dim), np.dtype(dtype))
+    read_feature_rows(units, buf, lo=lo, hi=hi, dim=dim, features_dir=features_dir,
+                      allow_nonfinite=allow_nonfinite, batch_rows=batch_rows)
+    write_aligned(Path(out_path), buf, pieces, crc_name)
+    return {"row_start": int(lo), "rows": int(hi - lo), "offset": ALIGN, "nbytes": int(buf.nbytes)}
+
+
+def read_feature_rows(units: Sequence[TableUnit], buf: np.ndarray, *, lo: int, hi: int, dim: int,
+                      features_dir: str | os.PathLike[str], allow_nonfinite: bool = False,
+                      batch_rows: int = 1 << 16) -> None:
+    """Scatter the rows of node ids [lo, hi) from the input units that overlap it into `buf` [hi - lo, dim],
+    checking that every row arrives exactly once and is finite. `buf` may be a view of a wider array of
+    another dtype (a typed store's feature table: a node type's columns of it), assigned with numpy's cast.
+
+    Raises:
+        InputError: as `write_feature_shard`'s.
+    """
     rows = hi - lo
-    buf = np.empty((rows, dim), dt)
     stamp = np.full(rows, -1, np.int64)  # running number of the input row that filled each slot
     batch_starts: list[int] = []          # running number of each batch's first row ...
     batch_paths: list[Path] = []          # ... and its file, to name the earlier file of a repeat
@@ -240,8 +257,6 @@ def write_feature_shard(units: Sequence[TableUnit], out_path: str | os.PathLike[
         v = lo + int(np.flatnonzero(missing)[0])
         raise InputError(features_dir, f"no feature row for node {v} ({int(missing.sum())} of nodes {lo}..{hi - 1} "
                                        "missing; every node needs exactly one row)")
-    write_aligned(Path(out_path), buf, pieces, crc_name)
-    return {"row_start": int(lo), "rows": int(rows), "offset": ALIGN, "nbytes": int(buf.nbytes)}
 
 
 def write_edge_feature_shard(order_path: str | os.PathLike[str], attr_path: str | os.PathLike[str],

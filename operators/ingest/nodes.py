@@ -29,7 +29,7 @@ from .raw import (
 )
 from .remote import raw_path
 
-__all__ = ["NODE_COLUMNS", "ingest_nodes", "split_codes"]
+__all__ = ["NODE_COLUMNS", "ingest_nodes", "read_node_table", "save_node_arrays", "split_codes"]
 
 NODE_COLUMNS = ("node_id", "label", "split")
 _UNSET = np.uint8(255)  # split code of a node no row has given yet
@@ -74,6 +74,39 @@ def _check_no_repeats(ids: np.ndarray, given: np.ndarray, path: Path, row0: int)
         raise InputError(path, f"duplicate node_id {dup} at rows {int(rows[0])} and {int(rows[1])}")
 
 
+def read_node_table(files: Sequence[str | os.PathLike[str]], num_nodes: int, batch_rows: int = 1 << 20,
+                    node_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read and validate node files: (labels int64 [N], split codes uint8 [N]) with every id 0..N-1 given
+    exactly once (`node_type`: the files hold local ids of this type of a typed dataset, named in errors).
+
+    Raises:
+        InputError: naming the file and row, for an id out of range, a repeated id, a label
+        below -1, a bad or null split, a missing column or an unreadable file.
+    """
+    labels = np.full(num_nodes, -1, dtype=np.int64)
+    splits = np.full(num_nodes, _UNSET, dtype=np.uint8)
+    for f in files:
+        path = raw_path(f)
+        require_columns(table_schema(path), NODE_COLUMNS, path)
+        for row0, batch in iter_file_batches(path, NODE_COLUMNS, batch_rows):
+            ids = int_column(batch, "node_id", path, row0)
+            check_id_range(ids, num_nodes, path, row0, "node_id", node_type)
+            lab = int_column(batch, "label", path, row0)
+            if (lab < -1).any():
+                i = int(np.flatnonzero(lab < -1)[0])
+                raise InputError(path, f"label {int(lab[i])} at row {row0 + i} is negative (use -1 for unlabeled)")
+            codes = split_codes(batch.column("split"), path, row0)
+            _check_no_repeats(ids, splits, path, row0)
+            labels[ids] = lab
+            splits[ids] = codes
+    missing = splits == _UNSET
+    if missing.any():  # a typed dataset's files that miss a node; else only when the files changed since counted
+        v = int(np.flatnonzero(missing)[0])
+        whose = "" if node_type is None else f" of node type {node_type!r}"
+        raise InputError(raw_path(files[0]).parent, f"no node row for node_id {v}{whose} ({int(missing.sum())} missing)")
+    return labels, splits
+
+
 def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_dir: str | os.PathLike[str],
                  batch_rows: int = 1 << 20, pieces: list[Piece] | None = None) -> dict[str, Any]:
     """Read and validate the node files; write ``labels.npy`` and ``splits.npy`` into `out_dir`.
@@ -92,31 +125,19 @@ def ingest_nodes(files: Sequence[str | os.PathLike[str]], num_nodes: int, out_di
         InputError: naming the file and row, for an id out of range, a repeated id, a label
         below -1, a bad or null split, a missing column or an unreadable file.
     """
-    labels = np.full(num_nodes, -1, dtype=np.int64)
-    splits = np.full(num_nodes, _UNSET, dtype=np.uint8)
-    for f in files:
-        path = raw_path(f)
-        require_columns(table_schema(path), NODE_COLUMNS, path)
-        for row0, batch in iter_file_batches(path, NODE_COLUMNS, batch_rows):
-            ids = int_column(batch, "node_id", path, row0)
-            check_id_range(ids, num_nodes, path, row0, "node_id")
-            lab = int_column(batch, "label", path, row0)
-            if (lab < -1).any():
-                i = int(np.flatnonzero(lab < -1)[0])
-                raise InputError(path, f"label {int(lab[i])} at row {row0 + i} is negative (use -1 for unlabeled)")
-            codes = split_codes(batch.column("split"), path, row0)
-            _check_no_repeats(ids, splits, path, row0)
-            labels[ids] = lab
-            splits[ids] = codes
-    missing = splits == _UNSET
-    if missing.any():  # only when the files changed since they were counted
-        v = int(np.flatnonzero(missing)[0])
-        raise InputError(raw_path(files[0]).parent, f"no node row for node_id {v} ({int(missing.sum())} missing)")
+    labels, splits = read_node_table(files, num_nodes, batch_rows)
+    return save_node_arrays(out_dir, labels, splits, pieces)
+
+
+def save_node_arrays(out_dir: str | os.PathLike[str], labels: np.ndarray, splits: np.ndarray,
+                     pieces: list[Piece] | None = None) -> dict[str, Any]:
+    """Write ``labels.npy`` and ``splits.npy`` into `out_dir` (`pieces`: as `ingest_nodes`'s); their summary,
+    ``{"num_classes", "split_counts"}``."""
     out = Path(out_dir)
     save_npy_in_place(out / "labels.npy", labels, pieces)
     save_npy_in_place(out / "splits.npy", splits, pieces)
     counts = np.bincount(splits, minlength=len(SPLITS))
     return {
-        "num_classes": int(labels.max()) + 1 if num_nodes else 0,
+        "num_classes": int(labels.max()) + 1 if len(labels) else 0,
         "split_counts": {name: int(counts[i]) for i, name in enumerate(SPLITS)},
     }

@@ -1,5 +1,6 @@
-"""Import a PyG `Data` (in memory, or a file saved with `torch.save`) as a raw dataset (`rawwriter`),
-its arrays streamed in chunks of about `chunk_bytes`."""
+"""Import a PyG `Data` or `HeteroData` (in memory, or a file saved with `torch.save`) as a raw dataset
+(`rawwriter`; a `HeteroData` as a typed one, `heterotypes`), its arrays streamed in chunks of about
+`chunk_bytes`."""
 from __future__ import annotations
 
 import os
@@ -9,22 +10,35 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from ..formats.hetero import EdgeType, edge_type_name
+from .heterotypes import HeteroSpec
 from .rawwriter import (
     DEFAULT_CHUNK_BYTES,
     NO_SPLIT,
+    HeteroRawWriter,
     RawWriter,
+    TypedNodes,
     check_edge_features,
     check_features,
     labels_as_int64,
+    publish_hetero_raw,
     publish_raw,
     split_from_indices,
     write_arrays,
+    write_typed_arrays,
 )
 
-__all__ = ["KEPT", "from_pyg", "load_pyg_file"]
+__all__ = ["KEPT", "NODE_KEPT", "from_pyg", "is_hetero", "load_pyg_file"]
 
 KEPT = ("x", "edge_index", "edge_attr", "y", "train_mask", "val_mask", "test_mask")  # what the raw format stores
 _LINK_LABELS = ("edge_label_index", "edge_label")
+NODE_KEPT = ("x", "y", "train_mask", "val_mask", "test_mask", "num_nodes")   # what a typed raw dataset keeps of a node type
+_MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+def is_hetero(data: Any) -> bool:
+    """Whether `data` is a typed graph the way PyG's `HeteroData` is one: node and edge types and `metadata()`."""
+    return callable(getattr(data, "metadata", None)) and hasattr(data, "node_types") and hasattr(data, "edge_types")
 
 
 def _numpy(t: Any) -> np.ndarray:
@@ -67,6 +81,10 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
     node tensor, RandomLinkSplit's `edge_label_index`) is refused in one line naming it: nothing is
     dropped in silence.
 
+    A `HeteroData` (`is_hetero`) is written as a typed raw dataset (`heterotypes`): per node type `x`
+    (optional), `y` and the masks (optional), per edge type `edge_index` in the types' local ids. An edge
+    type's `edge_attr` or link labels are refused in one line (typed edge features are not supported yet).
+
     Args:
         data: the graph.
         out: the raw dataset directory to create.
@@ -76,6 +94,9 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
         chunk_bytes: rows (or edges) of about this many bytes go into each shard.
         force: replace `out` even when it is not a raw dataset.
     """
+    if is_hetero(data):
+        return _from_hetero(data, out, split_masks=split_masks, name=name, feature_format=feature_format,
+                            chunk_bytes=chunk_bytes, force=force)
     _refuse_unstored(data, name)
     x_t = getattr(data, "x", None)
     ei_t = getattr(data, "edge_index", None)
@@ -118,6 +139,96 @@ def from_pyg(data: Any, out: str | os.PathLike[str], *, split_masks: bool = True
     return publish_raw(out, force, {"kind": "pyg", "path": name}, feature_format, build)
 
 
+def _node_arrays(store: Any, node_type: str, split_masks: bool, name: str) -> tuple[int, TypedNodes]:
+    """A node type's count and (x, labels, split codes), each None where the type has none; other
+    attributes refused in one line naming them."""
+    for attr in _attribute_names(store):
+        if attr not in NODE_KEPT and getattr(store, attr, None) is not None:
+            raise InputError(f"{name}: {node_type}.{attr}", "is not stored by the typed raw format, which keeps "
+                                                            f"{', '.join(NODE_KEPT)} of a node type: remove it first")
+    x_t = getattr(store, "x", None)
+    x = None if x_t is None else _numpy(x_t)
+    if x is not None:
+        check_features(x, f"{name}: {node_type}.x")
+    count = getattr(store, "num_nodes", None)
+    if count is None:
+        count = None if x is None else x.shape[0]
+    if count is None or int(count) < 1:
+        raise InputError(f"{name}: {node_type}", "has no nodes (set its num_nodes, or its x)")
+    count = int(count)
+    if x is not None and x.shape[0] != count:
+        raise InputError(f"{name}: {node_type}.x", f"has {x.shape[0]} rows for {count} nodes")
+    y_t = getattr(store, "y", None)
+    y = None
+    if y_t is not None:
+        y = labels_as_int64(_numpy(y_t), f"{name}: {node_type}.y")
+        if len(y) != count:
+            raise InputError(f"{name}: {node_type}.y", f"has {len(y)} labels for {count} nodes")
+    masks = []
+    for code, attr in enumerate(_MASKS):
+        m_t = getattr(store, attr, None) if split_masks else None
+        if m_t is None:
+            continue
+        m = _numpy(m_t)
+        if m.dtype != np.bool_ or m.shape != (count,):
+            raise InputError(f"{name}: {node_type}.{attr}", f"must be a bool [N={count}] mask, got {m.dtype} "
+                                                           f"{list(m.shape)}")
+        masks.append((code, np.flatnonzero(m), f"{name}: {node_type}.{attr}"))
+    codes = split_from_indices(count, masks) if masks else None
+    return count, (x, y, codes)
+
+
+def _edge_index(store: Any, et: EdgeType, name: str) -> np.ndarray:
+    """An edge type's edge_index [2, E]; its edge features, link labels or any other attribute refused."""
+    where = f"{name}: {edge_type_name(et)}"
+    for attr in _attribute_names(store):
+        if attr == "edge_index" or getattr(store, attr, None) is None:
+            continue
+        if attr == "edge_attr":
+            raise InputError(f"{where}.edge_attr", "typed edge features are not supported yet: remove edge_attr from "
+                                                   "the HeteroData")
+        if attr in _LINK_LABELS:
+            raise InputError(f"{where}.{attr}", "link-prediction labels are not supported for typed graphs yet: "
+                                                "import the whole graph")
+        raise InputError(f"{where}.{attr}", "is not stored by the typed raw format, which keeps an edge type's "
+                                            "edge_index only: remove it first")
+    ei_t = getattr(store, "edge_index", None)
+    if ei_t is None:
+        raise InputError(where, "has no edge_index")
+    ei = _numpy(ei_t)
+    if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
+        raise InputError(f"{where}.edge_index", f"must be an integer [2, E] array, got {ei.dtype} {list(ei.shape)}")
+    return ei
+
+
+def _from_hetero(data: Any, out: str | os.PathLike[str], *, split_masks: bool, name: str, feature_format: str,
+                 chunk_bytes: int, force: bool) -> Path:
+    """`from_pyg` of a `HeteroData`: a typed raw dataset."""
+    node_types, edge_types = data.metadata()
+    stored = {a for t in [*node_types, *edge_types] for a in _attribute_names(data[t])}
+    for attr in _attribute_names(data):      # a graph-level attribute (HeteroData.keys() spans every store)
+        if attr not in stored and getattr(data, attr, None) is not None:
+            raise InputError(f"{name}: {attr}", "a graph-level attribute is not stored by the typed raw format: "
+                                                "remove it first")
+    nodes: dict[str, TypedNodes] = {}
+    counts = []
+    for t in node_types:        # a loop per type
+        count, arrays = _node_arrays(data[t], str(t), split_masks, name)
+        nodes[str(t)] = arrays
+        counts.append({"name": str(t), "num_nodes": count})
+    spec = HeteroSpec.from_json({"node_types": counts, "edge_types": [list(et) for et in edge_types]}, name)
+    edges = {}
+    for et in edge_types:
+        key = (str(et[0]), str(et[1]), str(et[2]))
+        ei = _edge_index(data[et], key, name)
+        edges[key] = (ei[0], ei[1])
+
+    def build(w: HeteroRawWriter) -> None:
+        write_typed_arrays(w, nodes, edges, chunk_bytes, name)
+
+    return publish_hetero_raw(out, force, {"kind": "pyg", "path": name, "typed": True}, feature_format, spec, build)
+
+
 def load_pyg_file(path: str | os.PathLike[str]) -> Any:
     """Load a `Data` saved with `torch.save` (full unpickling: only load files you trust)."""
     import torch
@@ -134,6 +245,6 @@ def load_pyg_file(path: str | os.PathLike[str]) -> Any:
     if isinstance(obj, dict) and "x" in obj and "edge_index" in obj:
         from torch_geometric.data import Data
         obj = Data(**obj)
-    if not hasattr(obj, "edge_index"):
-        raise InputError(p, f"does not hold a torch_geometric Data (found {type(obj).__name__})")
+    if not hasattr(obj, "edge_index") and not is_hetero(obj):
+        raise InputError(p, f"does not hold a torch_geometric Data or HeteroData (found {type(obj).__name__})")
     return obj

@@ -323,13 +323,18 @@ def int_column(batch: pa.RecordBatch, name: str, path: Path, row0: int) -> np.nd
     return np.asarray(col.to_numpy(), dtype=np.int64)
 
 
-def check_id_range(ids: np.ndarray, num_nodes: int, path: Path, row0: int, what: str) -> None:
-    """Raise an InputError naming the file, row and id when an id is negative or >= num_nodes."""
+def check_id_range(ids: np.ndarray, num_nodes: int, path: Path, row0: int, what: str,
+                   node_type: str | None = None) -> None:
+    """Raise an InputError naming the file, row and id when an id is negative or >= num_nodes (`node_type`:
+    the ids are local ids of that node type of a typed dataset, which the message names)."""
     bad = (ids < 0) | (ids >= num_nodes)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InputError(path, f"{what} {int(ids[i])} at row {row0 + i} is out of range: node ids must be "
-                               f"0..{num_nodes - 1} (the nodes files hold {num_nodes} rows)")
+        held = f"the nodes files hold {num_nodes} rows" if node_type is None \
+            else f"node type {node_type!r} has {num_nodes} nodes in hetero.json"
+        kind = "node ids" if node_type is None else f"{node_type} ids"
+        raise InputError(path, f"{what} {int(ids[i])} at row {row0 + i} is out of range: {kind} must be "
+                               f"0..{num_nodes - 1} ({held})")
 
 
 # ----------------------------------------------------------------------------- sizing

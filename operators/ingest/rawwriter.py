@@ -12,6 +12,11 @@ The raw format is a directory of Arrow-partitioned shards, all named `part-NNNNN
                                   split: dictionary<string> in {train, val, test, none}
     RAW/manifest.json             written last: {"format": "diskflow-raw", "num_nodes", ...}
 
+A typed raw dataset (`heterotypes`) adds ``RAW/hetero.json`` (its node types and counts, its edge types) and
+groups the same shards by type: ``nodes/<type>/``, ``features/<type>/`` (each optional per type, each type its
+own width and dtype) and ``edges/<src>__<rel>__<dst>/`` (local ids of the src and dst types); `HeteroRawWriter`
+and `publish_hetero_raw` write it, chunked as the homogeneous writer does.
+
 Node ids are 0..N-1; every node has exactly one feature row and one nodes row. The shard writers
 write one shard each, atomically; `RawWriter` numbers and tallies them; `publish_raw` builds a whole
 raw dataset under a staging name, manifest last, so an interrupted import leaves nothing that looks
@@ -31,15 +36,18 @@ import pyarrow.parquet as pq
 from pyarrow import ipc
 
 from ...errors import ConfigError, InputError
-from ..formats.atomic import atomic_path, staging_dir
+from ..formats.atomic import atomic_path, staging_dir, write_json
+from ..formats.hetero import EdgeType, edge_type_name
 from ..formats.manifest import write_manifest
 from ..formats.outputs import OutputKind, check_replaceable
 from ..formats.store import SPLITS
+from .heterotypes import HETERO_FILE, HeteroSpec
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "FEATURE_FORMATS", "NO_SPLIT", "RAW_FORMAT", "RAW_KIND", "RAW_VERSION", "RawWriter",
-           "check_edge_features", "check_edge_ids", "check_features", "feature_batch", "feature_schema", "labels_as_int64", "publish_raw",
+__all__ = ["DEFAULT_CHUNK_BYTES", "FEATURE_FORMATS", "NO_SPLIT", "RAW_FORMAT", "RAW_KIND", "RAW_VERSION",
+           "HeteroRawWriter", "RawWriter", "TypedNodes", "check_edge_features", "check_edge_ids", "check_features",
+           "feature_batch", "feature_schema", "labels_as_int64", "publish_hetero_raw", "publish_raw",
            "raw_feature_dtype", "rows_per_chunk", "shard_name", "split_from_indices", "write_arrays",
-           "write_edge_shard", "write_feature_shard", "write_node_shard"]
+           "write_edge_shard", "write_feature_shard", "write_node_shard", "write_typed_arrays"]
 
 RAW_FORMAT = "diskflow-raw"
 RAW_VERSION = 1
@@ -267,6 +275,158 @@ def publish_raw(out: str | os.PathLike[str], force: bool, source: dict[str, Any]
         writer = RawWriter(stage, feature_format)
         num_nodes = build(writer)
         write_manifest(stage, writer.manifest(num_nodes, source))
+    return Path(out)
+
+
+class HeteroRawWriter:
+    """Writes a typed raw dataset's shards (`heterotypes`): per node type its feature and nodes shards (local
+    ids continue from the type's last call), per edge type its edge shards, each folder numbered on its own;
+    `manifest()` then checks that every type given features or nodes got exactly one row per node."""
+
+    def __init__(self, root: Path, spec: HeteroSpec, feature_format: str = "arrow") -> None:
+        if feature_format not in FEATURE_FORMATS:
+            raise ConfigError("feature_format", f"unknown feature format {feature_format!r} (use arrow or parquet)")
+        self.root = root
+        self.spec = spec
+        self.feature_format = feature_format
+        for sub in ("edges", "features", "nodes"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        names = spec.names
+        self.feature_rows = dict.fromkeys(names, 0)
+        self.node_rows = dict.fromkeys(names, 0)
+        self.feature_type: dict[str, tuple[int, np.dtype]] = {}
+        self.num_edges: dict[EdgeType, int] = dict.fromkeys(spec.edge_types, 0)
+        self.split_counts = np.zeros(len(SPLITS), dtype=np.int64)
+        self.max_label = -1
+        self.labelled: set[str] = set()
+        self._shards: dict[str, int] = {}
+
+    def _next(self, folder: str, suffix: str) -> Path:
+        i = self._shards.get(folder, 0)
+        self._shards[folder] = i + 1
+        return self.root / folder / shard_name(i, suffix)
+
+    def _count(self, node_type: str) -> int:
+        if node_type not in self.feature_rows:
+            raise InputError(node_type, f"not a node type of this dataset ({', '.join(self.spec.names)})")
+        return self.spec.count(node_type)
+
+    def features(self, node_type: str, x: np.ndarray) -> None:
+        """Write the next feature rows of `node_type` (float16 kept, else float32)."""
+        self._count(node_type)
+        if not len(x):
+            return
+        x = raw_feature_dtype(x)
+        dim, dtype = self.feature_type.setdefault(node_type, (int(x.shape[1]), x.dtype))
+        start = self.feature_rows[node_type]
+        node_id = np.arange(start, start + len(x), dtype=np.int64)
+        self.feature_rows[node_type] += write_feature_shard(
+            self._next(f"features/{node_type}", self.feature_format), [(node_id, x)], dim, dtype, self.feature_format)
+
+    def nodes(self, node_type: str, label: np.ndarray, split_code: np.ndarray) -> None:
+        """Write the next labels and split codes of `node_type`."""
+        self._count(node_type)
+        if not len(label):
+            return
+        start = self.node_rows[node_type]
+        node_id = np.arange(start, start + len(label), dtype=np.int64)
+        self.node_rows[node_type] += write_node_shard(self._next(f"nodes/{node_type}", "parquet"), node_id, label,
+                                                      split_code)
+        self.split_counts += np.bincount(split_code, minlength=len(SPLITS))[: len(SPLITS)]
+        top = int(np.max(label))
+        self.max_label = max(self.max_label, top)
+        if top >= 0:
+            self.labelled.add(node_type)
+
+    def edges(self, edge_type: EdgeType, src: np.ndarray, dst: np.ndarray, name: str = "edge_index") -> None:
+        """Write one shard of `edge_type`'s edges (local ids of its src and dst types; errors name `name`)."""
+        if edge_type not in self.num_edges:
+            raise InputError(name, f"edge type {edge_type_name(edge_type)} is not in {HETERO_FILE}")
+        if not len(src):
+            return
+        s, _, d = edge_type
+        for ids, end, what in ((src, s, "source"), (dst, d, "destination")):
+            count = self.spec.count(end)
+            lo, hi = int(np.min(ids)), int(np.max(ids))
+            if lo < 0 or hi >= count:
+                raise InputError(name, f"{what} id out of range [0, {count}) of node type {end!r} (min {lo}, max {hi})")
+        self.num_edges[edge_type] += write_edge_shard(self._next(f"edges/{edge_type_name(edge_type)}", "parquet"),
+                                                      src, dst)
+
+    def manifest(self, source: dict[str, Any]) -> dict[str, Any]:
+        """The raw manifest (not yet written); checks each type's row counts."""
+        where = source.get("path", "features")
+        for t in self.spec.node_types:
+            rows = self.feature_rows[t.name]
+            if rows and rows != t.num_nodes:
+                raise InputError(where, f"{rows} feature rows for the {t.num_nodes} nodes of type {t.name!r}")
+            rows = self.node_rows[t.name]
+            if rows and rows != t.num_nodes:
+                raise InputError(where, f"{rows} label rows for the {t.num_nodes} nodes of type {t.name!r}")
+        if not self.feature_type:
+            raise InputError(where, "no node type has features (x)")
+        widths = {t: d for t, (d, _) in self.feature_type.items()}
+        dtype = np.result_type(*[dt for _, dt in self.feature_type.values()])
+        feature_bytes = sum(self.spec.count(t) * d * dt.itemsize for t, (d, dt) in self.feature_type.items())
+        return {
+            "format": RAW_FORMAT, "version": RAW_VERSION,
+            "num_nodes": sum(t.num_nodes for t in self.spec.node_types),
+            "num_edges": sum(self.num_edges.values()),
+            "num_classes": self.max_label + 1,
+            "feature_dim": max(widths.values()), "feature_dtype": str(dtype),
+            "feature_format": self.feature_format, "feature_bytes": int(feature_bytes),
+            "split_counts": dict(zip(SPLITS, self.split_counts.tolist())),
+            "shards": dict(self._shards),
+            "hetero": {
+                "node_types": [{"name": t.name, "num_nodes": t.num_nodes, "feature_dim": widths.get(t.name, 0),
+                                "feature_dtype": str(self.feature_type[t.name][1]) if t.name in widths else None,
+                                "labelled": t.name in self.labelled} for t in self.spec.node_types],
+                "edge_types": [{"edge_type": list(et), "num_edges": n} for et, n in self.num_edges.items()]},
+            "source": source,
+        }
+
+
+TypedNodes = tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]   # (x, labels, split codes)
+
+
+def write_typed_arrays(w: HeteroRawWriter, nodes: dict[str, TypedNodes],
+                       edges: dict[EdgeType, tuple[np.ndarray, np.ndarray]], chunk_bytes: int, name: str) -> None:
+    """Write whole (or memory-mapped) arrays through `w` in chunks of about `chunk_bytes`: per node type its
+    feature rows and, where it has labels or splits, its nodes (labels None: -1; codes None: "none"), then
+    per edge type its (src, dst) local ids (errors name ``name: edge type``)."""
+    for t, (x, labels, codes) in nodes.items():     # a loop per type, then per chunk
+        count = w.spec.count(t)
+        if x is not None:
+            rows = rows_per_chunk(x.shape[1] * x.dtype.itemsize, chunk_bytes)
+            for lo in range(0, count, rows):
+                w.features(t, np.asarray(x[lo:lo + rows]))
+        if labels is None and codes is None:
+            continue
+        step = rows_per_chunk(16, chunk_bytes)
+        for lo in range(0, count, step):
+            hi = min(lo + step, count)
+            y = np.full(hi - lo, -1, np.int64) if labels is None else np.asarray(labels[lo:hi], np.int64)
+            c = np.full(hi - lo, NO_SPLIT, np.uint8) if codes is None else np.asarray(codes[lo:hi], np.uint8)
+            w.nodes(t, y, c)
+    step = rows_per_chunk(16, chunk_bytes)
+    for et, (src, dst) in edges.items():
+        for lo in range(0, len(src), step):
+            w.edges(et, np.asarray(src[lo:lo + step]), np.asarray(dst[lo:lo + step]),
+                    f"{name}: {edge_type_name(et)}.edge_index")
+
+
+def publish_hetero_raw(out: str | os.PathLike[str], force: bool, source: dict[str, Any], feature_format: str,
+                       spec: HeteroSpec, build: Any) -> Path:
+    """Run `build(writer)` (a `HeteroRawWriter`) in a staging directory and publish a typed raw dataset:
+    ``hetero.json``, then the manifest last. Skips the work as `publish_raw` does."""
+    previous = check_replaceable(out, force, RAW_KIND)
+    if previous is not None and not force and previous.get("source") == source and source.get("inputs"):
+        return Path(out)
+    with staging_dir(out) as stage:
+        writer = HeteroRawWriter(stage, spec, feature_format)
+        build(writer)
+        write_json(stage / HETERO_FILE, spec.to_json())
+        write_manifest(stage, writer.manifest(source))
     return Path(out)
 
 
