@@ -236,7 +236,7 @@ def _gather(table: RowTable, views: dict[int, np.ndarray], rows: np.ndarray, dim
 
 def _pwrite_rows(shard: FeatureShard, row_bytes: int, first: int, rows: np.ndarray) -> None:
     """Write `rows` (whole table rows) at global row `first` of `shard`, in place."""
-    data = memoryview(np.ascontiguousarray(rows)).cast("B")
+    data = np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
     at = shard.offset + (first - shard.row_start) * row_bytes
     try:
         fd = os.open(shard.path, os.O_WRONLY)
