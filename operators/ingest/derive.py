@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...errors import ConfigError, InputError
+from ...errors import ConfigError, DiskFullError, InputError, is_disk_full
 from ..formats.hetero import EdgeType, HeteroLayout
 from ..formats.npyio import load_npy
 from ..formats.store import FeatureShard, RowTable, map_shard
@@ -250,6 +250,10 @@ def _pwrite_rows(shard: FeatureShard, row_bytes: int, first: int, rows: np.ndarr
                 raise InputError(shard.path, f"short write of derived rows at byte {at + done}")
             done += wrote
         os.fsync(fd)
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFullError(shard.path) from e
+        raise InputError(shard.path, f"cannot write derived rows at byte {at} ({e.strerror or e})") from e
     finally:
         os.close(fd)
 

@@ -59,7 +59,7 @@ def test_the_threaded_scheduler_and_a_client(tmp_path: Path) -> None:
     from distributed import Client, LocalCluster, get_task_stream
 
     store = typed_store(tmp_path / "a", **BIG)
-    derive_features(tmp_path / "a", store.manifest, store.rules, "256KiB")   # type: ignore[arg-type]
+    derive_features(tmp_path / "a", store.manifest, store.rules, "256KiB")
     np.testing.assert_allclose(read_table(store), store.expected, rtol=1e-6, atol=1e-6)
     other = typed_store(tmp_path / "b", seed=3)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
