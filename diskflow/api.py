@@ -333,7 +333,10 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
                  gpu_memory: int | str | None = None, **options: Any) -> Any:
     """A packed dataset's round as PyG ``Data`` batches (`NeighborLoader`'s fields: ``x``, ``edge_index``, ``y``,
     ``n_id``, ``batch_size``, ``num_sampled_nodes``, ``num_sampled_edges``), read through the native direct-I/O
-    loader with the load, assemble and graph stages in their own threads.
+    loader with the load, assemble and graph stages in their own threads. A typed graph's batches are
+    ``HeteroData`` with the heterogeneous ``NeighborLoader``'s fields (per node type ``x``, ``n_id``,
+    ``num_sampled_nodes``, ``y`` and ``batch_size`` on the labelled type; per edge type ``edge_index``, ``e_id``,
+    ``num_sampled_edges``).
 
     ``cpu_memory`` and ``gpu_memory`` take bytes, ``"4GiB"`` or a share of the features (``"10%"``) and are
     checked before anything is allocated. Iterating yields every batch of the round; ``loader.epochs`` lists its
@@ -354,7 +357,7 @@ def PackedLoader(packed: str | os.PathLike[str], *, device: str = "cpu", cpu_mem
         raise InputError(packed, "not a packed dataset (no manifest.json; run diskflow.prepare first)")
     feature_bytes = budget_bytes(manifest)
     return _Loader(packed, device=device, cpu_memory=byte_budget(cpu_memory, "cpu_memory", feature_bytes),
-                   gpu_memory=byte_budget(gpu_memory, "gpu_memory", feature_bytes), **options)
+                   gpu_memory=byte_budget(gpu_memory, "gpu_memory", feature_bytes), typed_batches=True, **options)
 
 
 def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = BATCH_SIZE, fanouts: Sequence[int] = FANOUTS,
@@ -366,21 +369,25 @@ def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = BATCH_SIZE,
     ``"hybrid"``: LSM-GNN's lookahead of ``window`` batches, then in-degree).
 
     The same seed gives the same batches as the in-memory pipeline. ``loader.set_epoch(e)`` selects an epoch;
-    iterating yields its batches as PyG ``Data``; ``loader.close()`` stops its readers.
+    iterating yields its batches as PyG ``Data`` (``HeteroData`` on a typed store, the fields of PyG's
+    heterogeneous ``NeighborLoader``); ``loader.close()`` stops its readers.
     """
     import numpy as np
     import torch
 
     from .flow.runtimes.online import online_loader
     from .operators.formats.store import Store
-    from .operators.prepare.sample import NeighborSampler, check_fanouts
+    from .operators.prepare.sample import check_fanouts
+    from .operators.prepare.samplers import store_sampler
+    from .operators.train.heterobatch import TypedBatches, train_target
 
     st = Store(store)
     fan = check_fanouts(fanouts)
     if split not in ("train", "val", "test"):
         raise ConfigError("split", f"expected train, val or test, got {split!r}")
     labels = torch.from_numpy(np.asarray(st.labels).astype(np.int64, copy=False))
-    sampler = NeighborSampler(st.indptr, st.indices, list(fan), num_threads=threads or torch.get_num_threads())
+    sampler = store_sampler(st, list(fan), num_threads=threads or torch.get_num_threads())
     loader, _ = online_loader(st, labels, sampler, st.split_ids(split), batch_size=batch_size, seed=seed,
                               fanouts=fan, policy=policy, budget=cpu_memory, extractors=extractors, window=window)
-    return loader
+    typed = train_target(st.hetero, st.path)
+    return loader if typed is None else TypedBatches(loader, *typed)

@@ -9,7 +9,6 @@ same graph, in memory or ingested, gives the same samples for the same seed.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ from torch_geometric.data import HeteroData
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NodeSamplerInput
 from torch_geometric.sampler.base import NumNeighbors
 
-from .errors import ConfigError
 from .operators.formats.hetero import HeteroLayout
 from .operators.prepare.typedsample import TypedNeighborSampler
 from .operators.train.heterobatch import split_sample
@@ -104,6 +102,7 @@ class HeteroNeighborSampler(BaseSampler):
         info = self.layout.node(index.input_type)
         seeds = index.node.numpy().astype(np.int64) + info.offset
         b = self.sampler.sample(seeds, self._next_seed(), target=info.name)
+        assert b.e_id is not None           # the typed sampler always reports its edges' ids
         sp = split_sample(b.n_id, b.edge_index, b.e_id, b.num_sampled_nodes, b.num_sampled_edges, self.layout)
         lay = self.layout
         node = {t.name: torch.from_numpy(sp.node_ids[i]) for i, t in enumerate(lay.node_types)}

@@ -83,7 +83,7 @@ def derive_graph(store_dir: str | os.PathLike[str], manifest: dict[str, Any], ru
     return tasks
 
 
-def derive_features(store_dir: Path, manifest: dict[str, Any], rules: list[DeriveRuleLike], memory_budget: int | str,
+def derive_features(store_dir: Path, manifest: dict[str, Any], rules: Sequence[DeriveRuleLike], memory_budget: int | str,
                     client: Any = None) -> float:
     """Fill the derived node types' rows of a typed store's feature table, in place, as one Dask graph.
 

@@ -44,6 +44,7 @@ from ..operators.prepare.history import HistoryStep, history_nodes, history_node
 from ..operators.prepare.partition import edge_cut, partition_graph, undirected_adjacency
 from ..operators.prepare.plan import WindowTrace, plan_superbatch, trace_window
 from ..operators.prepare.policies import Policy, choose_cpu_tier, choose_gpu_tier, planned
+from ..operators.prepare.samplers import topology_view
 from ..operators.prepare.seeds import BatchOrder
 from ..operators.prepare.superbatch import (
     SuperbatchRef,
@@ -164,7 +165,7 @@ def partition_task(store_path: str, parts: int, method: str, seed: int, threads:
     t0 = time.perf_counter()
     store = Store(store_path)
     with AnonPeak() as peak:
-        xadj, adjncy = undirected_adjacency(store.indptr, store.indices)
+        xadj, adjncy = undirected_adjacency(*topology_view(store))
         membership = partition_graph(xadj, adjncy, parts, method=method, seed=seed, threads=threads,
                                      scratch=str(Path(out_path).parent))
         cut = edge_cut(xadj, adjncy, membership)

@@ -411,7 +411,7 @@ class _TypedPlan:
         # a provisional manifest (in the staging directory, never published) describes the store to the
         # derivation; the derived rows' shards are then checksummed afresh and the manifest written again, last
         finish_store(self.stage, record_checksums(self.stage, manifest, pieces))
-        seconds = _derive(self.stage, self.rules, self.budget)
+        seconds = _derive(self.stage, manifest, self.rules, self.budget)
         ranges = [(t.offset, t.stop) for t in layout.node_types if t.derived]
         rewritten = {s["path"] for s in features["shards"]
                      if any(a < s["row_start"] + s["rows"] and s["row_start"] < b for a, b in ranges)}
@@ -421,13 +421,13 @@ class _TypedPlan:
         return manifest
 
 
-def _derive(stage: Path, rules: list[DeriveRule], budget: int) -> float:
+def _derive(stage: Path, manifest: dict[str, Any], rules: list[DeriveRule], budget: int) -> float:
     """Run the derivation (`flow.derive.derive_features`) over the staged store; its wall seconds."""
     try:
         from .derive import derive_features
     except ImportError as e:
         raise ConfigError("derive", f"this diskflow has no feature derivation ({e}); ingest without --derive") from e
     t0 = time.perf_counter()
-    derive_features(stage, rules, budget)
+    derive_features(stage, manifest, rules, budget)
     return time.perf_counter() - t0
 

@@ -227,7 +227,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
             raise ConfigError("storage_options", f"apply to a URL, not the path {raw}")
         from .heteroingest import run_hetero_ingest
 
-        return run_hetero_ingest(raw, out, budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
+        return run_hetero_ingest(Path(raw), Path(out), budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
                                  allow_nonfinite=allow_nonfinite, force=force, derive=list(derive))
     if derive:
         raise ConfigError("derive", f"derives a typed dataset's node features, and {raw} has no {HETERO_FILE}")

@@ -56,6 +56,7 @@ from ...operators.prepare.sampler_pool import drop_idle_samplers
 from ...operators.prepare.seeds import label_shares, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
 from ...operators.prepare.task import num_seeds
+from ...operators.train.heterobatch import refuse_typed
 from ..allocator import reuse_for_preparation
 from ..dashboard.spans import command as span_command
 from ..progress import active_client
@@ -94,6 +95,8 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     t_start = time.perf_counter()
     cfg.validate()
     store = Store(store_path, check_crc=cfg.check_crc)
+    if store.hetero is not None:
+        refuse_typed(cfg.history_memory or cfg.history_split, cfg.task != "node")
     # the store's files but its row shards and link arrays (topology, labels, splits): the packed dataset is
     # made of them, so they are checked whole before the work starts; the node and edge feature shards are
     # checked as the pack passes read them, the link arrays as a link task reads its seeds

@@ -51,12 +51,13 @@ from ...operators.prepare.partition import default_parts
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.samplers import store_sampler
-from ...operators.train.heterobatch import train_target
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
 from ...operators.prepare.task import SeedSource, num_seeds
+from ...operators.prepare.typedsample import TypedNeighborSampler
 from ...operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ...operators.train.config import DATA_ONLY
+from ...operators.train.heterobatch import refuse_typed, train_target
 from ...operators.train.loop import deterministic
 from ...operators.train.session import (
     StoreFeatures,
@@ -185,7 +186,7 @@ class TrainLoader(Protocol):
     stages: tuple[str, ...]     # the loader's `stage_s` keys (the session adds ``train``)
     features: str               # where rows come from, for the report's config
 
-    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
+    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler | TypedNeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
              order: BatchOrder | None) -> Any:
         """The training loader: `set_epoch`, `len`, iterating `Data`, `stage_s`, `counts`."""
 
@@ -240,6 +241,8 @@ def history_planner(st: Store, memory: int | str | None, staleness: int, hidden:
     if nbytes == 0:
         refuse_without_cache(staleness, prune, ramp=ramp, cooldown=cooldown)
         return None, 0
+    if st.hetero is not None:
+        refuse_typed(True, False)
     rows = history_rows(nbytes, hidden)
     if rows == 0:
         raise ConfigError("history_memory", f"{nbytes:,} bytes hold no embedding of {hidden} {EMBEDDING_DTYPE} values")

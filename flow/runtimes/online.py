@@ -30,6 +30,7 @@ from ...operators.prepare.sample import NeighborSampler
 from ...operators.prepare.seeds import PARTS_PER_GROUP, BatchOrder
 from ...operators.prepare.task import SeedSource
 from ...operators.prepare.tiers import batch_rows_bound
+from ...operators.prepare.typedsample import TypedNeighborSampler
 from ...operators.train.cachepolicy import policy_for
 from ...operators.train.config import ONLINE_TIERS
 from ...operators.train.online import DEFAULT_EXTRACTORS, DEFAULT_WINDOW, OnlineLoader, buffer_slots
@@ -53,7 +54,7 @@ def default_budget(st: Store, batch_size: int, fanouts: Sequence[int], extractor
     return max(int(st.feature_bytes * CPU_SHARE), one_batch)
 
 
-def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, *, batch_size: int,
+def online_loader(st: Store, labels: torch.Tensor, sampler: NeighborSampler | TypedNeighborSampler, seeds: np.ndarray, *, batch_size: int,
                   seed: int, fanouts: Sequence[int], policy: str = "lru", budget: int | str | None = None,
                   extractors: int = DEFAULT_EXTRACTORS, window: int | None = None,
                   order: BatchOrder | None = None, source: SeedSource | None = None) -> tuple[OnlineLoader, int]:
@@ -98,7 +99,7 @@ class _OnlineTraining:
         self.nbytes = 0
         self.read: dict[str, int] = {}      # the unit rows are read in and the gap read through
 
-    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
+    def make(self, st: Store, labels: torch.Tensor, sampler: NeighborSampler | TypedNeighborSampler, seeds: np.ndarray, cfg: TrainConfig,
              order: BatchOrder | None) -> OnlineLoader:
         self.loader, self.nbytes = online_loader(st, labels, sampler, seeds, batch_size=cfg.batch_size, seed=cfg.seed,
                                                  fanouts=cfg.fanouts, policy=self.policy, budget=self.budget,
@@ -121,7 +122,7 @@ class _OnlineTraining:
                            "threshold": getattr(buf.policy, "threshold", None),
                            "cpu_memory": self.nbytes, "slots": buf.slots, "memory": self.loader.memory(),
                            **self.read,
-                           "topology_bytes": int(self.loader.store.indptr.nbytes + self.loader.store.indices.nbytes)}}
+                           "topology_bytes": self.loader.store.topology_nbytes()}}
 
 
 def run_online(pipeline: Pipeline, store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,

@@ -102,8 +102,8 @@ class HeteroLayout:
             self.edge_types = [EdgeTypeInfo(str(e["src"]), str(e["rel"]), str(e["dst"]), str(e["indptr"]),
                                             str(e["indices"]), str(e["indices_dtype"]), int(e["num_edges"]),
                                             int(e["edge_offset"])) for e in entry["edge_types"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(where, f"hetero: a malformed typed layout ({e!r})") from e
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(where, f"hetero: a malformed typed layout ({err!r})") from err
         self.target: str | None = entry.get("target")
         self._node = {t.name: i for i, t in enumerate(self.node_types)}
         self._edge = {e.key: i for i, e in enumerate(self.edge_types)}
@@ -148,10 +148,10 @@ class HeteroLayout:
     def edge_index(self, et: EdgeType, what: str = "edge type") -> int:
         """The position of edge type `et`; an InputError naming `what` when there is none."""
         try:
-            return self._edge[tuple(et)]  # type: ignore[index]
+            return self._edge[et]
         except KeyError:
             known = ", ".join(edge_type_name(k) for k in self._edge)
-            raise InputError(what, f"unknown edge type {edge_type_name(tuple(et))!r} (edge types: {known})") from None
+            raise InputError(what, f"unknown edge type {edge_type_name(et)!r} (edge types: {known})") from None
 
     def node(self, name: str) -> NodeTypeInfo:
         return self.node_types[self.node_index(name)]

@@ -265,6 +265,13 @@ class Store:
             self._relations[int(k)] = (self._load(e.indptr), self._load(e.indices))
         return self._relations[int(k)]
 
+    def topology_nbytes(self) -> int:
+        """Bytes of the topology: the CSC, or every edge type's of a typed store."""
+        layout = self.hetero
+        if layout is None:
+            return int(self.indptr.nbytes + self.indices.nbytes)
+        return sum(int(a.nbytes) for k in range(len(layout.edge_types)) for a in self.relation(k))
+
     def _topology(self, key: str) -> str:
         if self.manifest.get("hetero") is not None:
             raise InputError(self.path, "a typed store has one topology per edge type: read Store.relation(k) "

@@ -16,7 +16,7 @@ from ..formats.hetero import HeteroLayout, edge_type_name
 from .sample import NeighborSampler
 from .typedsample import TypedNeighborSampler, typed_fanouts
 
-__all__ = ["check_typed_rows", "store_sampler"]
+__all__ = ["check_typed_rows", "store_sampler", "topology_view"]
 
 
 def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
@@ -49,3 +49,28 @@ def store_sampler(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int
         indptr, indices = store.relation(k)
         relations.append((np.array(indptr), np.array(indices)) if in_ram else (indptr, indices))
     return TypedNeighborSampler(layout, relations, fanouts, num_threads=num_threads)
+
+
+def topology_view(store: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, indices) of a store over global ids: a homogeneous store's CSC as stored, or a typed store's
+    edge types merged into one CSC by destination (each node's in-edges of every type; RAM, O(N + E)), for
+    what reads degrees or neighbour lists without the types (the degree and hybrid cache policies)."""
+    layout = getattr(store, "hetero", None)
+    if layout is None:
+        return store.indptr, store.indices
+    n = layout.num_nodes
+    deg = np.zeros(n, dtype=np.int64)
+    dst_parts, src_parts = [], []
+    for k, et in enumerate(layout.edge_types):
+        indptr, indices = store.relation(k)
+        d, s = layout.node(et.dst), layout.node(et.src)
+        counts: np.ndarray = np.diff(np.asarray(indptr, dtype=np.int64))
+        deg[d.offset:d.stop] += counts
+        dst_parts.append(np.repeat(np.arange(d.offset, d.stop, dtype=np.int64), counts))
+        src_parts.append(np.asarray(indices, dtype=np.int64) + s.offset)
+    dst = np.concatenate(dst_parts) if dst_parts else np.zeros(0, np.int64)
+    src = np.concatenate(src_parts) if src_parts else np.zeros(0, np.int64)
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    return indptr, src[order]

@@ -32,9 +32,9 @@ from ..formats.packed import EDGE_IDS, EDGE_ROWS
 from ..formats.samples import Buffer
 from ..options import QUEUE_DEPTH
 from ..train.config import TrainConfig
+from ..train.heterobatch import train_target
 from ..train.loader import PackedLoader
 from ..train.loop import deterministic
-from ..train.heterobatch import train_target
 from ..train.session import TrainSession, num, resolve_device, store_eval_loaders
 from ..train.steps import DataParallel
 from ..train.trainer import STAGES

@@ -19,10 +19,20 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from ...errors import InputError
+from ...errors import ConfigError, InputError
 from ..formats.hetero import HeteroLayout
 
-__all__ = ["TypedSplit", "hetero_batch", "seed_count", "seed_labels", "split_sample", "train_target", "typed_inputs"]
+__all__ = [
+    "TypedBatches",
+    "TypedSplit",
+    "hetero_batch",
+    "refuse_typed",
+    "seed_count",
+    "seed_labels",
+    "split_sample",
+    "train_target",
+    "typed_inputs",
+]
 
 
 @dataclass
@@ -134,6 +144,17 @@ def train_target(layout: HeteroLayout | None, where: Any) -> tuple[HeteroLayout,
     return layout, layout.target
 
 
+def refuse_typed(history: Any, link: bool) -> None:
+    """Refuse, in one line, what a typed store does not run yet: a historical embedding cache (OUTRE's, the
+    memory split; its subtree pruning needs the homogeneous sampler) and link prediction."""
+    if history:
+        raise ConfigError("history_memory", "a typed store's sampler does not prune subtrees: the historical "
+                                            "embedding cache (outre, belady_outre, the memory split) runs on "
+                                            "homogeneous stores only")
+    if link:
+        raise ConfigError("task", "link prediction on a typed store is not supported yet: train a node task")
+
+
 def typed_inputs(batch: HeteroData) -> tuple[dict[str, torch.Tensor], dict[Any, torch.Tensor]]:
     """A typed batch's ``(x_dict, edge_index_dict)``, the features as float32 (a store may keep float16)."""
     return {k: v.float() for k, v in batch.x_dict.items()}, batch.edge_index_dict
@@ -152,3 +173,28 @@ def seed_labels(batch: Data | HeteroData, target: str | None = None) -> torch.Te
         store = batch[target]
         return store.y[:int(store.batch_size)]
     return batch.y[:batch.batch_size]
+
+
+class TypedBatches:
+    """A loader of a typed graph's flat batches that yields them as `HeteroData` (`hetero_batch`); every other
+    attribute (``set_epoch``, ``close``, ``len``, ``stats``, ...) is the wrapped loader's."""
+
+    def __init__(self, loader: Any, layout: HeteroLayout, target: str) -> None:
+        self.loader, self.layout, self.target = loader, layout, target
+
+    def __iter__(self) -> Any:
+        for data in self.loader:
+            yield hetero_batch(data, self.layout, self.target)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def __enter__(self) -> Any:
+        self.loader.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loader.__exit__(*exc)

@@ -53,17 +53,17 @@ from ...errors import ConfigError, InputError
 from ...native.closing import Closing
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ...native.reader import aligned_empty
+from ..formats.hetero import HeteroLayout
 from ..formats.npyio import read_into
 from ..formats.packed import PackedDataset
 from ..formats.packedindex import IndexRecord
 from ..formats.samples import Buffer, SampleRecord
 from ..trainbuffers import staging_buffers
 from .assemble import SOURCES, BatchAssembly, SourceCounts
-from ..formats.hetero import HeteroLayout
-from .heterobatch import hetero_batch
 from .batches import Sample, batch_data
 from .batchload import BatchLoad, make_reader
 from .cputier import check_follows, check_saved_tier, cpu_tier, gpu_tier, stream_batches
+from .heterobatch import hetero_batch
 from .memory import check_memory, follow_plan, memory_plan
 from .pipe import StageClock
 from .pool import MatrixPool

@@ -27,7 +27,15 @@ from .heterobatch import hetero_batch
 from .history import history_of
 from .linkmetrics import link_figures
 from .linkmodel import LinkModel
-from .models import BUILTINS, CLASSES_ATTRIBUTE, EdgeFreeMLP, hetero_of, spec_of, supports_trim, takes_edge_attr
+from .models import (
+    BUILTINS,
+    CLASSES_ATTRIBUTE,
+    EdgeFreeMLP,
+    hetero_of,
+    spec_of,
+    supports_trim,
+    takes_edge_attr,
+)
 from .optim import Stepper
 from .steps import DataParallel, StepGroups, draw_base, restore_rng, step_sizes
 

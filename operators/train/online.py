@@ -253,7 +253,7 @@ class OnlineLoader:
                 edge_attr = None if edge_table is None or e_id is None else \
                     torch.from_numpy(edge_table.gather(np.asarray(e_id)))
                 data = batch_data(s, x, self.labels.index_select(0, n_id), edge_attr,
-                                  edge_ids=edge_table is not None)
+                                  edge_ids=edge_table is not None or bool(getattr(s, "typed", False)))
                 clocks["gather"].busy += time.perf_counter() - t
                 pipe.put(ready, data, clocks["gather"])
             pipe.put(ready, END, clocks["gather"])

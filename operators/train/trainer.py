@@ -36,9 +36,9 @@ from ..formats.rowcodec import rows_block
 from ..prepare.history import planned_width
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig, check_model_identity
+from .heterobatch import train_target
 from .loader import PackedLoader
 from .loop import deterministic
-from .heterobatch import train_target
 from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads
 
 __all__ = ["CHECKPOINTS", "DATA_ONLY", "STAGES", "deferred_interrupt", "train_packed"]
