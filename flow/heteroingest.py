@@ -409,8 +409,9 @@ class _TypedPlan:
             finish_store(self.stage, manifest)
             return manifest
         # a provisional manifest (in the staging directory, never published) describes the store to the
-        # derivation; the derived rows' shards are then checksummed afresh and the manifest written again, last
-        finish_store(self.stage, record_checksums(self.stage, manifest, pieces))
+        # derivation, without checksums: a rule may read rows an earlier rule has just derived. Then the
+        # checksums are taken (the derived rows' shards read afresh) and the manifest written again, last
+        finish_store(self.stage, manifest)
         seconds = _derive(self.stage, self.rules, self.budget)
         ranges = [(t.offset, t.stop) for t in layout.node_types if t.derived]
         rewritten = {s["path"] for s in features["shards"]
