@@ -226,3 +226,18 @@ def test_reversed_scan_builds_the_csc_by_source(tmp_path: Path) -> None:
                    types=("author", "paper"))
     assert e.value.path == str(path) and "node type 'author' has 5 nodes" in str(e.value)
     assert table_units(path)[0].rows == 4
+
+
+def test_a_typed_dataset_at_a_url_is_refused_in_one_line() -> None:
+    import fsspec
+    from diskflow.operators.ingest.raw import find_raw_files
+
+    fs = fsspec.filesystem("memory")
+    for rel in ("hetero.json", "edges/a__b__a/part-0.parquet", "features/a/part-0.parquet", "nodes/a/part-0.parquet"):
+        fs.pipe(f"/typed-url/raw/{rel}", b"{}")
+    try:
+        with pytest.raises(InputError, match="a typed raw dataset is ingested from a local directory only") as e:
+            find_raw_files("memory://typed-url/raw")
+        assert e.value.path == "memory://typed-url/raw/hetero.json"
+    finally:
+        fs.rm("/typed-url", recursive=True)
