@@ -18,6 +18,9 @@ cluster; the dashboard groups them by the words before the index. (No key word m
 an 8-letter word starting with a-f, such as "features": `dask.utils.key_split` takes
 those for hex tokens and drops them from the group name.)
 
+A raw dataset with a ``hetero.json`` is typed: `run_ingest` hands it to `flow.heteroingest`, which builds a typed
+store with the same operators, one CSC per edge type.
+
 Everything is built inside a staging directory swapped into place at the end, so a
 failure leaves no output that looks valid and an earlier store untouched. A re-run
 whose inputs (fingerprints) and options are unchanged returns at once.
