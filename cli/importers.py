@@ -22,9 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     isub.required = True
 
     pyg = isub.add_parser(
-        "pyg", help="a torch_geometric Data saved with torch.save",
+        "pyg", help="a torch_geometric Data or HeteroData saved with torch.save",
         description="Import a homogeneous torch_geometric Data saved with torch.save (x, edge_index, edge_attr, y, "
-                    "train/val/test masks; any other attribute is refused). The file is loaded with torch.load(weights_only=False), which "
+                    "train/val/test masks; any other attribute is refused), or a HeteroData as a typed raw dataset "
+                    "(per node type x, y and masks, each optional; per edge type edge_index; edge features are "
+                    "refused). The file is loaded with torch.load(weights_only=False), which "
                     "runs arbitrary pickled code: only load files you trust.")
     pyg.add_argument("file", metavar="FILE.pt", type=Path, help="the saved Data (only files you trust)")
     pyg.add_argument("--no-split-masks", action="store_true", help="ignore train/val/test masks (all nodes 'none')")
@@ -70,8 +72,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _summary(out: Path) -> int:
     m = json.loads((out / "manifest.json").read_text())
-    print(f"import: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges, "
-          f"{format_bytes(m['feature_bytes'])} of features ({m['feature_dim']}-dim {m['feature_dtype']}) -> {out}")
+    typed = m.get("hetero")
+    kinds = "" if typed is None else \
+        f" of {len(typed['node_types'])} node types and {len(typed['edge_types'])} edge types"
+    width = "up to " if typed is not None else ""
+    print(f"import: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges{kinds}, "
+          f"{format_bytes(m['feature_bytes'])} of features ({width}{m['feature_dim']}-dim {m['feature_dtype']}) -> {out}")
     return 0
 
 

@@ -28,7 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-rows", type=int, default=None, metavar="N",
                    help="rows per feature shard (default: from the memory budget)")
     p.add_argument("--to-undirected", action="store_true",
-                   help="add every edge reversed and drop repeated edges")
+                   help="add every edge reversed and drop repeated edges (a typed dataset: as PyG's ToUndirected, "
+                        "a reverse edge type rev_REL for each edge type between two node types)")
+    p.add_argument("--derive", action="append", default=[], metavar="TYPE=mean:SRC__REL__DST",
+                   help="a typed dataset: give the featureless node type TYPE the mean of its neighbours' feature "
+                        "rows over edge type SRC__REL__DST (repeatable)")
     p.add_argument("--allow-nonfinite", action="store_true", help="accept NaN/inf feature values (node and edge)")
     p.add_argument("--link-split", type=argparse_type("--link-split", parse_shares), default=None, metavar="VAL,TEST",
                    help="a seeded random link split with these validation and test shares, e.g. 0.05,0.1 "
@@ -80,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                link_split=args.link_split, disjoint_train_ratio=args.disjoint_train_ratio,
                link_negatives=args.link_negatives, link_seed=args.link_seed,
                scheduler=args.scheduler, workers=0 if args.workers is None else args.workers,
-               storage_options=args.storage_options,
+               storage_options=args.storage_options, derive=args.derive,
                tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
     if r.skipped:
         print(f"{r.path}: up to date ({r.num_nodes:,} nodes, {r.num_edges:,} edges; "

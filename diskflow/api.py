@@ -71,14 +71,16 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
            force: bool = False, link_split: tuple[float, float] | None = None,
            disjoint_train_ratio: float = LinkConfig.disjoint_train_ratio, link_negatives: int = LinkConfig.negatives,
            link_seed: int = LinkConfig.seed, scheduler: str | None = None, workers: int | None = None,
-           storage_options: dict[str, Any] | None = None, **tls: str | None) -> Any:
+           storage_options: dict[str, Any] | None = None, derive: Sequence[str] = (), **tls: str | None) -> Any:
     """Validate `source` and write it as a store at `store` (`diskflow ingest`); the `IngestResult`.
 
     Args:
         source: a raw dataset directory (edges/, features/, nodes/), its URL (``s3://bucket/raw``, ``gs://``,
             ``hdfs://``, or any scheme fsspec resolves: the Dask workers read the shards from it), or a PyG
             ``Data`` with ``x``, ``edge_index``, ``y``, ``train_mask``/``val_mask``/``test_mask`` and
-            optionally ``edge_attr`` (written to a temporary raw directory beside `store` first, then ingested).
+            optionally ``edge_attr`` (written to a temporary raw directory beside `store` first, then ingested),
+            or a PyG ``HeteroData`` (per node type ``x``, ``y`` and the masks, each optional; per edge type
+            ``edge_index``), written as a typed raw dataset and ingested into a typed store.
         store: the store directory to create; one that holds something else is refused unless `force`.
         memory_budget, shard_rows, to_undirected, allow_nonfinite: as `diskflow ingest`'s options.
         link_split, disjoint_train_ratio, link_negatives, link_seed: the link split (`LinkConfig`), as
@@ -87,26 +89,31 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
         storage_options: for a URL, how to reach it: fsspec's options, as Dask's ``read_parquet`` takes them
             (``key``, ``secret``, ``endpoint_url``, ...); credentials otherwise come from the environment and
             the usual config files.
+        derive: a typed graph's derive rules, ``TYPE=mean:SRC__REL__DST`` each (``--derive``): the featureless
+            node type TYPE gets the mean of its neighbours' feature rows over that edge type.
     """
     from .flow.ingest import run_ingest
     from .operators.formats.outputs import check_replaceable
     from .operators.formats.store import STORE_KIND
+    from .operators.ingest.heterotypes import find_hetero_files, is_typed_raw
+    from .operators.ingest.pygimport import is_hetero
     from .operators.ingest.raw import find_raw_files
 
     LinkConfig(None if link_split is None else tuple(link_split), disjoint_train_ratio, link_negatives,
                link_seed).check()      # bad options fail before a cluster starts
-    if isinstance(source, (str, os.PathLike)):
-        find_raw_files(source, storage_options)      # a missing or empty dataset fails before a cluster starts
+    if isinstance(source, (str, os.PathLike)):      # a missing or empty dataset fails before a cluster starts
+        find_hetero_files(source) if is_typed_raw(source) else find_raw_files(source, storage_options)
     check_replaceable(store, force, STORE_KIND)     # and so does a store path that holds something else
     with _cluster(scheduler, workers, tls):
         if isinstance(source, (str, os.PathLike)):
             return run_ingest(source, store, memory_budget=memory_budget, shard_rows=shard_rows,
                               to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force,
                               link_split=link_split, disjoint_train_ratio=disjoint_train_ratio,
-                              link_negatives=link_negatives, link_seed=link_seed, storage_options=storage_options)
-        if not hasattr(source, "edge_index"):
-            raise InputError(repr(type(source).__name__), "expected a raw dataset directory or a torch_geometric "
-                                                          "Data with x, edge_index and y")
+                              link_negatives=link_negatives, link_seed=link_seed, storage_options=storage_options,
+                              derive=derive)
+        if not hasattr(source, "edge_index") and not is_hetero(source):
+            raise InputError(repr(type(source).__name__), "expected a raw dataset directory, a torch_geometric "
+                                                          "Data with x, edge_index and y, or a HeteroData")
         from .operators.ingest.pygimport import from_pyg
 
         parent = Path(store).absolute().parent
@@ -117,7 +124,7 @@ def ingest(source: Any, store: str | os.PathLike[str], *, memory_budget: str | i
             return run_ingest(raw, store, memory_budget=memory_budget, shard_rows=shard_rows,
                               to_undirected=to_undirected, allow_nonfinite=allow_nonfinite, force=force,
                               link_split=link_split, disjoint_train_ratio=disjoint_train_ratio,
-                              link_negatives=link_negatives, link_seed=link_seed)
+                              link_negatives=link_negatives, link_seed=link_seed, derive=derive)
 
 
 def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ swapped into place at the end, as the homogeneous ingest's.
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -80,13 +81,13 @@ from ..operators.ingest.raw import (
     store_manifest,
     table_num_rows,
 )
-from .ingest import IngestResult, _allocate_total, _shard_name, _up_to_date, _with_pieces, ingest_config
+from .ingest import IngestResult, allocate_total, ingest_config, store_shard_name, up_to_date, with_pieces
 from .progress import compute
 
 __all__ = ["run_hetero_ingest"]
 
 
-def run_hetero_ingest(raw: str | Path, out: str | Path, *, budget: int, shard_rows: int | None = None,
+def run_hetero_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, budget: int, shard_rows: int | None = None,
                       to_undirected: bool = False, allow_nonfinite: bool = False, force: bool = False,
                       derive: Sequence[str] = ()) -> IngestResult:
     """Ingest the typed raw dataset `raw` (it has ``hetero.json``) into the typed store `out`, as Dask tasks on
@@ -131,7 +132,7 @@ def run_hetero_ingest(raw: str | Path, out: str | Path, *, budget: int, shard_ro
     config = {**ingest_config(memory_budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
                               allow_nonfinite=allow_nonfinite), "derive": [r.text for r in rules]}
     existing = check_replaceable(out_p, force, STORE_KIND)
-    previous = None if force else _up_to_date(existing, inputs, config)
+    previous = None if force else up_to_date(existing, inputs, config)
     if previous is not None:
         return IngestResult.of(out_p, True, previous, input_bytes, time.perf_counter() - t0)
     with staging_dir(out_p) as stage:
@@ -171,7 +172,7 @@ def _store_pieces(names: dict[str, str], pieces: Sequence[Piece]) -> list[Piece]
 
 
 def _csc(names: dict[str, str], **kwargs: Any) -> tuple[int, list[Piece]]:
-    kept, pieces = _with_pieces(csc_group, **kwargs)
+    kept, pieces = with_pieces(csc_group, **kwargs)
     return kept, _store_pieces(names, pieces)
 
 
@@ -241,7 +242,7 @@ class _TypedPlan:
         spec, offsets = self.files.spec, self.offsets
         n = sum(t.num_nodes for t in spec.node_types)
         types = [(t, offsets[t], spec.count(t), [str(p) for p in self.files.nodes[t]]) for t in self.order]
-        nodes = d(_with_pieces, pure=False)(ingest_typed_nodes, types, n, self.stage, batch_rows=1 << 20,
+        nodes = d(with_pieces, pure=False)(ingest_typed_nodes, types, n, self.stage, batch_rows=1 << 20,
                                             dask_key_name=self.key("nodes"))
         feats: list[Any] = []
         owners: list[str] = []
@@ -299,7 +300,7 @@ class _TypedPlan:
                                             index_dtype=index_dtype, packed=job.packed, dedupe=compact,
                                             undirected=compact, dask_key_name=self.key(f"csc-r{j}", g)))
         if compact:
-            final = d(_allocate_total, pure=False)(self.stage / job.folder / "indices.npy", index_dtype, topo,
+            final = d(allocate_total, pure=False)(self.stage / job.folder / "indices.npy", index_dtype, topo,
                                                    dask_key_name=self.key(f"alloc-indices-final-r{j}"))
             topo = [d(_compact, pure=False)(g, topo, job.names, scratch_path=indices, scratch_base=int(bases[g]),
                                             indices_path=final, indptr_path=indptr, lo=ranges[g][0],
@@ -357,10 +358,10 @@ class _TypedPlan:
                 units = () if e["derived"] else tuple(units_overlapping(feature_files[t], llo, lhi))
                 segments.append(TypedSegment(t, llo, lhi, a - lo, e["dim"], units,
                                              str(self.files.root / "features" / t)))
-            shards.append(d(_with_pieces, pure=False)(
-                write_typed_feature_shard, segments, self.stage / _shard_name(p), row_start=lo, rows=hi - lo,
+            shards.append(d(with_pieces, pure=False)(
+                write_typed_feature_shard, segments, self.stage / store_shard_name(p), row_start=lo, rows=hi - lo,
                 dtype=dtype, dim=dim, allow_nonfinite=self.allow_nonfinite,
-                batch_rows=feature_batch_rows(self.budget, row_bytes), crc_name=_shard_name(p),
+                batch_rows=feature_batch_rows(self.budget, row_bytes), crc_name=store_shard_name(p),
                 dask_key_name=self.key("feature-shard", p)))
         flat = [t for tasks in topo_of for t in tasks]
         done = compute([*flat, *shards], desc="ingest: build")
@@ -398,7 +399,7 @@ class _TypedPlan:
                                "target": labelled[0] if len(labelled) == 1 else None}, str(self.stage))
         features = {"dtype": dtype.name, "dim": dim, "row_bytes": row_bytes, "shard_rows": rows,
                     "arrow_type": FeatureFile("", dtype.name, dim, (), 0).arrow_type,
-                    "shards": [{"path": _shard_name(p), **s} for p, (s, _) in enumerate(shard_done)]}
+                    "shards": [{"path": store_shard_name(p), **s} for p, (s, _) in enumerate(shard_done)]}
         manifest = store_manifest(num_nodes=layout.num_nodes, num_edges=layout.num_edges,
                                   indices_dtype=edge_entries[0]["indices_dtype"] if edge_entries else "int32",
                                   nodes=summary, features=features, inputs=inputs, config=config)
@@ -409,8 +410,9 @@ class _TypedPlan:
             finish_store(self.stage, manifest)
             return manifest
         # a provisional manifest (in the staging directory, never published) describes the store to the
-        # derivation; the derived rows' shards are then checksummed afresh and the manifest written again, last
-        finish_store(self.stage, record_checksums(self.stage, manifest, pieces))
+        # derivation, without checksums: a rule may read rows an earlier rule has just derived. Then the
+        # checksums are taken (the derived rows' shards read afresh) and the manifest written again, last
+        finish_store(self.stage, manifest)
         seconds = _derive(self.stage, manifest, self.rules, self.budget)
         ranges = [(t.offset, t.stop) for t in layout.node_types if t.derived]
         rewritten = {s["path"] for s in features["shards"]

@@ -18,6 +18,9 @@ cluster; the dashboard groups them by the words before the index. (No key word m
 an 8-letter word starting with a-f, such as "features": `dask.utils.key_split` takes
 those for hex tokens and drops them from the group name.)
 
+A raw dataset with a ``hetero.json`` is typed: `run_ingest` hands it to `flow.heteroingest`, which builds a typed
+store with the same operators, one CSC per edge type.
+
 Everything is built inside a staging directory swapped into place at the end, so a
 failure leaves no output that looks valid and an earlier store untouched. A re-run
 whose inputs (fingerprints) and options are unchanged returns at once.
@@ -89,7 +92,8 @@ from ..operators.ingest.remote import raw_size, remote_fingerprint
 from ..operators.options import INGEST_MEMORY
 from .progress import compute
 
-__all__ = ["IngestResult", "ingest_config", "run_ingest"]
+__all__ = ["IngestResult", "allocate_total", "ingest_config", "run_ingest", "store_shard_name", "up_to_date",
+           "with_pieces"]
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,8 @@ def ingest_config(*, memory_budget: int, shard_rows: int | None, to_undirected: 
     }
 
 
-def _up_to_date(manifest: dict[str, Any] | None, inputs: dict[str, str], config: dict[str, Any]
-                ) -> dict[str, Any] | None:
+def up_to_date(manifest: dict[str, Any] | None, inputs: dict[str, str], config: dict[str, Any]
+               ) -> dict[str, Any] | None:
     """The existing store's manifest when it was built from the same inputs and options."""
     if (not manifest or manifest.get("format") != STORE_FORMAT or manifest.get("inputs") != inputs
             or manifest.get("config") != config or CHECKSUMS not in manifest):
@@ -245,7 +249,7 @@ def run_ingest(raw: str | os.PathLike[str], out: str | os.PathLike[str], *, memo
     config = ingest_config(memory_budget=budget, shard_rows=shard_rows, to_undirected=to_undirected,
                            allow_nonfinite=allow_nonfinite, link=link)
     existing = check_replaceable(out_p, force, STORE_KIND)
-    previous = None if force else _up_to_date(existing, inputs, config)
+    previous = None if force else up_to_date(existing, inputs, config)
     if previous is not None:
         return IngestResult.of(out_p, True, previous, input_bytes, time.perf_counter() - t0)
 
@@ -327,7 +331,7 @@ class _Plan:
         self.bucket_width = fine_bucket_width(n, est_edges, self.budget)
         self.num_buckets = math.ceil(n / self.bucket_width)
         d = dask.delayed
-        nodes = d(_with_pieces, pure=False)(ingest_nodes, list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
+        nodes = d(with_pieces, pure=False)(ingest_nodes, list(self.files.nodes), n, self.stage, batch_rows=1 << 20,
                                             dask_key_name=self.key("nodes"))
         feats = [d(scan_features, pure=False)(p, n, dask_key_name=self.key("scan-feature", i))
                  for i, p in enumerate(self.files.features)]
@@ -397,15 +401,15 @@ class _Plan:
         for g, (a, b) in enumerate(groups):
             runs = [(s.path, s.offsets[:, a], s.offsets[:, b]) for s in spills
                     if len(s.offsets) and (s.offsets[:, b] > s.offsets[:, a]).any()]
-            topo.append(d(_with_pieces, pure=False)(csc_group, runs, lo=ranges[g][0], hi=ranges[g][1], base=int(bases[g]),
+            topo.append(d(with_pieces, pure=False)(csc_group, runs, lo=ranges[g][0], hi=ranges[g][1], base=int(bases[g]),
                                                  indptr_path=indptr, indices_path=indices, index_dtype=index_dtype,
                                                  packed=self.packed, dedupe=self.to_undirected, order_path=order,
                                                  tags=tags, sources=sources, undirected=self.to_undirected,
                                                  dask_key_name=self.key("csc", g)))
         if compact:
-            final = d(_allocate_total, pure=False)(self.stage / "indices.npy", index_dtype, topo,
+            final = d(allocate_total, pure=False)(self.stage / "indices.npy", index_dtype, topo,
                                                    dask_key_name=self.key("alloc-indices-final"))
-            order_final = None if order is None else d(_allocate_total, pure=False)(
+            order_final = None if order is None else d(allocate_total, pure=False)(
                 self.stage / SPILL_DIR / "order.npy", np.dtype(np.int64), topo, dask_key_name=self.key("alloc-order-final"))
             topo = [d(_compact, pure=False)(g, topo, scratch_path=indices, scratch_base=int(bases[g]),
                                             indices_path=final, indptr_path=indptr, lo=ranges[g][0], hi=ranges[g][1],
@@ -417,15 +421,15 @@ class _Plan:
         shards = []
         for p in range(math.ceil(n / rows)):
             lo, hi = p * rows, min(n, (p + 1) * rows)
-            shards.append(d(_with_pieces, pure=False)(
-                write_feature_shard, units_overlapping(feature_files, lo, hi), self.stage / _shard_name(p),
-                crc_name=_shard_name(p), lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
+            shards.append(d(with_pieces, pure=False)(
+                write_feature_shard, units_overlapping(feature_files, lo, hi), self.stage / store_shard_name(p),
+                crc_name=store_shard_name(p), lo=lo, hi=hi, dtype=dtype, dim=dim, features_dir=self.files.root / "features",
                 allow_nonfinite=self.allow_nonfinite, batch_rows=feature_batch_rows(self.budget, row_bytes),
                 dask_key_name=self.key("feature-shard", p)))
 
         link: Any = None
         if self.link is not None:
-            link = d(_with_pieces, pure=False)(write_link_arrays, [list(s.link) for s in spills], self.stage / "link",
+            link = d(with_pieces, pure=False)(write_link_arrays, [list(s.link) for s in spills], self.stage / "link",
                                                num_nodes=n, cfg=self.link, dask_key_name=self.key("link"))
 
         features = {"dtype": dtype.name, "dim": dim, "row_bytes": row_bytes, "shard_rows": rows,
@@ -449,9 +453,9 @@ class _Plan:
         edge_rows = int(shard_rows) if shard_rows is not None else shard_rows_for(self.budget, edge_row_bytes,
                                                                                    max(1, num_edges))
         order_path = self.stage / SPILL_DIR / "order.npy"
-        edge_shards = [d(_with_pieces, pure=False)(
-            write_edge_feature_shard, order_path, self.attr_path, self.stage / _shard_name(p, "edge_features"),
-            crc_name=_shard_name(p, "edge_features"), lo=p * edge_rows, hi=min(num_edges, (p + 1) * edge_rows),
+        edge_shards = [d(with_pieces, pure=False)(
+            write_edge_feature_shard, order_path, self.attr_path, self.stage / store_shard_name(p, "edge_features"),
+            crc_name=store_shard_name(p, "edge_features"), lo=p * edge_rows, hi=min(num_edges, (p + 1) * edge_rows),
             dask_key_name=self.key("edge-shard", p))
             for p in range(math.ceil(num_edges / edge_rows))]
         static["edge_features"] = {"dtype": sch.attr_dtype, "dim": sch.attr_dim, "row_bytes": edge_row_bytes,
@@ -461,18 +465,19 @@ class _Plan:
         return compute([*edge_shards, manifest], desc="ingest: edge features")[-1]
 
 
-def _shard_name(p: int, folder: str = "features") -> str:
+def store_shard_name(p: int, folder: str = "features") -> str:
+    """The store-relative path of row-range shard p of `folder` (``features/part-00003.npy``)."""
     return f"{folder}/part-{p:05d}.npy"
 
 
-def _with_pieces(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Piece]]:
+def with_pieces(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Piece]]:
     """`fn`'s result and the crc32 pieces of the store files it wrote (its `pieces` argument), for the
     manifest task's checksums (`storecheck`)."""
     pieces: list[Piece] = []
     return fn(*args, pieces=pieces, **kwargs), pieces
 
 
-def _allocate_total(path: Path, dtype: np.dtype, topo: list[tuple[int, list[Piece]]]) -> str:
+def allocate_total(path: Path, dtype: np.dtype, topo: list[tuple[int, list[Piece]]]) -> str:
     """Allocate a final CSC-length array once the compacting CSC tasks have counted their edges."""
     return allocate_npy(path, dtype, int(sum(k for k, _ in topo)))
 
@@ -491,7 +496,7 @@ def _write_manifest(stage: Path, topo: list[tuple[int, list[Piece]]], shards: li
                     edge_shards: list[tuple[dict[str, Any], list[Piece]]] | None) -> dict:
     """Assemble the manifest from the tasks' results, with every file's checksums, and write it last."""
     features = dict(static["features"])
-    features["shards"] = [{"path": _shard_name(p), **s} for p, (s, _) in enumerate(shards)]
+    features["shards"] = [{"path": store_shard_name(p), **s} for p, (s, _) in enumerate(shards)]
     num_edges = int(sum(k for k, _ in topo))
     nodes, pieces = static["nodes"]
     pieces = list(pieces)
@@ -504,7 +509,7 @@ def _write_manifest(stage: Path, topo: list[tuple[int, list[Piece]]], shards: li
     edge_features = None
     if edge_shards is not None:
         edge_features = {**static["edge_features"],
-                         "shards": [{"path": _shard_name(p, "edge_features"), **s} for p, (s, _) in enumerate(edge_shards)]}
+                         "shards": [{"path": store_shard_name(p, "edge_features"), **s} for p, (s, _) in enumerate(edge_shards)]}
     link_entry = None
     if static["link"] is not None and link is not None:
         spec = static["link"]

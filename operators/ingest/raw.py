@@ -90,6 +90,9 @@ def _skipped(parts: Sequence[str]) -> bool:
 def _find_remote(raw: str, storage_options: dict[str, Any] | None) -> RawFiles:
     root = raw_source(raw, storage_options)
     listed = list_files(root)
+    if any(p.rel == (root / "hetero.json").rel for p in listed):
+        raise InputError(root / "hetero.json", "a typed raw dataset is ingested from a local directory only (for now): "
+                                               "copy it to local disk first")
     parts: dict[str, tuple[RemotePath, ...]] = {}
     for name in RAW_DIRS:
         d = root / name

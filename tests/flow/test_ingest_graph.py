@@ -457,7 +457,7 @@ def test_cli_options_reach_run_ingest(tmp_path: Path, monkeypatch: pytest.Monkey
     assert calls[1] == ("ingest", {"memory_budget": "64KiB", "shard_rows": None, "to_undirected": False,
                                    "allow_nonfinite": True, "force": True, "link_split": None,
                                    "disjoint_train_ratio": 0.0, "link_negatives": 100, "link_seed": 0,
-                                   "storage_options": None})
+                                   "storage_options": None, "derive": []})
     with pytest.raises(InputError, match="no such directory"):  # flow.cli prints it as one line, exit 2
         _cli([str(tmp_path / "missing"), str(tmp_path / "store")])
 
