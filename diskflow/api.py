@@ -29,6 +29,7 @@ from .flow.pipeline import Pipeline, load_pipeline
 from .flow.prepare.config import PREPARE_DEFAULTS
 from .operators.ingest.links import LinkConfig
 from .operators.options import BATCH_SIZE, FANOUTS, INGEST_MEMORY, SEED
+from .operators.prepare.typedsample import as_fanouts
 from .operators.train.config import DEFAULT_EXTRACTORS
 from .operators.train.modeldef import Model, check_model_option, model_label
 
@@ -141,7 +142,7 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
     for name in ("queue_depth", "hidden"):      # the options PrepareConfig does not hold (its own are validated)
         if isinstance(o[name], bool) or not isinstance(o[name], int) or o[name] < 1:
             raise ConfigError(name, f"must be >= 1, got {o[name]!r}")
-    fanouts = tuple(o["fanouts"]) if o["fanouts"] is not None else pipeline.fanouts
+    fanouts = as_fanouts(o["fanouts"]) if o["fanouts"] is not None else pipeline.fanouts
     disk = None if str(o["disk_budget"]).lower() in ("none", "") else o["disk_budget"]
     task = Task(o["task"] if o["task"] is not None else pipeline.task, o["neg_ratio"], o["neg_sampling"])
     budgets = packed_budgets(store, o["cpu_memory"], o["gpu_memory"], disk, fanouts, o["batch_size"],

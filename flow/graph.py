@@ -54,6 +54,7 @@ from ..operators.prepare.superbatch import (
 )
 from ..operators.prepare.task import NODE, Task
 from ..operators.prepare.tiers import Sampling, tier_sizes
+from ..operators.prepare.typedsample import as_fanouts
 from .taskprofile import profiled
 
 __all__ = ["MAX_ROWS_MARGIN", "GpuTier", "PlanResult", "PrepGraph", "SampleResult", "Submit", "TierSpec",
@@ -181,7 +182,7 @@ def partition_task(store_path: str, parts: int, method: str, seed: int, threads:
 def hop1_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: Sequence[int], seed: int,
               threads: int | None, order: BatchOrder | None = None, task: Task = NODE) -> list[np.ndarray]:
     """The one-hop nodes of every batch of superbatch `ref` (what the history plan reads)."""
-    return superbatch_hop1(store_path, ref, batch_size, list(fanouts), seed, threads, order, task)
+    return superbatch_hop1(store_path, ref, batch_size, as_fanouts(fanouts), seed, threads, order, task)
 
 
 def history_spec(cfg: Any) -> tuple[int, int, str, str, float, float] | None:
@@ -214,10 +215,10 @@ def sample_task(store_path: str, ref: SuperbatchRef, batch_size: int, fanouts: S
     t0 = time.time()
     steps = None if history is None else history[ref.key]
     if out_path is None:
-        data, summary = sample_superbatch_bytes(store_path, ref, batch_size, list(fanouts), seed, threads, order, steps,
+        data, summary = sample_superbatch_bytes(store_path, ref, batch_size, as_fanouts(fanouts), seed, threads, order, steps,
                                                 task)
         return SampleResult(ref.key, np.frombuffer(data, np.uint8), summary, stamp(t0))
-    summary = sample_superbatch(store_path, out_path, ref, batch_size, list(fanouts), seed, threads, order, steps,
+    summary = sample_superbatch(store_path, out_path, ref, batch_size, as_fanouts(fanouts), seed, threads, order, steps,
                                 parents=False, task=task)
     return SampleResult(ref.key, None, summary, stamp(t0), path=out_path)
 
@@ -379,7 +380,7 @@ class PrepGraph:
 
     def sample(self, k: int, out_path: str | None = None) -> Any:
         r = self.refs[k]
-        return self.submit(sample_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
+        return self.submit(sample_task, self.store_path, r, self.batch_size, as_fanouts(self.fanouts), self.seed,
                            self.threads, out_path, self.order, self.history_plan(), self.task,
                            key=f"sample-{r.key}-{self.tok}", k=k)
 
@@ -389,7 +390,7 @@ class PrepGraph:
         if self.history is None:
             return None
         if self._history_plan is None:
-            hop1 = [self.submit(hop1_task, self.store_path, r, self.batch_size, tuple(self.fanouts), self.seed,
+            hop1 = [self.submit(hop1_task, self.store_path, r, self.batch_size, as_fanouts(self.fanouts), self.seed,
                                 self.threads, self.order, self.task, key=f"hop1-{r.key}-{self.tok}", k=k)
                     for k, r in enumerate(self.refs)]
             self._history_plan = self.submit(history_task, self.store_path, [r.key for r in self.refs],

@@ -18,6 +18,7 @@ from ..operators.prepare.history import (
     refuse_without_cache,
 )
 from ..operators.prepare.sample import check_fanouts
+from ..operators.prepare.typedsample import EdgeFanouts
 
 __all__ = ["DEFAULT_SHARE", "HISTORY_AUTO", "HISTORY_RULE", "DefaultBudget", "byte_budget", "fit_default",
            "history_options", "history_rule", "is_default", "note_raised", "parse_fanouts",
@@ -26,11 +27,23 @@ __all__ = ["DEFAULT_SHARE", "HISTORY_AUTO", "HISTORY_RULE", "DefaultBudget", "by
 
 def parse_fanouts(text: str, option: str = "fanouts") -> tuple[int, ...]:
     """Per-hop fanouts such as ``10,15,-1`` (-1: all neighbours): the one parser of every command's and
-    benchmark's fanouts option; the values are checked by the sampler's own rule (`check_fanouts`).
+    benchmark's fanouts option; the values are checked by the sampler's own rule (`check_fanouts`). On a
+    typed store, fanouts per edge type: ``author__writes__paper=5,5;paper__cites__paper=10,10`` (an
+    `EdgeFanouts`; an edge type left out is not sampled).
 
     Raises:
-        ConfigError: naming `option`: a piece that is not an integer, or a value below -1.
+        ConfigError: naming `option`: a piece that is not an integer, or a value below -1; an edge type's
+            lists of different lengths.
     """
+    if "=" in text:
+        pairs = []
+        for piece in (p.strip() for p in text.split(";") if p.strip()):
+            name, _, hops = piece.partition("=")
+            try:
+                pairs.append((name.strip(), [int(t) for t in hops.split(",")]))
+            except ValueError:
+                raise ConfigError(option, f"{piece!r}: expected EDGE_TYPE=comma-separated integers >= -1") from None
+        return EdgeFanouts(pairs, option)
     try:
         return tuple(check_fanouts([int(t) for t in text.split(",")]))
     except (ValueError, ConfigError):

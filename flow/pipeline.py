@@ -43,6 +43,7 @@ from ..operators.prepare.policies import FilePolicy, Policy, check_policy, polic
 from ..operators.prepare.sample import check_fanouts
 from ..operators.prepare.seeds import BATCH_ORDERS
 from ..operators.prepare.task import TASKS
+from ..operators.prepare.typedsample import EdgeFanouts, as_fanouts, fanouts_json
 from ..operators.train.config import ONLINE_TIERS
 from .options import HISTORY_RULE, pipeline_history
 
@@ -174,7 +175,8 @@ class Pipeline:
                 raise ConfigError(f"Pipeline.{what}", f"expected one of {', '.join(allowed)}, got {value!r}")
         if isinstance(self.fanouts, (str, bytes)) or not hasattr(self.fanouts, "__iter__"):
             raise ConfigError("fanouts", f"expected a sequence of integers >= -1, got {self.fanouts!r}")
-        object.__setattr__(self, "fanouts", tuple(check_fanouts(self.fanouts)))    # the sampler's own check
+        object.__setattr__(self, "fanouts", as_fanouts(self.fanouts) if isinstance(self.fanouts, (dict, EdgeFanouts))
+                           else tuple(check_fanouts(self.fanouts)))    # the sampler's own check
         check_policy(self.gpu_tier, "gpu")
         if self.loader == "online":
             if self.cpu_tier == "belady":      # the field's default: the online loader's own default
@@ -225,7 +227,7 @@ class Pipeline:
             options.setdefault("task", self.task)
         if self.rows != "exact":
             options.setdefault("rows", self.rows)
-        return PrepareConfig(**fixed, **{**options, "fanouts": tuple(options["fanouts"])})
+        return PrepareConfig(**fixed, **{**options, "fanouts": as_fanouts(options["fanouts"])})
 
     def prepare(self, store: str | os.PathLike[str], out: str | os.PathLike[str], *, force: bool = False,
                 quiet: bool = False, **options: Any) -> Any:
@@ -284,7 +286,7 @@ class Pipeline:
     def describe(self) -> dict[str, Any]:
         """The definition as JSON values (policy functions by name and code hash)."""
         return {"name": self.name, "loader": self.loader, "batches": self.batches, "sampler": self.sampler,
-                "fanouts": list(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
+                "fanouts": fanouts_json(self.fanouts), "gpu_tier": policy_id(self.gpu_tier),
                 "cpu_tier": policy_id(self.cpu_tier), "packing": self.packing, "disk_cache": self.disk_cache,
                 **({"task": self.task} if self.task != "node" else {}),
                 **({"rows": self.rows} if self.rows != "exact" else {}),

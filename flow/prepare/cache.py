@@ -20,6 +20,7 @@ from ...operators.formats.packed import PACKED_KIND, PACKED_VERSION
 from ...operators.prepare.history import staleness_rule
 from ...operators.prepare.pack import release_early_maps
 from ...operators.prepare.policies import policy_id
+from ...operators.prepare.typedsample import fanouts_json
 from ..memsplit import SPLIT_SHARES
 
 # what an encoding's rows cost, for the plan stage's key: encodings of one row size share their plans, and a new
@@ -64,7 +65,7 @@ def sample_key(cfg: PrepareConfig, store_hash: str, partition_key: str | None = 
                             **({"select": cfg.history_select} if cfg.history_select != "degree" else {}),
                             **({"prune": cfg.history_prune} if cfg.history_prune != "subtree" else {}),
                             **staleness_rule(cfg.history_ramp, cfg.history_cooldown)}
-    return config_hash({"store": store_hash, "fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size,
+    return config_hash({"store": store_hash, "fanouts": fanouts_json(cfg.fanouts), "batch_size": cfg.batch_size,
                         "superbatch_size": cfg.superbatch_size, "epochs": cfg.epochs, "seed": cfg.seed,
                         "counts": COUNTS, **order, **_task(cfg)})
 

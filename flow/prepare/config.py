@@ -17,6 +17,7 @@ from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
 from ...operators.prepare.partition import PARTITIONERS, default_parts
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.round import RoundOptions
+from ...operators.prepare.typedsample import fanouts_json
 from ...operators.train.config import TrainConfig
 from ..options import DEFAULT_SHARE
 
@@ -100,7 +101,7 @@ class PrepareConfig(RoundOptions):
     def describe(self) -> dict[str, Any]:
         """The config as JSON values (a policy function by its `policy_id`): what a manifest records."""
         return {**asdict(self), "cpu_policy": policy_id(self.cpu_policy), "gpu_policy": policy_id(self.gpu_policy),
-                "fanouts": list(self.fanouts)}
+                "fanouts": fanouts_json(self.fanouts)}
 
     def num_partitions(self, store: Store) -> int:
         """The parts of the partition (`operators.prepare.partition.default_parts`)."""

@@ -54,6 +54,7 @@ from ...operators.prepare.policies import policy_id
 from ...operators.prepare.route import segment_offsets
 from ...operators.prepare.seeds import BatchOrder
 from ...operators.prepare.superbatch import SuperbatchRef
+from ...operators.prepare.typedsample import as_fanouts
 from ..graph import (
     PrepGraph,
     SampleResult,
@@ -316,7 +317,7 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     table = store.table_of is not None      # edge rows: no batch size or fanouts bound them
     spec = TierSpec(run.gpu_memory, run.cpu_memory, cfg.device, cfg.staging_batches,
                     cfg.io_reserve, cfg.gpu_policy, cfg.cpu_policy,
-                    batch_size=0 if table else cfg.batch_size, fanouts=() if table else tuple(cfg.fanouts),
+                    batch_size=0 if table else cfg.batch_size, fanouts=() if table else as_fanouts(cfg.fanouts),
                     raise_cpu=cfg.cpu_memory_default, row_bytes=run.row_bytes)
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))

@@ -54,7 +54,7 @@ from ...operators.prepare.samplers import store_sampler
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
 from ...operators.prepare.task import SeedSource, num_seeds
-from ...operators.prepare.typedsample import TypedNeighborSampler
+from ...operators.prepare.typedsample import TypedNeighborSampler, as_fanouts, fanouts_json
 from ...operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ...operators.train.config import DATA_ONLY
 from ...operators.train.heterobatch import refuse_typed, train_target
@@ -114,7 +114,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
     st = Store(store)
     # the training options, checked before anything is partitioned or drawn (the cache's rows and the label
     # prior join them below, once known)
-    base = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts),
+    base = TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=as_fanouts(fanouts),
                        batch_size=batch_size, epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad,
                        dropout=dropout, heads=heads, seed=seed, eval_every=eval_every, threads=threads, task=task,
                        neg_ratio=neg_ratio, neg_sampling=neg_sampling, hits_k=hits_k)
@@ -131,7 +131,7 @@ def gathered_run(name: str, *, features: Callable[[Store], Any] | None, store: s
                                      "from a packed dataset prepared with batches='partition'")
     order, part_figures = batch_order(st, run_dir, batches, partition, partitions, seed, parts_per_group, group_by,
                                       batch_size=batch_size)
-    round_hop1 = functools.partial(_round_hop1, st, batch_size, tuple(fanouts), seed, epochs, order, threads)
+    round_hop1 = functools.partial(_round_hop1, st, batch_size, as_fanouts(fanouts), seed, epochs, order, threads)
     total = epochs * -(-num_seeds(st, base.train_task) // batch_size)
     make_planner, rows = history_planner(st, history_memory, staleness, hidden, samples,
                                          model == DATA_ONLY, history_select, round_hop1, prune, total,
@@ -325,8 +325,9 @@ class StoredSamplesLoader:
         if man.get("store", {}).get("manifest_hash") != config_hash(store.manifest):
             raise InputError(self.ds.path / "manifest.json", f"prepared from another store than {store.path}")
         rc = man.get("config", {})
-        theirs = (list(rc.get("fanouts", [])), rc.get("batch_size"), rc.get("seed"))
-        ours = (list(cfg.fanouts), cfg.batch_size, cfg.seed)
+        stored = rc.get("fanouts", [])
+        theirs = (stored if isinstance(stored, dict) else list(stored), rc.get("batch_size"), rc.get("seed"))
+        ours = (fanouts_json(cfg.fanouts), cfg.batch_size, cfg.seed)
         if theirs != ours:
             raise ConfigError("samples", f"{self.ds.path} was sampled with fanouts {theirs[0]}, batch "
                                          f"size {theirs[1]}, seed {theirs[2]}; this run has fanouts "
@@ -384,7 +385,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     if not cfg.link:
         _check_labels(st, labels, splits)
 
-    sampler = store_sampler(st, list(cfg.fanouts), num_threads=cfg.threads, in_ram=how.features is None)
+    sampler = store_sampler(st, cfg.fanouts, num_threads=cfg.threads, in_ram=how.features is None)
     source = SeedSource(st, cfg.batch_size, cfg.seed, cfg.train_task) if cfg.link else None
     train: Any
     if how.loader is not None:
@@ -424,7 +425,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     records = session.records
     return {
         "pipeline": how.name,
-        "title": f"{how.name}: {cfg.model}, fanouts {list(cfg.fanouts)}",
+        "title": f"{how.name}: {cfg.model}, fanouts {fanouts_json(cfg.fanouts)}",
         "config": {**cfg.as_json(), "device": str(dev), "optimizer": session.describe(),
                    "threads": cfg.threads, "torch_threads": torch.get_num_threads(),
                    "samples": None if how.samples is None else str(how.samples),

@@ -18,6 +18,7 @@ from ...errors import ConfigError
 from ...operators.formats.store import Store
 from ...operators.options import CPU_SHARE, DEVICE, QUEUE_DEPTH
 from ...operators.prepare.task import NODE, Task
+from ...operators.prepare.typedsample import as_fanouts
 from ...operators.train.config import TrainConfig
 from ..options import byte_budget as budget
 from ..options import history_options
@@ -171,7 +172,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     rdir = Path(run_dir)
     out = Path(packed) if packed is not None else rdir / "packed"
     # the training options, checked before preparing (the trainer builds its config from the packed round)
-    TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=tuple(fanouts), batch_size=batch_size,
+    TrainConfig(model=model, hidden=hidden, num_layers=num_layers, fanouts=as_fanouts(fanouts), batch_size=batch_size,
                 epochs=epochs, lr=lr, weight_decay=weight_decay, clip_grad=clip_grad, dropout=dropout, heads=heads,
                 seed=seed, eval_every=eval_every, threads=threads, task=task, neg_ratio=neg_ratio,
                 neg_sampling=neg_sampling, hits_k=hits_k)
@@ -181,7 +182,7 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
                              device=dev, task=Task(task, neg_ratio, neg_sampling))
     cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
-    options = {"fanouts": tuple(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
+    options = {"fanouts": as_fanouts(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
                "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
                "disk_budget": budgets["disk_budget"], "task": task, "neg_ratio": neg_ratio,

@@ -27,6 +27,7 @@ from ...operators.options import QUEUE_DEPTH
 from ...operators.prepare.history import EMBEDDING_DTYPE, history_rows
 from ...operators.prepare.seeds import label_shares
 from ...operators.prepare.task import Task
+from ...operators.prepare.typedsample import as_fanouts
 from ...operators.train.config import TrainConfig
 from ..options import history_options, history_rule
 from ..roles import stream_client, tls_security
@@ -153,7 +154,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     on_gpu = device is not None and str(device).startswith("cuda")
     train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, weight_decay=weight_decay,
                               clip_grad=clip_grad, dropout=dropout, heads=heads,
-                              seed=seed, eval_every=eval_every, epochs=epochs, fanouts=tuple(fanouts),
+                              seed=seed, eval_every=eval_every, epochs=epochs, fanouts=as_fanouts(fanouts),
                               batch_size=batch_size, cpu_memory=budgets["cpu_memory"],
                               gpu_memory=gpu if on_gpu else None, queue_depth=queue_depth, check_crc=check_crc,
                               threads=threads, store=str(st.path.resolve()),
@@ -161,7 +162,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
                               if batches == "partition" else None, history_rows=min(embeddings, st.num_nodes),
                               batches_per_step=batches_per_step, task=task, neg_ratio=neg_ratio,
                               neg_sampling=neg_sampling, hits_k=hits_k)
-    cfg = StreamConfig(train=train, fanouts=tuple(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
+    cfg = StreamConfig(train=train, fanouts=as_fanouts(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
                        io_reserve=budgets["io_reserve"],

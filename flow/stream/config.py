@@ -12,6 +12,7 @@ from ...operators.prepare.history import DEFAULT_COOLDOWN, DEFAULT_RAMP, DEFAULT
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.seeds import PARTS_PER_GROUP
+from ...operators.prepare.typedsample import fanouts_json
 
 __all__ = ["CACHES", "PARTITION_FILE", "PHASES", "StreamConfig", "StreamStopped"]
 
@@ -119,5 +120,5 @@ class StreamConfig(RoundOptions):
                  and k not in ("shared_tier", "shared_timeout_s", "rank")
                  and not (k == "world" and v == 1)
                  and not (k == "batches_per_step" and v == 1)}
-        return config_hash({"store": store_hash, **keep, "fanouts": list(self.fanouts),
-                            "train": {**train, "model": self.train.model_key(), "fanouts": list(train["fanouts"])}})
+        return config_hash({"store": store_hash, **keep, "fanouts": fanouts_json(self.fanouts),
+                            "train": {**train, "model": self.train.model_key(), "fanouts": train["fanouts"]}})

@@ -18,6 +18,7 @@ from typing import Any
 from ...operators.formats.rowcodec import RowCodec
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.superbatch import SuperbatchRef
+from ...operators.prepare.typedsample import as_fanouts, fanouts_json
 from ..graph import PrepGraph, TierSpec
 from .checkpoints import checkpoint_due
 from .config import StreamConfig
@@ -217,9 +218,9 @@ class Preparation:
         cfg = self.cfg
         device = "cuda" if device_name.startswith("cuda") else "cpu"
         spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
-                        cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=tuple(cfg.fanouts),
+                        cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=as_fanouts(cfg.fanouts),
                         row_bytes=0 if self.codec is None else self.codec.row_bytes)
-        config = {"fanouts": list(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
+        config = {"fanouts": fanouts_json(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
                   "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": device_name,
                   "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches,

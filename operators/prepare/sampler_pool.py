@@ -31,7 +31,7 @@ from ..formats.manifest import MANIFEST
 from ..formats.store import Store
 from .sample import NeighborSampler
 from .samplers import store_sampler
-from .typedsample import TypedNeighborSampler
+from .typedsample import TypedNeighborSampler, as_fanouts
 
 __all__ = ["PooledSampler", "drop_idle_samplers", "idle_samplers", "leased_sampler"]
 
@@ -84,8 +84,8 @@ def _identity(store_path: str | os.PathLike[str], fanouts: Sequence[int], num_th
     try:
         st = os.stat(os.path.join(path, MANIFEST))
     except OSError:
-        return (path, None, tuple(fanouts), num_threads)      # Store() below raises the clear error
-    return (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, tuple(int(f) for f in fanouts), num_threads)
+        return (path, None, as_fanouts(fanouts), num_threads)      # Store() below raises the clear error
+    return (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, as_fanouts(fanouts), num_threads)
 
 
 @contextlib.contextmanager
@@ -107,7 +107,7 @@ def leased_sampler(store_path: str | os.PathLike[str], fanouts: Sequence[int],
     try:
         if entry is None:
             store = Store(store_path)
-            entry = PooledSampler(store, store_sampler(store, list(fanouts), num_threads=num_threads))
+            entry = PooledSampler(store, store_sampler(store, as_fanouts(fanouts), num_threads=num_threads))
         entry.store.populate_topology()   # cheap where it is resident; faults it back in where it was evicted
         yield entry
         kept = True                       # not reached when the block raised: a failed task's sampler is dropped

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import ConfigError, InputError
 from ..formats.hetero import HeteroLayout, edge_type_name
 from .sample import NeighborSampler
-from .typedsample import TypedNeighborSampler, typed_fanouts
+from .typedsample import EdgeFanouts, TypedNeighborSampler, typed_fanouts
 
-__all__ = ["check_typed_rows", "store_sampler", "topology_view"]
+__all__ = ["check_store_fanouts", "check_typed_rows", "store_sampler", "topology_view"]
 
 
 def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
@@ -31,14 +31,30 @@ def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any,
                                     f"or leave the edge type out of the fanouts")
 
 
+def check_store_fanouts(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int]]) -> None:
+    """Check `fanouts` against `store` before any work: fanouts per edge type only on a typed store, naming its
+    edge types; on a typed store, no featureless node type sampled (`check_typed_rows`).
+
+    Raises:
+        ConfigError: (``fanouts``) per edge type on a homogeneous store, or naming an unknown edge type.
+        InputError: (the store) a featureless node type would be sampled.
+    """
+    layout = getattr(store, "hetero", None)
+    if layout is None:
+        if isinstance(fanouts, (Mapping, EdgeFanouts)):
+            raise ConfigError("fanouts", f"fanouts per edge type need a typed store, and {store.path} has one edge type")
+        return
+    check_typed_rows(layout, fanouts, store.path)
+
+
 def store_sampler(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int]], num_threads: int | None = None,
                   in_ram: bool = False) -> NeighborSampler | TypedNeighborSampler:
     """The sampler of `store` (a `formats.store.Store`) with `fanouts` per hop (a dict per edge type on a
     typed store); `in_ram`: over RAM copies of the topology rather than its memory maps."""
     layout = getattr(store, "hetero", None)
     if layout is None:
-        if isinstance(fanouts, Mapping):
-            raise InputError(store.path, "fanouts per edge type need a typed store; this one has one edge type")
+        if isinstance(fanouts, (Mapping, EdgeFanouts)):
+            raise ConfigError("fanouts", f"fanouts per edge type need a typed store, and {store.path} has one edge type")
         indptr, indices = store.indptr, store.indices
         if in_ram:
             indptr, indices = np.array(indptr), np.array(indices)

@@ -31,10 +31,83 @@ from ...errors import ConfigError
 from ..formats.hetero import EdgeType, HeteroLayout, edge_type_name, parse_edge_type
 from .sample import SampledBatch, check_fanouts
 
-__all__ = ["Fanouts", "TypedNeighborSampler", "typed_fanouts"]
+__all__ = ["EdgeFanouts", "Fanouts", "TypedNeighborSampler", "as_fanouts", "fanouts_json", "typed_fanouts"]
 
 Fanouts = Sequence[int] | Mapping[Any, Sequence[int]]    # one list for every edge type, or one per edge type
 _UINT64_MASK = (1 << 64) - 1
+
+
+class EdgeFanouts(tuple):   # type: ignore[type-arg]
+    """Fanouts per edge type, as options and configurations carry them.
+
+    As a tuple it is the largest fanout of each hop, what hop counts and batch bounds read wherever
+    fanouts are one list; `per_type` holds the (``src__rel__dst``, hops) pairs as given, which the typed
+    sampler reads (`typed_fanouts`) and keys, reports and JSON keep (`fanouts_json`). Two are equal only
+    when their pairs are.
+    """
+
+    per_type: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def __new__(cls, pairs: Mapping[Any, Sequence[int]] | Sequence[tuple[Any, Sequence[int]]],  # noqa: PYI034
+                option: str = "fanouts") -> EdgeFanouts:
+        items = list(pairs.items()) if isinstance(pairs, Mapping) else list(pairs)
+        if items and all(isinstance(i, (int, np.integer)) for i in items):
+            # rebuilt from its items (dataclasses.asdict copies a tuple so): they are the per-hop largest only
+            return tuple(int(i) for i in items)  # type: ignore[return-value]
+        if not items:
+            raise ConfigError(option, "an empty dict: give every edge type to sample a list of fanouts")
+        per_type = []
+        for key, values in items:
+            et = parse_edge_type(key, option) if isinstance(key, str) else tuple(key)
+            if len(et) != 3:
+                raise ConfigError(option, f"{key!r} is not an edge type: write it src__rel__dst")
+            try:
+                hops = tuple(check_fanouts(values))
+            except ConfigError as e:
+                raise ConfigError(option, f"{edge_type_name(et)}: {e.fault}") from None  # type: ignore[arg-type]
+            per_type.append((edge_type_name(et), hops))  # type: ignore[arg-type]
+        lengths = sorted({len(h) for _, h in per_type})
+        if len(lengths) != 1:
+            raise ConfigError(option, f"the edge types' lists differ in length ({lengths}): give every edge type one "
+                                      "fanout per hop")
+        columns = [[h[i] for _, h in per_type] for i in range(lengths[0])]
+        largest = [-1 if -1 in col else max(col) for col in columns]
+        obj = super().__new__(cls, largest)
+        obj.per_type = tuple(per_type)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EdgeFanouts, (self.per_type,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EdgeFanouts) and self.per_type == other.per_type
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(("EdgeFanouts", self.per_type))
+
+    def __repr__(self) -> str:
+        return f"EdgeFanouts({dict(self.per_type)!r})"
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {name: list(hops) for name, hops in self.per_type}
+
+
+def as_fanouts(value: Any, option: str = "fanouts") -> tuple[int, ...]:
+    """Fanouts as configurations keep them: a tuple of ints, or an `EdgeFanouts` (from a dict per edge type,
+    or one already), kept as it is where a plain ``tuple(...)`` would drop its edge types."""
+    if isinstance(value, EdgeFanouts):
+        return value
+    if isinstance(value, Mapping):
+        return EdgeFanouts(value, option)
+    return tuple(int(f) for f in value)
+
+
+def fanouts_json(value: Any) -> list[int] | dict[str, list[int]]:
+    """Fanouts as JSON (reports, manifests, cache keys): a list, or a dict per edge type."""
+    return value.as_dict() if isinstance(value, EdgeFanouts) else [int(f) for f in value]
 
 
 def typed_fanouts(layout: HeteroLayout, fanouts: Fanouts, option: str = "fanouts") -> list[list[int]]:
@@ -47,6 +120,8 @@ def typed_fanouts(layout: HeteroLayout, fanouts: Fanouts, option: str = "fanouts
     Raises:
         ConfigError: naming `option`: an unknown edge type, lists of different lengths, bad values.
     """
+    if isinstance(fanouts, EdgeFanouts):
+        fanouts = dict(fanouts.per_type)
     if not isinstance(fanouts, Mapping):
         hops = check_fanouts(fanouts)
         return [list(hops) for _ in layout.edge_types]

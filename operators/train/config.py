@@ -16,6 +16,7 @@ from typing import Any
 from ...errors import ConfigError
 from ..options import BATCH_SIZE, FANOUTS, SEED
 from ..prepare.task import Task
+from ..prepare.typedsample import EdgeFanouts, as_fanouts, fanouts_json
 from .modeldef import BUILTIN_MODELS as MODELS  # (the built-in names, re-exported)
 from .modeldef import DATA_ONLY, check_clip_grad, check_model_option, model_identity, model_label
 
@@ -108,11 +109,11 @@ class TrainConfig:
         if task.link and self.history_rows > 0:
             raise ConfigError("history_memory", "a historical embedding cache serves a node task's seeds; a link "
                                                 "task's are the endpoints of its pairs and negatives")
-        fanouts = tuple(self.fanouts)
+        fanouts = as_fanouts(self.fanouts) if isinstance(self.fanouts, (dict, EdgeFanouts)) else tuple(self.fanouts)
         if not fanouts or any(isinstance(f, bool) or int(f) != f or f < -1 for f in fanouts):
             raise ConfigError("fanouts", f"expected one or more integers >= -1 (-1: all neighbours), "
                                          f"got {list(self.fanouts)}")
-        object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
+        object.__setattr__(self, "fanouts", as_fanouts(fanouts))
         if self.num_layers is None:
             object.__setattr__(self, "num_layers", len(fanouts))
         if self.label_prior is not None:
@@ -179,7 +180,7 @@ class TrainConfig:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         if not isinstance(self.model, str):
             out["model"] = model_label(self.model)
-        return {**out, "fanouts": list(self.fanouts)}
+        return {**out, "fanouts": fanouts_json(self.fanouts)}
 
     def model_identity(self) -> dict[str, str]:
         """The model's name and a hash of its code ("" for a built-in), as checkpoints record it."""

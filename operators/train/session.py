@@ -115,7 +115,7 @@ def eval_loaders(cfg: TrainConfig, features: Any, labels: torch.Tensor, sampler:
 
 def store_eval_loaders(cfg: TrainConfig, store: Any, labels: np.ndarray) -> dict[str, InMemoryLoader]:
     """`eval_loaders` over a store's memory maps: what a trainer without the features in RAM evaluates on."""
-    sampler = store_sampler(store, list(cfg.fanouts), num_threads=torch.get_num_threads())
+    sampler = store_sampler(store, cfg.fanouts, num_threads=torch.get_num_threads())
     edges = getattr(store, "edge_features", None)
     return eval_loaders(cfg, StoreFeatures(store), torch.from_numpy(labels), sampler, store.split_ids, store,
                         StoreFeatures(store, edges=True) if edges is not None else None)

@@ -34,6 +34,7 @@ from ...errors import ConfigError, InputError
 from ..formats.hashing import config_hash
 from ..formats.rowcodec import rows_block
 from ..prepare.history import planned_width
+from ..prepare.typedsample import as_fanouts, fanouts_json
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig, check_model_identity
 from .heterobatch import train_target
@@ -167,7 +168,7 @@ def _round_config(loader: PackedLoader, seed: int | None, **options: Any) -> Tra
     man = loader.ds.manifest
     rc = man.get("config", {})
     try:
-        fanouts, batch_size = tuple(rc["fanouts"]), int(rc["batch_size"])
+        fanouts, batch_size = as_fanouts(rc["fanouts"]), int(rc["batch_size"])
         epochs, seed = int(man["round"]["epochs"]), int(rc["seed"]) if seed is None else seed
     except (KeyError, TypeError) as e:
         raise InputError(loader.path / "manifest.json", f"malformed round config ({e})") from e
@@ -317,7 +318,7 @@ class _Run:
         splits = {name: int(st.split_ids(name).shape[0]) for name in ("train", "val", "test")} if st else None
         return {
             "pipeline": str(man.get("pipeline", "packed")),
-            "title": f"{man.get('pipeline', 'packed')} (packed): {cfg.model}, fanouts {list(cfg.fanouts)}",
+            "title": f"{man.get('pipeline', 'packed')} (packed): {cfg.model}, fanouts {fanouts_json(cfg.fanouts)}",
             "config": {**cfg.as_json(), "device": str(self.dev), "optimizer": optimizer,
                        "torch_threads": torch.get_num_threads(), "packed": str(loader.path)},
             "dataset": {"packed": str(loader.path), "store": str(st.path) if st else None,

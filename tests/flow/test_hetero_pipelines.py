@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.transforms as T
-from torch_geometric.data import HeteroData
-from torch_geometric.nn import HeteroConv, SAGEConv
-
-import diskflow
 from diskflow.cli import main
-from diskflow.errors import ConfigError, InputError
 from diskflow.flow.ingest import run_ingest
+from diskflow.flow.options import parse_fanouts
 from diskflow.flow.pipeline import load_pipeline
 from diskflow.operators.formats.store import Store
 from diskflow.operators.ingest.pygimport import from_pyg
 from diskflow.operators.ingest.synthhetero import synth_hetero_arrays, to_hetero_data
+from torch_geometric.data import HeteroData
+from torch_geometric.nn import HeteroConv, SAGEConv
+
+import diskflow
+from diskflow.errors import ConfigError, InputError
 
 DERIVE = ["author=mean:paper__rev_writes__author", "institution=mean:author__affiliated_with__institution"]
 OPTS = {"model": "sage", "epochs": 2, "batch_size": 128, "fanouts": (4, 3), "hidden": 16, "progress": False,
@@ -145,3 +146,30 @@ def test_what_a_typed_store_refuses(typed_store: Path, tmp_path: Path, capfd: py
                  "--epochs", "1", "--no-progress"])
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "has no features" in err[0]
+
+
+FANOUTS = ("paper__cites__paper=4,3;author__writes__paper=3,2;paper__rev_writes__author=2,2;"
+           "author__affiliated_with__institution=1,1;institution__rev_affiliated_with__author=2,2")
+
+
+def test_fanouts_per_edge_type_from_the_command_line(typed_store: Path, tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    common = ["--dataset", str(typed_store), "--epochs", "1", "--batch-size", "128", "--hidden", "16", "--threads",
+              "1", "--no-progress", "--fanouts", FANOUTS]
+    assert main(["run", "inmemory", *common, "--runs-dir", str(tmp_path / "m")]) == 0
+    assert main(["run", "belady", *common, "--runs-dir", str(tmp_path / "b")]) == 0
+    import json
+    reps = [json.loads(next((tmp_path / d).glob("*/report.json")).read_text()) for d in ("m", "b")]
+    assert reps[0]["epochs"][0]["losses"] == reps[1]["epochs"][0]["losses"]
+    capfd.readouterr()
+    bad = FANOUTS.replace("paper__cites__paper", "paper__writes__paper")
+    code = main(["run", "belady", *common[:-1], bad, "--runs-dir", str(tmp_path / "x")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "unknown edge type 'paper__writes__paper'" in err[0], err
+    # a dict in Python: the same fanouts as the command line's, the same samples out of core
+    ref = _run("belady", typed_store, tmp_path / "d", epochs=1, fanouts=parse_fanouts(FANOUTS))
+    rep = _run("inmemory", typed_store, tmp_path / "e", epochs=1, fanouts={
+        ("paper", "cites", "paper"): [4, 3], ("author", "writes", "paper"): [3, 2],
+        ("paper", "rev_writes", "author"): [2, 2], ("author", "affiliated_with", "institution"): [1, 1],
+        ("institution", "rev_affiliated_with", "author"): [2, 2]})
+    assert _losses(ref) == _losses(rep)
