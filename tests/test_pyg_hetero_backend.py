@@ -16,7 +16,7 @@ import torch_geometric.transforms as T
 from diskflow.flow.ingest import run_ingest
 from diskflow.operators.formats.store import Store
 from diskflow.operators.ingest.pygimport import from_pyg
-from torch_geometric.data import HeteroData
+from torch_geometric.data import HeteroData, TensorAttr
 from torch_geometric.data.graph_store import EdgeLayout
 from torch_geometric.loader import NodeLoader
 from torch_geometric.nn import GraphSAGE, to_hetero
@@ -101,7 +101,7 @@ def test_feature_store_serves_each_types_own_rows(backend: tuple[FeatureStore, G
     # one batch's x of every type: one read of the row cache
     calls = features.cache.counts["calls"]
     ids = {"paper": torch.tensor([5, 1]), "author": torch.tensor([9]), "institution": torch.tensor([0, 19])}
-    got = features.multi_get_tensor([features._tensor_attr_cls.cast(n, "x", i) for n, i in ids.items()])
+    got = features.multi_get_tensor([TensorAttr(n, "x", i) for n, i in ids.items()])
     assert features.cache.counts["calls"] == calls + 1
     assert torch.equal(got[0], graph["paper"].x[[5, 1]]) and torch.equal(got[1], graph["author"].x[[9]])
     assert torch.equal(got[2], derived[[0, 19]])
