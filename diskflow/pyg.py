@@ -40,7 +40,23 @@ PyG's required but unused argument)::
   ``dst_neg_index``), as PyG's own sampler gives them. It samples an in-memory `Data` as well, so a
   script can check the store's batches against the graph it came from.
 
-PyG 2.8's loaders leave two things out for a ``(feature_store, graph_store)`` pair, which importing
+A typed store (`diskflow.operators.formats.hetero`: node types as ranges of one id space, a CSC per edge
+type) is served as PyG's remote backend serves a `HeteroData`, with no new API: node types are the
+`FeatureStore`'s group names, edge types ``(src, rel, dst)`` the `GraphStore`'s, ids are each type's
+local ids, and `diskflow.pyghetero.HeteroNeighborSampler` samples the pair::
+
+    loader = NodeLoader((features, graph), HeteroNeighborSampler(graph, [10, 10]),
+                        input_nodes=("paper", graph.split_ids("train")), batch_size=1024)
+
+* `FeatureStore` serves, per node type, ``x`` (the type's rows at its own width and dtype, the feature
+  table's zero padding dropped; global row = the type's offset + local id, read through the same row
+  cache, every type of a batch in one read) where the type has features, and ``y`` where it has labels.
+  A featureless type (``dim`` 0) has no ``x``; an unknown group is a KeyError listing the node types.
+* `GraphStore` gives each edge type's CSC (layout ``csc``, size (nodes of src, nodes of dst)), whose edge
+  ids are its CSC positions; `GraphStore.split_ids` gives the target type's local ids of a split, and
+  `GraphStore.metadata` what `to_hetero` needs.
+
+PyG 2.8's loaders leave three things out for a ``(feature_store, graph_store)`` pair, which importing
 this module adds for diskflow's stores only (any other pair goes to PyG's code unchanged):
 
 * edge attributes: PyG's ``filter_custom_store`` fetches node tensors only (its "TODO Support edge
@@ -51,6 +67,10 @@ this module adds for diskflow's stores only (any other pair goes to PyG's code u
   AssertionError from inside PyG; for a diskflow `GraphStore` the tensor, ``(None, tensor)``,
   ``(("node", "to", "node"), tensor)``, the edge type alone and None (every edge) all work, and any
   other form is a `ConfigError` naming ``edge_label_index`` (`link_input`).
+* a typed batch's featureless, unlabelled node types: PyG's ``filter_custom_hetero_store`` gives a node
+  type a store only through the feature store's tensors, so such a type held only what the loader adds
+  afterwards (``n_id``, the counts); over a diskflow typed `GraphStore` every node type of the sample gets
+  its ``num_nodes``, as PyG's in-memory ``filter_hetero_data`` gives it (`_filter_custom_hetero_store`).
 
 The stores are read-only: `put_tensor`, `remove_tensor`, `put_edge_index` and
 `remove_edge_index` return False (PyG's "not done"). This module is a library: it imports
@@ -83,6 +103,7 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from .errors import ConfigError, InputError
 from .flow.options import DEFAULT_SHARE, byte_budget, fit_default
+from .operators.formats.hetero import EdgeType, HeteroLayout, NodeTypeInfo
 from .operators.formats.sizes import format_bytes
 from .operators.formats.store import Store
 from .operators.prepare.sample import NeighborSampler as NativeSampler
@@ -148,6 +169,56 @@ def _row_ids(index: Any, count: int, what: str = "node") -> tuple[np.ndarray, bo
     return ids, scalar
 
 
+def _labelled_types(store: Store, layout: HeteroLayout) -> tuple[str, ...]:
+    """The node types of a typed store that have labels (any label >= 0), in the layout's order."""
+    labels = store.labels
+    return tuple(t.name for t in layout.node_types if t.count and bool(np.any(labels[t.offset:t.stop] >= 0)))
+
+
+def _own_rows(rows: np.ndarray, info: NodeTypeInfo) -> np.ndarray:
+    """Feature table rows of node type `info` at the type's own width and dtype: the zero padding of a narrower
+    type dropped, and the table's common dtype cast back to the type's (exact: the table's dtype holds every
+    type's values). A dtype numpy lacks (bfloat16) stays the table's."""
+    try:
+        dtype = rows.dtype if info.dtype is None else np.dtype(info.dtype)
+    except TypeError:
+        dtype = rows.dtype
+    return np.ascontiguousarray(rows[:, :info.dim], dtype=dtype)
+
+
+def _split_type(layout: HeteroLayout, node_type: str | None) -> NodeTypeInfo:
+    """The node type whose split ids a typed store's `split_ids` gives: `node_type`, or the layout's target.
+
+    Raises:
+        ConfigError: (``node_type``) an unknown node type, or none given where the store has no single
+            labelled type.
+    """
+    if node_type is None:
+        if layout.target is None:
+            raise ConfigError("node_type", "the typed store has no single labelled node type: name the node type "
+                                           f"whose split ids to give ({', '.join(layout.node_type_names)})")
+        node_type = layout.target
+    try:
+        return layout.node(node_type)
+    except InputError as e:
+        raise ConfigError("node_type", e.fault) from None
+
+
+def _split_ids(store: Store, name: str, node_type: str | None) -> torch.Tensor:
+    """Ids of a split as a tensor: node ids of a homogeneous store; a typed store's local ids of the split's
+    nodes of one node type (`_split_type`), as PyG's ``input_nodes=(node type, ids)`` takes them."""
+    ids = store.split_ids(name)
+    layout = store.hetero
+    if layout is None:
+        if node_type not in (None, NODE_TYPE):
+            raise ConfigError("node_type", f"a homogeneous store has one node type ({NODE_TYPE!r}, or None), "
+                                           f"got {node_type!r}")
+        return torch.from_numpy(ids)
+    info = _split_type(layout, node_type)
+    lo, hi = np.searchsorted(ids, [info.offset, info.stop])      # the split's ids are ascending
+    return torch.from_numpy(ids[int(lo):int(hi)] - info.offset)
+
+
 class StoreFeatureStore(pyg_data.FeatureStore):
     """The tensors of a diskflow store as a PyG `FeatureStore`: ``x`` (features) and ``y`` (labels) of its
     one node type, and ``edge_attr`` (edge features) of its edge type where the store has them;
@@ -158,6 +229,14 @@ class StoreFeatureStore(pyg_data.FeatureStore):
     homogeneous stores name it) and indexed by edge id, an edge's position in the store's CSC
     ``indices`` (what `NeighborSampler` returns as ``e_id``); its rows are read from the edge feature
     shards through their memory maps (`edge_gather`).
+
+    A typed store (`diskflow.operators.formats.hetero`) serves, as PyG's `HeteroData` does, one group per
+    node type (the group name is the type's name): ``x``, that type's rows at its own width and dtype
+    (the feature table's zero padding of narrower types dropped), indexed by the type's local ids (row
+    ``offset + id`` of the table), for every type with features (a featureless type, ``dim`` 0, has no
+    ``x``); and ``y`` for every type with labels. Every ``x`` of one `multi_get_tensor` call (one per
+    batch in PyG's loaders) is gathered in one read (`gather`). Another group name is a KeyError that
+    lists the node types. A typed store has no edge features.
     """
 
     def __init__(self, store: Store | str | os.PathLike[str]) -> None:
@@ -167,10 +246,14 @@ class StoreFeatureStore(pyg_data.FeatureStore):
         self.num_edges = int(self.store.num_edges)
         self.labels = self.store.labels
         self.edge_features = self.store.edge_features
+        self.layout: HeteroLayout | None = self.store.hetero
+        self.labelled: tuple[str, ...] = () if self.layout is None else _labelled_types(self.store, self.layout)
+        self._types = {} if self.layout is None else {t.name: t for t in self.layout.node_types}
 
     @property
     def num_features(self) -> int:
-        """The feature dimension: a model's input channels."""
+        """The feature dimension: a model's input channels (a typed store: the table's, its widest type's;
+        each type's own is ``get_tensor_size(node type, "x")[1]``)."""
         return int(self.store.feature_dim)
 
     @property
@@ -195,9 +278,67 @@ class StoreFeatureStore(pyg_data.FeatureStore):
             raise KeyError(f"{self.store.path} has no edge features (ingest edges with an edge_attr column)")
         return self.edge_features.gather(ids)
 
-    def split_ids(self, name: str) -> torch.Tensor:
-        """Node ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes``."""
-        return torch.from_numpy(self.store.split_ids(name))
+    def split_ids(self, name: str, node_type: str | None = None) -> torch.Tensor:
+        """Node ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes`` (a typed
+        store: `GraphStore.split_ids`)."""
+        return _split_ids(self.store, name, node_type)
+
+    # ------------------------------------------------------------------ typed stores
+    def _node_type(self, attr: TensorAttr) -> NodeTypeInfo | None:
+        """The node type whose tensor `attr` asks of a typed store; None where the store serves no such tensor."""
+        info = self._types.get(attr.group_name) if isinstance(attr.group_name, str) else None
+        if info is not None and ((attr.attr_name == "x" and info.has_features)
+                                 or (attr.attr_name == "y" and info.name in self.labelled)):
+            return info
+        return None
+
+    def _typed_attrs(self) -> list[TensorAttr]:
+        assert self.layout is not None
+        return [TensorAttr(group_name=t.name, attr_name=a) for t in self.layout.node_types
+                for a, served in (("x", t.has_features), ("y", t.name in self.labelled)) if served]
+
+    def _typed_fault(self, attr: TensorAttr) -> str:
+        """Why a typed store serves no tensor `attr`, in one line."""
+        if attr.group_name not in self._types:
+            return (f"{attr}: unknown node type {attr.group_name!r} (a typed store's groups are its node types: "
+                    f"{', '.join(self._types)})")
+        served = [a.attr_name for a in self._typed_attrs() if a.group_name == attr.group_name]
+        return (f"{attr}: node type {attr.group_name!r} has no {attr.attr_name!r} "
+                f"(it serves {', '.join(map(repr, served)) if served else 'nothing: no features, no labels'})")
+
+    def _typed_ids(self, attr: TensorAttr) -> tuple[NodeTypeInfo, np.ndarray, bool]:
+        info = self._node_type(attr)
+        if info is None:
+            raise KeyError(self._typed_fault(attr))
+        ids, scalar = _row_ids(attr.index, info.count, f"{info.name} node")
+        return info, ids, scalar
+
+    def _get_typed(self, attr: TensorAttr) -> torch.Tensor:
+        info, ids, scalar = self._typed_ids(attr)
+        rows = _own_rows(self.gather(ids + info.offset), info) if attr.attr_name == "x" else self.labels[ids + info.offset]
+        tensor = torch.from_numpy(rows)
+        return tensor[0] if scalar else tensor
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[Any]:
+        """The tensors of `attrs`; over a typed store every ``x`` asked is read in one `gather` (one cache
+        call for a batch's node types), then split by type."""
+        if self.layout is None:
+            return super()._multi_get_tensor(attrs)
+        out: list[Any] = [None] * len(attrs)
+        wanted = []         # (position, node type, local ids, scalar) of each x
+        for i, attr in enumerate(attrs):
+            if attr.attr_name == "x":
+                wanted.append((i, *self._typed_ids(attr)))
+            else:
+                out[i] = self._get_typed(attr)
+        if wanted:
+            rows = self.gather(np.concatenate([ids + info.offset for _, info, ids, _ in wanted]))
+            start = 0
+            for i, info, ids, scalar in wanted:
+                tensor = torch.from_numpy(_own_rows(rows[start:start + ids.size], info))
+                start += ids.size
+                out[i] = tensor[0] if scalar else tensor
+        return out
 
     @staticmethod
     def _is_edge(attr: TensorAttr) -> bool:
@@ -209,6 +350,8 @@ class StoreFeatureStore(pyg_data.FeatureStore):
         return attr.group_name in (None, NODE_TYPE) and attr.attr_name in ATTRS
 
     def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        if self.layout is not None:
+            return self._get_typed(attr)
         if not self._known(attr):
             edges = (f"; 'edge_attr' of the edge type {EDGE_TYPE}" if self.edge_features is not None
                      else "; no edge features")
@@ -223,6 +366,9 @@ class StoreFeatureStore(pyg_data.FeatureStore):
         return tensor[0] if scalar else tensor
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
+        if self.layout is not None:
+            info = self._node_type(attr)
+            return None if info is None else (info.count, info.dim) if attr.attr_name == "x" else (info.count,)
         if not self._known(attr):
             return None
         if self._is_edge(attr):
@@ -234,7 +380,11 @@ class StoreFeatureStore(pyg_data.FeatureStore):
 
         ``edge_attr`` is not listed: PyG's ``filter_custom_store`` indexes every listed tensor by the
         batch's nodes; a batch's edge features are fetched by its edge ids instead (see the module).
+        A typed store lists, per node type in id order, ``x`` where it has features and ``y`` where it
+        has labels.
         """
+        if self.layout is not None:
+            return self._typed_attrs()
         return [TensorAttr(group_name=None, attr_name=name) for name in ATTRS]
 
     def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
@@ -301,6 +451,12 @@ class GraphStore(pyg_data.GraphStore):
     first call and kept. `NeighborSampler` samples the store's arrays themselves (`indptr`, `indices`):
     memory maps, or arrays in RAM with `in_memory`.
 
+    A typed store (`diskflow.operators.formats.hetero`) has one CSC per edge type, over local ids: each
+    is the ``csc`` layout of its edge type ``(src, rel, dst)``, size (nodes of src, nodes of dst), as
+    PyG's `HeteroData` names them; its edge ids are its CSC positions. `relations` holds them (memory
+    maps, or arrays in RAM with `in_memory`), which `diskflow.pyghetero.HeteroNeighborSampler` samples;
+    ``indptr`` and ``indices``, the homogeneous topology, are None.
+
     Args:
         store: a store, or its path.
         in_memory: load the topology into RAM instead of memory-mapping it (the sampler then never
@@ -315,13 +471,50 @@ class GraphStore(pyg_data.GraphStore):
         self.store = open_store(store)
         self.num_nodes = int(self.store.num_nodes)
         self.in_memory = bool(in_memory)
-        self.indptr: np.ndarray = np.array(self.store.indptr) if self.in_memory else self.store.indptr
-        self.indices: np.ndarray = np.array(self.store.indices) if self.in_memory else self.store.indices
+        self.layout: HeteroLayout | None = self.store.hetero
+        self.relations: list[tuple[np.ndarray, np.ndarray]] = []
+        self._typed_csc: dict[EdgeType, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.layout is None:
+            self.indptr: np.ndarray = np.array(self.store.indptr) if self.in_memory else self.store.indptr
+            self.indices: np.ndarray = np.array(self.store.indices) if self.in_memory else self.store.indices
+        else:
+            self.indptr = self.indices = None  # type: ignore[assignment]
+            for k in range(len(self.layout.edge_types)):
+                indptr, indices = self.store.relation(k)
+                self.relations.append((np.array(indptr), np.array(indices)) if self.in_memory else (indptr, indices))
         self._csc: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def split_ids(self, name: str) -> torch.Tensor:
-        """Node ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes``."""
-        return torch.from_numpy(self.store.split_ids(name))
+    def split_ids(self, name: str, node_type: str | None = None) -> torch.Tensor:
+        """Ids of a split ('train', 'val', 'test') as a tensor: a loader's ``input_nodes``.
+
+        A homogeneous store's node ids. A typed store's splits are over its global ids; this gives the
+        local ids (0 .. count - 1) of the split's nodes of one node type, by default the store's target
+        type (the one labelled type), as PyG's ``input_nodes=(node type, ids)`` takes them::
+
+            NodeLoader((features, graph), HeteroNeighborSampler(graph, [10, 10]),
+                       input_nodes=("paper", graph.split_ids("train")), batch_size=1024)
+
+        Raises:
+            ConfigError: (``node_type``) an unknown node type; none given where the typed store has no
+                single labelled type; another than ``"node"`` for a homogeneous store.
+        """
+        return _split_ids(self.store, name, node_type)
+
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """A typed store's node types and edge types, PyG's ``HeteroData.metadata()``: what `to_hetero`
+        builds a model for.
+
+        Raises:
+            ValueError: a homogeneous store (one node type, one edge type: no model to convert).
+        """
+        if self.layout is None:
+            raise ValueError(f"{self.store.path} is a homogeneous store: it has no node and edge types")
+        return self.layout.metadata()
+
+    def _homogeneous(self, what: str) -> None:
+        if self.layout is not None:
+            raise ValueError(f"{what}: {self.store.path} is a typed store, with one topology per edge type "
+                             "(get_all_edge_attrs lists them)")
 
     def link_edges(self, split: str) -> torch.Tensor:
         """The supervision edges of the store's link split ('train', 'val', 'test') as an int64 [2, P]
@@ -334,19 +527,42 @@ class GraphStore(pyg_data.GraphStore):
 
     def edges(self) -> torch.Tensor:
         """Every edge of the topology as an int64 [2, E] tensor (source, target), in CSC order: column
-        ``i`` is the edge of id ``i``. 16 bytes an edge, in RAM."""
+        ``i`` is the edge of id ``i``. 16 bytes an edge, in RAM. A homogeneous store's only (ValueError)."""
+        self._homogeneous("edges()")
         dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(np.asarray(self.indptr)))
         return torch.from_numpy(np.stack([np.asarray(self.indices, dtype=np.int64), dst]))
 
     def edge_attr(self) -> EdgeAttr:
-        """The one edge attribute: type None, layout csc, size (N, N)."""
+        """The one edge attribute: type None, layout csc, size (N, N). A homogeneous store's only (ValueError)."""
+        self._homogeneous("edge_attr()")
         return EdgeAttr(edge_type=None, layout=EdgeLayout.CSC, is_sorted=True, size=(self.num_nodes, self.num_nodes))
 
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
-        """[`edge_attr`]: PyG then treats the graph as homogeneous."""
-        return [self.edge_attr()]
+        """[`edge_attr`]: PyG then treats the graph as homogeneous. A typed store: one per edge type, in the
+        layout's order: type ``(src, rel, dst)``, layout csc, size (nodes of src, nodes of dst)."""
+        if self.layout is None:
+            return [self.edge_attr()]
+        lay = self.layout
+        return [EdgeAttr(edge_type=e.key, layout=EdgeLayout.CSC, is_sorted=True,
+                         size=(lay.node(e.src).count, lay.node(e.dst).count)) for e in lay.edge_types]
+
+    def _get_typed_edge_index(self, edge_attr: EdgeAttr) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A typed store's CSC of `edge_attr`'s edge type as int64 ``(row, colptr)``, made on the first call
+        and kept; None for another layout (PyG converts from csc) or an unknown edge type (PyG's KeyError)."""
+        assert self.layout is not None
+        key = tuple(edge_attr.edge_type) if isinstance(edge_attr.edge_type, (tuple, list)) else None
+        if key is None or edge_attr.layout != EdgeLayout.CSC or key not in self.layout.edge_type_keys:
+            return None
+        et: EdgeType = key  # type: ignore[assignment]
+        if et not in self._typed_csc:
+            indptr, indices = self.relations[self.layout.edge_index(et)]
+            self._typed_csc[et] = (torch.from_numpy(np.array(indices, dtype=np.int64)),
+                                   torch.from_numpy(np.array(indptr, dtype=np.int64)))
+        return self._typed_csc[et]
 
     def _get_edge_index(self, edge_attr: EdgeAttr) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.layout is not None:
+            return self._get_typed_edge_index(edge_attr)
         if edge_attr.edge_type not in (None, EDGE_TYPE) or edge_attr.layout != EdgeLayout.CSC:
             return None         # PyG converts from the csc layout itself (`coo()`, `csr()`)
         if self._csc is None:
@@ -365,7 +581,9 @@ class GraphStore(pyg_data.GraphStore):
         return (type(self), (str(self.store.path), self.in_memory))
 
     def __repr__(self) -> str:
-        return f"GraphStore({str(self.store.path)!r}, nodes={self.num_nodes:,}, edges={self.store.num_edges:,})"
+        typed = "" if self.layout is None else (f", node_types={len(self.layout.node_types)}, "
+                                                f"edge_types={len(self.layout.edge_types)}")
+        return f"GraphStore({str(self.store.path)!r}, nodes={self.num_nodes:,}, edges={self.store.num_edges:,}{typed})"
 
 
 def _data_csc(data: pyg_data.Data) -> tuple[np.ndarray, np.ndarray, torch.Tensor, int]:
@@ -447,6 +665,9 @@ class NeighborSampler(BaseSampler):
             raise ConfigError("num_neighbors", e.fault) from None
         if num_threads is not None and int(num_threads) < 1:
             raise ConfigError("num_threads", f"{num_threads} must be >= 1")
+        if isinstance(graph, GraphStore) and graph.layout is not None:
+            raise TypeError(f"{graph.store.path} is a typed store: sample it with diskflow.pyghetero."
+                            "HeteroNeighborSampler (a fanout list per edge type, seeds of one node type)")
         self.graph = graph
         self.perm: torch.Tensor | None = None
         if isinstance(graph, GraphStore):
@@ -587,6 +808,7 @@ def _pyg_own(module: Any, name: str) -> Callable[..., Any]:
 
 _PYG_EDGE_LABEL_INDEX = _pyg_own(pyg_loader_utils, "get_edge_label_index")
 _PYG_FILTER_CUSTOM_STORE = _pyg_own(pyg_loader_utils, "filter_custom_store")
+_PYG_FILTER_CUSTOM_HETERO_STORE = _pyg_own(pyg_loader_utils, "filter_custom_hetero_store")
 
 
 def _get_edge_label_index(data: Any, edge_label_index: Any) -> tuple[Any, torch.Tensor]:
@@ -607,16 +829,35 @@ def _filter_custom_store(feature_store: Any, graph_store: Any, node: torch.Tenso
     return data
 
 
+def _filter_custom_hetero_store(feature_store: Any, graph_store: Any, node_dict: dict[str, torch.Tensor],
+                                row_dict: dict[Any, torch.Tensor], col_dict: dict[Any, torch.Tensor],
+                                edge_dict: dict[Any, torch.Tensor | None], custom_cls: Any = None) -> Any:
+    """PyG's ``filter_custom_hetero_store`` (each node type's listed tensors, each edge type's ``edge_index``),
+    plus, over a diskflow typed `GraphStore`, ``num_nodes`` of every node type of the sample: PyG's gives a
+    node type a store only through its tensors, so a featureless, unlabelled type had none (its nodes then
+    counted only by inference from the ``n_id`` the loader adds, where PyG's in-memory ``filter_hetero_data``
+    gives ``num_nodes``)."""
+    data = _PYG_FILTER_CUSTOM_HETERO_STORE(feature_store, graph_store, node_dict, row_dict, col_dict, edge_dict,
+                                           custom_cls)
+    if isinstance(graph_store, GraphStore) and graph_store.layout is not None:
+        for name, node in node_dict.items():
+            if "num_nodes" not in data[name]:
+                data[name].num_nodes = int(node.numel())
+    return data
+
+
 def _teach_pyg() -> None:
-    """Route PyG's loaders' ``get_edge_label_index`` and ``filter_custom_store`` through this module's, which
-    hand anything not diskflow's to PyG's own (kept as their ``__wrapped__``, so a re-import of this module
-    wraps PyG's functions again, never its own wrappers)."""
+    """Route PyG's loaders' ``get_edge_label_index``, ``filter_custom_store`` and ``filter_custom_hetero_store``
+    through this module's, which hand anything not diskflow's to PyG's own (kept as their ``__wrapped__``, so
+    a re-import of this module wraps PyG's functions again, never its own wrappers)."""
     _get_edge_label_index.__wrapped__ = _PYG_EDGE_LABEL_INDEX  # type: ignore[attr-defined]
     _filter_custom_store.__wrapped__ = _PYG_FILTER_CUSTOM_STORE  # type: ignore[attr-defined]
+    _filter_custom_hetero_store.__wrapped__ = _PYG_FILTER_CUSTOM_HETERO_STORE  # type: ignore[attr-defined]
     for module in (pyg_loader_utils, pyg_link_loader):
         module.get_edge_label_index = _get_edge_label_index
     for module in (pyg_loader_utils, pyg_node_loader, pyg_link_loader):
         module.filter_custom_store = _filter_custom_store
+        module.filter_custom_hetero_store = _filter_custom_hetero_store
 
 
 _teach_pyg()

@@ -1,11 +1,27 @@
-"""PyG's heterogeneous sampling over diskflow's typed sampler (no pyg-lib needed).
+"""PyG's heterogeneous sampling over diskflow's typed sampler (no pyg-lib needed), in memory or out of core.
 
-`HeteroNeighborSampler` is a PyG `BaseSampler` for a `HeteroData` in memory: PyG's `NodeLoader` over it
-gives the `HeteroData` batches PyG's heterogeneous `NeighborLoader` gives (per node type ``x``, ``n_id``,
-``num_sampled_nodes``; per edge type ``edge_index``, ``e_id``, ``num_sampled_edges``; ``batch_size``
-and ``input_id`` on the seeds' type), drawn by `operators.prepare.typedsample` with a fanout per edge
-type. `hetero_csc` lays a `HeteroData` out as a typed store does (`operators.formats.hetero`): the
-same graph, in memory or ingested, gives the same samples for the same seed.
+`HeteroNeighborSampler` is a PyG `BaseSampler` for a `HeteroData` in memory, or for a typed store through
+`diskflow.pyg`'s remote backend (its `GraphStore`, or the ``(feature_store, graph_store)`` pair): PyG's
+`NodeLoader` over either gives the `HeteroData` batches PyG's heterogeneous `NeighborLoader` gives (per
+node type ``x``, ``n_id``, ``num_sampled_nodes``, ``y`` on the labelled types; per edge type
+``edge_index``, ``e_id``, ``num_sampled_edges``; ``batch_size`` and ``input_id`` on the seeds' type),
+drawn by `operators.prepare.typedsample` with a fanout per edge type::
+
+    import diskflow.pyg
+    from diskflow.pyghetero import HeteroNeighborSampler
+
+    features = diskflow.pyg.FeatureStore(store, cache_memory="10%")
+    graph = diskflow.pyg.GraphStore(store)
+    loader = NodeLoader((features, graph), HeteroNeighborSampler(graph, [10, 10]),
+                        input_nodes=("paper", graph.split_ids("train")), batch_size=1024, shuffle=True)
+    model = to_hetero(GraphSAGE(-1, 64, 2, out_channels=classes), graph.metadata())
+
+A featureless node type has no ``x`` (derive its rows at ingest, or give the model an embedding of its
+``n_id``). Over a store ``x`` is each type's own rows, read out of core (`diskflow.pyg.FeatureStore`), and ``e_id``
+an edge's position in its edge type's CSC (a store's edge ids); over a `HeteroData` ``e_id`` is the edge
+type's ``edge_index`` column (`edge_permutation`). `hetero_csc` lays a `HeteroData` out as a typed store
+does (`operators.formats.hetero`): the same graph, in memory or ingested, gives the same samples (the
+same ``n_id`` per type and ``edge_index`` per edge type) for the same seed.
 """
 from __future__ import annotations
 
@@ -21,6 +37,7 @@ from torch_geometric.sampler.base import NumNeighbors
 from .operators.formats.hetero import HeteroLayout
 from .operators.prepare.typedsample import TypedNeighborSampler
 from .operators.train.heterobatch import split_sample
+from .pyg import GraphStore
 
 __all__ = ["HeteroNeighborSampler", "hetero_csc"]
 
@@ -61,10 +78,15 @@ def hetero_csc(data: HeteroData) -> tuple[HeteroLayout, list[tuple[np.ndarray, n
 
 
 class HeteroNeighborSampler(BaseSampler):
-    """A PyG sampler of a `HeteroData` through diskflow's typed sampler (module docstring).
+    """A PyG sampler of a `HeteroData`, or of a typed store's `diskflow.pyg.GraphStore`, through diskflow's
+    typed sampler (module docstring).
+
+    Over a store it samples the store's own per-edge-type CSC topologies (`GraphStore.relations`: memory
+    maps, or RAM with ``GraphStore(store, in_memory=True)``).
 
     Args:
-        data: the graph.
+        data: the graph: a `HeteroData`, a typed store's `GraphStore`, or a ``(feature_store, graph_store)``
+            pair of one.
         num_neighbors: fanouts per hop, one list for every edge type or a dict per edge type (an edge
             type the dict leaves out is not sampled), or PyG's `NumNeighbors` of either.
         seed: the seed of the batches' draws (None: torch's default generator).
@@ -72,23 +94,41 @@ class HeteroNeighborSampler(BaseSampler):
 
     Raises:
         ConfigError: bad fanouts, or a dict naming an unknown edge type.
+        TypeError: `data` is none of those, or a homogeneous store's (`diskflow.pyg.NeighborSampler` samples it).
     """
 
-    def __init__(self, data: HeteroData, num_neighbors: Sequence[int] | Mapping[Any, Sequence[int]] | NumNeighbors,
+    def __init__(self, data: HeteroData | GraphStore | tuple[Any, GraphStore],
+                 num_neighbors: Sequence[int] | Mapping[Any, Sequence[int]] | NumNeighbors,
                  seed: int | None = None, num_threads: int | None = None) -> None:
-        if not isinstance(data, HeteroData):
-            raise TypeError(f"expected a torch_geometric HeteroData, got {type(data).__name__}")
+        graph = data[1] if isinstance(data, (tuple, list)) and len(data) == 2 else data
         values = num_neighbors.values if isinstance(num_neighbors, NumNeighbors) else num_neighbors
-        self.layout, relations, self.perm = hetero_csc(data)
+        self.perm: dict[Any, torch.Tensor] | None
+        if isinstance(graph, GraphStore):
+            if graph.layout is None:
+                raise TypeError(f"{graph.store.path} is a homogeneous store: sample it with diskflow.pyg.NeighborSampler")
+            self.layout, relations, self.perm = graph.layout, graph.relations, None
+        elif isinstance(graph, HeteroData):
+            self.layout, relations, self.perm = hetero_csc(graph)
+        else:
+            raise TypeError(f"expected a torch_geometric HeteroData or a typed store's diskflow.pyg.GraphStore (or a "
+                            f"(feature_store, graph_store) pair), got {type(graph).__name__}")
+        self.graph = graph
         self.sampler = TypedNeighborSampler(self.layout, relations, values, num_threads=num_threads)
         self.num_neighbors = values
         self.seed = seed
+        self.num_threads = num_threads
         self._generator = None if seed is None else torch.Generator().manual_seed(int(seed))
 
     @property
-    def edge_permutation(self) -> dict[Any, torch.Tensor]:
-        """Per edge type, CSC position -> the edge type's ``edge_index`` column (PyG maps ``e_id`` through it)."""
+    def edge_permutation(self) -> dict[Any, torch.Tensor] | None:
+        """Per edge type of a `HeteroData`, CSC position -> the edge type's ``edge_index`` column (PyG maps
+        ``e_id`` through it); None over a store, whose edge ids are its CSC positions."""
         return self.perm
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its graph (a store's `GraphStore` as its path) and options, for a spawned loader worker;
+        its generator starts afresh."""
+        return (type(self), (self.graph, self.num_neighbors, self.seed, self.num_threads))
 
     def _next_seed(self) -> int:
         return int(torch.randint(_MAX_SEED, (), dtype=torch.int64, generator=self._generator))
