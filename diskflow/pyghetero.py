@@ -25,6 +25,7 @@ same ``n_id`` per type and ``edge_index`` per edge type) for the same seed.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -117,7 +118,8 @@ class HeteroNeighborSampler(BaseSampler):
         self.num_neighbors = values
         self.seed = seed
         self.num_threads = num_threads
-        self._generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+        self._generator: torch.Generator | None = None
+        self._generator_key: tuple[int, int | None] | None = None
 
     @property
     def edge_permutation(self) -> dict[Any, torch.Tensor] | None:
@@ -131,6 +133,17 @@ class HeteroNeighborSampler(BaseSampler):
         return (type(self), (self.graph, self.num_neighbors, self.seed, self.num_threads))
 
     def _next_seed(self) -> int:
+        """The next batch's seed, as the homogeneous sampler draws it: from torch's default generator
+        (``seed=None``), else from a stream of this sampler's own in the main process and one per loader
+        worker (from the worker's seed, which torch draws per worker and epoch)."""
+        if self.seed is None:
+            return int(torch.randint(_MAX_SEED, (), dtype=torch.int64))
+        info = torch.utils.data.get_worker_info()
+        key = (os.getpid(), None if info is None else int(info.seed))
+        if self._generator is None or self._generator_key != key:
+            mixed = int(self.seed) if info is None else (int(self.seed) * 1_000_003 + int(info.seed)) & _MAX_SEED
+            self._generator = torch.Generator().manual_seed(mixed)
+            self._generator_key = key
         return int(torch.randint(_MAX_SEED, (), dtype=torch.int64, generator=self._generator))
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> HeteroSamplerOutput:

@@ -1,5 +1,5 @@
 """Typed ingest as a Dask graph: a raw dataset with ``hetero.json`` (`operators.ingest.heterotypes`) becomes a
-typed store (`operators.formats.hetero`; docs/design.md, "Typed graphs: the store").
+typed store (`operators.formats.hetero`; docs/design.md, "Formats").
 
 The graph has the homogeneous ingest's shape (`flow.ingest`), once per type:
 

@@ -53,11 +53,10 @@ from ...operators.formats.storecheck import store_checks
 from ...operators.formats.threadbuffers import drop_thread_buffers
 from ...operators.prepare.plan import release_planner_scratch
 from ...operators.prepare.sampler_pool import drop_idle_samplers
-from ...operators.prepare.samplers import check_store_fanouts
+from ...operators.prepare.samplers import check_store_fanouts, refuse_typed
 from ...operators.prepare.seeds import label_shares, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
 from ...operators.prepare.task import num_seeds
-from ...operators.train.heterobatch import refuse_typed
 from ..allocator import reuse_for_preparation
 from ..dashboard.spans import command as span_command
 from ..progress import active_client

@@ -50,14 +50,14 @@ from ...operators.prepare.history import (
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
-from ...operators.prepare.samplers import store_sampler
+from ...operators.prepare.samplers import refuse_typed, store_sampler
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
 from ...operators.prepare.task import SeedSource, num_seeds
 from ...operators.prepare.typedsample import TypedNeighborSampler, as_fanouts, fanouts_json
 from ...operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ...operators.train.config import DATA_ONLY
-from ...operators.train.heterobatch import refuse_typed, train_target
+from ...operators.train.heterobatch import train_target
 from ...operators.train.loop import deterministic
 from ...operators.train.session import (
     StoreFeatures,

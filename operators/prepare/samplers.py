@@ -16,7 +16,7 @@ from ..formats.hetero import HeteroLayout, edge_type_name
 from .sample import NeighborSampler
 from .typedsample import EdgeFanouts, TypedNeighborSampler, typed_fanouts
 
-__all__ = ["check_store_fanouts", "check_typed_rows", "store_sampler", "topology_view"]
+__all__ = ["check_store_fanouts", "check_typed_rows", "refuse_typed", "store_sampler", "topology_view"]
 
 
 def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
@@ -29,6 +29,17 @@ def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any,
             raise InputError(where, f"node type {et.src!r} has no features, and edge type {edge_type_name(et.key)} "
                                     f"samples its nodes: derive them at ingest (--derive {et.src}=mean:SRC__REL__DST) "
                                     f"or leave the edge type out of the fanouts")
+
+
+def refuse_typed(history: Any, link: bool) -> None:
+    """Refuse, in one line, what a typed store does not run yet: a historical embedding cache (OUTRE's, the
+    memory split; its subtree pruning needs the homogeneous sampler) and link prediction."""
+    if history:
+        raise ConfigError("history_memory", "a typed store's sampler does not prune subtrees: the historical "
+                                            "embedding cache (outre, belady_outre, the memory split) runs on "
+                                            "homogeneous stores only")
+    if link:
+        raise ConfigError("task", "link prediction on a typed store is not supported yet: train a node task")
 
 
 def check_store_fanouts(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int]]) -> None:

@@ -53,7 +53,7 @@ class EdgeFanouts(tuple):   # type: ignore[type-arg]
         items = list(pairs.items()) if isinstance(pairs, Mapping) else list(pairs)
         if items and all(isinstance(i, (int, np.integer)) for i in items):
             # rebuilt from its items (dataclasses.asdict copies a tuple so): they are the per-hop largest only
-            return tuple(int(i) for i in items)  # type: ignore[return-value]
+            return tuple(int(i) for i in items)  # type: ignore[return-value, call-overload]
         if not items:
             raise ConfigError(option, "an empty dict: give every edge type to sample a list of fanouts")
         per_type = []

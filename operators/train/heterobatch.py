@@ -19,14 +19,13 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from ...errors import ConfigError, InputError
+from ...errors import InputError
 from ..formats.hetero import HeteroLayout
 
 __all__ = [
     "TypedBatches",
     "TypedSplit",
     "hetero_batch",
-    "refuse_typed",
     "seed_count",
     "seed_labels",
     "split_sample",
@@ -142,17 +141,6 @@ def train_target(layout: HeteroLayout | None, where: Any) -> tuple[HeteroLayout,
         raise InputError(where, "a typed store's node task needs seeds of one labelled node type, and this one has "
                                 "none with labels, or several: give labels to one type at ingest")
     return layout, layout.target
-
-
-def refuse_typed(history: Any, link: bool) -> None:
-    """Refuse, in one line, what a typed store does not run yet: a historical embedding cache (OUTRE's, the
-    memory split; its subtree pruning needs the homogeneous sampler) and link prediction."""
-    if history:
-        raise ConfigError("history_memory", "a typed store's sampler does not prune subtrees: the historical "
-                                            "embedding cache (outre, belady_outre, the memory split) runs on "
-                                            "homogeneous stores only")
-    if link:
-        raise ConfigError("task", "link prediction on a typed store is not supported yet: train a node task")
 
 
 def typed_inputs(batch: HeteroData) -> tuple[dict[str, torch.Tensor], dict[Any, torch.Tensor]]:
