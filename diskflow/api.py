@@ -386,8 +386,8 @@ def OnlineLoader(store: str | os.PathLike[str], *, batch_size: int = BATCH_SIZE,
     from .flow.runtimes.online import online_loader
     from .operators.formats.store import Store
     from .operators.prepare.sample import check_fanouts
-    from .operators.prepare.samplers import store_sampler
-    from .operators.train.heterobatch import TypedBatches, train_target
+    from .operators.prepare.samplers import store_sampler, train_target
+    from .operators.train.heterobatch import TypedBatches
 
     st = Store(store)
     fan = check_fanouts(fanouts)

@@ -53,7 +53,7 @@ from ...operators.formats.storecheck import store_checks
 from ...operators.formats.threadbuffers import drop_thread_buffers
 from ...operators.prepare.plan import release_planner_scratch
 from ...operators.prepare.sampler_pool import drop_idle_samplers
-from ...operators.prepare.samplers import check_store_fanouts, refuse_typed
+from ...operators.prepare.samplers import check_store_fanouts, refuse_typed, train_target
 from ...operators.prepare.seeds import label_shares, parts_fingerprint
 from ...operators.prepare.superbatch import round_layout
 from ...operators.prepare.task import num_seeds
@@ -97,6 +97,7 @@ def prepare(store_path: str | os.PathLike[str], out: str | os.PathLike[str], cfg
     store = Store(store_path, check_crc=cfg.check_crc)
     if store.hetero is not None:
         refuse_typed(cfg.history_memory or cfg.history_split, cfg.task != "node")
+        train_target(store.hetero, store.path)
     check_store_fanouts(store, cfg.fanouts)
     # the store's files but its row shards and link arrays (topology, labels, splits): the packed dataset is
     # made of them, so they are checked whole before the work starts; the node and edge feature shards are

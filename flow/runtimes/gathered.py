@@ -50,14 +50,13 @@ from ...operators.prepare.history import (
 from ...operators.prepare.partition import default_parts
 from ...operators.prepare.round import RoundOptions
 from ...operators.prepare.sample import NeighborSampler
-from ...operators.prepare.samplers import refuse_typed, store_sampler
+from ...operators.prepare.samplers import refuse_typed, store_sampler, train_target
 from ...operators.prepare.seeds import BATCH_ORDERS, PARTS_PER_GROUP, BatchOrder, label_shares, load_parts
 from ...operators.prepare.superbatch import round_layout, superbatch_hop1
 from ...operators.prepare.task import SeedSource, num_seeds
 from ...operators.prepare.typedsample import TypedNeighborSampler, as_fanouts, fanouts_json
 from ...operators.train.batches import TRAIN_STREAM, InMemoryLoader, timed_data
 from ...operators.train.config import DATA_ONLY
-from ...operators.train.heterobatch import train_target
 from ...operators.train.loop import deterministic
 from ...operators.train.session import (
     StoreFeatures,
@@ -369,6 +368,9 @@ class StoredSamplesLoader:
 def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progress: bool,
            on_epoch: EpochHook | None, how: _Run) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if st.hetero is not None:
+        refuse_typed(False, cfg.link)
+    typed = train_target(st.hetero, st.path)     # a typed store's seeds' type, before anything is read
     features: Any
     if how.features is None:
         features = torch.from_numpy(st.read_features())
@@ -400,7 +402,7 @@ def _train(st: Store, run_dir: Path, cfg: TrainConfig, dev: torch.device, progre
     stages = STAGES if how.loader is None else (*how.loader.stages, "train")
     session = TrainSession(cfg, dev, st.feature_dim, st.num_classes, stages=stages, evals=lambda: evals,
                            edge_dim=edge_table.dim if edge_table is not None else None,
-                           hetero=train_target(st.hetero, st.path))
+                           hetero=typed)
 
     for epoch in range(cfg.epochs):
         train.set_epoch(epoch)

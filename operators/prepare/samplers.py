@@ -16,7 +16,7 @@ from ..formats.hetero import HeteroLayout, edge_type_name
 from .sample import NeighborSampler
 from .typedsample import EdgeFanouts, TypedNeighborSampler, typed_fanouts
 
-__all__ = ["check_store_fanouts", "check_typed_rows", "refuse_typed", "store_sampler", "topology_view"]
+__all__ = ["check_store_fanouts", "check_typed_rows", "refuse_typed", "store_sampler", "topology_view", "train_target"]
 
 
 def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
@@ -40,6 +40,20 @@ def refuse_typed(history: Any, link: bool) -> None:
                                             "homogeneous stores only")
     if link:
         raise ConfigError("task", "link prediction on a typed store is not supported yet: train a node task")
+
+
+def train_target(layout: HeteroLayout | None, where: Any) -> tuple[HeteroLayout, str] | None:
+    """(layout, target type) a node task on a typed store trains on (None on a homogeneous store).
+
+    Raises:
+        InputError: (`where`) no node type, or several, with labels: the seeds' type is not known.
+    """
+    if layout is None:
+        return None
+    if layout.target is None:
+        raise InputError(where, "a typed store's node task needs seeds of one labelled node type, and this one has "
+                                "none with labels, or several: give labels to one type at ingest")
+    return layout, layout.target
 
 
 def check_store_fanouts(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int]]) -> None:

@@ -31,8 +31,8 @@ from ..formats.checksum import crc32
 from ..formats.packed import EDGE_IDS, EDGE_ROWS
 from ..formats.samples import Buffer
 from ..options import QUEUE_DEPTH
+from ..prepare.samplers import train_target
 from ..train.config import TrainConfig
-from ..train.heterobatch import train_target
 from ..train.loader import PackedLoader
 from ..train.loop import deterministic
 from ..train.session import TrainSession, num, resolve_device, store_eval_loaders

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from ...errors import InputError
 from ..formats.hetero import HeteroLayout
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "seed_count",
     "seed_labels",
     "split_sample",
-    "train_target",
     "typed_inputs",
 ]
 
@@ -127,20 +125,6 @@ def hetero_batch(data: Data, layout: HeteroLayout, target: str, labelled: frozen
             store.edge_attr = edge_attr.index_select(0, torch.from_numpy(sp.edge_pos[k]).to(edge_attr.device))
         store.num_sampled_edges = sp.edge_hops[k]
     return out
-
-
-def train_target(layout: HeteroLayout | None, where: Any) -> tuple[HeteroLayout, str] | None:
-    """(layout, target type) a node task on a typed store trains on (None on a homogeneous store).
-
-    Raises:
-        InputError: (`where`) no node type, or several, with labels: the seeds' type is not known.
-    """
-    if layout is None:
-        return None
-    if layout.target is None:
-        raise InputError(where, "a typed store's node task needs seeds of one labelled node type, and this one has "
-                                "none with labels, or several: give labels to one type at ingest")
-    return layout, layout.target
 
 
 def typed_inputs(batch: HeteroData) -> tuple[dict[str, torch.Tensor], dict[Any, torch.Tensor]]:

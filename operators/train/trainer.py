@@ -34,10 +34,10 @@ from ...errors import ConfigError, InputError
 from ..formats.hashing import config_hash
 from ..formats.rowcodec import rows_block
 from ..prepare.history import planned_width
+from ..prepare.samplers import train_target
 from ..prepare.typedsample import as_fanouts, fanouts_json
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import DATA_ONLY, TrainConfig, check_model_identity
-from .heterobatch import train_target
 from .loader import PackedLoader
 from .loop import deterministic
 from .session import TrainSession, final_block, resolve_device, store_eval_loaders, torch_threads

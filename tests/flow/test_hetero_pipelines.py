@@ -73,18 +73,22 @@ def _ten_percent(store: Path, tmp_path: Path) -> int:
     return int(f["staging_bytes"] + f["io_buffer_bytes"] + Store(store).feature_bytes // 10)
 
 
-@pytest.mark.parametrize("pipeline", ["belady", "diskgnn", "gnndrive"])
+@pytest.mark.parametrize("pipeline", ["belady", "belady-disk-cache", "diskgnn", "gnndrive"])
 def test_out_of_core_equals_in_memory_bit_for_bit(typed_store: Path, tmp_path: Path, pipeline: str) -> None:
     ref = _run("inmemory", typed_store, tmp_path / "m")
     extra: dict = {"superbatch_size": 4} if pipeline != "gnndrive" else {}
-    if pipeline == "belady":
+    if pipeline.startswith("belady"):
         extra["cpu_memory"] = _ten_percent(typed_store, tmp_path)
-    rep = _run(pipeline, typed_store, tmp_path / pipeline, **extra)
+    if pipeline == "belady-disk-cache":       # packed copies capped below what packing wants: a disk cache
+        extra["disk_budget"] = 1_200_000      # packing every miss needs about 1.7 MB here
+    rep = _run(pipeline.split("-")[0], typed_store, tmp_path / pipeline, **extra)
     assert _losses(rep) == _losses(ref)
     assert rep["final"]["test_acc"] == ref["final"]["test_acc"]
-    if pipeline == "belady":
+    if pipeline.startswith("belady"):
         rows = rep["tiers"]["rows"]
         assert rows["cpu"] > 0 and rows["packed"] > 0     # both the CPU tier and the packed segments served rows
+        if pipeline == "belady-disk-cache":
+            assert rows["dcache"] > 0
 
 
 def test_a_streamed_run_equals_in_memory(typed_store: Path, tmp_path: Path) -> None:
@@ -180,6 +184,17 @@ def test_what_a_typed_store_refuses(typed_store: Path, tmp_path: Path, capfd: py
                  "--epochs", "1", "--no-progress"])
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "has no features" in err[0]
+    # no labelled node type: the seeds' type is unknown
+    unlabelled = _graph()
+    for key in ("y", "train_mask", "val_mask", "test_mask"):
+        del unlabelled["paper"][key]
+    from_pyg(unlabelled, tmp_path / "raw-nolabels")
+    with dask.config.set(scheduler="sync"):
+        run_ingest(tmp_path / "raw-nolabels", tmp_path / "nolabels", shard_rows=256, derive=DERIVE)
+    code = main(["run", "inmemory", "--dataset", str(tmp_path / "nolabels"), "--runs-dir", str(tmp_path / "cli"),
+                 "--epochs", "1", "--no-progress"])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs seeds of one labelled node type" in err[0], err
 
 
 FANOUTS = ("paper__cites__paper=4,3;author__writes__paper=3,2;paper__rev_writes__author=2,2;"
