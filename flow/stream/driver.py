@@ -187,7 +187,8 @@ class StreamRun:
             ckpt = checkpoint_due(self.refs, k, self.start, self.cfg.checkpoint_every)
             if lane.empty(k):   # nothing shipped: it waits for the base (its job, tiers) and joins the steps
                 entry.update(empty=True, dim=self.store.feature_dim, num_classes=self.store.num_classes,
-                             edge_dim=None if self.store.edge_features is None else self.store.edge_features.dim)
+                             edge_dim=None if self.store.edge_features is None else self.store.edge_features.dim,
+                             hetero=self.store.manifest.get("hetero"))
                 shipped = lane.ship_base
             else:
                 shipped = lane.f["ship"][k]

@@ -28,6 +28,7 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ..formats.checksum import crc32
+from ..formats.hetero import HeteroLayout
 from ..formats.packed import EDGE_IDS, EDGE_ROWS
 from ..formats.samples import Buffer
 from ..options import QUEUE_DEPTH
@@ -178,8 +179,10 @@ class StreamTrainer:
         pass_batches = entry.get("pass_batches")
         with deterministic():
             if sb_dir is None:        # an empty share: the steps go on, with this rank's gradient zero
-                session = self.session or self._new_session(int(entry["dim"]), int(entry["num_classes"]),
-                                                            entry.get("edge_dim"))
+                typed = entry.get("hetero")      # a typed store's layout: the model is built the same on every rank
+                session = self.session or self._new_session(
+                    int(entry["dim"]), int(entry["num_classes"]), entry.get("edge_dim"),
+                    train_target(HeteroLayout(typed), "the stream's entry") if typed else None)
                 result = session.train([], pass_batches=pass_batches)
             else:
                 sb_dir = Path(sb_dir)
