@@ -21,7 +21,7 @@ from diskflow.errors import ConfigError
 TINY = ["--papers", "1500", "--authors", "700", "--institutions", "30", "--dim", "16", "--classes", "4",
         "--train-frac", "0.2", "--val-frac", "0.05", "--test-frac", "0.2", "--fanouts", "4,3", "--batch-size", "64",
         "--superbatch-size", "4", "--epochs", "2", "--hidden", "16", "--feature-budget", "3500KiB", "--threads", "1",
-        "--bw-bytes", str(1 << 20), "--no-cgroup"]
+        "--bw-bytes", str(1 << 20), "--repeats", "2", "--no-cgroup"]
 KEYS = ("test_acc", "data_epoch_s", "epoch_s", "disk_read_bytes", "useful_bytes", "read_amplification", "losses",
         "store", "pipeline", "model")
 HEADLINE = ("typed_minus_paper_points", "belady_data_vs_inmemory", "losses_identical", "paper_losses_identical",
@@ -46,6 +46,8 @@ def test_every_run_has_its_figures(bench: tuple[dict, str, Path]) -> None:
         for key in KEYS:
             assert key in p, (name, key)
         assert p["errors"] is None, name
+        assert len(p["data_epoch_s_repeats"]) == 2 and len(p["epoch_s_repeats"]) == 1, name      # --repeats 2
+        assert p["data_epoch_s"] == min(p["data_epoch_s_repeats"]), name
         assert p["data_epoch_s"] > 0 and p["epoch_s"] > 0 and 0 <= p["test_acc"] <= 1, name
         assert [len(e) for e in p["losses"]] == [f["stores"][p["store"]]["batches_per_epoch"]] * 2, name
     assert set(HEADLINE) <= set(f["headline"]) and set(f["targets"]) == set(hetero.TARGETS)
