@@ -42,7 +42,7 @@ identical, and the derivation's seconds, its floor's, and their ratio.
 
 Default size (`PAPERS`, `AUTHORS`, `INSTITUTIONS`): 1M papers, 1M authors (MAG240M's one author per paper)
 and 10k institutions, 128 float32 features: a typed feature table of 2.01M rows = 0.96 GiB after the
-derivation (0.48 GiB of papers); 6% of the papers train (60.6k: 237 batches of 256 an epoch), 1% are tested.
+derivation (0.48 GiB of papers); 6% of the papers train (60.5k: 237 batches of 256 an epoch), 1% are tested.
 Fanouts 10,5 (every edge type) and batches of 256 keep the trainer's staging buffers (4 x the largest batch's
 rows) well inside both stores' 10% budgets; 3 epochs separate the typed and the paper-only accuracy clearly
 (by some 20 points with far fewer batches).
