@@ -24,6 +24,7 @@ BENCHES = {
     "compare": "every pipeline on one dataset and the same samples, each in its own memory cgroup, side by side",
     "scale": "a run whose features exceed this machine's RAM: synth, ingest, prepare, train, each in a memory cgroup",
     "link": "link prediction: inmemory, belady, an online pipeline and a features-only MLP, in memory cgroups",
+    "hetero": "typed graphs: to_hetero GraphSAGE in memory and out of core vs a paper-only GraphSAGE; derivation vs its floor",
     "pyg": "PyG's NodeLoader over diskflow's remote backend vs memory-mapped and in-RAM features, in a memory cgroup",
 }
 
@@ -57,6 +58,9 @@ def bench_module(name: str) -> ModuleType:
     if name == "link":
         from ..bench import link
         return link
+    if name == "hetero":
+        from ..bench import hetero
+        return hetero
     if name == "pyg":
         from ..bench import pyg
         return pyg
