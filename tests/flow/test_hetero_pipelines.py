@@ -233,3 +233,39 @@ def test_two_gpu_workers_train_a_typed_store_as_one_with_two_batches_a_step(type
     two = streaming.run(typed_store, tmp_path / "two", workers=2, processes=True, gpus=2, **opts)
     flat = [x for r in one["epochs"] for x in r["losses"]]
     assert [x for r in two["epochs"] for x in r["losses"]] == pytest.approx(flat, rel=1e-5, abs=1e-6)
+
+
+class _Cut(Exception):
+    pass
+
+
+def test_a_streamed_typed_run_resumes_where_it_stopped(typed_store: Path, tmp_path: Path) -> None:
+    """Stopped after two superbatches, a streamed run on a typed store resumes from its checkpoint (the
+    to_hetero model's state included) to the uninterrupted run's losses."""
+    opts = {**OPTS, "superbatch_size": 4, "window": 2, "workers": 1, "processes": False}
+    streaming = load_pipeline("streaming")
+    whole = streaming.run(typed_store, tmp_path / "whole", **opts)
+    seen: list[str] = []
+
+    def cut(out: dict) -> None:
+        seen.append(out["key"])
+        if len(seen) == 2:
+            raise _Cut
+
+    with pytest.raises(_Cut):
+        streaming.run(typed_store, tmp_path / "cut", on_superbatch=cut, **opts)
+    rep = streaming.run(typed_store, tmp_path / "cut", resume=True, **opts)
+    assert rep["resumed_from"] and rep["stream"]["start_index"] == 2
+    assert [x for r in rep["epochs"] for x in r["losses"]] == [x for r in whole["epochs"] for x in r["losses"]]
+
+
+def test_the_online_loader_yields_heterodata(typed_store: Path) -> None:
+    lay = Store(typed_store).hetero
+    loader = diskflow.OnlineLoader(typed_store, batch_size=64, fanouts=(3, 2), threads=1)
+    try:
+        batch = next(iter(loader))
+    finally:
+        loader.close()
+    assert isinstance(batch, HeteroData) and batch["paper"].batch_size == 64
+    assert {t.name: batch[t.name].x.size(1) for t in lay.node_types} == {t.name: t.dim for t in lay.node_types}
+    assert batch["paper"].y.shape == batch["paper"].n_id.shape
