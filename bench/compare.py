@@ -99,7 +99,15 @@ from .common import (
     drop_trees,
     read_ahead_kb,
 )
-from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, seq_read_bw, useful_bytes
+from .harness import (
+    ALLOWANCE_MARGIN,
+    budget_fit,
+    launch,
+    probe_allowances,
+    samples_files,
+    seq_read_bw,
+    useful_bytes,
+)
 
 __all__ = ["BASELINES", "DEFAULT_WORKDIR", "ENCODED", "ONLINE", "PARTITIONS", "PIPELINES", "RUN_ORDER", "SWEPT",
            "TARGETS", "TOTAL_EPOCHS", "accuracy_gaps", "add_arguments", "encoded_figures", "pipeline_figures", "run"]
@@ -557,23 +565,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "sequential": False, "measure": None,
               "home_procs": str(current_procs(hierarchy)) if hierarchy is not None else None}
 
-    probe_rss: int | None
-    data_rss: int | None
-    if args.allowance is None:
-        probe = launch({**shared, "pipeline": "probe"}, work, None, args.timeout)
-        if "error" in probe:
-            raise InputError(runs_dir, f"the allowance probe failed ({probe['error']})")
-        probe_rss, data_rss = int(probe["peak_rss_bytes"]), int(probe["data_peak_rss_bytes"])
-        pool = fit["assembled_batches"] * fit["assembled_batch_bytes"]
-        model_allowance = allowance(probe_rss, pool - fit["assembled_batch_bytes"])   # the probe holds one
-        data_allowance = allowance(data_rss, pool)
-    else:
-        from ..operators.formats.sizes import parse_bytes
-
-        probe_rss = data_rss = None
-        model_allowance = data_allowance = parse_bytes(args.allowance, "--allowance")
-    limits = {"data": None if args.no_cgroup else data_allowance + budget,
-              "model": None if args.no_cgroup else model_allowance + budget}
+    allow = probe_allowances(shared, work, fit, args.allowance, args.timeout, runs_dir)
+    limits = allow.limits(budget, args.no_cgroup)
     warmup = 2 * args.superbatch_size if args.baseline_warmup is None else args.baseline_warmup
     if args.baseline_batches and warmup + args.baseline_batches >= batches:
         raise ConfigError("--baseline-batches", f"{warmup} warm-up + {args.baseline_batches} measured batches do not "
@@ -726,9 +719,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "online_losses_identical": online_identical, "crossover_epochs": crossover,
         "crossover_epochs_data": crossover_data,
         "seq_read_bw": seq_bw, "seq_read_bytes": bw_bytes, "loader_read_bw": loader_bw,
-        "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": model_allowance,
-        "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
-        "data_allowance_probe_rss_bytes": data_rss, "allowance_margin": ALLOWANCE_MARGIN if probe_rss else None,
+        "feature_bytes": fb, "feature_budget_bytes": budget, "allowance_bytes": allow.model,
+        "data_allowance_bytes": allow.data, "allowance_probe_rss_bytes": allow.probe_rss,
+        "data_allowance_probe_rss_bytes": allow.data_rss,
+        "allowance_margin": ALLOWANCE_MARGIN if allow.probe_rss else None,
         "cgroup_limit_bytes": limits["model"], "data_cgroup_limit_bytes": limits["data"], "cgroup": None if hierarchy is None else f"v{hierarchy.version} {hierarchy.root}",
         "no_cgroup": bool(args.no_cgroup), "page_cache_drop": "posix_fadvise(POSIX_FADV_DONTNEED) on every file of "
         "the store and the packed datasets before each run", "read_ahead_kb": read_ahead_kb(store.shards[0].path),

@@ -21,18 +21,19 @@ import os
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DiskflowError
+from ..errors import ConfigError, DiskflowError, InputError
 from ..operators.formats.sizes import format_bytes
 from .child import child_failure, launch_child, read_child_spec, refuse, write_child_out
 from .common import drop_page_cache, drop_trees, sequential_read_bw
 
-__all__ = ["ALLOWANCE_MARGIN", "ALLOWANCE_ROUND", "CHILD", "allowance", "budget_fit", "child_main", "launch", "peak_rss",
-           "reset_peak_rss", "samples_files", "seq_read_bw", "useful_bytes", "warm_files"]
+__all__ = ["ALLOWANCE_MARGIN", "ALLOWANCE_ROUND", "CHILD", "Allowances", "allowance", "budget_fit", "child_main", "launch",
+           "peak_rss", "probe_allowances", "reset_peak_rss", "samples_files", "seq_read_bw", "useful_bytes", "warm_files"]
 
 CHILD = "diskflow.bench.harness"     # the module a child process runs (``python -m CHILD --child SPEC``)
 ALLOWANCE_MARGIN = 0.25              # on top of the probe's peak RSS
@@ -73,6 +74,44 @@ def allowance(rss: int, held: int) -> int:
 
 
 # ---------------------------------------------------------------------------- the child process
+
+@dataclass(frozen=True)
+class Allowances:
+    """What the runs may hold beyond the feature budget: the model runs' and the data paths' allowances, and
+    the probe's peak RSS of each (None where the allowance was given)."""
+
+    model: int
+    data: int
+    probe_rss: int | None = None
+    data_rss: int | None = None
+
+    def limits(self, budget: int, no_cgroup: bool) -> dict[str, int | None]:
+        """The cgroup limit of each kind of run (``data``, ``model``): its allowance plus `budget`."""
+        return {"data": None if no_cgroup else self.data + budget, "model": None if no_cgroup else self.model + budget}
+
+
+def probe_allowances(shared: dict[str, Any], work: Path, fit: dict[str, int], given: str | None, timeout: float,
+                     where: Path, what: str = "the allowance probe") -> Allowances:
+    """The benches' memory rule: a probe child's peak RSS plus `ALLOWANCE_MARGIN`, plus the assembled batches the
+    trainer holds beyond the probe's (`fit`: `budget_fit`'s), for model runs and data paths apart; or the
+    allowance `given` (a size, ``--allowance``) for both.
+
+    Raises:
+        InputError: (`where`) the probe, run in `work`, failed (`what` names it).
+    """
+    if given is not None:
+        from ..operators.formats.sizes import parse_bytes
+
+        both = parse_bytes(given, "--allowance")
+        return Allowances(both, both)
+    probe = launch({**shared, "pipeline": "probe"}, work, None, timeout)
+    if "error" in probe:
+        raise InputError(where, f"{what} failed ({probe['error']})")
+    probe_rss, data_rss = int(probe["peak_rss_bytes"]), int(probe["data_peak_rss_bytes"])
+    pool = fit["assembled_batches"] * fit["assembled_batch_bytes"]
+    return Allowances(allowance(probe_rss, pool - fit["assembled_batch_bytes"]),    # the probe holds one batch
+                      allowance(data_rss, pool), probe_rss, data_rss)
+
 
 def launch(spec: dict[str, Any], work: Path, limit: int | None, timeout: float) -> dict[str, Any]:
     """Run one child (`child_main`) with `spec` in a cgroup of `limit` bytes (None: none); its figures.

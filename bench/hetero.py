@@ -65,7 +65,15 @@ from ..errors import ConfigError, InputError
 from ..operators.formats.sizes import format_bytes
 from ..operators.options import CPU_SHARE
 from .common import drop_page_cache, drop_trees, print_table, read_ahead_kb
-from .harness import ALLOWANCE_MARGIN, allowance, budget_fit, launch, samples_files, seq_read_bw, useful_bytes
+from .harness import (
+    ALLOWANCE_MARGIN,
+    budget_fit,
+    launch,
+    probe_allowances,
+    samples_files,
+    seq_read_bw,
+    useful_bytes,
+)
 
 __all__ = ["DEFAULT_WORKDIR", "DERIVE", "RUNS", "STORES", "TARGETS", "add_arguments", "derive_floor", "derive_reads",
            "run"]
@@ -331,21 +339,9 @@ def _store_runs(kind: str, store: Any, work: Path, args: argparse.Namespace, hie
               "threads": args.threads, "warm": warm, "queue_depth": args.queue_depth, "cpu_memory": budget,
               "sequential": False, "measure": None,
               "home_procs": str(current_procs(hierarchy)) if hierarchy is not None else None}
-    probe_rss = data_rss = None
-    if args.allowance is None:          # compare's rule: the probe's peak RSS + 25%, plus the assembled batches
-        probe = launch({**shared, "pipeline": "probe"}, runs_dir, None, args.timeout)
-        if "error" in probe:
-            raise InputError(runs_dir, f"the allowance probe of the {kind} store failed ({probe['error']})")
-        probe_rss, data_rss = int(probe["peak_rss_bytes"]), int(probe["data_peak_rss_bytes"])
-        pool = fit["assembled_batches"] * fit["assembled_batch_bytes"]
-        model_allowance = allowance(probe_rss, pool - fit["assembled_batch_bytes"])     # the probe holds one
-        data_allowance = allowance(data_rss, pool)
-    else:
-        from ..operators.formats.sizes import parse_bytes
-
-        model_allowance = data_allowance = parse_bytes(args.allowance, "--allowance")
-    limits = {"data": None if args.no_cgroup else data_allowance + budget,
-              "model": None if args.no_cgroup else model_allowance + budget}
+    allow = probe_allowances(shared, runs_dir, fit, args.allowance, args.timeout, runs_dir,  # compare's rule
+                             f"the allowance probe of the {kind} store")
+    limits = allow.limits(budget, args.no_cgroup)
     children: dict[str, list[dict[str, Any]]] = {"belady": [], "inmemory": []}
     for repeat in range(args.repeats):      # interleaved; the model runs once, in the first repeat
         for name in ("belady", "inmemory"):     # compare's order
@@ -373,9 +369,9 @@ def _store_runs(kind: str, store: Any, work: Path, args: argparse.Namespace, hie
     drop_trees(droppable)
     pf = prep["figures"]
     return {"pipelines": pipelines, "feature_bytes": fb, "feature_budget_bytes": budget, "budget_split": fit,
-            "max_batch_rows": max_rows, "batches_per_epoch": batches, "allowance_bytes": model_allowance,
-            "data_allowance_bytes": data_allowance, "allowance_probe_rss_bytes": probe_rss,
-            "data_allowance_probe_rss_bytes": data_rss, "cgroup_limit_bytes": limits["model"],
+            "max_batch_rows": max_rows, "batches_per_epoch": batches, "allowance_bytes": allow.model,
+            "data_allowance_bytes": allow.data, "allowance_probe_rss_bytes": allow.probe_rss,
+            "data_allowance_probe_rss_bytes": allow.data_rss, "cgroup_limit_bytes": limits["model"],
             "data_cgroup_limit_bytes": limits["data"],
             "prepare": {"seconds": prepare_s, "skipped": prep["skipped"], "cpu_rows": pf.get("cpu_rows"),
                         "misses": pf.get("misses"), "plan_miss_bytes": pf.get("plan_miss_bytes"),
