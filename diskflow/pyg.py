@@ -614,6 +614,30 @@ def _data_csc(data: pyg_data.Data) -> tuple[np.ndarray, np.ndarray, torch.Tensor
     return indptr, np.ascontiguousarray(src[perm]), torch.from_numpy(perm), num_nodes
 
 
+class SeedStream:
+    """The seeds a sampler draws its batches with: from torch's default generator (``seed=None``: then
+    ``torch.manual_seed`` reproduces the whole loader), else from a stream of its own, one for the sampler's
+    life in the main process and one per loader worker, from the worker's seed (which torch draws per worker
+    and epoch from the loader's generator)."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self._generator: torch.Generator | None = None
+        self._key: tuple[int, int | None] | None = None
+
+    def next(self) -> int:
+        """The next batch's seed."""
+        if self.seed is None:
+            return int(torch.randint(_MAX_SEED, (), dtype=torch.int64))
+        info = torch.utils.data.get_worker_info()
+        key = (os.getpid(), None if info is None else int(info.seed))
+        if self._generator is None or self._key != key:
+            mixed = int(self.seed) if info is None else (int(self.seed) * 1_000_003 + int(info.seed)) & _MAX_SEED
+            self._generator = torch.Generator().manual_seed(mixed)
+            self._key = key
+        return int(torch.randint(_MAX_SEED, (), dtype=torch.int64, generator=self._generator))
+
+
 class NeighborSampler(BaseSampler):
     """A PyG sampler over diskflow's native multi-hop neighbour sampler (no pyg-lib needed).
 
@@ -678,8 +702,7 @@ class NeighborSampler(BaseSampler):
         self.num_threads = num_threads
         self._native: NativeSampler | None = None
         self._native_pid = -1
-        self._generator: torch.Generator | None = None
-        self._generator_key: tuple[int, int | None] | None = None
+        self._seeds = SeedStream(seed)
 
     @property
     def edge_permutation(self) -> torch.Tensor | None:
@@ -695,18 +718,8 @@ class NeighborSampler(BaseSampler):
         return self._native
 
     def _next_seed(self) -> int:
-        """The next batch's seed: from this sampler's generator, or torch's default one (see the class)."""
-        if self.seed is None:
-            return int(torch.randint(_MAX_SEED, (), dtype=torch.int64))
-        info = torch.utils.data.get_worker_info()
-        key = (os.getpid(), None if info is None else int(info.seed))
-        if self._generator is None or self._generator_key != key:
-            # the main process: one stream for the sampler's life; a loader worker: a stream of its own, from
-            # the worker's seed (which torch draws per worker and epoch from the loader's generator)
-            mixed = int(self.seed) if info is None else (int(self.seed) * 1_000_003 + int(info.seed)) & _MAX_SEED
-            self._generator = torch.Generator().manual_seed(mixed)
-            self._generator_key = key
-        return int(torch.randint(_MAX_SEED, (), dtype=torch.int64, generator=self._generator))
+        """The next batch's seed (`SeedStream`)."""
+        return self._seeds.next()
 
     def _sample(self, seed: torch.Tensor, seed_time: torch.Tensor | None = None, **kwargs: Any) -> SamplerOutput:
         """Sample around the unique node ids `seed` (PyG's sampling function signature)."""
@@ -863,4 +876,4 @@ def _teach_pyg() -> None:
 _teach_pyg()
 
 __all__ = ["EDGE_ATTR", "EDGE_GROUPS", "EDGE_TYPE", "NODE_TYPE", "FeatureStore", "GraphStore", "NeighborSampler",
-           "RowCache", "StoreFeatureStore", "link_input", "open_store"]
+           "RowCache", "SeedStream", "StoreFeatureStore", "link_input", "open_store"]

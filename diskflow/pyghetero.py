@@ -25,7 +25,6 @@ same ``n_id`` per type and ``edge_index`` per edge type) for the same seed.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,11 +37,9 @@ from torch_geometric.sampler.base import NumNeighbors
 from .operators.formats.hetero import HeteroLayout
 from .operators.prepare.typedsample import TypedNeighborSampler
 from .operators.train.heterobatch import split_sample
-from .pyg import GraphStore
+from .pyg import GraphStore, SeedStream
 
 __all__ = ["HeteroNeighborSampler", "hetero_csc"]
-
-_MAX_SEED = 2**63 - 1
 
 
 def hetero_csc(data: HeteroData) -> tuple[HeteroLayout, list[tuple[np.ndarray, np.ndarray]], dict[Any, torch.Tensor]]:
@@ -118,8 +115,7 @@ class HeteroNeighborSampler(BaseSampler):
         self.num_neighbors = values
         self.seed = seed
         self.num_threads = num_threads
-        self._generator: torch.Generator | None = None
-        self._generator_key: tuple[int, int | None] | None = None
+        self._seeds = SeedStream(seed)
 
     @property
     def edge_permutation(self) -> dict[Any, torch.Tensor] | None:
@@ -133,18 +129,8 @@ class HeteroNeighborSampler(BaseSampler):
         return (type(self), (self.graph, self.num_neighbors, self.seed, self.num_threads))
 
     def _next_seed(self) -> int:
-        """The next batch's seed, as the homogeneous sampler draws it: from torch's default generator
-        (``seed=None``), else from a stream of this sampler's own in the main process and one per loader
-        worker (from the worker's seed, which torch draws per worker and epoch)."""
-        if self.seed is None:
-            return int(torch.randint(_MAX_SEED, (), dtype=torch.int64))
-        info = torch.utils.data.get_worker_info()
-        key = (os.getpid(), None if info is None else int(info.seed))
-        if self._generator is None or self._generator_key != key:
-            mixed = int(self.seed) if info is None else (int(self.seed) * 1_000_003 + int(info.seed)) & _MAX_SEED
-            self._generator = torch.Generator().manual_seed(mixed)
-            self._generator_key = key
-        return int(torch.randint(_MAX_SEED, (), dtype=torch.int64, generator=self._generator))
+        """The next batch's seed, drawn as the homogeneous sampler draws its own (`diskflow.pyg.SeedStream`)."""
+        return self._seeds.next()
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> HeteroSamplerOutput:
         """The typed subgraph around a batch of seeds of one node type (`NodeLoader` calls this per batch)."""
