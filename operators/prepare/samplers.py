@@ -16,7 +16,8 @@ from ..formats.hetero import HeteroLayout, edge_type_name
 from .sample import NeighborSampler
 from .typedsample import EdgeFanouts, TypedNeighborSampler, typed_fanouts
 
-__all__ = ["check_store_fanouts", "check_typed_rows", "refuse_typed", "store_sampler", "topology_view", "train_target"]
+__all__ = ["check_store_fanouts", "check_typed_rows", "global_indptr", "global_sources", "refuse_typed", "store_sampler", "topology_view",
+           "train_target"]
 
 
 def check_typed_rows(layout: HeteroLayout, fanouts: Sequence[int] | Mapping[Any, Sequence[int]],
@@ -92,26 +93,43 @@ def store_sampler(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int
     return TypedNeighborSampler(layout, relations, fanouts, num_threads=num_threads)
 
 
+def global_indptr(store: Any) -> np.ndarray:
+    """The CSC column pointer over global ids: a homogeneous store's as stored; a typed store's built from every
+    edge type's in-degrees (RAM, O(N)), for what reads in-degrees only (the hybrid cache policy)."""
+    layout = getattr(store, "hetero", None)
+    if layout is None:
+        return np.asarray(store.indptr)
+    deg = np.zeros(layout.num_nodes, dtype=np.int64)
+    for k, et in enumerate(layout.edge_types):
+        d = layout.node(et.dst)
+        deg[d.offset:d.stop] += np.diff(np.asarray(store.relation(k)[0], dtype=np.int64))
+    indptr = np.zeros(layout.num_nodes + 1, dtype=np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    return indptr
+
+
+def global_sources(store: Any) -> np.ndarray:
+    """Every edge's source over global ids: a homogeneous store's CSC indices; a typed store's edge types' in
+    turn (RAM, O(E); grouped by edge type, not by destination), for what counts them (the degree policy)."""
+    layout = getattr(store, "hetero", None)
+    if layout is None:
+        return np.asarray(store.indices)
+    parts = [np.asarray(store.relation(k)[1], dtype=np.int64) + layout.node(et.src).offset
+             for k, et in enumerate(layout.edge_types)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
 def topology_view(store: Any) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, indices) of a store over global ids: a homogeneous store's CSC as stored, or a typed store's
     edge types merged into one CSC by destination (each node's in-edges of every type; RAM, O(N + E)), for
-    what reads degrees or neighbour lists without the types (the degree and hybrid cache policies)."""
+    what reads neighbour lists without the types (partition batches)."""
     layout = getattr(store, "hetero", None)
     if layout is None:
         return store.indptr, store.indices
-    n = layout.num_nodes
-    deg = np.zeros(n, dtype=np.int64)
-    dst_parts, src_parts = [], []
+    dst_parts = []
     for k, et in enumerate(layout.edge_types):
-        indptr, indices = store.relation(k)
-        d, s = layout.node(et.dst), layout.node(et.src)
-        counts: np.ndarray = np.diff(np.asarray(indptr, dtype=np.int64))
-        deg[d.offset:d.stop] += counts
+        d = layout.node(et.dst)
+        counts: np.ndarray = np.diff(np.asarray(store.relation(k)[0], dtype=np.int64))
         dst_parts.append(np.repeat(np.arange(d.offset, d.stop, dtype=np.int64), counts))
-        src_parts.append(np.asarray(indices, dtype=np.int64) + s.offset)
     dst = np.concatenate(dst_parts) if dst_parts else np.zeros(0, np.int64)
-    src = np.concatenate(src_parts) if src_parts else np.zeros(0, np.int64)
-    order = np.argsort(dst, kind="stable")
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(deg, out=indptr[1:])
-    return indptr, src[order]
+    return global_indptr(store), global_sources(store)[np.argsort(dst, kind="stable")]

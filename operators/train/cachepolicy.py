@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...native.kernels import count_dense
-from ..prepare.samplers import topology_view
+from ..prepare.samplers import global_indptr, global_sources
 
 if TYPE_CHECKING:
     from .rowcache import RowCache
@@ -165,7 +165,7 @@ def policy_for(name: str, store: Any = None, *, static: Any = None, threshold: i
     if name == "degree":
         if store is None:
             raise ConfigError("policy", "the degree policy needs the store's topology")
-        return OutDegree(topology_view(store)[1], int(store.num_nodes))
+        return OutDegree(global_sources(store), int(store.num_nodes))
     if static is None and store is None:
         raise ConfigError("policy", "the hybrid policy needs a static score per node")
-    return Lookahead(InDegree(topology_view(store)[0]) if static is None else static, threshold)
+    return Lookahead(InDegree(global_indptr(store)) if static is None else static, threshold)
