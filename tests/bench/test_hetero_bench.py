@@ -53,6 +53,8 @@ def test_every_run_has_its_figures(bench: tuple[dict, str, Path]) -> None:
     assert set(HEADLINE) <= set(f["headline"]) and set(f["targets"]) == set(hetero.TARGETS)
     assert f["bench"] == "hetero" and len(f["date"]) == 10 and f["machine"] and f["machine_detail"]["cores"] >= 1
     assert f["no_cgroup"] and "NO memory limits" in printed
+    for store in f["stores"].values():          # --dtype's default, as MAG240M stores its features
+        assert store["dataset"]["dtype"] == "float16" == f["config"]["dtype"]
     assert "typed - paper-only test accuracy" in printed and "typed_belady" in printed
 
 

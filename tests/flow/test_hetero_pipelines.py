@@ -73,7 +73,7 @@ def _ten_percent(store: Path, tmp_path: Path) -> int:
     return int(f["staging_bytes"] + f["io_buffer_bytes"] + Store(store).feature_bytes // 10)
 
 
-@pytest.mark.parametrize("pipeline", ["belady", "belady-disk-cache", "diskgnn", "gnndrive"])
+@pytest.mark.parametrize("pipeline", ["belady", "belady-disk-cache", "diskgnn", "ginex", "gnndrive"])
 def test_out_of_core_equals_in_memory_bit_for_bit(typed_store: Path, tmp_path: Path, pipeline: str) -> None:
     ref = _run("inmemory", typed_store, tmp_path / "m")
     extra: dict = {"superbatch_size": 4} if pipeline != "gnndrive" else {}
