@@ -27,7 +27,7 @@ from ..formats.intwidth import byte_offsets
 from ..formats.packed import SRC_DCACHE, SRC_PACKED, SRC_STORE, PackedDataset, padded
 from ..formats.packedindex import IndexRecord
 
-__all__ = ["BatchLoad", "Piece", "make_reader"]
+__all__ = ["BatchLoad", "BatchPlan", "Piece", "make_reader"]
 
 
 # Row reads (store rows of the Ginex layout, disk-cache pages) go through bounce buffers of the
@@ -69,6 +69,20 @@ class Piece:
     yield_it: bool              # False while fast-forwarding the CPU tier
     segments: list[tuple[int, int, int, bool]] = field(default_factory=list)
     """(shard, byte in buffer, bytes, the segment ends here) of each packed segment part: crc due."""
+
+
+@dataclass
+class BatchPlan:
+    """A batch's reads before any is made (`BatchLoad._plan`): what each piece reads, in order, and where
+    its packed rows go in the batch."""
+
+    batch: int
+    record: IndexRecord
+    yield_it: bool
+    specs: list[tuple[str, Any]]    # ("packed", [(shard, first row, end row, offset, length)]) or (kind, positions)
+    packed_pos: np.ndarray          # n_id position of the batch's packed row r
+    first_row: np.ndarray           # each shard segment's first packed row
+    rows_k: np.ndarray              # rows of each shard segment
 
 
 class BatchLoad:
@@ -122,6 +136,13 @@ class BatchLoad:
         that does not fit the rest of a buffer is cut at a row), then disk-cache rows, then store
         rows. However large the batch, the load stage holds at most one buffer's worth of it.
         """
+        yield from self._read_planned(self._plan(g, rec, yield_it), take)
+
+    def _plan(self, g: int, rec: IndexRecord, yield_it: bool) -> BatchPlan:
+        """Batch `g`'s requests, cut into staging-buffer pieces (`_pieces`' first half: no file is read).
+
+        Apart so that a pipelined loader plans the next batch while this one's reads are in flight.
+        """
         rb = self.row_bytes
         src, idx = rec.src, rec.idx
         self.ds._check_bounds(rec, int(self.ds.gpu_ids.shape[0]), int(self.cpu.shape[0]), rec.packed_rows,
@@ -161,6 +182,13 @@ class BatchLoad:
             specs.append(("packed", parts))
         specs += [("dcache", dpos[a:a + per_piece]) for a in range(0, dpos.size, per_piece)]
         specs += [("store", spos[a:a + per_piece]) for a in range(0, spos.size, per_piece)]
+        return BatchPlan(g, rec, yield_it, specs, packed_pos, first_row, rows_k)
+
+    def _read_planned(self, plan: BatchPlan, take: Callable[[], np.ndarray]) -> Iterator[Piece]:
+        """A planned batch's pieces (`_plan`), each read into a staging buffer from `take()`."""
+        g, rec, yield_it, specs = plan.batch, plan.record, plan.yield_it, plan.specs
+        packed_pos, first_row, rows_k = plan.packed_pos, plan.first_row, plan.rows_k
+        rb, idx = self.row_bytes, rec.idx
         if not specs:
             yield Piece(g, rec, None, np.zeros((0, self.row_dim), self.dtype), np.zeros(0, np.int64), True, True, yield_it)
             return

@@ -25,7 +25,7 @@ from ..formats.npyio import load_npy
 from ..formats.packed import PackedDataset, SuperbatchEntry
 from ..formats.packedindex import IndexRecord
 from ..formats.samples import SampleRecord
-from .pipe import END, Pipe, Stopped, guard
+from .pipe import END, Pipe, StageClock, Stopped, guard
 
 if TYPE_CHECKING:
     from .loader import PackedLoader
@@ -125,23 +125,35 @@ def sequential(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[
 
 
 def pipelined(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[Data]:
-    """Batches [begin, end) through the load, assemble and graph threads (bounded queues of the loader's
+    """Batches [begin, end) through the plan, load, assemble and graph threads (bounded queues of the loader's
     depth), joined in batch order in the caller's thread; batches [lo, begin) only advance the CPU tier.
+    Planning a batch's requests (`_plan`) runs ahead of its reads (`_read_planned`), so the disk is not idle
+    while the next batch's requests are worked out.
     A stage's error stops every stage and is raised here; so is a batch out of order."""
     pipe = Pipe()
     q = loader.queue_depth
     free: queue.Queue = queue.Queue()
     for b in loader._buffers:
         free.put(b)
+    planned: queue.Queue = queue.Queue(q)
     loaded: queue.Queue = queue.Queue(q)
     assembled: queue.Queue = queue.Queue(q)
     graphs: queue.Queue = queue.Queue(q)
     ck = loader.clocks
+    planning = StageClock()     # the load stage's first half, on a thread of its own; its busy joins load's
+
+    def plan() -> None:         # the next batches' requests, worked out while the load stage's reads run
+        for g, rec in loader._records(lo, end):
+            t = time.perf_counter()
+            p = loader._plan(g, rec, g >= begin)
+            planning.busy += time.perf_counter() - t
+            pipe.put(planned, p, planning)
+        pipe.put(planned, END, planning)
 
     def load() -> None:
         clock = ck["load"]
-        for g, rec in loader._records(lo, end):
-            pieces = loader._pieces(g, rec, lambda: pipe.get(free, clock), g >= begin)
+        while (p := pipe.get(planned, clock)) is not END:
+            pieces = loader._read_planned(p, lambda: pipe.get(free, clock))
             while True:
                 waited, t = clock.starved, time.perf_counter()
                 pc = next(pieces, None)
@@ -171,7 +183,7 @@ def pipelined(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[D
         pipe.put(graphs, END, ck["graph"])
 
     threads = [threading.Thread(target=guard(pipe, fn), name=f"diskflow-{fn.__name__}", daemon=True)
-               for fn in (load, assemble, graph)]
+               for fn in (plan, load, assemble, graph)]
     for t in threads:
         t.start()
     try:
@@ -202,6 +214,7 @@ def pipelined(loader: PackedLoader, lo: int, begin: int, end: int) -> Iterator[D
         pipe.stop.set()
         for t in threads:
             t.join()
+        ck["load"].busy += planning.busy
     if pipe.error is not None:
         raise pipe.error
 
