@@ -44,7 +44,7 @@ Default size (`PAPERS`, `AUTHORS`, `INSTITUTIONS`): 8M papers, 8M authors (MAG24
 and 80k institutions, 128 features stored as float16 (``--dtype``; MAG240M ships its features so): a typed
 feature table of 16.08M rows = 3.83 GiB after the derivation (1.91 GiB of papers), the bytes of
 `bench compare`'s graph. 0.625% of the papers train (50k: 49 batches of 1024 an epoch, compare's count),
-0.5% are tested. Fanouts 10,10 (every edge type) give batches of about 136k rows; the trainer's staging
+0.5% are tested. Fanouts 10,10 (every edge type) give batches of about 140k rows; the trainer's staging
 buffers (4 pieces of at most 32 MiB) then take a third of the 10% budget, as in compare, and the CPU tier
 the rest. At smaller graphs the staging buffers leave the tier little, and at smaller batches an
 in-memory gather is cheap next to a disk read: both make the out-of-core path look worse than it is at
