@@ -33,6 +33,7 @@ from ..options import history_options, history_rule
 from ..roles import stream_client, tls_security
 from ..rundir import plot_curves, write_report
 from ..stream import StreamConfig, StreamRun
+from ..stream.driver import refuse_shared_edge_rows
 from ..timeline import plot_timeline
 from .packed import packed_budgets
 
@@ -180,6 +181,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     scratch_dir = scratch if scratch is not None or scheduler else str(rdir / "scratch")
     if gpus > 1 and not scheduler and not processes:
         raise ConfigError("gpus", "data-parallel GPU workers each need a process of their own (processes=True)")
+    if cache == "shared" and gpus > 1:
+        refuse_shared_edge_rows(st)         # before any cluster starts (a remote one with gpus=0: at the run)
     security = tls_security(tls_ca_file, tls_cert, tls_key, scheduler)
     with stream_client(scheduler, cpu_workers=workers, scratch=scratch_dir, quota=quota, device=device,
                        processes=processes, hold_memory=hold_memory, gpu_workers=gpus,

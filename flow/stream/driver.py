@@ -55,7 +55,14 @@ from .workers import (
     worker_resources,
 )
 
-__all__ = ["StreamRun"]
+__all__ = ["StreamRun", "refuse_shared_edge_rows"]
+
+
+def refuse_shared_edge_rows(store: Store) -> None:
+    """A shared CPU tier plans node rows only: refuse a store whose batches read edge rows too (ConfigError)."""
+    if store.edge_features is not None:
+        raise ConfigError("cache", "a shared CPU tier holds node rows only; this store's batches read edge "
+                                   "rows too (use cache='per-worker')")
 
 # ---------------------------------------------------------------------------- the driver
 
@@ -216,9 +223,7 @@ class StreamRun:
         self._find_workers()
         if self.shared:
             check_one_host(self.lanes)
-            if self.store.edge_features is not None:
-                raise ConfigError("cache", "a shared CPU tier holds node rows only; this store's batches read edge "
-                                           "rows too (use cache='per-worker')")
+            refuse_shared_edge_rows(self.store)
         if self.cfg.batches == "partition":
             self.partition, path = make_partition(c, self.store, self.store_path, self.run_dir, self.cfg, self.resume,
                                                   self.tok, self.place.cpu(-2))
