@@ -29,3 +29,10 @@ def stop(procs: Iterable[subprocess.Popen], grace_s: float = 1.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def stop_cluster(procs: dict[str, subprocess.Popen], grace_s: float = 1.0) -> None:
+    """`stop` a test cluster's processes, the workers before the ``"scheduler"``: with their scheduler gone,
+    workers linger past SIGTERM trying to reach it, and would each cost the whole grace."""
+    stop([p for name, p in procs.items() if name != "scheduler"], grace_s)
+    stop([p for name, p in procs.items() if name == "scheduler"], grace_s)

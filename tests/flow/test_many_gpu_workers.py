@@ -33,7 +33,7 @@ from diskflow.flow.dashboard import links, state
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import streaming
-from processes import start, stop
+from processes import start, stop_cluster
 
 # 10 batches an epoch, superbatches of 3, 3, 3 and 1: in the last one the second worker has no batch (it still
 # takes part in the step, with a zero gradient); one epoch: crossing epochs is tests/flow/test_stream.py's
@@ -88,7 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             yield {"root": root, "address": client.scheduler.address, "client": client, "workers": names, "tls": tls,
                    "procs": procs}
     finally:
-        stop(procs.values(), grace_s=5)
+        stop_cluster(procs, grace_s=5)
 
 
 class Cut(Exception):

@@ -33,7 +33,7 @@ import dask
 from diskflow.cli import main
 from diskflow.flow.cluster import dask_client
 from diskflow.flow.security import SchedulerRefused, check_tls
-from processes import start, stop
+from processes import start, stop_cluster
 
 from diskflow.errors import ConfigError
 
@@ -113,7 +113,7 @@ def cluster(certs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         yield {"address": address, "port": int(address.rsplit(":", 1)[1]), "root": root}
     finally:
         os.environ.pop("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", None)
-        stop(procs.values())
+        stop_cluster(procs)
 
 
 def _refused(scheduler: str, security: Any = None) -> str:

@@ -25,7 +25,7 @@ from dask.utils import key_split
 from diskflow.flow.rundir import new_run_dir
 from diskflow.operators.train.checkpoint import latest_checkpoint, load_checkpoint
 from diskflow.pipelines import belady, streaming
-from processes import start, stop
+from processes import start, stop_cluster
 
 pytestmark = pytest.mark.plots      # the timeline is drawn
 SETTINGS: dict[str, Any] = {"model": "sage", "hidden": 16, "fanouts": (5, 5), "batch_size": 256, "epochs": 2,
@@ -68,7 +68,7 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             yield {"root": root, "address": client.scheduler.address, "client": client, "procs": procs,
                    "workers": names, "dashboard": client.dashboard_link}
     finally:
-        stop(procs.values())
+        stop_cluster(procs)
 
 
 def test_two_epochs_on_separate_processes(machines: dict[str, Any], tiny_store: Path, tmp_path: Path) -> None:
