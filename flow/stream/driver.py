@@ -326,12 +326,27 @@ class StreamRun:
         if kind == "plan":
             self.prep.planned(lane, k)
         elif kind == "ship-base":
-            lane.base_info = fut.result()
+            lane.base_info = self._result(fut)
         elif kind == "ship":
             lane.shipped_ok.add(k)
             self._submit_trains(lane)
         elif kind == "train":
-            self._trained(lane, k, fut.result())
+            self._trained(lane, k, self._result(fut))
+
+    def _result(self, fut: Any) -> Any:
+        """A finished task's result. When it cannot be fetched because the worker holding it has just died (Dask
+        then fails the fetch, at times with an error of its own event loops), the run stops as for any lost
+        worker (`check_health`'s StreamStopped, once the scheduler has noticed, within `gpu_wait_s`);
+        any other failure is raised as it is."""
+        try:
+            return fut.result()
+        except Exception:
+            deadline = time.monotonic() + self.cfg.gpu_wait_s
+            while True:
+                check_health(self._workers(), self.lanes, self.cpu_addrs, self._where)
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(self.cfg.poll_s, 0.5))
 
     def _trained(self, lane: Lane, k: int, out: dict[str, Any]) -> None:
         """Lane's train k is done; once every lane's is, superbatch k is trained (`_all_trained`)."""
