@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import platform
 import shutil
@@ -65,6 +64,7 @@ from typing import Any
 
 from ..config import fanouts_option
 from ..errors import ConfigError, InputError
+from ..operators.formats.diskread import read_span
 from ..operators.formats.sizes import format_bytes
 from ..operators.options import CPU_SHARE
 from .common import drop_page_cache, drop_trees, print_table, read_ahead_kb
@@ -257,26 +257,8 @@ def _read_range(path: Path, start: int, stop: int) -> tuple[int, float]:
     drop_page_cache(path)
     lo = start - start % _ALIGN
     hi = min(-(-stop // _ALIGN) * _ALIGN, path.stat().st_size)
-    buf = mmap.mmap(-1, _READ_BLOCK)           # page-aligned, as O_DIRECT requires
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-    done = 0
-    try:
-        t0 = time.perf_counter()
-        pos = lo
-        while pos < hi:
-            n = os.preadv(fd, [buf], pos)
-            if n <= 0:
-                break
-            pos += n
-        seconds = time.perf_counter() - t0
-        done = min(pos, hi) - lo
-    finally:
-        os.close(fd)
-        buf.close()
-    return done, seconds
+    done, seconds = read_span(path, lo, hi, _READ_BLOCK)
+    return min(done, hi - lo), seconds
 
 
 def derive_floor(store: Any) -> dict[str, Any]:
