@@ -77,15 +77,13 @@ def store_sampler(store: Any, fanouts: Sequence[int] | Mapping[Any, Sequence[int
                   in_ram: bool = False) -> NeighborSampler | TypedNeighborSampler:
     """The sampler of `store` (a `formats.store.Store`) with `fanouts` per hop (a dict per edge type on a
     typed store); `in_ram`: over RAM copies of the topology rather than its memory maps."""
+    check_store_fanouts(store, fanouts)
     layout = getattr(store, "hetero", None)
     if layout is None:
-        if isinstance(fanouts, (Mapping, EdgeFanouts)):
-            raise ConfigError("fanouts", f"fanouts per edge type need a typed store, and {store.path} has one edge type")
         indptr, indices = store.indptr, store.indices
         if in_ram:
             indptr, indices = np.array(indptr), np.array(indices)
         return NeighborSampler(indptr, indices, list(fanouts), num_threads=num_threads)
-    check_typed_rows(layout, fanouts, store.path)
     relations = []
     for k in range(len(layout.edge_types)):
         indptr, indices = store.relation(k)
