@@ -41,18 +41,20 @@ ALLOWANCE_ROUND = 16 << 20           # the allowance is rounded up to this
 _WARM_CHUNK = 8 << 20                # read size when warming sample files
 
 
-def budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int) -> dict[str, int]:
-    """The feature budget split into staging buffers, I/O buffers and CPU tier, or the smallest budget that works.
+def budget_fit(store: Any, budget: int, max_rows: int, queue_depth: int, piece: int | None = None) -> dict[str, int]:
+    """The feature budget split into staging buffers (of at most `piece` row bytes each; None: the trainer's
+    default), I/O buffers and CPU tier, or the smallest budget that works.
 
     Also the assembled batches the CPU trainer holds besides (each the whole largest batch): they are the
     training step's input, not features kept for later, and the cgroup's allowance carries them.
     """
-    from ..operators.prepare.tiers import staging_piece_bytes
+    from ..operators.prepare.tiers import STAGING_PIECE_BYTES, staging_piece_bytes
     from ..operators.train.memory import io_buffer_bytes
     from ..operators.trainbuffers import assembled_batches, staging_count
 
     buffers = staging_count("cpu", queue_depth, False)
-    piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards))
+    piece = staging_piece_bytes(max_rows, store.row_bytes, len(store.shards),
+                                STAGING_PIECE_BYTES if piece is None else piece)
     staging = buffers * piece
     io = io_buffer_bytes()
     tier = budget - staging - io

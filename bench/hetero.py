@@ -95,6 +95,7 @@ TRAIN_FRAC = 0.00625
 TEST_FRAC = 0.005
 REPEATS = 3
 FEATURE_SHARE = f"{CPU_SHARE:.0%}"
+STAGING_PIECE = "32MiB"     # belady's staging pieces (the trainer's default)
 _READ_BLOCK = 4 << 20          # bytes per O_DIRECT read of the derivation's floor
 _ALIGN = 4096                  # O_DIRECT offsets and lengths
 
@@ -127,6 +128,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowance", default=None,
                    help="memory for the process itself inside the cgroup (default: measured per store, as compare)")
     p.add_argument("--queue-depth", type=int, default=2, help="trainer queue depth (default 2)")
+    p.add_argument("--staging-piece", default=STAGING_PIECE, metavar="SIZE",
+                   help=f"belady's --staging-piece: the most disk-row bytes one staging buffer carries (default "
+                        f"{STAGING_PIECE})")
     p.add_argument("--repeats", type=int, default=REPEATS,
                    help=f"data-path runs of each pipeline, interleaved; the fastest is kept (default {REPEATS}; the "
                         "model runs once)")
@@ -155,6 +159,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout}")
+    from ..operators.prepare.tiers import check_staging_piece
+    args.staging_piece = check_staging_piece(args.staging_piece, "--staging-piece")
 
 
 # ---------------------------------------------------------------------------- the two stores
@@ -289,7 +295,8 @@ def _prepare(store: Any, packed: Path, budget: int, fit: dict[str, int], args: a
     packed.parent.mkdir(parents=True, exist_ok=True)
     with dask.config.set(scheduler="threads"):
         r = load_pipeline("belady").prepare(store.path, packed, cpu_memory=budget, io_reserve=fit["io_buffer_bytes"],
-                                            staging_batches=fit["staging_buffers"], fanouts=tuple(args.fanouts),
+                                            staging_batches=fit["staging_buffers"], staging_piece=args.staging_piece,
+                                            fanouts=tuple(args.fanouts),
                                             batch_size=args.batch_size, superbatch_size=args.superbatch_size,
                                             epochs=args.epochs, seed=args.seed, quiet=True)
     return {"path": packed, "skipped": r.skipped, "seconds": r.seconds, "figures": r.figures}
@@ -316,7 +323,7 @@ def _store_runs(kind: str, store: Any, work: Path, args: argparse.Namespace, hie
                                                    epochs=args.epochs, seed=args.seed))
     max_rows = max_batch_rows(store, base, work)
     try:
-        fit = budget_fit(store, budget, max_rows, args.queue_depth)
+        fit = budget_fit(store, budget, max_rows, args.queue_depth, args.staging_piece)
     except ConfigError as e:
         raise ConfigError("--feature-budget", f"the {kind} store: {e.fault}") from None
     print(f"{kind}: preparing belady ({format_bytes(fb)} of features, budget {format_bytes(budget)}) ...", flush=True)
@@ -483,7 +490,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": {**_config(args), "fanouts": list(args.fanouts), "batch_size": args.batch_size,
                    "superbatch_size": args.superbatch_size, "epochs": args.epochs, "hidden": args.hidden,
                    "lr": args.lr, "queue_depth": args.queue_depth, "threads": args.threads, "repeats": args.repeats,
-                   "feature_budget": args.feature_budget, "no_model": bool(args.no_model)},
+                   "feature_budget": args.feature_budget, "no_model": bool(args.no_model),
+                   "staging_piece": args.staging_piece},
         "wall_s": time.perf_counter() - t0, "load_avg": [load0, os.getloadavg()[0]], "cores": os.cpu_count(),
     }
     print_figures(figures)

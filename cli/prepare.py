@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queue-depth", type=integer("--queue-depth"), default=d["queue_depth"],
                    help="the trainer's queue depth: the batches it keeps in flight (2q+5) and its I/O buffers are "
                         "reserved out of --cpu-memory (default %(default)s, as `diskflow train`)")
+    p.add_argument("--staging-piece", default=d["staging_piece"], metavar="SIZE",
+                   help="the most disk-row bytes one of the trainer's staging buffers carries (a batch's misses "
+                        "larger than it load in several pieces); a smaller one leaves more of --cpu-memory to the "
+                        "CPU tier, at more, shorter reads per batch (default 32MiB)")
     p.add_argument("--batches", type=lambda t: parse_batches("--batches", t), default=d["batches"],
                    help="shuffled ('random'; the pipeline's default) or partition: batches from groups of min-cut parts (OUTRE)")
     p.add_argument("--partitions", type=integer("--partitions"), default=d["partitions"],

@@ -105,6 +105,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                          f"proportion to in-degree (degree) (default {d.neg_sampling})")
     p.add_argument("--hits-k", metavar="K", help=f"link task: the K of the Hits@K evaluation reports (default {d.hits_k})")
     p.add_argument("--rows", metavar="ENC", help=f"packing pipelines: {ROWS_HELP} ({', '.join(ENCODINGS)})")
+    p.add_argument("--staging-piece", metavar="SIZE",
+                   help="packing and streaming pipelines: the most disk-row bytes one staging buffer carries; a "
+                        "smaller one leaves more of --cpu-memory to the CPU tier (default 32MiB)")
     add_history_arguments(p)
     p.add_argument("--extractors", metavar="N",
                    help="online pipelines (gnndrive, lsmgnn): batches whose rows are read at once, a reader each "
@@ -142,6 +145,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "neg_sampling": ("--neg-sampling", lambda s: parse_choice("--neg-sampling", s, NEG_SAMPLINGS)),
     "hits_k": ("--hits-k", lambda s: parse_int("--hits-k", s, 1)),
     "rows": ("--rows", lambda s: parse_choice("--rows", s, ENCODINGS)),
+    "staging_piece": ("--staging-piece", str),      # (checked with the budgets: `tiers.check_staging_piece`)
 }
 _OPTIONS.update({k: (flag, parse) for k, (flag, parse, _) in RUN_OPTIONS.items()})
 _FLAGS = {**{k: flag for k, (flag, _) in _OPTIONS.items()}, **{k: flag for k, (flag, *_) in HISTORY_FLAGS.items()}}

@@ -146,13 +146,14 @@ def prepare_options(pipeline: Pipeline, store: Any, **given: Any) -> dict[str, A
     disk = None if str(o["disk_budget"]).lower() in ("none", "") else o["disk_budget"]
     task = Task(o["task"] if o["task"] is not None else pipeline.task, o["neg_ratio"], o["neg_sampling"])
     budgets = packed_budgets(store, o["cpu_memory"], o["gpu_memory"], disk, fanouts, o["batch_size"],
-                             o["queue_depth"], device=o["device"], task=task)
+                             o["queue_depth"], device=o["device"], task=task, staging_piece=o["staging_piece"])
     options = {
         "gpu_memory": budgets["gpu_memory"], "cpu_memory": budgets["cpu_memory"], "disk_budget": budgets["disk_budget"],
         "cpu_memory_default": is_default(o["cpu_memory"]),     # the default 10%: raised to what works, not refused
         "device": o["device"], "fanouts": fanouts, "batch_size": o["batch_size"],
         "superbatch_size": o["superbatch_size"], "epochs": o["epochs"], "seed": o["seed"],
-        "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"], "minhash_k": o["minhash_k"],
+        "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
+        "staging_piece": budgets["staging_piece"], "minhash_k": o["minhash_k"],
         "readahead": byte_budget(o["readahead"], "readahead", store.feature_bytes) or 0,
         "parts_per_group": o["parts_per_group"], "group_by": o["group_by"], "partitioner": o["partitioner"],
         "partition_threads": o["partition_threads"], "history_select": o["history_select"],

@@ -53,7 +53,7 @@ from ..operators.prepare.superbatch import (
     superbatch_hop1,
 )
 from ..operators.prepare.task import NODE, Task
-from ..operators.prepare.tiers import Sampling, tier_sizes
+from ..operators.prepare.tiers import STAGING_PIECE_BYTES, Sampling, tier_sizes
 from ..operators.prepare.typedsample import as_fanouts
 from .taskprofile import profiled
 
@@ -152,6 +152,7 @@ class TierSpec:
     fanouts: tuple[int, ...] = ()     # one that fits (0, (): none named)
     raise_cpu: bool = False           # cpu_memory is a default: raised to the smallest that works, not refused
     row_bytes: int = 0                # bytes of a row as the tiers hold it (0: the store's; encoded rows: fewer)
+    staging_piece: int = STAGING_PIECE_BYTES    # the most row bytes one staging buffer carries
 
 
 # ---------------------------------------------------------------------------- the task functions
@@ -267,7 +268,7 @@ def gpu_tier_task(counts: Counts | str, first: Sequence[SampleResult], store_pat
     sampling = Sampling(spec.batch_size, tuple(spec.fanouts), store.num_nodes, margin) if spec.batch_size else None
     sizes = tier_sizes(spec.gpu_memory, spec.cpu_memory, spec.row_bytes or store.row_bytes, read, spec.device, max_rows,
                        spec.staging_batches, len(store.shards), spec.io_reserve, sampling=sampling,
-                       raise_cpu=spec.raise_cpu)
+                       raise_cpu=spec.raise_cpu, piece=spec.staging_piece)
     if spec.pool > 1:       # one shared tier of every worker's share (each keeps its own staging and buffers)
         sizes = dataclasses.replace(sizes, cpu_rows=min(read - sizes.gpu_rows, sizes.cpu_rows * spec.pool))
     figures = {"gpu_rows": sizes.gpu_rows, "cpu_rows": sizes.cpu_rows, "staging_bytes": sizes.staging_bytes,

@@ -20,6 +20,7 @@ from ...operators.formats.packed import PACKED_KIND, PACKED_VERSION
 from ...operators.prepare.history import staleness_rule
 from ...operators.prepare.pack import release_early_maps
 from ...operators.prepare.policies import policy_id
+from ...operators.prepare.tiers import STAGING_PIECE_BYTES
 from ...operators.prepare.typedsample import fanouts_json
 from ..memsplit import SPLIT_SHARES
 
@@ -82,6 +83,8 @@ def plan_key(cfg: PrepareConfig, sample_key: str) -> str:
     return config_hash({"samples": sample_key, **policies, "gpu": cfg.gpu_memory,
                         "cpu": cfg.cpu_memory, "device": cfg.device, "staging": cfg.staging_batches,
                         "io": cfg.io_reserve,
+                        # a cap on the staging pieces other than the default (older keys stay valid)
+                        **({"piece": cfg.staging_piece} if cfg.staging_piece != STAGING_PIECE_BYTES else {}),
                         # encoded rows: the tiers hold rows of their size (float16 and bfloat16 plan alike)
                         **({"row_size": ROW_SIZE[cfg.rows]} if cfg.rows != "exact" else {}),
                         # a default budget's plans may be a raised one's: never a user's budget's too

@@ -122,6 +122,7 @@ PREPARE_DEFAULTS: dict[str, Any] = {
     "cpu_memory": DEFAULT_SHARE, "readahead": f"{READAHEAD_GIB}GiB", "queue_depth": QUEUE_DEPTH,
     "fanouts": None, "batches": None, "history_memory": None, "history_staleness": None, "history_prune": None,
     "history_ramp": None, "history_cooldown": None, "hidden": TrainConfig.hidden, "check_crc": True,
+    "staging_piece": None,  # None: tiers.STAGING_PIECE_BYTES
 }
 
 @dataclass

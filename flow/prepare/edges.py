@@ -110,7 +110,8 @@ def edge_stage_dir(run: Run, s_key: str) -> Path:
 def _fixed_bytes(cfg: RoundOptions, table: Store, summaries: list[dict[str, Any]]) -> int:
     """A table's loader buffers, whatever its tiers: staging for its largest batch and the I/O buffers."""
     rows = max((int(s["max_nodes"]) for s in summaries), default=0)
-    return cfg.staging_batches * staging_piece_bytes(rows, table.row_bytes, len(table.shards)) + cfg.io_reserve
+    return cfg.staging_batches * staging_piece_bytes(rows, table.row_bytes, len(table.shards),
+                                                     cfg.staging_piece) + cfg.io_reserve
 
 
 def split_budgets(cfg: RoundOptions, share: float, nodes: tuple[Store, list[dict[str, Any]]],

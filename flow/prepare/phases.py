@@ -318,7 +318,7 @@ def plan_phase(run: Run, p_key: str, sdir: Path, summaries: list[dict[str, Any]]
     spec = TierSpec(run.gpu_memory, run.cpu_memory, cfg.device, cfg.staging_batches,
                     cfg.io_reserve, cfg.gpu_policy, cfg.cpu_policy,
                     batch_size=0 if table else cfg.batch_size, fanouts=() if table else as_fanouts(cfg.fanouts),
-                    raise_cpu=cfg.cpu_memory_default, row_bytes=run.row_bytes)
+                    raise_cpu=cfg.cpu_memory_default, row_bytes=run.row_bytes, staging_piece=cfg.staging_piece)
     tiers = g.tiers(str(sdir / COUNTS) if counts is None else counts, samples[:2], spec, max_rows=max(int(s["max_nodes"]) for s in summaries), whole_round=True,
                     out_path=str(pdir / "tiers.npz"))
     # The chain simulates the cache; each window is traced by its own task beforehand, so the

@@ -87,7 +87,7 @@ def train_and_report(packed: str | os.PathLike[str], run_dir: str | os.PathLike[
 def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int | str | None,
                    disk_budget: int | str | None, fanouts: Sequence[int], batch_size: int,
                    queue_depth: int = QUEUE_DEPTH, sequential: bool = False, device: str = DEVICE,
-                   task: Task = NODE) -> dict[str, Any]:
+                   task: Task = NODE, staging_piece: int | str | None = None) -> dict[str, Any]:
     """What `prepare` must be given so the trainer later fits `cpu_memory` with this queue depth.
 
     `cpu_memory` is the trainer's whole host budget for features (bytes, ``"2GiB"`` or
@@ -101,14 +101,16 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
     Returns:
         ``cpu_memory`` (the trainer's whole budget, which prepare is given too),
         ``io_reserve`` (the I/O buffers prepare reserves), ``staging_batches`` (staging
-        buffers), ``gpu_memory`` and ``disk_budget`` in bytes.
+        buffers), ``staging_piece`` (the cap on one buffer's row bytes: `staging_piece`, bytes or a size,
+        else `tiers.STAGING_PIECE_BYTES`), ``gpu_memory`` and ``disk_budget`` in bytes.
     """
-    from ...operators.prepare.tiers import staging_piece_bytes
+    from ...operators.prepare.tiers import STAGING_PIECE_BYTES, check_staging_piece, staging_piece_bytes
     from ...operators.train.memory import io_buffer_bytes
     from ...operators.trainbuffers import staging_count
 
     reserve = io_buffer_bytes()
     staging = staging_count(device, queue_depth, sequential)
+    piece = STAGING_PIECE_BYTES if staging_piece is None else check_staging_piece(staging_piece)
     # the tables the batches read: node rows and, where the store has them, edge rows (each its own loader)
     tables = [store.features] + ([store.edge_features] if store.edge_features is not None else [])
     features = store.budget_bytes
@@ -119,9 +121,9 @@ def packed_budgets(store: Store, cpu_memory: int | str | None, gpu_memory: int |
             grow = store.num_nodes if f < 0 else int(f)
             rows, edges = min(store.num_nodes, rows * (1 + grow)), min(store.num_edges, edges + rows * grow)
         cpu = sum(staging * staging_piece_bytes(min(edges if t is store.edge_features else rows, t.num_rows),
-                                                t.row_bytes, len(t.shards)) + reserve
+                                                t.row_bytes, len(t.shards), piece) + reserve
                   for t in tables) + int(features * CPU_SHARE)
-    return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging,
+    return {"cpu_memory": cpu, "io_reserve": reserve, "staging_batches": staging, "staging_piece": piece,
             "gpu_memory": budget(gpu_memory, "gpu_memory", features) or 0,
             "disk_budget": budget(disk_budget, "disk_budget", features)}
 
@@ -147,7 +149,8 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
                history_prune: str | None = None, history_ramp: float | None = None,
                history_cooldown: float | None = None, task: str = TrainConfig.task,
                neg_ratio: float = TrainConfig.neg_ratio, neg_sampling: str = TrainConfig.neg_sampling,
-               hits_k: int = TrainConfig.hits_k, rows: str | None = None) -> dict[str, Any]:
+               hits_k: int = TrainConfig.hits_k, rows: str | None = None,
+               staging_piece: int | str | None = None) -> dict[str, Any]:
     """Prepare `store` with `pipeline`'s policies into ``run_dir/packed`` (or `packed`) and train on it;
     write report.json.
 
@@ -166,7 +169,9 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
     pipeline's rule; `operators.prepare.history`). `task`, `neg_ratio` and `neg_sampling` are the round's (a
     link task samples the store's training edges and their negatives), `hits_k` the evaluation's. `rows`: how
     the rows are held in the tiers and packed segments (None: the pipeline's, exact unless it says;
-    `operators.formats.rowcodec.ENCODINGS`).
+    `operators.formats.rowcodec.ENCODINGS`). `staging_piece`: the most row bytes one staging buffer carries
+    (bytes or ``"8MiB"``; None: `tiers.STAGING_PIECE_BYTES`); a smaller cap leaves more of `cpu_memory` to
+    the CPU tier.
     """
     st = Store(store)
     rdir = Path(run_dir)
@@ -180,11 +185,12 @@ def run_packed(pipeline: Any, store: str | os.PathLike[str], run_dir: str | os.P
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     budgets = packed_budgets(st, cpu_memory, gpu_memory, disk_budget, fanouts, batch_size, queue_depth, sequential,
-                             device=dev, task=Task(task, neg_ratio, neg_sampling))
+                             device=dev, task=Task(task, neg_ratio, neg_sampling), staging_piece=staging_piece)
     cpu, gpu = budgets["cpu_memory"], budgets["gpu_memory"]
     options = {"fanouts": as_fanouts(fanouts), "batch_size": batch_size, "superbatch_size": superbatch_size,
                "epochs": epochs, "seed": seed, "device": dev, "gpu_memory": gpu,
                "staging_batches": budgets["staging_batches"], "io_reserve": budgets["io_reserve"],
+               "staging_piece": budgets["staging_piece"],
                "disk_budget": budgets["disk_budget"], "task": task, "neg_ratio": neg_ratio,
                "neg_sampling": neg_sampling}
     given = {"readahead": readahead, "batches": batches, "partitions": partitions, "parts_per_group": parts_per_group,

@@ -77,7 +77,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         tls_ca_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         task: str = TrainConfig.task, neg_ratio: float = TrainConfig.neg_ratio,
         neg_sampling: str = TrainConfig.neg_sampling, hits_k: int = TrainConfig.hits_k,
-        rows: str = StreamConfig.rows) -> dict[str, Any]:
+        rows: str = StreamConfig.rows, staging_piece: int | str | None = None) -> dict[str, Any]:
     """Stream-train `store`: preprocessing on CPU workers, training on the GPU worker; write report.json.
 
     Args:
@@ -126,6 +126,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
         batches_per_step: consecutive batches of a superbatch whose mean gradient makes one step.
         rows: how the node rows are held in the tiers and bundles: ``"exact"``, or an encoding
             (`operators.formats.rowcodec.ENCODINGS`), decoded as each batch is assembled on the GPU worker.
+        staging_piece: the most row bytes one of the GPU worker's staging buffers carries (bytes or ``"8MiB"``;
+            None: `tiers.STAGING_PIECE_BYTES`).
         tls_ca_file, tls_cert, tls_key: a ``tls://`` scheduler's security (Dask's
             ``distributed.comm.tls`` config is used when not given).
         Other options are belady's (budgets as bytes, ``"2GiB"`` or ``"10%"`` of the features).
@@ -150,7 +152,8 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise ConfigError("queue_depth", f"expected an integer >= 1, got {queue_depth!r}")
     budgets = packed_budgets(st, cpu_memory, gpu_memory, None, fanouts, batch_size, queue_depth,
-                             device=device or "cpu", task=Task(task, neg_ratio, neg_sampling))
+                             device=device or "cpu", task=Task(task, neg_ratio, neg_sampling),
+                             staging_piece=staging_piece)
     gpu = budgets["gpu_memory"]
     on_gpu = device is not None and str(device).startswith("cuda")
     train = StreamTrainConfig(model=model, hidden=hidden, num_layers=num_layers, lr=lr, weight_decay=weight_decay,
@@ -166,7 +169,7 @@ def run(store: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, sched
     cfg = StreamConfig(train=train, fanouts=as_fanouts(fanouts), batch_size=batch_size, superbatch_size=superbatch_size,
                        epochs=epochs, seed=seed, sampler_threads=threads or 1, gpu_memory=gpu,
                        cpu_memory=budgets["cpu_memory"], staging_batches=budgets["staging_batches"],
-                       io_reserve=budgets["io_reserve"],
+                       io_reserve=budgets["io_reserve"], staging_piece=budgets["staging_piece"],
                        tier_superbatches=tier_superbatches, window=window, stage=stage,
                        checkpoint_every=checkpoint_every, device=device, gpu_wait_s=gpu_wait, batches=batches,
                        partitions=partitions, parts_per_group=parts_per_group, group_by=group_by,

@@ -18,6 +18,7 @@ from typing import Any
 from ...operators.formats.rowcodec import RowCodec
 from ...operators.prepare.policies import policy_id
 from ...operators.prepare.superbatch import SuperbatchRef
+from ...operators.prepare.tiers import STAGING_PIECE_BYTES
 from ...operators.prepare.typedsample import as_fanouts, fanouts_json
 from ..graph import PrepGraph, TierSpec
 from .checkpoints import checkpoint_due
@@ -219,12 +220,13 @@ class Preparation:
         device = "cuda" if device_name.startswith("cuda") else "cpu"
         spec = TierSpec(cfg.gpu_memory, cfg.cpu_memory, device, cfg.staging_batches, cfg.io_reserve, cfg.gpu_policy,
                         cfg.cpu_policy, batch_size=cfg.batch_size, fanouts=as_fanouts(cfg.fanouts),
-                        row_bytes=0 if self.codec is None else self.codec.row_bytes)
+                        row_bytes=0 if self.codec is None else self.codec.row_bytes, staging_piece=cfg.staging_piece)
         config = {"fanouts": fanouts_json(cfg.fanouts), "batch_size": cfg.batch_size, "superbatch_size": cfg.superbatch_size,
                   "epochs": cfg.epochs, "seed": cfg.seed, "cpu_policy": policy_id(cfg.cpu_policy),
                   "gpu_memory": cfg.gpu_memory, "cpu_memory": cfg.cpu_memory, "device": device_name,
                   "staging_batches": cfg.staging_batches, "tier_superbatches": cfg.tier_superbatches,
-                  **({"rows": cfg.rows} if cfg.rows != "exact" else {})}
+                  **({"rows": cfg.rows} if cfg.rows != "exact" else {}),
+                  **({"staging_piece": cfg.staging_piece} if cfg.staging_piece != STAGING_PIECE_BYTES else {})}
         if self.gpus > 1:
             config.update(gpus=self.gpus, cache=cfg.cache, lane=0)
         if self.planner is not None:        # one tier of every worker's share of the budget, planned once

@@ -25,6 +25,7 @@ from .policies import Policy, check_policy
 from .seeds import BATCH_ORDERS, GROUPINGS, PARTS_PER_GROUP
 from .superbatch import check_round_config
 from .task import Task
+from .tiers import STAGING_PIECE_BYTES, check_staging_piece
 
 __all__ = ["RoundOptions"]
 
@@ -46,6 +47,7 @@ class RoundOptions:
     cpu_memory: int = 0
     staging_batches: int = staging_buffers(QUEUE_DEPTH)   # staging buffers the pipelined trainer cycles
     io_reserve: int = 0                 # the trainer's other I/O buffers, reserved out of cpu_memory too
+    staging_piece: int = STAGING_PIECE_BYTES    # the most row bytes one staging buffer carries (tiers.staging_piece_bytes)
     device: str | None = DEVICE
     batches: str = "shuffled"           # "shuffled" or "partition" (OUTRE: batches from groups of min-cut parts)
     partitions: int | None = None       # parts of the partition; None: eight per batch (default_parts)
@@ -69,6 +71,7 @@ class RoundOptions:
         """Raise a `ConfigError` naming the first shared option that is out of range; `cached` False: also any
         history option set away from its default, where no historical embedding cache is."""
         check_round_config(self.batch_size, self.superbatch_size, self.epochs, self.fanouts)
+        check_staging_piece(self.staging_piece)
         task = self.round_task
         task.check_batches(self.batches)
         if not task.link:

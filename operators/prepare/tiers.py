@@ -4,8 +4,8 @@ Budgets are bytes given by the user (`--gpu-memory`, `--cpu-memory`), never row 
 The GPU tier is static for the round: the hottest rows by access count. The CPU budget is
 the whole host memory for features on the training machine: the CPU tier, the staging
 buffers through which the load stage passes a batch's disk rows (its packed misses, its
-disk-cache and store rows, in pieces of at most `STAGING_PIECE_BYTES`) and the loader's I/O
-buffers. Staging and I/O buffers are reserved out of it first; the CPU tier gets the rest.
+disk-cache and store rows, in pieces of at most `STAGING_PIECE_BYTES`, or the round's ``staging_piece``)
+and the loader's I/O buffers. Staging and I/O buffers are reserved out of it first; the CPU tier gets the rest.
 
 The assembled batches (each batch's whole feature matrix, ``n_id`` rows) are not features
 held for later: they are the input of one training step, in device memory on a GPU, and
@@ -21,16 +21,31 @@ import numpy as np
 
 from ...errors import ConfigError, Setting
 from ...native.constants import ALIGN
-from ..formats.sizes import format_bytes
+from ..formats.sizes import format_bytes, parse_bytes
 from ..trainbuffers import fitting_queue_depth, staging_count
 
-__all__ = ["DEVICES", "STAGING_PIECE_BYTES", "Sampling", "TierSizes", "batch_rows_bound", "fitting_settings",
-           "hottest", "staging_piece_bytes", "staging_rows_fit", "tier_sizes"]
+__all__ = ["DEVICES", "MIN_STAGING_PIECE", "STAGING_PIECE_BYTES", "Sampling", "TierSizes", "batch_rows_bound",
+           "check_staging_piece", "fitting_settings", "hottest", "staging_piece_bytes", "staging_rows_fit",
+           "tier_sizes"]
 
 DEVICES = ("cpu", "cuda")
 # The most row bytes one staging buffer carries: a larger batch is loaded in several pieces, so
-# the staging reserve does not grow with the batch (4 pieces at queue depth 2: 128 MiB).
+# the staging reserve does not grow with the batch (4 pieces at queue depth 2: 128 MiB). A round may
+# cap its pieces lower (``staging_piece``): more of a small budget goes to the CPU tier, at the price of
+# more, shorter reads per batch (docs/design.md, "The pipelined trainer").
 STAGING_PIECE_BYTES = 32 << 20
+MIN_STAGING_PIECE = 64 << 10    # the smallest cap taken: 16 pages (a buffer holds at least one row whatever the cap)
+
+
+def check_staging_piece(piece: object, option: str = "staging_piece") -> int:
+    """`piece` (bytes, or a size such as ``"8MiB"``) as an int cap on a staging buffer's row bytes; a ConfigError
+    naming `option` unless it is at least `MIN_STAGING_PIECE` bytes."""
+    if isinstance(piece, str):
+        piece = parse_bytes(piece, option)
+    if isinstance(piece, bool) or not isinstance(piece, (int, np.integer)) or piece < MIN_STAGING_PIECE:
+        raise ConfigError(option, f"must be at least {format_bytes(MIN_STAGING_PIECE)} ({MIN_STAGING_PIECE:,} "
+                                  f"bytes), got {piece!r}")
+    return int(piece)
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,8 @@ class TierSizes:
 
 def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int, device: str,
                max_batch_rows: int, staging_batches: int, num_shards: int = 0, io_reserve: int = 0, *,
-               sampling: Sampling | None = None, raise_cpu: bool = False) -> TierSizes:
+               sampling: Sampling | None = None, raise_cpu: bool = False,
+               piece: int = STAGING_PIECE_BYTES) -> TierSizes:
     """Turn byte budgets into tier row counts, or fail naming the option and the smallest budget that works,
     and the one setting that, changed alone, would make the given budget work (`fitting_settings`).
 
@@ -72,6 +88,7 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
             a smaller value of), and the store's node count.
         raise_cpu: `cpu_budget` is a default, not the user's: one too small is raised to the smallest
             that works (an empty CPU tier) instead of refused.
+        piece: the most row bytes one staging buffer carries (`staging_piece_bytes`).
     """
     if device not in DEVICES:
         raise ConfigError("device", f"expected one of {', '.join(DEVICES)}, got {device!r}")
@@ -83,13 +100,13 @@ def tier_sizes(gpu_budget: int, cpu_budget: int, row_bytes: int, num_nodes: int,
                           "(device='cpu'); use gpu_memory=0 or train with device='cuda'")
     if staging_batches < 1:
         raise ConfigError("staging_batches", f"must be >= 1, got {staging_batches}")
-    staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
+    staging = staging_batches * staging_piece_bytes(max_batch_rows, row_bytes, num_shards, piece)
     need = staging + io_reserve
     if cpu_budget < need and raise_cpu:
         cpu_budget = need
     if cpu_budget < need:
         choices = fitting_settings(cpu_budget, row_bytes, max_batch_rows, staging_batches, num_shards, io_reserve,
-                                   device, sampling)
+                                   device, sampling, piece)
         raise ConfigError("cpu_memory", f"{format_bytes(cpu_budget)} cannot hold the trainer's staging buffers "
                           f"({staging_batches} x {format_bytes(staging // staging_batches)} for batches of up to "
                           f"{max_batch_rows:,} rows = {format_bytes(staging)}) and I/O buffers "
@@ -127,34 +144,36 @@ def batch_rows_bound(batch_size: int, fanouts: Sequence[int], num_nodes: int) ->
     return min(rows, num_nodes)
 
 
-def staging_rows_fit(cpu_budget: int, row_bytes: int, staging_batches: int, num_shards: int, io_reserve: int) -> int:
+def staging_rows_fit(cpu_budget: int, row_bytes: int, staging_batches: int, num_shards: int, io_reserve: int,
+                     piece: int = STAGING_PIECE_BYTES) -> int:
     """The most rows a batch may have for `staging_batches` staging buffers (`staging_piece_bytes`) and the
     I/O buffers to fit `cpu_budget`: `staging_piece_bytes` inverted. 0: not even one row fits; ``2**62``:
-    any batch fits (a whole `STAGING_PIECE_BYTES` piece does)."""
+    any batch fits (a whole piece of at most `piece` bytes does)."""
     per = (cpu_budget - io_reserve) // max(1, staging_batches) - (num_shards + 2) * ALIGN
     if per < ALIGN:
         return 0
     room = per // ALIGN * ALIGN
-    if room >= -(-STAGING_PIECE_BYTES // ALIGN) * ALIGN:
+    if room >= -(-piece // ALIGN) * ALIGN:
         return 1 << 62
     return room // row_bytes
 
 
 def fitting_settings(cpu_budget: int, row_bytes: int, max_batch_rows: int, staging_batches: int, num_shards: int,
-                     io_reserve: int, device: str, sampling: Sampling | None) -> list[Setting]:
+                     io_reserve: int, device: str, sampling: Sampling | None,
+                     piece: int = STAGING_PIECE_BYTES) -> list[Setting]:
     """The settings that, each changed alone, make `cpu_budget` hold the staging and I/O buffers (with an empty
     CPU tier), from the same model as `tier_sizes`: the queue depth (fewer staging buffers of the same size;
     `staging_batches` is `staging_buffers(queue depth)`, one more on CUDA), the largest batch size, and the
     largest cap on every hop's fanout, whose `batch_rows_bound` (times the sampling's margin) fits
     (`staging_rows_fit`; binary searches over that bound). Empty when none does."""
     out: list[Setting] = []
-    buffers = (cpu_budget - io_reserve) // staging_piece_bytes(max_batch_rows, row_bytes, num_shards)
+    buffers = (cpu_budget - io_reserve) // staging_piece_bytes(max_batch_rows, row_bytes, num_shards, piece)
     depth = fitting_queue_depth(buffers, device, staging_batches - staging_count(device, 0))
     if depth is not None:
         out.append(Setting("queue_depth", depth))
     if sampling is None:
         return out
-    limit = staging_rows_fit(cpu_budget, row_bytes, staging_batches, num_shards, io_reserve)
+    limit = staging_rows_fit(cpu_budget, row_bytes, staging_batches, num_shards, io_reserve, piece)
     fans, n = tuple(int(f) for f in sampling.fanouts), sampling.num_nodes
 
     def fits(batch_size: int, fanouts: tuple[int, ...]) -> int | None:
@@ -187,10 +206,10 @@ def fitting_settings(cpu_budget: int, row_bytes: int, max_batch_rows: int, stagi
     return out
 
 
-def staging_piece_bytes(max_batch_rows: int, row_bytes: int, num_shards: int) -> int:
+def staging_piece_bytes(max_batch_rows: int, row_bytes: int, num_shards: int, piece: int = STAGING_PIECE_BYTES) -> int:
     """Bytes of one staging buffer: the disk rows of a batch of up to `max_batch_rows` rows, or a
-    `STAGING_PIECE_BYTES` piece of them, with room for each shard segment's page padding."""
-    rows = min(STAGING_PIECE_BYTES, max(1, max_batch_rows) * row_bytes)
+    piece of at most `piece` bytes of them (at least one row), with room for each shard segment's page padding."""
+    rows = min(max(piece, row_bytes), max(1, max_batch_rows) * row_bytes)
     return -(-rows // ALIGN) * ALIGN + (num_shards + 2) * ALIGN
 
 

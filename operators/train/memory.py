@@ -16,7 +16,7 @@ from ...errors import ConfigError, Setting
 from ...native.constants import DEFAULT_BOUNCE_BYTES
 from ..formats.packed import PackedDataset
 from ..formats.sizes import format_bytes
-from ..prepare.tiers import staging_piece_bytes
+from ..prepare.tiers import STAGING_PIECE_BYTES, staging_piece_bytes
 from ..trainbuffers import assembled_batches, fitting_queue_depth, staging_count
 
 __all__ = ["check_memory", "fewer_buffers", "follow_plan", "io_buffer_bytes", "memory_plan"]
@@ -41,7 +41,9 @@ def memory_plan(ds: PackedDataset, device: torch.device, queue_depth: int, seque
     max_rows = int(ds.manifest["round"].get("max_batch_rows", 0))
     row_reads = bool(ds.dcache_files) or not ds.manifest.get("config", {}).get("packing", True)
     buffers = staging_count(device, queue_depth, sequential)
-    piece = staging_piece_bytes(max_rows, rb, ds.num_shards)
+    # the cap the round's tiers were sized with (its config's ``staging_piece``; older rounds: the default)
+    cap = int(ds.manifest.get("config", {}).get("staging_piece", STAGING_PIECE_BYTES))
+    piece = staging_piece_bytes(max_rows, rb, ds.num_shards, cap)
     plan: dict[str, Any] = {
         "row_bytes": rb,
         "max_batch_rows": max_rows,

@@ -8,6 +8,7 @@ fails too).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -523,6 +524,11 @@ def test_prepare_cli_runs_and_refuses_a_bad_readahead(tiny_store: Path, tmp_path
     assert main([*args, "--out", str(tmp_path / "bad"), "--readahead", "lots"]) == 2
     assert "--readahead" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
-    assert main([*args, "--out", str(tmp_path / "packed"), "--readahead", "25%"]) == 0
+    assert main([*args, "--out", str(tmp_path / "bad"), "--staging-piece", "4KiB"]) == 2
+    err = capsys.readouterr().err
+    assert "--staging-piece: must be at least 64.00 KiB" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+    assert main([*args, "--out", str(tmp_path / "packed"), "--readahead", "25%", "--staging-piece", "64KiB"]) == 0
     assert "prepared belady" in capsys.readouterr().out
+    assert json.loads((tmp_path / "packed" / "manifest.json").read_text())["config"]["staging_piece"] == 64 << 10
     assert verify(tmp_path / "packed", full=True)["compared_batches"] > 0

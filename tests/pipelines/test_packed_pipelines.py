@@ -71,6 +71,39 @@ def test_run_prepares_into_the_run_dir_and_matches_inmemory(pipeline: Any, tiny_
     assert report["peak_rss_bytes"] > 0 and report["memory"]["host_bytes"] <= report["config"]["cpu_memory"]
 
 
+def test_a_smaller_staging_piece_leaves_the_rest_to_the_cpu_tier(tiny_store: Path, tmp_path: Path,
+                                                                 reference: dict[str, Any], max_rows: int) -> None:
+    """``staging_piece``: a budget too small for the default staging pieces fits with 64 KiB ones, the CPU tier
+    gets what they leave, batches with more packed bytes than a piece load in pieces, and the losses stay
+    inmemory's; the cap is recorded in the manifest and the trainer sizes its buffers from it."""
+    from diskflow.operators.formats.packed import PackedDataset
+
+    st = Store(tiny_store)
+    small = staging_piece_bytes(max_rows, st.row_bytes, len(st.shards), 64 << 10)
+    assert small < staging_piece_bytes(max_rows, st.row_bytes, len(st.shards))
+    cpu_memory = staging_buffers(2) * small + io_buffer_bytes() + 400 * st.row_bytes
+    with pytest.raises(ConfigError, match="^cpu_memory: .* cannot hold the trainer's staging buffers"):
+        belady.run(tiny_store, tmp_path / "default", cpu_memory=cpu_memory, superbatch_size=4, **SETTINGS)
+    run_dir = new_run_dir(tmp_path, "piece")
+    report = belady.run(tiny_store, run_dir, cpu_memory=cpu_memory, staging_piece="64KiB", superbatch_size=4,
+                        **SETTINGS)
+    assert [e["losses"] for e in report["epochs"]] == [e["losses"] for e in reference["epochs"]]
+    assert report["prepare"]["figures"]["cpu_rows"] == 400 and report["tiers"]["rows"]["packed"] > 0
+    assert report["memory"]["staging_piece_bytes"] == small and report["memory"]["host_bytes"] <= cpu_memory
+    with PackedDataset(run_dir / "packed") as ds:
+        assert ds.manifest["config"]["staging_piece"] == 64 << 10
+        packed = [int(r.seg_rows.sum()) * ds.row_bytes for s in ds.superbatches for r in ds.index(s.key)]
+    assert max(packed) > 64 << 10        # some batch's misses span several pieces
+    # a streamed run sizes its tiers with the same cap, and its losses stay inmemory's
+    from diskflow.pipelines import streaming
+
+    stream_memory = staging_buffers(2) * small + io_buffer_bytes() + 400 * st.row_bytes
+    rep = streaming.run(tiny_store, tmp_path / "stream", window=2, workers=1, processes=False, staging_piece="64KiB",
+                        cpu_memory=stream_memory, superbatch_size=4, device="cpu", **SETTINGS)
+    assert [e["losses"] for e in rep["epochs"]] == [e["losses"] for e in reference["epochs"]]
+    assert rep["stream"]["tiers"]["staging_bytes"] == staging_buffers(2) * small
+
+
 def test_run_is_reachable_as_diskflow_run(tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert load_pipeline("ginex") is ginex.PIPELINE and ginex.run == ginex.PIPELINE.run
     code = cli.main(["run", "belady", "--dataset", str(tiny_store), "--epochs", "1", "--fanouts", "5,5",
@@ -83,6 +116,10 @@ def test_run_is_reachable_as_diskflow_run(tiny_store: Path, tmp_path: Path, caps
     report = read_report(run_dir)
     assert report["pipeline"] == "belady" and len(report["epochs"]) == 1
     assert report["memory"]["host_bytes"] <= report["config"]["cpu_memory"]   # the default budget holds
+    assert cli.main(["run", "belady", "--dataset", str(tiny_store), "--staging-piece", "4KiB", "--runs-dir",
+                     str(tmp_path / "bad")]) == 2
+    assert "--staging-piece: must be at least 64.00 KiB" in capsys.readouterr().err
+    assert not list((tmp_path / "bad").glob("*"))
 
 
 def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget: Callable) -> None:
@@ -94,6 +131,10 @@ def test_bad_budgets_are_config_errors(tiny_store: Path, tmp_path: Path, budget:
         ginex.run(tiny_store, tmp_path, cpu_memory=budget(100), disk_budget="1MiB", **SETTINGS)
     with pytest.raises(ConfigError, match="^queue_depth"):
         diskgnn.run(tiny_store, tmp_path, queue_depth=0, **SETTINGS)
+    with pytest.raises(ConfigError, match="^staging_piece: must be at least 64.00 KiB"):
+        belady.run(tiny_store, tmp_path, staging_piece="4KiB", **SETTINGS)
+    with pytest.raises(ConfigError, match="^staging_piece"):
+        belady.run(tiny_store, tmp_path, staging_piece="big", **SETTINGS)
 
 
 @pytest.mark.parametrize("pipeline", [belady, ginex], ids=["belady", "ginex"])

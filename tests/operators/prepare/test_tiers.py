@@ -7,6 +7,7 @@ import pytest
 from diskflow.operators.prepare.tiers import (
     Sampling,
     batch_rows_bound,
+    check_staging_piece,
     fitting_settings,
     staging_piece_bytes,
     staging_rows_fit,
@@ -83,3 +84,42 @@ def test_a_default_budget_too_small_is_raised_to_what_works() -> None:
     sizes = tier_sizes(0, 5 << 20, 256, 200_000, "cpu", 155_692, 4, 1, 2 << 20, raise_cpu=True)
     assert sizes.cpu_budget == need and sizes.cpu_rows == 0
     assert tier_sizes(0, need + 2560, 256, 200_000, "cpu", 155_692, 4, 1, 2 << 20, raise_cpu=True).cpu_rows == 10
+
+
+def test_a_staging_piece_cap_shrinks_the_staging_and_the_cpu_tier_gets_the_rest() -> None:
+    rb, shards, io, rows = 256, 4, 2 << 20, 150_000       # 36.6 MiB of rows a batch: over either cap
+    buffers = staging_buffers(2)
+    default = tier_sizes(0, 400 << 20, rb, 10_000_000, "cpu", rows, buffers, shards, io)
+    small = tier_sizes(0, 400 << 20, rb, 10_000_000, "cpu", rows, buffers, shards, io, piece=8 << 20)
+    assert default.staging_bytes == buffers * staging_piece_bytes(rows, rb, shards) == buffers * ((32 << 20) + 6 * 4096)
+    assert small.staging_bytes == buffers * staging_piece_bytes(rows, rb, shards, 8 << 20) == buffers * ((8 << 20) + 6 * 4096)
+    assert small.cpu_rows - default.cpu_rows == (default.staging_bytes - small.staging_bytes) // rb
+    # a batch smaller than the cap takes its own size, and a cap below one row still holds one row
+    assert staging_piece_bytes(100, rb, shards, 8 << 20) == 7 * 4096 + 6 * 4096     # 25,600 bytes in 7 pages
+    assert staging_piece_bytes(rows, 1 << 20, shards, 64 << 10) == (1 << 20) + 6 * 4096
+    # the inverse model and the settings named take the cap too
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        rb, buffers, shards = int(rng.integers(4, 2048)), int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        io, budget, piece = int(rng.integers(0, 3 << 20)), int(rng.integers(1 << 16, 200 << 20)), \
+            int(rng.integers(64 << 10, 40 << 20))
+        fit = staging_rows_fit(budget, rb, buffers, shards, io, piece)
+        need = [buffers * staging_piece_bytes(r, rb, shards, piece) + io for r in (fit, fit + 1, 1 << 40)]
+        if fit == 1 << 62:
+            assert need[2] <= budget
+            continue
+        assert fit == 0 or need[0] <= budget
+        assert need[1] > budget
+
+
+@pytest.mark.parametrize("given, expect", [(8 << 20, 8 << 20), ("8MiB", 8 << 20), ("64KiB", 64 << 10),
+                                           (np.int64(1 << 20), 1 << 20)])
+def test_a_staging_piece_is_a_size_of_at_least_64_kib(given: object, expect: int) -> None:
+    assert check_staging_piece(given) == expect
+
+
+@pytest.mark.parametrize("bad", [(64 << 10) - 1, 0, -1, True, 1.5, "lots", "1KiB", None])
+def test_a_bad_staging_piece_is_one_line_naming_the_option(bad: object) -> None:
+    with pytest.raises(ConfigError, match="^--staging-piece: ") as e:
+        check_staging_piece(bad, "--staging-piece")
+    assert "\n" not in str(e.value)
