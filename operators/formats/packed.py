@@ -476,20 +476,26 @@ class PackedDataset(Closing):
         return Store(self.manifest["store"]["path"])
 
     def _check_bounds(self, r: IndexRecord, g: int, c: int, k: int, d: int | None) -> None:
-        """Reject an index whose addresses fall outside their tier (a clear error, not an IndexError)."""
+        """Reject an index whose addresses fall outside their tier (a clear error, not an IndexError).
+
+        One pass over the batch's addresses against its sources' sizes (the plan stage's, every batch); the
+        tier at fault is looked up only once one is found."""
         where = self.round_dir / "index"
-        for code, size, name in ((SRC_GPU, g, "GPU tier"), (SRC_CPU, c, "CPU tier"), (SRC_PACKED, k, "packed rows"),
-                                 (SRC_DCACHE, -1 if d is None else d, "disk cache")):
-            sel = r.idx[r.src == code]
-            if sel.size and (size < 0 or sel.min() < 0 or sel.max() >= size):
-                raise InputError(where, f"batch {r.batch}: {name} address out of range "
-                                        f"(max {int(sel.max())}, size {max(size, 0)})")
-        sel = r.idx[r.src == SRC_STORE]
-        if sel.size and (sel.min() < 0 or sel.max() >= self.num_nodes):
-            raise InputError(where, f"batch {r.batch}: store row out of range (max {int(sel.max())}, "
-                                    f"{self.num_nodes} nodes)")
         if r.src.size and r.src.max() > SRC_STORE:
             raise InputError(where, f"batch {r.batch}: unknown source code {int(r.src.max())}")
+        sizes = np.array([g, c, k, -1 if d is None else d, self.num_nodes], np.int64)    # by source code
+        if r.src.size and bool(((r.idx < 0) | (r.idx >= sizes[r.src])).any()):
+            for code, name in ((SRC_GPU, "GPU tier"), (SRC_CPU, "CPU tier"), (SRC_PACKED, "packed rows"),
+                               (SRC_DCACHE, "disk cache"), (SRC_STORE, "store row")):
+                sel = r.idx[r.src == code]
+                size = int(sizes[code])
+                if not sel.size or (sel.min() >= 0 and sel.max() < size):
+                    continue
+                if code == SRC_STORE:
+                    raise InputError(where, f"batch {r.batch}: store row out of range (max {int(sel.max())}, "
+                                            f"{self.num_nodes} nodes)")
+                raise InputError(where, f"batch {r.batch}: {name} address out of range "
+                                        f"(max {int(sel.max())}, size {max(size, 0)})")
         if r.insert_pos.size and (r.insert_slot.min() < 0 or r.insert_slot.max() >= c
                                   or r.insert_pos.min() < 0 or r.insert_pos.max() >= r.src.shape[0]):
             raise InputError(where, f"batch {r.batch}: CPU insert out of range")

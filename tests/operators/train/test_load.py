@@ -438,3 +438,34 @@ def test_missing_labels_or_dataset_are_input_errors(layouts: dict[str, Path], tm
     (copy / "labels.npy").unlink()
     with pytest.raises(InputError, match="labels"):
         PackedLoader(copy)
+
+
+def test_an_index_address_outside_its_tier_is_an_input_error_naming_the_tier(layouts: dict[str, Path]) -> None:
+    """The load stage's check of a batch's index (`PackedDataset._check_bounds`): each source's addresses
+    against its size; the error names the index, the batch, the tier and its size."""
+    import dataclasses
+
+    from diskflow.operators.formats.packed import SRC_CPU, SRC_DCACHE, SRC_STORE
+
+    with PackedDataset(layouts["belady"]) as ds:
+        rec = ds.index(ds.superbatches[0].key)[0]
+        g, c, k = int(ds.gpu_ids.shape[0]), int(ds.cpu_ids.shape[0]), rec.packed_rows
+        ds._check_bounds(rec, g, c, k, None)        # as written: in range
+
+        def bad(code: int, value: int, **kw: np.ndarray) -> str:
+            src, idx = rec.src.copy(), rec.idx.astype(np.int64)
+            at = int(np.flatnonzero(src == SRC_PACKED)[0])
+            src[at], idx[at] = code, value
+            with pytest.raises(InputError) as e:
+                ds._check_bounds(dataclasses.replace(rec, src=src, idx=idx, **kw), g, c, k, None)
+            assert str(e.value).startswith(str(ds.round_dir / "index"))
+            return str(e.value)
+
+        assert f"batch {rec.batch}: CPU tier address out of range (max {c}, size {c})" in bad(SRC_CPU, c)
+        assert f"batch {rec.batch}: CPU tier address out of range" in bad(SRC_CPU, -1)
+        assert f"packed rows address out of range (max {k + 5}, size {k})" in bad(SRC_PACKED, k + 5)
+        assert "disk cache address out of range (max 0, size 0)" in bad(SRC_DCACHE, 0)
+        assert f"store row out of range (max {ds.num_nodes}, {ds.num_nodes} nodes)" in bad(SRC_STORE, ds.num_nodes)
+        assert "unknown source code 9" in bad(9, 0)
+        assert "CPU insert out of range" in bad(SRC_PACKED, 0, insert_pos=np.array([0], np.int64),
+                                                insert_slot=np.array([c], np.int64))
