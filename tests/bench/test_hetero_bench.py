@@ -56,6 +56,7 @@ def test_every_run_has_its_figures(bench: tuple[dict, str, Path]) -> None:
     for store in f["stores"].values():          # --dtype's default, as MAG240M stores its features
         assert store["dataset"]["dtype"] == "float16" == f["config"]["dtype"]
     assert "typed - paper-only test accuracy" in printed and "typed_belady" in printed
+    assert f["config"]["staging_piece"] == 8 << 20      # belady's pieces (tiny batches take their own size)
 
 
 def test_typed_in_memory_and_out_of_core_train_alike(bench: tuple[dict, str, Path]) -> None:
@@ -130,6 +131,8 @@ def test_a_second_run_reuses_the_stores(bench: tuple[dict, str, Path], tmp_path:
 def test_bad_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "hetero", *TINY, "--workdir", str(tmp_path / "w"), "--papers", "0"]) == 2
     assert "--papers: must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", "hetero", *TINY, "--workdir", str(tmp_path / "w"), "--staging-piece", "1KiB"]) == 2
+    assert "--staging-piece: must be at least 64.00 KiB" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--epochs"):
         import argparse
 
