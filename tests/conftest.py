@@ -14,8 +14,40 @@ with warnings.catch_warnings():  # importing torch_geometric calls torch.jit.scr
     import torch_geometric.nn  # noqa: F401  (once, here: every test module may then import it)
 
 
+# Test files taking some 10 s or more on 2 cores (seconds, summed over their tests, measured 2026-12-05). `make
+# test` runs one file at a time in each of two processes (--dist loadfile); these go first, the heaviest first, so
+# that the run does not end with one process on a long file while the other waits. (xdist's own order, files with
+# the most tests first, put the longest single-test files last.) Only the order of files changes, never a verdict;
+# a file missing here, or a weight grown stale, only costs balance.
+HEAVY_FIRST = {
+    "flow/test_many_gpu_workers.py": 48, "flow/test_edge_features.py": 39, "bench/test_bench_scale.py": 38,
+    "bench/test_bench_compare.py": 34, "flow/test_link_task.py": 22, "operators/train/test_load.py": 32,
+    "flow/test_hetero_pipelines.py": 30, "test_imports.py": 25, "pipelines/test_user_model.py": 24,
+    "pipelines/test_user_optimizer.py": 23, "flow/test_two_machines.py": 23, "test_readme.py": 21,
+    "bench/test_bench_pyg.py": 16, "flow/test_stream.py": 16,
+    "flow/test_dashboard.py": 15, "flow/test_encoded_rows.py": 14, "flow/test_prepare.py": 14,
+    "flow/test_prepare_history.py": 13, "bench/test_bench_stream_gpus.py": 13, "flow/test_prepare_messages.py": 11,
+    "test_user_guide.py": 9, "flow/test_full_disk.py": 9,
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "plots: the module checks the figures runs draw (rendered for real)")
+    if getattr(config.option, "dist", None) == "loadfile":
+        config.option.loadscopereorder = False      # files in collection order: `pytest_collection_modifyitems`'s
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files of `HEAVY_FIRST` first, heaviest first; the others after them, in their order (a stable sort, so
+    each file's tests keep theirs)."""
+    here = Path(__file__).parent
+
+    def weight(item: pytest.Item) -> int:
+        try:
+            return HEAVY_FIRST.get(item.path.relative_to(here).as_posix(), 0)
+        except ValueError:
+            return 0
+    items.sort(key=lambda item: -weight(item))
 
 
 def _save_unrendered(fig: object, fname: object, *args: object, **kwargs: object) -> None:

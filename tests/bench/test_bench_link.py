@@ -16,7 +16,7 @@ def test_bench_link_tiny(tmp_path: Path) -> None:
     out = tmp_path / "link.json"
     with compare_children_in_this_process():     # (their figures, not their memory limits: --no-cgroup)
         rc = main(["bench", "link", "--workdir", str(tmp_path / "work"), "--nodes", "3000", "--dim", "16",
-                   "--epochs", "1", "--fanouts", "4,4", "--batch-size", "256", "--hidden", "16", "--threads", "1",
+                   "--epochs", "1", "--fanouts", "4,4", "--batch-size", "1024", "--hidden", "16", "--threads", "1",
                    "--feature-budget", "2MiB", "--link-split", "0.05,0.1", "--disjoint-train-ratio", "0",
                    "--repeats", "2", "--bw-bytes", "65536", "--no-cgroup", "--json", str(out)])
     assert rc == 0

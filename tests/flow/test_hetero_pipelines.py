@@ -50,6 +50,12 @@ def _losses(rep: dict) -> list:
     return [r["losses"] for r in rep["epochs"]]
 
 
+@pytest.fixture(scope="module")
+def inmemory_ref(typed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The in-memory run of OPTS, the reference of every pipeline below that trains OPTS's model (once)."""
+    return _run("inmemory", typed_store, tmp_path_factory.mktemp("inmemory-ref") / "m")
+
+
 def test_the_store_derives_the_featureless_types(typed_store: Path) -> None:
     st = Store(typed_store)
     lay = st.hetero
@@ -66,19 +72,21 @@ def test_the_store_derives_the_featureless_types(typed_store: Path) -> None:
     np.testing.assert_allclose(x[author.offset:author.stop], want, rtol=1e-5, atol=1e-6)
 
 
-def _ten_percent(store: Path, tmp_path: Path) -> int:
+@pytest.fixture(scope="module")
+def ten_percent(typed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
     """A CPU budget of the trainer's fixed buffers plus a tier of 10% of the feature table's bytes."""
-    f = diskflow.prepare(store, tmp_path / "floor", "belady", epochs=OPTS["epochs"], batch_size=OPTS["batch_size"],
-                         fanouts=OPTS["fanouts"], seed=OPTS["seed"], quiet=True).figures
-    return int(f["staging_bytes"] + f["io_buffer_bytes"] + Store(store).feature_bytes // 10)
+    f = diskflow.prepare(typed_store, tmp_path_factory.mktemp("floor") / "p", "belady", epochs=OPTS["epochs"],
+                         batch_size=OPTS["batch_size"], fanouts=OPTS["fanouts"], seed=OPTS["seed"], quiet=True).figures
+    return int(f["staging_bytes"] + f["io_buffer_bytes"] + Store(typed_store).feature_bytes // 10)
 
 
 @pytest.mark.parametrize("pipeline", ["belady", "belady-disk-cache", "diskgnn", "ginex", "gnndrive"])
-def test_out_of_core_equals_in_memory_bit_for_bit(typed_store: Path, tmp_path: Path, pipeline: str) -> None:
-    ref = _run("inmemory", typed_store, tmp_path / "m")
+def test_out_of_core_equals_in_memory_bit_for_bit(typed_store: Path, tmp_path: Path, pipeline: str,
+                                                  inmemory_ref: dict, request: pytest.FixtureRequest) -> None:
+    ref = inmemory_ref
     extra: dict = {"superbatch_size": 4} if pipeline != "gnndrive" else {}
     if pipeline.startswith("belady"):
-        extra["cpu_memory"] = _ten_percent(typed_store, tmp_path)
+        extra["cpu_memory"] = request.getfixturevalue("ten_percent")
     if pipeline == "belady-disk-cache":       # packed copies capped below what packing wants: a disk cache
         extra["disk_budget"] = 1_200_000      # packing every miss needs about 1.7 MB here
     rep = _run(pipeline.split("-")[0], typed_store, tmp_path / pipeline, **extra)
@@ -91,8 +99,8 @@ def test_out_of_core_equals_in_memory_bit_for_bit(typed_store: Path, tmp_path: P
             assert rows["dcache"] > 0
 
 
-def test_a_streamed_run_equals_in_memory(typed_store: Path, tmp_path: Path) -> None:
-    ref = _run("inmemory", typed_store, tmp_path / "m")
+def test_a_streamed_run_equals_in_memory(typed_store: Path, tmp_path: Path, inmemory_ref: dict) -> None:
+    ref = inmemory_ref
     rep = load_pipeline("streaming").run(typed_store, tmp_path / "s", window=2, workers=1, processes=False,
                                          superbatch_size=4, **OPTS)
     assert _losses(rep) == _losses(ref)
