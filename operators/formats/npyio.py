@@ -108,11 +108,14 @@ def create_aligned_npy(path: str | os.PathLike[str], dtype: np.dtype | str, shap
 
 def read_into(src: np.ndarray, out: np.ndarray, chunk: int = 64 << 20) -> None:
     """``out[...] = src``; when `src` is a whole memory-mapped array (``np.load(..., mmap_mode="r")``),
-    its bytes are read from the file (pread, `chunk` at a time) instead of faulted in through the map.
+    its bytes are read from the file (pread, `chunk` at a time) instead of faulted in through the map,
+    and each chunk's pages are then dropped from the page cache (``posix_fadvise(DONTNEED)``).
 
     Copying through the map leaves every page of `src` mapped into this process: its RSS then
     counts a second copy of what it loaded (page cache, reclaimable, but resident and counted until
-    the kernel needs it back). Read with pread, those pages are page cache only. Anything else (a
+    the kernel needs it back). Read with pread, those pages are page cache only, and a memory cgroup
+    still counts them until dropped: a trainer that loads a 358 MiB CPU tier under a cgroup limit would
+    otherwise reclaim them batch by batch, in its allocating threads. Anything else (a
     plain array, a slice of a map, another dtype or shape) is copied as usual.
 
     Raises:
@@ -132,6 +135,8 @@ def read_into(src: np.ndarray, out: np.ndarray, chunk: int = 64 << 20) -> None:
             if n <= 0:
                 raise InputError(src.filename, f"file ends at byte {src.offset + done}, expected "
                                                f"{src.offset + view.nbytes} (truncated?)")
+            if hasattr(os, "posix_fadvise"):    # read once into `out`: no second copy kept in the page cache
+                os.posix_fadvise(fd, src.offset + done, n, os.POSIX_FADV_DONTNEED)
             done += n
     finally:
         os.close(fd)

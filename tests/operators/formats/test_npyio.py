@@ -83,3 +83,43 @@ def test_arrays_read_from_many_threads(tmp_path: Path) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(read, range(200)))
+
+
+
+def _cached_bytes(path: Path) -> int:
+    """Bytes of `path` in the page cache (mincore over a fresh map of it, which faults nothing in)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec)
+        del view
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(b & 1 for b in vec) * mmap.PAGESIZE
+
+
+def test_read_into_leaves_no_copy_in_the_page_cache(tmp_path: Path) -> None:
+    """The loader reads its initial tiers once into RAM; their file pages are dropped as they are read, so a
+    memory cgroup, which counts the page cache, is not charged for the file a second time."""
+    import os
+
+    rows = np.random.default_rng(0).standard_normal((4096, 256)).astype(np.float32)     # 4 MiB
+    path = tmp_path / "tier.npy"
+    save_aligned_npy(path, rows)
+    with open(path, "rb") as f:                  # read once the ordinary way: the file is cached ...
+        f.read()
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if _cached_bytes(path) > 0:                # ... unless this file system keeps what it is told to drop
+            pytest.skip("this file system keeps pages posix_fadvise(DONTNEED) drops (tmpfs)")
+        f.seek(0)
+        f.read()
+    assert _cached_bytes(path) > 3 << 20
+    out = np.empty_like(rows)
+    read_into(np.load(path, mmap_mode="r"), out, chunk=1 << 20)
+    assert np.array_equal(out, rows) and _cached_bytes(path) <= 4096     # the header, which np.load read
