@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from diskflow.operators.prepare.tiers import (
+    STAGING_PIECE_BYTES,
     Sampling,
     batch_rows_bound,
     check_staging_piece,
@@ -18,21 +19,23 @@ from diskflow.operators.trainbuffers import staging_buffers
 from diskflow.errors import ConfigError
 
 
-def _need(rows: int, rb: int, buffers: int, shards: int, io: int) -> int:
-    return buffers * staging_piece_bytes(rows, rb, shards) + io
+def _need(rows: int, rb: int, buffers: int, shards: int, io: int, piece: int = STAGING_PIECE_BYTES) -> int:
+    return buffers * staging_piece_bytes(rows, rb, shards, piece) + io
 
 
-def test_staging_rows_fit_inverts_the_staging_model() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(300):
+@pytest.mark.parametrize("capped", [False, True], ids=["default-piece", "capped-piece"])
+def test_staging_rows_fit_inverts_the_staging_model(capped: bool) -> None:
+    rng = np.random.default_rng(int(capped))
+    for _ in range(200 if capped else 300):
         rb, buffers, shards = int(rng.integers(4, 2048)), int(rng.integers(1, 7)), int(rng.integers(1, 9))
         io, budget = int(rng.integers(0, 3 << 20)), int(rng.integers(1 << 16, 200 << 20))
-        rows = staging_rows_fit(budget, rb, buffers, shards, io)
+        piece = int(rng.integers(64 << 10, 40 << 20)) if capped else STAGING_PIECE_BYTES
+        rows = staging_rows_fit(budget, rb, buffers, shards, io, piece)
         if rows == 1 << 62:         # a whole piece fits: any batch does
-            assert _need(1 << 40, rb, buffers, shards, io) <= budget
+            assert _need(1 << 40, rb, buffers, shards, io, piece) <= budget
             continue
-        assert rows == 0 or _need(rows, rb, buffers, shards, io) <= budget
-        assert _need(rows + 1, rb, buffers, shards, io) > budget
+        assert rows == 0 or _need(rows, rb, buffers, shards, io, piece) <= budget
+        assert _need(rows + 1, rb, buffers, shards, io, piece) > budget
 
 
 def test_the_settings_named_fit_and_one_more_would_not() -> None:
@@ -97,19 +100,6 @@ def test_a_staging_piece_cap_shrinks_the_staging_and_the_cpu_tier_gets_the_rest(
     # a batch smaller than the cap takes its own size, and a cap below one row still holds one row
     assert staging_piece_bytes(100, rb, shards, 8 << 20) == 7 * 4096 + 6 * 4096     # 25,600 bytes in 7 pages
     assert staging_piece_bytes(rows, 1 << 20, shards, 64 << 10) == (1 << 20) + 6 * 4096
-    # the inverse model and the settings named take the cap too
-    rng = np.random.default_rng(1)
-    for _ in range(200):
-        rb, buffers, shards = int(rng.integers(4, 2048)), int(rng.integers(1, 7)), int(rng.integers(1, 9))
-        io, budget, piece = int(rng.integers(0, 3 << 20)), int(rng.integers(1 << 16, 200 << 20)), \
-            int(rng.integers(64 << 10, 40 << 20))
-        fit = staging_rows_fit(budget, rb, buffers, shards, io, piece)
-        need = [buffers * staging_piece_bytes(r, rb, shards, piece) + io for r in (fit, fit + 1, 1 << 40)]
-        if fit == 1 << 62:
-            assert need[2] <= budget
-            continue
-        assert fit == 0 or need[0] <= budget
-        assert need[1] > budget
 
 
 @pytest.mark.parametrize("given, expect", [(8 << 20, 8 << 20), ("8MiB", 8 << 20), ("64KiB", 64 << 10),
