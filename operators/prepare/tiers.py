@@ -148,12 +148,12 @@ def staging_rows_fit(cpu_budget: int, row_bytes: int, staging_batches: int, num_
                      piece: int = STAGING_PIECE_BYTES) -> int:
     """The most rows a batch may have for `staging_batches` staging buffers (`staging_piece_bytes`) and the
     I/O buffers to fit `cpu_budget`: `staging_piece_bytes` inverted. 0: not even one row fits; ``2**62``:
-    any batch fits (a whole piece of at most `piece` bytes does)."""
+    any batch fits (a whole piece does: `piece` bytes, or one row where a row is wider)."""
     per = (cpu_budget - io_reserve) // max(1, staging_batches) - (num_shards + 2) * ALIGN
     if per < ALIGN:
         return 0
     room = per // ALIGN * ALIGN
-    if room >= -(-piece // ALIGN) * ALIGN:
+    if room >= -(-max(piece, row_bytes) // ALIGN) * ALIGN:
         return 1 << 62
     return room // row_bytes
 

@@ -27,7 +27,9 @@ def _need(rows: int, rb: int, buffers: int, shards: int, io: int, piece: int = S
 def test_staging_rows_fit_inverts_the_staging_model(capped: bool) -> None:
     rng = np.random.default_rng(int(capped))
     for _ in range(200 if capped else 300):
-        rb, buffers, shards = int(rng.integers(4, 2048)), int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        # (capped: some rows wider than the cap, where a buffer holds one row)
+        rb = int(rng.integers(4, 256 << 10 if capped else 2048))
+        buffers, shards = int(rng.integers(1, 7)), int(rng.integers(1, 9))
         io, budget = int(rng.integers(0, 3 << 20)), int(rng.integers(1 << 16, 200 << 20))
         piece = int(rng.integers(64 << 10, 40 << 20)) if capped else STAGING_PIECE_BYTES
         rows = staging_rows_fit(budget, rb, buffers, shards, io, piece)
@@ -100,6 +102,8 @@ def test_a_staging_piece_cap_shrinks_the_staging_and_the_cpu_tier_gets_the_rest(
     # a batch smaller than the cap takes its own size, and a cap below one row still holds one row
     assert staging_piece_bytes(100, rb, shards, 8 << 20) == 7 * 4096 + 6 * 4096     # 25,600 bytes in 7 pages
     assert staging_piece_bytes(rows, 1 << 20, shards, 64 << 10) == (1 << 20) + 6 * 4096
+    # ... so a buffer with room for a whole cap but not for one such row fits no batch at all
+    assert staging_rows_fit(4 * ((100 << 10) + 3 * 4096), 128 << 10, 4, 1, 0, 64 << 10) == 0
 
 
 @pytest.mark.parametrize("given, expect", [(8 << 20, 8 << 20), ("8MiB", 8 << 20), ("64KiB", 64 << 10),
